@@ -1,0 +1,1 @@
+"""Sparrow's YAML configuration, installed as the data package sparrow_conf."""

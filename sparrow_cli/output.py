@@ -1,0 +1,62 @@
+"""Printing helpers shared by the subcommands: JSON, CSV and rich tables."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import sys
+from typing import Any, Iterable, Sequence
+
+
+def _clean(value: Any) -> Any:
+    # JSON has no NaN; a statistic that is undefined prints as null
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
+        return _clean(value.item())
+    return value
+
+
+def print_json(data: Any) -> None:
+    json.dump(_clean(data), sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def print_csv(rows: Sequence[dict]) -> None:
+    if not rows:
+        return
+    writer = csv.DictWriter(sys.stdout, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(_clean(list(rows)))
+
+
+def print_table(rows: Iterable[dict], title: str | None = None, digits: int = 4) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    rows = list(rows)
+    table = Table(title=title)
+    if not rows:
+        Console().print(title or "", "(no rows)")
+        return
+    for column in rows[0]:
+        table.add_column(str(column), justify="right")
+    for row in rows:
+        table.add_row(*(_format(v, digits) for v in row.values()))
+    Console().print(table)
+
+
+def _format(value: Any, digits: int) -> str:
+    value = _clean(value)
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}" if abs(value) >= 1e5 or 0 < abs(value) < 1e-3 else f"{value:.{digits}f}"
+    if isinstance(value, (list, tuple)):
+        return " ".join(str(v) for v in value)
+    return str(value)

@@ -1,0 +1,181 @@
+"""Compose, override and validate the configuration.
+
+    cfg = load_config(["model.path=/models/Qwen3-1.7B", "schedule=sparse", "algo.lr=2e-6"])
+
+Order: schema defaults, then conf/config.yaml's `defaults` (one YAML file per group), then
+`group=name` choices and `key=value` overrides in the order given. Any unknown key, value of
+the wrong type, or value outside its allowed set is one ConfigError naming the key and what
+it accepts; nothing runs before the whole config is valid.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import fields, is_dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Iterable
+
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from sparrow_core.config.schema import CHOICES, GROUPS, SparrowConfig
+from sparrow_core.errors import SparrowError
+
+
+class ConfigError(SparrowError, ValueError):
+    """A configuration problem; the message names the key and what it accepts."""
+
+
+def conf_dir() -> Path:
+    """The conf/ folder: $SPARROW_CONF_DIR, else the one installed with the package."""
+    override = os.environ.get("SPARROW_CONF_DIR")
+    if override:
+        return Path(override)
+    return Path(str(resources.files("sparrow_conf")))
+
+
+def group_options(group: str, root: Path | None = None) -> list[str]:
+    folder = (root or conf_dir()) / group
+    return sorted(p.stem for p in folder.glob("*.yaml"))
+
+
+def load_config(overrides: Iterable[str] = (), root: Path | None = None) -> SparrowConfig:
+    root = root or conf_dir()
+    overrides = list(overrides)
+    choices, dotlist = _split_overrides(overrides, root)
+    merged = OmegaConf.structured(SparrowConfig)
+    for group in GROUPS:
+        path = root / group / f"{choices[group]}.yaml"
+        merged = _merge(merged, {group: _read_yaml(path)}, source=str(path))
+    merged = _merge(merged, OmegaConf.from_dotlist(dotlist), source="command line")
+    cfg = OmegaConf.to_object(merged)
+    assert isinstance(cfg, SparrowConfig)
+    validate(cfg)
+    return cfg
+
+
+def to_yaml(cfg: SparrowConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def _split_overrides(overrides: list[str], root: Path) -> tuple[dict[str, str], list[str]]:
+    defaults = _read_yaml(root / "config.yaml").get("defaults", {})
+    choices = {group: str(defaults.get(group, "default")) for group in GROUPS}
+    dotlist = []
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} is not of the form key=value")
+        if key in GROUPS:
+            options = group_options(key, root)
+            if value not in options:
+                raise ConfigError(
+                    f"config group {key!r} has no option {value!r}; options: {', '.join(options)}"
+                    f" (a single field is set as {key}.FIELD=VALUE)"
+                )
+            choices[key] = value
+        else:
+            dotlist.append(item)
+    return choices, dotlist
+
+
+def _read_yaml(path: Path) -> dict:
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        data = OmegaConf.to_container(OmegaConf.load(path))
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
+    return data or {}
+
+
+def _merge(base, update, source: str):
+    try:
+        return OmegaConf.merge(base, update)
+    except ConfigKeyError as err:
+        key = err.full_key or str(err.key)
+        parent = key.rpartition(".")[0]
+        raise ConfigError(
+            f"unknown config key {key!r} (from {source}); "
+            f"valid keys{' under ' + repr(parent) if parent else ''}: {', '.join(_keys_at(parent))}"
+        ) from None
+    except ValidationError as err:
+        first_line = str(err).splitlines()[0]
+        raise ConfigError(f"config key {err.full_key!r} (from {source}): {first_line}") from None
+
+
+def _keys_at(dotted: str) -> list[str]:
+    node = SparrowConfig
+    for part in filter(None, dotted.split(".")):
+        node = next((f.type for f in fields(node) if f.name == part), None)
+        if isinstance(node, str):
+            node = _resolve_type(node)
+        if node is None or not is_dataclass(node):
+            return []
+    return [f.name for f in fields(node)]
+
+
+def _resolve_type(name: str):
+    from sparrow_core.config import schema
+
+    return getattr(schema, name, None)
+
+
+def _get(cfg: SparrowConfig, dotted: str):
+    value = cfg
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def validate(cfg: SparrowConfig) -> None:
+    """Check closed choices, registry names and ranges; raise ConfigError on the first miss."""
+    for key, allowed in {**CHOICES, **_registry_choices()}.items():
+        value = _get(cfg, key)
+        if value not in allowed:
+            raise ConfigError(f"config key {key!r} is {value!r}; allowed: {', '.join(allowed)}")
+    for key, ok, rule in _RANGES:
+        if not ok(_get(cfg, key)):
+            raise ConfigError(f"config key {key!r} is {_get(cfg, key)!r}; it must be {rule}")
+    if cfg.pipeline.fail_at:
+        stage, sep, step = cfg.pipeline.fail_at.partition("@")
+        if not sep or not stage or not step.isdigit():
+            raise ConfigError(
+                f"config key 'pipeline.fail_at' is {cfg.pipeline.fail_at!r}; it must be STAGE@STEP"
+            )
+
+
+def _registry_choices() -> dict[str, tuple[str, ...]]:
+    from sparrow_core.data.rewards import REWARD_FUNCTIONS
+    from sparrow_core.rl import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+
+    return {
+        "algo.advantage": tuple(ADVANTAGE_ESTIMATORS.names()),
+        "algo.loss": tuple(POLICY_LOSSES.names()),
+        "data.reward": tuple(REWARD_FUNCTIONS.names()),
+    }
+
+
+_RANGES = [
+    ("rollout.samples_per_prompt", lambda v: v >= 1, ">= 1"),
+    ("rollout.max_new_tokens", lambda v: v >= 1, ">= 1"),
+    ("rollout.temperature", lambda v: v >= 0, ">= 0 (0 is greedy)"),
+    ("rollout.top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("rollout.top_k", lambda v: v >= 0, ">= 0 (0 keeps all)"),
+    ("rollout.logprobs_topk", lambda v: v >= 1, ">= 1"),
+    ("rollout.kv_cache_mib", lambda v: v >= 1, ">= 1"),
+    ("rollout.max_batch_size", lambda v: v >= 1, ">= 1"),
+    ("rollout.num_actors", lambda v: v >= 0, ">= 0 (0 is automatic)"),
+    ("schedule.target", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("algo.eps_low", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("algo.eps_high", lambda v: v >= 0, ">= 0"),
+    ("algo.lr", lambda v: v > 0, "> 0"),
+    ("algo.grad_clip", lambda v: v >= 0, ">= 0 (0 disables)"),
+    ("algo.micro_batch_tokens", lambda v: v >= 1, ">= 1"),
+    ("algo.ppo_epochs", lambda v: v >= 1, ">= 1"),
+    ("data.prompts_per_step", lambda v: v >= 1, ">= 1"),
+    ("data.max_prompt_tokens", lambda v: v >= 1, ">= 1"),
+    ("data.reward_timeout_s", lambda v: v > 0, "> 0"),
+    ("pipeline.steps", lambda v: v >= 0, ">= 0"),
+]

@@ -1,0 +1,171 @@
+"""The configuration schema: one frozen dataclass per group of conf/.
+
+Every field has a default so that `sparrow train` runs with no arguments (the embedded
+default: tiny built-in model, synthetic task, CPU). Field comments are the reference; the YAML
+files in conf/ repeat them above each key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    # a local Hugging Face directory, or "builtin:tiny" for the embedded default model
+    path: str = "builtin:tiny"
+    # weights dtype: auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16
+    dtype: str = "auto"
+    # auto (cuda when available), cpu, cuda, cuda:N
+    device: str = "auto"
+    # longest total sequence (prompt + generation); 0 takes the model's own limit
+    max_context: int = 0
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    # rollout engine: native (the project's engine) is the only one built so far
+    backend: str = "native"
+    # samples generated per prompt (the GRPO group size)
+    samples_per_prompt: int = 8
+    # generation cutoff in new tokens
+    max_new_tokens: int = 1024
+    # sampling temperature; 0 means greedy
+    temperature: float = 1.0
+    # nucleus sampling mass; 1.0 keeps the whole distribution
+    top_p: float = 1.0
+    # keep only the k most likely tokens; 0 keeps all
+    top_k: int = 0
+    # top tokens and logprobs returned per generated token (the acceptance lower bound uses them)
+    logprobs_topk: int = 20
+    # KV cache memory per engine in MiB
+    kv_cache_mib: int = 256
+    # most sequences decoded at once by one engine
+    max_batch_size: int = 64
+    # base seed; each request derives its own
+    seed: int = 0
+    # rollout actors; 0 means one per GPU, or one on a machine without GPU
+    num_actors: int = 0
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    # a preset name (sparrow schedule list), a calibrated schedule's name, or a YAML file path
+    name: str = "tiny-0.86"
+    # false decodes densely (the baseline every sparse run is compared with)
+    sparse: bool = True
+    # acceptance p5 target per length bin
+    target: float = 0.86
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    # DistillSparse: a LoRA used only by the sparse actor, pulled toward the dense policy
+    enabled: bool = False
+    # LoRA rank
+    lora_rank: int = 16
+    # LoRA scaling alpha
+    lora_alpha: int = 32
+    # weight of KL(dense || sparse) in the LoRA loss
+    kl_coef: float = 1.0
+    # LoRA learning rate
+    lr: float = 1.0e-4
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    # advantage estimator (registry name): grpo, rloo
+    advantage: str = "grpo"
+    # policy loss (registry name): ppo_clip
+    loss: str = "ppo_clip"
+    # lower clip range of the PPO ratio
+    eps_low: float = 0.2
+    # upper clip range of the PPO ratio
+    eps_high: float = 0.28
+    # truncated importance sampling cap C on p_dense_old / p_actor; negative turns TIS off
+    tis_cap: float = 2.0
+    # loss aggregation: token_mean or sequence_mean
+    loss_agg: str = "token_mean"
+    # epsilon added to the group std in GRPO
+    adv_eps: float = 1.0e-6
+    # policy learning rate (AdamW)
+    lr: float = 1.0e-6
+    # AdamW weight decay
+    weight_decay: float = 0.0
+    # gradient norm clip; 0 disables
+    grad_clip: float = 1.0
+    # tokens per micro-batch in dense scoring and the update
+    micro_batch_tokens: int = 8192
+    # optimizer passes over each step's rollouts
+    ppo_epochs: int = 1
+    distill: DistillConfig = field(default_factory=DistillConfig)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    # training prompts: a Parquet/JSONL path, or "builtin:NAME" for a synthetic task
+    train: str = "builtin:synthetic"
+    # evaluation prompts (same forms); empty disables evaluation
+    eval: str = ""
+    # reward function (registry name): exact_match, math
+    reward: str = "exact_match"
+    # column holding the prompt text
+    prompt_key: str = "prompt"
+    # column holding the ground-truth answer
+    answer_key: str = "answer"
+    # prompts per RL step
+    prompts_per_step: int = 4
+    # longest prompt in tokens; a longer one is an error naming the row
+    max_prompt_tokens: int = 1024
+    # seconds one reward call may take before it scores 0
+    reward_timeout_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    # every run's files, the DuckDB file and the MLflow store live here
+    workdir: str = "./sparrow-work"
+    # run id; empty makes a new one, an existing one resumes
+    run_id: str = ""
+    # RL steps to run
+    steps: int = 3
+    # fail a stage on purpose, as STAGE@STEP (for testing resume); empty disables
+    fail_at: str = ""
+    # checkpoint every K steps; 0 only at the end
+    checkpoint_every: int = 0
+    # evaluate every K steps; 0 never
+    eval_every: int = 0
+    # re-optimize the schedule every K steps even without a threshold event; 0 never
+    reoptimize_every: int = 0
+    # MLflow tracking URI; empty means sqlite:///<workdir>/mlflow.db
+    mlflow_uri: str = ""
+    # base seed of the run (data order, sampling, initialisation)
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    # Ray cluster address; empty starts a local Ray
+    address: str = ""
+
+
+@dataclass(frozen=True)
+class SparrowConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+
+
+# groups whose YAML file is chosen by conf/config.yaml's defaults (or `group=name` overrides)
+GROUPS = ("model", "rollout", "schedule", "algo", "data", "pipeline")
+
+# fields with a closed set of values; names from registries are checked in load.py
+CHOICES: dict[str, tuple[str, ...]] = {
+    "model.dtype": ("auto", "float32", "bfloat16", "float16"),
+    "rollout.backend": ("native",),
+    "algo.loss_agg": ("token_mean", "sequence_mean"),
+}

@@ -1,0 +1,1 @@
+"""Data: dataset readers, synthetic verifiable tasks, reward functions."""

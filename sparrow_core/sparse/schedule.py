@@ -1,0 +1,90 @@
+"""A sparsity schedule: how many KV pages each decode step may read, per length bin.
+
+A schedule holds the page size, the bin width in tokens, the top-k page count for every bin,
+the always-read pages (reserved_bos at the start, reserved_eos most recent, the partial page
+among them), the dense layers (skip_layers), the acceptance target it was chosen for, and a
+name. A position past the last bin uses the last bin's budget (the reference schedules have
+20 bins, the last one covering everything from 38K tokens on).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sparrow_core.errors import SparrowError
+
+
+class ScheduleError(SparrowError, ValueError):
+    """A schedule that breaks an invariant (named in the message)."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    name: str
+    topk_pages: tuple[int, ...]
+    page_size: int = 16
+    bin_tokens: int = 2000
+    reserved_bos: int = 1
+    reserved_eos: int = 2
+    skip_layers: tuple[int, ...] = (0, 1)
+    target: float = 0.86
+    description: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        # accept lists from YAML/JSON; store tuples so the schedule is hashable
+        object.__setattr__(self, "topk_pages", tuple(int(k) for k in self.topk_pages))
+        object.__setattr__(self, "skip_layers", tuple(int(i) for i in self.skip_layers))
+        self.validate()
+
+    def validate(self) -> None:
+        where = f"schedule {self.name!r}"
+        if not self.name:
+            raise ScheduleError("a schedule needs a non-empty name")
+        if self.page_size < 1 or self.page_size & (self.page_size - 1):
+            raise ScheduleError(f"{where}: page_size must be a power of two, got {self.page_size}")
+        if self.bin_tokens < 1:
+            raise ScheduleError(f"{where}: bin_tokens must be positive, got {self.bin_tokens}")
+        if not self.topk_pages:
+            raise ScheduleError(f"{where}: topk_pages must list at least one bin")
+        if any(k < 1 for k in self.topk_pages):
+            raise ScheduleError(f"{where}: topk_pages must be positive, got {list(self.topk_pages)}")
+        for i, (a, b) in enumerate(zip(self.topk_pages, self.topk_pages[1:])):
+            if b < a:
+                raise ScheduleError(
+                    f"{where}: topk_pages must be non-decreasing over bins, "
+                    f"bin {i + 1} has {b} < bin {i} {a}"
+                )
+        if self.reserved_bos < 0 or self.reserved_eos < 1:
+            raise ScheduleError(
+                f"{where}: reserved_bos must be >= 0 and reserved_eos >= 1 "
+                f"(the partial page is always read), got {self.reserved_bos}, {self.reserved_eos}"
+            )
+        if any(i < 0 for i in self.skip_layers):
+            raise ScheduleError(f"{where}: skip_layers must be layer indices >= 0")
+        if not 0.0 < self.target <= 1.0:
+            raise ScheduleError(f"{where}: target must be in (0, 1], got {self.target}")
+
+    @property
+    def num_bins(self) -> int:
+        return len(self.topk_pages)
+
+    def bin_of(self, position: int) -> int:
+        """Bin index of a total position (prompt plus generated), clamped to the last bin."""
+        if position < 0:
+            raise ValueError(f"position must be >= 0, got {position}")
+        return min(position // self.bin_tokens, self.num_bins - 1)
+
+    def topk_for_position(self, position: int) -> int:
+        """Top-k pages chosen by score at this total position (reserved pages not counted)."""
+        return self.topk_pages[self.bin_of(position)]
+
+    def budget_pages(self, position: int) -> int:
+        """Pages read per step at this position: top-k plus the reserved pages."""
+        return self.topk_for_position(position) + self.reserved_bos + self.reserved_eos
+
+    def budget_tokens(self, position: int) -> int:
+        """KV budget B in tokens at this position (pages read times page size)."""
+        return self.budget_pages(position) * self.page_size
+
+    def is_sparse_layer(self, layer: int) -> bool:
+        return layer not in self.skip_layers
