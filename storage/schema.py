@@ -1,0 +1,100 @@
+"""The DuckDB schema of a workdir: tables of DESIGN.md "Storage and tracking".
+
+Every table is keyed so that a stage re-run after a crash replaces its own rows instead of
+duplicating them (writers delete-then-insert by key inside one transaction). The view
+`token_mismatch` reads every step's per-token Parquet file; it is created by the readers and
+the writer, not stored, because its file list changes as steps land.
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 1
+
+TABLES: dict[str, str] = {
+    "meta": """
+        CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR)""",
+    "runs": """
+        CREATE TABLE IF NOT EXISTS runs (
+            run_id VARCHAR PRIMARY KEY,
+            created_at TIMESTAMP DEFAULT current_timestamp,
+            model_path VARCHAR,
+            config_yaml VARCHAR,
+            config_hash VARCHAR,
+            status VARCHAR,              -- running | finished | failed
+            mlflow_run_id VARCHAR)""",
+    "stage_runs": """
+        CREATE TABLE IF NOT EXISTS stage_runs (
+            run_id VARCHAR, step INTEGER, stage VARCHAR,
+            started_at TIMESTAMP, finished_at TIMESTAMP, duration_s DOUBLE,
+            output_dir VARCHAR,
+            PRIMARY KEY (run_id, step, stage))""",
+    "schedules": """
+        CREATE TABLE IF NOT EXISTS schedules (
+            name VARCHAR, version INTEGER,
+            created_at TIMESTAMP DEFAULT current_timestamp,
+            run_id VARCHAR, step INTEGER, reason VARCHAR,
+            page_size INTEGER, bin_tokens INTEGER, topk_pages INTEGER[],
+            reserved_bos INTEGER, reserved_eos INTEGER, skip_layers INTEGER[],
+            target DOUBLE, yaml_path VARCHAR,
+            PRIMARY KEY (name, version))""",
+    "bin_stats": """
+        CREATE TABLE IF NOT EXISTS bin_stats (
+            run_id VARCHAR, step INTEGER, bin INTEGER,
+            n BIGINT, mean DOUBLE, p1 DOUBLE, p5 DOUBLE, p10 DOUBLE, p50 DOUBLE,
+            beta_a DOUBLE, beta_b DOUBLE, beta_var DOUBLE, ks DOUBLE,
+            budget_pages INTEGER, schedule_name VARCHAR, schedule_version INTEGER,
+            PRIMARY KEY (run_id, step, bin))""",
+    "threshold_events": """
+        CREATE TABLE IF NOT EXISTS threshold_events (
+            run_id VARCHAR, step INTEGER, bin INTEGER,
+            kind VARCHAR,                -- below_target | recovered
+            p5 DOUBLE, target DOUBLE,
+            created_at TIMESTAMP DEFAULT current_timestamp,
+            PRIMARY KEY (run_id, step, bin, kind))""",
+    "step_metrics": """
+        CREATE TABLE IF NOT EXISTS step_metrics (
+            run_id VARCHAR, step INTEGER, name VARCHAR, value DOUBLE,
+            PRIMARY KEY (run_id, step, name))""",
+    "calibration": """
+        CREATE TABLE IF NOT EXISTS calibration (
+            calibration_id VARCHAR, model_path VARCHAR, budget_pages INTEGER, bin INTEGER,
+            n BIGINT, p5 DOUBLE, mean DOUBLE,
+            created_at TIMESTAMP DEFAULT current_timestamp,
+            PRIMARY KEY (calibration_id, budget_pages, bin))""",
+}
+
+# columns of the per-token Parquet files (aggregate_mismatch writes them)
+TOKEN_COLUMNS: dict[str, str] = {
+    "run_id": "VARCHAR",
+    "step": "INTEGER",
+    "sample": "INTEGER",
+    "prompt": "INTEGER",
+    "position": "INTEGER",
+    "bin": "INTEGER",
+    "budget_pages": "INTEGER",
+    "acceptance": "DOUBLE",
+    "leftover_mass": "DOUBLE",
+    "actor_logprob": "DOUBLE",
+    "dense_logprob": "DOUBLE",
+}
+
+TOKEN_FILE_GLOB = "runs/*/step-*/aggregate_mismatch/tokens.parquet"
+
+
+def create_tables(conn) -> None:
+    for ddl in TABLES.values():
+        conn.execute(ddl)
+    conn.execute(
+        "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)]
+    )
+
+
+def token_view_sql(workdir: str, has_files: bool) -> str:
+    """The token_mismatch view: over the Parquet files, or typed and empty before any exist."""
+    if has_files:
+        pattern = f"{workdir.rstrip('/')}/{TOKEN_FILE_GLOB}".replace("'", "''")
+        source = f"SELECT * FROM read_parquet('{pattern}', union_by_name = true)"
+    else:
+        columns = ", ".join(f"CAST(NULL AS {t}) AS {c}" for c, t in TOKEN_COLUMNS.items())
+        source = f"SELECT {columns} WHERE false"
+    return f"CREATE OR REPLACE TEMP VIEW token_mismatch AS {source}"

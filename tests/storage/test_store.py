@@ -1,0 +1,129 @@
+"""The workdir store: single writer, transactions, read-only queries, atomic layout."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sparrow_cli.main import main
+from storage import (
+    QueryRefusedError,
+    RunLayout,
+    StorageError,
+    Store,
+    WorkdirBusyError,
+    atomic_dir,
+    query,
+)
+
+
+@pytest.fixture
+def store(tmp_path):
+    with Store.open_writer(tmp_path) as s:
+        yield s
+
+
+def _add_bins(store, rows):
+    with store.connect() as conn:
+        conn.executemany(
+            "INSERT INTO bin_stats (run_id, step, bin, n, p5) VALUES (?, ?, ?, ?, ?)", rows
+        )
+
+
+def test_query_answers_a_question(store, tmp_path):
+    _add_bins(store, [("r1", s, b, 100, 0.80 + 0.01 * s + 0.02 * b) for s in range(4) for b in range(3)])
+    result = query(tmp_path, "SELECT step, bin FROM bin_stats WHERE p5 < 0.86 ORDER BY step, bin")
+    # p5 = 0.80 + 0.01 step + 0.02 bin < 0.86
+    expected = [(s, b) for s in range(4) for b in range(3) if 0.80 + 0.01 * s + 0.02 * b < 0.86 - 1e-12]
+    assert result.rows == expected
+    assert result.columns == ["step", "bin"]
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "DELETE FROM bin_stats",
+        "INSERT INTO runs (run_id) VALUES ('x')",
+        "DROP TABLE runs",
+        "SELECT 1; UPDATE bin_stats SET p5 = 1",
+        "COPY bin_stats TO 'out.csv'",
+        "ATTACH 'other.duckdb'",
+        "CREATE TABLE t (a INT)",
+    ],
+)
+def test_query_refuses_writes(store, tmp_path, sql):
+    _add_bins(store, [("r1", 0, 0, 10, 0.9)])
+    with pytest.raises(QueryRefusedError, match="refused"):
+        query(tmp_path, sql)
+    assert query(tmp_path, "SELECT count(*) FROM bin_stats").rows == [(1,)]
+
+
+def test_failed_transaction_rolls_back(store, tmp_path):
+    with pytest.raises(RuntimeError):
+        with store.connect() as conn:
+            conn.execute("INSERT INTO step_metrics VALUES ('r', 0, 'reward', 1.0)")
+            raise RuntimeError("stage crashed")
+    assert query(tmp_path, "SELECT count(*) FROM step_metrics").rows == [(0,)]
+
+
+def test_second_writer_in_another_process_is_refused(store, tmp_path):
+    code = (
+        "import sys; from storage import Store, WorkdirBusyError\n"
+        "try:\n    Store.open_writer(sys.argv[1])\nexcept WorkdirBusyError as e:\n"
+        "    print(e); sys.exit(3)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True)
+    assert out.returncode == 3, out.stderr
+    assert "being written by another process" in out.stdout and str(tmp_path) in out.stdout
+
+
+def test_writer_lock_is_released_on_close(tmp_path):
+    Store.open_writer(tmp_path).close()
+    Store.open_writer(tmp_path).close()
+
+
+def test_token_view_reads_parquet_files(store, tmp_path):
+    layout = RunLayout(tmp_path, "r1")
+    for step in (0, 1):
+        path = layout.token_file(step)
+        path.parent.mkdir(parents=True)
+        table = pa.table({"run_id": ["r1"] * 3, "step": [step] * 3, "position": [1, 2, 3],
+                          "acceptance": [0.5, 0.9, 1.0]})
+        pq.write_table(table, path)
+    rows = query(tmp_path, "SELECT step, count(*), min(acceptance) FROM token_mismatch GROUP BY step ORDER BY step").rows
+    assert rows == [(0, 3, 0.5), (1, 3, 0.5)]
+
+
+def test_missing_db_is_a_clear_error(tmp_path):
+    with pytest.raises(StorageError, match="no mismatch history"):
+        query(tmp_path / "nowhere", "SELECT 1")
+
+
+def test_corrupt_db_is_a_clear_error(tmp_path):
+    (tmp_path / "sparrow.duckdb").write_bytes(b"not a database" * 100)
+    with pytest.raises(StorageError, match="sparrow.duckdb"):
+        query(tmp_path, "SELECT 1")
+
+
+def test_atomic_dir_leaves_nothing_on_failure(tmp_path):
+    final = tmp_path / "step-0" / "rollout"
+    with pytest.raises(ValueError):
+        with atomic_dir(final) as scratch:
+            (scratch / "part.bin").write_bytes(b"x")
+            raise ValueError("died mid-write")
+    assert not final.exists() and list(final.parent.iterdir()) == []
+    with atomic_dir(final) as scratch:
+        (scratch / "done.txt").write_text("ok")
+    assert (final / "done.txt").read_text() == "ok"
+
+
+def test_cli_query_json_and_refusal(store, tmp_path, capsys):
+    _add_bins(store, [("r1", 3, 0, 10, 0.81)])
+    assert main(["query", "--workdir", str(tmp_path), "--json", "SELECT run_id, p5 FROM bin_stats"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"run_id": "r1", "p5": 0.81}]
+    assert main(["query", "--workdir", str(tmp_path), "DELETE FROM bin_stats"]) == 2
+    assert "refused" in capsys.readouterr().err
