@@ -9,6 +9,7 @@ name. A position past the last bin uses the last bin's budget (the reference sch
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 
 from sparrow_core.errors import SparrowError
@@ -20,6 +21,8 @@ class ScheduleError(SparrowError, ValueError):
 
 @dataclass(frozen=True)
 class Schedule:
+    """Top-k pages per length bin plus the always-read pages; invariants checked on creation."""
+
     name: str
     topk_pages: tuple[int, ...]
     page_size: int = 16
@@ -32,14 +35,20 @@ class Schedule:
 
     def __post_init__(self) -> None:
         # accept lists from YAML/JSON; store tuples so the schedule is hashable
-        object.__setattr__(self, "topk_pages", tuple(int(k) for k in self.topk_pages))
-        object.__setattr__(self, "skip_layers", tuple(int(i) for i in self.skip_layers))
+        object.__setattr__(self, "topk_pages", _int_tuple(self.name, "topk_pages", self.topk_pages))
+        object.__setattr__(self, "skip_layers", _int_tuple(self.name, "skip_layers", self.skip_layers))
         self.validate()
 
     def validate(self) -> None:
         where = f"schedule {self.name!r}"
-        if not self.name:
-            raise ScheduleError("a schedule needs a non-empty name")
+        if not isinstance(self.name, str) or not self.name:
+            raise ScheduleError(f"a schedule needs a non-empty name, got {self.name!r}")
+        for key in ("page_size", "bin_tokens", "reserved_bos", "reserved_eos"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise ScheduleError(f"{where}: {key} must be an integer, got {value!r}")
+        if isinstance(self.target, bool) or not isinstance(self.target, numbers.Real):
+            raise ScheduleError(f"{where}: target must be a number, got {self.target!r}")
         if self.page_size < 1 or self.page_size & (self.page_size - 1):
             raise ScheduleError(f"{where}: page_size must be a power of two, got {self.page_size}")
         if self.bin_tokens < 1:
@@ -88,3 +97,24 @@ class Schedule:
 
     def is_sparse_layer(self, layer: int) -> bool:
         return layer not in self.skip_layers
+
+    def bin_bounds(self, index: int) -> tuple[int, int | None]:
+        """Total positions [start, end) of a bin; the last bin's end is None (open)."""
+        if not 0 <= index < self.num_bins:
+            raise ValueError(f"bin index must be in [0, {self.num_bins}), got {index}")
+        end = None if index == self.num_bins - 1 else (index + 1) * self.bin_tokens
+        return index * self.bin_tokens, end
+
+    def reserved_pages(self) -> int:
+        """Pages always read outside the top-k: reserved_bos + reserved_eos."""
+        return self.reserved_bos + self.reserved_eos
+
+
+def _int_tuple(name: str, key: str, values) -> tuple[int, ...]:
+    # int() alone would truncate 2.5 to 2 or accept "3"; a schedule is written in whole pages
+    out = []
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or int(value) != value:
+            raise ScheduleError(f"schedule {name!r}: {key} must hold integers, got {value!r}")
+        out.append(int(value))
+    return tuple(out)
