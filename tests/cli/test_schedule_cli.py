@@ -1,0 +1,61 @@
+"""`sparrow schedule list|show`, called through sparrow_cli.main.main."""
+
+from __future__ import annotations
+
+import json
+
+from sparrow_cli.main import main
+from sparrow_core.sparse.io import save_schedule_yaml
+from sparrow_core.sparse.presets import PRESETS
+from sparrow_core.sparse.schedule import Schedule
+
+
+def test_list_json_rows(capsys):
+    assert main(["schedule", "list", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    by_name = {r["name"]: r for r in rows}
+    assert set(by_name) == set(PRESETS)
+    row = by_name["qwen3-1.7b-0.86"]
+    # hand: 20 bins, 29 pages first, 253 last, 253 + 1 + 2 read
+    assert row == {
+        "name": "qwen3-1.7b-0.86",
+        "target": 0.86,
+        "bins": 20,
+        "page_size": 16,
+        "bin_tokens": 2000,
+        "first_topk": 29,
+        "last_topk": 253,
+        "last_pages_read": 256,
+    }
+    assert by_name["tiny-0.80"]["last_pages_read"] == 4 + 3
+
+
+def test_list_table_shows_full_names(capsys):
+    assert main(["schedule", "list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("qwen3-14b-0.86", "qwen3-1.7b-0.94", "tiny-0.80"):
+        assert name in out
+    assert "1149" in out  # qwen3-4b-0.92 last top-k
+
+
+def test_show_json_is_the_file_format(capsys):
+    assert main(["schedule", "show", "qwen3-8b-0.86", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["topk_pages"][17] == 385 and len(data["topk_pages"]) == 20
+    assert data["skip_layers"] == [0, 1] and data["target"] == 0.86
+
+
+def test_show_file_human_form_has_bins(tmp_path, capsys):
+    s = Schedule(name="mine", topk_pages=(2, 7), page_size=32, bin_tokens=100, reserved_bos=0)
+    path = save_schedule_yaml(s, tmp_path / "mine.yaml")
+    assert main(["schedule", "show", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "mine" in out and "0-99" in out and "100-" in out
+    # hand: bin 1 reads 7 + 0 + 2 = 9 pages, 9 * 32 = 288 tokens
+    assert "288" in out and "9" in out
+
+
+def test_show_unknown_is_one_line_error(capsys):
+    assert main(["schedule", "show", "no-such-schedule"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no-such-schedule" in err and "tiny-0.86" in err
