@@ -1,0 +1,53 @@
+"""EngineConfig: the rollout engine's knobs, a frozen dataclass that checks itself.
+
+    config = EngineConfig(max_batch_size=8, page_size=16, kv_cache_mib=64)
+    config = EngineConfig(num_pages=40, page_size=4)      # tests: an exact page count
+
+The KV page is the sparse page, so `page_size` must equal the schedule's page size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sparrow_core.errors import SparrowError
+
+
+class EngineError(SparrowError, ValueError):
+    """A bad engine setting or a request the engine cannot serve; the message has the numbers."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    # most sequences decoded at once (slots); more requests wait for a slot
+    max_batch_size: int = 64
+    # tokens per KV page; the page is also the unit of block-sparse selection
+    page_size: int = 16
+    # KV cache memory (keys, values and page centroids of every layer) in MiB
+    kv_cache_mib: float = 256.0
+    # exact number of KV pages; 0 sizes the cache from kv_cache_mib
+    num_pages: int = 0
+    # longest total sequence (prompt + new tokens); 0 takes the model's max_position_embeddings
+    max_context: int = 0
+    # most prompt tokens prefilled in one forward pass (a longer prompt still runs, alone)
+    max_prefill_tokens: int = 8192
+    # base seed for requests whose SamplingParams.seed is None
+    seed: int = 0
+    # true keeps generating past the model's eos tokens (stop_token_ids still stop)
+    ignore_eos: bool = False
+    # debug: record, per decode step, layer and sequence, the selected page ids (tests)
+    record_selection: bool = False
+
+    def __post_init__(self) -> None:
+        for key in ("max_batch_size", "page_size", "max_prefill_tokens"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise EngineError(f"EngineConfig.{key} must be a positive integer, got {value!r}")
+        if self.page_size & (self.page_size - 1):
+            raise EngineError(f"EngineConfig.page_size must be a power of two, got {self.page_size}")
+        for key in ("num_pages", "max_context"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise EngineError(f"EngineConfig.{key} must be an integer >= 0, got {value!r}")
+        if not self.kv_cache_mib > 0:
+            raise EngineError(f"EngineConfig.kv_cache_mib must be positive, got {self.kv_cache_mib}")

@@ -1,0 +1,97 @@
+"""The paged KV cache: per layer keys, values and one centroid per page and KV head.
+
+    cache = KVCache.allocate(arch, num_pages=64, page_size=16, dtype=torch.float32, device="cpu")
+    cache.write(layer, slot_mapping, k, v)      # k, v: [T, Hkv, D] post-RoPE
+    cache.update_centroids(layer, filled_pages) # once per page, when it fills
+
+Storage: k and v [num_layers, num_pages, page_size, Hkv, D] in the model's dtype; centroids
+[num_layers, num_pages, Hkv, D] in float32, the mean of the page's keys (computed in float32).
+A page's centroid is only meaningful once the page is full; selection never scores the
+partial page (it is always read).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable
+
+import torch
+
+from sparrow_core.engine.config import EngineError
+
+if TYPE_CHECKING:
+    from sparrow_core.model.config import ModelArch
+
+
+def bytes_per_page(arch: "ModelArch", page_size: int, dtype: torch.dtype) -> int:
+    """Bytes one page costs over all layers: keys, values and the float32 centroid."""
+    element = torch.empty((), dtype=dtype).element_size()
+    per_layer = arch.num_kv_heads * arch.head_dim * (2 * page_size * element + 4)
+    return arch.num_layers * per_layer
+
+
+def pages_for_budget(arch: "ModelArch", page_size: int, dtype: torch.dtype, mib: float) -> int:
+    per_page = bytes_per_page(arch, page_size, dtype)
+    pages = int(mib * 2**20) // per_page
+    if pages < 1:
+        raise EngineError(
+            f"kv_cache_mib={mib} holds no KV page: one page of {page_size} tokens needs "
+            f"{per_page} bytes for this model"
+        )
+    return pages
+
+
+@dataclass
+class KVCache:
+    k: torch.Tensor
+    v: torch.Tensor
+    centroids: torch.Tensor
+
+    @classmethod
+    def allocate(cls, arch: "ModelArch", num_pages: int, page_size: int, dtype: torch.dtype,
+                 device: torch.device | str) -> "KVCache":
+        shape = (arch.num_layers, num_pages, page_size, arch.num_kv_heads, arch.head_dim)
+        return cls(
+            k=torch.zeros(shape, dtype=dtype, device=device),
+            v=torch.zeros(shape, dtype=dtype, device=device),
+            centroids=torch.zeros(shape[:2] + shape[3:], dtype=torch.float32, device=device),
+        )
+
+    @property
+    def num_layers(self) -> int:
+        return self.k.shape[0]
+
+    @property
+    def num_pages(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def page_size(self) -> int:
+        return self.k.shape[2]
+
+    def write(self, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor,
+              v: torch.Tensor) -> None:
+        """Store k, v [T, Hkv, D] at flat slots page * page_size + offset."""
+        if k.shape != v.shape or k.shape[0] != slot_mapping.shape[0]:
+            raise ValueError(f"k {tuple(k.shape)}, v {tuple(v.shape)} and slot_mapping "
+                             f"{tuple(slot_mapping.shape)} disagree")
+        flat_k = self.k[layer].view(-1, *self.k.shape[3:])
+        flat_v = self.v[layer].view(-1, *self.v.shape[3:])
+        flat_k.index_copy_(0, slot_mapping, k.to(self.k.dtype))
+        flat_v.index_copy_(0, slot_mapping, v.to(self.v.dtype))
+
+    def update_centroids(self, layer: int, pages: torch.Tensor) -> None:
+        """Centroid of each listed (full) page: the mean of its keys, in float32."""
+        if pages.numel():
+            self.centroids[layer, pages] = self.k[layer, pages].float().mean(dim=1)
+
+    def copy_pages(self, pairs: Iterable[tuple[int, int]]) -> None:
+        """Copy keys, values and centroids from source to destination page, every layer."""
+        pairs = list(pairs)
+        if not pairs:
+            return
+        src = torch.tensor([s for s, _ in pairs], device=self.k.device)
+        dst = torch.tensor([d for _, d in pairs], device=self.k.device)
+        self.k[:, dst] = self.k[:, src]
+        self.v[:, dst] = self.v[:, src]
+        self.centroids[:, dst] = self.centroids[:, src]
