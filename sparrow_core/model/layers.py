@@ -1,0 +1,157 @@
+"""Building blocks of the decoder: RMSNorm, rotary embedding, attention projections, MLP.
+
+Everything works on a flat batch of tokens [T, ...] (several sequences packed end to end);
+nothing here knows about sequences, caches or pages. Numerics follow transformers' Qwen3 /
+Qwen2 / Llama modules (RMSNorm in float32, RoPE angles in float32 then cast, rotate-half
+layout) so that logits agree with the trainer's model. Run the checks with
+`python -m pytest tests/sparrow_core/model -q`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from sparrow_core.model.config import Llama3RopeScaling, ModelArch
+
+# attention(layer_index, q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D]) -> [T, Hq, D]
+AttentionFn = Callable[[int, Tensor, Tensor, Tensor], Tensor]
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm over the last dimension, computed in float32 and cast back."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(size))
+
+    def forward(self, x: Tensor) -> Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+def rope_inverse_frequencies(
+    head_dim: int, theta: float, scaling: Llama3RopeScaling | None = None
+) -> Tensor:
+    """Per-pair inverse frequencies [head_dim / 2] in float32, llama3 scaling applied."""
+    # explicit cpu: the decoder may be built under a meta-device context
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
+    inv_freq = 1.0 / (theta ** exponents)
+    if scaling is None:
+        return inv_freq
+    # llama3: long wavelengths slow down by `factor`, short ones stay, the band between blends
+    context = scaling.original_max_position_embeddings
+    low_freq_wavelen = context / scaling.low_freq_factor
+    high_freq_wavelen = context / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    slowed = torch.where(wavelen > low_freq_wavelen, inv_freq / scaling.factor, inv_freq)
+    smooth = (context / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    blended = (1 - smooth) * slowed / scaling.factor + smooth * slowed
+    in_band = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return torch.where(in_band, blended, slowed)
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding (rotate-half layout) from explicit positions.
+
+    The inverse frequencies are kept out of the module's buffers so that `.to(bfloat16)`
+    never rounds them; angles are computed in float32 for every call, then cast.
+    """
+
+    def __init__(self, head_dim: int, theta: float, scaling: Llama3RopeScaling | None):
+        super().__init__()
+        self._inv_freq = rope_inverse_frequencies(head_dim, theta, scaling)
+        self._by_device: dict[torch.device, Tensor] = {}
+
+    def inverse_frequencies(self, device: torch.device) -> Tensor:
+        if device not in self._by_device:
+            self._by_device[device] = self._inv_freq.to(device)
+        return self._by_device[device]
+
+    def cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """cos, sin [T, 1, head_dim] for positions [T], in `dtype`."""
+        angles = positions.float()[:, None] * self.inverse_frequencies(positions.device)[None, :]
+        angles = torch.cat((angles, angles), dim=-1)[:, None, :]
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [T, H, D] rotated by the angles in cos/sin [T, 1, D]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class SelfAttention(nn.Module):
+    """Q/K/V projections, optional per-head q/k RMSNorm, RoPE; attention itself is injected."""
+
+    def __init__(self, arch: ModelArch, layer_index: int):
+        super().__init__()
+        self.layer_index = layer_index
+        self.num_q_heads = arch.num_q_heads
+        self.num_kv_heads = arch.num_kv_heads
+        self.head_dim = arch.head_dim
+        q_size, kv_size = arch.num_q_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
+        self.q_proj = nn.Linear(arch.hidden_size, q_size, bias=arch.qkv_bias)
+        self.k_proj = nn.Linear(arch.hidden_size, kv_size, bias=arch.qkv_bias)
+        self.v_proj = nn.Linear(arch.hidden_size, kv_size, bias=arch.qkv_bias)
+        self.o_proj = nn.Linear(q_size, arch.hidden_size, bias=arch.o_proj_bias)
+        if arch.qk_norm:
+            self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps)
+            self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, attention: AttentionFn) -> Tensor:
+        tokens = x.shape[0]
+        q = self.q_proj(x).view(tokens, self.num_q_heads, self.head_dim)
+        k = self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        out = attention(self.layer_index, q, k, v)
+        expected = (tokens, self.num_q_heads, self.head_dim)
+        if tuple(out.shape) != expected:
+            raise ValueError(
+                f"attention for layer {self.layer_index} returned shape {tuple(out.shape)}, "
+                f"expected {expected}"
+            )
+        return self.o_proj(out.reshape(tokens, self.num_q_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, arch: ModelArch, layer_index: int):
+        super().__init__()
+        self.self_attn = SelfAttention(arch, layer_index)
+        self.mlp = MLP(arch.hidden_size, arch.intermediate_size)
+        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, attention: AttentionFn) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attention)
+        return x + self.mlp(self.post_attention_layernorm(x))

@@ -1,0 +1,92 @@
+"""Shared test fixtures: tiny random Hugging Face checkpoints, built once per test session.
+
+    def test_something(qwen3_checkpoint):            # a Path to a model directory
+        model = load_model(qwen3_checkpoint)
+
+    def test_custom(tiny_checkpoint):                # build (and cache) any other shape
+        path = tiny_checkpoint("deep", "qwen3", num_layers=4, seed=3)
+
+Every checkpoint holds config.json, safetensors weights and the byte-level tokenizer of
+sparrow_core.model.random_checkpoint (ids 0..255 are bytes, 256 <|endoftext|> = eos,
+257 <|bos|>, 258 <|im_start|>, 259 <|im_end|>; vocab 384). CHECKPOINT_FIXTURES names the
+ones that cover every supported family and shape corner, for parametrised tests.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+# fixture name -> (family, make_random_checkpoint keyword arguments)
+CHECKPOINT_SPECS: dict[str, tuple[str, dict[str, Any]]] = {
+    # Qwen3-like: q/k norm, tied embeddings, GQA 2, head_dim 16
+    "qwen3_checkpoint": ("qwen3", {}),
+    # odd GQA ratio (6 / 2 = 3) and q width (6 x 24 = 144) different from hidden (64)
+    "qwen3_gqa3_checkpoint": (
+        "qwen3", dict(num_q_heads=6, num_kv_heads=2, head_dim=24, seed=1),
+    ),
+    # Qwen2: q/k/v bias, untied, GQA 3, head_dim 16 = hidden / heads
+    "qwen2_checkpoint": (
+        "qwen2", dict(hidden_size=96, num_q_heads=6, num_kv_heads=2, head_dim=16,
+                      tie_word_embeddings=False, seed=2),
+    ),
+    # Llama 3.1 style: llama3 RoPE scaling, untied, one KV head for 3 query heads, head_dim 24
+    "llama_checkpoint": (
+        "llama", dict(hidden_size=72, num_q_heads=3, num_kv_heads=1, head_dim=24,
+                      tie_word_embeddings=False, rope_theta=500000.0,
+                      rope_scaling="llama3-test", seed=3),
+    ),
+    # same shape as qwen3_checkpoint, other weights, written as several shards
+    "qwen3_sharded_checkpoint": ("qwen3", dict(seed=4, shards=3)),
+}
+CHECKPOINT_FIXTURES = ("qwen3_checkpoint", "qwen3_gqa3_checkpoint", "qwen2_checkpoint",
+                       "llama_checkpoint")
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Callable[..., Path]:
+    """build(name, family="qwen3", **kwargs) -> Path, cached by name for the session."""
+    built: dict[str, Path] = {}
+
+    def build(name: str, family: str = "qwen3", **kwargs: Any) -> Path:
+        if name not in built:
+            from transformers.utils import logging as hf_logging
+
+            from sparrow_core.model.random_checkpoint import (
+                LLAMA3_TEST_SCALING,
+                make_random_checkpoint,
+            )
+
+            hf_logging.disable_progress_bar()
+            if kwargs.get("rope_scaling") == "llama3-test":
+                kwargs["rope_scaling"] = LLAMA3_TEST_SCALING
+            out = tmp_path_factory.mktemp("checkpoints") / name
+            built[name] = make_random_checkpoint(out, family, **kwargs)
+        return built[name]
+
+    return build
+
+
+def _checkpoint_fixture(name: str):
+    family, kwargs = CHECKPOINT_SPECS[name]
+
+    @pytest.fixture(scope="session", name=name)
+    def fixture(tiny_checkpoint) -> Path:
+        return tiny_checkpoint(name, family, **kwargs)
+
+    return fixture
+
+
+qwen3_checkpoint = _checkpoint_fixture("qwen3_checkpoint")
+qwen3_gqa3_checkpoint = _checkpoint_fixture("qwen3_gqa3_checkpoint")
+qwen2_checkpoint = _checkpoint_fixture("qwen2_checkpoint")
+llama_checkpoint = _checkpoint_fixture("llama_checkpoint")
+qwen3_sharded_checkpoint = _checkpoint_fixture("qwen3_sharded_checkpoint")
+
+
+@pytest.fixture(params=CHECKPOINT_FIXTURES)
+def any_checkpoint(request) -> Path:
+    """Each family / shape corner in turn (parametrised over CHECKPOINT_FIXTURES)."""
+    return request.getfixturevalue(request.param)
