@@ -1,6 +1,34 @@
-"""RL mathematics: advantage estimators and policy losses, each in a registry."""
+"""RL mathematics: advantage estimators and policy losses, each in a registry.
 
-from sparrow_core.registry import Registry
+    from sparrow_core.rl import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, PolicyLossConfig
 
-ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator")
-POLICY_LOSSES: Registry = Registry("policy loss")
+The registries are filled by the modules that define their entries (advantages.py,
+losses.py) and re-exported here; the config loader checks algo.advantage and algo.loss
+against them. The math is written out in docs/rl.md.
+"""
+
+from sparrow_core.rl.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    grpo_advantages,
+    per_token_advantages,
+    rloo_advantages,
+)
+from sparrow_core.rl.aggregate import AGGREGATIONS, aggregate, count_for, masked_mean
+from sparrow_core.rl.checks import RLInputError
+from sparrow_core.rl.losses import POLICY_LOSSES, PolicyLossConfig, ppo_clip_loss, tis_weights
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "AGGREGATIONS",
+    "POLICY_LOSSES",
+    "PolicyLossConfig",
+    "RLInputError",
+    "aggregate",
+    "count_for",
+    "grpo_advantages",
+    "masked_mean",
+    "per_token_advantages",
+    "ppo_clip_loss",
+    "rloo_advantages",
+    "tis_weights",
+]
