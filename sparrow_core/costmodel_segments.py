@@ -86,7 +86,7 @@ def dense_tokens_in(prompt_len: float, start: float, end: float, budget_tokens: 
     """How many of the generated tokens [start, end) the budget covers (decoded densely)."""
     if budget_tokens is None:
         return end - start
-    return max(0.0, min(end, budget_tokens - prompt_len) - start)
+    return max(0, min(end, budget_tokens - prompt_len) - start)
 
 
 def segment_cost(*, model: ModelShape, hardware: Hardware, prompt_len: float, start: float,
