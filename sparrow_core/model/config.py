@@ -123,8 +123,8 @@ class ModelArch:
             hidden_size=hidden,
             num_layers=_require(config, "num_hidden_layers"),
             num_q_heads=heads,
-            num_kv_heads=config.get("num_key_value_heads") or heads,
-            head_dim=config.get("head_dim") or hidden // heads,
+            num_kv_heads=_optional(config, "num_key_value_heads", heads),
+            head_dim=_optional(config, "head_dim", hidden // heads if heads > 0 else 0),
             intermediate_size=_require(config, "intermediate_size"),
             rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
             rope_theta=theta,
@@ -157,6 +157,10 @@ def _require(config: Mapping[str, Any], key: str) -> int:
     if config.get(key) is None:
         raise ModelConfigError(f"model config.json lacks {key!r}")
     return int(config[key])
+
+
+def _optional(config: Mapping[str, Any], key: str, default: int) -> int:
+    return default if config.get(key) is None else int(config[key])
 
 
 def _check_unsupported(config: Mapping[str, Any]) -> None:

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from sparrow_core.errors import SparrowError
 from sparrow_core.model.config import ModelArch
-from sparrow_core.model.decoder import Decoder
+from sparrow_core.model.decoder import Decoder, WeightLoadError
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -81,7 +81,10 @@ def load_model(
     with torch.device("meta"):
         model = Decoder(arch)
     model = model.to(dtype=dtype).to_empty(device=device)
-    model.load_hf_state_dict(checkpoint, strict=True)
+    try:
+        model.load_hf_state_dict(checkpoint, strict=True)
+    except WeightLoadError as err:
+        raise WeightLoadError(f"checkpoint {Path(path)}: {err}") from None
     return model.eval()
 
 
