@@ -1,0 +1,205 @@
+"""The rollout engine: continuous-batching generation, dense or block-sparse decode.
+
+    engine = Engine(load_model(path), load_tokenizer(path), EngineConfig(), schedule)
+    results = engine.generate([[1, 2, 3], [4, 5]], SamplingParams(max_new_tokens=64, n=8))
+    results[prompt][sample].output_ids / .logprobs / .topk_ids / .budget_pages / .finish_reason
+    engine.update_weights(state_dict); engine.set_schedule(other_schedule or None)
+
+With schedule=None every decode step is dense; with a Schedule, decode is block-sparse in
+the layers outside skip_layers (prefill is always dense). The loop: the scheduler picks a
+prefill batch (new prompt groups) or the decode batch, the runner gives last-token logits,
+the sampler draws one token per sample, finished samples free their pages at once.
+Run `python -m pytest tests/sparrow_core/engine -q` for the tests.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence as Seq
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from sparrow_core.engine.block_manager import BlockManager
+from sparrow_core.engine.config import EngineConfig, EngineError
+from sparrow_core.engine.kv_cache import KVCache, pages_for_budget
+from sparrow_core.engine.runner import ModelRunner
+from sparrow_core.engine.sampler import SamplingParams, sample
+from sparrow_core.engine.scheduler import Batch, Scheduler, SequenceGroup
+from sparrow_core.engine.sequence import SampleResult, Sequence
+from sparrow_core.engine.validate import check_request
+from sparrow_core.sparse.schedule import Schedule
+from sparrow_core.sparse.selection import pages_read
+
+
+@dataclass(frozen=True)
+class SelectionRecord:
+    """Debug record of one sparse layer of one decode step for one sample."""
+
+    step: int
+    layer: int
+    prompt_index: int
+    sample_index: int
+    position: int
+    # per KV head: the logical page indices read (page i holds positions i*ps .. i*ps+ps-1)
+    pages: tuple[tuple[int, ...], ...]
+
+
+class Engine:
+    def __init__(self, model: torch.nn.Module, tokenizer: Any = None,
+                 config: EngineConfig | None = None, schedule: Schedule | None = None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config or EngineConfig()
+        arch = model.arch
+        weight = next(model.parameters())
+        num_pages = self.config.num_pages or pages_for_budget(
+            arch, self.config.page_size, weight.dtype, self.config.kv_cache_mib)
+        self.cache = KVCache.allocate(arch, num_pages, self.config.page_size, weight.dtype,
+                                      weight.device)
+        self.block_manager = BlockManager(num_pages, self.config.page_size)
+        self.runner = ModelRunner(model, self.cache, self.block_manager)
+        self.max_context = self.config.max_context or arch.max_position_embeddings
+        self.selection_log: list[SelectionRecord] = []
+        self.schedule: Schedule | None = None
+        self.set_schedule(schedule)
+        self._calls = 0
+        self._next_seq_id = 0
+
+    # trainer hooks
+
+    def set_schedule(self, schedule: Schedule | None) -> None:
+        """Decode with this schedule from the next generate() on (None: dense decode)."""
+        if schedule is not None and schedule.page_size != self.config.page_size:
+            raise EngineError(f"schedule {schedule.name!r} has page_size {schedule.page_size} but "
+                              f"the engine's KV pages hold {self.config.page_size} tokens")
+        self.schedule = schedule
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Replace the model's weights in place (transformers names); the cache is unaffected
+        because generate() leaves no sequence behind."""
+        self.model.load_hf_state_dict(state_dict)
+
+    # generation
+
+    def generate(self, prompts: Seq[Seq[int]], params: SamplingParams | Seq[SamplingParams],
+                 progress: bool = False) -> list[list[SampleResult]]:
+        """Samples for every prompt: outer list per prompt, inner per sample (params.n)."""
+        per_prompt = self._params_per_prompt(prompts, params)
+        self._calls += 1
+        groups = [self._make_group(i, list(p), sp)
+                  for i, (p, sp) in enumerate(zip(prompts, per_prompt))]
+        scheduler = Scheduler(self.config, self.block_manager)
+        for group in groups:
+            scheduler.add(group)
+        total = sum(len(g.samples) for g in groups)
+        bar = tqdm(total=total, desc="generate", unit="sample", file=sys.stderr,
+                   disable=not progress, leave=False)
+        step = 0
+        try:
+            while not scheduler.is_finished:
+                bar.update(self._step(scheduler, step))
+                step += 1
+        finally:
+            bar.close()
+            for seq in list(scheduler.running):  # only after an exception: free everything
+                scheduler.finish(seq)
+        return [[self._result(seq) for seq in group.samples] for group in groups]
+
+    def _step(self, scheduler: Scheduler, step: int) -> int:
+        """One forward pass and one sampled token per sample in it; returns samples finished."""
+        batch = scheduler.schedule()
+        if batch.is_prefill:
+            logits = self.runner.prefill(batch.seqs)
+            self.cache.copy_pages(scheduler.fork(batch))
+            seqs = [seq for group in batch.groups for seq in group.samples]
+            counts = torch.tensor([len(g.samples) for g in batch.groups], device=logits.device)
+            logits = logits.repeat_interleave(counts, dim=0)
+            # the first token comes from the dense prefill: every prompt page was read
+            budgets = [self.block_manager.pages_for_tokens(s.prompt_len) for s in seqs]
+        else:
+            seqs = batch.seqs
+            hook = self._recorder(batch, step) if self.config.record_selection else None
+            logits = self.runner.decode(seqs, self.schedule, hook)
+            budgets = self._decode_budgets(seqs)
+        out = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        finished = 0
+        for i, seq in enumerate(seqs):
+            k = seq.params.logprobs_topk
+            seq.append(int(out.token_ids[i]), float(out.logprobs[i]),
+                       tuple(out.topk_ids[i, :k].tolist()), tuple(out.topk_logprobs[i, :k].tolist()),
+                       budgets[i])
+            if seq.finish_reason is not None:
+                scheduler.finish(seq)
+                finished += 1
+        return finished
+
+    def _decode_budgets(self, seqs: list[Sequence]) -> list[int]:
+        """Pages read per KV head in sparse layers at this step (all pages when dense)."""
+        num_pages = torch.tensor([self.block_manager.pages_for_tokens(s.num_tokens) for s in seqs])
+        schedule = self.schedule
+        layers = range(self.model.arch.num_layers)
+        if schedule is None or not any(schedule.is_sparse_layer(i) for i in layers):
+            return num_pages.tolist()
+        topk = torch.tensor([schedule.topk_for_position(s.num_tokens - 1) for s in seqs])
+        return pages_read(num_pages, topk, schedule.reserved_bos, schedule.reserved_eos).tolist()
+
+    def _recorder(self, batch: Batch, step: int):
+        def record(layer: int, page_mask: torch.Tensor) -> None:
+            for row, seq in enumerate(batch.seqs):
+                pages = tuple(tuple(torch.nonzero(head).flatten().tolist()) for head in page_mask[row])
+                self.selection_log.append(SelectionRecord(
+                    step, layer, seq.prompt_index, seq.sample_index, seq.num_tokens - 1, pages))
+        return record
+
+    # requests
+
+    def _params_per_prompt(self, prompts, params) -> list[SamplingParams]:
+        if isinstance(params, SamplingParams):
+            return [params] * len(prompts)
+        params = list(params)
+        if len(params) != len(prompts):
+            raise EngineError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+        return params
+
+    def _make_group(self, index: int, prompt: list[int], params: SamplingParams) -> SequenceGroup:
+        check_request(index, prompt, params, self.model.arch.vocab_size, self.max_context,
+                      self.config.max_batch_size)
+        prompt = [int(t) for t in prompt]
+        stop = set(params.stop_token_ids)
+        if not self.config.ignore_eos:
+            stop |= set(self.model.arch.eos_token_ids)
+        samples = [Sequence(self._seq_id(), index, i, list(prompt), len(prompt), params,
+                            self._generator(index, i, params), frozenset(stop))
+                   for i in range(params.n)]
+        group = SequenceGroup(samples)
+        needed = Scheduler(self.config, self.block_manager).pages_needed(group)
+        if needed > self.block_manager.num_pages:
+            raise EngineError(
+                f"prompt {index} can never fit: {params.n} sample(s) of {len(prompt)} prompt + "
+                f"{params.max_new_tokens} new tokens need {needed} KV pages of "
+                f"{self.config.page_size} tokens, the cache holds {self.block_manager.num_pages} "
+                f"(raise kv_cache_mib or lower max_new_tokens / n)")
+        return group
+
+    def _seq_id(self) -> int:
+        self._next_seq_id += 1
+        return self._next_seq_id
+
+    def _generator(self, prompt_index: int, sample_index: int,
+                   params: SamplingParams) -> torch.Generator:
+        # a request's seed fixes its samples whatever else runs beside it
+        if params.seed is not None:
+            entropy = [params.seed, sample_index]
+        else:
+            entropy = [self.config.seed, self._calls, prompt_index, sample_index]
+        seed = int(np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0] >> 1)
+        return torch.Generator(device=self.cache.k.device).manual_seed(seed)
+
+    def _result(self, seq: Sequence) -> SampleResult:
+        text = None
+        if self.tokenizer is not None:
+            text = self.tokenizer.decode(list(seq.token_ids[seq.prompt_len:]))
+        return seq.to_result(text)
