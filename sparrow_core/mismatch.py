@@ -157,6 +157,10 @@ def acceptance_lower_bound_from_dense(
             f"actor_topk_ids has shape {tuple(actor_topk_ids.shape)}; its leading dims must match "
             f"dense_logprobs {tuple(dense_logprobs.shape)}"
         )
+    if actor_topk_ids.device != dense_logprobs.device:
+        raise MismatchError(
+            f"actor_topk_ids is on {actor_topk_ids.device} but dense_logprobs is on {dense_logprobs.device}"
+        )
     vocab = dense_logprobs.shape[-1]
     if actor_topk_ids.numel() and (actor_topk_ids.min() < 0 or actor_topk_ids.max() >= vocab):
         raise MismatchError(
