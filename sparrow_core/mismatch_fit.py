@@ -92,9 +92,10 @@ def to_numpy(values: Any, name: str) -> np.ndarray:
 
 
 def first_bad(mask: np.ndarray, values: np.ndarray) -> str:
-    """'<count> rows, first at row <i>: <value>' for a boolean mask of bad rows."""
-    index = int(np.flatnonzero(mask)[0])
-    return f"{int(mask.sum())} rows, first at row {index}: {values[index]!r}"
+    """'<count> bad rows, first at row <i>: <value>' for a boolean mask of bad rows."""
+    index, count = int(np.flatnonzero(mask)[0]), int(mask.sum())
+    value = values[index].item() if hasattr(values[index], "item") else values[index]
+    return f"{count} bad row{'' if count == 1 else 's'}, first at row {index}: {value!r}"
 
 
 def check_acceptance(values: Any, name: str = "acceptance") -> np.ndarray:
