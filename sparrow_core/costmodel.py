@@ -23,6 +23,8 @@ docs/costmodel.md derives it and lists where the published formulas approximate.
 
 from __future__ import annotations
 
+import numbers
+
 from sparrow_core.costmodel_presets import (  # noqa: F401  (re-exported)
     HARDWARE,
     MODELS,
@@ -46,7 +48,7 @@ from sparrow_core.costmodel_segments import (  # noqa: F401  (re-exported)
 def _check_lengths(**values: float) -> None:
     for name, value in values.items():
         low = 0 if name == "prompt_len" else 1
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or value < low:
             raise CostModelError(f"{name} must be a number >= {low}, got {value!r}")
 
 

@@ -49,10 +49,13 @@ class ModelShape:
             if f.type in ("int", int) and (
                 isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1
             ):
-                raise CostModelError(f"model {self.name!r}: {f.name} must be a positive integer, got {value!r}")
+                raise CostModelError(
+                    f"model {self.name!r}: {f.name} must be a positive integer, got {value!r}"
+                )
         if self.q_heads % self.kv_heads:
             raise CostModelError(
-                f"model {self.name!r}: q_heads ({self.q_heads}) must be a multiple of kv_heads ({self.kv_heads})"
+                f"model {self.name!r}: q_heads ({self.q_heads}) must be a multiple of "
+                f"kv_heads ({self.kv_heads})"
             )
 
     @property
@@ -132,8 +135,8 @@ MODELS: dict[str, ModelShape] = {
 }
 
 HARDWARE: dict[str, Hardware] = {
-    "h100": Hardware("h100", 989.4e12, 3.35e12, "NVIDIA H100 SXM: 989.4 TFLOP/s dense bf16, 3.35 TB/s HBM3"),
-    "h200": Hardware("h200", 989.4e12, 4.8e12, "NVIDIA H200 SXM: 989.4 TFLOP/s dense bf16, 4.8 TB/s HBM3e"),
+    "h100": Hardware("h100", 989.4e12, 3.35e12, "H100 SXM: 989.4 TFLOP/s dense bf16, 3.35 TB/s"),
+    "h200": Hardware("h200", 989.4e12, 4.8e12, "H200 SXM: 989.4 TFLOP/s dense bf16, 4.8 TB/s"),
 }
 
 

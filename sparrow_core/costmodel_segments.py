@@ -29,7 +29,9 @@ VARIANTS = ("paper", "appendix")
 
 def check_variant(variant: str) -> None:
     if variant not in VARIANTS:
-        raise CostModelError(f"unknown cost model variant {variant!r}; valid: {', '.join(VARIANTS)}")
+        raise CostModelError(
+            f"unknown cost model variant {variant!r}; valid: {', '.join(VARIANTS)}"
+        )
 
 
 @dataclass(frozen=True)
@@ -76,13 +78,15 @@ def _step_rates(model: ModelShape, samples: int, prompt_len: float, budget_token
     return c0, c1, m0, m1
 
 
-def _integrate(rates: tuple[float, float, float, float], t0: float, t1: float, intensity: float) -> Cost:
+def _integrate(rates: tuple[float, float, float, float], t0: float, t1: float,
+               intensity: float) -> Cost:
     c0, c1, m0, m1 = rates
     width, squares = t1 - t0, (t1 * t1 - t0 * t0) / 2
     return Cost(c0 * width + c1 * squares, m0 * width + m1 * squares, intensity)
 
 
-def dense_tokens_in(prompt_len: float, start: float, end: float, budget_tokens: float | None) -> float:
+def dense_tokens_in(prompt_len: float, start: float, end: float,
+                    budget_tokens: float | None) -> float:
     """How many of the generated tokens [start, end) the budget covers (decoded densely)."""
     if budget_tokens is None:
         return end - start
@@ -203,7 +207,8 @@ def schedule_cost(schedule: Schedule, *, model: ModelShape, hardware: Hardware, 
                   gen_len: int, samples: int, variant: str = "paper") -> ScheduleCost:
     """Cost of N samples of gen_len tokens after a prompt, bin by bin (bin = position // width)."""
     check_variant(variant)
-    for name, value, low in (("prompt_len", prompt_len, 0), ("gen_len", gen_len, 1), ("samples", samples, 1)):
+    checks = (("prompt_len", prompt_len, 0), ("gen_len", gen_len, 1), ("samples", samples, 1))
+    for name, value, low in checks:
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise CostModelError(f"{name} must be an integer >= {low}, got {value!r}")
     bins = []

@@ -13,7 +13,14 @@ from __future__ import annotations
 import argparse
 
 from sparrow_cli.output import print_json, print_table
-from sparrow_core.costmodel import HARDWARE, MODELS, VARIANTS, get_hardware, get_model, schedule_cost
+from sparrow_core.costmodel import (
+    HARDWARE,
+    MODELS,
+    VARIANTS,
+    get_hardware,
+    get_model,
+    schedule_cost,
+)
 from sparrow_core.sparse.io import resolve_schedule
 
 # per-bin table headers, short enough to fit 80 columns
@@ -33,7 +40,9 @@ BIN_LABELS = {
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("costmodel", help="predicted speedup of a schedule (eFLOPs)")
     parser.add_argument("--model", default="qwen3-1.7b", help=f"one of: {', '.join(MODELS)}")
-    parser.add_argument("--schedule", default="qwen3-1.7b-0.86", help="a preset name or a schedule file")
+    parser.add_argument(
+        "--schedule", default="qwen3-1.7b-0.86", help="a preset name or a schedule file"
+    )
     parser.add_argument("--prompt-len", type=int, default=1024, help="prompt tokens L_in")
     parser.add_argument("--gen-len", type=int, default=32768, help="generated tokens L_out")
     parser.add_argument("--samples", type=int, default=8, help="samples per prompt N")
@@ -70,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     )
     print(
         f"P = {model.parameters:,}, D = {model.kv_dim:,} (layers x KV heads x head dim), "
-        f"r = {model.gqa_ratio:g}, L_in = {args.prompt_len}, L_out = {args.gen_len}, N = {args.samples}"
+        f"r = {model.gqa_ratio:g}, L_in = {args.prompt_len}, L_out = {args.gen_len}, "
+        f"N = {args.samples}"
     )
     rows = [{BIN_LABELS[k]: v for k, v in row.items() if k in BIN_LABELS} for row in data["bins"]]
     print_table(rows, digits=3)
