@@ -168,3 +168,24 @@ def test_mismatched_inputs_are_errors():
         sample(torch.zeros(2, 5), [SamplingParams()], [None, None])
     with pytest.raises(SamplingError, match="float32"):
         sample(torch.zeros(2, 5, dtype=torch.float64), [SamplingParams()] * 2, [None] * 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_rows_with_cuda_generators_are_reproducible_and_exact():
+    logits_row = torch.tensor([1.5, 0.2, -0.3, 0.9, -1.0, 0.0], device="cuda")
+    params = SamplingParams(temperature=0.8, top_p=0.9)
+    probs = np.array(_reference_distribution(logits_row.tolist(), 0.8, 0, 0.9))
+    draws = 20000
+
+    def run(seed):
+        generator = torch.Generator(device="cuda").manual_seed(seed)
+        return sample(logits_row.expand(draws, -1).contiguous(), [params] * draws,
+                      [generator] * draws)
+
+    out = run(3)
+    assert out.token_ids.is_cuda and torch.equal(out.token_ids, run(3).token_ids)
+    counts = np.bincount(out.token_ids.cpu().numpy(), minlength=6)
+    assert counts[probs == 0].sum() == 0
+    support = probs > 0
+    assert stats.chisquare(counts[support], draws * probs[support]).pvalue > 1e-3
