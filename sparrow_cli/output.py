@@ -41,14 +41,16 @@ def print_table(rows: Iterable[dict], title: str | None = None, digits: int = 4)
 
     rows = list(rows)
     table = Table(title=title)
+    # rich assumes 80 columns when piped; a log or `| less` should keep whole cells
+    console = Console(width=None if sys.stdout.isatty() else 200)
     if not rows:
-        Console().print(title or "", "(no rows)")
+        console.print(title or "", "(no rows)")
         return
     for column in rows[0]:
         table.add_column(str(column), justify="right")
     for row in rows:
         table.add_row(*(_format(v, digits) for v in row.values()))
-    Console().print(table)
+    console.print(table)
 
 
 def _format(value: Any, digits: int) -> str:

@@ -1,5 +1,15 @@
 """Block-sparse selection: schedules and presets, page selection, calibration."""
 
-from sparrow_core.sparse.schedule import Schedule
+from sparrow_core.sparse.io import load_schedule_yaml, resolve_schedule, save_schedule_yaml
+from sparrow_core.sparse.presets import PRESETS, get_preset
+from sparrow_core.sparse.schedule import Schedule, ScheduleError
 
-__all__ = ["Schedule"]
+__all__ = [
+    "PRESETS",
+    "Schedule",
+    "ScheduleError",
+    "get_preset",
+    "load_schedule_yaml",
+    "resolve_schedule",
+    "save_schedule_yaml",
+]
