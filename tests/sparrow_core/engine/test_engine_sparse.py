@@ -4,7 +4,6 @@ matches a plain-loop reference that recomputes the centroids from the keys at ev
 import pytest
 import torch
 
-from engine_reference import brute_force_logits
 from sparrow_core.engine.config import EngineConfig, EngineError
 from sparrow_core.engine.engine import Engine
 from sparrow_core.engine.sampler import SamplingParams
@@ -50,7 +49,7 @@ def test_tight_budget_changes_the_output(qwen3_model):
 
 
 @pytest.mark.parametrize("skip_layers", [(), (0,)])
-def test_selected_pages_match_brute_force(qwen3_model, skip_layers):
+def test_selected_pages_match_brute_force(qwen3_model, brute_force, skip_layers):
     schedule = tight(skip_layers)
     engine, results = run(qwen3_model, schedule, max_new_tokens=30, record=True,
                           logprobs_topk=VOCAB)
@@ -59,7 +58,7 @@ def test_selected_pages_match_brute_force(qwen3_model, skip_layers):
     compared = 0
     for index, (prompt, [sample]) in enumerate(zip(PROMPTS, results)):
         tokens = prompt + list(sample.output_ids)
-        logits, selected = brute_force_logits(qwen3_model, tokens, len(prompt), schedule)
+        logits, selected = brute_force(qwen3_model, tokens, len(prompt), schedule)
         # decode steps feed positions len(prompt) .. len(tokens) - 2
         positions = range(len(prompt), len(tokens) - 1)
         for (layer, position), pages in selected.items():

@@ -1,0 +1,64 @@
+"""Scheduler admission: slots, worst-case pages, arrival order, prefill token cap."""
+
+from sparrow_core.engine.block_manager import BlockManager
+from sparrow_core.engine.config import EngineConfig
+from sparrow_core.engine.scheduler import Scheduler, SequenceGroup
+from sparrow_core.engine.sequence import Sequence, Status
+
+
+class Params:
+    def __init__(self, max_new_tokens):
+        self.max_new_tokens = max_new_tokens
+
+
+def group(first_id, prompt_len, n=1, max_new_tokens=4):
+    params = Params(max_new_tokens)
+    return SequenceGroup([Sequence(first_id + i, first_id, i, [1] * prompt_len, prompt_len,
+                                   params, None, frozenset()) for i in range(n)])
+
+
+def test_slots_turn_over_in_arrival_order():
+    scheduler = Scheduler(EngineConfig(max_batch_size=3, page_size=4), BlockManager(100, 4))
+    groups = [group(0, 5), group(10, 3, n=2), group(20, 2), group(30, 2)]
+    for g in groups:
+        scheduler.add(g)
+    batch = scheduler.schedule()
+    # 1 + 2 samples fill the 3 slots; the later groups wait
+    assert batch.is_prefill and batch.seqs == [groups[0].leader, groups[1].leader]
+    copies = scheduler.fork(batch)
+    assert copies == [(groups[1].leader.page_table[0], groups[1].samples[1].page_table[0])]
+    decode = scheduler.schedule()
+    assert not decode.is_prefill and len(decode.seqs) == 3
+    scheduler.finish(groups[0].leader)
+    assert groups[0].leader.status is Status.FINISHED
+    admitted = scheduler.schedule()
+    assert admitted.is_prefill and admitted.seqs == [groups[2].leader]
+    assert list(scheduler.waiting) == [groups[3]]
+
+
+def test_worst_case_pages_gate_admission():
+    # prompt 6, 11 new tokens: 16 tokens cached at most = 4 pages; 2 samples share 1 full page
+    manager = BlockManager(10, 4)
+    scheduler = Scheduler(EngineConfig(max_batch_size=8, page_size=4), manager)
+    big = group(0, 6, n=2, max_new_tokens=11)
+    assert scheduler.pages_needed(big) == 4 + 3
+    scheduler.add(big)
+    scheduler.add(group(10, 6, n=1, max_new_tokens=11))  # needs 4 > 10 - 7
+    batch = scheduler.schedule()
+    assert batch.seqs == [big.leader] and len(scheduler.waiting) == 1
+    scheduler.fork(batch)
+    assert manager.num_free == 10 - 2 - 1  # leader's 2 prompt pages + the copied partial one
+    assert not scheduler.schedule().is_prefill  # still waiting: the worst case is claimed
+    for seq in big.samples:
+        scheduler.finish(seq)
+    assert manager.num_free == 10 and scheduler.schedule().is_prefill
+
+
+def test_prefill_token_cap_splits_batches_but_admits_a_long_prompt_alone():
+    scheduler = Scheduler(EngineConfig(max_batch_size=8, page_size=4, max_prefill_tokens=10),
+                          BlockManager(100, 4))
+    long, short = group(0, 12), group(10, 4)
+    scheduler.add(long)
+    scheduler.add(short)
+    assert scheduler.schedule().seqs == [long.leader]
+    assert scheduler.schedule().seqs == [short.leader]
