@@ -11,7 +11,8 @@ How the timeout works: calls run in a few worker processes (reward_worker.py, st
 `python -m`, so the caller's __main__ is never re-imported). A call past its deadline has its
 worker killed and a fresh one started, so no abandoned work keeps running. Threads cannot do
 this: math-verify can spend minutes inside one C-level big-integer operation (e.g. comparing
-9^{9^{9}}) that holds the GIL, which stops a watching thread as well as any signal handler.
+9^{9^{9}}) that holds the GIL, starving a watching thread, and a thread cannot be stopped from
+outside (signal-based timeouts only work in a main thread).
 The function travels to the workers by reference (pickle), so it must be defined at module
 level in an importable module. The clock starts when a worker has loaded the function and
 run its optional warm_up(), not while the worker is still starting. POSIX only (the worker
