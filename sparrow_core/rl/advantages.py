@@ -63,7 +63,7 @@ def grpo_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) -
     centered = grouped - grouped.mean(dim=1, keepdim=True)
     if group_size == 1:
         return torch.zeros_like(centered).reshape(-1)
-    std = grouped.std(dim=1, unbiased=True, keepdim=True)
+    std = grouped.std(dim=1, correction=1, keepdim=True)
     return _zero_constant_groups(centered / (std + eps), grouped)
 
 
