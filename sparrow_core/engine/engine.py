@@ -94,8 +94,9 @@ class Engine:
         scheduler = Scheduler(self.config, self.block_manager)
         for group in groups:
             scheduler.add(group)
-        total = sum(len(g.samples) for g in groups)
-        bar = tqdm(total=total, desc="generate", unit="sample", file=sys.stderr,
+        # the bar counts token budgets: a sample that stops early fills in its unused part
+        total = sum(len(g.samples) * g.leader.params.max_new_tokens for g in groups)
+        bar = tqdm(total=total, desc="generate", unit="tok", file=sys.stderr,
                    disable=not progress, leave=False)
         step = 0
         try:
@@ -109,7 +110,8 @@ class Engine:
         return [[self._result(seq) for seq in group.samples] for group in groups]
 
     def _step(self, scheduler: Scheduler, step: int) -> int:
-        """One forward pass and one sampled token per sample in it; returns samples finished."""
+        """One forward pass and one sampled token per sample in it; returns the progress
+        in tokens (one per sample, plus the unused budget of each sample that stopped)."""
         batch = scheduler.schedule()
         if batch.is_prefill:
             logits = self.runner.prefill(batch.seqs)
@@ -125,7 +127,7 @@ class Engine:
             logits = self.runner.decode(seqs, self.schedule, hook)
             budgets = self._decode_budgets(seqs)
         out = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
-        finished = 0
+        progress = len(seqs)
         for i, seq in enumerate(seqs):
             k = seq.params.logprobs_topk
             seq.append(int(out.token_ids[i]), float(out.logprobs[i]),
@@ -133,8 +135,8 @@ class Engine:
                        budgets[i])
             if seq.finish_reason is not None:
                 scheduler.finish(seq)
-                finished += 1
-        return finished
+                progress += seq.params.max_new_tokens - seq.num_generated
+        return progress
 
     def _decode_budgets(self, seqs: list[Sequence]) -> list[int]:
         """Pages read per KV head in sparse layers at this step (all pages when dense)."""
