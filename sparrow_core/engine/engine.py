@@ -27,7 +27,7 @@ from sparrow_core.engine.config import EngineConfig, EngineError
 from sparrow_core.engine.kv_cache import KVCache, pages_for_budget
 from sparrow_core.engine.runner import ModelRunner
 from sparrow_core.engine.sampler import SamplingParams, sample
-from sparrow_core.engine.scheduler import Batch, Scheduler, SequenceGroup
+from sparrow_core.engine.scheduler import Batch, Scheduler, SequenceGroup, pages_needed
 from sparrow_core.engine.sequence import SampleResult, Sequence
 from sparrow_core.engine.validate import check_request
 from sparrow_core.sparse.schedule import Schedule
@@ -177,7 +177,7 @@ class Engine:
                             self._generator(index, i, params), frozenset(stop))
                    for i in range(params.n)]
         group = SequenceGroup(samples)
-        needed = Scheduler(self.config, self.block_manager).pages_needed(group)
+        needed = pages_needed(group, self.config.page_size)
         if needed > self.block_manager.num_pages:
             raise EngineError(
                 f"prompt {index} can never fit: {params.n} sample(s) of {len(prompt)} prompt + "

@@ -37,6 +37,15 @@ class SequenceGroup:
         return self.samples[0]
 
 
+def pages_needed(group: SequenceGroup, page_size: int) -> int:
+    """Worst-case pages of a group: the tokens ever cached are prompt + max_new - 1 per
+    sample; the prompt's full pages are held once, shared by the samples."""
+    leader = group.leader
+    per_sample = -(-(leader.max_tokens - 1) // page_size)
+    shared = leader.prompt_len // page_size
+    return per_sample + (len(group.samples) - 1) * (per_sample - shared)
+
+
 @dataclass(frozen=True)
 class Batch:
     is_prefill: bool
@@ -52,11 +61,7 @@ class Scheduler:
         self.running: list[Sequence] = []
 
     def pages_needed(self, group: SequenceGroup) -> int:
-        """Worst-case pages of a group: the tokens ever cached are prompt + max_new - 1."""
-        leader = group.leader
-        per_sample = self.block_manager.pages_for_tokens(leader.max_tokens - 1)
-        shared = leader.prompt_len // self.block_manager.page_size
-        return per_sample + (len(group.samples) - 1) * (per_sample - shared)
+        return pages_needed(group, self.block_manager.page_size)
 
     def _claimable(self, seq: Sequence) -> int:
         """Pages a running sequence may still allocate before it reaches max_new_tokens."""

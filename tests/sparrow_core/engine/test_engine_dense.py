@@ -8,6 +8,7 @@ from sparrow_core.engine.config import EngineConfig
 from sparrow_core.engine.engine import Engine
 from sparrow_core.engine.sampler import SamplingParams
 from sparrow_core.model import load_model
+from sparrow_core.sparse.schedule import Schedule
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -100,3 +101,22 @@ def test_text_is_decoded_with_the_tokenizer(qwen3_model, qwen3_tokenizer):
     [[sample]] = engine.generate([qwen3_tokenizer.encode("ab")],
                                  SamplingParams(temperature=0, max_new_tokens=5))
     assert sample.text == qwen3_tokenizer.decode(list(sample.output_ids))
+
+
+def test_update_weights_and_set_schedule(qwen3_checkpoint, qwen3_sharded_checkpoint):
+    # the sharded fixture has the same shape and other weights
+    prompt, params = [[11, 12, 13, 14, 15]], SamplingParams(temperature=0, max_new_tokens=16)
+    config = EngineConfig(page_size=4, num_pages=32)
+    other = Engine(load_model(qwen3_sharded_checkpoint), config=config).generate(prompt, params)
+    engine = Engine(load_model(qwen3_checkpoint), config=config)
+    before = engine.generate(prompt, params)
+    hf = AutoModelForCausalLM.from_pretrained(qwen3_sharded_checkpoint, dtype=torch.float32)
+    engine.update_weights(hf.state_dict())
+    after = engine.generate(prompt, params)
+    assert after[0][0].output_ids == other[0][0].output_ids != before[0][0].output_ids
+    tight = Schedule("t", (1,), page_size=4, bin_tokens=64, reserved_bos=1, reserved_eos=1,
+                     skip_layers=())
+    engine.set_schedule(tight)
+    assert max(engine.generate(prompt, params)[0][0].budget_pages) == 3
+    engine.set_schedule(None)
+    assert engine.generate(prompt, params)[0][0].output_ids == after[0][0].output_ids
