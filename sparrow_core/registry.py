@@ -32,6 +32,12 @@ class Registry(Generic[T]):
 
         return add
 
+    def unregister(self, name: str) -> T:
+        """Remove and return an entry (for plugins that replace one, and for tests)."""
+        if name not in self._entries:
+            raise KeyError(f"{self.kind} {name!r} is not registered")
+        return self._entries.pop(name)
+
     def get(self, name: str) -> T:
         try:
             return self._entries[name]

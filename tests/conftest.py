@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+import torch
 
 # fixture name -> (family, make_random_checkpoint keyword arguments)
 CHECKPOINT_SPECS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -90,3 +91,13 @@ qwen3_sharded_checkpoint = _checkpoint_fixture("qwen3_sharded_checkpoint")
 def any_checkpoint(request) -> Path:
     """Each family / shape corner in turn (parametrised over CHECKPOINT_FIXTURES)."""
     return request.getfixturevalue(request.param)
+
+
+def pytest_collection_modifyitems(config, items):
+    """GPU tests run on the device machine; on a CPU-only machine they are deselected, not skipped."""
+    if torch.cuda.is_available():
+        return
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu:
+        config.hook.pytest_deselected(items=gpu)
+        items[:] = [item for item in items if not item.get_closest_marker("gpu")]
