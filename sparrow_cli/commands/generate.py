@@ -29,9 +29,11 @@ class GenerateArgumentError(SparrowError, ValueError):
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("generate", help="generate from a model, dense or block-sparse")
-    parser.add_argument("--model", required=True, metavar="DIR", help="a Hugging Face model directory")
+    parser.add_argument("--model", required=True, metavar="DIR",
+                        help="a Hugging Face model directory")
     prompt = parser.add_mutually_exclusive_group(required=True)
-    prompt.add_argument("--prompt", metavar="TEXT", help="prompt text (needs the model's tokenizer)")
+    prompt.add_argument("--prompt", metavar="TEXT",
+                        help="prompt text (needs the model's tokenizer)")
     prompt.add_argument("--prompt-ids", metavar="IDS", help='prompt token ids, e.g. "1,2,3"')
     parser.add_argument("--max-new-tokens", type=int, default=64, metavar="N")
     mode = parser.add_mutually_exclusive_group()

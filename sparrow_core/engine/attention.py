@@ -51,8 +51,8 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     for length in seq_lens:
         end = start + length
         causal = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
-        out = masked_attention(q[start:end].transpose(0, 1)[None], k[start:end].transpose(0, 1)[None],
-                               v[start:end].transpose(0, 1)[None], causal)
+        heads_first = [t[start:end].transpose(0, 1)[None] for t in (q, k, v)]
+        out = masked_attention(*heads_first, causal)
         outputs.append(out[0].transpose(0, 1))
         start = end
     return torch.cat(outputs).to(q.dtype)

@@ -25,7 +25,8 @@ class OutOfPages(RuntimeError):
 class BlockManager:
     def __init__(self, num_pages: int, page_size: int):
         if num_pages < 1 or page_size < 1:
-            raise ValueError(f"need num_pages >= 1 and page_size >= 1, got {num_pages}, {page_size}")
+            raise ValueError(
+                f"need num_pages >= 1 and page_size >= 1, got {num_pages}, {page_size}")
         self.num_pages = num_pages
         self.page_size = page_size
         self._free: deque[int] = deque(range(num_pages))
@@ -104,4 +105,5 @@ class BlockManager:
 
     def slot(self, seq: Sequence, position: int) -> int:
         """Flat cache slot (page * page_size + offset) of a token position of seq."""
-        return seq.page_table[position // self.page_size] * self.page_size + position % self.page_size
+        page, offset = divmod(position, self.page_size)
+        return seq.page_table[page] * self.page_size + offset

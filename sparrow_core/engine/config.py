@@ -2,6 +2,8 @@
 
     config = EngineConfig(max_batch_size=8, page_size=16, kv_cache_mib=64)
     config = EngineConfig(num_pages=40, page_size=4)      # tests: an exact page count
+    config = EngineConfig.from_rollout(cfg.rollout, page_size=schedule.page_size,
+                                       max_context=cfg.model.max_context)
 
 The KV page is the sparse page, so `page_size` must equal the schedule's page size.
 """
@@ -9,6 +11,7 @@ The KV page is the sparse page, so `page_size` must equal the schedule's page si
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from sparrow_core.errors import SparrowError
 
@@ -44,10 +47,22 @@ class EngineConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise EngineError(f"EngineConfig.{key} must be a positive integer, got {value!r}")
         if self.page_size & (self.page_size - 1):
-            raise EngineError(f"EngineConfig.page_size must be a power of two, got {self.page_size}")
+            raise EngineError(
+                f"EngineConfig.page_size must be a power of two, got {self.page_size}")
         for key in ("num_pages", "max_context"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise EngineError(f"EngineConfig.{key} must be an integer >= 0, got {value!r}")
         if not self.kv_cache_mib > 0:
-            raise EngineError(f"EngineConfig.kv_cache_mib must be positive, got {self.kv_cache_mib}")
+            raise EngineError(
+                f"EngineConfig.kv_cache_mib must be positive, got {self.kv_cache_mib}")
+
+    @classmethod
+    def from_rollout(cls, rollout: Any, page_size: int = 16, max_context: int = 0,
+                     **overrides: Any) -> "EngineConfig":
+        """From the typed `rollout` config group (kv_cache_mib, max_batch_size, seed)."""
+        values = dict(max_batch_size=rollout.max_batch_size,
+                      kv_cache_mib=float(rollout.kv_cache_mib), seed=rollout.seed,
+                      page_size=page_size, max_context=max_context)
+        values.update(overrides)
+        return cls(**values)

@@ -131,8 +131,8 @@ class Engine:
         for i, seq in enumerate(seqs):
             k = seq.params.logprobs_topk
             seq.append(int(out.token_ids[i]), float(out.logprobs[i]),
-                       tuple(out.topk_ids[i, :k].tolist()), tuple(out.topk_logprobs[i, :k].tolist()),
-                       budgets[i])
+                       tuple(out.topk_ids[i, :k].tolist()),
+                       tuple(out.topk_logprobs[i, :k].tolist()), budgets[i])
             if seq.finish_reason is not None:
                 scheduler.finish(seq)
                 progress += seq.params.max_new_tokens - seq.num_generated
@@ -151,7 +151,8 @@ class Engine:
     def _recorder(self, batch: Batch, step: int):
         def record(layer: int, page_mask: torch.Tensor) -> None:
             for row, seq in enumerate(batch.seqs):
-                pages = tuple(tuple(torch.nonzero(head).flatten().tolist()) for head in page_mask[row])
+                pages = tuple(tuple(torch.nonzero(head).flatten().tolist())
+                              for head in page_mask[row])
                 self.selection_log.append(SelectionRecord(
                     step, layer, seq.prompt_index, seq.sample_index, seq.num_tokens - 1, pages))
         return record

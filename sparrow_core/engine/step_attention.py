@@ -47,7 +47,8 @@ class StepMetadata:
 
     def __post_init__(self) -> None:
         if (self.prefill_lens is None) == (self.page_tables is None):
-            raise ValueError("StepMetadata is either prefill (prefill_lens) or decode (page_tables)")
+            raise ValueError(
+                "StepMetadata is either prefill (prefill_lens) or decode (page_tables)")
         if self.prefill_lens is not None and sum(self.prefill_lens) != self.slot_mapping.shape[0]:
             raise ValueError("prefill_lens must sum to the number of slots")
         if self.page_tables is not None:

@@ -98,7 +98,8 @@ class TeacherForcedAttention:
         width = -(-length // page_size)
         full = length // page_size
         centroids = torch.zeros(width, kv_heads, dim, device=k.device)
-        centroids[:full] = k[: full * page_size].float().view(full, page_size, kv_heads, dim).mean(1)
+        full_keys = k[: full * page_size].float().view(full, page_size, kv_heads, dim)
+        centroids[:full] = full_keys.mean(1)
         scores = torch.einsum("thd,phd->thp", group_query_mean(q, kv_heads), centroids)
         position = torch.arange(length, device=k.device)
         num_pages = position // page_size + 1

@@ -87,7 +87,8 @@ def test_cache_write_centroids_and_copy():
     np.testing.assert_allclose(cache.centroids[1, 2].numpy(), k[:4].numpy().mean(0), rtol=1e-6)
     assert cache.centroids[1, 1].abs().sum() == 0  # a partial page gets no centroid
     cache.copy_pages([(2, 3)])
-    assert torch.equal(cache.k[:, 3], cache.k[:, 2]) and torch.equal(cache.centroids[:, 3], cache.centroids[:, 2])
+    assert torch.equal(cache.k[:, 3], cache.k[:, 2])
+    assert torch.equal(cache.centroids[:, 3], cache.centroids[:, 2])
 
 
 def test_cache_sizing_by_hand():

@@ -1,7 +1,10 @@
 """Scheduler admission: slots, worst-case pages, arrival order, prefill token cap."""
 
+import pytest
+
+from sparrow_core.config.schema import RolloutConfig
 from sparrow_core.engine.block_manager import BlockManager
-from sparrow_core.engine.config import EngineConfig
+from sparrow_core.engine.config import EngineConfig, EngineError
 from sparrow_core.engine.scheduler import Scheduler, SequenceGroup
 from sparrow_core.engine.sequence import Sequence, Status
 
@@ -62,3 +65,16 @@ def test_prefill_token_cap_splits_batches_but_admits_a_long_prompt_alone():
     scheduler.add(short)
     assert scheduler.schedule().seqs == [long.leader]
     assert scheduler.schedule().seqs == [short.leader]
+
+
+def test_engine_config_checks_itself_and_reads_the_rollout_group():
+    config = EngineConfig.from_rollout(RolloutConfig(kv_cache_mib=64, max_batch_size=8, seed=3),
+                                       page_size=4, max_context=512)
+    assert (config.kv_cache_mib, config.max_batch_size, config.seed, config.page_size,
+            config.max_context) == (64.0, 8, 3, 4, 512)
+    with pytest.raises(EngineError, match="page_size must be a power of two, got 12"):
+        EngineConfig(page_size=12)
+    with pytest.raises(EngineError, match="max_batch_size must be a positive integer, got 0"):
+        EngineConfig(max_batch_size=0)
+    with pytest.raises(EngineError, match="kv_cache_mib must be positive"):
+        EngineConfig(kv_cache_mib=0)

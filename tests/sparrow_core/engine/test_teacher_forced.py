@@ -67,7 +67,8 @@ def test_selection_equals_brute_force_and_chunks_do_not_matter(qwen3_model, brut
     torch.testing.assert_close(whole, want_logits, atol=1e-4, rtol=0)
     torch.testing.assert_close(chunked, whole, atol=1e-5, rtol=0)
     for (layer, position), pages in want_picks.items():
-        got = tuple(tuple(torch.nonzero(head).flatten().tolist()) for head in picks[layer][position])
+        got = tuple(tuple(torch.nonzero(head).flatten().tolist())
+                    for head in picks[layer][position])
         assert got == pages, (layer, position)
 
 
