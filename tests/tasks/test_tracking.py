@@ -1,0 +1,173 @@
+"""Tracker against a real MLflow sqlite store in a temporary workdir, read back with MlflowClient.
+
+One store is shared by the module (making an MLflow sqlite database takes seconds); each test
+uses its own Sparrow run id, so each gets its own MLflow run.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import yaml
+
+from sparrow_core.config import load_config, to_yaml
+from sparrow_core.sparse.schedule import Schedule
+from tasks.tracking import Tracker, TrackingError, flatten_config
+
+mlflow = pytest.importorskip("mlflow")
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("work")
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return load_config(["algo.lr=3e-6", "pipeline.steps=5"])
+
+
+def _client(workdir):
+    return mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{workdir}/mlflow.db")
+
+
+def _artifact_text(client, run_id, path, tmp_path):
+    local = client.download_artifacts(run_id, path, str(tmp_path))
+    with open(local) as f:
+        return f.read()
+
+
+def test_start_makes_tagged_run_with_config_and_params(workdir, cfg, tmp_path, capfd):
+    tracker = Tracker.start(cfg, "run-a", workdir)
+    out, err = capfd.readouterr()
+    assert out == ""
+    assert "INFO" not in err  # no MLflow database banners
+    assert (workdir / "mlflow.db").is_file()
+    client = _client(workdir)
+    run = client.get_run(tracker.mlflow_run_id)
+    assert run.data.tags["sparrow.run_id"] == "run-a"
+    assert run.info.status == "RUNNING"
+    assert run.info.artifact_uri.startswith((workdir / "mlartifacts").as_uri())
+    # params: every leaf of the config under its dotted name
+    assert run.data.params["algo.lr"] == "3e-06"
+    assert run.data.params["pipeline.steps"] == "5"
+    assert run.data.params["rollout.samples_per_prompt"] == str(cfg.rollout.samples_per_prompt)
+    assert run.data.params["algo.distill.lora_rank"] == str(cfg.algo.distill.lora_rank)
+    assert len(run.data.params) == len(flatten_config(cfg))
+    logged = yaml.safe_load(_artifact_text(client, tracker.mlflow_run_id, "config.yaml", tmp_path))
+    assert logged == yaml.safe_load(to_yaml(cfg))
+    assert logged["algo"]["lr"] == pytest.approx(3e-6)
+
+
+def test_log_step_metrics_read_back(workdir, cfg):
+    tracker = Tracker.start(cfg, "run-metrics", workdir)
+    rewards = [0.125, 0.25, float("nan")]
+    for step, reward in enumerate(rewards):
+        tracker.log_step(step, {"reward/mean": reward, "mismatch/p5_bin_3": 0.9 - 0.01 * step,
+                                "time/rollout_s": 2.0 * step, "loss/kl": None})
+    client = _client(workdir)
+    history = sorted(client.get_metric_history(tracker.mlflow_run_id, "reward/mean"), key=lambda m: m.step)
+    assert [m.step for m in history] == [0, 1, 2]
+    assert [m.value for m in history[:2]] == rewards[:2]
+    assert math.isnan(history[2].value)
+    p5 = sorted(client.get_metric_history(tracker.mlflow_run_id, "mismatch/p5_bin_3"), key=lambda m: m.step)
+    assert [m.value for m in p5] == pytest.approx([0.9, 0.89, 0.88])
+    assert "loss/kl" not in client.get_run(tracker.mlflow_run_id).data.metrics
+
+
+def test_resume_same_run_id_logs_into_same_mlflow_run(workdir, cfg, tmp_path):
+    first = Tracker.start(load_config(["pipeline.fail_at=reward@1"]), "run-resume", workdir)
+    first.log_step(0, {"reward/mean": 0.5})
+    first.end("failed")
+    client = _client(workdir)
+    assert client.get_run(first.mlflow_run_id).info.status == "FAILED"
+
+    second = Tracker.start(cfg, "run-resume", workdir)
+    assert second.resumed and not first.resumed
+    assert second.mlflow_run_id == first.mlflow_run_id
+    second.log_step(1, {"reward/mean": 0.75})
+    second.end("finished")
+    run = client.get_run(first.mlflow_run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["sparrow.resumes"] == "1"
+    # params stay those of the first start; the changed config is kept beside them
+    assert run.data.params["pipeline.fail_at"] == "reward@1"
+    resumed = yaml.safe_load(_artifact_text(client, first.mlflow_run_id, "config-resume-1.yaml", tmp_path))
+    assert resumed["pipeline"]["fail_at"] == ""
+    history = sorted(client.get_metric_history(first.mlflow_run_id, "reward/mean"), key=lambda m: m.step)
+    assert [(m.step, m.value) for m in history] == [(0, 0.5), (1, 0.75)]
+    tagged = client.search_runs([run.info.experiment_id], "tags.`sparrow.run_id` = 'run-resume'")
+    assert len(tagged) == 1
+
+    other = Tracker.start(cfg, "run-other", workdir)
+    assert other.mlflow_run_id != first.mlflow_run_id and not other.resumed
+
+
+def test_threshold_event_metric_and_tag(workdir, cfg):
+    tracker = Tracker.start(cfg, "run-threshold", workdir)
+    tracker.log_threshold_event(step=4, bin=2, p5=0.8125, target=0.86)
+    client = _client(workdir)
+    run = client.get_run(tracker.mlflow_run_id)
+    assert float(run.data.tags["threshold.step4.bin2"]) == 0.8125
+    below = client.get_metric_history(tracker.mlflow_run_id, "threshold/below_target")
+    assert [(m.step, m.value) for m in below] == [(4, 1.0)]
+    p5 = client.get_metric_history(tracker.mlflow_run_id, "threshold/p5_bin_2")
+    assert [(m.step, m.value) for m in p5] == [(4, 0.8125)]
+
+
+def test_schedule_and_artifacts(workdir, cfg, tmp_path):
+    tracker = Tracker.start(cfg, "run-schedule", workdir)
+    schedule = Schedule(name="tiny-test", topk_pages=(4, 6, 6), skip_layers=(0,), target=0.9)
+    artifact = tracker.log_schedule(schedule, version=3, step=7)
+    assert artifact == "schedules/tiny-test-v3.yaml"
+    client = _client(workdir)
+    data = yaml.safe_load(_artifact_text(client, tracker.mlflow_run_id, artifact, tmp_path / "s"))
+    assert data["topk_pages"] == [4, 6, 6] and data["skip_layers"] == [0]
+    assert (data["version"], data["step"], data["target"]) == (3, 7, 0.9)
+    tags = client.get_run(tracker.mlflow_run_id).data.tags
+    assert (tags["sparrow.schedule"], tags["sparrow.schedule_version"]) == ("tiny-test", "3")
+
+    plot = tmp_path / "p5.png"
+    plot.write_bytes(b"\x89PNG fake")
+    folder = tmp_path / "stats"
+    folder.mkdir()
+    (folder / "bin_stats.csv").write_text("step,bin,p5\n0,0,0.9\n")
+    tracker.log_artifact(plot, subdir="plots")
+    tracker.log_artifact(folder, subdir="bins")
+    names = {a.path for a in client.list_artifacts(tracker.mlflow_run_id, "plots")}
+    names |= {a.path for a in client.list_artifacts(tracker.mlflow_run_id, "bins")}
+    assert names == {"plots/p5.png", "bins/bin_stats.csv"}
+    with pytest.raises(TrackingError, match="does not exist"):
+        tracker.log_artifact(tmp_path / "missing.png")
+
+
+def test_custom_uri_keeps_the_workdir_free_of_mlflow_db(workdir, tmp_path):
+    # the module's store stands in for a shared tracking server (a new sqlite file takes seconds)
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    tracker = Tracker.start(load_config([f"pipeline.mlflow_uri={uri}"]), "run-uri", tmp_path / "work")
+    assert (tmp_path / "work").is_dir()
+    assert not (tmp_path / "work" / "mlflow.db").exists()
+    assert not (tmp_path / "work" / "mlartifacts").exists()
+    assert _client(workdir).get_run(tracker.mlflow_run_id).data.tags["sparrow.run_id"] == "run-uri"
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda t: t.log_step(0, {"reward/mean": "high"}), "'reward/mean' must be a number"),
+        (lambda t: t.log_step(-1, {"reward/mean": 1.0}), "step must be an integer >= 0"),
+        (lambda t: t.log_step(0, {"bad:name?": 1.0}), "MLflow refused"),
+        (lambda t: t.log_threshold_event(0, -2, 0.5, 0.86), "bin must be an integer >= 0"),
+        (lambda t: t.end("done"), "'done' is not one of"),
+    ],
+)
+def test_bad_input_is_one_named_error(workdir, cfg, call, message):
+    tracker = Tracker.start(cfg, "run-bad", workdir)
+    with pytest.raises(TrackingError, match=message):
+        call(tracker)
+
+
+def test_run_id_with_quote_refused(workdir, cfg):
+    with pytest.raises(TrackingError, match="run id"):
+        Tracker.start(cfg, "it's", workdir)
