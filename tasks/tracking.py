@@ -7,8 +7,9 @@
     tracker.log_artifact("report/p5_per_bin.png", subdir="plots")
     tracker.end("finished")
 
-The store is `pipeline.mlflow_uri`, or by default `sqlite:///<workdir>/mlflow.db` with artifacts
-under `<workdir>/mlartifacts` (experiment "sparrow"); look at it with
+The store is `pipeline.mlflow_uri`, or by default `sqlite:///<workdir>/mlflow.db`; artifacts
+go under `<workdir>/mlartifacts` (experiment "sparrow") unless the URI names a tracking
+server, which then chooses. Look at it with
 `mlflow ui --backend-store-uri sqlite:///<workdir>/mlflow.db`. The MLflow run carries the tag
 `sparrow.run_id`, so a flow started again with the same run id logs into the same MLflow run.
 The resolved config is logged once, when the MLflow run is made (config.yaml and flattened
@@ -101,7 +102,7 @@ class Tracker:
         Path(workdir).mkdir(parents=True, exist_ok=True)
         try:
             client = MlflowClient(tracking_uri=uri)
-            experiment_id = _experiment(client, None if cfg.pipeline.mlflow_uri else artifact_root(workdir))
+            experiment_id = _experiment(client, None if _is_server(uri) else artifact_root(workdir))
             existing = client.search_runs(
                 [experiment_id], f"tags.`{RUN_ID_TAG}` = '{run_id}'", max_results=2
             )
@@ -207,6 +208,12 @@ def _experiment(client: "MlflowClient", artifacts: Path | None) -> str:
         return experiment.experiment_id
     location = artifacts.as_uri() if artifacts is not None else None
     return client.create_experiment(EXPERIMENT, artifact_location=location)
+
+
+def _is_server(uri: str) -> bool:
+    # a tracking server chooses where artifacts go; any local store keeps them in the workdir,
+    # not in MLflow's default ./mlruns under whatever folder the flow was started from
+    return uri.split(":", 1)[0].lower() in ("http", "https", "databricks")
 
 
 def _check_step(step: Any) -> None:

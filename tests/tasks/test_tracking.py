@@ -142,14 +142,19 @@ def test_schedule_and_artifacts(workdir, cfg, tmp_path):
         tracker.log_artifact(tmp_path / "missing.png")
 
 
-def test_custom_uri_keeps_the_workdir_free_of_mlflow_db(workdir, tmp_path):
-    # the module's store stands in for a shared tracking server (a new sqlite file takes seconds)
-    uri = f"sqlite:///{workdir}/mlflow.db"
+@pytest.mark.slow  # a second sqlite store: MLflow's table set-up takes seconds
+def test_custom_sqlite_uri_keeps_artifacts_in_the_workdir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # MLflow's own default would be ./mlruns here
+    uri = f"sqlite:///{tmp_path}/elsewhere.db"
     tracker = Tracker.start(load_config([f"pipeline.mlflow_uri={uri}"]), "run-uri", tmp_path / "work")
-    assert (tmp_path / "work").is_dir()
+    tracker.log_step(0, {"reward/mean": 1.0})
+    assert (tmp_path / "elsewhere.db").is_file()
     assert not (tmp_path / "work" / "mlflow.db").exists()
-    assert not (tmp_path / "work" / "mlartifacts").exists()
-    assert _client(workdir).get_run(tracker.mlflow_run_id).data.tags["sparrow.run_id"] == "run-uri"
+    assert not (tmp_path / "mlruns").exists()
+    run = mlflow.tracking.MlflowClient(tracking_uri=uri).get_run(tracker.mlflow_run_id)
+    assert run.data.tags["sparrow.run_id"] == "run-uri"
+    assert run.info.artifact_uri.startswith((tmp_path / "work" / "mlartifacts").as_uri())
+    assert run.data.metrics["reward/mean"] == 1.0
 
 
 @pytest.mark.parametrize(
