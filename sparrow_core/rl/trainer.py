@@ -1,0 +1,260 @@
+"""The trainer side of an RL step: dense scoring and the policy update, on a transformers model.
+
+    trainer = PolicyTrainer("builtin:tiny", config.algo, device="cpu", dtype="auto", seed=0)
+    scores = trainer.score(records)                          # list[TokenScores], per record
+    old = [s.dense_logprobs for s in scores]
+    metrics = trainer.update(records, rewards, old, group_size=8)   # {"actor/loss": ..., ...}
+    engine.update_weights(trainer.state_dict_for_sync())
+    trainer.save(folder); trainer = PolicyTrainer.load(folder, config.algo, "cpu", "auto")
+
+The model is the checkpoint's AutoModelForCausalLM with SDPA attention. Its parameters and
+AdamW state are fp32 (master weights) on every device; `dtype` is the compute dtype: bf16
+("auto" on GPU) runs the forward under autocast, fp32 ("auto" on CPU) runs it plainly. (A bf16
+copy of the weights would round away updates at the reference lr of 1e-6.)
+
+update(): records are ordered by (prompt_index, sample_index) and cut into groups of
+group_size samples of one prompt; the algo.advantage estimator gives per-sample advantages,
+spread over each sample's tokens; the algo.loss policy loss (PolicyLossConfig.from_algo) runs
+per micro-batch (scoring.micro_batches, algo.micro_batch_tokens) with the whole batch's
+normalizer, so the accumulated gradient is the full batch's; then gradients are clipped to
+algo.grad_clip (0: no clip, the norm is still reported) and AdamW steps once. That is one
+pass; algo.ppo_epochs passes run per call. Metrics are averaged over the passes.
+On CPU the same inputs give the same weights; a checkpoint holds everything needed for a
+resumed run to end equal to an uninterrupted one. docs/trainer.md; tests in tests/sparrow_core/rl/.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+from dataclasses import asdict
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from sparrow_core.config.schema import AlgoConfig
+from sparrow_core.data.rollouts import RolloutRecord
+from sparrow_core.model.builtin import resolve_model_path
+from sparrow_core.rl.advantages import ADVANTAGE_ESTIMATORS, per_token_advantages
+from sparrow_core.rl.aggregate import count_for
+from sparrow_core.rl.checkpoint import (
+    read_checkpoint_state,
+    restore_rng_state,
+    save_checkpoint,
+)
+from sparrow_core.rl.checks import RLInputError
+from sparrow_core.rl.losses import POLICY_LOSSES, PolicyLossConfig
+from sparrow_core.rl.scoring import (
+    TokenScores,
+    logprobs_of,
+    micro_batches,
+    output_logits,
+    pad_batch,
+    score_rollouts,
+)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise RLInputError(f"dtype {dtype!r} is unknown; valid: auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def load_hf_model(path: Path, device: torch.device) -> torch.nn.Module:
+    """The checkpoint's causal LM in fp32 with SDPA attention, kept in eval mode: RL updates
+    run without dropout, so scoring and the update's forward are the same computation."""
+    import transformers
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    dtype_key = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path), attn_implementation="sdpa", local_files_only=True,
+        **{dtype_key: torch.float32},
+    )
+    return model.to(device).eval()
+
+
+class PolicyTrainer:
+    """The dense policy, its AdamW optimizer, and the step counter (see the module doc)."""
+
+    def __init__(self, model_path: str | Path, algo: AlgoConfig, device: str | torch.device = "auto",
+                 dtype: str | torch.dtype = "auto", seed: int = 0, temperature: float = 1.0):
+        self.model_path = resolve_model_path(str(model_path))
+        self.algo = algo
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.seed = seed
+        self.temperature = temperature
+        self.loss_config = PolicyLossConfig.from_algo(algo)
+        self.loss_fn = POLICY_LOSSES.get(algo.loss)
+        self.advantage_fn = ADVANTAGE_ESTIMATORS.get(algo.advantage)
+        self.step = 0  # update() calls completed
+        self.optimizer_steps = 0
+        torch.manual_seed(seed)
+        self.model = load_hf_model(self.model_path, self.device)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=algo.lr,
+                                           weight_decay=algo.weight_decay)
+
+    # scoring
+
+    def _autocast(self):
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def score(self, records: Sequence[RolloutRecord]) -> list[TokenScores]:
+        """Dense logprob, acceptance lower bound and leftover mass per generated token."""
+        with self._autocast():
+            return score_rollouts(self.model, records, self.algo.micro_batch_tokens,
+                                  self.temperature)
+
+    # update
+
+    def update(self, records: Sequence[RolloutRecord], rewards: Sequence[float],
+               old_logprobs: Sequence[Sequence[float]], group_size: int) -> dict[str, float]:
+        """algo.ppo_epochs optimizer steps on these rollouts; returns "actor/..." metrics."""
+        ordered, old, advantages = self._prepare(records, rewards, old_logprobs, group_size)
+        batches = micro_batches(ordered, self.algo.micro_batch_tokens)
+        lengths = torch.tensor([len(r.output_ids) for r in ordered])
+        full_mask = torch.arange(int(lengths.max()))[None, :] < lengths[:, None]
+        normalizer = count_for(full_mask, self.loss_config.loss_agg)
+        passes = [self._one_pass(ordered, old, advantages, batches, normalizer)
+                  for _ in range(self.algo.ppo_epochs)]
+        self.step += 1
+        metrics = {key: sum(p[key] for p in passes) / len(passes) for key in passes[0]}
+        metrics["actor/lr"] = float(self.optimizer.param_groups[0]["lr"])
+        metrics["actor/advantage_abs_mean"] = float(advantages.abs().mean()) if len(ordered) else 0.0
+        return metrics
+
+    def _prepare(self, records, rewards, old_logprobs, group_size):
+        """Records, old logprobs and per-sample advantages in (prompt, sample) order."""
+        if not len(records) == len(rewards) == len(old_logprobs):
+            raise RLInputError(f"update needs one reward and one old_logprobs list per record; got "
+                               f"{len(records)} records, {len(rewards)} rewards, "
+                               f"{len(old_logprobs)} old_logprobs")
+        if not records:
+            raise RLInputError("update got no rollout records")
+        order = sorted(range(len(records)),
+                       key=lambda i: (records[i].prompt_index, records[i].sample_index))
+        ordered = [records[i] for i in order]
+        _check_groups(ordered, group_size)
+        old = []
+        for i in order:
+            if len(old_logprobs[i]) != len(records[i].output_ids):
+                r = records[i]
+                raise RLInputError(f"rollout ({r.prompt_index}, {r.sample_index}) has "
+                                   f"{len(r.output_ids)} generated tokens but "
+                                   f"{len(old_logprobs[i])} old logprobs")
+            old.append(old_logprobs[i])
+        reward_tensor = torch.tensor([float(rewards[i]) for i in order], dtype=torch.float32)
+        advantages = self.advantage_fn(reward_tensor, group_size, eps=self.algo.adv_eps)
+        return ordered, old, advantages
+
+    def _one_pass(self, ordered, old, advantages, batches, normalizer) -> dict[str, float]:
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = defaultdict(float)
+        loss_total, tokens_total = 0.0, 0
+        for indices in batches:
+            if normalizer == 0:
+                break  # nothing generated: no loss, no gradient
+            loss, metrics, tokens = self._micro_batch(ordered, old, advantages, indices, normalizer)
+            loss.backward()
+            loss_total += float(loss.detach())
+            tokens_total += tokens
+            for key, value in metrics.items():
+                sums[key] += value * tokens
+        grad_norm = self._clip_gradients()
+        if normalizer:
+            self.optimizer.step()
+            self.optimizer_steps += 1
+        # the loss's masked means, token-weighted over micro-batches, are the full batch's means
+        metrics = {key: value / max(tokens_total, 1) for key, value in sums.items()}
+        metrics.update({"actor/pg_loss": loss_total, "actor/loss": loss_total,
+                        "actor/tokens": float(tokens_total), "actor/grad_norm": grad_norm})
+        return metrics
+
+    def _micro_batch(self, ordered, old, advantages, indices, normalizer):
+        chunk = [ordered[i] for i in indices]
+        batch = pad_batch(chunk, self.device)
+        with self._autocast():
+            logits = output_logits(self.model, batch, self.temperature)
+        logprobs = logprobs_of(logits, batch.targets)
+        old_t = _padded([old[i] for i in indices], batch.mask.shape).to(self.device)
+        actor_t = _padded([r.actor_logprobs for r in chunk], batch.mask.shape).to(self.device)
+        adv_t = per_token_advantages(advantages[indices].to(self.device), batch.mask)
+        loss, metrics = self.loss_fn(logprobs, old_t, actor_t, adv_t, batch.mask, self.loss_config,
+                                     normalizer=normalizer)
+        return loss, metrics, int(batch.mask.sum())
+
+    def _clip_gradients(self) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if not params:
+            return 0.0
+        limit = self.algo.grad_clip if self.algo.grad_clip > 0 else float("inf")
+        return float(torch.nn.utils.clip_grad_norm_(params, limit))
+
+    # weights and checkpoints
+
+    def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
+        """Transformers-named tensors (detached views of the live fp32 weights) for
+        Engine.update_weights / Decoder.load_hf_state_dict, which convert dtype and device.
+        Copy them before the next update() if they must outlive it."""
+        return {name: tensor.detach() for name, tensor in self.model.state_dict().items()}
+
+    def save(self, folder: str | Path) -> Path:
+        """Write a checkpoint folder (sparrow_core/rl/checkpoint.py) that load() resumes."""
+        meta = {"step": self.step, "optimizer_steps": self.optimizer_steps, "seed": self.seed,
+                "temperature": self.temperature, "dtype": str(self.dtype).replace("torch.", ""),
+                "algo": asdict(self.algo), "source_model": str(self.model_path)}
+        return save_checkpoint(folder, self.model, self.optimizer, self.model_path, meta)
+
+    @classmethod
+    def load(cls, folder: str | Path, algo: AlgoConfig, device: str | torch.device = "auto",
+             dtype: str | torch.dtype = "auto") -> "PolicyTrainer":
+        """The trainer saved in `folder`, ready for its next update. lr and weight_decay come
+        from `algo` (a resumed run may change them); the moments and step counts from disk."""
+        state = read_checkpoint_state(folder)
+        trainer = cls(folder, algo, device, dtype, seed=int(state.meta.get("seed", 0)),
+                      temperature=float(state.meta.get("temperature", 1.0)))
+        trainer.optimizer.load_state_dict(state.optimizer)
+        for group in trainer.optimizer.param_groups:
+            group["lr"], group["weight_decay"] = algo.lr, algo.weight_decay
+        trainer.step = int(state.meta["step"])
+        trainer.optimizer_steps = int(state.meta.get("optimizer_steps", 0))
+        restore_rng_state(state.rng)
+        return trainer
+
+
+def _check_groups(ordered: Sequence[RolloutRecord], group_size: int) -> None:
+    """Every prompt has exactly group_size samples, with distinct sample indices."""
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise RLInputError(f"group_size must be an integer >= 1, got {group_size!r}")
+    counts: dict[int, list[int]] = defaultdict(list)
+    for r in ordered:
+        counts[r.prompt_index].append(r.sample_index)
+    for prompt, samples in counts.items():
+        if len(samples) != group_size or len(set(samples)) != len(samples):
+            raise RLInputError(f"prompt {prompt} has samples {samples}; each prompt needs "
+                               f"group_size={group_size} distinct samples")
+
+
+def _padded(rows: Sequence[Sequence[float]], shape: torch.Size) -> torch.Tensor:
+    out = torch.zeros(shape, dtype=torch.float32)
+    for i, row in enumerate(rows):
+        if len(row):
+            out[i, :len(row)] = torch.tensor(row, dtype=torch.float32)
+    return out
