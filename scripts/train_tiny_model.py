@@ -73,7 +73,7 @@ def greedy_accuracy(model, tok, examples) -> float:
     model.eval()
     correct = 0
     for ex in examples:
-        ids = torch.tensor([tok(ex.prompt).input_ids])
+        ids = torch.tensor([tok(ex.prompt).input_ids], device=model.device)
         out = model.generate(ids, max_new_tokens=len(ex.completion) + 8, do_sample=False,
                              eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
         text = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
@@ -92,36 +92,43 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--max-seconds", type=float, default=float("inf"),
+                        help="stop training early (and still evaluate and save) after this long")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     tok = build_tokenizer(args.out)
-    model = build_model(tok, args)
+    model = build_model(tok, args).to(args.device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
     warmup = max(1, args.steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / args.steps)))
     )
     held_out = make_examples("lookup_sum", 64, seed=10_000 + args.seed)
-    start, loss_ema = time.time(), None
+    start, loss_recent = time.time(), None
     for step in range(args.steps):
+        if time.time() - start > args.max_seconds:
+            print(f"stopping at step {step}: --max-seconds reached", flush=True)
+            break
         ids, target = batch(tok, make_examples("lookup_sum", args.batch, seed=args.seed * 1_000_003 + step))
-        loss = model(input_ids=ids, labels=target).loss
+        loss = model(input_ids=ids.to(args.device), labels=target.to(args.device)).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        loss_ema = loss.item() if loss_ema is None else 0.98 * loss_ema + 0.02 * loss.item()
         if step % 100 == 0 or step == args.steps - 1:
-            print(f"step {step} loss {loss_ema:.4f} {time.time() - start:.0f}s", flush=True)
+            loss_recent = loss.item() if loss_recent is None else 0.5 * loss_recent + 0.5 * loss.item()
+            print(f"step {step} loss {loss_recent:.4f} {time.time() - start:.0f}s", flush=True)
         if step % 1000 == 999:
             print(f"  held-out greedy accuracy {greedy_accuracy(model, tok, held_out[:32]):.3f}", flush=True)
     accuracy = greedy_accuracy(model, tok, held_out)
-    model.save_pretrained(args.out, safe_serialization=True)
-    info = {"task": "lookup_sum", "steps": args.steps, "batch": args.batch, "lr": args.lr,
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.to("cpu").save_pretrained(args.out, safe_serialization=True)
+    info = {"task": "lookup_sum", "steps": step + 1, "batch": args.batch, "lr": args.lr,
             "hidden": args.hidden, "layers": args.layers, "seed": args.seed,
-            "final_loss_ema": loss_ema, "held_out_greedy_accuracy": accuracy,
+            "final_loss": loss_recent, "held_out_greedy_accuracy": accuracy,
             "train_seconds": round(time.time() - start), "torch": torch.__version__}
     (args.out / "training_info.json").write_text(json.dumps(info, indent=2) + "\n")
     print(json.dumps(info))
