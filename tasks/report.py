@@ -2,6 +2,7 @@
 
     from tasks.report import make_report
     paths = make_report("./sparrow-work", "run-20260101-abc", "./report")   # or step=N
+    paths, summary = write_report(...)        # the same, plus the summary's numbers
     # sparrow report RUN_ID [--workdir DIR] [--out DIR] [--step N] [--json]
 
 Everything is read through storage.query (read-only, so a report can be made while the run
@@ -283,6 +284,12 @@ def summary_markdown(data: RunData, summary: dict[str, Any], files: list[str]) -
 def make_report(workdir: str | Path, run_id: str, out_dir: str | Path,
                 step: int | None = None) -> list[Path]:
     """Write the plots, summary.png and summary.md for `run_id` into `out_dir`; their paths."""
+    return write_report(workdir, run_id, out_dir, step)[0]
+
+
+def write_report(workdir: str | Path, run_id: str, out_dir: str | Path,
+                 step: int | None = None) -> tuple[list[Path], dict[str, Any]]:
+    """make_report, also returning the summary's numbers (what `sparrow report --json` prints)."""
     from tasks import report_plots
 
     data = load_run(workdir, run_id)
@@ -297,5 +304,4 @@ def make_report(workdir: str | Path, run_id: str, out_dir: str | Path,
     paths.append(report_plots.plot_summary_page(data, hist, summary, out / "summary.png"))
     md = out / "summary.md"
     md.write_text(summary_markdown(data, summary, [p.name for p in paths]))
-    paths.append(md)
-    return paths
+    return paths + [md], summary
