@@ -19,7 +19,17 @@ import math
 
 import torch
 
+from sparrow_core.kernels.page_topk import lists_from_mask
+from sparrow_core.kernels.paged_decode import (paged_decode_attention,
+                                               sparse_paged_decode_attention)
+from sparrow_core.kernels.prefill import prefill_attention_sdpa
+from sparrow_core.kernels.runtime import HAS_TRITON
 from sparrow_core.sparse.selection import token_mask
+
+
+def on_gpu(*tensors: torch.Tensor) -> bool:
+    """True when the GPU kernels serve these tensors (all on CUDA, triton installed)."""
+    return HAS_TRITON and all(t.is_cuda for t in tensors)
 
 
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -46,6 +56,8 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """Dense causal attention within each sequence of a packed batch of new tokens."""
     if sum(seq_lens) != q.shape[0]:
         raise ValueError(f"seq_lens sum to {sum(seq_lens)} but the batch has {q.shape[0]} tokens")
+    if q.is_cuda:
+        return prefill_attention_sdpa(q, k, v, list(seq_lens))
     outputs = []
     start = 0
     for length in seq_lens:
@@ -61,6 +73,8 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def dense_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                            page_tables: torch.Tensor, num_tokens: torch.Tensor) -> torch.Tensor:
     """One query per sequence over every cached token of that sequence."""
+    if on_gpu(q, k_pages, page_tables):
+        return paged_decode_attention(q, k_pages, v_pages, page_tables, num_tokens)
     batch, width = page_tables.shape
     every_page = torch.ones(batch, k_pages.shape[2], width, dtype=torch.bool, device=q.device)
     return _paged_attention(q, k_pages, v_pages, page_tables, num_tokens, every_page)
@@ -74,6 +88,10 @@ def sparse_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: tor
     expected = (batch, k_pages.shape[2], width)
     if tuple(page_mask.shape) != expected:
         raise ValueError(f"page_mask must have shape {expected}, got {tuple(page_mask.shape)}")
+    if on_gpu(q, k_pages, page_tables, page_mask):
+        lists, counts = lists_from_mask(page_mask)
+        return sparse_paged_decode_attention(q, k_pages, v_pages, page_tables, num_tokens,
+                                             lists, counts)
     return _paged_attention(q, k_pages, v_pages, page_tables, num_tokens, page_mask)
 
 

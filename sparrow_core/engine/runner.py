@@ -7,19 +7,23 @@
 Prefill packs the sequences' tokens end to end (dense causal attention within each);
 decode feeds each sequence's last token at position num_tokens - 1 and reads the paged
 cache (dense, or block-sparse when a schedule is given). The runner builds flat tensors and
-an explicit StepMetadata per step; decode inputs have fixed shapes given the batch size and
-page-table width, which is where CUDA-graph capture per batch-size bucket plugs in (pad the
-batch to the bucket, capture `model(...)` with a PagedAttention over static buffers).
+an explicit StepMetadata per step. On CUDA (with triton) decode goes through
+engine/cuda_graphs.py instead: Triton kernels and one CUDA graph per batch-size bucket,
+fed from numpy arrays (each sequence's page table is kept as an array and only grows);
+a selection hook (record_selection) keeps the eager PagedAttention path.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from sparrow_core.engine.block_manager import BlockManager
+from sparrow_core.engine.cuda_graphs import DecodeGraphs
 from sparrow_core.engine.kv_cache import KVCache
 from sparrow_core.engine.sequence import Sequence
 from sparrow_core.engine.step_attention import PagedAttention, SelectionHook, StepMetadata
+from sparrow_core.kernels.runtime import HAS_TRITON
 from sparrow_core.sparse.schedule import Schedule
 
 
@@ -29,6 +33,11 @@ class ModelRunner:
         self.cache = cache
         self.block_manager = block_manager
         self.device = cache.k.device
+        self.graphs = None
+        if self.device.type == "cuda" and HAS_TRITON:
+            self.graphs = DecodeGraphs(model, cache)
+        # seq_id -> its page table as an array (rows only grow while a sequence decodes)
+        self._tables: dict[int, np.ndarray] = {}
 
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
@@ -55,6 +64,8 @@ class ModelRunner:
     def decode(self, seqs: list[Sequence], schedule: Schedule | None,
                on_selection: SelectionHook | None = None) -> torch.Tensor:
         """One step for each sequence: its last token attends to its cached tokens."""
+        if self.graphs is not None and on_selection is None:
+            return self._decode_graphed(seqs, schedule)
         page_size = self.block_manager.page_size
         width = max(len(seq.page_table) for seq in seqs)
         ids, positions, slots, filled, tables, topk = [], [], [], [], [], []
@@ -78,3 +89,32 @@ class ModelRunner:
         hidden = self.model(self._tensor(ids), self._tensor(positions),
                             PagedAttention(self.cache, meta, schedule, on_selection))
         return self.model.compute_logits(hidden)
+
+    def _table(self, seq: Sequence) -> np.ndarray:
+        table = self._tables.get(seq.seq_id)
+        if (table is None or len(table) != len(seq.page_table)
+                or table[-1] != seq.page_table[-1]):
+            table = np.asarray(seq.page_table, dtype=np.int32)
+            self._tables[seq.seq_id] = table
+        return table
+
+    def _decode_graphed(self, seqs: list[Sequence], schedule: Schedule | None) -> torch.Tensor:
+        batch = len(seqs)
+        positions = np.fromiter((s.num_tokens - 1 for s in seqs), dtype=np.int64, count=batch)
+        ids = np.fromiter((s.token_ids[-1] for s in seqs), dtype=np.int64, count=batch)
+        width = max(len(s.page_table) for s in seqs)
+        # padding entries point at page 0; the token count masks them out
+        tables = np.zeros((batch, width), dtype=np.int32)
+        for row, seq in enumerate(seqs):
+            table = self._table(seq)
+            tables[row, :len(table)] = table
+        page_size = self.block_manager.page_size
+        slots = tables[np.arange(batch), positions // page_size] * page_size + positions % page_size
+        topk = None
+        if schedule is not None:
+            topk = np.fromiter((schedule.topk_for_position(int(p)) for p in positions),
+                               dtype=np.int64, count=batch)
+        live = {s.seq_id for s in seqs}
+        for seq_id in [i for i in self._tables if i not in live]:
+            del self._tables[seq_id]
+        return self.graphs.decode(ids, positions, slots, tables, topk, schedule)

@@ -1,0 +1,168 @@
+"""Decode on GPU: the Triton-kernel attention of one step and CUDA graphs per batch size.
+
+    graphs = DecodeGraphs(model, cache)                  # the runner builds one on CUDA
+    logits = graphs.decode(ids, positions, slots, tables, topk, schedule)   # numpy inputs
+
+KernelDecodeAttention is the GPU twin of step_attention.PagedAttention for a decode step:
+per layer the fused KV write + centroid kernel, then dense split-K paged attention, or
+(sparse layers) page scoring, top-k selection and block-sparse attention. Its metadata
+lives in static buffers, so a whole decode forward (embedding, every layer, logits) is
+captured once per (batch bucket, page-table width bucket, sparsity layout) and replayed:
+no Python runs per layer per step. The batch is padded to its bucket with rows that write
+nothing (slot -1) and read nothing (0 tokens); the page-table width to a power of two (the
+kernels cut their work by the run-time token counts, not by the width). The schedule's
+per-bin top-k travels in a buffer; its reserved pages and dense layers are fixed per graph.
+`use_graphs=False` runs the same kernels eagerly (benchmarks, debugging).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from sparrow_core.engine.kv_cache import KVCache
+from sparrow_core.kernels.kv_write import write_kv
+from sparrow_core.kernels.page_topk import select_page_lists
+from sparrow_core.kernels.paged_decode import (paged_decode_attention,
+                                               sparse_paged_decode_attention)
+from sparrow_core.kernels.runtime import next_power_of_2
+from sparrow_core.sparse.schedule import Schedule
+
+MIN_WIDTH = 64  # smallest page-table width bucket (1,024 tokens at 16 per page)
+
+
+def batch_bucket(batch: int) -> int:
+    """Padded batch size: 1, 2, 4, 8, then multiples of 8 up to 64, then of 32."""
+    if batch <= 8:
+        return next_power_of_2(batch)
+    step = 8 if batch <= 64 else 32
+    return -(-batch // step) * step
+
+
+def width_bucket(width: int) -> int:
+    return max(MIN_WIDTH, next_power_of_2(width))
+
+
+def sparsity_key(schedule: Schedule | None, num_layers: int) -> tuple | None:
+    """What a captured graph fixes of a schedule (top-k values travel in a buffer)."""
+    if schedule is None:
+        return None
+    sparse = tuple(schedule.is_sparse_layer(i) for i in range(num_layers))
+    if not any(sparse):
+        return None
+    return (schedule.page_size, schedule.reserved_bos, schedule.reserved_eos, sparse)
+
+
+class KernelDecodeAttention:
+    """attention(layer, q, k, v) for one decode step over (static) metadata tensors."""
+
+    def __init__(self, cache: KVCache, slots: torch.Tensor, page_tables: torch.Tensor,
+                 num_tokens: torch.Tensor, topk: torch.Tensor, sparsity: tuple | None):
+        self.cache, self.slots, self.page_tables = cache, slots, page_tables
+        self.num_tokens, self.topk, self.sparsity = num_tokens, topk, sparsity
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor,
+                 v: torch.Tensor) -> torch.Tensor:
+        cache = self.cache
+        k_pages, v_pages, centroids = cache.k[layer], cache.v[layer], cache.centroids[layer]
+        write_kv(k_pages, v_pages, centroids, self.slots, k, v)
+        if self.sparsity is None or not self.sparsity[3][layer]:
+            return paged_decode_attention(q, k_pages, v_pages, self.page_tables,
+                                          self.num_tokens)
+        page_size, reserved_bos, reserved_eos, _ = self.sparsity
+        lists, counts, _ = select_page_lists(q, centroids, self.page_tables, self.num_tokens,
+                                             self.topk, page_size, reserved_bos, reserved_eos)
+        return sparse_paged_decode_attention(q, k_pages, v_pages, self.page_tables,
+                                             self.num_tokens, lists, counts)
+
+
+class DecodeGraphs:
+    """Static decode buffers and one CUDA graph per (batch bucket, width bucket, sparsity)."""
+
+    def __init__(self, model: torch.nn.Module, cache: KVCache, use_graphs: bool = True):
+        self.model, self.cache, self.use_graphs = model, cache, use_graphs
+        self.device = cache.k.device
+        self.num_layers = cache.num_layers
+        self.capacity = 0
+        self.tables: dict[int, torch.Tensor] = {}
+        self.graphs: dict[tuple, tuple[Any, torch.Tensor]] = {}
+        self.pool = None
+
+    def _ensure_capacity(self, batch: int, width: int) -> None:
+        if batch <= self.capacity and width in self.tables:
+            return
+        if batch > self.capacity:  # new buffers: every graph captured so far is stale
+            self.capacity = max(batch, 2 * self.capacity, 8)
+            make = lambda dtype: torch.zeros(self.capacity, dtype=dtype, device=self.device)
+            self.ids, self.positions, self.slots = make(torch.long), make(torch.long), make(
+                torch.long)
+            self.num_tokens, self.topk = make(torch.int32), make(torch.int32)
+            self.tables = {}
+            self.graphs.clear()
+        if width not in self.tables:
+            self.tables[width] = torch.zeros(self.capacity, width, dtype=torch.int32,
+                                             device=self.device)
+
+    def _forward(self, bucket: int, width: int, sparsity: tuple | None) -> torch.Tensor:
+        attention = KernelDecodeAttention(self.cache, self.slots[:bucket],
+                                          self.tables[width][:bucket], self.num_tokens[:bucket],
+                                          self.topk[:bucket], sparsity)
+        hidden = self.model(self.ids[:bucket], self.positions[:bucket], attention)
+        return self.model.compute_logits(hidden)
+
+    def _neutral(self) -> None:
+        """Inputs that touch no cache slot (used while warming up and capturing)."""
+        self.slots.fill_(-1)
+        self.num_tokens.zero_()
+        self.ids.zero_()
+        self.positions.zero_()
+
+    def _capture(self, key: tuple) -> tuple[Any, torch.Tensor]:
+        bucket, width, sparsity = key
+        self._neutral()
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):  # compiles the kernels, settles lazy allocations
+            for _ in range(2):
+                self._forward(bucket, width, sparsity)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            logits = self._forward(bucket, width, sparsity)
+        return graph, logits
+
+    def decode(self, ids: np.ndarray, positions: np.ndarray, slots: np.ndarray,
+               tables: np.ndarray, topk: np.ndarray | None,
+               schedule: Schedule | None) -> torch.Tensor:
+        """Logits [B, vocab] float32 of one decode step; tables [B, w] physical page ids."""
+        batch, width = tables.shape
+        bucket, wide = batch_bucket(batch), width_bucket(width)
+        sparsity = sparsity_key(schedule, self.num_layers) if topk is not None else None
+        self._ensure_capacity(bucket, wide)
+        key = (bucket, wide, sparsity)
+        if self.use_graphs and key not in self.graphs:
+            self.graphs[key] = self._capture(key)
+        rows = np.zeros((5, bucket), dtype=np.int64)
+        rows[2] = -1  # padded rows write nowhere
+        rows[0, :batch], rows[1, :batch], rows[2, :batch] = ids, positions, slots
+        rows[3, :batch] = positions + 1  # cached tokens, the current one included
+        if topk is not None:
+            rows[4, :batch] = topk
+        staged = torch.from_numpy(rows).to(self.device, non_blocking=True)
+        self.ids[:bucket].copy_(staged[0])
+        self.positions[:bucket].copy_(staged[1])
+        self.slots[:bucket].copy_(staged[2])
+        self.num_tokens[:bucket].copy_(staged[3])
+        self.topk[:bucket].copy_(staged[4])
+        padded = np.zeros((bucket, wide), dtype=np.int32)
+        padded[:batch, :width] = tables
+        self.tables[wide][:bucket].copy_(torch.from_numpy(padded).to(self.device))
+        if not self.use_graphs:
+            return self._forward(bucket, wide, sparsity)[:batch]
+        graph, logits = self.graphs[key]
+        graph.replay()
+        return logits[:batch].clone()

@@ -1,0 +1,96 @@
+"""KV cache write with the page centroid fused in: store a step's k, v; when a token fills
+its page, store the page's centroid (the float32 mean of its keys) in the same kernel.
+
+    write_kv(k_cache, v_cache, centroids, slots, k, v)                    # decode (fused)
+    write_kv(k_cache, v_cache, centroids, slots, k, v, update_centroids=False)   # prefill
+
+One layer: k_cache, v_cache [P, page_size, Hkv, D]; centroids [P, Hkv, D] float32; slots [T]
+flat slots page * page_size + offset (a negative slot is skipped: padded batch rows); k, v
+[T, Hkv, D]. With update_centroids, a token written at offset page_size - 1 also sets its
+page's centroid from the page's earlier keys (already in the cache, written by earlier
+steps) and its own key as stored (rounded to the cache dtype), which is the reference's
+KVCache.update_centroids for the pages a decode step fills. Tokens of one page written by
+the same launch (prefill) would race on the centroid, so prefill writes without it and
+computes the filled pages' centroids afterwards (KVCache.update_centroids).
+Tests: `python -m pytest tests/sparrow_core/kernels -q`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sparrow_core.kernels.runtime import (
+    check, check_integer, check_last_dim_contiguous, jit, next_power_of_2, tl, use_kernel)
+
+
+@jit
+def _kv_write_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, cent_ptr, slot_ptr,
+                     s_kt, s_kh, s_vt, s_vh, s_cp, s_ct, s_ch, s_np, s_nh, dim,
+                     PAGE: tl.constexpr, BLOCK_D: tl.constexpr, FUSE: tl.constexpr):
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    live = slot >= 0
+    page = slot // PAGE
+    offset = slot % PAGE
+    d = tl.arange(0, BLOCK_D)
+    dmask = (d < dim) & live
+    key = tl.load(k_ptr + t * s_kt + h * s_kh + d, mask=dmask, other=0.0)
+    value = tl.load(v_ptr + t * s_vt + h * s_vh + d, mask=dmask, other=0.0)
+    key = key.to(kc_ptr.dtype.element_ty)
+    dest = page * s_cp + offset * s_ct + h * s_ch + d
+    tl.store(kc_ptr + dest, key, mask=dmask)
+    tl.store(vc_ptr + dest, value.to(vc_ptr.dtype.element_ty), mask=dmask)
+    if FUSE:
+        fills = live & (offset == PAGE - 1)
+        rows = tl.arange(0, PAGE)
+        earlier = tl.load(kc_ptr + page * s_cp + rows[:, None] * s_ct + h * s_ch + d[None, :],
+                          mask=(rows < PAGE - 1)[:, None] & (d < dim)[None, :] & fills,
+                          other=0.0)
+        total = tl.sum(earlier.to(tl.float32), axis=0) + key.to(tl.float32)
+        tl.store(cent_ptr + page * s_np + h * s_nh + d, total / PAGE, mask=(d < dim) & fills)
+
+
+def write_kv_reference(k_cache, v_cache, centroids, slots, k, v, update_centroids=True):
+    """The cache's own semantics (KVCache.write, then update_centroids on filled pages)."""
+    page_size = k_cache.shape[1]
+    live = slots >= 0
+    slots, k, v = slots[live], k[live], v[live]
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k.to(k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v.to(v_cache.dtype))
+    if update_centroids:
+        filled = slots[slots % page_size == page_size - 1] // page_size
+        if filled.numel():
+            centroids[filled] = k_cache[filled].float().mean(dim=1)
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, centroids: torch.Tensor,
+             slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             update_centroids: bool = True) -> None:
+    """Store k, v at slots; with update_centroids, the centroid of each page a slot fills."""
+    check(k_cache.dim() == 4 and k_cache.shape == v_cache.shape,
+          f"k_cache and v_cache must share a shape [P, page_size, Hkv, D], got "
+          f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    pages, page_size, kv_heads, dim = k_cache.shape
+    check(tuple(centroids.shape) == (pages, kv_heads, dim) and centroids.dtype == torch.float32,
+          f"centroids must be float32 [{pages}, {kv_heads}, {dim}], got "
+          f"{tuple(centroids.shape)} {centroids.dtype}")
+    check(k.dim() == 3 and k.shape == v.shape and tuple(k.shape[1:]) == (kv_heads, dim),
+          f"k and v must be [T, {kv_heads}, {dim}], got {tuple(k.shape)} and {tuple(v.shape)}")
+    check(tuple(slots.shape) == (k.shape[0],),
+          f"slots must be [{k.shape[0]}], got {tuple(slots.shape)}")
+    check_integer("slots", slots)
+    check(k_cache.stride() == v_cache.stride(), "k_cache and v_cache must share strides")
+    for name, t in (("k", k), ("v", v), ("k_cache", k_cache), ("centroids", centroids)):
+        check_last_dim_contiguous(name, t)
+    if not use_kernel(k_cache, centroids, slots, k, v):
+        write_kv_reference(k_cache, v_cache, centroids, slots, k, v, update_centroids)
+        return
+    if k.shape[0] == 0:
+        return
+    _kv_write_kernel[(k.shape[0], kv_heads)](
+        k, v, k_cache, v_cache, centroids, slots,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        centroids.stride(0), centroids.stride(1), dim,
+        PAGE=page_size, BLOCK_D=next_power_of_2(dim), FUSE=update_centroids, num_warps=1)

@@ -1,0 +1,119 @@
+"""Top-k page selection with reserved pages, per (sequence, KV head): scores to page lists.
+
+    lists, counts, mask = page_topk(scores, num_tokens, topk, page_size, reserved_bos=1,
+                                    reserved_eos=2, want_mask=True)
+    lists, counts, _ = select_page_lists(q, centroids, page_tables, num_tokens, topk,
+                                         page_size, reserved_bos, reserved_eos)
+
+The rule of sparse/selection.py (the reference this must equal exactly): of a row's n pages,
+0..reserved_bos-1 and the last reserved_eos are always read; the pages between are
+eligible and the top-k of them by score are read, ties to the lower page; with no more than k
+eligible pages every page is read. Out: lists [B, Hkv, W] int32 holding, in ascending order,
+the logical pages read (the first counts [B, Hkv] entries are meaningful), and optionally the
+[B, Hkv, W] bool mask.
+
+One program per row keeps the row's scores in registers, maps each float to an unsigned
+32-bit key of the same order, and finds the k-th largest key bit by bit (32 counting passes
+over the row: no sort); keys above it are taken, then keys equal to it in page order
+until k. A prefix sum compacts the chosen pages into the list.
+Tests: `python -m pytest tests/sparrow_core/kernels -q`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sparrow_core.kernels.page_scores import page_scores
+from sparrow_core.kernels.runtime import check, check_integer, jit, next_power_of_2, tl, use_kernel
+from sparrow_core.sparse.selection import select_from_scores
+
+
+@jit
+def _page_topk_kernel(score_ptr, ntok_ptr, topk_ptr, list_ptr, count_ptr, mask_ptr, width,
+                      PAGE: tl.constexpr, BOS: tl.constexpr, EOS: tl.constexpr,
+                      BLOCK_W: tl.constexpr, WRITE_MASK: tl.constexpr):
+    b = tl.program_id(0)
+    row = b * tl.num_programs(1) + tl.program_id(1)
+    n_pages = (tl.load(ntok_ptr + b).to(tl.int32) + PAGE - 1) // PAGE
+    k = tl.load(topk_ptr + b).to(tl.int32)
+    p = tl.arange(0, BLOCK_W)
+    present = p < n_pages
+    eligible = (p >= BOS) & (p < n_pages - EOS)
+    score = tl.load(score_ptr + row * width + p, mask=p < width, other=0.0)
+    score = tl.where(score == 0.0, 0.0, score)  # -0.0 ties with 0.0, as in a float compare
+    bits = score.to(tl.int32, bitcast=True)
+    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)  # signed int order = float order
+    key = ordered.to(tl.int64) + 2147483648  # unsigned, in [0, 2^32)
+    # the k-th largest key among eligible pages: the largest t with #(key >= t) >= k
+    threshold = tl.zeros([], tl.int64)
+    for i in tl.static_range(32):
+        candidate = threshold + (1 << (31 - i))
+        count = tl.sum((eligible & (key >= candidate)).to(tl.int32), axis=0)
+        threshold = tl.where(count >= k, candidate, threshold)
+    above = eligible & (key > threshold)
+    tied = eligible & (key == threshold)
+    room = k - tl.sum(above.to(tl.int32), axis=0)
+    chosen = above | (tied & (tl.cumsum(tied.to(tl.int32), axis=0) <= room))
+    all_eligible = tl.sum(eligible.to(tl.int32), axis=0) <= k
+    selected = present & ((eligible == 0) | chosen | all_eligible)
+    slot = tl.cumsum(selected.to(tl.int32), axis=0) - 1
+    tl.store(list_ptr + row * width + slot, p, mask=selected)
+    tl.store(count_ptr + row, tl.sum(selected.to(tl.int32), axis=0))
+    if WRITE_MASK:
+        tl.store(mask_ptr + row * width + p, selected.to(tl.int8), mask=p < width)
+
+
+def lists_from_mask(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, Hkv, W] bool -> (lists [B, Hkv, W] int32 ascending, counts [B, Hkv] int32)."""
+    width = mask.shape[-1]
+    # a stable sort of "not selected" puts the selected pages first, in page order
+    order = torch.sort((~mask).to(torch.int8), dim=-1, stable=True).indices
+    counts = mask.sum(dim=-1, dtype=torch.int32)
+    entry = torch.arange(width, device=mask.device)
+    lists = torch.where(entry < counts.unsqueeze(-1), order, 0).to(torch.int32)
+    return lists, counts
+
+
+def page_topk_reference(scores, num_tokens, topk, page_size, reserved_bos, reserved_eos):
+    n_pages = (num_tokens + page_size - 1) // page_size
+    mask = select_from_scores(scores, n_pages, topk, reserved_bos, reserved_eos)
+    return (*lists_from_mask(mask), mask)
+
+
+def page_topk(scores: torch.Tensor, num_tokens: torch.Tensor, topk: torch.Tensor,
+              page_size: int, reserved_bos: int, reserved_eos: int,
+              want_mask: bool = False):
+    """Selected page lists from scores [B, Hkv, W] (see the module docstring)."""
+    check(scores.dim() == 3 and scores.dtype == torch.float32,
+          f"scores must be [B, Hkv, W] float32, got {tuple(scores.shape)} {scores.dtype}")
+    batch, kv_heads, width = scores.shape
+    check(tuple(num_tokens.shape) == (batch,) and tuple(topk.shape) == (batch,),
+          f"num_tokens and topk must be [{batch}], got {tuple(num_tokens.shape)}, "
+          f"{tuple(topk.shape)}")
+    check_integer("num_tokens", num_tokens)
+    check_integer("topk", topk)
+    check(reserved_bos >= 0 and reserved_eos >= 1,
+          f"need reserved_bos >= 0 and reserved_eos >= 1, got {reserved_bos}, {reserved_eos}")
+    if not use_kernel(scores, num_tokens, topk):
+        lists, counts, mask = page_topk_reference(scores, num_tokens, topk, page_size,
+                                                  reserved_bos, reserved_eos)
+        return lists, counts, mask if want_mask else None
+    scores = scores.contiguous()
+    lists = torch.zeros(batch, kv_heads, width, dtype=torch.int32, device=scores.device)
+    counts = torch.empty(batch, kv_heads, dtype=torch.int32, device=scores.device)
+    mask = torch.empty(batch, kv_heads, width, dtype=torch.int8, device=scores.device) \
+        if want_mask else counts
+    if batch * kv_heads and width:
+        block_w = next_power_of_2(width)
+        _page_topk_kernel[(batch, kv_heads)](
+            scores, num_tokens, topk, lists, counts, mask, width,
+            PAGE=page_size, BOS=reserved_bos, EOS=reserved_eos, BLOCK_W=block_w,
+            WRITE_MASK=want_mask, num_warps=4 if block_w <= 1024 else 8 if block_w <= 4096 else 16)
+    return lists, counts, mask.bool() if want_mask else None
+
+
+def select_page_lists(q, centroids, page_tables, num_tokens, topk, page_size: int,
+                      reserved_bos: int, reserved_eos: int, want_mask: bool = False):
+    """Scoring (page_scores.py) then selection: lists, counts and optionally the mask."""
+    scores = page_scores(q, centroids, page_tables, num_tokens, page_size)
+    return page_topk(scores, num_tokens, topk, page_size, reserved_bos, reserved_eos, want_mask)

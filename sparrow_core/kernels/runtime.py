@@ -1,0 +1,128 @@
+"""Triton availability and kernel dispatch shared by every kernel file of this package.
+
+    from sparrow_core.kernels.runtime import jit, tl, use_kernel
+    @jit
+    def _my_kernel(x_ptr, BLOCK: tl.constexpr): ...
+    if use_kernel(x):            # CUDA tensors (or CPU tensors inside cpu_interpreter())
+        _my_kernel[grid](x, BLOCK=64)
+
+Triton is optional (the `gpu` extra): without it `use_kernel` is False and launchers run
+their PyTorch reference. On a machine with triton but no CUDA, this module switches Triton
+to its CPU interpreter (TRITON_INTERPRET=1, unless set otherwise) before importing it, since
+Triton fixes compiled-or-interpreted when its own library functions are decorated; compiled
+kernels could not run there anyway. CPU tensors still take the reference path unless a
+caller opts in with `with cpu_interpreter():` (the CPU tests of the kernels do).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import sys
+from typing import Iterator
+
+import torch
+
+from sparrow_core.errors import SparrowError
+
+if (importlib.util.find_spec("triton") is not None and "triton" not in sys.modules
+        and not torch.cuda.is_available()):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+try:
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except ImportError:  # CPU installs without the gpu extra
+    triton = None
+    HAS_TRITON = False
+
+    class _LanguageStub:
+        """Stands in for triton.language so kernel signatures still parse."""
+
+        constexpr = None
+
+    tl = _LanguageStub()  # type: ignore[assignment]
+
+# Triton's own library functions were decorated under this setting, so it holds for good
+INTERPRETER = HAS_TRITON and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+_cpu_opt_in = [False]
+
+
+class KernelInputError(SparrowError, ValueError):
+    """Tensors a kernel launcher cannot take (shape, dtype, device or layout named)."""
+
+
+@contextlib.contextmanager
+def cpu_interpreter() -> Iterator[bool]:
+    """Run kernels on CPU tensors in Triton's interpreter inside this block; yields whether
+    that is possible (triton installed and imported in interpreter mode)."""
+    previous = _cpu_opt_in[0]
+    _cpu_opt_in[0] = INTERPRETER
+    try:
+        yield INTERPRETER
+    finally:
+        _cpu_opt_in[0] = previous
+
+
+def use_kernel(*tensors: torch.Tensor) -> bool:
+    """Whether a launcher should run its Triton kernel on these tensors (else the reference)."""
+    if not HAS_TRITON:
+        return False
+    devices = {t.device.type for t in tensors}
+    if devices == {"cuda"}:
+        return not INTERPRETER
+    return devices == {"cpu"} and _cpu_opt_in[0]
+
+
+def _patch_interpreter_scalars() -> None:
+    """The interpreter holds a scalar as a 1-element array and converts it with int(), which
+    numpy >= 2.3 refuses for arrays of one dimension; loop bounds loaded from memory hit it.
+    Re-register the conversion through a flat index (interpreter only)."""
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interpreter._patch_lang_tensor = patched
+
+
+if INTERPRETER:
+    _patch_interpreter_scalars()
+
+
+def jit(fn):
+    """triton.jit when triton is installed; the bare function otherwise (never launched)."""
+    return triton.jit(fn) if HAS_TRITON else fn
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def multiprocessors(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (a fixed 8 in the CPU interpreter)."""
+    if device.type != "cuda":
+        return 8
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def check(condition: bool, message: str) -> None:
+    """Raise KernelInputError(message) unless condition holds."""
+    if not condition:
+        raise KernelInputError(message)
+
+
+def check_last_dim_contiguous(name: str, tensor: torch.Tensor) -> None:
+    check(tensor.stride(-1) == 1, f"{name} must be contiguous in its last dimension, "
+          f"got strides {tuple(tensor.stride())}")
+
+
+def check_integer(name: str, tensor: torch.Tensor) -> None:
+    check(not tensor.dtype.is_floating_point and tensor.dtype != torch.bool,
+          f"{name} must hold integers, got {tensor.dtype}")
