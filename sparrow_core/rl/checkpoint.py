@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -102,7 +103,8 @@ def read_checkpoint_state(folder: str | Path) -> CheckpointState:
         meta = json.loads((folder / TRAINER_STATE).read_text())
         optimizer = torch.load(folder / OPTIMIZER_STATE, map_location="cpu", weights_only=True)
         rng = torch.load(folder / RNG_STATE, map_location="cpu", weights_only=True)
-    except (json.JSONDecodeError, RuntimeError, OSError, EOFError) as err:
+    except (json.JSONDecodeError, pickle.UnpicklingError, RuntimeError, ValueError, OSError,
+            EOFError) as err:
         raise TrainerCheckpointError(f"checkpoint folder {folder} is unreadable: {err}") from None
     if meta.get("format_version") != FORMAT_VERSION:
         raise TrainerCheckpointError(
