@@ -131,6 +131,7 @@ class PolicyTrainer:
         batches = micro_batches(ordered, self.algo.micro_batch_tokens)
         lengths = torch.tensor([len(r.output_ids) for r in ordered])
         full_mask = torch.arange(int(lengths.max()))[None, :] < lengths[:, None]
+        # the whole batch's denominator, handed to every micro-batch (aggregate.py)
         normalizer = count_for(full_mask, self.loss_config.loss_agg)
         passes = [self._one_pass(ordered, old, advantages, batches, normalizer)
                   for _ in range(self.algo.ppo_epochs)]
@@ -165,13 +166,14 @@ class PolicyTrainer:
         return ordered, old, advantages
 
     def _one_pass(self, ordered, old, advantages, batches, normalizer) -> dict[str, float]:
+        """One optimizer step over all micro-batches. With no generated token at all the
+        loss is 0 and the weights stay put (an AdamW step would still move them)."""
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = defaultdict(float)
         loss_total, tokens_total = 0.0, 0
         for indices in batches:
-            if normalizer == 0:
-                break  # nothing generated: no loss, no gradient
-            loss, metrics, tokens = self._micro_batch(ordered, old, advantages, indices, normalizer)
+            loss, metrics, tokens = self._micro_batch(ordered, old, advantages, indices,
+                                                      max(normalizer, 1))
             loss.backward()
             loss_total += float(loss.detach())
             tokens_total += tokens

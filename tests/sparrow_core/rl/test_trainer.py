@@ -191,3 +191,16 @@ def test_missing_model_directory(tmp_path):
 
     with pytest.raises(SparrowError, match=f"model directory {tmp_path / 'none'} does not exist"):
         PolicyTrainer(tmp_path / "none", ALGO, device="cpu")
+
+
+def test_nothing_generated_leaves_the_weights(qwen3_checkpoint):
+    trainer = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu")
+    usual = rollout_step(trainer, make_records(seed=9), [0, 1, 0, 1, 1, 0], group=3)
+    before = weights(trainer)
+    empty = [dataclasses.replace(r, output_ids=(), actor_logprobs=(), topk_ids=(),
+                                 topk_logprobs=(), budget_pages=()) for r in make_records(seed=9)]
+    metrics = trainer.update(empty, [0, 1, 0, 1, 1, 0], [()] * 6, 3)
+    assert set(metrics) == set(usual)  # the same keys every step, for the step tables
+    assert metrics["actor/tokens"] == 0 and metrics["actor/loss"] == 0
+    assert all(torch.equal(before[k], v) for k, v in weights(trainer).items())
+    assert trainer.step == 2 and trainer.optimizer_steps == 1
