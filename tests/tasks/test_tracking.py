@@ -176,3 +176,16 @@ def test_bad_input_is_one_named_error(workdir, cfg, call, message):
 def test_run_id_with_quote_refused(workdir, cfg):
     with pytest.raises(TrackingError, match="run id"):
         Tracker.start(cfg, "it's", workdir)
+
+
+def test_sparrow_core_never_imports_mlflow():
+    import re
+    from pathlib import Path
+
+    import sparrow_core
+
+    pattern = re.compile(r"^\s*(import|from)\s+mlflow\b", re.MULTILINE)
+    root = Path(sparrow_core.__file__).parent
+    offenders = [str(p.relative_to(root)) for p in root.rglob("*.py") if pattern.search(p.read_text())]
+    assert offenders == []
+    assert pattern.search((Path(__file__).parents[2] / "tasks" / "tracking.py").read_text())
