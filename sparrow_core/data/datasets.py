@@ -55,8 +55,8 @@ class PromptRow:
     answer: str
 
     def __post_init__(self) -> None:
-        if not self.prompt_ids:
-            raise DatasetError(f"row {self.row}: the prompt has no tokens")
+        if len(self.prompt_ids) == 0:
+            raise DatasetError(f"row {self.row}: a prompt needs at least one token")
 
 
 class PromptDataset:
@@ -124,6 +124,9 @@ def synthetic_row_seed(seed: int, split: str, row: int) -> int:
 
 
 def check_prompt_length(source: str, row: int, length: int, limit: int) -> None:
+    if length == 0:
+        raise DatasetError(f"{source}: row {row}: the prompt encodes to no tokens "
+                           "(every character is unknown to the tokenizer)")
     if length > limit:
         raise DatasetError(
             f"{source}: row {row}: the prompt is {length} tokens, longer than "

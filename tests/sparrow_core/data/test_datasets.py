@@ -201,3 +201,10 @@ def test_bad_arguments(tmp_path):
         data.batch(-1, 2)
     with pytest.raises(DatasetError, match="prompts_per_step must be an integer >= 1"):
         data.batch(0, 0)
+
+
+def test_prompt_without_tokens_names_the_row(tmp_path, char_tokenizer):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "abc", "answer": "1"},
+                                              {"prompt": "!!!", "answer": "2"}])
+    with pytest.raises(DatasetError, match=r"d.jsonl: row 1: the prompt encodes to no tokens"):
+        load_prompts(str(path), "prompt", "answer", char_tokenizer, 8)
