@@ -1,0 +1,129 @@
+"""Opening and closing a training run: everything the train flow does around its steps.
+
+    runtime = open_run_runtime(cfg)     # checks inputs, takes the workdir, opens/resumes the run
+    ...steps...
+    close_run_runtime(runtime, "finished")
+
+Bad inputs fail first, before anything is written or started: the model directory, its
+tokenizer, the datasets (every row needs its answer field, every prompt fits
+data.max_prompt_tokens), and the first step's prompts against the model's context. Then the
+workdir's single writer lock (a second writer gets WorkdirBusyError and changes nothing), the
+`runs` row (created, or resumed with a configuration check), the MLflow run, the schedule the
+run starts with, Ray and the rollout actors (built from the newest recorded policy).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from sparrow_core.config import SparrowConfig
+from sparrow_core.data.datasets import load_prompts
+from sparrow_core.engine import EngineConfig
+from sparrow_core.model import load_tokenizer, read_arch
+from sparrow_core.model.builtin import resolve_model_path
+from storage import Store
+from tasks.rollout import max_new_tokens_for
+from tasks.rollout_actors import ActorPool, WorkerSpec, actor_resources, start_ray
+from tasks.run_record import finish_run, new_run_id, open_run
+from tasks.runtime import RunRuntime, device_and_dtype, register, release
+from tasks.schedules import schedule_in_force, start_schedule
+
+
+def with_run_id(cfg: SparrowConfig) -> SparrowConfig:
+    """The config with pipeline.run_id filled in (a new id when it is empty)."""
+    if cfg.pipeline.run_id:
+        return cfg
+    pipeline = dataclasses.replace(cfg.pipeline, run_id=new_run_id())
+    return dataclasses.replace(cfg, pipeline=pipeline)
+
+
+def check_inputs(cfg: SparrowConfig) -> dict:
+    """Load what a bad input would break, before the workdir is touched."""
+    model_path = resolve_model_path(cfg.model.path)
+    arch = read_arch(model_path)
+    tokenizer = load_tokenizer(model_path)
+    data = cfg.data
+    train = load_prompts(data.train, data.prompt_key, data.answer_key, tokenizer,
+                         data.max_prompt_tokens, split="train", seed=cfg.pipeline.seed)
+    evaluation = None
+    if data.eval:
+        evaluation = load_prompts(data.eval, data.prompt_key, data.answer_key, tokenizer,
+                                  data.max_prompt_tokens, split="eval", seed=cfg.pipeline.seed)
+    return dict(model_path=model_path, tokenizer=tokenizer, train_data=train,
+                eval_data=evaluation,
+                max_context=cfg.model.max_context or arch.max_position_embeddings)
+
+
+def open_run_runtime(cfg: SparrowConfig) -> tuple[RunRuntime, bool, bool]:
+    """(runtime, resumed, started_ray); the runtime is registered for the tasks."""
+    inputs = check_inputs(cfg)
+    store = Store.open_writer(cfg.pipeline.workdir)
+    runtime = None
+    try:
+        resumed = open_run(store, cfg, cfg.pipeline.run_id, inputs["model_path"])
+        runtime = RunRuntime(cfg, cfg.pipeline.run_id, store, **inputs)
+        # the first step's prompts must fit the context before any actor starts
+        for row in runtime.train_data.batch(0, cfg.data.prompts_per_step):
+            max_new_tokens_for(runtime, row, cfg.data.train)
+        runtime.schedule_name, runtime.schedule_start_version = start_schedule(
+            store, runtime.run_id, cfg.schedule.name)
+        from tasks.tracking import Tracker
+
+        runtime.tracker = Tracker.start(cfg, runtime.run_id, cfg.pipeline.workdir)
+        finish_run(store, runtime.run_id, "running", runtime.tracker.mlflow_run_id)
+        started_ray = start_ray(cfg.ray.address)
+        runtime.pool = start_pool(runtime)
+    except BaseException:
+        if runtime is not None:
+            close_run_runtime(runtime, "failed")
+        else:
+            store.close()
+        raise
+    register(runtime)
+    return runtime, resumed, started_ray
+
+
+def start_pool(runtime: RunRuntime) -> ActorPool:
+    cfg = runtime.cfg
+    first = cfg.pipeline.steps + 1
+    schedule, _ = schedule_in_force(runtime.store, runtime.run_id, runtime.schedule_name,
+                                    runtime.schedule_start_version, 1)
+    device, dtype = device_and_dtype(cfg.model)
+    count, resources, device = actor_resources(cfg.rollout.num_actors, device.startswith("cuda"))
+    spec = WorkerSpec(
+        model_path=str(runtime.model_path),
+        weights_path=str(runtime.policy_folder_before(first)),
+        schedule=schedule if cfg.schedule.sparse else None,
+        engine=EngineConfig.from_rollout(cfg.rollout, page_size=schedule.page_size,
+                                         max_context=cfg.model.max_context),
+        device=device, dtype=dtype, threads=int(resources.get("num_cpus", 1)))
+    return ActorPool.start(spec, count, resources)
+
+
+def close_run_runtime(runtime: RunRuntime, status: str) -> None:
+    """Stop the actors, close the MLflow run, mark the run, release the workdir."""
+    release(runtime)
+    try:
+        if runtime.pool is not None:
+            runtime.pool.shutdown()
+        if runtime.tracker is not None:
+            runtime.tracker.end(status)
+        finish_run(runtime.store, runtime.run_id, status)
+    finally:
+        runtime.store.close()
+
+
+def where_to_look(runtime: RunRuntime) -> list[str]:
+    """Lines printed at the end of a run: the DuckDB file, a query, the MLflow UI."""
+    workdir = Path(runtime.cfg.pipeline.workdir)
+    uri = runtime.cfg.pipeline.mlflow_uri or f"sqlite:///{workdir.resolve()}/mlflow.db"
+    query = (f"SELECT step, bin, p5, budget_pages FROM bin_stats WHERE run_id = "
+             f"'{runtime.run_id}' ORDER BY step, bin")
+    return [
+        f"run {runtime.run_id}: files under {runtime.layout.run_dir}",
+        f"mismatch history (DuckDB): {workdir / 'sparrow.duckdb'}",
+        f'  sparrow query --workdir {workdir} "{query}"',
+        f"  sparrow runs --workdir {workdir}",
+        f"MLflow: mlflow ui --backend-store-uri {uri}",
+    ]

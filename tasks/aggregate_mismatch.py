@@ -1,0 +1,137 @@
+"""Stage 4, aggregate_mismatch: per-token mismatch rows, per-bin statistics, threshold events.
+
+    outcome = aggregate_mismatch_task(workdir, run_id, step, rollout_dir, scores_path)
+
+Writes, for the step:
+- tokens.parquet (RunLayout.token_file): one row per generated token with run_id, step,
+  sample, prompt, position (total position: prompt length + index in the completion), bin,
+  budget_pages (pages the actor read for it), acceptance, leftover_mass, actor_logprob,
+  dense_logprob; DuckDB's token_mismatch view reads these files.
+- bin_stats rows: sparrow_core.mismatch.bin_statistics per length bin (bins of the schedule in
+  force, schedule.json of the rollout stage), with that schedule's budget for the bin (NULL when
+  decoding densely), its name and version; bin_stats.json beside tokens.parquet.
+- threshold_events: `below_target` for every bin whose p5 < schedule.target, `recovered` for a
+  bin that was below at the previous step and is not now.
+- step metrics: mismatch/min_p5, mismatch/p5_bin_<b>, mismatch/acceptance_mean,
+  mismatch/leftover_mass_mean, mismatch/bins_below.
+Rows are replaced by (run_id, step) in the stage's transaction; MLflow gets the metrics, one
+event per threshold crossing, and bin_stats.json.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+from prefect import task
+from prefect.cache_policies import NONE
+
+from sparrow_core.data.rollouts import read_rollouts
+from sparrow_core.mismatch import bin_statistics, bins_below, min_p5
+from sparrow_core.sparse.io import schedule_from_dict
+from tasks.dense_score import read_scores
+from tasks.retry import INFRA_RETRIES
+from tasks.rollout import ROLLOUTS_FILE, SCHEDULE_FILE
+from tasks.runtime import RunRuntime, lookup
+from tasks.stage import StageOutcome, StageWrite, run_stage
+
+BIN_STATS_FILE = "bin_stats.json"
+
+
+def token_table(run_id: str, step: int, records, scores, bin_tokens: int):
+    """The per-token rows as a pyarrow table (columns of storage.schema.TOKEN_COLUMNS)."""
+    import pyarrow as pa
+
+    columns: dict[str, list] = {k: [] for k in (
+        "sample", "prompt", "position", "bin", "budget_pages", "acceptance", "leftover_mass",
+        "actor_logprob", "dense_logprob")}
+    for i, record in enumerate(records):
+        n, start = len(record.output_ids), len(record.prompt_ids)
+        positions = list(range(start, start + n))
+        columns["sample"] += [record.sample_index] * n
+        columns["prompt"] += [record.prompt_index] * n
+        columns["position"] += positions
+        columns["bin"] += [p // bin_tokens for p in positions]
+        columns["budget_pages"] += list(record.budget_pages)
+        columns["acceptance"] += list(scores["acceptance"][i])
+        columns["leftover_mass"] += list(scores["leftover_mass"][i])
+        columns["actor_logprob"] += list(record.actor_logprobs)
+        columns["dense_logprob"] += list(scores["dense_logprobs"][i])
+    count = len(columns["sample"])
+    ints = {"sample", "prompt", "position", "bin", "budget_pages"}
+    arrays = {"run_id": pa.array([run_id] * count, pa.string()),
+              "step": pa.array([step] * count, pa.int32())}
+    for name, values in columns.items():
+        arrays[name] = pa.array(values, pa.int32() if name in ints else pa.float64())
+    return pa.table(arrays)
+
+
+def _finite(value: float) -> float | None:
+    return float(value) if math.isfinite(value) else None
+
+
+def aggregate_step(runtime: RunRuntime, step: int, rollout_dir: str, scores_path: str,
+                   out: Path) -> StageWrite:
+    import pyarrow.parquet as pq
+
+    used = json.loads((Path(rollout_dir) / SCHEDULE_FILE).read_text())
+    schedule = schedule_from_dict(used["schedule"], source=f"{rollout_dir}/{SCHEDULE_FILE}")
+    records = read_rollouts(Path(rollout_dir) / ROLLOUTS_FILE)
+    scores = read_scores(scores_path, records)
+    table = token_table(runtime.run_id, step, records, scores, schedule.bin_tokens)
+    pq.write_table(table, out / runtime.layout.token_file(step).name)
+    positions = table.column("position").to_numpy()
+    acceptance = table.column("acceptance").to_numpy()
+    stats = bin_statistics(positions, acceptance, bin_tokens=schedule.bin_tokens)
+    target = runtime.cfg.schedule.target
+    below = bins_below(stats, target)
+    budget = {s.bin: schedule.budget_pages(s.bin * schedule.bin_tokens) if used["sparse"] else None
+              for s in stats}
+    (out / BIN_STATS_FILE).write_text(json.dumps(
+        [{**{k: _finite(v) if isinstance(v, float) else v for k, v in s.as_dict().items()},
+          "budget_pages": budget[s.bin]} for s in stats], indent=2))
+    metrics = {f"mismatch/p5_bin_{s.bin}": s.p5 for s in stats}
+    metrics.update({
+        "mismatch/min_p5": min_p5(stats),
+        "mismatch/acceptance_mean": float(acceptance.mean()),
+        "mismatch/leftover_mass_mean": float(np.mean(table.column("leftover_mass").to_numpy())),
+        "mismatch/bins_below": float(len(below)),
+    })
+    run_id, p5 = runtime.run_id, {s.bin: s.p5 for s in stats}
+
+    def write_rows(conn) -> None:
+        for table_name in ("bin_stats", "threshold_events"):
+            conn.execute(f"DELETE FROM {table_name} WHERE run_id = ? AND step = ?", [run_id, step])
+        for s in stats:
+            conn.execute(
+                "INSERT INTO bin_stats VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [run_id, step, s.bin, s.n, s.mean, s.p1, s.p5, s.p10, s.p50, _finite(s.beta_a),
+                 _finite(s.beta_b), _finite(s.beta_var), _finite(s.ks), budget[s.bin],
+                 schedule.name, used["version"]])
+        previous = {b for (b,) in conn.execute(
+            "SELECT bin FROM threshold_events WHERE run_id = ? AND step = ? AND kind = "
+            "'below_target'", [run_id, step - 1]).fetchall()}
+        events = [(b, "below_target") for b in below]
+        events += [(b, "recovered") for b in sorted(previous) if b in p5 and b not in below]
+        for b, kind in events:
+            conn.execute("INSERT INTO threshold_events (run_id, step, bin, kind, p5, target) "
+                         "VALUES (?, ?, ?, ?, ?, ?)", [run_id, step, b, kind, p5[b], target])
+
+    def log_events(final: Path) -> None:
+        if runtime.tracker is None:
+            return
+        for b in below:
+            runtime.tracker.log_threshold_event(step, b, p5[b], target)
+        runtime.tracker.log_artifact(final / BIN_STATS_FILE, subdir=f"bin_stats/step-{step}")
+
+    return StageWrite(metrics=metrics, db=write_rows, after_commit=log_events)
+
+
+@task(name="aggregate_mismatch", cache_policy=NONE, **INFRA_RETRIES)
+def aggregate_mismatch_task(workdir: str, run_id: str, step: int, rollout_dir: str,
+                            scores_path: str) -> StageOutcome:
+    runtime = lookup(workdir, run_id)
+    return run_stage(runtime, "aggregate_mismatch", step,
+                     lambda out: aggregate_step(runtime, step, rollout_dir, scores_path, out))

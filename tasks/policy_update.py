@@ -1,0 +1,62 @@
+"""Stage 6, policy_update: the GRPO/PPO step on the step's rollouts, then save the policy.
+
+    outcome = policy_update_task(workdir, run_id, step, rollouts_path, rewards_path, scores_path)
+
+PolicyTrainer.update takes the rollouts, their rewards, and the dense logprobs of
+dense_score as the old logprobs (group size rollout.samples_per_prompt); the updated policy
+is saved (PolicyTrainer.save: safetensors, config, optimizer state) into this stage's
+folder, which is the resume point: a resumed run loads the trainer from the newest recorded
+policy_update folder, and sync_weights points the rollout actors at it. The trainer's
+metrics (loss, clip and TIS fractions, KL, grad norm) become step metrics.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NONE
+
+from sparrow_core.data.rollouts import read_rollouts
+from tasks.dense_score import read_scores
+from tasks.retry import INFRA_RETRIES
+from tasks.reward import read_rewards
+from tasks.runtime import RunRuntime, lookup
+from tasks.stage import StageInputError, StageOutcome, StageWrite, run_stage
+
+
+def numeric_metrics(metrics: dict) -> dict[str, float]:
+    """The trainer's numbers (tensors and numpy scalars included), other values dropped."""
+    out = {}
+    for name, value in metrics.items():
+        if hasattr(value, "item") and callable(value.item):
+            value = value.item()
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            out[str(name)] = float(value) if math.isfinite(value) else float("nan")
+    return out
+
+
+def update_step(runtime: RunRuntime, step: int, rollouts_path: str, rewards_path: str,
+                scores_path: str, out: Path) -> StageWrite:
+    records = read_rollouts(rollouts_path)
+    rewards = read_rewards(rewards_path)
+    if len(rewards) != len(records):
+        raise StageInputError(f"{rewards_path} has {len(rewards)} rewards for {len(records)} rollouts")
+    old_logprobs = read_scores(scores_path, records)["dense_logprobs"]
+    trainer = runtime.trainer_before(step)
+    # the in-memory trainer is mid-update from here on: a failure must not leave it in use
+    runtime.set_trainer(None, -1)
+    metrics = trainer.update(records, rewards, old_logprobs, runtime.cfg.rollout.samples_per_prompt)
+    trainer.save(out)
+    return StageWrite(metrics=numeric_metrics(metrics),
+                      after_commit=lambda final: runtime.set_trainer(trainer, step))
+
+
+@task(name="policy_update", cache_policy=NONE, **INFRA_RETRIES)
+def policy_update_task(workdir: str, run_id: str, step: int, rollouts_path: str,
+                       rewards_path: str, scores_path: str) -> StageOutcome:
+    runtime = lookup(workdir, run_id)
+    return run_stage(runtime, "policy_update", step, lambda out: update_step(
+        runtime, step, rollouts_path, rewards_path, scores_path, out))

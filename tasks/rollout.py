@@ -1,0 +1,121 @@
+"""Stage 1, rollout: the step's prompts, N samples each, from the Ray rollout actors.
+
+    outcome = rollout_task(workdir, run_id, step)     # step-<n>/rollout/rollouts.parquet
+
+Prompts: `data.prompts_per_step` rows of the training set for this step (the same rows on a
+re-run). Sampling: `rollout.*`, with the schedule in force at this step (tasks/schedules.py;
+dense decode when schedule.sparse=false). Each prompt's request carries a seed derived from
+(pipeline.seed, rollout.seed, step, prompt); the engine derives each sample's generator from
+it and the sample index, so results do not depend on how prompts are sharded across actors.
+Generation stops at the model's context: max_new_tokens is cut to what is left after the
+prompt, and a prompt that leaves no room is PromptTooLongError naming its dataset row.
+Outputs: rollouts.parquet (sparrow_core/data/rollouts.py) and schedule.json (the schedule
+used, which aggregate_mismatch reads for its bins and budgets).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+from prefect import task
+from prefect.cache_policies import NONE
+
+from sparrow_core.data.rollouts import RolloutRecord, write_rollouts
+from sparrow_core.engine import SamplingParams
+from sparrow_core.errors import SparrowError
+from sparrow_core.sparse.io import schedule_to_dict
+from tasks.retry import INFRA_RETRIES
+from tasks.runtime import RunRuntime, lookup
+from tasks.schedules import schedule_in_force
+from tasks.stage import StageOutcome, StageWrite, run_stage
+
+ROLLOUTS_FILE = "rollouts.parquet"
+SCHEDULE_FILE = "schedule.json"
+
+
+class PromptTooLongError(SparrowError):
+    """A prompt that leaves no room to generate within the model's context."""
+
+
+def request_seed(run_seed: int, rollout_seed: int, step: int, prompt_index: int) -> int:
+    """A 63-bit seed per (run seed, rollout seed, step, prompt); the engine adds the sample."""
+    entropy = [abs(run_seed), int(run_seed < 0), abs(rollout_seed), int(rollout_seed < 0),
+               step, prompt_index]
+    return int(np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+def max_new_tokens_for(runtime: RunRuntime, row: Any, source: str) -> int:
+    """rollout.max_new_tokens, cut to the room the context leaves after the prompt."""
+    room = runtime.max_context - len(row.prompt_ids)
+    if room < 1:
+        raise PromptTooLongError(
+            f"{source}: row {row.row}: the prompt is {len(row.prompt_ids)} tokens "
+            f"but the model's context is {runtime.max_context} tokens (model.max_context, or the "
+            f"checkpoint's max_position_embeddings); lower data.max_prompt_tokens to skip such rows")
+    return min(runtime.cfg.rollout.max_new_tokens, room)
+
+
+def sampling_params(runtime: RunRuntime, rows: Sequence[Any], step: int,
+                    greedy: bool = False, source: str = "") -> list[SamplingParams]:
+    """One request per prompt row; `source` names the dataset in errors (data.train if empty)."""
+    rollout = runtime.cfg.rollout
+    source = source or runtime.cfg.data.train
+    return [
+        SamplingParams(
+            temperature=0.0 if greedy else rollout.temperature, top_p=rollout.top_p,
+            top_k=rollout.top_k, max_new_tokens=max_new_tokens_for(runtime, row, source),
+            seed=request_seed(runtime.cfg.pipeline.seed, rollout.seed, step, index),
+            n=1 if greedy else rollout.samples_per_prompt, logprobs_topk=rollout.logprobs_topk)
+        for index, row in enumerate(rows)
+    ]
+
+
+def to_records(rows: Sequence[Any], results: Sequence[Sequence[Any]]) -> list[RolloutRecord]:
+    return [
+        RolloutRecord(
+            prompt_index=p, sample_index=s.sample_index, dataset_row=row.row,
+            prompt_ids=tuple(row.prompt_ids), output_ids=tuple(s.output_ids),
+            actor_logprobs=tuple(s.logprobs), topk_ids=tuple(s.topk_ids),
+            topk_logprobs=tuple(s.topk_logprobs), budget_pages=tuple(s.budget_pages),
+            finish_reason=s.finish_reason, answer=row.answer, text=s.text or "")
+        for p, (row, samples) in enumerate(zip(rows, results)) for s in samples
+    ]
+
+
+def generate_rollouts(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
+    cfg = runtime.cfg
+    schedule, version = schedule_in_force(runtime.store, runtime.run_id, runtime.schedule_name,
+                                          runtime.schedule_start_version, step)
+    runtime.pool.set_schedule(schedule if cfg.schedule.sparse else None)
+    rows = runtime.train_data.batch(step - 1, cfg.data.prompts_per_step)
+    params = sampling_params(runtime, rows, step)
+    clock = time.perf_counter()
+    results = runtime.pool.generate([list(row.prompt_ids) for row in rows], params)
+    elapsed = time.perf_counter() - clock
+    records = to_records(rows, results)
+    write_rollouts(out / ROLLOUTS_FILE, records)
+    (out / SCHEDULE_FILE).write_text(json.dumps(
+        {"schedule": schedule_to_dict(schedule), "version": version, "sparse": cfg.schedule.sparse},
+        indent=2))
+    lengths = np.array([len(r.output_ids) for r in records], dtype=np.float64)
+    budgets = np.concatenate([np.asarray(r.budget_pages, dtype=np.float64) for r in records])
+    return StageWrite(metrics={
+        "response/length_mean": float(lengths.mean()),
+        "response/length_max": float(lengths.max()),
+        "response/truncated_frac": float(np.mean([r.finish_reason == "length" for r in records])),
+        "rollout/samples": float(len(records)),
+        "rollout/tokens": float(lengths.sum()),
+        "rollout/tokens_per_s": float(lengths.sum() / max(elapsed, 1e-9)),
+        "schedule/budget_pages_mean": float(budgets.mean()),
+        "schedule/version": float(version),
+    })
+
+
+@task(name="rollout", cache_policy=NONE, **INFRA_RETRIES)
+def rollout_task(workdir: str, run_id: str, step: int) -> StageOutcome:
+    runtime = lookup(workdir, run_id)
+    return run_stage(runtime, "rollout", step, lambda out: generate_rollouts(runtime, step, out))

@@ -1,0 +1,220 @@
+"""Rollout actors: Ray actors that each hold one rollout engine, and the pool that drives them.
+
+    start_ray("")                                   # a local Ray unless an address is given
+    pool = ActorPool.start(WorkerSpec(model_path, weights_path, schedule, engine), num_actors=1)
+    results = pool.generate(prompt_ids, sampling_params)    # [prompt][sample] SampleResult
+    pool.load_weights("/work/runs/r1/step-3/policy_update")  # every actor reads the folder
+    pool.set_schedule(schedule_or_none); pool.shutdown()
+
+One actor per GPU (the engine on that GPU), or `rollout.num_actors` CPU actors (1 when it
+is 0) on a machine without GPU. Prompts are split into contiguous shards, one per actor;
+each request carries its own seed, so what a prompt gets does not depend on the sharding.
+An actor that dies (RayActorError) is replaced by a fresh one built from the current
+weights folder and schedule, and its shard is retried once; a second death is
+RolloutActorLost, an infrastructure fault that the rollout task may retry.
+Weights travel by path: an actor loads the safetensors of a folder, never tensors through
+the flow.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
+
+from sparrow_core.errors import SparrowError
+from sparrow_core.sparse import Schedule
+
+
+class RolloutActorLost(RuntimeError):
+    """A rollout actor died twice on one shard (infrastructure, not a bad input)."""
+
+
+class RayStartError(SparrowError):
+    """Ray could not be started or reached (the message names ray.address)."""
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything an actor needs to build its engine; plain values only (pickled to Ray)."""
+
+    model_path: str  # architecture and tokenizer
+    weights_path: str  # a checkpoint folder whose safetensors hold the current policy
+    schedule: Schedule | None  # None decodes densely
+    engine: Any  # EngineConfig
+    device: str = "cpu"
+    dtype: str = "float32"
+    threads: int = 1
+
+
+class RolloutWorker:
+    """One engine; the body of a Ray actor (plain class, so tests may run it in-process)."""
+
+    def __init__(self, spec: WorkerSpec):
+        import torch
+
+        from sparrow_core.engine import Engine
+        from sparrow_core.model import load_model, load_tokenizer
+
+        if spec.device == "cpu":
+            torch.set_num_threads(max(1, spec.threads))
+        model = load_model(spec.weights_path, dtype=getattr(torch, spec.dtype), device=spec.device)
+        self.engine = Engine(model, load_tokenizer(spec.model_path), spec.engine, spec.schedule)
+        self.weights_path = spec.weights_path
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: Sequence[Any]) -> list[list[Any]]:
+        return self.engine.generate(prompts, list(params))
+
+    def load_weights(self, path: str) -> str:
+        from sparrow_core.model.loader import SafetensorsCheckpoint
+
+        self.engine.update_weights(SafetensorsCheckpoint(path))
+        self.weights_path = path
+        return path
+
+    def set_schedule(self, schedule: Schedule | None) -> None:
+        self.engine.set_schedule(schedule)
+
+    def info(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "weights_path": self.weights_path,
+                "schedule": None if self.engine.schedule is None else self.engine.schedule.name}
+
+
+def start_ray(address: str) -> bool:
+    """Connect to `address`, or start a quiet local Ray; True when this call started it."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False,
+                                  logging_level="ERROR", configure_logging=True)
+    try:
+        if address:
+            ray.init(address=address, **kwargs)
+        else:
+            ray.init(**kwargs)
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        where = f"ray.address={address}" if address else "a local Ray"
+        raise RayStartError(f"cannot start {where}: {err}") from None
+    return True
+
+
+def actor_resources(num_actors: int, use_gpu: bool = True) -> tuple[int, dict[str, float], str]:
+    """(actors, resources per actor, device): one per GPU, else num_actors (0: 1) CPU actors."""
+    import ray
+
+    gpus = int(ray.cluster_resources().get("GPU", 0)) if use_gpu else 0
+    if gpus > 0:
+        return (num_actors or gpus), {"num_gpus": 1, "num_cpus": 1}, "cuda"
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    count = num_actors or 1
+    return count, {"num_cpus": max(1, cpus // count)}, "cpu"
+
+
+class ActorPool:
+    """Rollout actors plus what a replacement actor needs (current weights and schedule)."""
+
+    def __init__(self, spec: WorkerSpec, resources: dict[str, float], actors: list[Any]):
+        self.spec, self.resources, self.actors = spec, resources, actors
+        self.replaced = 0
+
+    @classmethod
+    def start(cls, spec: WorkerSpec, num_actors: int, resources: dict[str, float]) -> "ActorPool":
+        pool = cls(spec, resources, [])
+        pool.actors = [pool._new_actor() for _ in range(num_actors)]
+        pool._wait([actor.info.remote() for actor in pool.actors])
+        return pool
+
+    def _new_actor(self):
+        import ray
+
+        remote = ray.remote(max_restarts=0, max_task_retries=0, **self.resources)(RolloutWorker)
+        return remote.remote(self.spec)
+
+    def _replace(self, index: int) -> None:
+        import ray
+
+        try:
+            ray.kill(self.actors[index], no_restart=True)
+        except Exception:  # noqa: BLE001 - the actor is already gone
+            pass
+        self.actors[index] = self._new_actor()
+        self.replaced += 1
+
+    def _wait(self, futures: list[Any]) -> list[Any]:
+        import ray
+
+        return ray.get(futures)
+
+    def _call_each(self, method: str, *args: Any) -> list[Any]:
+        """Call a method on every actor; an actor found dead is replaced (it starts current)."""
+        import ray.exceptions
+
+        futures = [getattr(actor, method).remote(*args) for actor in self.actors]
+        results = []
+        for index, future in enumerate(futures):
+            try:
+                results.append(self._wait([future])[0])
+            except ray.exceptions.RayActorError:
+                self._replace(index)
+                results.append(self._wait([self.actors[index].info.remote()])[0])
+        return results
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: Sequence[Any]) -> list[list[Any]]:
+        import ray.exceptions
+
+        if len(prompts) != len(params):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
+        shards = _shards(len(prompts), len(self.actors))
+        futures = [self.actors[i].generate.remote([prompts[j] for j in shard],
+                                                  [params[j] for j in shard]) if shard else None
+                   for i, shard in enumerate(shards)]
+        results: list[list[Any]] = []
+        for index, (shard, future) in enumerate(zip(shards, futures)):
+            if not shard:
+                continue
+            try:
+                part = self._wait([future])[0]
+            except ray.exceptions.RayActorError:
+                self._replace(index)
+                try:
+                    part = self._wait([self.actors[index].generate.remote(
+                        [prompts[j] for j in shard], [params[j] for j in shard])])[0]
+                except ray.exceptions.RayActorError as err:
+                    raise RolloutActorLost(
+                        f"rollout actor {index} died twice on a shard of {len(shard)} prompts: "
+                        f"{err}") from None
+            results.extend(part)
+        return results
+
+    def load_weights(self, path: str) -> list[Any]:
+        self.spec = replace(self.spec, weights_path=str(path))
+        return self._call_each("load_weights", str(path))
+
+    def set_schedule(self, schedule: Schedule | None) -> None:
+        self.spec = replace(self.spec, schedule=schedule)
+        self._call_each("set_schedule", schedule)
+
+    def info(self) -> list[dict[str, Any]]:
+        return self._call_each("info")
+
+    def shutdown(self) -> None:
+        import ray
+
+        for actor in self.actors:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - best effort at the end of a run
+                pass
+        self.actors = []
+
+
+def _shards(count: int, actors: int) -> list[list[int]]:
+    """Contiguous index blocks, as even as possible; an actor may get none."""
+    base, extra = divmod(count, actors)
+    shards, start = [], 0
+    for i in range(actors):
+        size = base + (1 if i < extra else 0)
+        shards.append(list(range(start, start + size)))
+        start += size
+    return shards

@@ -1,0 +1,91 @@
+"""The `runs` row of a training run: create it, or resume it with the same configuration.
+
+    run_id = new_run_id()                                    # "run-20261121-194652-3f2a"
+    resumed = open_run(store, cfg, run_id, model_path)       # ConfigMismatchError on a change
+    finish_run(store, run_id, "finished", mlflow_run_id)
+
+A run keeps its resolved configuration (YAML) and a hash of it. Running the flow again with
+the same pipeline.run_id resumes the run only if the configuration is the same, apart from the
+keys that cannot change its results (RESUMABLE_KEYS: where it fails on purpose, how many steps,
+where the workdir and the Ray cluster are, how many CPU actors); any other difference is
+ConfigMismatchError naming every key that differs, old and new value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import secrets
+from datetime import datetime
+from pathlib import Path
+
+import yaml
+
+from sparrow_core.config import SparrowConfig, to_yaml
+from sparrow_core.errors import SparrowError
+from storage import Store
+
+RESUMABLE_KEYS = frozenset({
+    "pipeline.fail_at", "pipeline.steps", "pipeline.run_id", "pipeline.workdir",
+    "ray.address", "rollout.num_actors",
+})
+
+
+class ConfigMismatchError(SparrowError):
+    """A resumed run whose configuration differs from the one it was started with."""
+
+
+def new_run_id() -> str:
+    return f"run-{datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+
+
+def flat_config(config: dict, prefix: str = "") -> dict[str, object]:
+    flat: dict[str, object] = {}
+    for key, value in config.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict):
+            flat.update(flat_config(value, name))
+        else:
+            flat[name] = value
+    return flat
+
+
+def config_hash(cfg: SparrowConfig) -> str:
+    """sha256 of the configuration without RESUMABLE_KEYS (equal hash: same results)."""
+    flat = {k: v for k, v in flat_config(dataclasses.asdict(cfg)).items() if k not in RESUMABLE_KEYS}
+    return hashlib.sha256(repr(sorted(flat.items())).encode()).hexdigest()
+
+
+def config_differences(stored_yaml: str, cfg: SparrowConfig) -> list[str]:
+    """'key: old -> new' for every key outside RESUMABLE_KEYS whose value changed."""
+    old = flat_config(yaml.safe_load(stored_yaml) or {})
+    new = flat_config(yaml.safe_load(to_yaml(cfg)) or {})
+    keys = sorted((set(old) | set(new)) - RESUMABLE_KEYS)
+    return [f"{k}: {old.get(k, '(absent)')!r} -> {new.get(k, '(absent)')!r}"
+            for k in keys if old.get(k, "(absent)") != new.get(k, "(absent)")]
+
+
+def open_run(store: Store, cfg: SparrowConfig, run_id: str, model_path: Path) -> bool:
+    """Create the run's row, or check and reopen it; True when the run already existed."""
+    with store.connect() as conn:
+        row = conn.execute("SELECT config_yaml FROM runs WHERE run_id = ?", [run_id]).fetchone()
+        if row is None:
+            conn.execute(
+                "INSERT INTO runs (run_id, model_path, config_yaml, config_hash, status) "
+                "VALUES (?, ?, ?, ?, 'running')",
+                [run_id, str(model_path), to_yaml(cfg), config_hash(cfg)])
+            return False
+        differences = config_differences(row[0], cfg)
+        if differences:
+            raise ConfigMismatchError(
+                f"run {run_id} was started with another configuration; differing keys: "
+                + "; ".join(differences)
+                + " (use the original values to resume, or a new pipeline.run_id)")
+        conn.execute("UPDATE runs SET status = 'running' WHERE run_id = ?", [run_id])
+    return True
+
+
+def finish_run(store: Store, run_id: str, status: str, mlflow_run_id: str | None = None) -> None:
+    with store.connect() as conn:
+        conn.execute("UPDATE runs SET status = ?, mlflow_run_id = coalesce(?, mlflow_run_id) "
+                     "WHERE run_id = ?", [status, mlflow_run_id, run_id])

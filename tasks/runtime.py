@@ -1,0 +1,121 @@
+"""What a running train flow holds in memory, found by the tasks through (workdir, run_id).
+
+    runtime = RunRuntime(cfg, run_id, store, model_path, tokenizer, train_data, ...)
+    register(runtime)                       # the flow, once the run is open
+    runtime = lookup(workdir, run_id)       # a task: plain values in, the live objects out
+    trainer = runtime.trainer_before(step)  # the policy as it was when `step` began
+
+Tasks take plain values (workdir, run id, step, paths) as Prefect's rules ask; the objects
+that cannot travel as values (the DuckDB writer, the MLflow tracker, the Ray actor pool, the
+trainer with its optimizer state) live here for the life of the flow run. Nothing here is
+state that a resume needs: the trainer is loaded back from the last recorded policy_update
+folder whenever the one in memory is not at the right step.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sparrow_core.config import SparrowConfig
+from sparrow_core.errors import SparrowError
+from storage import RunLayout, Store
+from tasks.records import stage_records
+from tasks.stage import parse_fail_at
+
+_RUNTIMES: dict[tuple[str, str], "RunRuntime"] = {}
+
+
+class RuntimeMissingError(SparrowError):
+    """A task ran outside a train flow that registered its run."""
+
+
+def device_and_dtype(model_cfg: Any) -> tuple[str, str]:
+    """(device, dtype name) from model.device / model.dtype: bf16 on GPU, fp32 on CPU for auto."""
+    import torch
+
+    device = model_cfg.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = model_cfg.dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    return device, dtype
+
+
+@dataclass
+class RunRuntime:
+    cfg: SparrowConfig
+    run_id: str
+    store: Store
+    model_path: Path
+    tokenizer: Any
+    train_data: Any
+    eval_data: Any = None
+    tracker: Any = None
+    pool: Any = None
+    schedule_name: str = ""
+    schedule_start_version: int = 1
+    # longest prompt + generation the engine accepts (model.max_context or the checkpoint's)
+    max_context: int = 0
+    # stage bodies run by this process (a resumed flow must not re-run recorded ones)
+    stages_run: Counter = field(default_factory=Counter)
+    _trainer: Any = None
+    _trainer_step: int = -1
+
+    def __post_init__(self) -> None:
+        self.layout = RunLayout(Path(self.cfg.pipeline.workdir), self.run_id)
+        self.fail_at = parse_fail_at(self.cfg.pipeline.fail_at)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return _key(self.cfg.pipeline.workdir, self.run_id)
+
+    def policy_folder_before(self, step: int) -> Path:
+        """The newest recorded policy_update folder before `step`, else the initial model."""
+        updates = [r for r in stage_records(self.store, self.run_id)
+                   if r.stage == "policy_update" and r.step < step]
+        return Path(updates[-1].output_dir) if updates else self.model_path
+
+    def trainer_before(self, step: int) -> Any:
+        """The trainer holding the policy (and optimizer state) that step `step` starts from."""
+        if self._trainer is not None and self._trainer_step == step - 1:
+            return self._trainer
+        from sparrow_core.rl.trainer import PolicyTrainer
+
+        device, dtype = device_and_dtype(self.cfg.model)
+        folder = self.policy_folder_before(step)
+        if folder == self.model_path:
+            trainer = PolicyTrainer(self.model_path, self.cfg.algo, device, dtype,
+                                    self.cfg.pipeline.seed)
+        else:
+            trainer = PolicyTrainer.load(folder, self.cfg.algo, device, dtype)
+        self.set_trainer(trainer, step - 1)
+        return trainer
+
+    def set_trainer(self, trainer: Any, step: int) -> None:
+        """Remember the trainer as holding the policy after `step` (0: the initial one)."""
+        self._trainer, self._trainer_step = trainer, step
+
+
+def _key(workdir: str | Path, run_id: str) -> tuple[str, str]:
+    return str(Path(workdir).resolve()), run_id
+
+
+def register(runtime: RunRuntime) -> None:
+    _RUNTIMES[runtime.key] = runtime
+
+
+def release(runtime: RunRuntime) -> None:
+    _RUNTIMES.pop(runtime.key, None)
+
+
+def lookup(workdir: str | Path, run_id: str) -> RunRuntime:
+    try:
+        return _RUNTIMES[_key(workdir, run_id)]
+    except KeyError:
+        raise RuntimeMissingError(
+            f"no train flow is running run {run_id!r} in workdir {workdir} in this process; "
+            "stages run inside pipelines.train.train_flow") from None

@@ -1,0 +1,38 @@
+"""Stage 7, sync_weights: every rollout actor loads the updated policy from its folder.
+
+    outcome = sync_weights_task(workdir, run_id, step, policy_dir)   # .../sync_weights/synced.json
+
+Weights travel by path: each actor reads the safetensors of the policy_update folder itself
+(ActorPool.load_weights), nothing is shipped through the flow. An actor found dead is
+replaced by one built from that folder. synced.json records the folder and each actor's
+process and weights.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NONE
+
+from tasks.retry import INFRA_RETRIES
+from tasks.runtime import RunRuntime, lookup
+from tasks.stage import StageInputError, StageOutcome, StageWrite, run_stage
+
+SYNCED_FILE = "synced.json"
+
+
+def sync(runtime: RunRuntime, policy_dir: str, out: Path) -> StageWrite:
+    if not (Path(policy_dir) / "config.json").is_file():
+        raise StageInputError(f"policy folder {policy_dir} holds no checkpoint (config.json)")
+    actors = runtime.pool.load_weights(policy_dir)
+    (out / SYNCED_FILE).write_text(json.dumps({"weights_path": policy_dir, "actors": actors},
+                                              indent=2))
+    return StageWrite(metrics={"sync/actors": float(len(actors))})
+
+
+@task(name="sync_weights", cache_policy=NONE, **INFRA_RETRIES)
+def sync_weights_task(workdir: str, run_id: str, step: int, policy_dir: str) -> StageOutcome:
+    runtime = lookup(workdir, run_id)
+    return run_stage(runtime, "sync_weights", step, lambda out: sync(runtime, policy_dir, out))
