@@ -17,7 +17,7 @@ import sys
 
 from sparrow_core.errors import SparrowError
 
-COMMANDS = ("config", "schedule", "mismatch", "costmodel", "generate", "query", "report")
+COMMANDS = ("config", "schedule", "mismatch", "costmodel", "generate", "query", "report", "train", "runs")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,113 @@
+"""`sparrow runs [RUN_ID] [--workdir DIR] [--json]`: training runs and their stage status.
+
+    sparrow runs                         # every run: status, steps done of steps, last stage
+    sparrow runs run-20261121-1952-3f2a  # that run's recorded stages, step by step
+    sparrow runs --workdir /data/work --json
+
+Status is the `runs` table's (running, finished, failed); a run marked running whose writer
+process is gone shows as `interrupted` (resume it with `sparrow train pipeline.run_id=ID`).
+"steps done" counts steps whose sync_weights stage is recorded, out of the run's
+pipeline.steps. Reads the DuckDB file read-only, so it works while a run is writing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import yaml
+
+from sparrow_cli.output import print_json, print_table
+from sparrow_core.config.schema import PipelineConfig
+from sparrow_core.errors import SparrowError
+
+RUNS_SQL = """
+SELECT r.run_id, r.status, r.created_at, r.model_path, r.config_yaml, r.mlflow_run_id,
+       (SELECT count(*) FROM stage_runs s WHERE s.run_id = r.run_id) AS stages,
+       (SELECT count(*) FROM stage_runs s WHERE s.run_id = r.run_id
+          AND s.stage = 'sync_weights') AS steps_done,
+       (SELECT 'step-' || s.step || '/' || s.stage FROM stage_runs s WHERE s.run_id = r.run_id
+          ORDER BY s.finished_at DESC LIMIT 1) AS last_stage
+FROM runs r ORDER BY r.created_at, r.run_id"""
+
+STAGES_SQL = """
+SELECT step, stage, started_at, finished_at, round(duration_s, 3) AS duration_s, output_dir
+FROM stage_runs WHERE run_id = ? ORDER BY step, finished_at"""
+
+
+class UnknownRunError(SparrowError):
+    """A run id that the workdir does not hold."""
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("runs", help="training runs of a workdir and their stages")
+    parser.add_argument("run_id", nargs="?", help="show this run's recorded stages")
+    parser.add_argument("--workdir", default=PipelineConfig.workdir,
+                        help="the runs' pipeline.workdir")
+    parser.add_argument("--json", action="store_true", help="print a list of row objects")
+    parser.set_defaults(func=run)
+
+
+def writer_alive(workdir: str | Path) -> bool:
+    """True when the pid in the workdir's lock file is a live process."""
+    from storage.store import LOCK_FILENAME
+
+    try:
+        pid = int((Path(workdir) / LOCK_FILENAME).read_text().strip() or 0)
+    except (OSError, ValueError):
+        return False
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def run_rows(workdir: str) -> list[dict]:
+    from storage import query
+
+    alive = writer_alive(workdir)
+    rows = []
+    for row in query(workdir, RUNS_SQL).as_dicts():
+        config = yaml.safe_load(row.pop("config_yaml") or "") or {}
+        status = row["status"]
+        if status == "running" and not alive:
+            status = "interrupted"
+        rows.append({
+            "run_id": row["run_id"], "status": status,
+            "steps_done": int(row["steps_done"]),
+            "steps": config.get("pipeline", {}).get("steps"),
+            "stages": int(row["stages"]), "last_stage": row["last_stage"],
+            "created_at": str(row["created_at"]), "model_path": row["model_path"],
+            "mlflow_run_id": row["mlflow_run_id"],
+        })
+    return rows
+
+
+def stage_rows(workdir: str, run_id: str) -> list[dict]:
+    from storage import query
+
+    known = query(workdir, "SELECT run_id FROM runs WHERE run_id = ?", [run_id]).rows
+    if not known:
+        runs = [r[0] for r in query(workdir, "SELECT run_id FROM runs ORDER BY run_id").rows]
+        raise UnknownRunError(f"workdir {workdir} has no run {run_id!r}; runs: "
+                              f"{', '.join(runs) or '(none)'}")
+    rows = query(workdir, STAGES_SQL, [run_id]).as_dicts()
+    for row in rows:
+        row["started_at"], row["finished_at"] = str(row["started_at"]), str(row["finished_at"])
+    return rows
+
+
+def run(args: argparse.Namespace) -> int:
+    rows = stage_rows(args.workdir, args.run_id) if args.run_id else run_rows(args.workdir)
+    if args.json:
+        print_json(rows)
+    else:
+        title = f"run {args.run_id}: recorded stages" if args.run_id else f"runs in {args.workdir}"
+        print_table(rows, title=title)
+    return 0
