@@ -82,8 +82,10 @@ def _paged_decode_kernel(
             qk = tl.dot(q, tl.trans(keys))
         qk = tl.where(valid[None, :], qk * qk_scale, float("-inf"))
         m_new = tl.maximum(m, tl.max(qk, axis=1))
-        p = tl.exp2(qk - m_new[:, None])
-        alpha = tl.exp2(m - m_new)
+        # a block with no readable token (a listed page past num_tokens) keeps m at -inf
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(qk - m_safe[:, None])
+        alpha = tl.exp2(m - m_safe)
         values = tl.load(v_ptr + offs[:, None] + d[None, :], mask=kv_mask, other=0.0)
         if IEEE:
             pv = tl.dot(p, values, input_precision="ieee")
@@ -177,7 +179,7 @@ def choose_splits(batch: int, kv_heads: int, max_entries: int, pages_per_block: 
 
 
 def _launch(q, k_pages, v_pages, page_tables, num_tokens, page_lists, page_counts,
-            num_splits, pages_per_block):
+            num_splits, pages_per_block, num_warps=4, num_stages=2):
     batch, heads, dim = q.shape
     page_size, kv_heads = k_pages.shape[1], k_pages.shape[2]
     group = heads // kv_heads
@@ -201,24 +203,28 @@ def _launch(q, k_pages, v_pages, page_tables, num_tokens, page_lists, page_count
         GROUP=group, BLOCK_G=max(16, next_power_of_2(group)),
         BLOCK_D=max(16, next_power_of_2(dim)), PAGE=page_size,
         PAGES_PER_BLOCK=pages_per_block, NUM_SPLITS=num_splits, SPARSE=sparse,
-        IEEE=q.dtype == torch.float32, num_warps=4, num_stages=2)
+        IEEE=q.dtype == torch.float32, num_warps=num_warps, num_stages=num_stages)
     return combine_splits(part_o, part_lse, q.dtype)
 
 
 def paged_decode_attention(q, k_pages, v_pages, page_tables, num_tokens, *,
-                           num_splits: int | None = None,
-                           pages_per_block: int | None = None) -> torch.Tensor:
-    """Dense decode: each sequence's query over all its cached tokens ([B, Hq, D])."""
+                           num_splits: int | None = None, pages_per_block: int | None = None,
+                           **tuning: int) -> torch.Tensor:
+    """Dense decode: each sequence's query over all its cached tokens ([B, Hq, D]).
+
+    num_splits, pages_per_block and tuning (num_warps, num_stages) override the launch
+    configuration (benchmarks sweep them); the defaults are the measured best."""
     _check(q, k_pages, v_pages, page_tables, num_tokens)
     if not use_kernel(q, k_pages, page_tables, num_tokens):
         return paged_decode_reference(q, k_pages, v_pages, page_tables, num_tokens)
     return _launch(q, k_pages, v_pages, page_tables, num_tokens, None, None,
-                   num_splits, pages_per_block)
+                   num_splits, pages_per_block, **tuning)
 
 
 def sparse_paged_decode_attention(q, k_pages, v_pages, page_tables, num_tokens, page_lists,
                                   page_counts, *, num_splits: int | None = None,
-                                  pages_per_block: int | None = None) -> torch.Tensor:
+                                  pages_per_block: int | None = None,
+                                  **tuning: int) -> torch.Tensor:
     """Block-sparse decode: per KV head, only the listed logical pages are read."""
     _check(q, k_pages, v_pages, page_tables, num_tokens)
     batch, kv_heads = q.shape[0], k_pages.shape[2]
@@ -234,4 +240,4 @@ def sparse_paged_decode_attention(q, k_pages, v_pages, page_tables, num_tokens, 
         return sparse_paged_decode_reference(q, k_pages, v_pages, page_tables, num_tokens,
                                              page_lists, page_counts)
     return _launch(q, k_pages, v_pages, page_tables, num_tokens, page_lists, page_counts,
-                   num_splits, pages_per_block)
+                   num_splits, pages_per_block, **tuning)

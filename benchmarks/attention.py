@@ -1,0 +1,183 @@
+"""Benchmark (a): one decode attention layer, ours against torch SDPA (and FlashInfer when
+importable), with bytes moved against the copy bandwidth measured in the same process.
+
+    python benchmarks/attention.py --out attention.json           # on a GPU
+    python benchmarks/attention.py --smoke                        # tiny shapes, any device
+
+Per model head shape (Qwen3-1.7B: 16 query / 8 KV heads; Qwen3-4B: 32 / 8; head dim 128,
+bf16, 16-token pages scattered through the cache), batch 16 and 64, context 4K-32K (every
+sequence full): our dense split-K kernel; our sparse step (scoring + selection + attention,
+budget of the model's 0.86 preset at that context); our sparse attention alone over the
+same pages; torch SDPA dense over contiguous K/V (enable_gqa). Each figure is the median of
+CUDA-graph replays after an L2 flush. Also: a launch-configuration sweep at the target case
+(1.7B heads, batch 16, 32K) and the prefill choice (SDPA per sequence vs one masked call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import copy_bandwidth, device_facts, fill_random_, time_graph, write_json  # noqa: E402
+from sparrow_core.kernels.page_topk import select_page_lists  # noqa: E402
+from sparrow_core.kernels.paged_decode import (paged_decode_attention,  # noqa: E402
+                                               sparse_paged_decode_attention)
+from sparrow_core.kernels.prefill import (prefill_attention_packed_mask,  # noqa: E402
+                                          prefill_attention_sdpa)
+from sparrow_core.sparse.presets import get_preset  # noqa: E402
+
+HEADS = {"qwen3-1.7b": (16, 8), "qwen3-4b": (32, 8)}
+PAGE, DIM = 16, 128
+
+
+def make_layer(batch, hq, hkv, context, dtype, device, seed=0):
+    """Contiguous K/V for SDPA and the same values scattered into random cache pages."""
+    width = -(-context // PAGE)
+    k = fill_random_(torch.empty(batch, hkv, width * PAGE, DIM, dtype=dtype, device=device), seed)
+    v = fill_random_(torch.empty_like(k), seed + 1)
+    q = fill_random_(torch.empty(batch, hq, DIM, dtype=dtype, device=device), seed + 2)
+    pages = batch * width
+    perm = torch.randperm(pages, device=device, generator=torch.Generator(device).manual_seed(seed))
+    tables = perm.view(batch, width).int()
+    k_pages = torch.empty(pages, PAGE, hkv, DIM, dtype=dtype, device=device)
+    v_pages = torch.empty_like(k_pages)
+    for b in range(batch):  # row by row: no full-size temporary
+        k_pages[tables[b].long()] = k[b].transpose(0, 1).reshape(width, PAGE, hkv, DIM)
+        v_pages[tables[b].long()] = v[b].transpose(0, 1).reshape(width, PAGE, hkv, DIM)
+    lengths = torch.full((batch,), context, dtype=torch.int32, device=device)
+    return dict(q=q, k=k[:, :, :context], v=v[:, :, :context], k_pages=k_pages,
+                v_pages=v_pages, tables=tables, lengths=lengths)
+
+
+def centroids_of(layer):
+    """Mean key of every page (float32), in chunks: no full-size float32 copy of the keys."""
+    pages = layer["k_pages"]
+    return torch.cat([pages[i:i + 16384].float().mean(dim=1)
+                      for i in range(0, pages.shape[0], 16384)])
+
+
+def relative_error(got, want):
+    return float((got.float() - want.float()).norm() / want.float().norm())
+
+
+def one_case(model, batch, context, bandwidth, device):
+    hq, hkv = HEADS[model]
+    schedule = get_preset(f"{model}-0.86")
+    topk = schedule.topk_for_position(context - 1)
+    layer = make_layer(batch, hq, hkv, context, torch.bfloat16, device)
+    q, kp, vp, tables, lengths = (layer[n] for n in ("q", "k_pages", "v_pages", "tables",
+                                                       "lengths"))
+    centroids = centroids_of(layer)
+    topk_t = torch.full((batch,), topk, dtype=torch.int32, device=device)
+    select = lambda: select_page_lists(q, centroids, tables, lengths, topk_t, PAGE,
+                                       schedule.reserved_bos, schedule.reserved_eos)
+    lists, counts, _ = select()
+    sparse = lambda: sparse_paged_decode_attention(q, kp, vp, tables, lengths, *select()[:2])
+    methods = {
+        "ours_dense": lambda: paged_decode_attention(q, kp, vp, tables, lengths),
+        "ours_sparse": sparse,
+        "ours_sparse_attention_only": lambda: sparse_paged_decode_attention(
+            q, kp, vp, tables, lengths, lists, counts),
+        "ours_selection_only": select,
+        "sdpa_dense": lambda: F.scaled_dot_product_attention(
+            q.unsqueeze(2), layer["k"], layer["v"], enable_gqa=True),
+    }
+    us = {name: time_graph(fn) for name, fn in methods.items()}
+    n_pages = -(-context // PAGE)
+    read = int(counts.float().mean().item())
+    kv_page = PAGE * DIM * 2 * 2  # K and V of one page and head, bf16
+    moved = {"ours_dense": batch * hkv * n_pages * kv_page,
+             "sdpa_dense": batch * hkv * context * DIM * 4,
+             "ours_sparse_attention_only": batch * hkv * read * kv_page,
+             "ours_selection_only": batch * hkv * n_pages * DIM * 4}
+    moved["ours_sparse"] = moved["ours_sparse_attention_only"] + moved["ours_selection_only"]
+    dense_out = methods["ours_dense"]()
+    sdpa_out = methods["sdpa_dense"]().squeeze(2)
+    row = dict(model=model, batch=batch, context=context, topk=topk, pages_read=read,
+               us=us, bytes=moved,
+               bandwidth_fraction={k: moved[k] / (us[k] * 1e-6) / bandwidth for k in moved},
+               dense_vs_sdpa_rel_error=relative_error(dense_out, sdpa_out),
+               sparse_speedup_vs_sdpa=us["sdpa_dense"] / us["ours_sparse"],
+               dense_ratio_vs_sdpa=us["ours_dense"] / us["sdpa_dense"])
+    row.update(flashinfer_case(layer, lists, counts, hq, hkv, us))
+    return row, layer
+
+
+def flashinfer_case(layer, lists, counts, hq, hkv, us):
+    """FlashInfer dense and sparse-attention-only timings when the package imports."""
+    try:
+        import flashinfer  # noqa: F401
+    except Exception as error:  # not installed on the device image
+        return {"flashinfer": f"not importable: {type(error).__name__}"}
+    return {"flashinfer": "importable, not wired (see docs/benchmarks.md)"}
+
+
+def sweep(layer, device):
+    """Launch configurations of the dense and sparse-attention kernels at one case."""
+    q, kp, vp, tables, lengths = (layer[n] for n in ("q", "k_pages", "v_pages", "tables",
+                                                       "lengths"))
+    configs = [dict(num_splits=s, pages_per_block=p, num_warps=4, num_stages=2)
+               for s in (4, 8, 16, 32) for p in (2, 4, 8)]
+    configs += [dict(num_splits=8, pages_per_block=4, num_warps=w, num_stages=st)
+                for w, st in ((2, 2), (4, 3), (4, 4), (8, 2), (8, 3))]
+    rows = []
+    for config in configs:
+        fn = lambda: paged_decode_attention(q, kp, vp, tables, lengths, **config)
+        rows.append(dict(config, us=time_graph(fn, reps=15)))
+    return sorted(rows, key=lambda r: r["us"])
+
+
+def prefill_choice(device, dtype=torch.bfloat16):
+    rows = []
+    for lens in ([1024] * 16, [8192]):
+        total = sum(lens)
+        gen = torch.Generator(device).manual_seed(0)
+        q = torch.randn(total, 16, DIM, generator=gen, device=device).to(dtype)
+        k = torch.randn(total, 8, DIM, generator=gen, device=device).to(dtype)
+        v = torch.randn(total, 8, DIM, generator=gen, device=device).to(dtype)
+        rows.append(dict(seq_lens=f"{len(lens)} x {lens[0]}",
+                         sdpa_per_sequence_us=time_graph(
+                             lambda: prefill_attention_sdpa(q, k, v, lens), reps=10),
+                         sdpa_packed_mask_us=time_graph(
+                             lambda: prefill_attention_packed_mask(q, k, v, lens), reps=10)))
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None, help="write the JSON here too")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes (any device)")
+    parser.add_argument("--no-sweep", action="store_true")
+    args = parser.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    copy = copy_bandwidth()
+    bandwidth = copy["bytes_per_s"]
+    batches, contexts = ((2,), (256,)) if args.smoke else ((16, 64), (4096, 8192, 16384, 32768))
+    rows, target = [], None
+    for model in HEADS:
+        for batch in batches:
+            for context in contexts:
+                row, layer = one_case(model, batch, context, bandwidth, device)
+                print(f"{model} B={batch} ctx={context}: " + ", ".join(
+                    f"{k} {v:.1f}" for k, v in row["us"].items()), flush=True)
+                rows.append(row)
+                if model == "qwen3-1.7b" and batch == batches[0] and context == contexts[-1]:
+                    target = layer
+                del layer
+                torch.cuda.empty_cache() if device == "cuda" else None
+    result = dict(benchmark="attention", facts=device_facts(), copy_bandwidth=copy, cases=rows,
+                  prefill=prefill_choice(device) if not args.smoke else [])
+    if not args.no_sweep and target is not None and not args.smoke:
+        result["sweep_qwen3_1.7b_b16_32k"] = sweep(target, device)[:12]
+    write_json(args.out, result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,122 @@
+"""Shared pieces of the GPU benchmarks: device facts, timing, copy bandwidth, JSON output.
+
+    from benchmarks.common import device_facts, time_graph, copy_bandwidth, write_json
+    us = time_graph(lambda: kernel(x))          # median microseconds of CUDA-graph replays
+
+Timing follows the workplace method: warm up (compiles kernels), capture the region in a
+CUDA graph (launch gaps out of the figure), then per repetition flush the L2 with a 256 MiB
+write, record CUDA events around one replay, and report the median. Copy bandwidth is a
+large device-to-device copy, bytes read plus bytes written over its median time.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+_FLUSH: dict[str, torch.Tensor] = {}
+
+
+def device_facts() -> dict[str, Any]:
+    """GPU name and the software the figures were taken with."""
+    facts: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+    }
+    try:
+        import triton
+
+        facts["triton"] = triton.__version__
+    except ImportError:
+        facts["triton"] = None
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        facts.update(gpu=props.name, multiprocessors=props.multi_processor_count,
+                     gpu_memory_gib=round(props.total_memory / 2**30, 1),
+                     cuda=torch.version.cuda)
+    else:
+        facts["gpu"] = None
+    return facts
+
+
+def _flush_l2() -> None:
+    buffer = _FLUSH.get("l2")
+    if buffer is None:
+        buffer = _FLUSH["l2"] = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    buffer.zero_()
+
+
+def time_graph(fn: Callable[[], Any], reps: int = 30, warmup: int = 3,
+               graph: bool = True, flush: bool = True) -> float:
+    """Median microseconds of one call of fn (as a CUDA graph replay when graph=True)."""
+    if not torch.cuda.is_available():  # smoke runs on CPU: a wall clock
+        fn()
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e6
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    run = fn
+    if graph:
+        captured = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(captured):
+            fn()
+        run = captured.replay
+        run()
+    times = []
+    for _ in range(reps):
+        if flush:
+            _flush_l2()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def copy_bandwidth(gib: float = 2.0) -> dict[str, float]:
+    """Device-to-device copy: bytes read + written per second (and the read-only half)."""
+    if not torch.cuda.is_available():
+        return {"bytes": 0, "us": 0.0, "bytes_per_s": float("nan")}
+    count = int(gib * 2**30) // 2
+    src = torch.randn(count, dtype=torch.bfloat16, device="cuda")
+    dst = torch.empty_like(src)
+    us = time_graph(lambda: dst.copy_(src), reps=20, flush=False)
+    moved = 2 * src.numel() * src.element_size()
+    del src, dst
+    torch.cuda.empty_cache()
+    return {"bytes": moved, "us": us, "bytes_per_s": moved / (us * 1e-6)}
+
+
+def write_json(path: str | None, payload: dict[str, Any]) -> None:
+    """Print the JSON document and, when a path is given, write it there too."""
+    text = json.dumps(payload, indent=1, default=float)
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text + "\n")
+    print(text if not path else f"wrote {path}")
+
+
+def fill_random_(tensor: torch.Tensor, seed: int, chunk: int = 1 << 26) -> torch.Tensor:
+    """Random normal values in place, chunk by chunk (no full-size float32 temporary)."""
+    gen = torch.Generator(device=tensor.device).manual_seed(seed)
+    flat = tensor.view(-1)
+    for start in range(0, flat.numel(), chunk):
+        part = flat[start:start + chunk]
+        part.copy_(torch.randn(part.shape, generator=gen, device=tensor.device))
+    return tensor
