@@ -1,4 +1,4 @@
-"""Train the embedded default model: a tiny Qwen3 that solves the lookup_sum task on a CPU.
+"""Train the embedded default model: a tiny Qwen3 that solves a synthetic task (pointer_chase) on a CPU.
 
     python scripts/train_tiny_model.py --out sparrow_core/assets/tiny-qwen3 --steps 3000
 
@@ -22,7 +22,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from sparrow_core.data.synthetic import ALPHABET, make_examples
+from sparrow_core.data.synthetic import ALPHABET, DEFAULT_TASK, make_examples
 
 SPECIALS = ["<|pad|>", "<|endoftext|>"]
 
@@ -85,6 +85,7 @@ def greedy_accuracy(model, tok, examples) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--task", default=DEFAULT_TASK)
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=3e-3)
@@ -105,13 +106,13 @@ def main() -> None:
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / args.steps)))
     )
-    held_out = make_examples("lookup_sum", 64, seed=10_000 + args.seed)
+    held_out = make_examples(args.task, 64, seed=10_000 + args.seed)
     start, loss_recent = time.time(), None
     for step in range(args.steps):
         if time.time() - start > args.max_seconds:
             print(f"stopping at step {step}: --max-seconds reached", flush=True)
             break
-        ids, target = batch(tok, make_examples("lookup_sum", args.batch, seed=args.seed * 1_000_003 + step))
+        ids, target = batch(tok, make_examples(args.task, args.batch, seed=args.seed * 1_000_003 + step))
         loss = model(input_ids=ids.to(args.device), labels=target.to(args.device)).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -126,7 +127,7 @@ def main() -> None:
     accuracy = greedy_accuracy(model, tok, held_out)
     model.generation_config.pad_token_id = tok.pad_token_id
     model.to("cpu").save_pretrained(args.out, safe_serialization=True)
-    info = {"task": "lookup_sum", "steps": step + 1, "batch": args.batch, "lr": args.lr,
+    info = {"task": args.task, "steps": step + 1, "batch": args.batch, "lr": args.lr,
             "hidden": args.hidden, "layers": args.layers, "seed": args.seed,
             "final_loss": loss_recent, "held_out_greedy_accuracy": accuracy,
             "train_seconds": round(time.time() - start), "torch": torch.__version__}

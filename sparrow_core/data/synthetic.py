@@ -1,7 +1,19 @@
 """Synthetic verifiable tasks for the embedded default: answers that need earlier context.
 
     from sparrow_core.data.synthetic import make_examples
-    examples = make_examples("lookup_sum", count=4, seed=0)
+    examples = make_examples("pointer_chase", count=4, seed=0)
+
+"pointer_chase" (the default): the prompt maps two-letter names to names and asks where a
+chain of hops from a start name ends; each line of the chain of thought looks up the current
+name's definition, far back in the prompt, and the answer is the last name reached. A model
+that cannot read the right page of the prompt cannot follow the chain.
+
+    def ka=qd qd=mz mz=ol xe=ka ...
+    from ka hops 3
+    ka=qd
+    qd=mz
+    mz=ol
+    Answer: ol
 
 "lookup_sum": the prompt defines variables (two-letter names, one digit each) and lists
 some of them to add; the chain of thought looks up each listed name's value in the
@@ -26,7 +38,7 @@ from dataclasses import dataclass
 from sparrow_core.errors import SparrowError
 
 NAMES = ["".join(pair) for pair in itertools.product(string.ascii_lowercase, repeat=2)]
-# every character the task writes; the embedded tokenizer holds exactly these
+# every character the tasks write; the embedded tokenizer holds exactly these
 ALPHABET = string.ascii_lowercase + string.digits + " =:\nA"
 
 
@@ -61,7 +73,37 @@ class LookupSumTask:
         return Example(prompt, "".join(lines) + f"Answer: {total}", str(total))
 
 
-TASKS = {"lookup_sum": LookupSumTask()}
+@dataclass(frozen=True)
+class PointerChaseTask:
+    num_defs: int = 24
+    num_hops: int = 12
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.num_hops < self.num_defs <= len(NAMES):
+            raise SparrowError(
+                f"pointer_chase needs 1 <= num_hops < num_defs <= {len(NAMES)}, "
+                f"got num_hops={self.num_hops}, num_defs={self.num_defs}"
+            )
+
+    def make(self, rng: random.Random) -> Example:
+        names = rng.sample(NAMES, self.num_defs)
+        chain = names[: self.num_hops + 1]
+        targets = {a: b for a, b in zip(chain, chain[1:])}
+        # the rest (and the chain's end) point anywhere: the answer is where the hops land
+        for name in names[self.num_hops + 1 :] + [chain[-1]]:
+            targets[name] = rng.choice([n for n in names if n != name])
+        order = names[:]
+        rng.shuffle(order)
+        prompt = (
+            "def " + " ".join(f"{n}={targets[n]}" for n in order)
+            + f"\nfrom {chain[0]} hops {self.num_hops}\n"
+        )
+        lines = "".join(f"{a}={b}\n" for a, b in zip(chain, chain[1:]))
+        return Example(prompt, lines + f"Answer: {chain[-1]}", chain[-1])
+
+
+DEFAULT_TASK = "pointer_chase"
+TASKS = {"pointer_chase": PointerChaseTask(), "lookup_sum": LookupSumTask()}
 
 
 def make_examples(task: str, count: int, seed: int, **sizes: int) -> list[Example]:

@@ -45,3 +45,30 @@ def test_sizes_and_errors():
         make_examples("nope", 1, seed=0)
     with pytest.raises(SparrowError, match="num_terms"):
         make_examples("lookup_sum", 1, seed=0, num_defs=2, num_terms=3)
+
+
+def _follow(prompt: str) -> tuple[str, list[str]]:
+    defs_line, from_line = prompt.strip().split("\n")
+    targets = dict(item.split("=") for item in defs_line.removeprefix("def ").split())
+    _, start, _, hops = from_line.split()
+    path = [start]
+    for _ in range(int(hops)):
+        path.append(targets[path[-1]])
+    return path[-1], path
+
+
+def test_pointer_chase_answer_is_where_the_hops_land():
+    for ex in make_examples("pointer_chase", 50, seed=5):
+        answer, path = _follow(ex.prompt)
+        assert ex.answer == answer
+        lines = ex.completion.split("\n")
+        assert lines[:-1] == [f"{a}={b}" for a, b in zip(path, path[1:])]
+        assert lines[-1] == f"Answer: {answer}"
+        assert set(ex.prompt + ex.completion) <= set(ALPHABET)
+
+
+def test_pointer_chase_sizes():
+    ex = make_examples("pointer_chase", 1, seed=0, num_defs=5, num_hops=2)[0]
+    assert len(ex.prompt.split("\n")[0].split()) == 6 and ex.completion.count("\n") == 2
+    with pytest.raises(SparrowError, match="num_hops"):
+        make_examples("pointer_chase", 1, seed=0, num_defs=3, num_hops=3)
