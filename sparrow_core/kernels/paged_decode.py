@@ -39,7 +39,7 @@ def _paged_decode_kernel(
         s_qb, s_qh, s_kp, s_kt, s_kh, s_tb, s_lb, s_lh, s_cb, dim, qk_scale,
         GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
         PAGE: tl.constexpr, PAGES_PER_BLOCK: tl.constexpr, NUM_SPLITS: tl.constexpr,
-        SPARSE: tl.constexpr, IEEE: tl.constexpr):
+        SPARSE: tl.constexpr, IEEE: tl.constexpr, EVEN_D: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     split = tl.program_id(2)
@@ -58,8 +58,10 @@ def _paged_decode_kernel(
     d = tl.arange(0, BLOCK_D)
     tok = tl.arange(0, BLOCK_N)
     head = h * GROUP + g
+    # with the head dim a power of two the masks stay per row, so loads vectorise
+    d_ok = (d < BLOCK_D) if EVEN_D else (d < dim)
     q = tl.load(q_ptr + b * s_qb + head[:, None] * s_qh + d[None, :],
-                mask=(g < GROUP)[:, None] & (d < dim)[None, :], other=0.0)
+                mask=(g < GROUP)[:, None] & d_ok[None, :], other=0.0)
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_sum = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
@@ -74,7 +76,10 @@ def _paged_decode_kernel(
         valid = in_list & (pos < n_tok)
         phys = tl.load(table_ptr + b * s_tb + logical, mask=in_list, other=0).to(tl.int64)
         offs = phys * s_kp + (tok % PAGE) * s_kt + h * s_kh
-        kv_mask = valid[:, None] & (d < dim)[None, :]
+        if EVEN_D:
+            kv_mask = valid[:, None]
+        else:
+            kv_mask = valid[:, None] & (d < dim)[None, :]
         keys = tl.load(k_ptr + offs[:, None] + d[None, :], mask=kv_mask, other=0.0)
         if IEEE:
             qk = tl.dot(q, tl.trans(keys), input_precision="ieee")
@@ -101,7 +106,7 @@ def _paged_decode_kernel(
     row = (b * GROUP * tl.num_programs(1) + head) * NUM_SPLITS + split
     tl.store(part_lse_ptr + row, lse, mask=g < GROUP)
     tl.store(part_o_ptr + row[:, None] * dim + d[None, :], out,
-             mask=(g < GROUP)[:, None] & (d < dim)[None, :])
+             mask=(g < GROUP)[:, None] & d_ok[None, :])
 
 
 # references
@@ -203,7 +208,8 @@ def _launch(q, k_pages, v_pages, page_tables, num_tokens, page_lists, page_count
         GROUP=group, BLOCK_G=max(16, next_power_of_2(group)),
         BLOCK_D=max(16, next_power_of_2(dim)), PAGE=page_size,
         PAGES_PER_BLOCK=pages_per_block, NUM_SPLITS=num_splits, SPARSE=sparse,
-        IEEE=q.dtype == torch.float32, num_warps=num_warps, num_stages=num_stages)
+        IEEE=q.dtype == torch.float32, EVEN_D=dim == max(16, next_power_of_2(dim)),
+        num_warps=num_warps, num_stages=num_stages)
     return combine_splits(part_o, part_lse, q.dtype)
 
 
