@@ -2,7 +2,7 @@
 
     recorded = stage_record(store, run_id, step, "reward")      # None until the stage finished
     with store.connect() as conn:
-        record_stage(conn, run_id, step, "reward", started, finished, output_dir)
+        record_stage(conn, run_id, step, "reward", started, finished, duration_s, output_dir)
         replace_step_metrics(conn, run_id, step, {"reward/mean": 0.5})
 
 Every writer deletes the rows of its key before inserting, inside the caller's transaction,
@@ -52,13 +52,11 @@ def stage_records(store: Store, run_id: str) -> list[StageRecord]:
 
 
 def record_stage(conn, run_id: str, step: int, stage: str, started: datetime,
-                 finished: datetime, output_dir: str) -> None:
+                 finished: datetime, duration_s: float, output_dir: str) -> None:
     conn.execute("DELETE FROM stage_runs WHERE run_id = ? AND step = ? AND stage = ?",
                  [run_id, step, stage])
-    conn.execute(
-        "INSERT INTO stage_runs VALUES (?, ?, ?, ?, ?, ?, ?)",
-        [run_id, step, stage, started, finished, (finished - started).total_seconds(), output_dir],
-    )
+    conn.execute("INSERT INTO stage_runs VALUES (?, ?, ?, ?, ?, ?, ?)",
+                 [run_id, step, stage, started, finished, duration_s, output_dir])
 
 
 def replace_step_metrics(conn, run_id: str, step: int, metrics: Mapping[str, float]) -> None:

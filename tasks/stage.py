@@ -117,7 +117,7 @@ def run_stage(runtime: "RunRuntime", stage: str, step: int,
         if written.db is not None:
             written.db(conn)
         replace_step_metrics(conn, run_id, step, metrics)
-        record_stage(conn, run_id, step, stage, started, finished, str(final))
+        record_stage(conn, run_id, step, stage, started, finished, duration, str(final))
     if runtime.tracker is not None:
         runtime.tracker.log_step(step, metrics)
     if written.after_commit is not None:

@@ -1,0 +1,115 @@
+"""Rollout actors on a local Ray: results independent of sharding, a dead actor replaced and
+its shard retried, weights loaded by path (also by replacements).
+
+Marked slow: Ray and each actor process start in a few seconds on a 2-core machine.
+Run: `python -m pytest tests/tasks/test_rollout_actors.py -q`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sparrow_core.engine import EngineConfig, SamplingParams
+from sparrow_core.sparse import Schedule
+from tasks.rollout_actors import ActorPool, RolloutWorker, WorkerSpec, _shards, start_ray
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [[72, 101, 108, 108, 111], [1, 2, 3], [50, 60, 70, 80, 90, 100, 110]]
+# a schedule with pages of 4 tokens so a 24-token sample really drops pages
+SCHEDULE = Schedule("test-tight", topk_pages=(1,), page_size=4, bin_tokens=64, reserved_bos=1,
+                    reserved_eos=1, skip_layers=())
+
+
+def params() -> list[SamplingParams]:
+    return [SamplingParams(temperature=1.0, max_new_tokens=16, n=2, seed=100 + i,
+                           logprobs_topk=5) for i in range(len(PROMPTS))]
+
+
+@pytest.fixture(scope="module")
+def ray_up():
+    start_ray("")  # left running: other test modules and Ray's own exit hook share it
+
+
+@pytest.fixture
+def spec(qwen3_checkpoint):
+    return WorkerSpec(model_path=str(qwen3_checkpoint), weights_path=str(qwen3_checkpoint),
+                      schedule=SCHEDULE, engine=EngineConfig(max_batch_size=8, page_size=4,
+                                                             num_pages=128), threads=1)
+
+
+def in_process(spec: WorkerSpec) -> list[list]:
+    threads = torch.get_num_threads()
+    try:
+        return RolloutWorker(spec).generate(PROMPTS, params())
+    finally:
+        torch.set_num_threads(threads)
+
+
+def tokens(results) -> list[list[tuple[int, ...]]]:
+    return [[sample.output_ids for sample in samples] for samples in results]
+
+
+def test_results_do_not_depend_on_the_number_of_actors(ray_up, spec):
+    expected = in_process(spec)
+    assert len(expected) == 3 and all(len(s) == 2 for s in expected)
+    # sparse decode: at most 1 + 1 reserved + 1 top-k pages read, of up to 6 held
+    assert max(max(s.budget_pages) for samples in expected for s in samples) == 3
+    assert max(len(p) + len(s.output_ids) for p, samples in zip(PROMPTS, expected)
+               for s in samples) > 4 * 4
+    for count in (1, 2):
+        pool = ActorPool.start(spec, count, {"num_cpus": 1})
+        try:
+            got = pool.generate(PROMPTS, params())
+        finally:
+            pool.shutdown()
+        assert tokens(got) == tokens(expected)
+        for got_samples, want_samples in zip(got, expected):
+            for a, b in zip(got_samples, want_samples):
+                assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+                assert a.budget_pages == b.budget_pages
+
+
+def test_dead_actor_is_replaced_and_its_shard_retried(ray_up, spec):
+    import ray
+
+    pool = ActorPool.start(spec, 1, {"num_cpus": 1})
+    try:
+        first = pool.generate(PROMPTS, params())
+        old_pid = pool.info()[0]["pid"]
+        ray.kill(pool.actors[0], no_restart=True)
+        again = pool.generate(PROMPTS, params())
+        assert pool.replaced == 1 and pool.info()[0]["pid"] != old_pid
+        assert tokens(again) == tokens(first)
+    finally:
+        pool.shutdown()
+
+
+def test_weights_load_by_path_and_replacements_start_current(ray_up, spec, qwen3_sharded_checkpoint):
+    import dataclasses
+
+    import ray
+
+    other = dataclasses.replace(spec, weights_path=str(qwen3_sharded_checkpoint))
+    expected = in_process(other)
+    assert tokens(expected) != tokens(in_process(spec))  # the two checkpoints really differ
+    pool = ActorPool.start(spec, 1, {"num_cpus": 1})
+    try:
+        [info] = pool.load_weights(str(qwen3_sharded_checkpoint))
+        assert info == str(qwen3_sharded_checkpoint)
+        assert tokens(pool.generate(PROMPTS, params())) == tokens(expected)
+        ray.kill(pool.actors[0], no_restart=True)
+        assert tokens(pool.generate(PROMPTS, params())) == tokens(expected)
+        assert pool.info()[0]["weights_path"] == str(qwen3_sharded_checkpoint)
+    finally:
+        pool.shutdown()
+
+
+def test_shards_are_contiguous_and_cover_every_prompt():
+    assert _shards(5, 2) == [[0, 1, 2], [3, 4]]
+    assert _shards(1, 3) == [[0], [], []]
+    for count in range(7):
+        for actors in range(1, 4):
+            flat = [i for shard in _shards(count, actors) for i in shard]
+            assert flat == list(range(count))
