@@ -140,3 +140,16 @@ def test_bad_top_k_is_named(hf_model):
     outside = record(0, 1, [1], [2], topk_ids=[[VOCAB]], topk_logprobs=[[-1.0]])
     with pytest.raises(RLInputError, match=r"top-K ids must lie in \[0, 384\)"):
         score_rollouts(hf_model, [outside], 64)
+
+
+def test_every_family_scores_like_its_plain_forward(any_checkpoint):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        any_checkpoint, dtype=torch.float32, attn_implementation="sdpa").eval()
+    records = random_records(4, seed=11)
+    scores = score_rollouts(model, records, micro_batch_tokens=40)
+    for rec, got in zip(records, scores):
+        full = plain_logprobs(model, rec, 1.0)
+        want = full.gather(-1, torch.tensor(rec.output_ids)[:, None])[:, 0]
+        np.testing.assert_allclose(got.dense_logprobs, want.numpy(), atol=2e-5, rtol=0)
