@@ -46,7 +46,8 @@ def evaluate_step(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
     accuracy = float(np.mean(batch.rewards))
     (out / EVAL_FILE).write_text(json.dumps({
         "step": step, "dataset": data.eval, "accuracy": accuracy, "errors": batch.errors,
-        "rows": [{"row": row.row, "answer": row.answer, "completion": text, "reward": reward}
+        "rows": [{"row": row.row, "prompt": row.prompt, "answer": row.answer,
+                  "completion": text, "reward": reward}
                  for row, text, reward in zip(rows, texts, batch.rewards)]}, indent=2))
     return StageWrite(metrics={"eval/accuracy": accuracy, "eval/prompts": float(len(rows))})
 

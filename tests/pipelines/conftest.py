@@ -32,10 +32,12 @@ TEST_REWARDS = {"test_equals_share": equals_share, "test_always_raises": always_
 
 
 def _small_overrides(workdir: Path, run_id: str, *extra: str) -> list[str]:
-    """Two steps of the embedded default at test size: 2 prompts x 2 samples, 24 new tokens."""
+    """Two steps of the embedded default at test size: 2 prompts x 2 samples, 24 new tokens,
+    evaluated after step 2."""
     return [f"pipeline.workdir={workdir}", f"pipeline.run_id={run_id}", "pipeline.steps=2",
             "data.prompts_per_step=2", "rollout.samples_per_prompt=2",
-            "rollout.max_new_tokens=24", "data.reward=test_equals_share", *extra]
+            "rollout.max_new_tokens=24", "data.reward=test_equals_share",
+            "data.eval=builtin:synthetic", "pipeline.eval_every=2", *extra]
 
 
 @pytest.fixture(scope="session")

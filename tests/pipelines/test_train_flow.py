@@ -8,6 +8,7 @@ uninterrupted run. Run: `python -m pytest tests/pipelines/test_train_flow.py -q`
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from storage import query
 from tasks.stage import StageFailedOnPurpose
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.usefixtures("flow_env"),
     # SQLAlchemy deprecations inside MLflow and Prefect, and the embedded model's stand-in notice
     pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning"),
@@ -58,11 +60,13 @@ def reference(tmp_path_factory, flow_env, small_overrides):
 def test_two_steps_record_every_stage(reference):
     workdir, summary = reference
     assert summary["status"] == "finished" and not summary["resumed"]
-    # checkpoint runs after the last step only (checkpoint_every=0); no eval set
-    assert summary["stages_run"] == {**{s: 2 for s in STEP_STAGES}, "checkpoint": 1}
+    # checkpoint after the last step only (checkpoint_every=0), evaluate every 2 steps
+    assert summary["stages_run"] == {**{s: 2 for s in STEP_STAGES}, "checkpoint": 1,
+                                     "evaluate": 1}
     recorded = {(r["step"], r["stage"]) for r in rows(
         workdir, "SELECT step, stage FROM stage_runs WHERE run_id = 'ref'")}
-    assert recorded == {(s, st) for s in (1, 2) for st in STEP_STAGES} | {(2, "checkpoint")}
+    assert recorded == {(s, st) for s in (1, 2) for st in STEP_STAGES} | {
+        (2, "checkpoint"), (2, "evaluate")}
     [run] = rows(workdir, "SELECT status, mlflow_run_id, config_yaml FROM runs")
     assert run["status"] == "finished" and run["mlflow_run_id"] == summary["mlflow_run_id"]
     assert "test_equals_share" in run["config_yaml"]
@@ -84,6 +88,28 @@ def test_reward_and_length_metrics_match_the_files(reference, equals_share_rewar
         assert metrics[(step, "reward/errors")] == 0
         # the step-2 prompts are the dataset's rows 2 and 3, not step 1's again
         assert sorted({r.dataset_row for r in records}) == [2 * step - 2, 2 * step - 1]
+
+
+def test_evaluation_is_greedy_dense_decoding_of_the_step_policy(reference, equals_share_reward):
+    from sparrow_core.engine import Engine, EngineConfig, SamplingParams
+    from sparrow_core.model import load_model, load_tokenizer
+
+    workdir, _ = reference
+    result = json.loads((step_dir(workdir, "ref", 2, "evaluate") / "eval.json").read_text())
+    # prompts_per_step x samples_per_prompt rows of the eval split, none a training prompt
+    assert [r["row"] for r in result["rows"]] == [0, 1, 2, 3]
+    train = {tuple(r.prompt_ids) for step in (1, 2) for r in read_rollouts(
+        step_dir(workdir, "ref", step, "rollout") / "rollouts.parquet")}
+    policy = step_dir(workdir, "ref", 2, "policy_update")
+    tokenizer = load_tokenizer(policy)
+    prompts = [tokenizer.encode(r["prompt"]) for r in result["rows"]]
+    assert not {tuple(p) for p in prompts} & train
+    engine = Engine(load_model(policy), tokenizer, EngineConfig(max_batch_size=4), None)
+    greedy = engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=24))
+    assert [samples[0].text for samples in greedy] == [r["completion"] for r in result["rows"]]
+    rewards = [equals_share_reward(r["completion"], r["answer"]) for r in result["rows"]]
+    assert [r["reward"] for r in result["rows"]] == pytest.approx(rewards)
+    assert metrics_of(workdir, "ref")[(2, "eval/accuracy")] == pytest.approx(np.mean(rewards))
 
 
 def test_bin_stats_and_events_match_the_token_file(reference):
@@ -163,10 +189,11 @@ def test_fail_then_resume_skips_finished_stages_and_ends_equal(reference, tmp_pa
 
     summary = train_flow(small_overrides(workdir, "r"), show_table=False)
     assert summary["resumed"] and summary["status"] == "finished"
-    assert summary["stages_run"] == {"policy_update": 1, "sync_weights": 1, "checkpoint": 1}
+    assert summary["stages_run"] == {"policy_update": 1, "sync_weights": 1, "checkpoint": 1,
+                                     "evaluate": 1}
     assert {p: p.stat().st_mtime_ns for p in before} == before
     assert rows(workdir, "SELECT step, stage, started_at FROM stage_runs WHERE NOT "
-                "(step = 2 AND stage IN ('policy_update', 'sync_weights', 'checkpoint')) "
+                "(step = 2 AND stage IN ('policy_update', 'sync_weights', 'checkpoint', 'evaluate')) "
                 "ORDER BY step, stage") == started
     resumed, uninterrupted = metrics_of(workdir, "r"), metrics_of(ref_workdir, "ref")
     assert resumed.keys() == uninterrupted.keys()

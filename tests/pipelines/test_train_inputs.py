@@ -26,6 +26,7 @@ from tasks.rollout import PromptTooLongError
 from tasks.run_record import ConfigMismatchError
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.usefixtures("flow_env"),
     pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning"),
 ]
