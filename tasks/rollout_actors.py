@@ -81,7 +81,8 @@ class RolloutWorker:
 
 
 def start_ray(address: str) -> bool:
-    """Connect to `address`, or start a quiet local Ray; True when this call started it."""
+    """Connect to `address` ("auto": a cluster already running here), or start a new quiet
+    local Ray (never joining one by accident); True when this call started or joined it."""
     import ray
 
     if ray.is_initialized():
@@ -89,10 +90,7 @@ def start_ray(address: str) -> bool:
     kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False,
                                   logging_level="ERROR", configure_logging=True)
     try:
-        if address:
-            ray.init(address=address, **kwargs)
-        else:
-            ray.init(**kwargs)
+        ray.init(address=address or "local", **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as err:
         where = f"ray.address={address}" if address else "a local Ray"
         raise RayStartError(f"cannot start {where}: {err}") from None
