@@ -1,0 +1,71 @@
+"""`sparrow train`: bad config and missing model are one line before Prefect starts; a real
+run on a fresh Prefect home (its ephemeral API, no server) prints the table and where to look,
+and no Prefect, Ray or MLflow log noise.
+
+Run: `python -m pytest tests/cli/test_train_cli.py -q` (the real run is marked slow).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+from sparrow_cli.main import main
+
+
+@pytest.fixture
+def no_flow(monkeypatch):
+    """A stand-in pipelines.train whose flow must not be reached."""
+    stub = types.ModuleType("pipelines.train")
+
+    def train_flow(*args, **kwargs):
+        raise AssertionError("the flow started although the input was bad")
+
+    stub.train_flow = train_flow
+    monkeypatch.setitem(sys.modules, "pipelines.train", stub)
+
+
+def test_unknown_key_is_one_line_and_starts_nothing(capsys, tmp_path, no_flow):
+    assert main(["train", "pipeline.stepz=2", f"pipeline.workdir={tmp_path / 'w'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown config key 'pipeline.stepz'" in err[0]
+    assert not (tmp_path / "w").exists()
+
+
+def test_missing_model_directory_is_one_line(capsys, tmp_path, no_flow):
+    missing = tmp_path / "nope"
+    assert main(["train", f"model.path={missing}", f"pipeline.workdir={tmp_path / 'w'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: model directory {missing} does not exist"]
+
+
+@pytest.mark.slow
+def test_real_run_prints_the_table_and_where_to_look(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "RAY_"))}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")  # a fresh machine: no server, no db
+    workdir = tmp_path / "work"
+    done = subprocess.run(
+        [sys.executable, "-m", "sparrow_cli.main", "train", f"pipeline.workdir={workdir}",
+         "pipeline.run_id=cli", "pipeline.steps=2", "data.prompts_per_step=2",
+         "rollout.samples_per_prompt=2", "rollout.max_new_tokens=16"],
+        env=env, capture_output=True, text=True, timeout=540)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["step", "reward"])
+    assert [line.split()[0] for line in lines[header + 1:header + 3]] == ["1", "2"]
+    assert f"mlflow ui --backend-store-uri sqlite:///{workdir.resolve()}/mlflow.db" in done.stdout
+    assert f"sparrow query --workdir {workdir}" in done.stdout
+    noise = [line for line in (done.stdout + done.stderr).splitlines()
+             if " | INFO" in line or "INFO mlflow" in line or "temporary server" in line
+             or "Ray instance" in line]
+    assert noise == []
+    listed = subprocess.run([sys.executable, "-m", "sparrow_cli.main", "runs", "--workdir",
+                             str(workdir), "--json"], capture_output=True, text=True, env=env)
+    [run] = json.loads(listed.stdout)
+    assert (run["run_id"], run["status"], run["steps_done"], run["steps"]) == ("cli", "finished",
+                                                                             2, 2)
