@@ -4,8 +4,9 @@
     sparrow runs run-20261121-1952-3f2a  # that run's recorded stages, step by step
     sparrow runs --workdir /data/work --json
 
-Status is the `runs` table's (running, finished, failed); a run marked running whose writer
-process is gone shows as `interrupted` (resume it with `sparrow train pipeline.run_id=ID`).
+Status is the `runs` table's (running, finished, failed); a run marked running while no
+process holds the workdir's writer lock shows as `interrupted` (it was killed; resume it with
+`sparrow train pipeline.run_id=ID`).
 "steps done" counts steps whose sync_weights stage is recorded, out of the run's
 pipeline.steps. Reads the DuckDB file read-only, so it works while a run is writing.
 """
@@ -50,11 +51,27 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def writer_alive(workdir: str | Path) -> bool:
-    """True when the pid in the workdir's lock file is a live process."""
+    """True while a process holds the workdir's writer lock (storage.Store.open_writer).
+
+    Read from /proc/locks where there is one, so this never takes the lock itself (a probe
+    could make a starting writer fail); elsewhere, whether the pid in the lock file lives.
+    """
     from storage.store import LOCK_FILENAME
 
+    lock = Path(workdir) / LOCK_FILENAME
     try:
-        pid = int((Path(workdir) / LOCK_FILENAME).read_text().strip() or 0)
+        stat = lock.stat()
+        held = Path("/proc/locks").read_text()
+    except FileNotFoundError:
+        return _pid_alive(lock) if lock.exists() else False
+    key = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
+    return any(fields[1:2] == ["FLOCK"] and key in fields
+               for fields in (line.split() for line in held.splitlines()))
+
+
+def _pid_alive(lock: Path) -> bool:
+    try:
+        pid = int(lock.read_text().strip() or 0)
     except (OSError, ValueError):
         return False
     if pid <= 0:

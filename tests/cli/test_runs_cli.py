@@ -1,0 +1,94 @@
+"""`sparrow runs`: runs with status and steps done, a run's recorded stages, errors.
+
+The workdir is written with the flow's own row writers (no flow run needed).
+Run: `python -m pytest tests/cli/test_runs_cli.py -q`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import datetime, timedelta
+
+import pytest
+
+from sparrow_cli.main import main
+from sparrow_core.config import load_config
+from storage import Store
+from tasks.records import record_stage
+from tasks.run_record import finish_run, open_run
+
+
+def record(conn, run_id: str, step: int, stage: str, minute: int) -> None:
+    start = datetime(2026, 1, 1, 12, minute)
+    record_stage(conn, run_id, step, stage, start, start + timedelta(seconds=30), 30.0,
+                 f"/w/runs/{run_id}/step-{step}/{stage}")
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    store = Store.open_writer(tmp_path)
+    for run_id, steps in (("done", 2), ("broken", 3)):
+        open_run(store, load_config([f"pipeline.run_id={run_id}", f"pipeline.steps={steps}"]),
+                 run_id, tmp_path / "model")
+    with store.connect() as conn:
+        minute = 0
+        for step in (1, 2):
+            for stage in ("rollout", "policy_update", "sync_weights"):
+                record(conn, "done", step, stage, minute := minute + 1)
+        record(conn, "broken", 1, "rollout", 30)
+        record(conn, "broken", 1, "sync_weights", 31)
+        record(conn, "broken", 2, "rollout", 32)
+    finish_run(store, "done", "finished", "mlflow-7")
+    store.close()  # "broken" stays marked running, and its writer is gone
+    return tmp_path
+
+
+def runs_json(capsys, *args) -> list[dict]:
+    assert main(["runs", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_runs_show_status_and_steps_done(workdir, capsys):
+    rows = runs_json(capsys, "--workdir", str(workdir))
+    by_id = {r["run_id"]: r for r in rows}
+    assert by_id["done"]["status"] == "finished" and by_id["done"]["mlflow_run_id"] == "mlflow-7"
+    assert (by_id["done"]["steps_done"], by_id["done"]["steps"], by_id["done"]["stages"]) == (2, 2, 6)
+    assert by_id["done"]["last_stage"] == "step-2/sync_weights"
+    assert by_id["broken"]["status"] == "interrupted"
+    assert (by_id["broken"]["steps_done"], by_id["broken"]["steps"]) == (1, 3)
+    assert by_id["broken"]["last_stage"] == "step-2/rollout"
+
+
+def test_a_live_writer_keeps_a_run_running(workdir):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from storage import Store; "
+         f"s = Store.open_writer({str(workdir)!r}); print('held', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        listed = subprocess.run([sys.executable, "-m", "sparrow_cli.main", "runs", "--workdir",
+                                 str(workdir), "--json"], capture_output=True, text=True)
+    finally:
+        holder.communicate("")
+    statuses = {r["run_id"]: r["status"] for r in json.loads(listed.stdout)}
+    assert statuses == {"done": "finished", "broken": "running"}
+
+
+def test_one_run_lists_its_stages_in_order(workdir, capsys):
+    rows = runs_json(capsys, "broken", "--workdir", str(workdir))
+    assert [(r["step"], r["stage"]) for r in rows] == [(1, "rollout"), (1, "sync_weights"),
+                                                        (2, "rollout")]
+    assert rows[0]["duration_s"] == 30.0 and rows[0]["output_dir"] == "/w/runs/broken/step-1/rollout"
+
+
+def test_table_output_and_errors(workdir, capsys, tmp_path):
+    assert main(["runs", "--workdir", str(workdir)]) == 0
+    out = capsys.readouterr().out
+    assert "interrupted" in out and "step-2/sync_weights" in out
+    assert main(["runs", "nope", "--workdir", str(workdir)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: workdir {workdir} has no run 'nope'; runs: broken, done")
+    assert main(["runs", "--workdir", str(tmp_path / "empty")]) == 2
+    assert "no mismatch history" in capsys.readouterr().err
