@@ -100,7 +100,8 @@ class PromptDataset:
             raise DatasetError(f"step must be an integer >= 0, got {step!r}")
         if isinstance(prompts_per_step, bool) or not isinstance(prompts_per_step, int) \
                 or prompts_per_step < 1:
-            raise DatasetError(f"prompts_per_step must be an integer >= 1, got {prompts_per_step!r}")
+            raise DatasetError(
+                f"prompts_per_step must be an integer >= 1, got {prompts_per_step!r}")
         start = step * prompts_per_step
         return [self.row(self._stream_row(start + i)) for i in range(prompts_per_step)]
 

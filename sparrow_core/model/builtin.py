@@ -110,7 +110,12 @@ def _write_random_tiny(out: Path) -> None:
     import transformers
     from transformers.utils import logging as hf_logging
 
-    from sparrow_core.data.char_tokenizer import EOS_TOKEN, PAD_TOKEN, build_char_tokenizer, char_vocab
+    from sparrow_core.data.char_tokenizer import (
+        EOS_TOKEN,
+        PAD_TOKEN,
+        build_char_tokenizer,
+        char_vocab,
+    )
     from sparrow_core.model.random_checkpoint import randomize_weights
 
     vocab = char_vocab()

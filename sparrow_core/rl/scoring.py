@@ -69,7 +69,8 @@ def micro_batches(records: Sequence[RolloutRecord], micro_batch_tokens: int) -> 
     """Indices of `records` in micro-batches: shortest first, padded size within the budget."""
     if isinstance(micro_batch_tokens, bool) or not isinstance(micro_batch_tokens, int) \
             or micro_batch_tokens < 1:
-        raise RLInputError(f"micro_batch_tokens must be an integer >= 1, got {micro_batch_tokens!r}")
+        raise RLInputError(
+            f"micro_batch_tokens must be an integer >= 1, got {micro_batch_tokens!r}")
     order = sorted(range(len(records)), key=lambda i: (records[i].total_length,
                                                       records[i].prompt_index,
                                                       records[i].sample_index, i))
@@ -142,8 +143,8 @@ def _actor_topk(records: Sequence[RolloutRecord], width: int, vocab: int):
             ids[row, :n, :kr] = torch.tensor(r.topk_ids, dtype=torch.long)
             logprobs[row, :n, :kr] = torch.tensor(r.topk_logprobs, dtype=torch.float32)
     if ids.numel() and not (0 <= int(ids.min()) and int(ids.max()) < vocab):
-        raise RLInputError(f"actor top-K ids must lie in [0, {vocab}) (the dense model's vocabulary), "
-                           f"got [{int(ids.min())}, {int(ids.max())}]")
+        raise RLInputError(f"actor top-K ids must lie in [0, {vocab}) (the dense model's "
+                           f"vocabulary), got [{int(ids.min())}, {int(ids.max())}]")
     return ids, logprobs
 
 

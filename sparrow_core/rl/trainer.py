@@ -29,11 +29,10 @@ import contextlib
 from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from sparrow_core.config.schema import AlgoConfig
 from sparrow_core.data.rollouts import RolloutRecord
 from sparrow_core.model.builtin import resolve_model_path
 from sparrow_core.rl.advantages import ADVANTAGE_ESTIMATORS, per_token_advantages
@@ -53,6 +52,9 @@ from sparrow_core.rl.scoring import (
     pad_batch,
     score_rollouts,
 )
+
+if TYPE_CHECKING:  # the library's config types, without importing the config loader
+    from sparrow_core.config.schema import AlgoConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -91,8 +93,9 @@ def load_hf_model(path: Path, device: torch.device) -> torch.nn.Module:
 class PolicyTrainer:
     """The dense policy, its AdamW optimizer, and the step counter (see the module doc)."""
 
-    def __init__(self, model_path: str | Path, algo: AlgoConfig, device: str | torch.device = "auto",
-                 dtype: str | torch.dtype = "auto", seed: int = 0, temperature: float = 1.0):
+    def __init__(self, model_path: str | Path, algo: AlgoConfig,
+                 device: str | torch.device = "auto", dtype: str | torch.dtype = "auto",
+                 seed: int = 0, temperature: float = 1.0):
         self.model_path = resolve_model_path(str(model_path))
         self.algo = algo
         self.device = resolve_device(device)
@@ -138,7 +141,7 @@ class PolicyTrainer:
         self.step += 1
         metrics = {key: sum(p[key] for p in passes) / len(passes) for key in passes[0]}
         metrics["actor/lr"] = float(self.optimizer.param_groups[0]["lr"])
-        metrics["actor/advantage_abs_mean"] = float(advantages.abs().mean()) if len(ordered) else 0.0
+        metrics["actor/advantage_abs_mean"] = float(advantages.abs().mean())
         return metrics
 
     def _prepare(self, records, rewards, old_logprobs, group_size):
