@@ -71,6 +71,10 @@ def open_run_runtime(cfg: SparrowConfig) -> tuple[RunRuntime, bool, bool]:
         from tasks.tracking import Tracker
 
         runtime.tracker = Tracker.start(cfg, runtime.run_id, cfg.pipeline.workdir)
+        if not runtime.tracker.resumed:
+            schedule, version = schedule_in_force(store, runtime.run_id, runtime.schedule_name,
+                                                  runtime.schedule_start_version, 1)
+            runtime.tracker.log_schedule(schedule, version, step=0)
         finish_run(store, runtime.run_id, "running", runtime.tracker.mlflow_run_id)
         started_ray = start_ray(cfg.ray.address)
         runtime.pool = start_pool(runtime)

@@ -160,6 +160,12 @@ def test_mlflow_run_holds_the_step_metrics(reference):
     below = sum(1 for (s, name), v in metrics.items() if name == "mismatch/bins_below" and v > 0)
     events = client.get_metric_history(run.info.run_id, "threshold/below_target")
     assert len({m.step for m in events}) == below
+    assert run.data.tags["sparrow.schedule"] == "tiny-0.86"
+    assert run.data.tags["sparrow.schedule_version"] == "1"
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "schedules", "bin_stats"} <= artifacts
+    stats = {a.path for a in client.list_artifacts(run.info.run_id, "bin_stats")}
+    assert stats == {"bin_stats/step-1", "bin_stats/step-2"}
 
 
 def test_checkpoint_is_the_last_policy(reference):
