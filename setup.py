@@ -7,5 +7,8 @@ CODE = ["sparrow_core*", "storage*", "tasks*", "pipelines*", "sparrow_cli*"]
 setup(
     packages=find_packages(include=CODE) + ["sparrow_conf"],
     package_dir={"sparrow_conf": "conf"},
-    package_data={"sparrow_conf": ["*.yaml", "*/*.yaml"]},
+    package_data={
+        "sparrow_conf": ["*.yaml", "*/*.yaml"],
+        "sparrow_core": ["assets/*/*"],
+    },
 )

@@ -27,7 +27,7 @@ def test_list_json_rows(capsys):
         "last_topk": 253,
         "last_pages_read": 256,
     }
-    assert by_name["tiny-0.80"]["last_pages_read"] == 4 + 3
+    assert by_name["tiny-0.80"]["last_pages_read"] == 20 + 3
 
 
 def test_list_table_shows_full_names(capsys):

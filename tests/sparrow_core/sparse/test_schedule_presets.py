@@ -55,11 +55,11 @@ def test_reference_presets_match_published_table():
 
 def test_tiny_presets():
     tiny = get_preset("tiny-0.86")
-    assert tiny.topk_pages == (2, 3, 4, 5, 6, 6, 6, 6)
-    assert (tiny.page_size, tiny.bin_tokens, tiny.skip_layers, tiny.target) == (16, 128, (0,), 0.86)
+    assert tiny.topk_pages == (4, 8, 16, 16, 20, 24, 28, 32)
+    assert (tiny.page_size, tiny.bin_tokens, tiny.skip_layers, tiny.target) == (8, 64, (0,), 0.86)
     cheap = get_preset("tiny-0.80")
-    assert cheap.topk_pages == (1, 2, 2, 3, 3, 4, 4, 4)
-    assert cheap.target == 0.80 and cheap.bin_tokens == 128
+    assert cheap.topk_pages == (4, 6, 10, 12, 14, 16, 18, 20)
+    assert cheap.target == 0.80 and cheap.bin_tokens == 64
     # cheaper in every bin
     assert all(a <= b for a, b in zip(cheap.topk_pages, tiny.topk_pages))
 
