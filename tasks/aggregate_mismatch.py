@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +30,7 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from sparrow_core.data.rollouts import read_rollouts
-from sparrow_core.mismatch import bin_statistics, bins_below, min_p5
+from sparrow_core.mismatch import BinStats, bin_statistics, bins_below, min_p5
 from sparrow_core.sparse.io import schedule_from_dict
 from tasks.dense_score import read_scores
 from tasks.retry import INFRA_RETRIES
@@ -72,44 +73,42 @@ def _finite(value: float) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def aggregate_step(runtime: RunRuntime, step: int, rollout_dir: str, scores_path: str,
-                   out: Path) -> StageWrite:
-    import pyarrow.parquet as pq
+@dataclass(frozen=True)
+class StepBins:
+    """One step's per-bin statistics with the schedule they were measured under."""
 
-    used = json.loads((Path(rollout_dir) / SCHEDULE_FILE).read_text())
-    schedule = schedule_from_dict(used["schedule"], source=f"{rollout_dir}/{SCHEDULE_FILE}")
-    records = read_rollouts(Path(rollout_dir) / ROLLOUTS_FILE)
-    scores = read_scores(scores_path, records)
-    table = token_table(runtime.run_id, step, records, scores, schedule.bin_tokens)
-    pq.write_table(table, out / runtime.layout.token_file(step).name)
-    positions = table.column("position").to_numpy()
-    acceptance = table.column("acceptance").to_numpy()
-    stats = bin_statistics(positions, acceptance, bin_tokens=schedule.bin_tokens)
-    target = runtime.cfg.schedule.target
-    below = bins_below(stats, target)
-    budget = {s.bin: schedule.budget_pages(s.bin * schedule.bin_tokens) if used["sparse"] else None
-              for s in stats}
-    (out / BIN_STATS_FILE).write_text(json.dumps(
-        [{**{k: _finite(v) if isinstance(v, float) else v for k, v in s.as_dict().items()},
-          "budget_pages": budget[s.bin]} for s in stats], indent=2))
-    metrics = {f"mismatch/p5_bin_{s.bin}": s.p5 for s in stats}
-    metrics.update({
-        "mismatch/min_p5": min_p5(stats),
-        "mismatch/acceptance_mean": float(acceptance.mean()),
-        "mismatch/leftover_mass_mean": float(np.mean(table.column("leftover_mass").to_numpy())),
-        "mismatch/bins_below": float(len(below)),
-    })
-    run_id, p5 = runtime.run_id, {s.bin: s.p5 for s in stats}
+    run_id: str
+    step: int
+    stats: list[BinStats]
+    budget: dict[int, int | None]  # bin -> pages per step under the schedule (None: dense)
+    schedule_name: str
+    schedule_version: int
+    target: float
 
-    def write_rows(conn) -> None:
+    @property
+    def p5(self) -> dict[int, float]:
+        return {s.bin: s.p5 for s in self.stats}
+
+    @property
+    def below(self) -> list[int]:
+        return bins_below(self.stats, self.target)
+
+    def as_json(self) -> str:
+        return json.dumps([{**{k: _finite(v) if isinstance(v, float) else v
+                               for k, v in s.as_dict().items()},
+                            "budget_pages": self.budget[s.bin]} for s in self.stats], indent=2)
+
+    def write_rows(self, conn) -> None:
+        """Replace the step's bin_stats and threshold_events rows."""
+        run_id, step, p5, below = self.run_id, self.step, self.p5, self.below
         for table_name in ("bin_stats", "threshold_events"):
             conn.execute(f"DELETE FROM {table_name} WHERE run_id = ? AND step = ?", [run_id, step])
-        for s in stats:
+        for s in self.stats:
             conn.execute(
                 "INSERT INTO bin_stats VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [run_id, step, s.bin, s.n, s.mean, s.p1, s.p5, s.p10, s.p50, _finite(s.beta_a),
-                 _finite(s.beta_b), _finite(s.beta_var), _finite(s.ks), budget[s.bin],
-                 schedule.name, used["version"]])
+                 _finite(s.beta_b), _finite(s.beta_var), _finite(s.ks), self.budget[s.bin],
+                 self.schedule_name, self.schedule_version])
         previous = {b for (b,) in conn.execute(
             "SELECT bin FROM threshold_events WHERE run_id = ? AND step = ? AND kind = "
             "'below_target'", [run_id, step - 1]).fetchall()}
@@ -117,16 +116,44 @@ def aggregate_step(runtime: RunRuntime, step: int, rollout_dir: str, scores_path
         events += [(b, "recovered") for b in sorted(previous) if b in p5 and b not in below]
         for b, kind in events:
             conn.execute("INSERT INTO threshold_events (run_id, step, bin, kind, p5, target) "
-                         "VALUES (?, ?, ?, ?, ?, ?)", [run_id, step, b, kind, p5[b], target])
+                         "VALUES (?, ?, ?, ?, ?, ?)", [run_id, step, b, kind, p5[b], self.target])
+
+
+def aggregate_step(runtime: RunRuntime, step: int, rollout_dir: str, scores_path: str,
+                   out: Path) -> StageWrite:
+    import pyarrow.parquet as pq
+
+    used = json.loads((Path(rollout_dir) / SCHEDULE_FILE).read_text())
+    schedule = schedule_from_dict(used["schedule"], source=f"{rollout_dir}/{SCHEDULE_FILE}")
+    records = read_rollouts(Path(rollout_dir) / ROLLOUTS_FILE)
+    table = token_table(runtime.run_id, step, records, read_scores(scores_path, records),
+                        schedule.bin_tokens)
+    pq.write_table(table, out / runtime.layout.token_file(step).name)
+    acceptance = table.column("acceptance").to_numpy()
+    stats = bin_statistics(table.column("position").to_numpy(), acceptance,
+                           bin_tokens=schedule.bin_tokens)
+    bins = StepBins(
+        runtime.run_id, step, stats,
+        {s.bin: schedule.budget_pages(s.bin * schedule.bin_tokens) if used["sparse"] else None
+         for s in stats},
+        schedule.name, used["version"], runtime.cfg.schedule.target)
+    (out / BIN_STATS_FILE).write_text(bins.as_json())
+    metrics = {f"mismatch/p5_bin_{b}": p5 for b, p5 in bins.p5.items()}
+    metrics.update({
+        "mismatch/min_p5": min_p5(stats),
+        "mismatch/acceptance_mean": float(acceptance.mean()),
+        "mismatch/leftover_mass_mean": float(np.mean(table.column("leftover_mass").to_numpy())),
+        "mismatch/bins_below": float(len(bins.below)),
+    })
 
     def log_events(final: Path) -> None:
         if runtime.tracker is None:
             return
-        for b in below:
-            runtime.tracker.log_threshold_event(step, b, p5[b], target)
+        for b in bins.below:
+            runtime.tracker.log_threshold_event(step, b, bins.p5[b], bins.target)
         runtime.tracker.log_artifact(final / BIN_STATS_FILE, subdir=f"bin_stats/step-{step}")
 
-    return StageWrite(metrics=metrics, db=write_rows, after_commit=log_events)
+    return StageWrite(metrics=metrics, db=bins.write_rows, after_commit=log_events)
 
 
 @task(name="aggregate_mismatch", cache_policy=NONE, **INFRA_RETRIES)
