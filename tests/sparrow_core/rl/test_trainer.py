@@ -87,10 +87,12 @@ def test_micro_batches_sum_to_the_full_batch(qwen3_checkpoint, loss_agg):
     for name in g_full:
         # float32 sums in another order: rounding of order 1e-7 of the largest entries
         torch.testing.assert_close(g_micro[name], g_full[name], rtol=1e-5, atol=1e-7)
-    # AdamW's first step is about lr * sign(g): entries whose gradient is near Adam's eps (1e-8)
-    # turn that rounding into step differences of a fraction of lr, so weights get a looser bound
-    for name in w_full:
-        torch.testing.assert_close(w_micro[name], w_full[name], rtol=0, atol=0.1 * ALGO.lr)
+    # AdamW's first step is lr * g / (|g| + 1e-8): where |g| is near that eps, rounding of g
+    # becomes a sizeable part of the step; elsewhere the step hardly depends on it
+    for name in g_full:
+        steady = g_full[name].abs() > 1e-5
+        assert steady.float().mean() > 0.5
+        torch.testing.assert_close(w_micro[name][steady], w_full[name][steady], rtol=0, atol=1e-6)
 
 
 def test_grpo_reference_loss_by_hand(qwen3_checkpoint):
