@@ -19,26 +19,16 @@ import time
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from sparrow_core.data.synthetic import ALPHABET, DEFAULT_TASK, make_examples
+from sparrow_core.data.char_tokenizer import build_char_tokenizer
+from sparrow_core.data.synthetic import DEFAULT_TASK, make_examples
 
-SPECIALS = ["<|pad|>", "<|endoftext|>"]
 
 
 def build_tokenizer(out: Path) -> PreTrainedTokenizerFast:
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + sorted(set(ALPHABET)))}
-    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None, fuse_unk=False))
-    core.decoder = decoders.Fuse()
-    core.add_special_tokens(SPECIALS)
-    out.mkdir(parents=True, exist_ok=True)
-    core.save(str(out / "tokenizer.json"))
-    tok = PreTrainedTokenizerFast(
-        tokenizer_file=str(out / "tokenizer.json"), eos_token="<|endoftext|>", pad_token="<|pad|>"
-    )
-    tok.save_pretrained(out)
-    return tok
+    build_char_tokenizer(out)
+    return PreTrainedTokenizerFast.from_pretrained(out)
 
 
 def build_model(tok: PreTrainedTokenizerFast, args) -> Qwen3ForCausalLM:
