@@ -25,7 +25,8 @@ from torch.nn import functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import copy_bandwidth, device_facts, fill_random_, time_graph, write_json  # noqa: E402
-from sparrow_core.kernels.page_topk import select_page_lists  # noqa: E402
+from sparrow_core.kernels.page_scores import page_scores  # noqa: E402
+from sparrow_core.kernels.page_topk import page_topk, select_page_lists  # noqa: E402
 from sparrow_core.kernels.paged_decode import (paged_decode_attention,  # noqa: E402
                                                sparse_paged_decode_attention)
 from sparrow_core.kernels.prefill import (prefill_attention_packed_mask,  # noqa: E402
@@ -78,6 +79,9 @@ def one_case(model, batch, context, bandwidth, device):
     select = lambda: select_page_lists(q, centroids, tables, lengths, topk_t, PAGE,
                                        schedule.reserved_bos, schedule.reserved_eos)
     lists, counts, _ = select()
+    scores = page_scores(q, centroids, tables, lengths, PAGE)
+    topk_only = lambda: page_topk(scores, lengths, topk_t, PAGE, schedule.reserved_bos,
+                                  schedule.reserved_eos)
     sparse = lambda: sparse_paged_decode_attention(q, kp, vp, tables, lengths, *select()[:2])
     methods = {
         "ours_dense": lambda: paged_decode_attention(q, kp, vp, tables, lengths),
@@ -85,6 +89,11 @@ def one_case(model, batch, context, bandwidth, device):
         "ours_sparse_attention_only": lambda: sparse_paged_decode_attention(
             q, kp, vp, tables, lengths, lists, counts),
         "ours_selection_only": select,
+        "ours_scores_only": lambda: page_scores(q, centroids, tables, lengths, PAGE),
+        "ours_topk_only": topk_only,
+        "ours_topk_only_radix1": lambda: page_topk(scores, lengths, topk_t, PAGE,
+                                                   schedule.reserved_bos, schedule.reserved_eos,
+                                                   radix_bits=1),
         "sdpa_dense": lambda: F.scaled_dot_product_attention(
             q.unsqueeze(2), layer["k"], layer["v"], enable_gqa=True),
     }
@@ -143,9 +152,10 @@ def prefill_choice(device, dtype=torch.bfloat16):
         v = torch.randn(total, 8, DIM, generator=gen, device=device).to(dtype)
         rows.append(dict(seq_lens=f"{len(lens)} x {lens[0]}",
                          sdpa_per_sequence_us=time_graph(
-                             lambda: prefill_attention_sdpa(q, k, v, lens), reps=10),
+                             lambda: prefill_attention_sdpa(q, k, v, lens), reps=10, graph=False),
                          sdpa_packed_mask_us=time_graph(
-                             lambda: prefill_attention_packed_mask(q, k, v, lens), reps=10)))
+                             lambda: prefill_attention_packed_mask(q, k, v, lens), reps=10,
+                             graph=False)))
     return rows
 
 
@@ -167,6 +177,8 @@ def main(argv=None) -> int:
                 print(f"{model} B={batch} ctx={context}: " + ", ".join(
                     f"{k} {v:.1f}" for k, v in row["us"].items()), flush=True)
                 rows.append(row)
+                write_json(args.out, dict(benchmark="attention", partial=True, cases=rows),
+                           quiet=True)
                 if model == "qwen3-1.7b" and batch == batches[0] and context == contexts[-1]:
                     target = layer
                 del layer

@@ -103,13 +103,14 @@ def copy_bandwidth(gib: float = 2.0) -> dict[str, float]:
     return {"bytes": moved, "us": us, "bytes_per_s": moved / (us * 1e-6)}
 
 
-def write_json(path: str | None, payload: dict[str, Any]) -> None:
+def write_json(path: str | None, payload: dict[str, Any], quiet: bool = False) -> None:
     """Print the JSON document and, when a path is given, write it there too."""
     text = json.dumps(payload, indent=1, default=float)
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(text + "\n")
-    print(text if not path else f"wrote {path}")
+    if not quiet:
+        print(text if not path else f"wrote {path}")
 
 
 def fill_random_(tensor: torch.Tensor, seed: int, chunk: int = 1 << 26) -> torch.Tensor:

@@ -96,7 +96,8 @@ def main() -> int:
             page_topk._page_topk_kernel,
             dict(score_ptr=ptr("fp32"), ntok_ptr=ptr("i32"), topk_ptr=ptr("i32"),
                  list_ptr=ptr("i32"), count_ptr=ptr("i32"), mask_ptr=ptr("i32")),
-            dict(PAGE=16, BOS=1, EOS=2, BLOCK_W=width, WRITE_MASK=False), num_warps=warps))
+            dict(PAGE=16, BOS=1, EOS=2, BLOCK_W=width, WRITE_MASK=False, RADIX=8),
+            num_warps=warps))
     report("kv_write fused", build(
         kv_write._kv_write_kernel,
         dict(k_ptr=ptr("bf16"), v_ptr=ptr("bf16"), kc_ptr=ptr("bf16"), vc_ptr=ptr("bf16"),

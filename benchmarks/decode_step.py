@@ -27,7 +27,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import copy_bandwidth, device_facts, fill_random_, write_json  # noqa: E402
+from benchmarks.common import (copy_bandwidth, device_facts, fill_random_,  # noqa: E402
+                               time_graph, write_json)
 from sparrow_core.costmodel import get_hardware, get_model, schedule_cost  # noqa: E402
 from sparrow_core.costmodel_presets import Hardware  # noqa: E402
 from sparrow_core.engine.cuda_graphs import (DecodeGraphs, batch_bucket,  # noqa: E402
@@ -145,6 +146,20 @@ def pool_pages_for(arch: ModelArch, budget_bytes: float, largest: int) -> int:
     return max(1, min(int(budget_bytes // bytes_per_page(arch, PAGE, torch.bfloat16)), largest))
 
 
+def non_attention_step_us(bench: StepBench, batch: int) -> float:
+    """A decode step whose attention returns q untouched: weights and every other op of the
+    model, no cache traffic (what the step costs outside attention)."""
+    ids = torch.zeros(batch, dtype=torch.long, device=bench.device)
+    positions = torch.full((batch,), 100, dtype=torch.long, device=bench.device)
+    model = bench.model
+
+    def step():
+        with torch.inference_mode():
+            return model.compute_logits(model(ids, positions, lambda layer, q, k, v: q))
+
+    return time_graph(step, reps=10, flush=False)
+
+
 def eager_step_us(bench: StepBench, batch: int, context: int, reps: int = 5) -> float:
     """The same step with the same kernels launched from Python layer by layer (no graph)."""
     eager = DecodeGraphs(bench.model, bench.cache, use_graphs=False)
@@ -191,6 +206,8 @@ def run_batch(bench, name, batch, contexts, bandwidth, params_bytes, gpu):
                    schedule, hardware=measured_hw, **common).predicted_speedup)
     if bench.device == "cuda":
         row["eager_step_us_2k_dense"] = eager_step_us(bench, batch, 2048)
+        row["non_attention_step_us"] = non_attention_step_us(bench, batch)
+        row["weights_bound_us"] = params_bytes / bandwidth * 1e6
     return row
 
 

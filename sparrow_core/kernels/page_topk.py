@@ -13,8 +13,8 @@ the logical pages read (the first counts [B, Hkv] entries are meaningful), and o
 [B, Hkv, W] bool mask.
 
 One program per row keeps the row's scores in registers, maps each float to an unsigned
-32-bit key of the same order, and finds the k-th largest key bit by bit (32 counting passes
-over the row: no sort); keys above it are taken, then keys equal to it in page order
+32-bit key of the same order, and finds the k-th largest key a digit at a time (4 passes
+of a 256-bin histogram: no sort); keys above it are taken, then keys equal to it in page order
 until k. A prefix sum compacts the chosen pages into the list.
 Tests: `python -m pytest tests/sparrow_core/kernels -q`.
 """
@@ -31,7 +31,7 @@ from sparrow_core.sparse.selection import select_from_scores
 @jit
 def _page_topk_kernel(score_ptr, ntok_ptr, topk_ptr, list_ptr, count_ptr, mask_ptr, width,
                       PAGE: tl.constexpr, BOS: tl.constexpr, EOS: tl.constexpr,
-                      BLOCK_W: tl.constexpr, WRITE_MASK: tl.constexpr):
+                      BLOCK_W: tl.constexpr, WRITE_MASK: tl.constexpr, RADIX: tl.constexpr):
     b = tl.program_id(0)
     row = b * tl.num_programs(1) + tl.program_id(1)
     n_pages = (tl.load(ntok_ptr + b).to(tl.int32) + PAGE - 1) // PAGE
@@ -44,15 +44,25 @@ def _page_topk_kernel(score_ptr, ntok_ptr, topk_ptr, list_ptr, count_ptr, mask_p
     bits = score.to(tl.int32, bitcast=True)
     ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)  # signed int order = float order
     key = ordered.to(tl.int64) + 2147483648  # unsigned, in [0, 2^32)
-    # the k-th largest key among eligible pages: the largest t with #(key >= t) >= k
+    # the k-th largest key among eligible pages, RADIX bits at a time: per pass a histogram
+    # of the next digit over the keys that share the digits chosen so far
+    BINS: tl.constexpr = 1 << RADIX
+    bins = tl.arange(0, BINS)
     threshold = tl.zeros([], tl.int64)
-    for i in tl.static_range(32):
-        candidate = threshold + (1 << (31 - i))
-        count = tl.sum((eligible & (key >= candidate)).to(tl.int32), axis=0)
-        threshold = tl.where(count >= k, candidate, threshold)
+    room = k  # how many of the keys still tied with the threshold's prefix to take
+    candidate = eligible
+    for i in tl.static_range(32 // RADIX):
+        shift = 32 - RADIX * (i + 1)
+        digit = ((key >> shift) & (BINS - 1)).to(tl.int32)
+        hist = tl.histogram(digit, BINS, mask=candidate)
+        # keys with digit >= d: all of them minus those below d
+        at_least = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
+        chosen_digit = tl.max(tl.where(at_least >= room, bins, -1), axis=0)
+        room = room - tl.sum(tl.where(bins > chosen_digit, hist, 0), axis=0)
+        threshold = threshold | (chosen_digit.to(tl.int64) << shift)
+        candidate = candidate & (digit == chosen_digit)
     above = eligible & (key > threshold)
     tied = eligible & (key == threshold)
-    room = k - tl.sum(above.to(tl.int32), axis=0)
     chosen = above | (tied & (tl.cumsum(tied.to(tl.int32), axis=0) <= room))
     all_eligible = tl.sum(eligible.to(tl.int32), axis=0) <= k
     selected = present & ((eligible == 0) | chosen | all_eligible)
@@ -82,8 +92,9 @@ def page_topk_reference(scores, num_tokens, topk, page_size, reserved_bos, reser
 
 def page_topk(scores: torch.Tensor, num_tokens: torch.Tensor, topk: torch.Tensor,
               page_size: int, reserved_bos: int, reserved_eos: int,
-              want_mask: bool = False):
-    """Selected page lists from scores [B, Hkv, W] (see the module docstring)."""
+              want_mask: bool = False, radix_bits: int = 8):
+    """Selected page lists from scores [B, Hkv, W] (see the module docstring); radix_bits
+    (1, 2, 4 or 8) sets the digits of the threshold search (benchmarks compare them)."""
     check(scores.dim() == 3 and scores.dtype == torch.float32,
           f"scores must be [B, Hkv, W] float32, got {tuple(scores.shape)} {scores.dtype}")
     batch, kv_heads, width = scores.shape
@@ -99,7 +110,8 @@ def page_topk(scores: torch.Tensor, num_tokens: torch.Tensor, topk: torch.Tensor
                                                   reserved_bos, reserved_eos)
         return lists, counts, mask if want_mask else None
     scores = scores.contiguous()
-    lists = torch.zeros(batch, kv_heads, width, dtype=torch.int32, device=scores.device)
+    # entries past a row's count are never read: no need to clear them
+    lists = torch.empty(batch, kv_heads, width, dtype=torch.int32, device=scores.device)
     counts = torch.empty(batch, kv_heads, dtype=torch.int32, device=scores.device)
     mask = torch.empty(batch, kv_heads, width, dtype=torch.int8, device=scores.device) \
         if want_mask else counts
@@ -108,7 +120,7 @@ def page_topk(scores: torch.Tensor, num_tokens: torch.Tensor, topk: torch.Tensor
         _page_topk_kernel[(batch, kv_heads)](
             scores, num_tokens, topk, lists, counts, mask, width,
             PAGE=page_size, BOS=reserved_bos, EOS=reserved_eos, BLOCK_W=block_w,
-            WRITE_MASK=want_mask, num_warps=4 if block_w <= 1024 else 8 if block_w <= 4096 else 16)
+            WRITE_MASK=want_mask, RADIX=radix_bits, num_warps=4 if block_w <= 1024 else 8 if block_w <= 4096 else 16)
     return lists, counts, mask.bool() if want_mask else None
 
 

@@ -90,8 +90,11 @@ def test_kv_write_with_centroids(dtype):
     caches = [torch.randn(pages, PAGE, hkv, dim, generator=gen, device="cuda").to(dtype)
               for _ in range(2)]
     centroids = torch.randn(pages, hkv, dim, generator=gen, device="cuda")
-    slots = torch.randperm(pages * PAGE, generator=gen, device="cuda")[:tokens]
-    slots[:8] = torch.arange(8, device="cuda") * PAGE + PAGE - 1  # these fill pages 0..7
+    # as in decode, no two tokens of one launch share a page: one token per page
+    pages_hit = torch.randperm(pages, generator=gen, device="cuda")[:tokens]
+    offsets = torch.randint(0, PAGE - 1, (tokens,), generator=gen, device="cuda")
+    offsets[:8] = PAGE - 1  # these fill their pages
+    slots = pages_hit * PAGE + offsets
     slots[8:16] = -1
     k = torch.randn(tokens, hkv, dim, generator=gen, device="cuda").to(dtype)
     v = torch.randn(tokens, hkv, dim, generator=gen, device="cuda").to(dtype)

@@ -40,7 +40,8 @@ def test_scores_equal_a_plain_loop(interpreted):
                     assert got == float("-inf")
 
 
-def test_topk_equals_the_rule_with_ties_and_edge_rows(interpreted):
+@pytest.mark.parametrize("radix_bits", [8, 1])
+def test_topk_equals_the_rule_with_ties_and_edge_rows(interpreted, radix_bits):
     gen = torch.Generator().manual_seed(1)
     batch, hkv, width, page_size = 6, 2, 40, 4
     scores = torch.randn(batch, hkv, width, generator=gen)
@@ -52,7 +53,7 @@ def test_topk_equals_the_rule_with_ties_and_edge_rows(interpreted):
     topk = torch.tensor([5, 4, 3, 10, 2, 0], dtype=torch.int32)
     for bos, eos in ((1, 2), (0, 1), (3, 3)):
         lists, counts, mask = page_topk(scores, num_tokens, topk, page_size, bos, eos,
-                                        want_mask=True)
+                                        want_mask=True, radix_bits=radix_bits)
         for b in range(batch):
             n = -(-int(num_tokens[b]) // page_size)
             for h in range(hkv):
