@@ -19,16 +19,17 @@ from pipelines.prefect_env import quiet_prefect
 quiet_prefect()
 
 
-def equals_share(completion: str, answer: str) -> float:
-    """A reward that differs between samples, so GRPO advantages (and the update) are not 0."""
-    return completion.count("=") / (len(completion) + 1)
+def char_code_reward(completion: str, answer: str) -> float:
+    """A reward that differs between any two different completions, so GRPO advantages (and
+    the update) are not 0 even when every sample is wrong or right alike."""
+    return (sum(map(ord, completion)) % 97) / 96
 
 
 def always_raises(completion: str, answer: str) -> float:
     raise RuntimeError("this reward function always fails")
 
 
-TEST_REWARDS = {"test_equals_share": equals_share, "test_always_raises": always_raises}
+TEST_REWARDS = {"test_char_code": char_code_reward, "test_always_raises": always_raises}
 
 
 def _small_overrides(workdir: Path, run_id: str, *extra: str) -> list[str]:
@@ -36,7 +37,7 @@ def _small_overrides(workdir: Path, run_id: str, *extra: str) -> list[str]:
     evaluated after step 2."""
     return [f"pipeline.workdir={workdir}", f"pipeline.run_id={run_id}", "pipeline.steps=2",
             "data.prompts_per_step=2", "rollout.samples_per_prompt=2",
-            "rollout.max_new_tokens=24", "data.reward=test_equals_share",
+            "rollout.max_new_tokens=24", "data.reward=test_char_code",
             "data.eval=builtin:synthetic", "pipeline.eval_every=2", *extra]
 
 
@@ -47,8 +48,8 @@ def small_overrides():
 
 
 @pytest.fixture(scope="session")
-def equals_share_reward():
-    return equals_share
+def reward_fn():
+    return char_code_reward
 
 
 @pytest.fixture(scope="session")
