@@ -140,9 +140,17 @@ class ActorPool:
         self.replaced += 1
 
     def _wait(self, futures: list[Any]) -> list[Any]:
+        """ray.get; an actor's own SparrowError (a request it refuses) comes back as itself,
+        not wrapped in Ray's multi-line RayTaskError."""
         import ray
+        import ray.exceptions
 
-        return ray.get(futures)
+        try:
+            return ray.get(futures)
+        except ray.exceptions.RayTaskError as err:
+            if isinstance(err.cause, SparrowError):
+                raise err.cause from None
+            raise
 
     def _call_each(self, method: str, *args: Any) -> list[Any]:
         """Call a method on every actor; an actor found dead is replaced (it starts current)."""

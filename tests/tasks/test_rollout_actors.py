@@ -106,6 +106,19 @@ def test_weights_load_by_path_and_replacements_start_current(ray_up, spec, qwen3
         pool.shutdown()
 
 
+def test_a_refused_request_is_the_engines_own_error(ray_up, spec):
+    from sparrow_core.engine import EngineError
+
+    pool = ActorPool.start(spec, 1, {"num_cpus": 1})
+    try:
+        too_long = [SamplingParams(max_new_tokens=10_000, seed=1)]
+        with pytest.raises(EngineError, match=r"^prompt 0: 3 prompt tokens \+ max_new_tokens"):
+            pool.generate([[1, 2, 3]], too_long)
+        assert pool.replaced == 0 and len(pool.generate([[1, 2, 3]], params()[:1])) == 1
+    finally:
+        pool.shutdown()
+
+
 def test_shards_are_contiguous_and_cover_every_prompt():
     assert _shards(5, 2) == [[0, 1, 2], [3, 4]]
     assert _shards(1, 3) == [[0], [], []]
