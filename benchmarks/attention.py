@@ -142,6 +142,28 @@ def sweep(layer, device):
     return sorted(rows, key=lambda r: r["us"])
 
 
+def sweep_sparse(layer, lists, counts, centroids):
+    """Launch configurations of the sparse attention and the scoring kernels at one case."""
+    q, kp, vp, tables, lengths = (layer[n] for n in ("q", "k_pages", "v_pages", "tables",
+                                                       "lengths"))
+    attention = [dict(num_splits=s, pages_per_block=p, num_warps=w, num_stages=st)
+                 for s, p, w, st in ((8, 4, 4, 2), (8, 4, 4, 3), (8, 4, 4, 4), (8, 2, 4, 3),
+                                     (8, 8, 4, 3), (8, 4, 8, 3), (16, 4, 4, 3), (16, 2, 4, 3),
+                                     (32, 2, 4, 3), (4, 4, 4, 3), (16, 4, 4, 4), (32, 4, 4, 3))]
+    rows = []
+    for config in attention:
+        fn = lambda: sparse_paged_decode_attention(q, kp, vp, tables, lengths, lists, counts,
+                                                   **config)
+        rows.append(dict(config, kernel="sparse_attention", us=time_graph(fn, reps=20)))
+    for block_pages in (16, 32, 64, 128):
+        for warps in (2, 4, 8):
+            fn = lambda: page_scores(q, centroids, tables, lengths, PAGE, block_pages=block_pages,
+                                     num_warps=warps)
+            rows.append(dict(kernel="scores", block_pages=block_pages, num_warps=warps,
+                             us=time_graph(fn, reps=20)))
+    return sorted(rows, key=lambda r: (r["kernel"], r["us"]))
+
+
 def prefill_choice(device, dtype=torch.bfloat16):
     rows = []
     for lens in ([1024] * 16, [8192]):
@@ -164,12 +186,16 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None, help="write the JSON here too")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes (any device)")
     parser.add_argument("--no-sweep", action="store_true")
+    parser.add_argument("--sweep-only", action="store_true",
+                        help="only the configuration sweeps at the target case")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     copy = copy_bandwidth()
     bandwidth = copy["bytes_per_s"]
     batches, contexts = ((2,), (256,)) if args.smoke else ((16, 64), (4096, 8192, 16384, 32768))
     rows, target = [], None
+    if args.sweep_only:
+        return sweep_main(args, device)
     for model in HEADS:
         for batch in batches:
             for context in contexts:
@@ -188,6 +214,21 @@ def main(argv=None) -> int:
     if not args.no_sweep and target is not None and not args.smoke:
         result["sweep_qwen3_1.7b_b16_32k"] = sweep(target, device)[:12]
     write_json(args.out, result)
+    return 0
+
+
+def sweep_main(args, device) -> int:
+    layer = make_layer(16, 16, 8, 32768, torch.bfloat16, device)
+    centroids = centroids_of(layer)
+    topk = torch.full((16,), 253, dtype=torch.int32, device=device)
+    lists, counts, _ = select_page_lists(layer["q"], centroids, layer["tables"],
+                                         layer["lengths"], topk, PAGE, 1, 2)
+    result = dict(benchmark="attention-sweep", facts=device_facts(),
+                  dense=sweep(layer, device), sparse=sweep_sparse(layer, lists, counts,
+                                                                  centroids))
+    write_json(args.out, result)
+    for row in result["dense"][:3] + result["sparse"]:
+        print(row)
     return 0
 
 

@@ -229,7 +229,7 @@ def run_model(name, batches, contexts, bandwidth, device, smoke):
               f"(bytes {rows[-1]['byte_bound_speedup']:.2f}, cost model "
               f"{rows[-1]['costmodel_speedup']:.2f}); dense/bound "
               f"{[round(x, 2) for x in rows[-1]['dense_over_bound']]}", flush=True)
-        bench.graphs.graphs.clear()
+        bench.graphs.clear()
     del bench, model
     if device == "cuda":
         torch.cuda.empty_cache()

@@ -38,6 +38,34 @@ def predicted_us(bench, batch, prompt, new, schedule, contexts):
     return float(np.interp(positions, contexts, steps).sum()), steps
 
 
+class HostTimers:
+    """Wall time spent inside the runner's decode call (host work: it returns once the graph
+    replay is queued) and inside the sampler (which waits for the step's GPU work first)."""
+
+    def __init__(self, engine):
+        import sparrow_core.engine.engine as engine_module
+
+        self.totals = {"runner_decode_s": 0.0, "sample_s": 0.0}
+        self._wrap(engine.runner, "decode", "runner_decode_s")
+        self._wrap(engine_module, "sample", "sample_s")
+
+    def _wrap(self, owner, name, key):
+        inner = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.totals[key] += time.perf_counter() - start
+
+        setattr(owner, name, timed)
+
+    def take(self) -> dict:
+        out, self.totals = dict(self.totals), {k: 0.0 for k in self.totals}
+        return out
+
+
 def timed_generate(engine, prompts, new):
     params = SamplingParams(max_new_tokens=new, temperature=1.0, seed=0)
     before = engine.runner.graphs.capture_seconds if engine.runner.graphs else 0.0
@@ -77,10 +105,14 @@ def main(argv=None) -> int:
                                               ignore_eos=True, max_context=prompt + new + 16))
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, arch.vocab_size, prompt).tolist() for _ in range(batch)]
+    timers = HostTimers(engine)
     engine.generate(prompts, SamplingParams(max_new_tokens=8, seed=0))  # warm-up
+    timers.take()
     dense = timed_generate(engine, prompts, new)
+    dense.update(timers.take())
     engine.set_schedule(schedule)
     sparse = timed_generate(engine, prompts, new)
+    sparse.update(timers.take())
     for run, pred in ((dense, pred_dense), (sparse, pred_sparse)):
         run["predicted_s"] = pred / 1e6
         run["measured_minus_capture_s"] = run["wall_s"] - run["capture_s"]

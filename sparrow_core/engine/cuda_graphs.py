@@ -102,10 +102,15 @@ class DecodeGraphs:
                 torch.long)
             self.num_tokens, self.topk = make(torch.int32), make(torch.int32)
             self.tables = {}
-            self.graphs.clear()
+            self.clear()
         if width not in self.tables:
             self.tables[width] = torch.zeros(self.capacity, width, dtype=torch.int32,
                                              device=self.device)
+
+    def clear(self) -> None:
+        """Drop every captured graph and their memory pool (the next decode recaptures)."""
+        self.graphs.clear()
+        self.pool = None
 
     def _forward(self, bucket: int, width: int, sparsity: tuple | None) -> torch.Tensor:
         attention = KernelDecodeAttention(self.cache, self.slots[:bucket],

@@ -77,15 +77,17 @@ def _check(q, centroids, page_tables, num_tokens) -> None:
 
 
 def page_scores(q: torch.Tensor, centroids: torch.Tensor, page_tables: torch.Tensor,
-                num_tokens: torch.Tensor, page_size: int) -> torch.Tensor:
-    """Scores [B, Hkv, W] float32; -inf past each row's page count."""
+                num_tokens: torch.Tensor, page_size: int, block_pages: int = 64,
+                num_warps: int = 4) -> torch.Tensor:
+    """Scores [B, Hkv, W] float32; -inf past each row's page count (block_pages and
+    num_warps are the launch configuration, swept by benchmarks/attention.py)."""
     _check(q, centroids, page_tables, num_tokens)
     batch, heads, dim = q.shape
     kv_heads, width = centroids.shape[1], page_tables.shape[1]
     if not use_kernel(q, centroids, page_tables, num_tokens):
         return page_scores_reference(q, centroids, page_tables, num_tokens, page_size)
     scores = torch.empty(batch, kv_heads, width, dtype=torch.float32, device=q.device)
-    block_p = 64
+    block_p = block_pages
     if batch and width:
         group = heads // kv_heads
         _page_scores_kernel[(batch, kv_heads, -(-width // block_p))](
@@ -93,5 +95,5 @@ def page_scores(q: torch.Tensor, centroids: torch.Tensor, page_tables: torch.Ten
             q.stride(0), q.stride(1), centroids.stride(0), centroids.stride(1),
             page_tables.stride(0), width, dim,
             GROUP=group, BLOCK_G=next_power_of_2(group), BLOCK_D=next_power_of_2(dim),
-            BLOCK_P=block_p, PAGE=page_size, num_warps=4)
+            BLOCK_P=block_p, PAGE=page_size, num_warps=num_warps)
     return scores
