@@ -155,7 +155,7 @@ def sweep_sparse(layer, lists, counts, centroids):
         fn = lambda: sparse_paged_decode_attention(q, kp, vp, tables, lengths, lists, counts,
                                                    **config)
         rows.append(dict(config, kernel="sparse_attention", us=time_graph(fn, reps=20)))
-    for block_pages in (16, 32, 64, 128):
+    for block_pages in (4, 8, 16):
         for warps in (2, 4, 8):
             fn = lambda: page_scores(q, centroids, tables, lengths, PAGE, block_pages=block_pages,
                                      num_warps=warps)
@@ -213,6 +213,12 @@ def main(argv=None) -> int:
                   prefill=prefill_choice(device) if not args.smoke else [])
     if not args.no_sweep and target is not None and not args.smoke:
         result["sweep_qwen3_1.7b_b16_32k"] = sweep(target, device)[:12]
+        centroids = centroids_of(target)
+        topk = torch.full((16,), 253, dtype=torch.int32, device=device)
+        lists, counts, _ = select_page_lists(target["q"], centroids, target["tables"],
+                                             target["lengths"], topk, PAGE, 1, 2)
+        result["sweep_sparse_qwen3_1.7b_b16_32k"] = sweep_sparse(target, lists, counts,
+                                                                 centroids)
     write_json(args.out, result)
     return 0
 

@@ -90,7 +90,7 @@ def main() -> int:
                                 dict(q_ptr=ptr("bf16"), cent_ptr=ptr("fp32"),
                                      table_ptr=ptr("i32"), ntok_ptr=ptr("i32"),
                                      score_ptr=ptr("fp32")),
-                                dict(GROUP=2, BLOCK_G=2, BLOCK_D=128, BLOCK_P=64, PAGE=16)))
+                                dict(GROUP=2, BLOCK_H=8, BLOCK_D=128, BLOCK_P=8, PAGE=16)))
     for width, warps in ((1024, 4), (2048, 8), (4096, 8)):
         report(f"page_topk W={width}", build(
             page_topk._page_topk_kernel,

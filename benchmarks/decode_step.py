@@ -83,12 +83,17 @@ class StepBench:
         fill_random_(self.cache.v, 2)
         fill_random_(self.cache.centroids, 3)
         self.graphs = DecodeGraphs(model, self.cache, use_graphs=device == "cuda")
-        self.perm = np.random.default_rng(0).permutation(pool_pages).astype(np.int32)
+        self.pool_pages = pool_pages
 
     def inputs(self, batch: int, context: int, schedule):
         width = -(-context // PAGE)
-        logical = np.arange(batch * width).reshape(batch, width)
-        tables = self.perm[logical % len(self.perm)]
+        # independent random pages: when the pool is smaller than the logical cache, rows
+        # share physical pages at uncorrelated times (no L2 reuse between rows)
+        if batch * width <= self.pool_pages:
+            tables = np.random.default_rng(width).permutation(self.pool_pages)[:batch * width]
+        else:
+            tables = np.random.default_rng(width).integers(0, self.pool_pages, batch * width)
+        tables = tables.reshape(batch, width).astype(np.int32)
         positions = np.full(batch, context - 1, dtype=np.int64)
         slots = tables[:, -1].astype(np.int64) * PAGE + (context - 1) % PAGE
         ids = np.random.default_rng(context).integers(0, self.arch.vocab_size, batch)
@@ -156,6 +161,21 @@ def non_attention_step_us(bench: StepBench, batch: int) -> float:
     def step():
         with torch.inference_mode():
             return model.compute_logits(model(ids, positions, lambda layer, q, k, v: q))
+
+    return time_graph(step, reps=10, flush=False)
+
+
+def fused_non_attention_step_us(bench: StepBench, batch: int) -> float:
+    """The non-attention step with the model's elementwise ops fused by torch.compile: what
+    the per-layer norm / RoPE / residual kernels cost beyond the weights (a probe only)."""
+    ids = torch.zeros(batch, dtype=torch.long, device=bench.device)
+    positions = torch.full((batch,), 100, dtype=torch.long, device=bench.device)
+    model = bench.model
+    forward = torch.compile(lambda i, p: model.compute_logits(model(i, p, lambda l, q, k, v: q)))
+
+    def step():
+        with torch.inference_mode():
+            return forward(ids, positions)
 
     return time_graph(step, reps=10, flush=False)
 
@@ -242,17 +262,38 @@ def main(argv=None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny model (any device)")
     parser.add_argument("--models", default="qwen3-1.7b,qwen3-4b")
     parser.add_argument("--batches", default="16,64")
+    parser.add_argument("--compile-probe", action="store_true",
+                        help="only the torch.compile probe of the non-attention step")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     copy = copy_bandwidth()
     bandwidth = copy["bytes_per_s"] if device == "cuda" else 1e12
     contexts = (64, 128, 256) if args.smoke else CONTEXTS
     batches = [int(b) for b in args.batches.split(",")]
+    if args.compile_probe:
+        return compile_probe(args, device, batches)
     rows = []
     for name in args.models.split(","):
         rows.extend(run_model(name, batches, contexts, bandwidth, device, args.smoke))
     write_json(args.out, dict(benchmark="decode_step", facts=device_facts(), copy_bandwidth=copy,
                               prompt_len=PROMPT, gen_len=GENERATED, rows=rows))
+    return 0
+
+
+def compile_probe(args, device, batches) -> int:
+    rows = []
+    for name in args.models.split(","):
+        model = random_model(model_arch(name, args.smoke), device)
+        bench = StepBench(model, 64, device)
+        params_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        for batch in batches:
+            rows.append(dict(model=name, batch=batch, params_bytes=params_bytes,
+                             non_attention_step_us=non_attention_step_us(bench, batch),
+                             fused_non_attention_step_us=fused_non_attention_step_us(bench,
+                                                                                     batch)))
+            print(rows[-1], flush=True)
+    write_json(args.out, dict(benchmark="decode_step-compile-probe", facts=device_facts(),
+                              rows=rows))
     return 0
 
 

@@ -9,9 +9,10 @@ q_mean[b, h] . centroids[page_tables[b, i], h]. Columns at or past a row's page 
 ceil(num_tokens / page_size) are -inf. The partial last page's centroid is stale, but it is
 a reserved page and never ranked (page_topk.py).
 
-One program per (sequence, KV head, block of pages): the group's queries are averaged in
-registers, the block's centroids gathered through the page table (512 contiguous bytes per
-page and head). Off GPU the launcher runs the reference, built on sparse/selection.py.
+One program per (sequence, block of pages) and all KV heads: the group means of the queries
+in registers, then each page's centroids of every head, one contiguous row of Hkv x D
+floats (4 KB at 8 x 128), gathered through the page table; reading whole rows rather than
+one head's 512 bytes per program keeps the DRAM accesses long. Off GPU the launcher runs the reference, built on sparse/selection.py.
 Tests: `python -m pytest tests/sparrow_core/kernels -q`.
 """
 
@@ -26,27 +27,32 @@ from sparrow_core.sparse.selection import group_query_mean, score_pages
 
 @jit
 def _page_scores_kernel(q_ptr, cent_ptr, table_ptr, ntok_ptr, score_ptr,
-                        s_qb, s_qh, s_cp, s_ch, s_tb, width, dim,
-                        GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+                        s_qb, s_qh, s_cp, s_ch, s_tb, width, dim, kv_heads,
+                        GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
                         BLOCK_P: tl.constexpr, PAGE: tl.constexpr):
     b = tl.program_id(0)
-    h = tl.program_id(1)
-    block = tl.program_id(2)
+    block = tl.program_id(1)
     n_pages = (tl.load(ntok_ptr + b).to(tl.int32) + PAGE - 1) // PAGE
-    g = tl.arange(0, BLOCK_G)
+    h = tl.arange(0, BLOCK_H)
     d = tl.arange(0, BLOCK_D)
-    q = tl.load(q_ptr + b * s_qb + (h * GROUP + g)[:, None] * s_qh + d[None, :],
-                mask=(g < GROUP)[:, None] & (d < dim)[None, :], other=0.0).to(tl.float32)
-    q_mean = tl.sum(q, axis=0) / GROUP
+    hd_mask = (h < kv_heads)[:, None] & (d < dim)[None, :]
+    q_sum = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    for g in tl.static_range(GROUP):
+        rows = h * GROUP + g
+        q_sum += tl.load(q_ptr + b * s_qb + rows[:, None] * s_qh + d[None, :], mask=hd_mask,
+                         other=0.0).to(tl.float32)
+    q_mean = q_sum / GROUP  # [H, D]
     p = block * BLOCK_P + tl.arange(0, BLOCK_P)
     present = p < n_pages
     phys = tl.load(table_ptr + b * s_tb + p, mask=present, other=0).to(tl.int64)
-    cent = tl.load(cent_ptr + phys[:, None] * s_cp + h * s_ch + d[None, :],
-                   mask=present[:, None] & (d < dim)[None, :], other=0.0)
-    score = tl.sum(cent * q_mean[None, :], axis=1)
-    score = tl.where(present, score, float("-inf"))
-    row = b * tl.num_programs(1) + h
-    tl.store(score_ptr + row * width + p, score, mask=p < width)
+    # every KV head of a page at once: one contiguous centroid row per page
+    offs = phys[:, None, None] * s_cp + h[None, :, None] * s_ch + d[None, None, :]
+    cent = tl.load(cent_ptr + offs, mask=present[:, None, None] & hd_mask[None, :, :],
+                   other=0.0)
+    score = tl.sum(cent * q_mean[None, :, :], axis=2)  # [P, H]
+    score = tl.where(present[:, None], score, float("-inf"))
+    dest = (b * kv_heads + h[None, :]) * width + p[:, None]
+    tl.store(score_ptr + dest, score, mask=(p < width)[:, None] & (h < kv_heads)[None, :])
 
 
 def page_scores_reference(q, centroids, page_tables, num_tokens, page_size):
@@ -77,7 +83,7 @@ def _check(q, centroids, page_tables, num_tokens) -> None:
 
 
 def page_scores(q: torch.Tensor, centroids: torch.Tensor, page_tables: torch.Tensor,
-                num_tokens: torch.Tensor, page_size: int, block_pages: int = 64,
+                num_tokens: torch.Tensor, page_size: int, block_pages: int = 8,
                 num_warps: int = 4) -> torch.Tensor:
     """Scores [B, Hkv, W] float32; -inf past each row's page count (block_pages and
     num_warps are the launch configuration, swept by benchmarks/attention.py)."""
@@ -87,13 +93,12 @@ def page_scores(q: torch.Tensor, centroids: torch.Tensor, page_tables: torch.Ten
     if not use_kernel(q, centroids, page_tables, num_tokens):
         return page_scores_reference(q, centroids, page_tables, num_tokens, page_size)
     scores = torch.empty(batch, kv_heads, width, dtype=torch.float32, device=q.device)
-    block_p = block_pages
     if batch and width:
         group = heads // kv_heads
-        _page_scores_kernel[(batch, kv_heads, -(-width // block_p))](
+        _page_scores_kernel[(batch, -(-width // block_pages))](
             q, centroids, page_tables, num_tokens, scores,
             q.stride(0), q.stride(1), centroids.stride(0), centroids.stride(1),
-            page_tables.stride(0), width, dim,
-            GROUP=group, BLOCK_G=next_power_of_2(group), BLOCK_D=next_power_of_2(dim),
-            BLOCK_P=block_p, PAGE=page_size, num_warps=num_warps)
+            page_tables.stride(0), width, dim, kv_heads,
+            GROUP=group, BLOCK_H=next_power_of_2(kv_heads), BLOCK_D=next_power_of_2(dim),
+            BLOCK_P=block_pages, PAGE=page_size, num_warps=num_warps)
     return scores
