@@ -5,7 +5,8 @@
     data = load_prompts("/data/train.parquet", "problem", "solution", tokenizer, 2048, seed=7)
     rows = data.batch(step=3, prompts_per_step=4)   # [PromptRow(row, prompt, prompt_ids, answer)]
 
-Specs: "builtin:synthetic" (the lookup_sum task of sparrow_core.data.synthetic; row r is made
+Specs: "builtin:synthetic" (the default task of sparrow_core.data.synthetic, pointer_chase,
+the one the embedded model was trained on; "builtin:<task>" names any task there; row r is made
 from its own seed, derived from (seed, split, r), so train and eval never share a seed and any
 row can be read without the ones before it; 2**62 rows), "<path>.parquet", "<path>.jsonl"
 (one JSON object per line). Answers are read as text (a number becomes its decimal string).
@@ -29,10 +30,13 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from sparrow_core.data.synthetic import make_examples
+from sparrow_core.data.synthetic import DEFAULT_TASK, TASKS, make_examples
 from sparrow_core.errors import SparrowError
 
-SYNTHETIC_SPECS = {"builtin:synthetic": "lookup_sum"}
+SYNTHETIC_SPECS = {
+    "builtin:synthetic": DEFAULT_TASK,
+    **{f"builtin:{name}": name for name in TASKS},
+}
 SYNTHETIC_ROWS = 2**62
 SPLITS = ("train", "eval")
 # keeps the synthetic rows' seeds clear of the small seeds scripts/train_tiny_model.py uses

@@ -204,5 +204,7 @@ class Engine:
     def _result(self, seq: Sequence) -> SampleResult:
         text = None
         if self.tokenizer is not None:
-            text = self.tokenizer.decode(list(seq.token_ids[seq.prompt_len:]))
+            # the stop token ends the sample; it is not part of the text a verifier reads
+            text = self.tokenizer.decode(list(seq.token_ids[seq.prompt_len:]),
+                                         skip_special_tokens=True)
         return seq.to_result(text)

@@ -30,11 +30,14 @@ def char_tokenizer(tmp_path_factory):
     return load_tokenizer(build_char_tokenizer(tmp_path_factory.mktemp("char")))
 
 
-def lookup_sum_answer(prompt: str) -> str:
-    """Recompute the answer from the prompt text alone."""
-    defs_line, sum_line = prompt.strip().split("\n")
-    values = dict(item.split("=") for item in defs_line.split()[1:])
-    return str(sum(int(values[name]) for name in sum_line.split()[1:]) % 10)
+def pointer_chase_answer(prompt: str) -> str:
+    """Recompute the answer from the prompt text alone: follow the hops."""
+    defs_line, from_line = prompt.strip().split("\n")
+    targets = dict(item.split("=") for item in defs_line.split()[1:])
+    _, name, _, hops = from_line.split()
+    for _ in range(int(hops)):
+        name = targets[name]
+    return name
 
 
 def write_parquet(path, rows):
@@ -54,7 +57,7 @@ def test_synthetic_rows_are_consistent_and_deterministic(char_tokenizer):
     batch = data.batch(step=2, prompts_per_step=3)
     assert [r.row for r in batch] == [6, 7, 8]
     for r in batch:
-        assert r.answer == lookup_sum_answer(r.prompt)
+        assert r.answer == pointer_chase_answer(r.prompt)
         assert list(r.prompt_ids) == char_tokenizer.encode(r.prompt)
     again = load_prompts("builtin:synthetic", "prompt", "answer", char_tokenizer, 1024, seed=3)
     assert again.batch(2, 3) == batch
