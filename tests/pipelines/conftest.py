@@ -1,15 +1,16 @@
-"""Fixtures of the flow tests: one Prefect test API and one local Ray for the whole session.
+"""Fixtures of the flow tests: one Prefect test API and one local Ray for this folder's tests.
 
     def test_x(flow_env, small_overrides, tmp_path):     # Prefect harness + Ray are up
         train_flow(small_overrides(tmp_path / "work", "r1"))
 
-Starting them costs ~30 s on a 2-core machine, so every flow test shares them; the flow
-leaves a Ray it did not start running. Test reward functions are registered for the session
+Starting them costs ~30 s on a 2-core machine, so the folder's tests share them; the flow
+leaves a Ray it did not start running. Test reward functions are registered while they are up
 (the reward runner's workers import them from this module by name).
 """
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -34,10 +35,11 @@ TEST_REWARDS = {"test_char_code": char_code_reward, "test_always_raises": always
 
 def _small_overrides(workdir: Path, run_id: str, *extra: str) -> list[str]:
     """Two steps of the embedded default at test size: 2 prompts x 2 samples, 24 new tokens,
-    evaluated after step 2."""
+    evaluated after step 2. Sampling is hot (temperature 2) because the embedded model is
+    nearly certain at 1: samples of one prompt must differ for the update to do anything."""
     return [f"pipeline.workdir={workdir}", f"pipeline.run_id={run_id}", "pipeline.steps=2",
             "data.prompts_per_step=2", "rollout.samples_per_prompt=2",
-            "rollout.max_new_tokens=24", "data.reward=test_char_code",
+            "rollout.max_new_tokens=24", "rollout.temperature=2.0", "data.reward=test_char_code",
             "data.eval=builtin:synthetic", "pipeline.eval_every=2", *extra]
 
 
@@ -52,23 +54,53 @@ def reward_fn():
     return char_code_reward
 
 
-@pytest.fixture(scope="session")
-def flow_env():
-    from prefect.testing.utilities import prefect_test_harness
+class FlowEnvironment:
+    """A Prefect test API and a local Ray, started on first use and stopped as soon as the
+    last test of this folder is done (not at the session's end: later tests in other folders
+    count their own child processes, and Ray's and Prefect's would be among them)."""
 
-    from sparrow_core.data.rewards import REWARD_FUNCTIONS
-    from tasks.rollout_actors import start_ray
+    def __init__(self):
+        self.stack: contextlib.ExitStack | None = None
 
-    for name, function in TEST_REWARDS.items():
-        REWARD_FUNCTIONS._entries[name] = function
-    started = start_ray("")
-    try:
-        with prefect_test_harness(server_startup_timeout=180):
-            yield
-    finally:
-        for name in TEST_REWARDS:
-            REWARD_FUNCTIONS._entries.pop(name, None)
-        if started:
+    def start(self) -> None:
+        if self.stack is not None:
+            return
+        from prefect.testing.utilities import prefect_test_harness
+
+        from sparrow_core.data.rewards import REWARD_FUNCTIONS
+        from tasks.rollout_actors import start_ray
+
+        stack = contextlib.ExitStack()
+        for name, function in TEST_REWARDS.items():
+            REWARD_FUNCTIONS._entries[name] = function
+            stack.callback(REWARD_FUNCTIONS._entries.pop, name, None)
+        if start_ray(""):
             import ray
 
-            ray.shutdown()
+            stack.callback(ray.shutdown)
+        stack.enter_context(prefect_test_harness(server_startup_timeout=180))
+        self.stack = stack
+
+    def stop(self) -> None:
+        if self.stack is not None:
+            stack, self.stack = self.stack, None
+            stack.close()
+
+
+ENVIRONMENT = FlowEnvironment()
+
+
+@pytest.fixture(scope="session")
+def flow_environment() -> FlowEnvironment:
+    """For module-scoped fixtures: call .start() before running a flow."""
+    return ENVIRONMENT
+
+
+@pytest.fixture
+def flow_env(flow_environment):
+    flow_environment.start()
+
+
+def pytest_runtest_teardown(item, nextitem):
+    if nextitem is None or Path(nextitem.path).parent != Path(__file__).parent:
+        ENVIRONMENT.stop()

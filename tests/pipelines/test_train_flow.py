@@ -51,7 +51,8 @@ def metrics_of(workdir: Path, run_id: str) -> dict[tuple[int, str], float]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, flow_env, small_overrides):
+def reference(tmp_path_factory, flow_environment, small_overrides):
+    flow_environment.start()
     workdir = tmp_path_factory.mktemp("reference") / "work"
     summary = train_flow(small_overrides(workdir, "ref"), show_table=False)
     return workdir, summary

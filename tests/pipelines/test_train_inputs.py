@@ -38,8 +38,9 @@ def write_jsonl(path: Path, records: list[dict]) -> Path:
 
 
 @pytest.fixture(scope="module")
-def raising_run(tmp_path_factory, flow_env, small_overrides):
+def raising_run(tmp_path_factory, flow_environment, small_overrides):
     """One step whose reward function raises on every sample."""
+    flow_environment.start()
     workdir = tmp_path_factory.mktemp("raising") / "work"
     summary = train_flow(small_overrides(workdir, "raise", "pipeline.steps=1",
                                          "data.reward=test_always_raises"), show_table=False)
@@ -119,7 +120,7 @@ def test_second_writer_is_refused_and_nothing_is_lost(raising_run, small_overrid
 def test_resume_with_another_config_names_the_keys(raising_run, small_overrides):
     workdir, _ = raising_run
     with pytest.raises(ConfigMismatchError, match=r"algo\.lr: 1e-06 -> 2e-06.*"
-                                                  r"rollout\.temperature: 1\.0 -> 0\.5"):
+                                                  r"rollout\.temperature: 2\.0 -> 0\.5"):
         train_flow(small_overrides(workdir, "raise", "pipeline.steps=1",
                                    "data.reward=test_always_raises", "algo.lr=2e-6",
                                    "rollout.temperature=0.5"), show_table=False)

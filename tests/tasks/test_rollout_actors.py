@@ -29,7 +29,12 @@ def params() -> list[SamplingParams]:
 
 @pytest.fixture(scope="module")
 def ray_up():
-    start_ray("")  # left running: other test modules and Ray's own exit hook share it
+    started = start_ray("")
+    yield
+    if started:  # later tests count their own child processes
+        import ray
+
+        ray.shutdown()
 
 
 @pytest.fixture
