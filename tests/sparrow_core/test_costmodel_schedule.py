@@ -109,9 +109,11 @@ def test_budget_above_prompt_is_cheaper_than_published_sparse():
 
 
 def test_dense_tokens_and_bins_by_hand():
-    # tiny-0.86 with prompt 10: bin 0 is generated [0, 118), budget (2+3)*16 = 80 covers the
+    # with prompt 10: bin 0 is generated [0, 118), budget (2+3)*16 = 80 covers the
     # context while 10 + t <= 80, so 70 tokens are dense; bin 1 (budget 96 < 128) none
-    result = schedule_cost(get_preset("tiny-0.86"), model=MODEL, hardware=HW, prompt_len=10,
+    schedule = Schedule(name="small", topk_pages=(2, 3, 4, 5, 6, 6, 6, 6), page_size=16,
+                        bin_tokens=128, skip_layers=(0,))
+    result = schedule_cost(schedule, model=MODEL, hardware=HW, prompt_len=10,
                            gen_len=300, samples=2)
     first, second, third = result.bins
     assert (first.start_position, first.end_position, first.budget_tokens) == (10, 128, 80)
