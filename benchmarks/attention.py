@@ -57,9 +57,10 @@ def make_layer(batch, hq, hkv, context, dtype, device, seed=0):
 
 
 def centroids_of(layer):
-    """Mean key of every page (float32), in chunks: no full-size float32 copy of the keys."""
+    """Mean key of every page in the cache dtype (as KVCache stores them), in chunks: no
+    full-size float32 copy of the keys."""
     pages = layer["k_pages"]
-    return torch.cat([pages[i:i + 16384].float().mean(dim=1)
+    return torch.cat([pages[i:i + 16384].float().mean(dim=1).to(pages.dtype)
                       for i in range(0, pages.shape[0], 16384)])
 
 
@@ -104,7 +105,7 @@ def one_case(model, batch, context, bandwidth, device):
     moved = {"ours_dense": batch * hkv * n_pages * kv_page,
              "sdpa_dense": batch * hkv * context * DIM * 4,
              "ours_sparse_attention_only": batch * hkv * read * kv_page,
-             "ours_selection_only": batch * hkv * n_pages * DIM * 4}
+             "ours_selection_only": batch * hkv * n_pages * DIM * 2}  # bf16 centroids
     moved["ours_sparse"] = moved["ours_sparse_attention_only"] + moved["ours_selection_only"]
     dense_out = methods["ours_dense"]()
     sdpa_out = methods["sdpa_dense"]().squeeze(2)

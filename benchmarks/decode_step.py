@@ -136,7 +136,7 @@ def step_bytes(arch: ModelArch, params_bytes: int, batch: int, context: int, sch
             continue
         read = int(pages_read(n_pages, schedule.topk_for_position(context - 1),
                               schedule.reserved_bos, schedule.reserved_eos))
-        centroid_bytes = batch * n_pages * arch.num_kv_heads * arch.head_dim * 4
+        centroid_bytes = batch * n_pages * arch.num_kv_heads * arch.head_dim * 2  # bf16
         total += batch * read * PAGE * kv_token + centroid_bytes
     return total
 

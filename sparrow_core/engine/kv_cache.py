@@ -5,7 +5,9 @@
     cache.update_centroids(layer, filled_pages) # once per page, when it fills
 
 Storage: k and v [num_layers, num_pages, page_size, Hkv, D] in the model's dtype; centroids
-[num_layers, num_pages, Hkv, D] in float32, the mean of the page's keys (computed in float32).
+[num_layers, num_pages, Hkv, D] in the same dtype, the mean of the page's keys computed in
+float32 and rounded once to the cache dtype (bf16 on GPU halves the bytes scoring reads;
+float32 on CPU stays exact).
 A page's centroid is only meaningful once the page is full; selection never scores the
 partial page (it is always read).
 """
@@ -24,9 +26,9 @@ if TYPE_CHECKING:
 
 
 def bytes_per_page(arch: "ModelArch", page_size: int, dtype: torch.dtype) -> int:
-    """Bytes one page costs over all layers: keys, values and the float32 centroid."""
+    """Bytes one page costs over all layers: keys, values and the centroid (cache dtype)."""
     element = torch.empty((), dtype=dtype).element_size()
-    per_layer = arch.num_kv_heads * arch.head_dim * (2 * page_size * element + 4)
+    per_layer = arch.num_kv_heads * arch.head_dim * (2 * page_size + 1) * element
     return arch.num_layers * per_layer
 
 
@@ -54,7 +56,7 @@ class KVCache:
         return cls(
             k=torch.zeros(shape, dtype=dtype, device=device),
             v=torch.zeros(shape, dtype=dtype, device=device),
-            centroids=torch.zeros(shape[:2] + shape[3:], dtype=torch.float32, device=device),
+            centroids=torch.zeros(shape[:2] + shape[3:], dtype=dtype, device=device),
         )
 
     @property
@@ -81,9 +83,11 @@ class KVCache:
         flat_v.index_copy_(0, slot_mapping, v.to(self.v.dtype))
 
     def update_centroids(self, layer: int, pages: torch.Tensor) -> None:
-        """Centroid of each listed (full) page: the mean of its keys, in float32."""
+        """Centroid of each listed (full) page: the float32 mean of its keys, stored in the
+        cache dtype."""
         if pages.numel():
-            self.centroids[layer, pages] = self.k[layer, pages].float().mean(dim=1)
+            mean = self.k[layer, pages].float().mean(dim=1)
+            self.centroids[layer, pages] = mean.to(self.centroids.dtype)
 
     def copy_pages(self, pairs: Iterable[tuple[int, int]]) -> None:
         """Copy keys, values and centroids from source to destination page, every layer."""

@@ -99,7 +99,8 @@ class TeacherForcedAttention:
         full = length // page_size
         centroids = torch.zeros(width, kv_heads, dim, device=k.device)
         full_keys = k[: full * page_size].float().view(full, page_size, kv_heads, dim)
-        centroids[:full] = full_keys.mean(1)
+        # rounded to the cache dtype (k's), as the engine's KVCache stores them
+        centroids[:full] = full_keys.mean(1).to(k.dtype).float()
         scores = torch.einsum("thd,phd->thp", group_query_mean(q, kv_heads), centroids)
         position = torch.arange(length, device=k.device)
         num_pages = position // page_size + 1

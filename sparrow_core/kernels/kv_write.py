@@ -1,10 +1,12 @@
 """KV cache write with the page centroid fused in: store a step's k, v; when a token fills
-its page, store the page's centroid (the float32 mean of its keys) in the same kernel.
+its page, store the page's centroid (the float32 mean of its keys, stored in the centroids'
+dtype) in the same kernel.
 
     write_kv(k_cache, v_cache, centroids, slots, k, v)                    # decode (fused)
     write_kv(k_cache, v_cache, centroids, slots, k, v, update_centroids=False)   # prefill
 
-One layer: k_cache, v_cache [P, page_size, Hkv, D]; centroids [P, Hkv, D] float32; slots [T]
+One layer: k_cache, v_cache [P, page_size, Hkv, D]; centroids [P, Hkv, D] float32 or the
+cache dtype; slots [T]
 flat slots page * page_size + offset (a negative slot is skipped: padded batch rows); k, v
 [T, Hkv, D]. With update_centroids, a token written at offset page_size - 1 also sets its
 page's centroid from the page's earlier keys (already in the cache, written by earlier
@@ -48,7 +50,8 @@ def _kv_write_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, cent_ptr, slot_ptr,
                           mask=(rows < PAGE - 1)[:, None] & (d < dim)[None, :] & fills,
                           other=0.0)
         total = tl.sum(earlier.to(tl.float32), axis=0) + key.to(tl.float32)
-        tl.store(cent_ptr + page * s_np + h * s_nh + d, total / PAGE, mask=(d < dim) & fills)
+        tl.store(cent_ptr + page * s_np + h * s_nh + d,
+                 (total / PAGE).to(cent_ptr.dtype.element_ty), mask=(d < dim) & fills)
 
 
 def write_kv_reference(k_cache, v_cache, centroids, slots, k, v, update_centroids=True):
@@ -61,7 +64,7 @@ def write_kv_reference(k_cache, v_cache, centroids, slots, k, v, update_centroid
     if update_centroids:
         filled = slots[slots % page_size == page_size - 1] // page_size
         if filled.numel():
-            centroids[filled] = k_cache[filled].float().mean(dim=1)
+            centroids[filled] = k_cache[filled].float().mean(dim=1).to(centroids.dtype)
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, centroids: torch.Tensor,
@@ -72,8 +75,9 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, centroids: torch.Tens
           f"k_cache and v_cache must share a shape [P, page_size, Hkv, D], got "
           f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
     pages, page_size, kv_heads, dim = k_cache.shape
-    check(tuple(centroids.shape) == (pages, kv_heads, dim) and centroids.dtype == torch.float32,
-          f"centroids must be float32 [{pages}, {kv_heads}, {dim}], got "
+    check(tuple(centroids.shape) == (pages, kv_heads, dim)
+          and centroids.dtype in (torch.float32, k_cache.dtype),
+          f"centroids must be float32 or {k_cache.dtype} [{pages}, {kv_heads}, {dim}], got "
           f"{tuple(centroids.shape)} {centroids.dtype}")
     check(k.dim() == 3 and k.shape == v.shape and tuple(k.shape[1:]) == (kv_heads, dim),
           f"k and v must be [T, {kv_heads}, {dim}], got {tuple(k.shape)} and {tuple(v.shape)}")

@@ -2,8 +2,8 @@
 
     scores = page_scores(q, centroids, page_tables, num_tokens)   # [B, Hkv, W] float32
 
-q [B, Hq, D] (the step's post-RoPE queries); centroids one layer [P, Hkv, D] float32 (the mean
-key of each full page); page_tables [B, W]; num_tokens [B]. q_mean is the mean of the query
+q [B, Hq, D] (the step's post-RoPE queries); centroids one layer [P, Hkv, D] float32, bf16 or
+fp16 (the mean key of each full page, in the cache dtype; products summed in float32); page_tables [B, W]; num_tokens [B]. q_mean is the mean of the query
 heads of each KV group, in float32 (sparse/selection.py's group_query_mean); score[b, h, i] =
 q_mean[b, h] . centroids[page_tables[b, i], h]. Columns at or past a row's page count
 ceil(num_tokens / page_size) are -inf. The partial last page's centroid is stale, but it is
@@ -11,7 +11,7 @@ a reserved page and never ranked (page_topk.py).
 
 One program per (sequence, block of pages) and all KV heads: the group means of the queries
 in registers, then each page's centroids of every head, one contiguous row of Hkv x D
-floats (4 KB at 8 x 128), gathered through the page table; reading whole rows rather than
+values (2 KB in bf16 at 8 x 128), gathered through the page table; reading whole rows rather than
 one head's 512 bytes per program keeps the DRAM accesses long. Off GPU the launcher runs the reference, built on sparse/selection.py.
 Tests: `python -m pytest tests/sparrow_core/kernels -q`.
 """
@@ -48,7 +48,7 @@ def _page_scores_kernel(q_ptr, cent_ptr, table_ptr, ntok_ptr, score_ptr,
     # every KV head of a page at once: one contiguous centroid row per page
     offs = phys[:, None, None] * s_cp + h[None, :, None] * s_ch + d[None, None, :]
     cent = tl.load(cent_ptr + offs, mask=present[:, None, None] & hd_mask[None, :, :],
-                   other=0.0)
+                   other=0.0).to(tl.float32)
     score = tl.sum(cent * q_mean[None, :, :], axis=2)  # [P, H]
     score = tl.where(present[:, None], score, float("-inf"))
     dest = (b * kv_heads + h[None, :]) * width + p[:, None]
@@ -71,7 +71,8 @@ def _check(q, centroids, page_tables, num_tokens) -> None:
     check(centroids.shape[2] == dim, f"centroid dim {centroids.shape[2]} differs from q's {dim}")
     check(heads % centroids.shape[1] == 0,
           f"{heads} query heads do not split into {centroids.shape[1]} KV heads")
-    check(centroids.dtype == torch.float32, f"centroids must be float32, got {centroids.dtype}")
+    check(centroids.dtype in (torch.float32, torch.bfloat16, torch.float16),
+          f"centroids must be float32, bfloat16 or float16, got {centroids.dtype}")
     check(page_tables.dim() == 2 and page_tables.shape[0] == batch,
           f"page_tables must be [{batch}, W], got {tuple(page_tables.shape)}")
     check(tuple(num_tokens.shape) == (batch,),

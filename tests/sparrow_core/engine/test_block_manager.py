@@ -92,8 +92,10 @@ def test_cache_write_centroids_and_copy():
 
 
 def test_cache_sizing_by_hand():
-    # per layer: 2 heads * 8 dims * (2 * 4 tokens * 2 bytes + 4 centroid bytes) = 320; 3 layers
-    assert bytes_per_page(ARCH, 4, torch.bfloat16) == 960
-    assert pages_for_budget(ARCH, 4, torch.bfloat16, mib=960 * 10 / 2**20) == 10
-    with pytest.raises(EngineError, match="holds no KV page.*960 bytes"):
-        pages_for_budget(ARCH, 4, torch.bfloat16, mib=900 / 2**20)
+    # per layer: 2 heads * 8 dims * (2 * 4 tokens * 2 bytes + 2 bytes of bf16 centroid) = 288;
+    # 3 layers
+    assert bytes_per_page(ARCH, 4, torch.bfloat16) == 864
+    assert bytes_per_page(ARCH, 4, torch.float32) == 3 * 2 * 8 * (2 * 4 * 4 + 4)
+    assert pages_for_budget(ARCH, 4, torch.bfloat16, mib=864 * 10 / 2**20) == 10
+    with pytest.raises(EngineError, match="holds no KV page.*864 bytes"):
+        pages_for_budget(ARCH, 4, torch.bfloat16, mib=800 / 2**20)

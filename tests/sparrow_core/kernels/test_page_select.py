@@ -19,15 +19,16 @@ def loop_select(scores, n, k, bos, eos):
     return sorted(always + ranked[:k])
 
 
-def test_scores_equal_a_plain_loop(interpreted):
+@pytest.mark.parametrize("centroid_dtype", [torch.float32, torch.bfloat16])
+def test_scores_equal_a_plain_loop(interpreted, centroid_dtype):
     gen = torch.Generator().manual_seed(0)
     pages, hkv, hq, dim, page_size, width = 30, 2, 6, 24, 4, 9
-    centroids = torch.randn(pages, hkv, dim, generator=gen)
+    centroids = torch.randn(pages, hkv, dim, generator=gen).to(centroid_dtype)
     q = torch.randn(3, hq, dim, generator=gen)
     tables = torch.randint(0, pages, (3, width), generator=gen, dtype=torch.int32)
     num_tokens = torch.tensor([width * page_size, 13, 0], dtype=torch.int32)
     scores = page_scores(q, centroids, tables, num_tokens, page_size)
-    qn, cn = q.double().numpy(), centroids.double().numpy()
+    qn, cn = q.double().numpy(), centroids.double().numpy()  # bf16 values exact in float64
     for b in range(3):
         n = -(-int(num_tokens[b]) // page_size)
         for h in range(hkv):
@@ -99,5 +100,5 @@ def test_select_checks_its_inputs():
         page_topk(scores, torch.zeros(2, dtype=torch.int32), torch.zeros(2, dtype=torch.int32),
                   4, 1, 0)
     with pytest.raises(KernelInputError, match="centroids must be float32"):
-        page_scores(torch.zeros(2, 2, 8), torch.zeros(5, 1, 8, dtype=torch.bfloat16),
+        page_scores(torch.zeros(2, 2, 8), torch.zeros(5, 1, 8, dtype=torch.int32),
                     torch.zeros(2, 3, dtype=torch.int32), torch.zeros(2, dtype=torch.int32), 4)
