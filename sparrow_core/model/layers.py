@@ -3,8 +3,11 @@
 Everything works on a flat batch of tokens [T, ...] (several sequences packed end to end);
 nothing here knows about sequences, caches or pages. Numerics follow transformers' Qwen3 /
 Qwen2 / Llama modules (RMSNorm in float32, RoPE angles in float32 then cast, rotate-half
-layout) so that logits agree with the trainer's model. Run the checks with
-`python -m pytest tests/sparrow_core/model -q`.
+layout) so that logits agree with the trainer's model. Without autograd on CUDA the
+elementwise work runs in fused Triton kernels of the same numerics (sparrow_core/kernels:
+rms_norm with the residual add, qk_norm_rope, silu_mul; a handful of launches per layer
+instead of about fifty); elsewhere, and whenever gradients are recorded, in PyTorch. Run the
+checks with `python -m pytest tests/sparrow_core/model tests/sparrow_core/kernels -q`.
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ from typing import Callable
 
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F
 
+from sparrow_core.kernels.qk_norm_rope import qk_norm_rope
+from sparrow_core.kernels.rms_norm import rms_norm
+from sparrow_core.kernels.silu_mul import silu_mul
 from sparrow_core.model.config import Llama3RopeScaling, ModelArch
 
 # attention(layer_index, q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D]) -> [T, Hq, D]
@@ -31,10 +36,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size))
 
     def forward(self, x: Tensor) -> Tensor:
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
+
+    def add_and_norm(self, x: Tensor, delta: Tensor) -> tuple[Tensor, Tensor]:
+        """(norm(x + delta), x + delta), the sum rounded to x's dtype first: one kernel on GPU."""
+        return rms_norm(x, self.weight, self.eps, residual=delta)
 
 
 def rope_inverse_frequencies(
@@ -117,8 +123,10 @@ class SelfAttention(nn.Module):
         k = self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            q, k = qk_norm_rope(q, k, cos, sin, self.q_norm.weight, self.k_norm.weight,
+                                self.q_norm.eps)
+        else:
+            q, k = qk_norm_rope(q, k, cos, sin, None, None, 0.0)
         out = attention(self.layer_index, q, k, v)
         expected = (tokens, self.num_q_heads, self.head_dim)
         if tuple(out.shape) != expected:
@@ -139,7 +147,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -153,5 +161,6 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, attention: AttentionFn) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attention)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        attended = self.self_attn(self.input_layernorm(x), cos, sin, attention)
+        normed, x = self.post_attention_layernorm.add_and_norm(x, attended)
+        return x + self.mlp(normed)

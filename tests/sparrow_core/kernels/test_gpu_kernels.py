@@ -124,3 +124,42 @@ def test_prefill_sdpa():
         want = torch.einsum("hqk,khd->qhd", torch.softmax(s, -1), vs.double())
         assert relative_error(out[start:start + n], want) < 1e-3
         start += n
+
+
+def test_fused_layer_kernels_bf16():
+    """RMSNorm (+ residual), q/k norm + RoPE and SiLU-mul at Qwen3-1.7B shapes equal their
+    PyTorch references to the last bf16 rounding on nearly every element."""
+    from sparrow_core.kernels.qk_norm_rope import qk_norm_rope, qk_norm_rope_reference
+    from sparrow_core.kernels.rms_norm import rms_norm, rms_norm_reference
+    from sparrow_core.kernels.silu_mul import silu_mul, silu_mul_reference
+    from sparrow_core.model.layers import Rotary
+
+    gen = torch.Generator(device="cuda").manual_seed(5)
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen, device="cuda") * scale).bfloat16()
+
+    def close(got, want):
+        assert got.dtype == want.dtype and got.shape == want.shape and not got.isnan().any()
+        diff = (got.float() - want.float()).abs()
+        assert float(diff.max()) <= 2 ** -6 * float(want.float().abs().max())
+        assert float((got == want).float().mean()) > 0.98
+
+    x, delta, w = randn(64, 2048), randn(64, 2048), randn(2048, scale=0.3) + 1
+    poison()
+    close(rms_norm(x, w, 1e-6), rms_norm_reference(x, w, 1e-6))
+    y, summed = rms_norm(x, w, 1e-6, residual=delta)
+    want_y, want_sum = rms_norm_reference(x, w, 1e-6, residual=delta)
+    assert torch.equal(summed, want_sum)
+    close(y, want_y)
+    q, k = randn(64, 16, 128), randn(64, 8, 128)
+    qw, kw = randn(128, scale=0.3) + 1, randn(128, scale=0.3) + 1
+    positions = torch.randint(0, 32768, (64,), generator=gen, device="cuda")
+    cos, sin = Rotary(128, 1e6, None).cos_sin(positions, torch.bfloat16)
+    poison()
+    for got, want in zip(qk_norm_rope(q, k, cos, sin, qw, kw, 1e-6),
+                         qk_norm_rope_reference(q, k, cos, sin, qw, kw, 1e-6)):
+        close(got, want)
+    gate, up = randn(64, 6144, scale=3), randn(64, 6144)
+    poison()
+    close(silu_mul(gate, up), silu_mul_reference(gate, up))
