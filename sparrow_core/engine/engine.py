@@ -128,11 +128,13 @@ class Engine:
             budgets = self._decode_budgets(seqs)
         out = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
         progress = len(seqs)
+        # one device-to-host copy per output tensor per step, not four per sample
+        ids, logprobs = out.token_ids.tolist(), out.logprobs.tolist()
+        topk_ids, topk_logprobs = out.topk_ids.tolist(), out.topk_logprobs.tolist()
         for i, seq in enumerate(seqs):
             k = seq.params.logprobs_topk
-            seq.append(int(out.token_ids[i]), float(out.logprobs[i]),
-                       tuple(out.topk_ids[i, :k].tolist()),
-                       tuple(out.topk_logprobs[i, :k].tolist()), budgets[i])
+            seq.append(ids[i], logprobs[i], tuple(topk_ids[i][:k]),
+                       tuple(topk_logprobs[i][:k]), budgets[i])
             if seq.finish_reason is not None:
                 scheduler.finish(seq)
                 progress += seq.params.max_new_tokens - seq.num_generated

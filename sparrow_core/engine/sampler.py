@@ -115,17 +115,28 @@ def sample(
     temperature = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params],
                                dtype=logits.dtype, device=device)
     scaled = logits / temperature[:, None]
-    keep = truncation_mask(
-        scaled,
-        torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
-        torch.tensor([p.top_p for p in params], dtype=logits.dtype, device=device),
-    )
-    keep |= greedy[:, None]
-    logprobs = torch.log_softmax(scaled.masked_fill(~keep, -math.inf), dim=-1)
-    # draw: argmax of p / E with E ~ Exp(1) from each row's own generator
+    if any(p.top_k > 0 or p.top_p < 1.0 for p in params if not p.greedy):
+        keep = truncation_mask(
+            scaled,
+            torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
+            torch.tensor([p.top_p for p in params], dtype=logits.dtype, device=device),
+        )
+        keep |= greedy[:, None]
+        scaled = scaled.masked_fill(~keep, -math.inf)
+    # else nothing is truncated: no vocabulary sort
+    logprobs = torch.log_softmax(scaled, dim=-1)
+    # draw: argmax of p / E with E ~ Exp(1) from each row's own generator; rows on the
+    # global generator (None) draw together
     noise = torch.ones_like(logprobs)
+    shared = [row for row, (p, g) in enumerate(zip(params, generators))
+              if not p.greedy and g is None]
+    if len(shared) == batch:
+        noise.exponential_()
+    elif shared:
+        noise[torch.tensor(shared, device=device)] = torch.empty(
+            len(shared), vocab, dtype=noise.dtype, device=device).exponential_()
     for row, (p, generator) in enumerate(zip(params, generators)):
-        if not p.greedy:
+        if not p.greedy and generator is not None:
             noise[row].exponential_(generator=generator)
     # an exact 0 draw would make 0 / 0 for a truncated token
     noise.clamp_(min=torch.finfo(noise.dtype).tiny)

@@ -189,3 +189,22 @@ def test_cuda_rows_with_cuda_generators_are_reproducible_and_exact():
     assert counts[probs == 0].sum() == 0
     support = probs > 0
     assert stats.chisquare(counts[support], draws * probs[support]).pvalue > 1e-3
+
+
+def test_untruncated_rows_skip_the_sort_and_mix_with_seeded_and_shared_rows():
+    logits = torch.randn(3, 50, generator=_generator(8))
+    params = [SamplingParams(temperature=0.7), SamplingParams(temperature=1.3),
+              SamplingParams(temperature=0.0)]
+    torch.manual_seed(5)
+    out = sample(logits, params, [_generator(1), None, None])
+    for row, p in enumerate(params):
+        want = _reference_distribution(logits[row].tolist(), p.temperature or 1.0, 0, 1.0)
+        assert float(out.logprobs[row]) == pytest.approx(
+            math.log(want[int(out.token_ids[row])]), abs=1e-5)
+        np.testing.assert_allclose(out.topk_logprobs[row].exp().numpy(),
+                                   sorted(want, reverse=True)[:20], rtol=1e-5, atol=1e-7)
+    assert int(out.token_ids[2]) == int(logits[2].argmax())
+    # the seeded row draws the same token whatever the global generator's state
+    torch.manual_seed(6)
+    again = sample(logits, params, [_generator(1), None, None])
+    assert int(again.token_ids[0]) == int(out.token_ids[0])
