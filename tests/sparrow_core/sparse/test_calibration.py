@@ -1,0 +1,130 @@
+"""Calibration library: per-bin tables against plain loops, the replay's conventions, and the
+embedded model's calibrated schedule held to its target on held-out prompts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from sparrow_core.costmodel import get_hardware
+from sparrow_core.data.datasets import load_prompts
+from sparrow_core.engine import SamplingParams
+from sparrow_core.model import load_model, load_tokenizer
+from sparrow_core.model.builtin import resolve_model_path
+from sparrow_core.sparse.calibration import (
+    PAPER_BUDGETS,
+    CalibrationError,
+    Trajectory,
+    budget_grid,
+    flat_schedule,
+    measure_budgets,
+    model_shape,
+    replay_acceptance,
+    sample_trajectories,
+    schedule_acceptance,
+    table_from_tokens,
+)
+from sparrow_core.sparse.choose import budget_cost_table, choose_budgets
+from sparrow_core.sparse.presets import get_preset
+from sparrow_core.sparse.schedule import Schedule
+
+
+def test_table_matches_a_plain_loop():
+    rng = np.random.default_rng(0)
+    positions = rng.integers(0, 300, size=500)
+    acceptance = [rng.uniform(0, 1, size=500), rng.uniform(0.5, 1, size=500)]
+    table = table_from_tokens([4, 8], positions, acceptance, bin_tokens=64, num_bins=6)
+    assert table.p5.shape == (2, 6)
+    for j in range(2):
+        for i in range(6):
+            chosen = [a for p, a in zip(positions, acceptance[j]) if min(p // 64, 5) == i]
+            assert table.tokens[i] == len(chosen)
+            if chosen:
+                assert table.p5[j, i] == pytest.approx(np.percentile(chosen, 5))
+                assert table.mean[j, i] == pytest.approx(np.mean(chosen))
+            else:
+                assert np.isnan(table.p5[j, i])
+    rows = table.rows()
+    assert {(r["budget_pages"], r["bin"]) for r in rows} == {(b, i) for b in (4, 8)
+                                                             for i in range(6) if table.tokens[i]}
+
+
+def test_table_restricted_to_some_bins_keeps_counts():
+    positions = np.array([0, 1, 70, 71, 140])
+    table = table_from_tokens([4], positions, [np.array([0.1, 0.2, 0.3, 0.4, 0.5])], 64,
+                              bins=[1])
+    assert list(table.tokens) == [2, 2, 1]
+    assert np.isnan(table.p5[0, 0]) and table.p5[0, 1] == pytest.approx(0.3 + 0.05 * 0.1)
+
+
+def test_budget_grid():
+    assert budget_grid(200) == tuple(b for b in PAPER_BUDGETS if b < 200)
+    assert budget_grid(2400)[-1] == 1149
+    assert budget_grid(31) == (1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 28)
+    with pytest.raises(CalibrationError, match="2 pages"):
+        budget_grid(1)
+
+
+def test_trajectory_checks_its_split():
+    assert list(Trajectory((5, 6, 7, 8), 2).positions) == [2, 3]
+    with pytest.raises(CalibrationError, match="prompt_len"):
+        Trajectory((5, 6), 2)
+
+
+def test_replay_is_exact_dense_when_the_budget_covers_every_page(qwen3_checkpoint):
+    model = load_model(qwen3_checkpoint)
+    template = Schedule("t", (2,), page_size=4, bin_tokens=16, reserved_bos=1, reserved_eos=1,
+                        skip_layers=())
+    generator = torch.Generator().manual_seed(0)
+    trajectories = [Trajectory(tuple(torch.randint(0, 256, (n,), generator=generator).tolist()), 6)
+                    for n in (40, 33)]
+    wide, narrow = replay_acceptance(model, trajectories, [flat_schedule(template, 64),
+                                                           flat_schedule(template, 1)])
+    assert wide.shape == narrow.shape == (34 + 27,)
+    assert np.allclose(wide, 1.0, atol=1e-6)
+    # the first generated token of each trajectory comes from the dense prefill
+    assert narrow[0] == pytest.approx(1.0, abs=1e-6) and narrow[34] == pytest.approx(1.0, abs=1e-6)
+    assert narrow.min() < 0.99
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    path = resolve_model_path("builtin:tiny")
+    model, tokenizer = load_model(path), load_tokenizer(path)
+    return model, tokenizer
+
+
+def _prompts(tokenizer, split, count):
+    data = load_prompts("builtin:synthetic", "prompt", "answer", tokenizer, 1024, split=split)
+    return [list(data.row(i).prompt_ids) for i in range(count)]
+
+
+@pytest.mark.slow
+def test_embedded_model_calibrates_and_holds_its_target_on_held_out_prompts(tiny):
+    """Calibrate on 2 train prompts x 2 samples, then decode 2 eval prompts x 2 samples sparsely
+    under the chosen schedule: every bin's exact p5 stays at or above target - 0.02 (the
+    sampling tolerance: p5 of ~100 tokens per bin moves by about one token's acceptance)."""
+    model, tokenizer = tiny
+    template, target, tolerance = get_preset("tiny-0.86"), 0.86, 0.02
+    params = [SamplingParams(temperature=1.0, max_new_tokens=256, n=2, seed=s) for s in (1, 2)]
+    trajectories = sample_trajectories(model, tokenizer, _prompts(tokenizer, "train", 2), params)
+    grid = (2, 4, 6, 12)
+    table = measure_budgets(model, trajectories, template, grid, num_bins=template.num_bins)
+    shape = model_shape(resolve_model_path("builtin:tiny"))
+    cost = budget_cost_table(grid, table.num_bins, template, model=shape,
+                             hardware=get_hardware("h200"), prompt_len=trajectories[0].prompt_len)
+    choice = choose_budgets(grid, table.p5, table.tokens, cost, target, min_tokens=20)
+    schedule = Schedule("tiny-calibrated", choice.topk_pages, page_size=8, bin_tokens=64,
+                        reserved_bos=1, reserved_eos=2, skip_layers=template.skip_layers,
+                        target=target)
+    measured = [i for i in range(table.num_bins) if table.tokens[i] >= 20]
+    assert measured and all(table.p5[grid.index(schedule.topk_pages[i]), i] >= target
+                            for i in measured)
+    held = sample_trajectories(model, tokenizer, _prompts(tokenizer, "eval", 2), params,
+                               schedule=schedule)
+    positions, alpha = schedule_acceptance(model, held, schedule)
+    bins = positions // 64
+    for i in np.unique(bins):
+        assert np.percentile(alpha[bins == i], 5) >= target - tolerance, (i, choice.topk_pages)
