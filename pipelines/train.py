@@ -66,6 +66,14 @@ def _due(step: int, every: int, last: int, at_end: bool) -> bool:
     return bool(every and step % every == 0) or (at_end and step == last)
 
 
+def _log_report(runtime, workdir: str, run_id: str) -> None:
+    """The run's plots and one-page summary, into the run folder and the MLflow run."""
+    from tasks.report import make_report
+
+    for path in make_report(workdir, run_id, runtime.layout.run_dir / "report"):
+        runtime.tracker.log_artifact(path, subdir="plots")
+
+
 @flow(name="train")
 def train_flow(overrides: list[str], show_table: bool = True) -> dict:
     """Run (or resume) a training run; a small summary of what it did and where it lives."""
@@ -85,6 +93,8 @@ def train_flow(overrides: list[str], show_table: bool = True) -> dict:
             table.row(step, step_metrics(runtime.store, run_id, step), all(skipped[step].values()))
         status = "finished"
         final = step_metrics(runtime.store, run_id, steps) if steps else {}
+        if steps:
+            _log_report(runtime, workdir, run_id)
         recorded = len(stage_records(runtime.store, run_id))
     finally:
         close_run_runtime(runtime, status)

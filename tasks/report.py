@@ -124,7 +124,10 @@ def load_run(workdir: str | Path, run_id: str) -> RunData:
         SELECT stage, count(*) AS steps, sum(duration_s) AS total_s, avg(duration_s) AS mean_s
         FROM stage_runs WHERE run_id = ? GROUP BY stage ORDER BY min(started_at), stage""",
                    [run_id])
-    steps = sorted({s for points in metrics.values() for s, _ in points} | {b["step"] for b in bins})
+    # RL steps are the ones that produced a reward or bin statistics (step 0 holds only the
+    # starting schedule's record)
+    trained = {s for name in (REWARD_METRIC, LENGTH_METRIC) for s, _ in metrics.get(name, [])}
+    steps = sorted(trained | {b["step"] for b in bins})
     return RunData(run_id, run, config, _target(config, schedules, events), metrics, bins,
                    events, schedules, stages, steps)
 
