@@ -147,6 +147,7 @@ def validate(cfg: SparrowConfig) -> None:
 
 
 def _registry_choices() -> dict[str, tuple[str, ...]]:
+    from sparrow_core.costmodel_presets import HARDWARE
     from sparrow_core.data.rewards import REWARD_FUNCTIONS
     from sparrow_core.rl import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
 
@@ -154,6 +155,7 @@ def _registry_choices() -> dict[str, tuple[str, ...]]:
         "algo.advantage": tuple(ADVANTAGE_ESTIMATORS.names()),
         "algo.loss": tuple(POLICY_LOSSES.names()),
         "data.reward": tuple(REWARD_FUNCTIONS.names()),
+        "calibrate.hardware": tuple(HARDWARE),
     }
 
 
@@ -178,4 +180,14 @@ _RANGES = [
     ("data.max_prompt_tokens", lambda v: v >= 1, ">= 1"),
     ("data.reward_timeout_s", lambda v: v > 0, "> 0"),
     ("pipeline.steps", lambda v: v >= 0, ">= 0"),
+    ("calibrate.num_prompts", lambda v: v >= 1, ">= 1"),
+    ("calibrate.repeats", lambda v: v >= 1, ">= 1"),
+    ("calibrate.max_new_tokens", lambda v: v >= 0, ">= 0 (0 takes rollout.max_new_tokens)"),
+    ("calibrate.budgets", lambda v: all(b >= 1 for b in v) and list(v) == sorted(set(v)),
+     "a strictly increasing list of page counts >= 1 (empty picks a grid)"),
+    ("calibrate.min_tokens", lambda v: v >= 1, ">= 1"),
+    ("calibrate.num_bins", lambda v: v >= 0, ">= 0 (0 keeps the schedule's)"),
+    ("calibrate.tolerance", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("calibrate.patience", lambda v: v >= 1, ">= 1"),
+    ("calibrate.margin", lambda v: 0 <= v < 1, "in [0, 1)"),
 ]

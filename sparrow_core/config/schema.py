@@ -144,6 +144,41 @@ class PipelineConfig:
 
 
 @dataclass(frozen=True)
+class CalibrateConfig:
+    # calibration prompts (same forms as data.train); empty uses data.train
+    prompts: str = ""
+    # prompts sampled for calibration (rows 0.. of the dataset's order)
+    num_prompts: int = 8
+    # samples per prompt (the paper repeated each prompt 8 times)
+    repeats: int = 4
+    # new tokens per sample; 0 takes rollout.max_new_tokens
+    max_new_tokens: int = 0
+    # true samples under schedule.name (the sparse actor); false samples densely
+    sample_sparse: bool = False
+    # top-k page budgets replayed; empty: the paper's steps 29..1149 below the longest
+    # trajectory, or a small grid (1..64) when fewer than 4 of them fit
+    budgets: list[int] = field(default_factory=list)
+    # fewest tokens a bin needs for a stable p5; a thinner bin takes its neighbour's decision
+    min_tokens: int = 100
+    # bins of the calibrated schedule; 0 keeps schedule.name's count (more if trajectories
+    # reach further)
+    num_bins: int = 0
+    # name of the calibrated schedule; empty names it calibrated-<model folder>-<target>
+    name: str = ""
+    # hardware preset of the cost model that prices each budget (sparrow costmodel --help)
+    hardware: str = "h200"
+    # also time generating every budget of the grid (the paper's way) to compare with calibration
+    time_generation: bool = False
+    # online control: a bin counts as below target when its p5 < schedule.target - tolerance
+    tolerance: float = 0.0
+    # online control: steps in a row below target before a bin's budget is raised
+    patience: int = 1
+    # online control: on the pipeline.reoptimize_every timer, bins whose p5 >= target + margin
+    # try a lower budget
+    margin: float = 0.05
+
+
+@dataclass(frozen=True)
 class RayConfig:
     # Ray cluster address; empty starts a local Ray
     address: str = ""
@@ -157,11 +192,12 @@ class SparrowConfig:
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     data: DataConfig = field(default_factory=DataConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    calibrate: CalibrateConfig = field(default_factory=CalibrateConfig)
     ray: RayConfig = field(default_factory=RayConfig)
 
 
 # groups whose YAML file is chosen by conf/config.yaml's defaults (or `group=name` overrides)
-GROUPS = ("model", "rollout", "schedule", "algo", "data", "pipeline")
+GROUPS = ("model", "rollout", "schedule", "algo", "data", "pipeline", "calibrate")
 
 # fields with a closed set of values; names from registries are checked in load.py
 CHOICES: dict[str, tuple[str, ...]] = {
