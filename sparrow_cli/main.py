@@ -17,7 +17,8 @@ import sys
 
 from sparrow_core.errors import SparrowError
 
-COMMANDS = ("config", "schedule", "mismatch", "costmodel", "generate", "query", "report", "train", "runs")
+COMMANDS = ("config", "schedule", "mismatch", "costmodel", "generate", "query", "report", "train", "runs",
+            "calibrate")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,200 @@
+"""The calibrate flow's tasks: sample, replay under the budget grid, choose and store.
+
+    path = sample_task(overrides, calibration_id)              # trajectories.json
+    path = replay_task(overrides, calibration_id, path)        # table.json
+    summary = choose_task(overrides, calibration_id, path)     # schedule, DuckDB, MLflow, plot
+    timing = time_generation_task(overrides, calibration_id, path)   # optional: the paper's way
+
+Everything lands under `<workdir>/calibrations/<calibration_id>/` by write-then-rename; each
+task reads its inputs from the previous task's file, so it can be re-run alone. The library
+does the work (sparrow_core/sparse/calibration.py, choose.py); tasks/calibrate_store.py
+writes DuckDB and MLflow, tasks/calibrate_plot.py draws the figure. Tasks take plain values
+(config overrides, ids, paths), as Prefect's rules ask, and are never cached.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from prefect import task
+from prefect.cache_policies import NONE
+
+from sparrow_core.config import SparrowConfig, load_config
+from sparrow_core.data.datasets import load_prompts
+from sparrow_core.engine import EngineConfig, SamplingParams
+from sparrow_core.model.builtin import resolve_model_path
+from sparrow_core.sparse.calibration import (
+    AcceptanceTable,
+    Trajectory,
+    budget_grid,
+    flat_schedule,
+    measure_budgets,
+    sample_trajectories,
+)
+from sparrow_core.sparse.io import resolve_schedule
+from sparrow_core.sparse.schedule import Schedule
+from storage import atomic_file
+from tasks.retry import INFRA_RETRIES
+from tasks.runtime import device_and_dtype
+
+TRAJECTORIES_FILE = "trajectories.json"
+TABLE_FILE = "table.json"
+
+
+def calibration_dir(workdir: str | Path, calibration_id: str) -> Path:
+    return Path(workdir) / "calibrations" / calibration_id
+
+
+def write_json(path: Path, data: Any) -> Path:
+    with atomic_file(path) as scratch:
+        scratch.write_text(json.dumps(data, indent=1))
+    return path
+
+
+@functools.lru_cache(maxsize=2)
+def load_policy(model_cfg: Any) -> tuple[Any, Any, Path]:
+    """(model, tokenizer, checkpoint dir) of the `model` config group, loaded once per process."""
+    import torch
+
+    from sparrow_core.model import load_model, load_tokenizer
+
+    path = resolve_model_path(model_cfg.path)
+    device, dtype = device_and_dtype(model_cfg)
+    return load_model(path, getattr(torch, dtype), device), load_tokenizer(path), path
+
+
+def policy(cfg: SparrowConfig) -> tuple[Any, Any, Path]:
+    return load_policy(cfg.model)
+
+
+def base_schedule(cfg: SparrowConfig) -> Schedule:
+    """schedule.name: the template (page size, bins, reserved pages, dense layers)."""
+    return resolve_schedule(cfg.schedule.name)
+
+
+def calibration_requests(cfg: SparrowConfig, tokenizer: Any,
+                         max_context: int) -> tuple[list, list[SamplingParams]]:
+    """(prompt ids, sampling params) of the calibration prompts, seeded from pipeline.seed;
+    new tokens are cut to what the context leaves after each prompt."""
+    cal, rollout = cfg.calibrate, cfg.rollout
+    data = load_prompts(cal.prompts or cfg.data.train, cfg.data.prompt_key, cfg.data.answer_key,
+                        tokenizer, cfg.data.max_prompt_tokens, split="train",
+                        seed=cfg.pipeline.seed)
+    rows = [data.row(i) for i in range(min(cal.num_prompts, len(data)))]
+    new_tokens = cal.max_new_tokens or rollout.max_new_tokens
+    context = cfg.model.max_context or max_context
+    params = [SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p,
+                             top_k=rollout.top_k, n=cal.repeats,
+                             max_new_tokens=max(1, min(new_tokens, context - len(row.prompt_ids))),
+                             seed=cfg.pipeline.seed * 100_003 + i)
+              for i, row in enumerate(rows)]
+    return [list(r.prompt_ids) for r in rows], params
+
+
+def engine_config(cfg: SparrowConfig, schedule: Schedule) -> EngineConfig:
+    return EngineConfig.from_rollout(cfg.rollout, page_size=schedule.page_size,
+                                     max_context=cfg.model.max_context)
+
+
+def sample(overrides: list[str], calibration_id: str) -> str:
+    cfg = load_config(overrides)
+    model, tokenizer, _ = policy(cfg)
+    template = base_schedule(cfg)
+    prompts, params = calibration_requests(cfg, tokenizer,
+                                           model.arch.max_position_embeddings)
+    clock = time.perf_counter()
+    trajectories = sample_trajectories(
+        model, tokenizer, prompts, params,
+        schedule=template if cfg.calibrate.sample_sparse else None,
+        engine_config=engine_config(cfg, template))
+    seconds = time.perf_counter() - clock
+    out = calibration_dir(cfg.pipeline.workdir, calibration_id) / TRAJECTORIES_FILE
+    data = {"sample_s": seconds, "sparse": cfg.calibrate.sample_sparse, "prompts": len(prompts),
+            "trajectories": [{"ids": list(t.ids), "prompt_len": t.prompt_len}
+                             for t in trajectories]}
+    return str(write_json(out, data))
+
+
+def read_trajectories(path: str | Path) -> tuple[list[Trajectory], dict]:
+    data = json.loads(Path(path).read_text())
+    trajectories = [Trajectory(tuple(t["ids"]), t["prompt_len"]) for t in data["trajectories"]]
+    return trajectories, data
+
+
+def grid_for(cfg: SparrowConfig, trajectories: list[Trajectory], template: Schedule) -> tuple:
+    if cfg.calibrate.budgets:
+        return tuple(cfg.calibrate.budgets)
+    longest = max(len(t.ids) for t in trajectories)
+    return budget_grid(-(-longest // template.page_size))
+
+
+def replay(overrides: list[str], calibration_id: str, trajectories_path: str) -> str:
+    cfg = load_config(overrides)
+    model, _, _ = policy(cfg)
+    template = base_schedule(cfg)
+    trajectories, _ = read_trajectories(trajectories_path)
+    grid = grid_for(cfg, trajectories, template)
+    num_bins = cfg.calibrate.num_bins or template.num_bins
+    clock = time.perf_counter()
+    table = measure_budgets(model, trajectories, template, grid, cfg.rollout.temperature or 1.0,
+                            num_bins=num_bins)
+    seconds = time.perf_counter() - clock
+    out = calibration_dir(cfg.pipeline.workdir, calibration_id) / TABLE_FILE
+    return str(write_json(out, {"replay_s": seconds, **table_to_dict(table)}))
+
+
+def table_to_dict(table: AcceptanceTable) -> dict:
+    def listed(array: np.ndarray) -> list:
+        return [[None if np.isnan(v) else float(v) for v in row] for row in array]
+
+    return {"budgets": list(table.budgets), "bin_tokens": table.bin_tokens,
+            "tokens": [int(n) for n in table.tokens], "p1": listed(table.p1),
+            "p5": listed(table.p5), "p10": listed(table.p10), "mean": listed(table.mean)}
+
+
+def table_from_dict(data: dict) -> AcceptanceTable:
+    def array(key: str) -> np.ndarray:
+        return np.array([[np.nan if v is None else v for v in row] for row in data[key]],
+                        dtype=np.float64)
+
+    return AcceptanceTable(tuple(data["budgets"]), data["bin_tokens"],
+                           np.array(data["tokens"], dtype=np.int64), array("p1"), array("p5"),
+                           array("p10"), array("mean"))
+
+
+def time_generation(overrides: list[str], calibration_id: str, table_path: str) -> dict:
+    """Seconds to generate the calibration requests under every budget of the grid."""
+    cfg = load_config(overrides)
+    model, tokenizer, _ = policy(cfg)
+    template = base_schedule(cfg)
+    prompts, params = calibration_requests(cfg, tokenizer,
+                                           model.arch.max_position_embeddings)
+    budgets = json.loads(Path(table_path).read_text())["budgets"]
+    seconds = {}
+    for budget in budgets:
+        schedule = flat_schedule(template, budget)
+        clock = time.perf_counter()
+        sample_trajectories(model, tokenizer, prompts, params, schedule=schedule,
+                            engine_config=engine_config(cfg, template))
+        seconds[int(budget)] = time.perf_counter() - clock
+    return {"generation_s_per_budget": seconds, "generation_s": sum(seconds.values())}
+
+
+@task(name="calibrate-sample", cache_policy=NONE, **INFRA_RETRIES)
+def sample_task(overrides: list[str], calibration_id: str) -> str:
+    return sample(overrides, calibration_id)
+
+
+@task(name="calibrate-replay", cache_policy=NONE, **INFRA_RETRIES)
+def replay_task(overrides: list[str], calibration_id: str, trajectories_path: str) -> str:
+    return replay(overrides, calibration_id, trajectories_path)
+
+
+@task(name="calibrate-time-generation", cache_policy=NONE)
+def time_generation_task(overrides: list[str], calibration_id: str, table_path: str) -> dict:
+    return time_generation(overrides, calibration_id, table_path)
