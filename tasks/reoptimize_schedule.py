@@ -1,48 +1,156 @@
-"""Stage 5, reoptimize_schedule: decide whether the schedule should be re-optimized.
+"""Stage 5, reoptimize_schedule: the online controller. Raise bins that crossed below target,
+lower bins with margin on a timer, each change a new schedule version.
 
     outcome = reoptimize_schedule_task(workdir, run_id, step)   # .../reoptimize_schedule/decision.json
 
-A re-optimization is due when this step recorded a `below_target` threshold event, or every
-`pipeline.reoptimize_every` steps (0: never on a timer). For now the stage only records the
-decision (decision.json and the step metric reoptimize/due); re-measuring and storing a new
-schedule version (tasks/schedules.py insert_schedule, Tracker.log_schedule) is the
-calibration issue's part, and the rollout stage already decodes with the newest version
-stored before its step.
+Each step, sparrow_core/sparse/controller.py reads the run's per-bin p5 history (bin_stats)
+against schedule.target: a bin below target - calibrate.tolerance for calibrate.patience steps
+in a row is raised; every pipeline.reoptimize_every steps (0: never) bins whose p5 is at least
+target + calibrate.margin try fewer pages. The bins concerned are re-measured exactly on this
+step's own trajectories (rollouts.parquet), teacher-forced under the policy that sampled them,
+at the grid budgets above (raise) or below (lower) their current top-k (the grid is
+calibrate.budgets, else the one `sparrow calibrate` would use). A changed schedule is stored as
+the next version of the run's schedule name (schedules row with this step, reason and YAML
+path), so the rollout stage of the next step decodes with it (tasks/schedules.py), and MLflow
+gets the schedule, a tag `schedule.change.step<n>` and metrics reoptimize/raised and
+reoptimize/lowered. decision.json holds the decision, the measured p5 and the changes. With
+schedule.sparse=false the stage only records that nothing is to be done.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 from prefect import task
 from prefect.cache_policies import NONE
 
+from sparrow_core.data.rollouts import read_rollouts
+from sparrow_core.sparse.calibration import Trajectory, budget_grid, measure_budgets
+from sparrow_core.sparse.controller import (
+    Change,
+    ControlSettings,
+    Decision,
+    apply_measurement,
+    candidate_budgets,
+    decide,
+)
+from sparrow_core.sparse.io import save_schedule_yaml
+from sparrow_core.sparse.schedule import Schedule
 from tasks.retry import INFRA_RETRIES
-from tasks.runtime import RunRuntime, lookup
+from tasks.rollout import ROLLOUTS_FILE
+from tasks.runtime import RunRuntime, device_and_dtype, lookup
+from tasks.schedules import insert_schedule, schedule_in_force
 from tasks.stage import StageOutcome, StageWrite, run_stage
 
 DECISION_FILE = "decision.json"
+SCHEDULE_FILE = "schedule.yaml"
+STAGE = "reoptimize_schedule"
 
 
-def decide(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
+def settings_of(cfg) -> ControlSettings:
+    return ControlSettings(target=cfg.schedule.target, tolerance=cfg.calibrate.tolerance,
+                           patience=cfg.calibrate.patience, margin=cfg.calibrate.margin)
+
+
+def p5_history(runtime: RunRuntime, step: int) -> dict[int, dict[int, float]]:
     with runtime.store.connect() as conn:
-        bins = [b for (b,) in conn.execute(
-            "SELECT bin FROM threshold_events WHERE run_id = ? AND step = ? AND kind = "
-            "'below_target' ORDER BY bin", [runtime.run_id, step]).fetchall()]
-    every = runtime.cfg.pipeline.reoptimize_every
-    reasons = []
-    if bins:
-        reasons.append(f"p5 below target {runtime.cfg.schedule.target} in bins {bins}")
-    if every and step % every == 0:
-        reasons.append(f"every {every} steps")
-    decision = {"step": step, "due": bool(reasons), "reasons": reasons, "bins_below": bins,
-                "schedule": runtime.schedule_name, "action": "recorded only"}
-    (out / DECISION_FILE).write_text(json.dumps(decision, indent=2))
-    return StageWrite(metrics={"reoptimize/due": float(bool(reasons))})
+        rows = conn.execute("SELECT step, bin, p5 FROM bin_stats WHERE run_id = ? AND step <= ? "
+                            "AND p5 IS NOT NULL", [runtime.run_id, step]).fetchall()
+    history: dict[int, dict[int, float]] = {}
+    for s, b, p5 in rows:
+        history.setdefault(int(s), {})[int(b)] = float(p5)
+    return history
+
+
+def step_trajectories(runtime: RunRuntime, step: int) -> list[Trajectory]:
+    records = read_rollouts(runtime.layout.stage_dir(step, "rollout") / ROLLOUTS_FILE)
+    return [Trajectory(tuple(r.prompt_ids) + tuple(r.output_ids), len(r.prompt_ids))
+            for r in records if r.output_ids]
+
+
+def remeasure(runtime: RunRuntime, step: int, schedule: Schedule,
+              decision: Decision) -> tuple[list[int], np.ndarray, list[int]]:
+    """(budgets, p5[budget, bin], tokens per bin): the decision's bins, exact, on this step's
+    trajectories."""
+    import torch
+
+    from sparrow_core.model import load_model
+
+    cfg = runtime.cfg
+    trajectories = step_trajectories(runtime, step)
+    grid = list(cfg.calibrate.budgets) or list(budget_grid(
+        -(-max(len(t.ids) for t in trajectories) // schedule.page_size)))
+    budgets = sorted({b for kind, bins in (("raise", decision.raise_bins),
+                                           ("lower", decision.lower_bins))
+                      for bin_ in bins for b in candidate_budgets(schedule, bin_, grid, kind)})
+    if not budgets:
+        return [], np.zeros((0, schedule.num_bins)), []
+    device, dtype = device_and_dtype(cfg.model)
+    model = load_model(runtime.policy_folder_before(step), getattr(torch, dtype), device)
+    table = measure_budgets(model, trajectories, schedule, budgets,
+                            cfg.rollout.temperature or 1.0, num_bins=schedule.num_bins,
+                            bins=decision.raise_bins + decision.lower_bins)
+    return budgets, table.p5[:, : schedule.num_bins], [int(n) for n in table.tokens]
+
+
+def reoptimize(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
+    cfg = runtime.cfg
+    schedule, version = schedule_in_force(runtime.store, runtime.run_id, runtime.schedule_name,
+                                          runtime.schedule_start_version, step)
+    every = cfg.pipeline.reoptimize_every
+    decision = Decision(step)
+    if cfg.schedule.sparse:
+        decision = decide(p5_history(runtime, step), step, schedule, settings_of(cfg),
+                          lowering_due=bool(every and step % every == 0))
+    budgets, p5, changes, new = [], np.zeros((0, 0)), [], schedule
+    if decision.any:
+        budgets, p5, tokens = remeasure(runtime, step, schedule, decision)
+        new, changes = apply_measurement(schedule, decision, budgets, p5, settings_of(cfg),
+                                         tokens)
+    record = {"step": step, "schedule": schedule.name, "version": version,
+              "decision": asdict(decision), "budgets": budgets,
+              "p5": [[None if np.isnan(v) else float(v) for v in row] for row in p5],
+              "changes": [{**asdict(c), "p5": None if np.isnan(c.p5) else c.p5} for c in changes], "topk_pages": list(new.topk_pages)}
+    metrics = {"reoptimize/due": float(decision.any),
+               "reoptimize/raised": float(sum(c.kind == "raise" for c in changes)),
+               "reoptimize/lowered": float(sum(c.kind == "lower" for c in changes))}
+    if not changes:
+        (out / DECISION_FILE).write_text(json.dumps(record, indent=2))
+        return StageWrite(metrics=metrics)
+    return _new_version(runtime, step, out, new, changes, record, metrics)
+
+
+def _new_version(runtime: RunRuntime, step: int, out: Path, new: Schedule, changes: list[Change],
+                 record: dict, metrics: dict) -> StageWrite:
+    with runtime.store.connect() as conn:
+        newest = conn.execute("SELECT max(version) FROM schedules WHERE name = ?",
+                              [new.name]).fetchone()[0]
+    version = int(newest or 0) + 1
+    save_schedule_yaml(new, out / SCHEDULE_FILE)
+    final_yaml = runtime.layout.stage_dir(step, STAGE) / SCHEDULE_FILE
+    reason = "; ".join(f"bin {c.bin} {c.kind} {c.old_topk}->{c.new_topk}" for c in changes)
+    record.update(new_version=version, reason=reason)
+    (out / DECISION_FILE).write_text(json.dumps(record, indent=2))
+
+    def db(conn) -> None:
+        insert_schedule(conn, new, version, runtime.run_id, step, reason, str(final_yaml))
+
+    def after_commit(final: Path) -> None:
+        tracker = runtime.tracker
+        if tracker is None:
+            return
+        tracker.log_schedule(new, version, step)
+        tracker.client.set_tag(tracker.mlflow_run_id, f"schedule.change.step{step}",
+                               f"v{version}: {reason}")
+
+    metrics["reoptimize/new_version"] = float(version)
+    return StageWrite(metrics=metrics, db=db, after_commit=after_commit)
 
 
 @task(name="reoptimize_schedule", cache_policy=NONE, **INFRA_RETRIES)
 def reoptimize_schedule_task(workdir: str, run_id: str, step: int) -> StageOutcome:
     runtime = lookup(workdir, run_id)
-    return run_stage(runtime, "reoptimize_schedule", step, lambda out: decide(runtime, step, out))
+    return run_stage(runtime, STAGE, step, lambda out: reoptimize(runtime, step, out))

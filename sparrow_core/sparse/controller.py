@@ -16,7 +16,8 @@ exactly, teacher-forced on the step's own trajectories, at the budgets of the gr
 smallest measured budget meeting the target: for a raise the smallest larger one (the largest
 measured when none does), for a lower the smallest smaller one (none: the bin stays). The
 result is made non-decreasing over bins: a raised bin lifts the bins after it, a lowered bin
-stops at the bin before it.
+stops at the bin before it, unless that bin held no generated token in the re-measured
+trajectories (only prompts reach it), which then follows it down.
 """
 
 from __future__ import annotations
@@ -129,10 +130,11 @@ def candidate_budgets(schedule: Schedule, bin_: int, grid: Sequence[int], kind: 
     raise ControllerError(f"kind must be raise or lower, got {kind!r}")
 
 
-def _pick(budgets: Sequence[int], p5: np.ndarray, bin_: int, target: float,
+def _pick(budgets: Sequence[int], p5: np.ndarray, bin_: int, current: int, target: float,
           kind: str) -> tuple[int, float] | None:
+    side = (lambda b: b > current) if kind == "raise" else (lambda b: b < current)
     measured = [(b, float(p5[j, bin_])) for j, b in enumerate(budgets)
-                if not math.isnan(p5[j, bin_])]
+                if side(b) and not math.isnan(p5[j, bin_])]
     meeting = [(b, v) for b, v in measured if v >= target]
     if meeting:
         return min(meeting)
@@ -142,8 +144,13 @@ def _pick(budgets: Sequence[int], p5: np.ndarray, bin_: int, target: float,
 
 
 def apply_measurement(schedule: Schedule, decision: Decision, budgets: Sequence[int], p5,
-                      settings: ControlSettings) -> tuple[Schedule, list[Change]]:
-    """The new schedule from p5[budget, bin] re-measured at `budgets`, and what changed."""
+                      settings: ControlSettings,
+                      tokens: Sequence[int] | None = None) -> tuple[Schedule, list[Change]]:
+    """The new schedule from p5[budget, bin] re-measured at `budgets`, and what changed.
+
+    tokens: generated tokens per bin in the re-measured trajectories; a bin with none (a bin
+    only prompts reach) follows a lowered bin after it down instead of blocking it.
+    """
     p5 = np.asarray(p5, dtype=np.float64)
     if p5.ndim != 2 or p5.shape[0] != len(budgets):
         raise ControllerError(f"p5 must be [budgets={len(budgets)}, bins], got {p5.shape}")
@@ -154,9 +161,15 @@ def apply_measurement(schedule: Schedule, decision: Decision, budgets: Sequence[
     old, kinds, measured = list(topk), {}, {}
     for kind, bins in (("raise", decision.raise_bins), ("lower", decision.lower_bins)):
         for b in bins:
-            picked = _pick(budgets, p5, b, settings.target, kind) if b < p5.shape[1] else None
-            if picked is not None and (picked[0] > topk[b] if kind == "raise" else picked[0] < topk[b]):
+            picked = None
+            if b < p5.shape[1]:
+                picked = _pick(budgets, p5, b, topk[b], settings.target, kind)
+            if picked is not None:
                 topk[b], kinds[b], measured[b] = picked[0], kind, picked[1]
+    empty = [tokens is not None and (b >= len(tokens) or tokens[b] == 0) for b in range(width)]
+    for b in range(width - 2, -1, -1):
+        if empty[b] and topk[b] > topk[b + 1] and kinds.get(b + 1) in ("lower", "follow"):
+            topk[b], kinds[b] = topk[b + 1], "follow"
     for b in range(1, width):  # non-decreasing: raises lift later bins, lowers stop at earlier
         if topk[b] < topk[b - 1]:
             topk[b] = topk[b - 1]

@@ -94,3 +94,26 @@ def test_nothing_meets_target_lower_leaves_the_bin():
 def test_bad_settings_are_one_clear_error(kwargs):
     with pytest.raises(ControllerError):
         ControlSettings(**kwargs)
+
+
+def test_budgets_on_the_wrong_side_of_the_current_one_are_ignored():
+    # bin 1 (6 pages) is raised: 4 pages measured well but is not a raise
+    p5 = np.array([[np.nan, 0.99, np.nan, np.nan], [np.nan, 0.9, np.nan, np.nan]])
+    new, _ = apply_measurement(SCHEDULE, Decision(1, raise_bins=(1,)), [4, 8], p5,
+                               ControlSettings())
+    assert new.topk_pages == (4, 8, 8, 8)
+
+
+def test_bins_without_tokens_follow_a_lowered_bin_down():
+    schedule = Schedule("s", (8, 8, 8, 8), page_size=8, bin_tokens=64, skip_layers=(0,))
+    p5 = np.full((2, 4), np.nan)
+    p5[:, 2] = [0.9, 0.99]
+    decision = Decision(3, lower_bins=(2,))
+    new, changes = apply_measurement(schedule, decision, [2, 4], p5, ControlSettings(),
+                                     tokens=[0, 0, 80, 40])
+    assert new.topk_pages == (2, 2, 2, 8)
+    assert [c.kind for c in changes] == ["follow", "follow", "lower"]
+    # with tokens in bin 1 it blocks: the lowered bin stops at bin 1's budget
+    blocked, _ = apply_measurement(schedule, decision, [2, 4], p5, ControlSettings(),
+                                   tokens=[0, 30, 80, 40])
+    assert blocked.topk_pages == (8, 8, 8, 8)

@@ -1,0 +1,145 @@
+"""reoptimize_schedule: a crossing raises the bin, margin on the timer lowers it, each change
+is a new schedule version in DuckDB (the one the next step's rollout takes) and an MLflow event.
+
+The p5 history is written into bin_stats by hand; the re-measurement is real (the embedded
+model, teacher-forced on two trajectories) and checked against percentiles computed here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+
+import duckdb
+import numpy as np
+import pytest
+import torch
+
+from sparrow_core.config import load_config
+from sparrow_core.data.datasets import load_prompts
+from sparrow_core.data.rollouts import RolloutRecord, write_rollouts
+from sparrow_core.engine import Engine, EngineConfig, SamplingParams
+from sparrow_core.model import load_model, load_tokenizer
+from sparrow_core.model.builtin import resolve_model_path
+from sparrow_core.sparse.calibration import Trajectory, flat_schedule, schedule_acceptance
+from sparrow_core.sparse.schedule import Schedule
+from storage import RunLayout, Store
+from tasks.reoptimize_schedule import DECISION_FILE, reoptimize
+from tasks.schedules import insert_schedule, schedule_in_force
+from tasks.stage import run_stage
+
+pytestmark = pytest.mark.slow
+
+GRID = [4, 12, 28]
+RUN = "r1"
+
+
+class FakeTracker:
+    def __init__(self):
+        self.schedules, self.tags, self.steps = [], {}, []
+        self.mlflow_run_id = "m1"
+        self.client = SimpleNamespace(set_tag=lambda run, key, value: self.tags.__setitem__(key, value))
+
+    def log_schedule(self, schedule, version, step):
+        self.schedules.append((schedule.topk_pages, version, step))
+
+    def log_step(self, step, metrics):
+        self.steps.append((step, dict(metrics)))
+
+
+@pytest.fixture(scope="module")
+def sampled():
+    torch.manual_seed(0)
+    path = resolve_model_path("builtin:tiny")
+    model, tokenizer = load_model(path), load_tokenizer(path)
+    data = load_prompts("builtin:synthetic", "prompt", "answer", tokenizer, 1024)
+    rows = [data.row(i) for i in range(2)]
+    engine = Engine(model, tokenizer, EngineConfig(page_size=8, num_pages=256))
+    params = [SamplingParams(temperature=1.0, max_new_tokens=120, n=2, seed=7 + i) for i in range(2)]
+    results = engine.generate([list(r.prompt_ids) for r in rows], params)
+    records = [RolloutRecord(p, s.sample_index, row.row, tuple(row.prompt_ids), s.output_ids,
+                             s.logprobs, s.topk_ids, s.topk_logprobs, s.budget_pages,
+                             s.finish_reason, row.answer)
+               for p, (row, samples) in enumerate(zip(rows, results)) for s in samples]
+    return model, path, records
+
+
+def make_runtime(tmp_path: Path, sampled, topk, *overrides):
+    model, path, records = sampled
+    cfg = load_config([f"pipeline.workdir={tmp_path}", "schedule.name=tiny-ctl",
+                       f"calibrate.budgets=[{','.join(map(str, GRID))}]", *overrides])
+    store = Store.open_writer(tmp_path)
+    schedule = Schedule("tiny-ctl", topk, page_size=8, bin_tokens=64, skip_layers=(0,))
+    with store.connect() as conn:
+        insert_schedule(conn, schedule, 1, RUN, 0, "initial")
+    layout = RunLayout(tmp_path, RUN)
+    for step in (1, 2):
+        write_rollouts(layout.stage_dir(step, "rollout") / "rollouts.parquet", records)
+    runtime = SimpleNamespace(cfg=cfg, run_id=RUN, store=store, layout=layout, fail_at=None,
+                              stages_run=Counter(), tracker=FakeTracker(), schedule_name="tiny-ctl",
+                              schedule_start_version=1, policy_folder_before=lambda step: path)
+    return runtime, schedule
+
+
+def set_p5(runtime, step, p5_by_bin):
+    with runtime.store.connect() as conn:
+        for b, p5 in p5_by_bin.items():
+            conn.execute("INSERT INTO bin_stats (run_id, step, bin, n, p5) VALUES (?, ?, ?, 50, ?)",
+                         [RUN, step, b, p5])
+
+
+def expected_topk(model, records, schedule, bin_, budgets, target=0.86):
+    """Smallest budget whose exact p5 in the bin meets the target, computed bin by bin here."""
+    trajectories = [Trajectory(r.prompt_ids + r.output_ids, len(r.prompt_ids)) for r in records]
+    for budget in budgets:
+        positions, alpha = schedule_acceptance(model, trajectories, flat_schedule(schedule, budget))
+        in_bin = np.minimum(positions // 64, schedule.num_bins - 1) == bin_
+        if np.percentile(alpha[in_bin], 5) >= target:
+            return budget
+    return None
+
+
+def run(runtime, step):
+    return run_stage(runtime, "reoptimize_schedule", step, lambda out: reoptimize(runtime, step, out))
+
+
+def test_a_crossing_raises_the_bin_as_a_new_version(tmp_path, sampled):
+    runtime, schedule = make_runtime(tmp_path, sampled, (2, 2, 2, 2, 2, 2, 2, 2))
+    set_p5(runtime, 1, {2: 0.99, 3: 0.10})
+    try:
+        outcome = run(runtime, 1)
+        decision = json.loads(Path(outcome.output_dir, DECISION_FILE).read_text())
+        new, version = schedule_in_force(runtime.store, RUN, "tiny-ctl", 1, step=2)
+    finally:
+        runtime.store.close()
+    want = expected_topk(sampled[0], sampled[2], schedule, 3, [4, 12, 28]) or 28
+    assert decision["decision"]["raise_bins"] == [3]
+    assert version == 2 and new.topk_pages == (2, 2, 2, want, want, want, want, want)
+    assert runtime.tracker.schedules == [(new.topk_pages, 2, 1)]
+    assert f"bin 3 raise 2->{want}" in runtime.tracker.tags["schedule.change.step1"]
+    with duckdb.connect(str(tmp_path / "sparrow.duckdb"), read_only=True) as conn:
+        row = conn.execute("SELECT step, reason, yaml_path FROM schedules WHERE version = 2").fetchone()
+    assert row[0] == 1 and "raise" in row[1] and Path(row[2]).is_file()
+
+
+def test_margin_on_the_timer_lowers_and_nothing_happens_off_the_timer(tmp_path, sampled):
+    runtime, schedule = make_runtime(tmp_path, sampled, (28,) * 8, "pipeline.reoptimize_every=2")
+    set_p5(runtime, 1, {2: 1.0, 3: 1.0})
+    set_p5(runtime, 2, {2: 1.0, 3: 1.0})
+    try:
+        first = json.loads(Path(run(runtime, 1).output_dir, DECISION_FILE).read_text())
+        assert first["changes"] == [] and first["decision"]["lower_bins"] == []
+        run(runtime, 2)
+        new, version = schedule_in_force(runtime.store, RUN, "tiny-ctl", 1, step=3)
+    finally:
+        runtime.store.close()
+    model, _, records = sampled
+    want2 = expected_topk(model, records, schedule, 2, [4, 12]) or 28
+    want3 = max(want2, expected_topk(model, records, schedule, 3, [4, 12]) or 28)
+    assert want3 < 28  # the near-dense 28 pages leave room to lower on this model
+    assert version == 2 and new.topk_pages[2:4] == (want2, want3)
+    # bins 0 and 1 hold only prompt tokens: they follow bin 2 down; bins 4.. keep 28
+    assert new.topk_pages[:2] == (want2, want2) and new.topk_pages[4:] == (28,) * 4
+    assert "schedule.change.step2" in runtime.tracker.tags
