@@ -3,9 +3,13 @@
     sparrow schedule list [--json]
     sparrow schedule show qwen3-1.7b-0.86 [--json]
     sparrow schedule show my-schedule.yaml
+    sparrow schedule show calibrated-tiny-qwen3-0.86 --workdir ./sparrow-work     # newest version
+    sparrow schedule show calibrated-tiny-qwen3-0.86@2 --workdir ./sparrow-work   # version 2
 
 `show` takes a preset name or a schedule file (.yaml, .yml, .json); its JSON is the file
-format (docs/schedules.md). Pages read per step are top-k plus reserved_bos + reserved_eos.
+format (docs/schedules.md). With --workdir it also takes a stored schedule (calibrated, or a
+version the train flow's controller made) by name (newest version) or name@version, read
+from the workdir's DuckDB `schedules` table; a stored name shadows a preset. Pages read per step are top-k plus reserved_bos + reserved_eos.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     show = actions.add_parser("show", help="one schedule, bin by bin")
     show.add_argument("schedule", metavar="NAME_OR_FILE", help="a preset name or a schedule file")
     show.add_argument("--json", action="store_true", help="print the schedule as JSON")
+    show.add_argument("--workdir", default=None,
+                      help="also look up NAME or NAME@VERSION in this workdir's schedules table")
     show.set_defaults(func=run_show)
 
 
@@ -90,8 +96,36 @@ def run_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def stored_schedule(workdir: str, spec: str) -> Schedule | None:
+    """NAME or NAME@VERSION from the workdir's schedules table; None when it has no such name."""
+    from sparrow_core.sparse.io import schedule_from_dict
+    from sparrow_core.sparse.schedule import ScheduleError
+    from storage.query import query
+
+    name, sep, version = spec.rpartition("@") if "@" in spec else (spec, "", "")
+    if sep and not version.isdigit():
+        raise ScheduleError(f"schedule {spec!r}: the version after @ must be a whole number")
+    columns = ("name", "page_size", "bin_tokens", "topk_pages", "reserved_bos",
+               "reserved_eos", "skip_layers", "target")
+    where, params = "name = ?", [name]
+    if sep:
+        where, params = where + " AND version = ?", params + [int(version)]
+    result = query(workdir, f"SELECT version, reason, {', '.join(columns)} FROM schedules "
+                            f"WHERE {where} ORDER BY version DESC LIMIT 1", params)
+    if not result.rows:
+        if sep:
+            raise ScheduleError(f"schedule {name!r} has no version {version} in {workdir}")
+        return None
+    row = result.rows[0]
+    data = dict(zip(columns, row[2:]))
+    data["description"] = f"version {row[0]} from {workdir} ({row[1]})"
+    return schedule_from_dict(data, source=f"schedules row ({name}, v{row[0]})")
+
+
 def run_show(args: argparse.Namespace) -> int:
-    schedule = resolve_schedule(args.schedule)
+    schedule = stored_schedule(args.workdir, args.schedule) if args.workdir else None
+    if schedule is None:
+        schedule = resolve_schedule(args.schedule)
     if args.json:
         print_json(schedule_to_dict(schedule))
         return 0

@@ -41,3 +41,26 @@ def test_summary_names_times_notes_and_how_to_train(capsys):
     assert "tiny-cal v2" in out and "takes bin 1's decision" in out
     assert "30.0 s" in out and "90.0 s (3.0x)" in out
     assert "sparrow train schedule.name=tiny-cal" in out
+
+
+def test_schedule_show_reads_stored_versions_from_a_workdir(tmp_path):
+    import json
+
+    from sparrow_core.sparse.presets import get_preset
+    from storage import Store
+    from tasks.schedules import insert_schedule
+
+    base = get_preset("tiny-0.86")
+    first = base.__class__(**{**base.__dict__, "name": "cal-x", "topk_pages": (6,) * 8})
+    second = base.__class__(**{**base.__dict__, "name": "cal-x", "topk_pages": (6, 6, 12) + (12,) * 5})
+    with Store.open_writer(tmp_path) as store, store.connect() as conn:
+        insert_schedule(conn, first, 1, "cal-1", 0, "calibration cal-1")
+        insert_schedule(conn, second, 2, "r1", 4, "bin 2 raise 6->12")
+    newest = run_cli("schedule", "show", "cal-x", "--workdir", str(tmp_path), "--json")
+    assert newest.returncode == 0, newest.stderr
+    assert json.loads(newest.stdout)["topk_pages"] == [6, 6] + [12] * 6
+    old = run_cli("schedule", "show", "cal-x@1", "--workdir", str(tmp_path), "--json")
+    assert json.loads(old.stdout)["topk_pages"] == [6] * 8
+    assert "version 1" in json.loads(old.stdout)["description"]
+    missing = run_cli("schedule", "show", "cal-x@9", "--workdir", str(tmp_path))
+    assert missing.returncode == 2 and "no version 9" in missing.stderr
