@@ -24,7 +24,7 @@ def test_every_entrypoint_imports_to_a_flow_taking_its_parameters():
     from prefect import Flow
 
     found = deployments()
-    assert [d["name"] for d in found] == ["sparrow-train"]
+    assert [d["name"] for d in found] == ["sparrow-train", "sparrow-calibrate"]
     for deployment in found:
         path, _, name = deployment["entrypoint"].partition(":")
         assert (REPO / path).is_file(), path
