@@ -30,7 +30,7 @@ class GenerateArgumentError(SparrowError, ValueError):
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("generate", help="generate from a model, dense or block-sparse")
     parser.add_argument("--model", required=True, metavar="DIR",
-                        help="a Hugging Face model directory")
+                        help="a Hugging Face model directory, or builtin:tiny")
     prompt = parser.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", metavar="TEXT",
                         help="prompt text (needs the model's tokenizer)")
@@ -56,7 +56,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from sparrow_core.engine import Engine, EngineConfig, SamplingParams
     from sparrow_core.model import load_model
+    from sparrow_core.model.builtin import resolve_model_path
 
+    args.model = str(resolve_model_path(args.model))
     schedule = _schedule(args.schedule)
     device, dtype = _device_dtype(args.device, args.dtype)
     model = load_model(args.model, dtype=dtype, device=device)
