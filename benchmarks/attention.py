@@ -5,7 +5,7 @@ importable), with bytes moved against the copy bandwidth measured in the same pr
     python benchmarks/attention.py --smoke                        # tiny shapes, any device
 
 Per model head shape (Qwen3-1.7B: 16 query / 8 KV heads; Qwen3-4B: 32 / 8; head dim 128,
-bf16, 16-token pages scattered through the cache), batch 16 and 64, context 4K-32K (every
+bf16, 16-token head-major pages scattered through the cache), batch 16 and 64, context 4K-32K (every
 sequence full): our dense split-K kernel; our sparse step (scoring + selection + attention,
 budget of the model's 0.86 preset at that context); our sparse attention alone over the
 same pages; torch SDPA dense over contiguous K/V (enable_gqa). Each figure is the median of
@@ -46,11 +46,11 @@ def make_layer(batch, hq, hkv, context, dtype, device, seed=0):
     pages = batch * width
     perm = torch.randperm(pages, device=device, generator=torch.Generator(device).manual_seed(seed))
     tables = perm.view(batch, width).int()
-    k_pages = torch.empty(pages, PAGE, hkv, DIM, dtype=dtype, device=device)
+    k_pages = torch.empty(pages, hkv, PAGE, DIM, dtype=dtype, device=device)  # head-major
     v_pages = torch.empty_like(k_pages)
     for b in range(batch):  # row by row: no full-size temporary
-        k_pages[tables[b].long()] = k[b].transpose(0, 1).reshape(width, PAGE, hkv, DIM)
-        v_pages[tables[b].long()] = v[b].transpose(0, 1).reshape(width, PAGE, hkv, DIM)
+        k_pages[tables[b].long()] = k[b].view(hkv, width, PAGE, DIM).transpose(0, 1)
+        v_pages[tables[b].long()] = v[b].view(hkv, width, PAGE, DIM).transpose(0, 1)
     lengths = torch.full((batch,), context, dtype=torch.int32, device=device)
     return dict(q=q, k=k[:, :, :context], v=v[:, :, :context], k_pages=k_pages,
                 v_pages=v_pages, tables=tables, lengths=lengths)
@@ -60,7 +60,7 @@ def centroids_of(layer):
     """Mean key of every page in the cache dtype (as KVCache stores them), in chunks: no
     full-size float32 copy of the keys."""
     pages = layer["k_pages"]
-    return torch.cat([pages[i:i + 16384].float().mean(dim=1).to(pages.dtype)
+    return torch.cat([pages[i:i + 16384].float().mean(dim=2).to(pages.dtype)
                       for i in range(0, pages.shape[0], 16384)])
 
 

@@ -5,7 +5,7 @@
     out = sparse_decode_attention(q, k_pages, v_pages, page_tables, num_tokens, page_mask)
 
 Shapes: q [T or B, Hq, D]; k, v [T, Hkv, D]; k_pages, v_pages one layer of the cache
-[num_pages, page_size, Hkv, D]; page_tables [B, W] physical page ids (padding entries may
+[num_pages, Hkv, page_size, D] (head-major); page_tables [B, W] physical page ids (padding entries may
 hold any valid id); num_tokens [B] cached tokens per sequence, the current one included;
 page_mask [B, Hkv, W] bool from sparrow_core.sparse.selection. Query head j reads KV head
 j // (Hq / Hkv). Softmax scale 1/sqrt(D), computed in float32, returned in q's dtype.
@@ -76,7 +76,7 @@ def dense_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
     if on_gpu(q, k_pages, page_tables):
         return paged_decode_attention(q, k_pages, v_pages, page_tables, num_tokens)
     batch, width = page_tables.shape
-    every_page = torch.ones(batch, k_pages.shape[2], width, dtype=torch.bool, device=q.device)
+    every_page = torch.ones(batch, k_pages.shape[1], width, dtype=torch.bool, device=q.device)
     return _paged_attention(q, k_pages, v_pages, page_tables, num_tokens, every_page)
 
 
@@ -85,7 +85,7 @@ def sparse_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: tor
                             page_mask: torch.Tensor) -> torch.Tensor:
     """One query per sequence over the tokens of its selected pages, per KV head."""
     batch, width = page_tables.shape
-    expected = (batch, k_pages.shape[2], width)
+    expected = (batch, k_pages.shape[1], width)
     if tuple(page_mask.shape) != expected:
         raise ValueError(f"page_mask must have shape {expected}, got {tuple(page_mask.shape)}")
     if on_gpu(q, k_pages, page_tables, page_mask):
@@ -97,10 +97,10 @@ def sparse_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: tor
 
 def _paged_attention(q, k_pages, v_pages, page_tables, num_tokens, page_mask):
     batch, width = page_tables.shape
-    page_size, kv_heads, dim = k_pages.shape[1:]
-    # gather each sequence's pages: [B, W * page_size, Hkv, D] -> [B, Hkv, W * page_size, D]
-    k = k_pages[page_tables].reshape(batch, width * page_size, kv_heads, dim).transpose(1, 2)
-    v = v_pages[page_tables].reshape(batch, width * page_size, kv_heads, dim).transpose(1, 2)
+    kv_heads, page_size, dim = k_pages.shape[1:]
+    # gather each sequence's pages: [B, W, Hkv, page_size, D] -> [B, Hkv, W * page_size, D]
+    k = k_pages[page_tables].transpose(1, 2).reshape(batch, kv_heads, width * page_size, dim)
+    v = v_pages[page_tables].transpose(1, 2).reshape(batch, kv_heads, width * page_size, dim)
     mask = token_mask(page_mask, page_size, num_tokens).unsqueeze(2)  # [B, Hkv, 1, K]
     out = masked_attention(q.unsqueeze(2), k, v, mask)
     return out.squeeze(2).to(q.dtype)

@@ -4,7 +4,9 @@
     cache.write(layer, slot_mapping, k, v)      # k, v: [T, Hkv, D] post-RoPE
     cache.update_centroids(layer, filled_pages) # once per page, when it fills
 
-Storage: k and v [num_layers, num_pages, page_size, Hkv, D] in the model's dtype; centroids
+Storage: k and v [num_layers, num_pages, Hkv, page_size, D] in the model's dtype (head-major:
+one KV head's page is one contiguous block, so a per-head page gather reads whole rows of
+page_size * D elements); centroids
 [num_layers, num_pages, Hkv, D] in the same dtype, the mean of the page's keys computed in
 float32 and rounded once to the cache dtype (bf16 on GPU halves the bytes scoring reads;
 float32 on CPU stays exact).
@@ -52,11 +54,11 @@ class KVCache:
     @classmethod
     def allocate(cls, arch: "ModelArch", num_pages: int, page_size: int, dtype: torch.dtype,
                  device: torch.device | str) -> "KVCache":
-        shape = (arch.num_layers, num_pages, page_size, arch.num_kv_heads, arch.head_dim)
+        shape = (arch.num_layers, num_pages, arch.num_kv_heads, page_size, arch.head_dim)
         return cls(
             k=torch.zeros(shape, dtype=dtype, device=device),
             v=torch.zeros(shape, dtype=dtype, device=device),
-            centroids=torch.zeros(shape[:2] + shape[3:], dtype=dtype, device=device),
+            centroids=torch.zeros(shape[:3] + shape[4:], dtype=dtype, device=device),
         )
 
     @property
@@ -69,7 +71,7 @@ class KVCache:
 
     @property
     def page_size(self) -> int:
-        return self.k.shape[2]
+        return self.k.shape[3]
 
     def write(self, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor,
               v: torch.Tensor) -> None:
@@ -77,16 +79,16 @@ class KVCache:
         if k.shape != v.shape or k.shape[0] != slot_mapping.shape[0]:
             raise ValueError(f"k {tuple(k.shape)}, v {tuple(v.shape)} and slot_mapping "
                              f"{tuple(slot_mapping.shape)} disagree")
-        flat_k = self.k[layer].view(-1, *self.k.shape[3:])
-        flat_v = self.v[layer].view(-1, *self.v.shape[3:])
-        flat_k.index_copy_(0, slot_mapping, k.to(self.k.dtype))
-        flat_v.index_copy_(0, slot_mapping, v.to(self.v.dtype))
+        page, offset = slot_mapping // self.page_size, slot_mapping % self.page_size
+        # [page, :, offset] puts the token dim first: [T, Hkv, D], the shape of k and v
+        self.k[layer][page, :, offset] = k.to(self.k.dtype)
+        self.v[layer][page, :, offset] = v.to(self.v.dtype)
 
     def update_centroids(self, layer: int, pages: torch.Tensor) -> None:
         """Centroid of each listed (full) page: the float32 mean of its keys, stored in the
         cache dtype."""
         if pages.numel():
-            mean = self.k[layer, pages].float().mean(dim=1)
+            mean = self.k[layer, pages].float().mean(dim=2)
             self.centroids[layer, pages] = mean.to(self.centroids.dtype)
 
     def copy_pages(self, pairs: Iterable[tuple[int, int]]) -> None:

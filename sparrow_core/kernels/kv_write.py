@@ -5,7 +5,7 @@ dtype) in the same kernel.
     write_kv(k_cache, v_cache, centroids, slots, k, v)                    # decode (fused)
     write_kv(k_cache, v_cache, centroids, slots, k, v, update_centroids=False)   # prefill
 
-One layer: k_cache, v_cache [P, page_size, Hkv, D]; centroids [P, Hkv, D] float32 or the
+One layer: k_cache, v_cache [P, Hkv, page_size, D] (head-major); centroids [P, Hkv, D] float32 or the
 cache dtype; slots [T]
 flat slots page * page_size + offset (a negative slot is skipped: padded batch rows); k, v
 [T, Hkv, D]. With update_centroids, a token written at offset page_size - 1 also sets its
@@ -56,15 +56,16 @@ def _kv_write_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, cent_ptr, slot_ptr,
 
 def write_kv_reference(k_cache, v_cache, centroids, slots, k, v, update_centroids=True):
     """The cache's own semantics (KVCache.write, then update_centroids on filled pages)."""
-    page_size = k_cache.shape[1]
+    page_size = k_cache.shape[2]
     live = slots >= 0
-    slots, k, v = slots[live], k[live], v[live]
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k.to(k_cache.dtype))
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v.to(v_cache.dtype))
+    slots, k, v = slots[live].long(), k[live], v[live]
+    page, offset = slots // page_size, slots % page_size
+    k_cache[page, :, offset] = k.to(k_cache.dtype)  # [T, Hkv, D] at (page, head, offset)
+    v_cache[page, :, offset] = v.to(v_cache.dtype)
     if update_centroids:
-        filled = slots[slots % page_size == page_size - 1] // page_size
+        filled = page[offset == page_size - 1]
         if filled.numel():
-            centroids[filled] = k_cache[filled].float().mean(dim=1).to(centroids.dtype)
+            centroids[filled] = k_cache[filled].float().mean(dim=2).to(centroids.dtype)
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, centroids: torch.Tensor,
@@ -72,9 +73,9 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, centroids: torch.Tens
              update_centroids: bool = True) -> None:
     """Store k, v at slots; with update_centroids, the centroid of each page a slot fills."""
     check(k_cache.dim() == 4 and k_cache.shape == v_cache.shape,
-          f"k_cache and v_cache must share a shape [P, page_size, Hkv, D], got "
+          f"k_cache and v_cache must share a shape [P, Hkv, page_size, D], got "
           f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
-    pages, page_size, kv_heads, dim = k_cache.shape
+    pages, kv_heads, page_size, dim = k_cache.shape
     check(tuple(centroids.shape) == (pages, kv_heads, dim)
           and centroids.dtype in (torch.float32, k_cache.dtype),
           f"centroids must be float32 or {k_cache.dtype} [{pages}, {kv_heads}, {dim}], got "
@@ -95,6 +96,6 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, centroids: torch.Tens
     _kv_write_kernel[(k.shape[0], kv_heads)](
         k, v, k_cache, v_cache, centroids, slots,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        k_cache.stride(0), k_cache.stride(2), k_cache.stride(1),
         centroids.stride(0), centroids.stride(1), dim,
         PAGE=page_size, BLOCK_D=next_power_of_2(dim), FUSE=update_centroids, num_warps=1)

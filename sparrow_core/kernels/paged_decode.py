@@ -5,7 +5,8 @@ block-sparse over per-KV-head page lists.
     out = sparse_paged_decode_attention(q, k_pages, v_pages, page_tables, num_tokens,
                                         page_lists, page_counts)
 
-q [B, Hq, D]; k_pages, v_pages one layer of the cache [P, page_size, Hkv, D]; page_tables
+q [B, Hq, D]; k_pages, v_pages one layer of the cache [P, Hkv, page_size, D] (head-major: a
+KV head's page is contiguous, page_size * D elements); page_tables
 [B, W] physical page ids; num_tokens [B] cached tokens (current one included; 0 gives a zero
 row, for padded batches); page_lists [B, Hkv, L] logical page indices (positions i*ps ..
 i*ps+ps-1 of the sequence), the first page_counts [B, Hkv] of them read. Out [B, Hq, D] in
@@ -114,10 +115,13 @@ def _paged_decode_kernel(
 def _gather_attention(q, k_pages, v_pages, page_tables, num_tokens, page_mask):
     """Exact attention over the tokens of the pages marked in page_mask [B, Hkv, W]."""
     batch, width = page_tables.shape
-    page_size, kv_heads, dim = k_pages.shape[1:]
+    kv_heads, page_size, dim = k_pages.shape[1:]
     group = q.shape[1] // kv_heads
-    keys = k_pages[page_tables.long()].reshape(batch, width * page_size, kv_heads, dim)
-    values = v_pages[page_tables.long()].reshape(batch, width * page_size, kv_heads, dim)
+    # [B, W, Hkv, page_size, D] -> [B, W * page_size, Hkv, D]
+    keys = k_pages[page_tables.long()].transpose(2, 3).reshape(batch, width * page_size,
+                                                               kv_heads, dim)
+    values = v_pages[page_tables.long()].transpose(2, 3).reshape(batch, width * page_size,
+                                                                 kv_heads, dim)
     slot = torch.arange(width * page_size, device=q.device)
     read = page_mask.repeat_interleave(page_size, dim=-1)
     read = read & (slot < num_tokens.view(batch, 1, 1))  # [B, Hkv, K]
@@ -131,7 +135,7 @@ def _gather_attention(q, k_pages, v_pages, page_tables, num_tokens, page_mask):
 
 def paged_decode_reference(q, k_pages, v_pages, page_tables, num_tokens):
     batch, width = page_tables.shape
-    every = torch.ones(batch, k_pages.shape[2], width, dtype=torch.bool, device=q.device)
+    every = torch.ones(batch, k_pages.shape[1], width, dtype=torch.bool, device=q.device)
     return _gather_attention(q, k_pages, v_pages, page_tables, num_tokens, every)
 
 
@@ -140,7 +144,7 @@ def sparse_paged_decode_reference(q, k_pages, v_pages, page_tables, num_tokens,
     batch, width = page_tables.shape
     entry = torch.arange(page_lists.shape[-1], device=q.device)
     listed = entry < page_counts.unsqueeze(-1)  # [B, Hkv, L]
-    mask = torch.zeros(batch, k_pages.shape[2], width + 1, dtype=torch.bool, device=q.device)
+    mask = torch.zeros(batch, k_pages.shape[1], width + 1, dtype=torch.bool, device=q.device)
     index = torch.where(listed, page_lists.long(), width)  # unlisted entries land in column W
     mask.scatter_(-1, index, True)
     return _gather_attention(q, k_pages, v_pages, page_tables, num_tokens, mask[..., :width])
@@ -151,11 +155,11 @@ def sparse_paged_decode_reference(q, k_pages, v_pages, page_tables, num_tokens,
 def _check(q, k_pages, v_pages, page_tables, num_tokens) -> None:
     check(q.dim() == 3, f"q must be [B, Hq, D], got shape {tuple(q.shape)}")
     check(k_pages.dim() == 4 and k_pages.shape == v_pages.shape,
-          f"k_pages and v_pages must share a shape [P, page_size, Hkv, D], got "
+          f"k_pages and v_pages must share a shape [P, Hkv, page_size, D], got "
           f"{tuple(k_pages.shape)} and {tuple(v_pages.shape)}")
     check(k_pages.stride() == v_pages.stride(), "k_pages and v_pages must share strides")
     batch, heads, dim = q.shape
-    kv_heads = k_pages.shape[2]
+    kv_heads = k_pages.shape[1]
     check(k_pages.shape[3] == dim, f"q head dim {dim} differs from the cache's {k_pages.shape[3]}")
     check(heads % kv_heads == 0, f"{heads} query heads do not split into {kv_heads} KV heads")
     check(q.dtype == k_pages.dtype == v_pages.dtype and q.dtype in (
@@ -186,7 +190,7 @@ def choose_splits(batch: int, kv_heads: int, max_entries: int, pages_per_block: 
 def _launch(q, k_pages, v_pages, page_tables, num_tokens, page_lists, page_counts,
             num_splits, pages_per_block, num_warps=4, num_stages=2):
     batch, heads, dim = q.shape
-    page_size, kv_heads = k_pages.shape[1], k_pages.shape[2]
+    kv_heads, page_size = k_pages.shape[1], k_pages.shape[2]
     group = heads // kv_heads
     sparse = page_lists is not None
     entries = page_lists.shape[-1] if sparse else page_tables.shape[1]
@@ -202,7 +206,7 @@ def _launch(q, k_pages, v_pages, page_tables, num_tokens, page_lists, page_count
     counts = page_counts if sparse else num_tokens
     _paged_decode_kernel[(batch, kv_heads, num_splits)](
         q, k_pages, v_pages, page_tables, num_tokens, lists, counts, part_o, part_lse,
-        q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(1), k_pages.stride(2),
+        q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(2), k_pages.stride(1),
         page_tables.stride(0), lists.stride(0) if sparse else 1, lists.stride(1) if sparse else 1,
         counts.stride(0) if sparse else 1, dim, LOG2E / math.sqrt(dim),
         GROUP=group, BLOCK_G=max(16, next_power_of_2(group)),
@@ -233,7 +237,7 @@ def sparse_paged_decode_attention(q, k_pages, v_pages, page_tables, num_tokens, 
                                   **tuning: int) -> torch.Tensor:
     """Block-sparse decode: per KV head, only the listed logical pages are read."""
     _check(q, k_pages, v_pages, page_tables, num_tokens)
-    batch, kv_heads = q.shape[0], k_pages.shape[2]
+    batch, kv_heads = q.shape[0], k_pages.shape[1]
     check(page_lists.dim() == 3 and tuple(page_lists.shape[:2]) == (batch, kv_heads),
           f"page_lists must be [{batch}, {kv_heads}, L], got {tuple(page_lists.shape)}")
     check(tuple(page_counts.shape) == (batch, kv_heads),

@@ -81,7 +81,11 @@ def test_cache_write_centroids_and_copy():
     v = torch.randn(6, 2, 8, generator=gen)
     slots = torch.tensor([8, 9, 10, 11, 4, 5])  # page 2 full, page 1 half
     cache.write(1, slots, k, v)
-    assert torch.equal(cache.k[1, 2], k[:4]) and torch.equal(cache.v[1, 1, :2], v[4:])
+    # head-major: cache.k[layer, page, head, offset]
+    assert cache.k.shape == (3, 4, 2, 4, 8)
+    assert torch.equal(cache.k[1, 2], k[:4].transpose(0, 1))
+    assert torch.equal(cache.v[1, 1, :, :2], v[4:].transpose(0, 1))
+    assert torch.equal(cache.k[1, 1, 1, 1], k[5, 1]) and cache.v[1, 1, :, 2:].abs().sum() == 0
     assert cache.k[0].abs().sum() == 0 and cache.k[2].abs().sum() == 0
     cache.update_centroids(1, torch.tensor([2]))
     np.testing.assert_allclose(cache.centroids[1, 2].numpy(), k[:4].numpy().mean(0), rtol=1e-6)

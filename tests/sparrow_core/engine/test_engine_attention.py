@@ -46,8 +46,8 @@ def test_prefill_is_causal_within_each_sequence():
 def paged_setup(seed=1):
     gen = torch.Generator().manual_seed(seed)
     num_pages, page_size, hkv, dim, hq = 9, 4, 2, 8, 4
-    k_pages = torch.randn(num_pages, page_size, hkv, dim, generator=gen)
-    v_pages = torch.randn(num_pages, page_size, hkv, dim, generator=gen)
+    k_pages = torch.randn(num_pages, hkv, page_size, dim, generator=gen)  # head-major
+    v_pages = torch.randn(num_pages, hkv, page_size, dim, generator=gen)
     # two sequences: 10 tokens in pages [7, 2, 5], 4 tokens in page [3] (+ padding entries)
     page_tables = torch.tensor([[7, 2, 5], [3, 0, 0]])
     num_tokens = torch.tensor([10, 4])
@@ -56,7 +56,7 @@ def paged_setup(seed=1):
 
 
 def gather_tokens(pages_np, table, count, page_size):
-    rows = [pages_np[table[p // page_size], p % page_size] for p in range(count)]
+    rows = [pages_np[table[p // page_size], :, p % page_size] for p in range(count)]
     return np.stack(rows)  # [count, Hkv, D]
 
 
@@ -84,8 +84,8 @@ def test_sparse_decode_reads_only_the_selected_pages_per_kv_head():
             g = h // 2
             positions = [p for p in range(int(counts[b])) if mask[b, g, p // 4]]
             table = tables[b].tolist()
-            keys = np.stack([kn[table[p // 4], p % 4, g] for p in positions])
-            values = np.stack([vn[table[p // 4], p % 4, g] for p in positions])
+            keys = np.stack([kn[table[p // 4], g, p % 4] for p in positions])
+            values = np.stack([vn[table[p // 4], g, p % 4] for p in positions])
             np.testing.assert_allclose(out[b, h], softmax_attend(qn[b, h], keys, values), atol=1e-5)
     with pytest.raises(ValueError, match="page_mask must have shape"):
         sparse_decode_attention(q, k_pages, v_pages, tables, counts, mask[:, :1])

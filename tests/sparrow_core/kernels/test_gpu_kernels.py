@@ -35,8 +35,8 @@ def paged_inputs(seed, batch, hq, hkv, dtype, max_tokens=3000, dim=128):
     lengths[0] = max_tokens  # one full-width row
     width = -(-max_tokens // PAGE)
     pages = batch * width + 7
-    k = torch.randn(pages, PAGE, hkv, dim, generator=gen, device="cuda").to(dtype)
-    v = torch.randn(pages, PAGE, hkv, dim, generator=gen, device="cuda").to(dtype)
+    k = torch.randn(pages, hkv, PAGE, dim, generator=gen, device="cuda").to(dtype)  # head-major
+    v = torch.randn(pages, hkv, PAGE, dim, generator=gen, device="cuda").to(dtype)
     q = torch.randn(batch, hq, dim, generator=gen, device="cuda").to(dtype)
     tables = torch.randperm(pages, generator=gen, device="cuda")[:batch * width]
     tables = tables.view(batch, width).int()
@@ -60,7 +60,7 @@ def test_dense_decode(hq, hkv, dtype, tol):
 @pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 1e-2), (torch.float32, 1e-5)])
 def test_sparse_pipeline(dtype, tol):
     q, k, v, tables, lengths = paged_inputs(1, 8, 16, 8, dtype)
-    centroids = k.float().mean(dim=1).to(dtype)  # the cache's dtype, as KVCache stores them
+    centroids = k.float().mean(dim=2).to(dtype)  # the cache's dtype, as KVCache stores them
     topk = torch.randint(0, 60, (8,), device="cuda", dtype=torch.int32)
     poison()
     scores = page_scores(q, centroids, tables, lengths, PAGE)
@@ -89,7 +89,7 @@ def test_sparse_pipeline(dtype, tol):
 def test_kv_write_with_centroids(dtype, centroid_dtype):
     gen = torch.Generator(device="cuda").manual_seed(2)
     pages, hkv, dim, tokens = 300, 8, 128, 64
-    caches = [torch.randn(pages, PAGE, hkv, dim, generator=gen, device="cuda").to(dtype)
+    caches = [torch.randn(pages, hkv, PAGE, dim, generator=gen, device="cuda").to(dtype)
               for _ in range(2)]
     centroids = torch.randn(pages, hkv, dim, generator=gen, device="cuda").to(centroid_dtype)
     # as in decode, no two tokens of one launch share a page: one token per page

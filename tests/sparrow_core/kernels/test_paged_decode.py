@@ -16,8 +16,8 @@ from sparrow_core.kernels.split_combine import combine_splits
 
 def make_inputs(seed, batch=3, hq=6, hkv=2, dim=24, page_size=4, pages=20, width=7):
     gen = torch.Generator().manual_seed(seed)
-    k = torch.randn(pages, page_size, hkv, dim, generator=gen)
-    v = torch.randn(pages, page_size, hkv, dim, generator=gen)
+    k = torch.randn(pages, hkv, page_size, dim, generator=gen)  # head-major cache layout
+    v = torch.randn(pages, hkv, page_size, dim, generator=gen)
     q = torch.randn(batch, hq, dim, generator=gen)
     tables = torch.randint(0, pages, (batch, width), generator=gen, dtype=torch.int32)
     # ragged: a full table, a single token, an empty (padded) row
@@ -29,7 +29,7 @@ def loop_attention(q, k, v, tables, num_tokens, pages_read):
     """pages_read(b, h) -> logical pages; numpy float64, one query head at a time."""
     q, k, v = (t.double().numpy() for t in (q, k, v))
     batch, hq, dim = q.shape
-    page_size, hkv = k.shape[1], k.shape[2]
+    hkv, page_size = k.shape[1], k.shape[2]
     out = np.zeros_like(q)
     for b in range(batch):
         for h in range(hq):
@@ -38,8 +38,8 @@ def loop_attention(q, k, v, tables, num_tokens, pages_read):
                    if p * page_size + o < int(num_tokens[b])]
             if not pos:
                 continue
-            keys = np.stack([k[tables[b, p // page_size], p % page_size, g] for p in pos])
-            vals = np.stack([v[tables[b, p // page_size], p % page_size, g] for p in pos])
+            keys = np.stack([k[tables[b, p // page_size], g, p % page_size] for p in pos])
+            vals = np.stack([v[tables[b, p // page_size], g, p % page_size] for p in pos])
             s = keys @ q[b, h] / math.sqrt(dim)
             w = np.exp(s - s.max())
             out[b, h] = (w / w.sum()) @ vals
