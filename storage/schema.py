@@ -8,7 +8,7 @@ the writer, not stored, because its file list changes as steps land.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 TABLES: dict[str, str] = {
     "meta": """
@@ -60,6 +60,7 @@ TABLES: dict[str, str] = {
             calibration_id VARCHAR, model_path VARCHAR, budget_pages INTEGER, bin INTEGER,
             n BIGINT, p5 DOUBLE, mean DOUBLE,
             created_at TIMESTAMP DEFAULT current_timestamp,
+            p1 DOUBLE, p10 DOUBLE,
             PRIMARY KEY (calibration_id, budget_pages, bin))""",
 }
 
@@ -81,9 +82,15 @@ TOKEN_COLUMNS: dict[str, str] = {
 TOKEN_FILE_GLOB = "runs/*/step-*/aggregate_mismatch/tokens.parquet"
 
 
+# columns added after a table first shipped: (table, column, type), applied to older files
+MIGRATIONS = [("calibration", "p1", "DOUBLE"), ("calibration", "p10", "DOUBLE")]
+
+
 def create_tables(conn) -> None:
     for ddl in TABLES.values():
         conn.execute(ddl)
+    for table, column, kind in MIGRATIONS:
+        conn.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {kind}")
     conn.execute(
         "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)]
     )

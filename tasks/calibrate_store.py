@@ -6,7 +6,7 @@ Prices every (budget, bin) with the cost model (model shape from the checkpoint'
 calibrate.hardware, the calibration prompts' median length), chooses the cheapest monotone
 schedule meeting schedule.target (sparrow_core/sparse/choose.py), then writes: the schedule
 YAML `<workdir>/schedules/<name>-v<version>.yaml`; in DuckDB one transaction with the
-`calibration` rows (p5, mean and tokens per budget and bin) and a new `schedules` version;
+`calibration` rows (p1, p5, p10, mean and tokens per budget and bin) and a new `schedules` version;
 the plot and summary.json under `<workdir>/calibrations/<id>/`; and an MLflow run tagged
 with the calibration id holding the schedule, the plot, the table and the timings.
 """
@@ -68,10 +68,10 @@ def store_calibration(cfg: SparrowConfig, calibration_id: str, table: Acceptance
                                        f"{schedule.name}-v{version}.yaml")
         conn.execute("DELETE FROM calibration WHERE calibration_id = ?", [calibration_id])
         conn.executemany(
-            "INSERT INTO calibration (calibration_id, model_path, budget_pages, bin, n, p5, mean) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO calibration (calibration_id, model_path, budget_pages, bin, n, p5, mean, "
+            "p1, p10) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [[calibration_id, str(model_dir), r["budget_pages"], r["bin"], r["n"], r["p5"],
-              r["mean"]] for r in table.rows()])
+              r["mean"], r["p1"], r["p10"]] for r in table.rows()])
         insert_schedule(conn, schedule, version, calibration_id, 0,
                         f"calibration {calibration_id}", str(yaml_path))
     return version, yaml_path

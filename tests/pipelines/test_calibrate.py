@@ -59,14 +59,17 @@ def test_duckdb_yaml_and_mlflow_hold_the_same_schedule(calibrated):
     with duckdb.connect(str(workdir / "sparrow.duckdb"), read_only=True) as conn:
         row = conn.execute("SELECT version, topk_pages, yaml_path, run_id FROM schedules "
                            "WHERE name = 'tiny-cal'").fetchall()
-        cal = conn.execute("SELECT budget_pages, bin, n, p5 FROM calibration "
+        cal = conn.execute("SELECT budget_pages, bin, n, p5, p1, p10 FROM calibration "
                            "WHERE calibration_id = 'cal-test'").fetchall()
     assert row == [(1, summary["topk_pages"], summary["yaml"], "cal-test")]
     measured = [i for i, n in enumerate(table["tokens"]) if n]
     assert len(cal) == len(GRID) * len(measured)
-    for budget, b, n, p5 in cal:
+    for budget, b, n, p5, p1, p10 in cal:
         assert n == table["tokens"][b]
         assert p5 == pytest.approx(table["p5"][GRID.index(budget)][b])
+        assert (p1, p10) == pytest.approx((table["p1"][GRID.index(budget)][b],
+                                           table["p10"][GRID.index(budget)][b]))
+        assert p1 <= p5 <= p10
     assert Path(summary["plot"]).read_bytes()[:4] == b"\x89PNG"
     from mlflow.tracking import MlflowClient
 

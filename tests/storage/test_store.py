@@ -127,3 +127,17 @@ def test_cli_query_json_and_refusal(store, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out) == [{"run_id": "r1", "p5": 0.81}]
     assert main(["query", "--workdir", str(tmp_path), "DELETE FROM bin_stats"]) == 2
     assert "refused" in capsys.readouterr().err
+
+
+def test_older_calibration_table_gains_the_new_columns(tmp_path):
+    import duckdb
+
+    conn = duckdb.connect(str(tmp_path / "sparrow.duckdb"))
+    conn.execute("CREATE TABLE calibration (calibration_id VARCHAR, model_path VARCHAR, "
+                 "budget_pages INTEGER, bin INTEGER, n BIGINT, p5 DOUBLE, mean DOUBLE, "
+                 "created_at TIMESTAMP, PRIMARY KEY (calibration_id, budget_pages, bin))")
+    conn.execute("INSERT INTO calibration VALUES ('c', 'm', 8, 0, 10, 0.9, 0.99, NULL)")
+    conn.close()
+    Store.open_writer(tmp_path).close()
+    rows = query(tmp_path, "SELECT p5, p1, p10 FROM calibration").rows
+    assert rows == [(0.9, None, None)]
