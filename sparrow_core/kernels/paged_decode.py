@@ -35,12 +35,28 @@ LOG2E = 1.4426950408889634
 
 
 @jit
+def _block_ids(blk, tok, n_entries, list_row_ptr, table_row_ptr,
+               PAGE: tl.constexpr, PAGES_PER_BLOCK: tl.constexpr, SPARSE: tl.constexpr):
+    """Logical and physical page of each token slot of block blk (entries past the list's
+    end read nothing and give page 0)."""
+    entry = blk * PAGES_PER_BLOCK + tok // PAGE
+    in_list = entry < n_entries
+    if SPARSE:
+        logical = tl.load(list_row_ptr + entry, mask=in_list, other=0)
+    else:
+        logical = entry
+    phys = tl.load(table_row_ptr + logical, mask=in_list, other=0).to(tl.int64)
+    return logical, phys
+
+
+@jit
 def _paged_decode_kernel(
         q_ptr, k_ptr, v_ptr, table_ptr, ntok_ptr, list_ptr, count_ptr, part_o_ptr, part_lse_ptr,
         s_qb, s_qh, s_kp, s_kt, s_kh, s_tb, s_lb, s_lh, s_cb, dim, qk_scale,
         GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
         PAGE: tl.constexpr, PAGES_PER_BLOCK: tl.constexpr, NUM_SPLITS: tl.constexpr,
-        SPARSE: tl.constexpr, IEEE: tl.constexpr, EVEN_D: tl.constexpr):
+        SPARSE: tl.constexpr, IEEE: tl.constexpr, EVEN_D: tl.constexpr,
+        PREFETCH_IDS: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     split = tl.program_id(2)
@@ -66,16 +82,24 @@ def _paged_decode_kernel(
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_sum = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    list_row = list_ptr + b * s_lb + h * s_lh
+    table_row = table_ptr + b * s_tb
+    if PREFETCH_IDS:  # the ids of the next block load while this block's K/V stream in
+        logical_next, phys_next = _block_ids(blk_start, tok, n_entries, list_row, table_row,
+                                             PAGE, PAGES_PER_BLOCK, SPARSE)
     for blk in range(blk_start, blk_end):
         entry = blk * PAGES_PER_BLOCK + tok // PAGE
         in_list = entry < n_entries
-        if SPARSE:
-            logical = tl.load(list_ptr + b * s_lb + h * s_lh + entry, mask=in_list, other=0)
+        if PREFETCH_IDS:
+            logical = logical_next
+            phys = phys_next
+            logical_next, phys_next = _block_ids(blk + 1, tok, n_entries, list_row, table_row,
+                                                 PAGE, PAGES_PER_BLOCK, SPARSE)
         else:
-            logical = entry
+            logical, phys = _block_ids(blk, tok, n_entries, list_row, table_row,
+                                       PAGE, PAGES_PER_BLOCK, SPARSE)
         pos = logical * PAGE + tok % PAGE
         valid = in_list & (pos < n_tok)
-        phys = tl.load(table_ptr + b * s_tb + logical, mask=in_list, other=0).to(tl.int64)
         offs = phys * s_kp + (tok % PAGE) * s_kt + h * s_kh
         if EVEN_D:
             kv_mask = valid[:, None]
@@ -188,7 +212,7 @@ def choose_splits(batch: int, kv_heads: int, max_entries: int, pages_per_block: 
 
 
 def _launch(q, k_pages, v_pages, page_tables, num_tokens, page_lists, page_counts,
-            num_splits, pages_per_block, num_warps=4, num_stages=2):
+            num_splits, pages_per_block, num_warps=4, num_stages=2, prefetch_ids=False):
     batch, heads, dim = q.shape
     kv_heads, page_size = k_pages.shape[1], k_pages.shape[2]
     group = heads // kv_heads
@@ -213,7 +237,7 @@ def _launch(q, k_pages, v_pages, page_tables, num_tokens, page_lists, page_count
         BLOCK_D=max(16, next_power_of_2(dim)), PAGE=page_size,
         PAGES_PER_BLOCK=pages_per_block, NUM_SPLITS=num_splits, SPARSE=sparse,
         IEEE=q.dtype == torch.float32, EVEN_D=dim == max(16, next_power_of_2(dim)),
-        num_warps=num_warps, num_stages=num_stages)
+        PREFETCH_IDS=bool(prefetch_ids), num_warps=num_warps, num_stages=num_stages)
     return combine_splits(part_o, part_lse, q.dtype)
 
 
@@ -222,7 +246,8 @@ def paged_decode_attention(q, k_pages, v_pages, page_tables, num_tokens, *,
                            **tuning: int) -> torch.Tensor:
     """Dense decode: each sequence's query over all its cached tokens ([B, Hq, D]).
 
-    num_splits, pages_per_block and tuning (num_warps, num_stages) override the launch
+    num_splits, pages_per_block and tuning (num_warps, num_stages, prefetch_ids: load the
+    next block's page ids one iteration ahead) override the launch
     configuration (benchmarks sweep them); the defaults are the measured best."""
     _check(q, k_pages, v_pages, page_tables, num_tokens)
     if not use_kernel(q, k_pages, page_tables, num_tokens):

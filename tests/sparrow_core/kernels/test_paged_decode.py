@@ -46,11 +46,13 @@ def loop_attention(q, k, v, tables, num_tokens, pages_read):
     return out
 
 
-@pytest.mark.parametrize("splits,per_block", [(1, 1), (3, 2), (8, 1), (None, None)])
-def test_dense_equals_a_plain_loop(interpreted, splits, per_block):
+@pytest.mark.parametrize("splits,per_block,prefetch", [
+    (1, 1, False), (3, 2, False), (8, 1, False), (None, None, False), (1, 1, True),
+    (3, 2, True)])
+def test_dense_equals_a_plain_loop(interpreted, splits, per_block, prefetch):
     q, k, v, tables, num_tokens = make_inputs(seed=splits or 0)
     out = paged_decode_attention(q, k, v, tables, num_tokens, num_splits=splits,
-                                 pages_per_block=per_block)
+                                 pages_per_block=per_block, prefetch_ids=prefetch)
     want = loop_attention(q, k, v, tables, num_tokens, lambda b, g: range(tables.shape[1]))
     np.testing.assert_allclose(out.double().numpy(), want, atol=1e-5)
     assert not out[2].any()  # the empty row is zero, not NaN
@@ -65,9 +67,13 @@ def test_sparse_reads_only_the_listed_pages(interpreted):
                           [[0, 1, 0, 0, 0], [0, 0, 0, 0, 0]]], dtype=torch.int32)
     counts = torch.tensor([[4, 2], [1, 1], [2, 0]], dtype=torch.int32)
     read = lambda b, g: lists[b, g, :counts[b, g]].tolist()
-    for splits in (1, 2, None):
+    # prefetched page ids (loaded a block ahead) must read exactly the same pages
+    for splits, per_block, prefetch in ((1, 1, False), (2, 1, False), (None, 1, False),
+                                        (1, 1, True), (2, 1, True), (2, 2, True),
+                                        (3, 1, True)):
         out = sparse_paged_decode_attention(q, k, v, tables, num_tokens, lists, counts,
-                                            num_splits=splits, pages_per_block=1)
+                                            num_splits=splits, pages_per_block=per_block,
+                                            prefetch_ids=prefetch)
         want = loop_attention(q, k, v, tables, num_tokens, read)
         np.testing.assert_allclose(out.double().numpy(), want, atol=1e-5)
     mask = torch.zeros(2, 2, tables.shape[1], dtype=torch.bool)
