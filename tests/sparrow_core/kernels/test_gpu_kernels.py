@@ -79,10 +79,10 @@ def test_sparse_pipeline(dtype, tol):
     out = sparse_paged_decode_attention(q, k, v, tables, lengths, lists, counts)
     want = sparse_paged_decode_reference(q, k, v, tables, lengths, lists, counts)
     assert relative_error(out, want) < tol
-    for config in (dict(prefetch_ids=True), dict(prefetch_ids=True, num_splits=3,
-                                                 pages_per_block=8, num_stages=3)):
-        tuned = sparse_paged_decode_attention(q, k, v, tables, lengths, lists, counts, **config)
-        assert relative_error(tuned, want) < tol, config
+    # page ids loaded one block ahead (the round-4 variant, off by default) read the same pages
+    tuned = sparse_paged_decode_attention(q, k, v, tables, lengths, lists, counts,
+                                          prefetch_ids=True)
+    assert relative_error(tuned, want) < tol
     fused = select_page_lists(q, centroids, tables, lengths, topk, PAGE, 1, 2)
     assert torch.equal(fused[1], counts)
 
