@@ -19,22 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
-from sparrow_cli.output import print_json, print_table
+from sparrow_cli.output import int_at_least, print_json, print_table
 from sparrow_core.errors import SparrowError
 from sparrow_core.mismatch import BIN_TOKENS, BinStats, MismatchError, bin_statistics
 
 COLUMNS = ("position", "acceptance")
 ROW_KEYS = ("bin", "n", "mean", "p1", "p5", "p10", "p50", "beta_a", "beta_b", "beta_var", "ks")
 
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -43,11 +34,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     stats = actions.add_parser("stats", help="per-bin acceptance statistics of a Parquet file")
     stats.add_argument("file", metavar="FILE.parquet", help="per-token rows with position, acceptance")
     stats.add_argument(
-        "--bin-tokens", type=_positive_int, default=BIN_TOKENS,
+        "--bin-tokens", type=int_at_least(1), default=BIN_TOKENS,
         help=f"bin width in tokens of total position (default {BIN_TOKENS})",
     )
     stats.add_argument(
-        "--num-bins", type=_positive_int, default=None,
+        "--num-bins", type=int_at_least(1), default=None,
         help="put every position past the last bin into the last bin (default: no limit)",
     )
     stats.add_argument("--json", action="store_true", help="print a JSON list instead of a table")

@@ -15,18 +15,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sparrow_cli.output import print_json
+from sparrow_cli.output import int_at_least, print_json
 from sparrow_core.config.schema import PipelineConfig
 
-
-def _step(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -34,7 +25,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("run_id", metavar="RUN_ID", help="the run's pipeline.run_id (sparrow runs lists them)")
     parser.add_argument("--workdir", default=PipelineConfig.workdir, help="the run's pipeline.workdir")
     parser.add_argument("--out", default=None, help="output folder (default <workdir>/reports/<RUN_ID>)")
-    parser.add_argument("--step", type=_step, default=None,
+    parser.add_argument("--step", type=int_at_least(0), default=None,
                         help="step of the acceptance histogram (default: the last with token rows)")
     parser.add_argument("--json", action="store_true", help="print the paths and summary numbers as JSON")
     parser.set_defaults(func=run)
