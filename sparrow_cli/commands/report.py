@@ -19,7 +19,6 @@ from sparrow_cli.output import int_at_least, print_json
 from sparrow_core.config.schema import PipelineConfig
 
 
-
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("report", help="PNG plots and a one-page summary of a run")
     parser.add_argument("run_id", metavar="RUN_ID", help="the run's pipeline.run_id (sparrow runs lists them)")

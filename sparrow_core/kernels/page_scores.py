@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from sparrow_core.kernels.runtime import (
-    check, check_integer, check_last_dim_contiguous, jit, next_power_of_2, tl, use_kernel)
+    check, check_last_dim_contiguous, check_page_tables, jit, next_power_of_2, tl, use_kernel)
 from sparrow_core.sparse.selection import group_query_mean, score_pages
 
 
@@ -73,12 +73,7 @@ def _check(q, centroids, page_tables, num_tokens) -> None:
           f"{heads} query heads do not split into {centroids.shape[1]} KV heads")
     check(centroids.dtype in (torch.float32, torch.bfloat16, torch.float16),
           f"centroids must be float32, bfloat16 or float16, got {centroids.dtype}")
-    check(page_tables.dim() == 2 and page_tables.shape[0] == batch,
-          f"page_tables must be [{batch}, W], got {tuple(page_tables.shape)}")
-    check(tuple(num_tokens.shape) == (batch,),
-          f"num_tokens must be [{batch}], got {tuple(num_tokens.shape)}")
-    check_integer("page_tables", page_tables)
-    check_integer("num_tokens", num_tokens)
+    check_page_tables(page_tables, num_tokens, batch)
     check_last_dim_contiguous("q", q)
     check_last_dim_contiguous("centroids", centroids)
 

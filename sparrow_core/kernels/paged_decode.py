@@ -27,8 +27,8 @@ import math
 import torch
 
 from sparrow_core.kernels.runtime import (
-    check, check_integer, check_last_dim_contiguous, jit, multiprocessors, next_power_of_2,
-    tl, use_kernel)
+    check, check_integer, check_last_dim_contiguous, check_page_tables, jit, multiprocessors,
+    next_power_of_2, tl, use_kernel)
 from sparrow_core.kernels.split_combine import combine_splits
 
 LOG2E = 1.4426950408889634
@@ -189,12 +189,7 @@ def _check(q, k_pages, v_pages, page_tables, num_tokens) -> None:
     check(q.dtype == k_pages.dtype == v_pages.dtype and q.dtype in (
         torch.float16, torch.bfloat16, torch.float32),
         f"q, k_pages, v_pages must share a float dtype, got {q.dtype}, {k_pages.dtype}")
-    check(page_tables.dim() == 2 and page_tables.shape[0] == batch,
-          f"page_tables must be [{batch}, W], got {tuple(page_tables.shape)}")
-    check(tuple(num_tokens.shape) == (batch,),
-          f"num_tokens must be [{batch}], got {tuple(num_tokens.shape)}")
-    check_integer("page_tables", page_tables)
-    check_integer("num_tokens", num_tokens)
+    check_page_tables(page_tables, num_tokens, batch)
     for name, t in (("q", q), ("k_pages", k_pages), ("v_pages", v_pages)):
         check_last_dim_contiguous(name, t)
     devices = {t.device for t in (q, k_pages, v_pages, page_tables, num_tokens)}

@@ -126,3 +126,13 @@ def check_last_dim_contiguous(name: str, tensor: torch.Tensor) -> None:
 def check_integer(name: str, tensor: torch.Tensor) -> None:
     check(not tensor.dtype.is_floating_point and tensor.dtype != torch.bool,
           f"{name} must hold integers, got {tensor.dtype}")
+
+
+def check_page_tables(page_tables: torch.Tensor, num_tokens: torch.Tensor, batch: int) -> None:
+    """The per-sequence page tables [batch, W] and token counts [batch], both integers."""
+    check(page_tables.dim() == 2 and page_tables.shape[0] == batch,
+          f"page_tables must be [{batch}, W], got {tuple(page_tables.shape)}")
+    check(tuple(num_tokens.shape) == (batch,),
+          f"num_tokens must be [{batch}], got {tuple(num_tokens.shape)}")
+    check_integer("page_tables", page_tables)
+    check_integer("num_tokens", num_tokens)
