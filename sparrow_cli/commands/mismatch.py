@@ -16,16 +16,18 @@ import argparse
 import math
 import textwrap
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sparrow_cli.output import int_at_least, print_json, print_table
 from sparrow_core.errors import SparrowError
-from sparrow_core.mismatch import BIN_TOKENS, BinStats, MismatchError, bin_statistics
+
+if TYPE_CHECKING:  # the statistics import torch; load them only when a file is read
+    from sparrow_core.mismatch import BinStats
 
 COLUMNS = ("position", "acceptance")
 ROW_KEYS = ("bin", "n", "mean", "p1", "p5", "p10", "p50", "beta_a", "beta_b", "beta_var", "ks")
-
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -34,8 +36,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     stats = actions.add_parser("stats", help="per-bin acceptance statistics of a Parquet file")
     stats.add_argument("file", metavar="FILE.parquet", help="per-token rows with position, acceptance")
     stats.add_argument(
-        "--bin-tokens", type=int_at_least(1), default=BIN_TOKENS,
-        help=f"bin width in tokens of total position (default {BIN_TOKENS})",
+        "--bin-tokens", type=int_at_least(1), default=None,
+        help="bin width in tokens of total position (default 2000, the method's bins)",
     )
     stats.add_argument(
         "--num-bins", type=int_at_least(1), default=None,
@@ -112,14 +114,17 @@ TABLE_LEGEND = (
 
 
 def run_stats(args: argparse.Namespace) -> int:
+    from sparrow_core.mismatch import BIN_TOKENS, MismatchError, bin_statistics
+
+    bin_tokens = args.bin_tokens or BIN_TOKENS
     positions, acceptance = read_tokens(args.file)
     try:
-        stats = bin_statistics(positions, acceptance, args.bin_tokens, args.num_bins)
+        stats = bin_statistics(positions, acceptance, bin_tokens, args.num_bins)
     except MismatchError as err:  # bad data: name the file it came from
         raise SparrowError(f"{args.file}: {err}") from None
     if args.json:
         print_json([{key: getattr(s, key) for key in ROW_KEYS} for s in stats])
         return 0
-    print_table([table_row(s) for s in stats], title=f"{args.file}: acceptance per {args.bin_tokens}-token bin")
+    print_table([table_row(s) for s in stats], title=f"{args.file}: acceptance per {bin_tokens}-token bin")
     print(textwrap.fill(TABLE_LEGEND, width=80))
     return 0
