@@ -9,8 +9,8 @@ q_mean[b, h] . centroids[page_tables[b, i], h]. Columns at or past a row's page 
 ceil(num_tokens / page_size) are -inf. The partial last page's centroid is stale, but it is
 a reserved page and never ranked (page_topk.py).
 
-One program per (sequence, block of pages) and all KV heads: the group means of the queries
-in registers, then each page's centroids of every head, one contiguous row of Hkv x D
+One program per (sequence, run of blocks_per_program blocks of pages) and all KV heads: the
+group means of the queries in registers, then each page's centroids of every head, one contiguous row of Hkv x D
 values (2 KB in bf16 at 8 x 128), gathered through the page table; reading whole rows rather than
 one head's 512 bytes per program keeps the DRAM accesses long. Off GPU the launcher runs the reference, built on sparse/selection.py.
 Tests: `python -m pytest tests/sparrow_core/kernels -q`.
@@ -29,9 +29,9 @@ from sparrow_core.sparse.selection import group_query_mean, score_pages
 def _page_scores_kernel(q_ptr, cent_ptr, table_ptr, ntok_ptr, score_ptr,
                         s_qb, s_qh, s_cp, s_ch, s_tb, width, dim, kv_heads,
                         GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-                        BLOCK_P: tl.constexpr, PAGE: tl.constexpr):
+                        BLOCK_P: tl.constexpr, PAGE: tl.constexpr,
+                        BLOCKS_PER_PROGRAM: tl.constexpr, NUM_STAGES: tl.constexpr):
     b = tl.program_id(0)
-    block = tl.program_id(1)
     n_pages = (tl.load(ntok_ptr + b).to(tl.int32) + PAGE - 1) // PAGE
     h = tl.arange(0, BLOCK_H)
     d = tl.arange(0, BLOCK_D)
@@ -42,17 +42,20 @@ def _page_scores_kernel(q_ptr, cent_ptr, table_ptr, ntok_ptr, score_ptr,
         q_sum += tl.load(q_ptr + b * s_qb + rows[:, None] * s_qh + d[None, :], mask=hd_mask,
                          other=0.0).to(tl.float32)
     q_mean = q_sum / GROUP  # [H, D]
-    p = block * BLOCK_P + tl.arange(0, BLOCK_P)
-    present = p < n_pages
-    phys = tl.load(table_ptr + b * s_tb + p, mask=present, other=0).to(tl.int64)
-    # every KV head of a page at once: one contiguous centroid row per page
-    offs = phys[:, None, None] * s_cp + h[None, :, None] * s_ch + d[None, None, :]
-    cent = tl.load(cent_ptr + offs, mask=present[:, None, None] & hd_mask[None, :, :],
-                   other=0.0).to(tl.float32)
-    score = tl.sum(cent * q_mean[None, :, :], axis=2)  # [P, H]
-    score = tl.where(present[:, None], score, float("-inf"))
-    dest = (b * kv_heads + h[None, :]) * width + p[:, None]
-    tl.store(score_ptr + dest, score, mask=(p < width)[:, None] & (h < kv_heads)[None, :])
+    first = tl.program_id(1) * BLOCKS_PER_PROGRAM
+    # pages past the row's count load nothing and score -inf
+    for block in tl.range(first, first + BLOCKS_PER_PROGRAM, num_stages=NUM_STAGES):
+        p = block * BLOCK_P + tl.arange(0, BLOCK_P)
+        present = p < n_pages
+        phys = tl.load(table_ptr + b * s_tb + p, mask=present, other=0).to(tl.int64)
+        # every KV head of a page at once: one contiguous centroid row per page
+        offs = phys[:, None, None] * s_cp + h[None, :, None] * s_ch + d[None, None, :]
+        cent = tl.load(cent_ptr + offs, mask=present[:, None, None] & hd_mask[None, :, :],
+                       other=0.0).to(tl.float32)
+        score = tl.sum(cent * q_mean[None, :, :], axis=2)  # [P, H]
+        score = tl.where(present[:, None], score, float("-inf"))
+        dest = (b * kv_heads + h[None, :]) * width + p[:, None]
+        tl.store(score_ptr + dest, score, mask=(p < width)[:, None] & (h < kv_heads)[None, :])
 
 
 def page_scores_reference(q, centroids, page_tables, num_tokens, page_size):
@@ -80,9 +83,11 @@ def _check(q, centroids, page_tables, num_tokens) -> None:
 
 def page_scores(q: torch.Tensor, centroids: torch.Tensor, page_tables: torch.Tensor,
                 num_tokens: torch.Tensor, page_size: int, block_pages: int = 8,
-                num_warps: int = 4) -> torch.Tensor:
-    """Scores [B, Hkv, W] float32; -inf past each row's page count (block_pages and
-    num_warps are the launch configuration, swept by benchmarks/attention.py)."""
+                num_warps: int = 4, blocks_per_program: int = 1,
+                num_stages: int = 1) -> torch.Tensor:
+    """Scores [B, Hkv, W] float32; -inf past each row's page count. block_pages (pages per
+    loop iteration), blocks_per_program, num_warps and num_stages are the launch
+    configuration, swept by benchmarks/sparse_stage.py."""
     _check(q, centroids, page_tables, num_tokens)
     batch, heads, dim = q.shape
     kv_heads, width = centroids.shape[1], page_tables.shape[1]
@@ -91,10 +96,12 @@ def page_scores(q: torch.Tensor, centroids: torch.Tensor, page_tables: torch.Ten
     scores = torch.empty(batch, kv_heads, width, dtype=torch.float32, device=q.device)
     if batch and width:
         group = heads // kv_heads
-        _page_scores_kernel[(batch, -(-width // block_pages))](
+        blocks = -(-width // block_pages)
+        _page_scores_kernel[(batch, -(-blocks // blocks_per_program))](
             q, centroids, page_tables, num_tokens, scores,
             q.stride(0), q.stride(1), centroids.stride(0), centroids.stride(1),
             page_tables.stride(0), width, dim, kv_heads,
             GROUP=group, BLOCK_H=next_power_of_2(kv_heads), BLOCK_D=next_power_of_2(dim),
-            BLOCK_P=block_pages, PAGE=page_size, num_warps=num_warps)
+            BLOCK_P=block_pages, PAGE=page_size, BLOCKS_PER_PROGRAM=blocks_per_program,
+            NUM_STAGES=num_stages, num_warps=num_warps)
     return scores

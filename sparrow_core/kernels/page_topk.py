@@ -92,9 +92,10 @@ def page_topk_reference(scores, num_tokens, topk, page_size, reserved_bos, reser
 
 def page_topk(scores: torch.Tensor, num_tokens: torch.Tensor, topk: torch.Tensor,
               page_size: int, reserved_bos: int, reserved_eos: int,
-              want_mask: bool = False, radix_bits: int = 8):
+              want_mask: bool = False, radix_bits: int = 8, num_warps: int | None = None):
     """Selected page lists from scores [B, Hkv, W] (see the module docstring); radix_bits
-    (1, 2, 4 or 8) sets the digits of the threshold search (benchmarks compare them)."""
+    (1, 2, 4 or 8) sets the digits of the threshold search and num_warps the launch
+    (benchmarks compare them; None picks by row width)."""
     check(scores.dim() == 3 and scores.dtype == torch.float32,
           f"scores must be [B, Hkv, W] float32, got {tuple(scores.shape)} {scores.dtype}")
     batch, kv_heads, width = scores.shape
@@ -117,10 +118,12 @@ def page_topk(scores: torch.Tensor, num_tokens: torch.Tensor, topk: torch.Tensor
         if want_mask else counts
     if batch * kv_heads and width:
         block_w = next_power_of_2(width)
+        if num_warps is None:
+            num_warps = 4 if block_w <= 1024 else 8 if block_w <= 4096 else 16
         _page_topk_kernel[(batch, kv_heads)](
             scores, num_tokens, topk, lists, counts, mask, width,
             PAGE=page_size, BOS=reserved_bos, EOS=reserved_eos, BLOCK_W=block_w,
-            WRITE_MASK=want_mask, RADIX=radix_bits, num_warps=4 if block_w <= 1024 else 8 if block_w <= 4096 else 16)
+            WRITE_MASK=want_mask, RADIX=radix_bits, num_warps=num_warps)
     return lists, counts, mask.bool() if want_mask else None
 
 

@@ -19,15 +19,19 @@ def loop_select(scores, n, k, bos, eos):
     return sorted(always + ranked[:k])
 
 
-@pytest.mark.parametrize("centroid_dtype", [torch.float32, torch.bfloat16])
-def test_scores_equal_a_plain_loop(interpreted, centroid_dtype):
+@pytest.mark.parametrize("centroid_dtype,launch", [
+    (torch.float32, {}), (torch.bfloat16, {}),
+    # several blocks per program, a pipelined loop and a block past the widest row
+    (torch.bfloat16, dict(block_pages=2, blocks_per_program=3, num_stages=2)),
+    (torch.float32, dict(block_pages=4, blocks_per_program=2))])
+def test_scores_equal_a_plain_loop(interpreted, centroid_dtype, launch):
     gen = torch.Generator().manual_seed(0)
     pages, hkv, hq, dim, page_size, width = 30, 2, 6, 24, 4, 9
     centroids = torch.randn(pages, hkv, dim, generator=gen).to(centroid_dtype)
     q = torch.randn(3, hq, dim, generator=gen)
     tables = torch.randint(0, pages, (3, width), generator=gen, dtype=torch.int32)
     num_tokens = torch.tensor([width * page_size, 13, 0], dtype=torch.int32)
-    scores = page_scores(q, centroids, tables, num_tokens, page_size)
+    scores = page_scores(q, centroids, tables, num_tokens, page_size, **launch)
     qn, cn = q.double().numpy(), centroids.double().numpy()  # bf16 values exact in float64
     for b in range(3):
         n = -(-int(num_tokens[b]) // page_size)

@@ -1,0 +1,172 @@
+"""Round-5 probes of the sparse decode stage (scoring + top-k + attention) at the target case
+(Qwen3-1.7B heads, batch 16, 32K context, the 0.86 preset's budget), all in one process.
+
+    python3 benchmarks/sparse_stage.py --out sparse_stage.json    # on a GPU
+    python3 benchmarks/sparse_stage.py --smoke                    # tiny shapes, any device
+
+What it times, each against the default launch measured in the same run:
+- scoring launches (pages per iteration, blocks per program, warps, pipeline stages) and
+  top-k launches (digit width, warps); every variant's output is checked against the
+  default's (scores: max abs difference; lists: equal);
+- layout probes that change what the attention reads, not how: K and V of one head's page
+  side by side ([P, Hkv, 2, page, D], 8 KiB contiguous per selected page and head, through
+  strided views), every KV head given the same page list (the 8 heads of a page read
+  together, as the dense kernel does), and scoring through an identity page table (each
+  sequence's centroids contiguous);
+- the whole stage with the default and with the fastest scoring and top-k launches;
+- FlashInfer dense and sparse attention alone when importable (benchmarks/peers.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.attention import HEADS, PAGE, DIM, centroids_of, make_layer  # noqa: E402
+from benchmarks.common import copy_bandwidth, device_facts, time_graph, write_json  # noqa: E402
+from benchmarks.peers import flashinfer_cases  # noqa: E402
+from sparrow_core.kernels.page_scores import page_scores  # noqa: E402
+from sparrow_core.kernels.page_topk import page_topk  # noqa: E402
+from sparrow_core.kernels.paged_decode import (paged_decode_attention,  # noqa: E402
+                                               sparse_paged_decode_attention)
+from sparrow_core.sparse.presets import get_preset  # noqa: E402
+
+
+def scoring_launches(smoke: bool) -> list[dict]:
+    if smoke:
+        return [{}, dict(block_pages=2, blocks_per_program=2, num_stages=2)]
+    rows = [{}]
+    for block, per_program, warps, stages in itertools.product(
+            (8, 16, 32), (1, 4, 16), (4, 8), (1, 3)):
+        rows.append(dict(block_pages=block, blocks_per_program=per_program, num_warps=warps,
+                         num_stages=stages))
+    return rows
+
+
+def topk_launches(smoke: bool) -> list[dict]:
+    if smoke:
+        return [{}, dict(radix_bits=4, num_warps=4)]
+    return [{}] + [dict(radix_bits=r, num_warps=w)
+                   for r, w in itertools.product((4, 8), (4, 8, 16, 32))]
+
+
+def sweep(fn_of, launches, compare, reps):
+    """Time fn_of(launch)() for every launch; compare(out) says how far it is from the
+    default's output."""
+    rows = []
+    for launch in launches:
+        fn = fn_of(launch)
+        try:
+            rows.append(dict(launch=launch or "default", us=time_graph(fn, reps=reps),
+                             differs_from_default=compare(fn())))
+        except Exception as error:  # e.g. a launch over the shared-memory limit
+            rows.append(dict(launch=launch, error=f"{type(error).__name__}: {error}"[:200]))
+    return rows
+
+
+def interleaved_pages(layer):
+    """The same K/V values in [P, Hkv, 2, page, D]: k and v as strided views."""
+    kp, vp = layer["k_pages"], layer["v_pages"]
+    both = torch.empty(kp.shape[0], kp.shape[1], 2, *kp.shape[2:], dtype=kp.dtype,
+                       device=kp.device)
+    both[:, :, 0].copy_(kp)
+    both[:, :, 1].copy_(vp)
+    return both[:, :, 0], both[:, :, 1]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None, help="write the JSON here too")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes (any device)")
+    args = parser.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = "qwen3-1.7b"
+    batch, context = (2, 256) if args.smoke else (16, 32768)
+    reps = 3 if args.smoke else 25
+    hq, hkv = HEADS[model]
+    schedule = get_preset(f"{model}-0.86")
+    bos, eos = schedule.reserved_bos, schedule.reserved_eos
+    topk = torch.full((batch,), schedule.topk_for_position(context - 1), dtype=torch.int32,
+                      device=device)
+    copy = copy_bandwidth(0.0625 if args.smoke else 2.0)
+    layer = make_layer(batch, hq, hkv, context, torch.bfloat16, device)
+    q, kp, vp, tables, lengths = (layer[n] for n in ("q", "k_pages", "v_pages", "tables",
+                                                       "lengths"))
+    centroids = centroids_of(layer)
+    scores = page_scores(q, centroids, tables, lengths, PAGE)
+    lists, counts, _ = page_topk(scores, lengths, topk, PAGE, bos, eos)
+    result = dict(benchmark="sparse-stage", facts=device_facts(), copy_bandwidth=copy,
+                  case=dict(model=model, batch=batch, context=context, topk=int(topk[0]),
+                            pages_read_mean=float(counts.float().mean())))
+    # scoring and top-k launches
+    max_diff = lambda want: (lambda got: float((got - want).abs().nan_to_num(0).max()))
+    result["scores"] = sweep(
+        lambda launch: lambda: page_scores(q, centroids, tables, lengths, PAGE, **launch),
+        scoring_launches(args.smoke), max_diff(scores), reps)
+    def lists_differ(got):
+        got_lists, got_counts = got[0], got[1]
+        listed = torch.arange(lists.shape[-1], device=device) < counts.unsqueeze(-1)
+        return bool((got_counts != counts).any() or (got_lists != lists)[listed].any())
+    result["topk"] = sweep(
+        lambda launch: lambda: page_topk(scores, lengths, topk, PAGE, bos, eos, **launch),
+        topk_launches(args.smoke), lists_differ, reps)
+    # layout probes
+    sparse = lambda k, v, l=lists, c=counts: (
+        lambda: sparse_paged_decode_attention(q, k, v, tables, lengths, l, c))
+    ours_sparse = sparse(kp, vp)()
+    k_int, v_int = interleaved_pages(layer)
+    shared_lists = lists[:, :1].expand_as(lists).contiguous()
+    shared_counts = counts[:, :1].expand_as(counts).contiguous()
+    identity = torch.arange(tables.numel(), device=device, dtype=torch.int32).view_as(tables)
+    ordered_centroids = centroids[tables.long().flatten()]
+    probes = {
+        "attention_default": sparse(kp, vp),
+        "attention_kv_interleaved": sparse(k_int, v_int),
+        "attention_same_list_every_head": sparse(kp, vp, shared_lists, shared_counts),
+        "scores_default": lambda: page_scores(q, centroids, tables, lengths, PAGE),
+        "scores_centroids_in_sequence_order": lambda: page_scores(
+            q, ordered_centroids, identity, lengths, PAGE),
+        "dense_attention": lambda: paged_decode_attention(q, kp, vp, tables, lengths),
+        "dense_attention_kv_interleaved": lambda: paged_decode_attention(
+            q, k_int, v_int, tables, lengths),
+        "sdpa_dense": lambda: F.scaled_dot_product_attention(
+            q.unsqueeze(2), layer["k"], layer["v"], enable_gqa=True),
+    }
+    result["probes_us"] = {name: time_graph(fn, reps=reps) for name, fn in probes.items()}
+    result["interleaved_max_abs_diff"] = float(
+        (probes["attention_kv_interleaved"]().float() - ours_sparse.float()).abs().max())
+    # the whole stage, default and best launches
+    best = lambda rows: next((r["launch"] for r in sorted(
+        (r for r in rows if "us" in r and not r["differs_from_default"]),
+        key=lambda r: r["us"]) if r["launch"] != "default"), {})
+    best_scores, best_topk = best(result["scores"]), best(result["topk"])
+    def stage(score_launch, topk_launch, k=kp, v=vp):
+        def run():
+            s = page_scores(q, centroids, tables, lengths, PAGE, **score_launch)
+            l, c, _ = page_topk(s, lengths, topk, PAGE, bos, eos, **topk_launch)
+            return sparse_paged_decode_attention(q, k, v, tables, lengths, l, c)
+        return run
+    result["stage_us"] = {
+        "default": time_graph(stage({}, {}), reps=reps),
+        "best_launches": time_graph(stage(best_scores, best_topk), reps=reps),
+        "best_launches_kv_interleaved": time_graph(stage(best_scores, best_topk, k_int, v_int),
+                                                   reps=reps),
+        "best_scores": best_scores, "best_topk": best_topk}
+    sdpa = result["probes_us"]["sdpa_dense"]
+    result["sdpa_over_stage"] = {k: sdpa / v for k, v in result["stage_us"].items()
+                                 if isinstance(v, float)}
+    dense_out = probes["dense_attention"]()
+    result.update(flashinfer_cases(layer, lists, counts, dense_out, ours_sparse))
+    write_json(args.out, result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
