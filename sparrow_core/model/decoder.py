@@ -9,7 +9,10 @@ Attention is injected per call (`attention(layer_index, q, k, v)`, after q/k nor
 so the decoder knows nothing of caches or paging: the engine's attention object writes and
 reads its paged KV cache, dense or block-sparse. Parameter names are transformers' own
 ("model.layers.0.self_attn.q_proj.weight", "lm_head.weight"), so weights load and sync by
-name with `load_hf_state_dict`. Tests: `python -m pytest tests/sparrow_core/model -q`.
+name with `load_hf_state_dict`. `model.fuse_projections()` (the engine calls it) stacks each
+layer's q/k/v and gate/up weights into one tensor apiece, so a forward runs one GEMM per group;
+names, state_dict and loading by name are unchanged. Tests: `python -m pytest
+tests/sparrow_core/model -q`.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from torch import Tensor, nn
 
 from sparrow_core.errors import SparrowError
 from sparrow_core.model.config import ModelArch
-from sparrow_core.model.layers import AttentionFn, DecoderLayer, RMSNorm, Rotary
+from sparrow_core.model.layers import (AttentionFn, DecoderLayer, FusableProjections, RMSNorm,
+                                       Rotary)
 
 # buffers some checkpoints carry that the decoder recomputes instead of loading
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -66,6 +70,26 @@ class Decoder(nn.Module):
         for layer in self.model.layers:
             x = layer(x, cos, sin, attention)
         return self.model.norm(x)
+
+    def fuse_projections(self) -> None:
+        """Per layer, one weight tensor for q/k/v (and one bias with qkv_bias), one for gate/up.
+
+        The nn.Linear parameters become views into them (same Parameter objects), so
+        state_dict() and load_hf_state_dict keep working by transformers' names and update the
+        fused tensors in place. Idempotent. Without autograd the forward runs one GEMM per
+        group; when gradients are recorded for these parameters it runs them one by one, so
+        gradients reach the named parameters. `.to()`, `.half()` and the like fuse anew. Fuse
+        before capturing CUDA graphs: fusing moves the weights.
+        """
+        for module in self.modules():
+            if isinstance(module, FusableProjections):
+                module.fuse_projections()
+
+    @property
+    def projections_fused(self) -> bool:
+        """Whether every layer's projections are fused and still view the fused tensors."""
+        return all(module.projections_fused for module in self.modules()
+                   if isinstance(module, FusableProjections))
 
     def output_embedding(self) -> Tensor:
         """The [vocab, hidden] matrix that maps hidden states to logits."""

@@ -6,18 +6,27 @@ Qwen2 / Llama modules (RMSNorm in float32, RoPE angles in float32 then cast, rot
 layout) so that logits agree with the trainer's model. Without autograd on CUDA the
 elementwise work runs in fused Triton kernels of the same numerics (sparrow_core/kernels:
 rms_norm with the residual add, qk_norm_rope, silu_mul; a handful of launches per layer
-instead of about fifty); elsewhere, and whenever gradients are recorded, in PyTorch. Run the
-checks with `python -m pytest tests/sparrow_core/model tests/sparrow_core/kernels -q`.
+instead of about fifty); elsewhere, and whenever gradients are recorded, in PyTorch.
+
+Projection fusion (`fuse_projections()`, called for the whole model by
+Decoder.fuse_projections): q/k/v rows share one weight tensor, gate/up rows another, and the
+nn.Linear parameters become views into them, so one GEMM serves each group while names,
+state_dict and in-place loads stay those of transformers. Under autograd the views run as
+separate Linears (gradients land on the named parameters); a cast or move re-fuses (`_apply`).
+Run the checks with `python -m pytest tests/sparrow_core/model tests/sparrow_core/kernels -q`.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Callable
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
+from sparrow_core.errors import SparrowError
 from sparrow_core.kernels.qk_norm_rope import qk_norm_rope
 from sparrow_core.kernels.rms_norm import rms_norm
 from sparrow_core.kernels.silu_mul import silu_mul
@@ -25,6 +34,9 @@ from sparrow_core.model.config import Llama3RopeScaling, ModelArch
 
 # attention(layer_index, q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D]) -> [T, Hq, D]
 AttentionFn = Callable[[int, Tensor, Tensor, Tensor], Tensor]
+# the projection groups that fuse_projections() stacks into one weight each
+QKV = ("q_proj", "k_proj", "v_proj")
+GATE_UP = ("gate_proj", "up_proj")
 
 
 class RMSNorm(nn.Module):
@@ -97,8 +109,122 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotated * sin
 
 
-class SelfAttention(nn.Module):
+class FusionError(SparrowError, ValueError):
+    """Projections that cannot share one weight tensor; the message names them."""
+
+
+class FusedRows:
+    """One weight (and bias) tensor holding the output rows of several nn.Linear, in order.
+
+    The Linears keep their Parameter objects; only `.data` is re-pointed at row slices of the
+    fused tensor, so optimizers, state_dict() and in-place copies by name all reach it.
+    """
+
+    def __init__(self, names: tuple[str, ...], linears: tuple[nn.Linear, ...]):
+        _check_fusable(names, linears)
+        self.linears = linears
+        self.rows = tuple(linear.out_features for linear in linears)
+        # a normal tensor even inside inference_mode: the views may later join autograd
+        with torch.no_grad(), torch.inference_mode(False):
+            self.weight = torch.cat([linear.weight.detach() for linear in linears])
+            has_bias = linears[0].bias is not None
+            self.bias = torch.cat([linear.bias.detach() for linear in linears]) if has_bias else None
+        start = 0
+        for linear, rows in zip(linears, self.rows):
+            linear.weight.data = self.weight[start:start + rows]
+            if has_bias:
+                linear.bias.data = self.bias[start:start + rows]
+            start += rows
+
+    def serves(self, linears: tuple[nn.Module, ...]) -> bool:
+        """Whether these are still the fused Linears, each parameter still its slice."""
+        if any(now is not then for now, then in zip(linears, self.linears)):
+            return False
+        start = 0
+        for linear, rows in zip(linears, self.rows):
+            if not (_is_slice(linear.weight, self.weight, start, rows)
+                    and (self.bias is None or _is_slice(linear.bias, self.bias, start, rows))):
+                return False
+            start += rows
+        return True
+
+
+def _is_slice(param: Tensor, fused: Tensor, start: int, rows: int) -> bool:
+    offset = start * fused.stride(0) * fused.element_size()
+    return (param.data_ptr() == fused.data_ptr() + offset and param.shape[0] == rows
+            and param.dtype == fused.dtype and param.device == fused.device)
+
+
+def _check_fusable(names: tuple[str, ...], linears: tuple[nn.Module, ...]) -> None:
+    for name, linear in zip(names, linears):
+        if type(linear) is not nn.Linear:
+            raise FusionError(f"{name} is a {type(linear).__name__}, not a plain nn.Linear: fuse "
+                              "projections before wrapping them (LoRA adapters and the like)")
+    first = linears[0]
+    for name, linear in zip(names, linears):
+        if (linear.weight.dtype, linear.weight.device, linear.in_features,
+                linear.bias is None) != (first.weight.dtype, first.weight.device,
+                                         first.in_features, first.bias is None):
+            raise FusionError(
+                f"cannot fuse {', '.join(names)}: {name} has weight {linear.weight.dtype} on "
+                f"{linear.weight.device}, {linear.in_features} inputs, bias "
+                f"{linear.bias is not None}; {names[0]} has {first.weight.dtype} on "
+                f"{first.weight.device}, {first.in_features} inputs, bias {first.bias is not None}")
+
+
+class FusableProjections(nn.Module):
+    """A module whose groups of nn.Linear children (FUSED_GROUPS) can share one weight each."""
+
+    # each group: child names whose output rows are stacked, in this order
+    FUSED_GROUPS: tuple[tuple[str, ...], ...] = ()
+
+    def __init__(self):
+        super().__init__()
+        self._fused: dict[tuple[str, ...], FusedRows] = {}
+
+    def fuse_projections(self) -> None:
+        """Fuse every group (idempotent; a group whose sharing was broken is fused anew)."""
+        for names in self.FUSED_GROUPS:
+            linears = tuple(getattr(self, name) for name in names)
+            current = self._fused.get(names)
+            if current is None or not current.serves(linears):
+                self._fused[names] = FusedRows(names, linears)
+
+    @property
+    def projections_fused(self) -> bool:
+        """Whether every group is fused and its Linears still view the fused tensors."""
+        return all(names in self._fused and self._fused[names].serves(
+            tuple(getattr(self, name) for name in names)) for names in self.FUSED_GROUPS)
+
+    def fused_linear(self, names: tuple[str, ...], x: Tensor) -> Tensor | None:
+        """x through the group's fused weight [.., sum of rows], or None: run them one by one
+        (not fused; autograd must reach the named parameters; sharing was broken)."""
+        fused = self._fused.get(names)
+        if fused is None:
+            return None
+        linears = tuple(getattr(self, name) for name in names)
+        if not fused.serves(linears):
+            warnings.warn(f"{'/'.join(names)} no longer view their fused weight (a parameter "
+                          "or module was replaced); running them unfused until "
+                          "fuse_projections() is called again", RuntimeWarning, stacklevel=3)
+            return None
+        if torch.is_grad_enabled() and any(
+                p.requires_grad for linear in linears for p in linear.parameters()):
+            return None
+        return F.linear(x, fused.weight, fused.bias)
+
+    def _apply(self, fn, recurse=True):
+        # .to() / .half() / to_empty() give every parameter its own new tensor: fuse again
+        result = super()._apply(fn, recurse)
+        if self._fused:
+            self.fuse_projections()
+        return result
+
+
+class SelfAttention(FusableProjections):
     """Q/K/V projections, optional per-head q/k RMSNorm, RoPE; attention itself is injected."""
+
+    FUSED_GROUPS = (QKV,)
 
     def __init__(self, arch: ModelArch, layer_index: int):
         super().__init__()
@@ -107,6 +233,7 @@ class SelfAttention(nn.Module):
         self.num_kv_heads = arch.num_kv_heads
         self.head_dim = arch.head_dim
         q_size, kv_size = arch.num_q_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
+        self.split_sizes = (q_size, kv_size, kv_size)
         self.q_proj = nn.Linear(arch.hidden_size, q_size, bias=arch.qkv_bias)
         self.k_proj = nn.Linear(arch.hidden_size, kv_size, bias=arch.qkv_bias)
         self.v_proj = nn.Linear(arch.hidden_size, kv_size, bias=arch.qkv_bias)
@@ -119,9 +246,14 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, attention: AttentionFn) -> Tensor:
         tokens = x.shape[0]
-        q = self.q_proj(x).view(tokens, self.num_q_heads, self.head_dim)
-        k = self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
+        qkv = self.fused_linear(QKV, x)
+        if qkv is None:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        else:  # views of one [T, q + 2 kv] output; their rows are strided, not copied
+            q, k, v = qkv.split(self.split_sizes, dim=-1)
+        q = q.view(tokens, self.num_q_heads, self.head_dim)
+        k = k.view(tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = qk_norm_rope(q, k, cos, sin, self.q_norm.weight, self.k_norm.weight,
                                 self.q_norm.eps)
@@ -137,8 +269,10 @@ class SelfAttention(nn.Module):
         return self.o_proj(out.reshape(tokens, self.num_q_heads * self.head_dim))
 
 
-class MLP(nn.Module):
+class MLP(FusableProjections):
     """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+    FUSED_GROUPS = (GATE_UP,)
 
     def __init__(self, hidden_size: int, intermediate_size: int):
         super().__init__()
@@ -147,7 +281,12 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
+        gate_up = self.fused_linear(GATE_UP, x)
+        if gate_up is None:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        else:  # the two halves as strided views: silu_mul takes any row stride
+            gate, up = gate_up.split(self.up_proj.out_features, dim=-1)
+        return self.down_proj(silu_mul(gate, up))
 
 
 class DecoderLayer(nn.Module):
