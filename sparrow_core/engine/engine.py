@@ -26,7 +26,7 @@ from sparrow_core.engine.block_manager import BlockManager
 from sparrow_core.engine.config import EngineConfig, EngineError
 from sparrow_core.engine.kv_cache import KVCache, pages_for_budget
 from sparrow_core.engine.runner import ModelRunner
-from sparrow_core.engine.sampler import SamplingParams, sample
+from sparrow_core.engine.sampler import SamplingBatch, SamplingParams, sample
 from sparrow_core.engine.scheduler import Batch, Scheduler, SequenceGroup, pages_needed
 from sparrow_core.engine.sequence import SampleResult, Sequence
 from sparrow_core.engine.validate import check_request
@@ -126,7 +126,9 @@ class Engine:
             hook = self._recorder(batch, step) if self.config.record_selection else None
             logits = self.runner.decode(seqs, self.schedule, hook)
             budgets = self._decode_budgets(seqs)
-        out = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        batch_params = SamplingBatch.build([s.params for s in seqs], [s.seed for s in seqs],
+                                           logits.device)
+        out = sample(logits, batch_params, [s.num_generated for s in seqs])
         progress = len(seqs)
         # one device-to-host copy per output tensor per step, not four per sample
         ids, logprobs = out.token_ids.tolist(), out.logprobs.tolist()
@@ -177,7 +179,7 @@ class Engine:
         if not self.config.ignore_eos:
             stop |= set(self.model.arch.eos_token_ids)
         samples = [Sequence(self._seq_id(), index, i, list(prompt), len(prompt), params,
-                            self._generator(index, i, params), frozenset(stop))
+                            self._seed(index, i, params), frozenset(stop))
                    for i in range(params.n)]
         group = SequenceGroup(samples)
         needed = pages_needed(group, self.config.page_size)
@@ -193,15 +195,13 @@ class Engine:
         self._next_seq_id += 1
         return self._next_seq_id
 
-    def _generator(self, prompt_index: int, sample_index: int,
-                   params: SamplingParams) -> torch.Generator:
+    def _seed(self, prompt_index: int, sample_index: int, params: SamplingParams) -> int:
         # a request's seed fixes its samples whatever else runs beside it
         if params.seed is not None:
             entropy = [params.seed, sample_index]
         else:
             entropy = [self.config.seed, self._calls, prompt_index, sample_index]
-        seed = int(np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0] >> 1)
-        return torch.Generator(device=self.cache.k.device).manual_seed(seed)
+        return int(np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0] >> 1)
 
     def _result(self, seq: Sequence) -> SampleResult:
         text = None

@@ -1,12 +1,26 @@
-"""Token sampling for the rollout engine: temperature, top-k, top-p, per-request seeds.
+"""Token sampling for the rollout engine: temperature, top-k, top-p, counter-based seeded draws.
 
-    out = sample(logits, [params_a, params_b], [generator_a, None])
+    batch = SamplingBatch.build([params_a, params_b], seeds=[seed_a, seed_b], device=device)
+    out = sample(logits, batch, counters)    # counters: tokens each row has generated so far
     out.token_ids, out.logprobs, out.topk_ids, out.topk_logprobs
 
-Each row of the batch uses its own SamplingParams and its own torch.Generator (None: torch's
-global generator on the logits' device), so a seeded request draws the same tokens whatever
-else shares the batch. The draw is an exponential race (argmax of p / E, E ~ Exp(1) drawn
-from the row's generator), which picks token x with probability exactly p(x).
+Draws. Each row has a 64-bit seed and a draw counter (its number of generated tokens); the
+noise of token v in that row is a pure function of (seed, counter, v), so a seeded request
+draws the same tokens whatever else shares the batch and whatever its row, and the whole
+batch's noise is a few tensor ops (no generator object, no per-row launch). The hash works
+on 32-bit lanes held in int64 tensors (every product stays below 2**63, every result is
+masked to 32 bits), so CPU and CUDA compute the same bits:
+- mix32(x) = xorshift 16, multiply by 0x3504F333, mask, xorshift 15, multiply by
+  0x5DB3D743, mask, xorshift 16: a bijection of 32-bit values (odd multipliers below 2**31,
+  the leading fraction bits of sqrt 2 and sqrt 3, so that no int64 product overflows);
+- seed key = mix32(mix32(seed_high ^ SEED_SALT) ^ seed_low), once per row;
+- row key = mix32(seed key ^ mix32(counter)), once per row and step;
+- token key = mix32(mix32(v ^ TOKEN_SALT)), once per vocabulary;
+- bits[row, v] = mix32(row key ^ token key[v]); u = (bits + 0.5) / 2**32, strictly inside
+  (0, 1) (float64, exact), E = -log(u) ~ Exp(1).
+The drawn token is argmax over v of p(v) / E(v), the exponential race, which picks v with
+probability p(v). The hash is the project's own, built for speed and equal results on every
+device, not for cryptographic strength.
 
 What the logprobs mean (the acceptance rate compares them with the dense policy):
 - sampled rows (temperature > 0): the distribution actually sampled from, i.e. softmax of
@@ -32,6 +46,13 @@ import torch
 from torch import Tensor
 
 from sparrow_core.errors import SparrowError
+
+MASK32 = 0xFFFFFFFF
+MULTIPLIER_A = 0x3504F333
+MULTIPLIER_B = 0x5DB3D743
+SEED_SALT = 0x1E3779B9
+TOKEN_SALT = 0x510E527F
+SEED_LIMIT = 2**63  # seeds are non-negative int64
 
 
 class SamplingError(SparrowError, ValueError):
@@ -84,6 +105,119 @@ class SampleOutput(NamedTuple):
     topk_logprobs: Tensor  # [B, K] float32
 
 
+# the counter-based hash (see the module docstring)
+
+def mix32(x: Tensor) -> Tensor:
+    """A bijection of 32-bit values held in an int64 tensor (inputs in [0, 2**32))."""
+    x = x ^ (x >> 16)
+    x = (x * MULTIPLIER_A) & MASK32
+    x = x ^ (x >> 15)
+    x = (x * MULTIPLIER_B) & MASK32
+    return x ^ (x >> 16)
+
+
+def seed_keys(seeds: Tensor) -> Tensor:
+    """[B] int64 seeds -> [B] 32-bit keys (both halves of the seed count)."""
+    high = (seeds >> 32) & MASK32
+    return mix32(mix32(high ^ SEED_SALT) ^ (seeds & MASK32))
+
+
+def row_keys(seed_key: Tensor, counters: Tensor) -> Tensor:
+    """The key of each row's draw number `counters` [B] (int64, below 2**32)."""
+    return mix32(seed_key ^ mix32(counters & MASK32))
+
+
+_TOKEN_KEYS: dict[tuple[int, str], Tensor] = {}
+
+
+def token_keys(vocab: int, device: torch.device) -> Tensor:
+    """[vocab] 32-bit keys of the token ids, computed once per (vocabulary, device)."""
+    cache_key = (vocab, str(device))
+    keys = _TOKEN_KEYS.get(cache_key)
+    if keys is None:
+        ids = torch.arange(vocab, dtype=torch.int64, device=device)
+        keys = _TOKEN_KEYS[cache_key] = mix32(mix32(ids ^ TOKEN_SALT))
+    return keys
+
+
+def noise_bits(row_key: Tensor, vocab: int) -> Tensor:
+    """[B, vocab] 32-bit hash values of (row key, token id): identical on every device."""
+    return mix32(row_key[:, None] ^ token_keys(vocab, row_key.device)[None, :])
+
+
+def exponential_from_bits(bits: Tensor) -> Tensor:
+    """float64 E = -log(u), u = (bits + 0.5) / 2**32: strictly inside (0, 1), so E > 0."""
+    return bits.double().add_(0.5).mul_(2.0 ** -32).log_().neg_()
+
+
+def exponential_noise(row_key: Tensor, vocab: int) -> Tensor:
+    """[B, vocab] float64 E ~ Exp(1) of each row key and token id."""
+    return exponential_from_bits(noise_bits(row_key, vocab))
+
+
+# per-row inputs
+
+@dataclass(frozen=True)
+class SamplingBatch:
+    """The per-row sampling inputs as tensors on one device; the engine builds one per batch
+    composition and reuses it while the running set stays the same."""
+
+    params: tuple[SamplingParams, ...]
+    seeds: Tensor  # [B] int64
+    seed_key: Tensor  # [B] int64, 32-bit keys of the seeds
+    greedy: Tensor  # [B] bool
+    temperature: Tensor  # [B] float32, 1 on greedy rows
+    top_k: Tensor | None  # [B] int64; None when no sampled row truncates
+    top_p: Tensor | None  # [B] float32
+    topk_width: int  # K: the most logprobs_topk asked for (capped at the vocabulary later)
+
+    def __post_init__(self) -> None:
+        rows = len(self.params)
+        if rows == 0:
+            raise SamplingError("a SamplingBatch needs at least one row")
+        for name in ("seeds", "seed_key", "greedy", "temperature", "top_k", "top_p"):
+            value = getattr(self, name)
+            if value is not None and tuple(value.shape) != (rows,):
+                raise SamplingError(f"SamplingBatch.{name} must have shape ({rows},), "
+                                    f"got {tuple(value.shape)}")
+
+    def __len__(self) -> int:
+        return len(self.params)
+
+    @property
+    def device(self) -> torch.device:
+        return self.seeds.device
+
+    @classmethod
+    def build(cls, params: Sequence[SamplingParams], seeds: Sequence[int] | None = None,
+              device: torch.device | str = "cpu") -> "SamplingBatch":
+        """seeds None: each row's params.seed, or a draw from torch's global generator."""
+        params = tuple(params)
+        if seeds is None:
+            drawn = torch.randint(0, SEED_LIMIT - 1, (len(params),)).tolist()
+            seeds = [p.seed if p.seed is not None else d for p, d in zip(params, drawn)]
+        seeds = list(seeds)
+        if len(seeds) != len(params):
+            raise SamplingError(f"got {len(seeds)} seeds for {len(params)} SamplingParams")
+        bad = [s for s in seeds if isinstance(s, bool) or not 0 <= int(s) < SEED_LIMIT]
+        if bad:
+            raise SamplingError(f"seeds must be integers in [0, 2**63), got {bad[:3]}")
+        seed_tensor = torch.tensor(seeds, dtype=torch.int64, device=device)
+        truncates = any(p.top_k > 0 or p.top_p < 1.0 for p in params if not p.greedy)
+        as_tensor = lambda values, dtype: torch.tensor(values, dtype=dtype, device=device)
+        return cls(
+            params=params,
+            seeds=seed_tensor,
+            seed_key=seed_keys(seed_tensor),
+            greedy=as_tensor([p.greedy for p in params], torch.bool),
+            temperature=as_tensor([1.0 if p.greedy else p.temperature for p in params],
+                                  torch.float32),
+            top_k=as_tensor([p.top_k for p in params], torch.int64) if truncates else None,
+            top_p=as_tensor([p.top_p for p in params], torch.float32) if truncates else None,
+            topk_width=max(p.logprobs_topk for p in params),
+        )
+
+
 def truncation_mask(scaled: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
     """Tokens kept [B, V] by top-k (ties kept; 0 keeps all) then top-p, per row.
 
@@ -102,62 +236,55 @@ def truncation_mask(scaled: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
     return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
 
 
-def sample(
-    logits: Tensor,
-    params: Sequence[SamplingParams],
-    generators: Sequence[torch.Generator | None],
-) -> SampleOutput:
-    """One token per row of logits [B, V] (float32); see the module docstring."""
-    _check_inputs(logits, params, generators)
-    batch, vocab = logits.shape
-    device = logits.device
-    greedy = torch.tensor([p.greedy for p in params], device=device)
-    temperature = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params],
-                               dtype=logits.dtype, device=device)
-    scaled = logits / temperature[:, None]
-    if any(p.top_k > 0 or p.top_p < 1.0 for p in params if not p.greedy):
-        keep = truncation_mask(
-            scaled,
-            torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
-            torch.tensor([p.top_p for p in params], dtype=logits.dtype, device=device),
-        )
-        keep |= greedy[:, None]
+def sample(logits: Tensor, batch: SamplingBatch | Sequence[SamplingParams],
+           counters: Tensor | Sequence[int] | None = None) -> SampleOutput:
+    """One token per row of logits [B, V] (float32); see the module docstring.
+
+    batch: a SamplingBatch on the logits' device, or SamplingParams (seeds as in
+    SamplingBatch.build). counters [B]: each row's draw number (None: all 0)."""
+    if not isinstance(batch, SamplingBatch):
+        batch = SamplingBatch.build(batch, device=logits.device)
+    counters = _check_inputs(logits, batch, counters)
+    params = batch.params
+    vocab = logits.shape[1]
+    scaled = logits / batch.temperature[:, None]
+    if batch.top_k is not None:
+        keep = truncation_mask(scaled, batch.top_k, batch.top_p) | batch.greedy[:, None]
         scaled = scaled.masked_fill(~keep, -math.inf)
     # else nothing is truncated: no vocabulary sort
     logprobs = torch.log_softmax(scaled, dim=-1)
-    # draw: argmax of p / E with E ~ Exp(1) from each row's own generator; rows on the
-    # global generator (None) draw together
-    noise = torch.ones_like(logprobs)
-    shared = [row for row, (p, g) in enumerate(zip(params, generators))
-              if not p.greedy and g is None]
-    if len(shared) == batch:
-        noise.exponential_()
-    elif shared:
-        noise[torch.tensor(shared, device=device)] = torch.empty(
-            len(shared), vocab, dtype=noise.dtype, device=device).exponential_()
-    for row, (p, generator) in enumerate(zip(params, generators)):
-        if not p.greedy and generator is not None:
-            noise[row].exponential_(generator=generator)
-    # an exact 0 draw would make 0 / 0 for a truncated token
-    noise.clamp_(min=torch.finfo(noise.dtype).tiny)
-    drawn = (logprobs.exp() / noise).argmax(dim=-1)
-    token_ids = torch.where(greedy, logits.argmax(dim=-1), drawn)
+    if all(p.greedy for p in params):
+        token_ids = logits.argmax(dim=-1)
+    else:
+        noise = exponential_noise(row_keys(batch.seed_key, counters), vocab)
+        drawn = (logprobs.exp() / noise).argmax(dim=-1)
+        if any(p.greedy for p in params):
+            drawn = torch.where(batch.greedy, logits.argmax(dim=-1), drawn)
+        token_ids = drawn
     chosen = logprobs.gather(-1, token_ids[:, None])[:, 0]
-    k = min(max(p.logprobs_topk for p in params), vocab)
-    topk_logprobs, topk_ids = logprobs.topk(k, dim=-1)
+    topk_logprobs, topk_ids = logprobs.topk(min(batch.topk_width, vocab), dim=-1)
     return SampleOutput(token_ids, chosen, topk_ids, topk_logprobs)
 
 
-def _check_inputs(logits: Tensor, params: Sequence, generators: Sequence) -> None:
+def _check_inputs(logits: Tensor, batch: SamplingBatch, counters) -> Tensor:
     if logits.dim() != 2 or logits.dtype != torch.float32:
         raise SamplingError(
             f"logits must be a float32 [batch, vocab] tensor, got {logits.dtype} "
             f"{tuple(logits.shape)}"
         )
-    if not len(params) == len(generators) == logits.shape[0]:
-        raise SamplingError(
-            f"logits have {logits.shape[0]} rows but {len(params)} SamplingParams and "
-            f"{len(generators)} generators were given"
-        )
     if logits.shape[0] == 0 or logits.shape[1] == 0:
         raise SamplingError(f"logits must not be empty, got shape {tuple(logits.shape)}")
+    if len(batch) != logits.shape[0]:
+        raise SamplingError(
+            f"logits have {logits.shape[0]} rows but {len(batch)} SamplingParams were given")
+    if batch.device != logits.device:
+        raise SamplingError(f"the SamplingBatch is on {batch.device}, the logits on "
+                            f"{logits.device}")
+    if counters is None:
+        return torch.zeros(len(batch), dtype=torch.int64, device=logits.device)
+    if not isinstance(counters, Tensor):
+        counters = torch.tensor(list(counters), dtype=torch.int64, device=logits.device)
+    if tuple(counters.shape) != (len(batch),) or counters.dtype != torch.int64:
+        raise SamplingError(f"counters must be int64 of shape ({len(batch)},), got "
+                            f"{counters.dtype} {tuple(counters.shape)}")
+    return counters

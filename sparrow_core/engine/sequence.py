@@ -2,7 +2,8 @@
 
 A Sequence is one sample of one prompt: its tokens (prompt then generated), its page table
 (logical page i of the sequence lives in physical KV page page_table[i]), its sampling
-parameters and generator, and what was recorded for each generated token. The n samples of
+parameters and 64-bit seed (the sampler's draw counter is its number of generated tokens),
+and what was recorded for each generated token. The n samples of
 a prompt are n Sequences that share the prompt's full pages.
 """
 
@@ -11,8 +12,6 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-
-import torch
 
 if TYPE_CHECKING:
     from sparrow_core.engine.sampler import SamplingParams
@@ -73,7 +72,7 @@ class Sequence:
     token_ids: list[int]
     prompt_len: int
     params: "SamplingParams"
-    generator: torch.Generator | None
+    seed: int
     stop_ids: frozenset[int]
     page_table: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
@@ -109,12 +108,12 @@ class Sequence:
         elif self.num_generated >= self.params.max_new_tokens:
             self.finish_reason = "length"
 
-    def fork(self, seq_id: int, sample_index: int, generator: torch.Generator | None) -> "Sequence":
+    def fork(self, seq_id: int, sample_index: int, seed: int) -> "Sequence":
         """A new sample of the same prompt, before any token is generated (no pages yet)."""
         if self.num_generated:
             raise ValueError("only a sequence with no generated token can be forked")
         return Sequence(seq_id, self.prompt_index, sample_index, list(self.token_ids),
-                        self.prompt_len, self.params, generator, self.stop_ids)
+                        self.prompt_len, self.params, seed, self.stop_ids)
 
     def to_result(self, text: str | None = None) -> SampleResult:
         if self.finish_reason is None:
