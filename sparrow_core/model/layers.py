@@ -128,7 +128,8 @@ class FusedRows:
         with torch.no_grad(), torch.inference_mode(False):
             self.weight = torch.cat([linear.weight.detach() for linear in linears])
             has_bias = linears[0].bias is not None
-            self.bias = torch.cat([linear.bias.detach() for linear in linears]) if has_bias else None
+            self.bias = (torch.cat([linear.bias.detach() for linear in linears])
+                         if has_bias else None)
         start = 0
         for linear, rows in zip(linears, self.rows):
             linear.weight.data = self.weight[start:start + rows]
@@ -160,16 +161,12 @@ def _check_fusable(names: tuple[str, ...], linears: tuple[nn.Module, ...]) -> No
         if type(linear) is not nn.Linear:
             raise FusionError(f"{name} is a {type(linear).__name__}, not a plain nn.Linear: fuse "
                               "projections before wrapping them (LoRA adapters and the like)")
-    first = linears[0]
-    for name, linear in zip(names, linears):
-        if (linear.weight.dtype, linear.weight.device, linear.in_features,
-                linear.bias is None) != (first.weight.dtype, first.weight.device,
-                                         first.in_features, first.bias is None):
-            raise FusionError(
-                f"cannot fuse {', '.join(names)}: {name} has weight {linear.weight.dtype} on "
-                f"{linear.weight.device}, {linear.in_features} inputs, bias "
-                f"{linear.bias is not None}; {names[0]} has {first.weight.dtype} on "
-                f"{first.weight.device}, {first.in_features} inputs, bias {first.bias is not None}")
+    kinds = {name: (str(linear.weight.dtype), str(linear.weight.device), linear.in_features,
+                    linear.bias is not None) for name, linear in zip(names, linears)}
+    if len(set(kinds.values())) > 1:
+        shown = "; ".join(f"{name} {kind}" for name, kind in kinds.items())
+        raise FusionError(f"cannot fuse {', '.join(names)}: they differ in (dtype, device, "
+                          f"inputs, bias): {shown}")
 
 
 class FusableProjections(nn.Module):

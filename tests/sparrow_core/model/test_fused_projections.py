@@ -217,6 +217,14 @@ def test_a_wrapped_projection_is_refused_by_name(request):
         model.fuse_projections()
 
 
+def test_projections_of_different_dtypes_are_refused_by_name(request):
+    model = load_model(checkpoint_path(request, "builtin"))
+    v_proj = model.model.layers[0].self_attn.v_proj
+    v_proj.weight.data = v_proj.weight.data.to(torch.bfloat16)
+    with pytest.raises(FusionError, match=r"differ in.*v_proj \('torch.bfloat16'"):
+        model.fuse_projections()
+
+
 def test_kernels_take_the_strided_halves(request):
     """The Triton kernels (interpreted on CPU) read q/k/v and gate/up as strided views."""
     runtime = pytest.importorskip("sparrow_core.kernels.runtime")
