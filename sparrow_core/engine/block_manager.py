@@ -4,6 +4,7 @@
     manager.allocate_prompt(seq)        # pages for the prompt's tokens
     copy = manager.fork(leader, other)  # share full pages, (src, dst) for the partial one
     manager.append_slot(seq)            # a new page when the next token starts one
+    manager.append_slot(seq, ahead=1)   # the same for the step after one still in flight
     manager.release(seq)                # pages whose count drops to 0 are free at once
 
 A page is held by every sequence whose page table lists it; it returns to the free list when
@@ -74,9 +75,10 @@ class BlockManager:
             raise OutOfPages(f"prefill needs {needed} pages, {self.num_free} are free")
         seq.page_table = [self.allocate() for _ in range(needed)]
 
-    def append_slot(self, seq: Sequence) -> None:
-        """Before a decode step: make room for the input token at position num_tokens - 1."""
-        needed = self.pages_for_tokens(seq.num_tokens)
+    def append_slot(self, seq: Sequence, ahead: int = 0) -> None:
+        """Before a decode step: make room for the input token at position num_tokens - 1
+        + ahead (ahead = 1: the token of a step still in flight, not yet appended)."""
+        needed = self.pages_for_tokens(seq.num_tokens + ahead)
         if needed > len(seq.page_table) + 1:
             raise ValueError(f"sequence {seq.seq_id} is more than one page behind its tokens")
         if needed == len(seq.page_table) + 1:
@@ -106,4 +108,7 @@ class BlockManager:
     def slot(self, seq: Sequence, position: int) -> int:
         """Flat cache slot (page * page_size + offset) of a token position of seq."""
         page, offset = divmod(position, self.page_size)
+        if page >= len(seq.page_table):
+            raise ValueError(f"sequence {seq.seq_id} holds {len(seq.page_table)} pages, none for "
+                             f"position {position}")
         return seq.page_table[page] * self.page_size + offset

@@ -38,8 +38,12 @@ class EngineConfig:
     seed: int = 0
     # true keeps generating past the model's eos tokens (stop_token_ids still stop)
     ignore_eos: bool = False
-    # debug: record, per decode step, layer and sequence, the selected page ids (tests)
+    # debug: record, per decode step, layer and sequence, the selected page ids (tests);
+    # recording keeps every step synchronous
     record_selection: bool = False
+    # launch decode step t+1 from step t's device-side tokens and do step t's host work while
+    # it runs (steady decode only; results equal the synchronous loop's)
+    overlap: bool = True
 
     def __post_init__(self) -> None:
         for key in ("max_batch_size", "page_size", "max_prefill_tokens"):
@@ -53,6 +57,10 @@ class EngineConfig:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise EngineError(f"EngineConfig.{key} must be an integer >= 0, got {value!r}")
+        for key in ("ignore_eos", "record_selection", "overlap"):
+            if not isinstance(getattr(self, key), bool):
+                raise EngineError(f"EngineConfig.{key} must be true or false, "
+                                  f"got {getattr(self, key)!r}")
         if not self.kv_cache_mib > 0:
             raise EngineError(
                 f"EngineConfig.kv_cache_mib must be positive, got {self.kv_cache_mib}")

@@ -2,6 +2,7 @@
 
     graphs = DecodeGraphs(model, cache)                  # the runner builds one on CUDA
     logits = graphs.decode(ids, positions, slots, tables, topk, schedule)   # numpy inputs
+    logits = graphs.decode(device_ids, positions, ...)   # ids of a step still in flight
 
 KernelDecodeAttention is the GPU twin of step_attention.PagedAttention for a decode step:
 per layer the fused KV write + centroid kernel, then dense split-K paged attention, or
@@ -13,6 +14,9 @@ nothing (slot -1) and read nothing (0 tokens); the page-table width to a power o
 kernels cut their work by the run-time token counts, not by the width). The schedule's
 per-bin top-k travels in a buffer; its reserved pages and dense layers are fixed per graph.
 `use_graphs=False` runs the same kernels eagerly (benchmarks, debugging).
+Inputs go up through pinned memory with non_blocking copies and the ids may come as a device
+tensor, so a decode launch never waits for the GPU: the engine queues step t+1 while step t
+still runs.
 """
 
 from __future__ import annotations
@@ -142,11 +146,18 @@ class DecodeGraphs:
             logits = self._forward(bucket, width, sparsity)
         return graph, logits
 
+    def _upload(self, array: np.ndarray) -> torch.Tensor:
+        """A host array on the device without waiting for the stream: a pinned staging copy
+        (the host allocator keeps the block until the copy has run)."""
+        staged = torch.from_numpy(array).pin_memory()
+        return staged.to(self.device, non_blocking=True)
+
     @torch.inference_mode()
-    def decode(self, ids: np.ndarray, positions: np.ndarray, slots: np.ndarray,
+    def decode(self, ids: np.ndarray | torch.Tensor, positions: np.ndarray, slots: np.ndarray,
                tables: np.ndarray, topk: np.ndarray | None,
                schedule: Schedule | None) -> torch.Tensor:
-        """Logits [B, vocab] float32 of one decode step; tables [B, w] physical page ids."""
+        """Logits [B, vocab] float32 of one decode step; tables [B, w] physical page ids;
+        ids [B] as numpy or as a device tensor (the tokens a step still in flight samples)."""
         batch, width = tables.shape
         bucket, wide = batch_bucket(batch), width_bucket(width)
         sparsity = sparsity_key(schedule, self.num_layers) if topk is not None else None
@@ -159,19 +170,24 @@ class DecodeGraphs:
             self.capture_seconds += time.perf_counter() - started
         rows = np.zeros((5, bucket), dtype=np.int64)
         rows[2] = -1  # padded rows write nowhere
-        rows[0, :batch], rows[1, :batch], rows[2, :batch] = ids, positions, slots
+        on_device = isinstance(ids, torch.Tensor)
+        if not on_device:
+            rows[0, :batch] = ids
+        rows[1, :batch], rows[2, :batch] = positions, slots
         rows[3, :batch] = positions + 1  # cached tokens, the current one included
         if topk is not None:
             rows[4, :batch] = topk
-        staged = torch.from_numpy(rows).to(self.device, non_blocking=True)
-        self.ids[:bucket].copy_(staged[0])
+        staged = self._upload(rows)
+        self.ids[:bucket].copy_(staged[0])  # padded rows read token 0
+        if on_device:
+            self.ids[:batch].copy_(ids)
         self.positions[:bucket].copy_(staged[1])
         self.slots[:bucket].copy_(staged[2])
         self.num_tokens[:bucket].copy_(staged[3])
         self.topk[:bucket].copy_(staged[4])
         padded = np.zeros((bucket, wide), dtype=np.int32)
         padded[:batch, :width] = tables
-        self.tables[wide][:bucket].copy_(torch.from_numpy(padded).to(self.device))
+        self.tables[wide][:bucket].copy_(self._upload(padded))
         if not self.use_graphs:
             return self._forward(bucket, wide, sparsity)[:batch]
         graph, logits = self.graphs[key]

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from sparrow_core.engine.block_manager import BlockManager
 from sparrow_core.engine.config import EngineConfig, EngineError
 from sparrow_core.engine.kv_cache import KVCache, pages_for_budget
-from sparrow_core.engine.runner import ModelRunner
+from sparrow_core.engine.runner import ModelRunner, StepOutputs
 from sparrow_core.engine.sampler import SamplingBatch, SamplingParams, sample
 from sparrow_core.engine.scheduler import Batch, Scheduler, SequenceGroup, pages_needed
 from sparrow_core.engine.sequence import SampleResult, Sequence
@@ -45,6 +45,31 @@ class SelectionRecord:
     position: int
     # per KV head: the logical page indices read (page i holds positions i*ps .. i*ps+ps-1)
     pages: tuple[tuple[int, ...], ...]
+
+
+# counts of the last generate(): steps run, decode steps launched ahead of the previous step's
+# host work, and steps launched ahead then dropped because a sample stopped
+STATS = ("prefill_steps", "decode_steps", "overlapped_steps", "discarded_steps")
+
+
+@dataclass(eq=False)
+class LaunchedStep:
+    """A step whose forward pass and draw are queued on the device; outputs not yet read."""
+
+    seqs: list[Sequence]
+    budgets: list[int]
+    sampling: SamplingBatch
+    counters: torch.Tensor  # [B] int64 on the device: each row's draw number
+    token_ids: torch.Tensor  # [B] on the device: the input of a step launched ahead
+    outputs: StepOutputs
+
+
+@dataclass(eq=False)
+class CachedSampling:
+    """The sampler's per-row tensors, kept while the running batch stays the same."""
+
+    seqs: list[Sequence]
+    batch: SamplingBatch
 
 
 class Engine:
@@ -67,6 +92,8 @@ class Engine:
         self.set_schedule(schedule)
         self._calls = 0
         self._next_seq_id = 0
+        self._sampling: CachedSampling | None = None
+        self.stats = dict.fromkeys(STATS, 0)
 
     # trainer hooks
 
@@ -98,63 +125,120 @@ class Engine:
         total = sum(len(g.samples) * g.leader.params.max_new_tokens for g in groups)
         bar = tqdm(total=total, desc="generate", unit="tok", file=sys.stderr,
                    disable=not progress, leave=False)
-        step = 0
+        self.stats = dict.fromkeys(STATS, 0)
         try:
-            while not scheduler.is_finished:
-                bar.update(self._step(scheduler, step))
-                step += 1
+            self._loop(scheduler, bar)
         finally:
             bar.close()
+            self._sampling = None
             for seq in list(scheduler.running):  # only after an exception: free everything
                 scheduler.finish(seq)
         return [[self._result(seq) for seq in group.samples] for group in groups]
 
-    def _step(self, scheduler: Scheduler, step: int) -> int:
-        """One forward pass and one sampled token per sample in it; returns the progress
-        in tokens (one per sample, plus the unused budget of each sample that stopped)."""
-        batch = scheduler.schedule()
-        if batch.is_prefill:
-            logits = self.runner.prefill(batch.seqs)
-            self.cache.copy_pages(scheduler.fork(batch))
-            seqs = [seq for group in batch.groups for seq in group.samples]
-            counts = torch.tensor([len(g.samples) for g in batch.groups], device=logits.device)
-            logits = logits.repeat_interleave(counts, dim=0)
-            # the first token comes from the dense prefill: every prompt page was read
-            budgets = [self.block_manager.pages_for_tokens(s.prompt_len) for s in seqs]
-        else:
-            seqs = batch.seqs
-            hook = self._recorder(batch, step) if self.config.record_selection else None
-            logits = self.runner.decode(seqs, self.schedule, hook)
-            budgets = self._decode_budgets(seqs)
-        batch_params = SamplingBatch.build([s.params for s in seqs], [s.seed for s in seqs],
-                                           logits.device)
-        out = sample(logits, batch_params, [s.num_generated for s in seqs])
-        progress = len(seqs)
-        # one device-to-host copy per output tensor per step, not four per sample
-        ids, logprobs = out.token_ids.tolist(), out.logprobs.tolist()
-        topk_ids, topk_logprobs = out.topk_ids.tolist(), out.topk_logprobs.tolist()
-        for i, seq in enumerate(seqs):
+    def _loop(self, scheduler: Scheduler, bar: tqdm) -> None:
+        """Steps until every sample has finished. In steady decode the next step is launched
+        before the host reads the current one's tokens (see docs/engine.md, overlap)."""
+        launched: LaunchedStep | None = None
+        step = 0
+        while launched is not None or not scheduler.is_finished:
+            if launched is None:
+                batch = scheduler.schedule()
+                if batch.is_prefill:
+                    bar.update(self._finish(scheduler, self._prefill(scheduler, batch)))
+                else:
+                    launched = self._decode(batch.seqs, step)
+                step += 1
+                continue
+            ahead = self._decode_ahead(scheduler, launched)
+            bar.update(self._finish(scheduler, launched))
+            if ahead is not None and ahead.seqs != scheduler.running:
+                # a sample stopped: the synchronous loop runs another batch next, so the step
+                # launched ahead is dropped whole and the next one runs from the host's state
+                self.stats["discarded_steps"] += 1
+                ahead = None
+            step += ahead is not None
+            launched = ahead
+
+    # launching steps (queued on the device; nothing here waits for it)
+
+    def _prefill(self, scheduler: Scheduler, batch: Batch) -> "LaunchedStep":
+        self.stats["prefill_steps"] += 1
+        logits = self.runner.prefill(batch.seqs)
+        self.cache.copy_pages(scheduler.fork(batch))
+        seqs = [seq for group in batch.groups for seq in group.samples]
+        counts = torch.tensor([len(g.samples) for g in batch.groups], device=logits.device)
+        logits = logits.repeat_interleave(counts, dim=0, output_size=len(seqs))
+        # the first token comes from the dense prefill: every prompt page was read
+        budgets = [self.block_manager.pages_for_tokens(s.prompt_len) for s in seqs]
+        sampling = SamplingBatch.build([s.params for s in seqs], [s.seed for s in seqs],
+                                       logits.device)
+        counters = torch.zeros(len(seqs), dtype=torch.int64, device=logits.device)
+        return self._launch(seqs, logits, budgets, sampling, counters)
+
+    def _decode(self, seqs: list[Sequence], step: int) -> "LaunchedStep":
+        """A decode step of the running batch from the host's tokens (synchronous entry)."""
+        self.stats["decode_steps"] += 1
+        hook = self._recorder(seqs, step) if self.config.record_selection else None
+        logits = self.runner.decode(seqs, self.schedule, hook)
+        if self._sampling is None or self._sampling.seqs != seqs:
+            self._sampling = CachedSampling(list(seqs), SamplingBatch.build(
+                [s.params for s in seqs], [s.seed for s in seqs], logits.device))
+        counters = torch.tensor([s.num_generated for s in seqs], device=logits.device)
+        return self._launch(seqs, logits, self._decode_budgets(seqs, 0),
+                            self._sampling.batch, counters)
+
+    def _decode_ahead(self, scheduler: Scheduler, launched: "LaunchedStep"):
+        """The step after `launched`, queued before its tokens reach the host; None when the
+        batch must change first (a sample's last step, a prompt that can enter, prefill)."""
+        seqs = launched.seqs
+        if (not self.config.overlap or self.config.record_selection or seqs != scheduler.running or scheduler.can_admit()
+                or any(s.num_generated + 1 >= s.params.max_new_tokens for s in seqs)):
+            return None
+        self.stats["decode_steps"] += 1
+        self.stats["overlapped_steps"] += 1
+        scheduler.reserve_ahead(seqs)
+        logits = self.runner.decode(seqs, self.schedule, pending_ids=launched.token_ids)
+        return self._launch(seqs, logits, self._decode_budgets(seqs, 1), launched.sampling,
+                            launched.counters + 1)
+
+    def _launch(self, seqs, logits, budgets, sampling, counters) -> "LaunchedStep":
+        out = sample(logits, sampling, counters)
+        return LaunchedStep(list(seqs), budgets, sampling, counters, out.token_ids,
+                            StepOutputs(out))
+
+    # host work of a step
+
+    def _finish(self, scheduler: Scheduler, launched: "LaunchedStep") -> int:
+        """Append each sample's token; finish those that stop. Returns the progress in
+        tokens (one per sample, plus the unused budget of each sample that stopped)."""
+        ids, logprobs, topk_ids, topk_logprobs = launched.outputs.read()
+        progress = 0
+        for i, seq in enumerate(launched.seqs):
             k = seq.params.logprobs_topk
             seq.append(ids[i], logprobs[i], tuple(topk_ids[i][:k]),
-                       tuple(topk_logprobs[i][:k]), budgets[i])
+                       tuple(topk_logprobs[i][:k]), launched.budgets[i])
+            progress += 1
             if seq.finish_reason is not None:
                 scheduler.finish(seq)
                 progress += seq.params.max_new_tokens - seq.num_generated
         return progress
 
-    def _decode_budgets(self, seqs: list[Sequence]) -> list[int]:
-        """Pages read per KV head in sparse layers at this step (all pages when dense)."""
-        num_pages = torch.tensor([self.block_manager.pages_for_tokens(s.num_tokens) for s in seqs])
+    def _decode_budgets(self, seqs: list[Sequence], ahead: int) -> list[int]:
+        """Pages read per KV head in sparse layers at this step (all pages when dense);
+        the input token sits at position num_tokens - 1 + ahead."""
+        num_pages = torch.tensor([self.block_manager.pages_for_tokens(s.num_tokens + ahead)
+                                  for s in seqs])
         schedule = self.schedule
         layers = range(self.model.arch.num_layers)
         if schedule is None or not any(schedule.is_sparse_layer(i) for i in layers):
             return num_pages.tolist()
-        topk = torch.tensor([schedule.topk_for_position(s.num_tokens - 1) for s in seqs])
+        topk = torch.tensor([schedule.topk_for_position(s.num_tokens - 1 + ahead)
+                             for s in seqs])
         return pages_read(num_pages, topk, schedule.reserved_bos, schedule.reserved_eos).tolist()
 
-    def _recorder(self, batch: Batch, step: int):
+    def _recorder(self, seqs: list[Sequence], step: int):
         def record(layer: int, page_mask: torch.Tensor) -> None:
-            for row, seq in enumerate(batch.seqs):
+            for row, seq in enumerate(seqs):
                 pages = tuple(tuple(torch.nonzero(head).flatten().tolist())
                               for head in page_mask[row])
                 self.selection_log.append(SelectionRecord(

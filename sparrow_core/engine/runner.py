@@ -3,14 +3,20 @@
     runner = ModelRunner(model, cache, block_manager)
     logits = runner.prefill(seqs)                          # [len(seqs), vocab] float32
     logits = runner.decode(seqs, schedule, on_selection)   # one new token per sequence
+    logits = runner.decode(seqs, schedule, pending_ids=ids)  # the step after one in flight
+    outputs = StepOutputs(sample_output); ids, logprobs, topk_ids, topk_logprobs = outputs.read()
 
 Prefill packs the sequences' tokens end to end (dense causal attention within each);
 decode feeds each sequence's last token at position num_tokens - 1 and reads the paged
-cache (dense, or block-sparse when a schedule is given). The runner builds flat tensors and
+cache (dense, or block-sparse when a schedule is given). With pending_ids (the device tensor
+of tokens sampled by a step still in flight, not yet appended on the host) each sequence
+decodes the next position, num_tokens, with that token as input: no host round trip. The runner builds flat tensors and
 an explicit StepMetadata per step. On CUDA (with triton) decode goes through
 engine/cuda_graphs.py instead: Triton kernels and one CUDA graph per batch-size bucket,
 fed from numpy arrays (each sequence's page table is kept as an array and only grows);
-a selection hook (record_selection) keeps the eager PagedAttention path.
+a selection hook (record_selection) keeps the eager PagedAttention path. StepOutputs moves a
+step's sampled outputs to the host in one packed copy (on CUDA: non_blocking into pinned
+memory, then an event), so the host can do other work until it reads them.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import torch
 from sparrow_core.engine.block_manager import BlockManager
 from sparrow_core.engine.cuda_graphs import DecodeGraphs
 from sparrow_core.engine.kv_cache import KVCache
+from sparrow_core.engine.sampler import SampleOutput
 from sparrow_core.engine.sequence import Sequence
 from sparrow_core.engine.step_attention import PagedAttention, SelectionHook, StepMetadata
 from sparrow_core.kernels.runtime import HAS_TRITON
@@ -62,15 +69,18 @@ class ModelRunner:
 
     @torch.inference_mode()
     def decode(self, seqs: list[Sequence], schedule: Schedule | None,
-               on_selection: SelectionHook | None = None) -> torch.Tensor:
-        """One step for each sequence: its last token attends to its cached tokens."""
+               on_selection: SelectionHook | None = None,
+               pending_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """One step for each sequence: its last token attends to its cached tokens.
+        pending_ids [B] (device): the in-flight step's tokens, input at position num_tokens."""
+        ahead = 0 if pending_ids is None else 1
         if self.graphs is not None and on_selection is None:
-            return self._decode_graphed(seqs, schedule)
+            return self._decode_graphed(seqs, schedule, pending_ids)
         page_size = self.block_manager.page_size
         width = max(len(seq.page_table) for seq in seqs)
         ids, positions, slots, filled, tables, topk = [], [], [], [], [], []
         for seq in seqs:
-            position = seq.num_tokens - 1
+            position = seq.num_tokens - 1 + ahead
             ids.append(seq.token_ids[-1])
             positions.append(position)
             slots.append(self.block_manager.slot(seq, position))
@@ -86,7 +96,8 @@ class ModelRunner:
             num_tokens=self._tensor(positions) + 1,
             topk=self._tensor(topk) if schedule is not None else None,
         )
-        hidden = self.model(self._tensor(ids), self._tensor(positions),
+        input_ids = self._tensor(ids) if pending_ids is None else pending_ids
+        hidden = self.model(input_ids, self._tensor(positions),
                             PagedAttention(self.cache, meta, schedule, on_selection))
         return self.model.compute_logits(hidden)
 
@@ -98,10 +109,15 @@ class ModelRunner:
             self._tables[seq.seq_id] = table
         return table
 
-    def _decode_graphed(self, seqs: list[Sequence], schedule: Schedule | None) -> torch.Tensor:
+    def _decode_graphed(self, seqs: list[Sequence], schedule: Schedule | None,
+                        pending_ids: torch.Tensor | None) -> torch.Tensor:
         batch = len(seqs)
-        positions = np.fromiter((s.num_tokens - 1 for s in seqs), dtype=np.int64, count=batch)
-        ids = np.fromiter((s.token_ids[-1] for s in seqs), dtype=np.int64, count=batch)
+        last = 0 if pending_ids is None else 1  # the input's offset from the last known token
+        positions = np.fromiter((s.num_tokens - 1 + last for s in seqs), dtype=np.int64,
+                                count=batch)
+        ids = pending_ids
+        if ids is None:
+            ids = np.fromiter((s.token_ids[-1] for s in seqs), dtype=np.int64, count=batch)
         width = max(len(s.page_table) for s in seqs)
         # padding entries point at page 0; the token count masks them out
         tables = np.zeros((batch, width), dtype=np.int32)
@@ -118,3 +134,30 @@ class ModelRunner:
         for seq_id in [i for i in self._tables if i not in live]:
             del self._tables[seq_id]
         return self.graphs.decode(ids, positions, slots, tables, topk, schedule)
+
+
+class StepOutputs:
+    """A step's sampled outputs on their way to the host, as one packed float64 copy (ids and
+    logprobs are exact in it); read() waits for the copy and returns Python lists."""
+
+    def __init__(self, out: SampleOutput):
+        self.width = out.topk_ids.shape[1]
+        packed = torch.cat([out.token_ids[:, None].double(), out.logprobs[:, None].double(),
+                            out.topk_ids.double(), out.topk_logprobs.double()], dim=1)
+        self._event = None
+        if packed.is_cuda:
+            self._host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+            self._host.copy_(packed, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host = packed
+
+    def read(self) -> tuple[list[int], list[float], list[list[int]], list[list[float]]]:
+        """(token ids, logprobs, top-K ids, top-K logprobs) per row."""
+        if self._event is not None:
+            self._event.synchronize()
+        rows = self._host.numpy()
+        k = self.width
+        return (rows[:, 0].astype(np.int64).tolist(), rows[:, 1].tolist(),
+                rows[:, 2:2 + k].astype(np.int64).tolist(), rows[:, 2 + k:].tolist())

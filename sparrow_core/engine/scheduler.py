@@ -5,6 +5,8 @@
     batch = scheduler.schedule()         # a prefill batch of new groups, else a decode batch
     copies = scheduler.fork(batch)       # after prefill: samples share the prompt's pages
     scheduler.finish(seq)                # pages freed at once; the next group can enter
+    scheduler.can_admit()                # would the next schedule() prefill a waiting group?
+    scheduler.reserve_ahead(seqs)        # pages for the step after one still in flight
 
 Admission rule (instead of preemption): a group enters only when its worst case fits, i.e.
 free pages minus the pages every running sequence may still claim cover the group's pages at
@@ -76,11 +78,23 @@ class Scheduler:
     def is_finished(self) -> bool:
         return not self.waiting and not self.running
 
+    def _room(self) -> tuple[int, int]:
+        """Free slots, and free pages beyond what the running sequences may still claim."""
+        slots = self.config.max_batch_size - len(self.running)
+        return slots, self.block_manager.num_free - sum(map(self._claimable, self.running))
+
+    def can_admit(self) -> bool:
+        """Whether the first waiting group fits now, so that schedule() would prefill it."""
+        if not self.waiting:
+            return False
+        slots, available = self._room()
+        group = self.waiting[0]
+        return len(group.samples) <= slots and self.pages_needed(group) <= available
+
     def schedule(self) -> Batch:
         """New groups that fit, as one prefill batch; otherwise the running batch decodes."""
         admitted: list[SequenceGroup] = []
-        slots = self.config.max_batch_size - len(self.running)
-        available = self.block_manager.num_free - sum(map(self._claimable, self.running))
+        slots, available = self._room()
         tokens = 0
         while self.waiting:
             group = self.waiting[0]
@@ -107,6 +121,12 @@ class Scheduler:
         for seq in self.running:
             self.block_manager.append_slot(seq)
         return Batch(False, list(self.running))
+
+    def reserve_ahead(self, seqs: list[Sequence]) -> None:
+        """Pages for the step after the one in flight: its input token (not yet appended)
+        sits at position num_tokens. Within each sequence's worst case, so never short."""
+        for seq in seqs:
+            self.block_manager.append_slot(seq, ahead=1)
 
     def fork(self, batch: Batch) -> list[tuple[int, int]]:
         """After a prefill: every other sample takes the leader's cached prompt.
