@@ -8,7 +8,8 @@ Per model head shape (Qwen3-1.7B: 16 query / 8 KV heads; Qwen3-4B: 32 / 8; head 
 bf16, 16-token head-major pages scattered through the cache), batch 16 and 64, context 4K-32K (every
 sequence full): our dense split-K kernel; our sparse step (scoring + selection + attention,
 budget of the model's 0.86 preset at that context); our sparse attention alone over the
-same pages; torch SDPA dense over contiguous K/V (enable_gqa). Each figure is the median of
+same pages; torch SDPA dense over contiguous K/V (enable_gqa); FlashInfer dense and sparse
+attention alone over the same cache pages when it imports (benchmarks/peers.py). Each figure is the median of
 CUDA-graph replays after an L2 flush. Also: a launch-configuration sweep at the target case
 (1.7B heads, batch 16, 32K) and the prefill choice (SDPA per sequence vs one masked call).
 """
@@ -25,6 +26,7 @@ from torch.nn import functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import copy_bandwidth, device_facts, fill_random_, time_graph, write_json  # noqa: E402
+from benchmarks.peers import flashinfer_cases  # noqa: E402
 from sparrow_core.kernels.page_scores import page_scores  # noqa: E402
 from sparrow_core.kernels.page_topk import page_topk, select_page_lists  # noqa: E402
 from sparrow_core.kernels.paged_decode import (paged_decode_attention,  # noqa: E402
@@ -115,17 +117,9 @@ def one_case(model, batch, context, bandwidth, device):
                dense_vs_sdpa_rel_error=relative_error(dense_out, sdpa_out),
                sparse_speedup_vs_sdpa=us["sdpa_dense"] / us["ours_sparse"],
                dense_ratio_vs_sdpa=us["ours_dense"] / us["sdpa_dense"])
-    row.update(flashinfer_case(layer, lists, counts, hq, hkv, us))
+    row.update(flashinfer_cases(layer, lists, counts, dense_out,
+                                methods["ours_sparse_attention_only"]()))
     return row, layer
-
-
-def flashinfer_case(layer, lists, counts, hq, hkv, us):
-    """FlashInfer dense and sparse-attention-only timings when the package imports."""
-    try:
-        import flashinfer  # noqa: F401
-    except Exception as error:  # not installed on the device image
-        return {"flashinfer": f"not importable: {type(error).__name__}"}
-    return {"flashinfer": "importable, not wired (see docs/benchmarks.md)"}
 
 
 def sweep(layer, device):

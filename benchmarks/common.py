@@ -4,8 +4,12 @@
     us = time_graph(lambda: kernel(x))          # median microseconds of CUDA-graph replays
 
 Timing follows the workplace method: warm up (compiles kernels), capture the region in a
-CUDA graph (launch gaps out of the figure), then per repetition flush the L2 with a 256 MiB
-write, record CUDA events around one replay, and report the median. Copy bandwidth is a
+CUDA graph (launch gaps out of the figure), then per repetition flush the L2, record CUDA
+events around one replay, and report the median. The flush reads a 256 MiB buffer (a sum):
+the L2 ends up full of clean lines, as after a decode layer's weight reads. A flush that
+writes (zeroing the buffer, flush="write") leaves up to the whole L2 dirty, and the timed
+kernel then pays for writing those lines back to memory: measured on an H200, that adds
+several microseconds to a 100 us kernel (benchmarks/sparse_stage.py times both). Copy bandwidth is a
 large device-to-device copy, bytes read plus bytes written over its median time.
 """
 
@@ -48,16 +52,21 @@ def device_facts() -> dict[str, Any]:
     return facts
 
 
-def _flush_l2() -> None:
+def _flush_l2(mode: str) -> None:
     buffer = _FLUSH.get("l2")
     if buffer is None:
-        buffer = _FLUSH["l2"] = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
-    buffer.zero_()
+        buffer = _FLUSH["l2"] = torch.zeros(64 << 20, dtype=torch.float32, device="cuda")
+    if mode == "write":
+        buffer.zero_()
+    else:
+        buffer.sum()
 
 
 def time_graph(fn: Callable[[], Any], reps: int = 30, warmup: int = 3,
-               graph: bool = True, flush: bool = True) -> float:
-    """Median microseconds of one call of fn (as a CUDA graph replay when graph=True)."""
+               graph: bool = True, flush: bool | str = True) -> float:
+    """Median microseconds of one call of fn (as a CUDA graph replay when graph=True).
+    flush: True or "read" (the default L2 flush), "write", or False (a warm L2)."""
+    mode = "read" if flush is True else flush
     if not torch.cuda.is_available():  # smoke runs on CPU: a wall clock
         fn()
         start = time.perf_counter()
@@ -78,8 +87,8 @@ def time_graph(fn: Callable[[], Any], reps: int = 30, warmup: int = 3,
         run()
     times = []
     for _ in range(reps):
-        if flush:
-            _flush_l2()
+        if mode:
+            _flush_l2(mode)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         run()

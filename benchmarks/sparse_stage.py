@@ -13,7 +13,9 @@ What it times, each against the default launch measured in the same run:
   strided views), every KV head given the same page list (the 8 heads of a page read
   together, as the dense kernel does), and scoring through an identity page table (each
   sequence's centroids contiguous);
-- the whole stage with the default and with the fastest scoring and top-k launches;
+- the whole stage with the default and with the fastest scoring and top-k launches, and
+  the default after a writing L2 flush, with a warm L2 (benchmarks/common.py), and without
+  programmatic dependent launch (kernels/runtime.py);
 - FlashInfer dense and sparse attention alone when importable (benchmarks/peers.py).
 """
 
@@ -36,6 +38,7 @@ from sparrow_core.kernels.page_scores import page_scores  # noqa: E402
 from sparrow_core.kernels.page_topk import page_topk  # noqa: E402
 from sparrow_core.kernels.paged_decode import (paged_decode_attention,  # noqa: E402
                                                sparse_paged_decode_attention)
+from sparrow_core.kernels.runtime import programmatic_launch  # noqa: E402
 from sparrow_core.sparse.presets import get_preset  # noqa: E402
 
 
@@ -69,6 +72,12 @@ def sweep(fn_of, launches, compare, reps):
         except Exception as error:  # e.g. a launch over the shared-memory limit
             rows.append(dict(launch=launch, error=f"{type(error).__name__}: {error}"[:200]))
     return rows
+
+
+def without_pdl(fn, reps):
+    """fn timed with programmatic dependent launch off (captured that way)."""
+    with programmatic_launch(False):
+        return time_graph(fn, reps=reps)
 
 
 def interleaved_pages(layer):
@@ -140,6 +149,12 @@ def main(argv=None) -> int:
             q.unsqueeze(2), layer["k"], layer["v"], enable_gqa=True),
     }
     result["probes_us"] = {name: time_graph(fn, reps=reps) for name, fn in probes.items()}
+    for name in ("attention_default", "scores_default", "dense_attention", "sdpa_dense"):
+        result["probes_us"][name + "_after_writing_flush"] = time_graph(
+            probes[name], reps=reps, flush="write")
+    for name in ("attention_default", "dense_attention"):
+        result["probes_us"][name + "_without_programmatic_launch"] = without_pdl(
+            probes[name], reps)
     result["interleaved_max_abs_diff"] = float(
         (probes["attention_kv_interleaved"]().float() - ours_sparse.float()).abs().max())
     # the whole stage, default and best launches
@@ -155,6 +170,9 @@ def main(argv=None) -> int:
         return run
     result["stage_us"] = {
         "default": time_graph(stage({}, {}), reps=reps),
+        "default_after_writing_flush": time_graph(stage({}, {}), reps=reps, flush="write"),
+        "default_warm_l2": time_graph(stage({}, {}), reps=reps, flush=False),
+        "default_without_programmatic_launch": without_pdl(stage({}, {}), reps),
         "best_launches": time_graph(stage(best_scores, best_topk), reps=reps),
         "best_launches_kv_interleaved": time_graph(stage(best_scores, best_topk, k_int, v_int),
                                                    reps=reps),

@@ -21,7 +21,8 @@ from __future__ import annotations
 import torch
 
 from sparrow_core.kernels.runtime import (
-    check, check_last_dim_contiguous, check_page_tables, jit, next_power_of_2, tl, use_kernel)
+    check, check_last_dim_contiguous, check_page_tables, gdc_launch_dependents, gdc_wait, jit,
+    next_power_of_2, pdl_launch, tl, use_kernel)
 from sparrow_core.sparse.selection import group_query_mean, score_pages
 
 
@@ -30,7 +31,11 @@ def _page_scores_kernel(q_ptr, cent_ptr, table_ptr, ntok_ptr, score_ptr,
                         s_qb, s_qh, s_cp, s_ch, s_tb, width, dim, kv_heads,
                         GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
                         BLOCK_P: tl.constexpr, PAGE: tl.constexpr,
-                        BLOCKS_PER_PROGRAM: tl.constexpr, NUM_STAGES: tl.constexpr):
+                        BLOCKS_PER_PROGRAM: tl.constexpr, NUM_STAGES: tl.constexpr,
+                        PDL: tl.constexpr):
+    if PDL:  # see runtime.py: wait for the kernel before, let the next one launch
+        gdc_wait()
+        gdc_launch_dependents()
     b = tl.program_id(0)
     n_pages = (tl.load(ntok_ptr + b).to(tl.int32) + PAGE - 1) // PAGE
     h = tl.arange(0, BLOCK_H)
@@ -82,7 +87,7 @@ def _check(q, centroids, page_tables, num_tokens) -> None:
 
 
 def page_scores(q: torch.Tensor, centroids: torch.Tensor, page_tables: torch.Tensor,
-                num_tokens: torch.Tensor, page_size: int, block_pages: int = 8,
+                num_tokens: torch.Tensor, page_size: int, block_pages: int = 16,
                 num_warps: int = 4, blocks_per_program: int = 1,
                 num_stages: int = 1) -> torch.Tensor:
     """Scores [B, Hkv, W] float32; -inf past each row's page count. block_pages (pages per
@@ -97,11 +102,12 @@ def page_scores(q: torch.Tensor, centroids: torch.Tensor, page_tables: torch.Ten
     if batch and width:
         group = heads // kv_heads
         blocks = -(-width // block_pages)
+        pdl = pdl_launch(q.device)
         _page_scores_kernel[(batch, -(-blocks // blocks_per_program))](
             q, centroids, page_tables, num_tokens, scores,
             q.stride(0), q.stride(1), centroids.stride(0), centroids.stride(1),
             page_tables.stride(0), width, dim, kv_heads,
             GROUP=group, BLOCK_H=next_power_of_2(kv_heads), BLOCK_D=next_power_of_2(dim),
             BLOCK_P=block_pages, PAGE=page_size, BLOCKS_PER_PROGRAM=blocks_per_program,
-            NUM_STAGES=num_stages, num_warps=num_warps)
+            NUM_STAGES=num_stages, PDL=pdl, num_warps=num_warps, launch_pdl=pdl)
     return scores

@@ -13,8 +13,9 @@ the logical pages read (the first counts [B, Hkv] entries are meaningful), and o
 [B, Hkv, W] bool mask.
 
 One program per row keeps the row's scores in registers, maps each float to an unsigned
-32-bit key of the same order, and finds the k-th largest key a digit at a time (4 passes
-of a 256-bin histogram: no sort); keys above it are taken, then keys equal to it in page order
+32-bit key of the same order, and finds the k-th largest key a digit at a time (by default
+8 passes of a 16-bin histogram, which measured faster on an H200 than 4 passes of 256 bins:
+11.0 against 13.0 us at batch 16, 2,048 pages; no sort); keys above it are taken, then keys equal to it in page order
 until k. A prefix sum compacts the chosen pages into the list.
 Tests: `python -m pytest tests/sparrow_core/kernels -q`.
 """
@@ -24,14 +25,20 @@ from __future__ import annotations
 import torch
 
 from sparrow_core.kernels.page_scores import page_scores
-from sparrow_core.kernels.runtime import check, check_integer, jit, next_power_of_2, tl, use_kernel
+from sparrow_core.kernels.runtime import (
+    check, check_integer, gdc_launch_dependents, gdc_wait, jit, next_power_of_2, pdl_launch, tl,
+    use_kernel)
 from sparrow_core.sparse.selection import select_from_scores
 
 
 @jit
 def _page_topk_kernel(score_ptr, ntok_ptr, topk_ptr, list_ptr, count_ptr, mask_ptr, width,
                       PAGE: tl.constexpr, BOS: tl.constexpr, EOS: tl.constexpr,
-                      BLOCK_W: tl.constexpr, WRITE_MASK: tl.constexpr, RADIX: tl.constexpr):
+                      BLOCK_W: tl.constexpr, WRITE_MASK: tl.constexpr, RADIX: tl.constexpr,
+                      PDL: tl.constexpr):
+    if PDL:  # see runtime.py: wait for the kernel before, let the next one launch
+        gdc_wait()
+        gdc_launch_dependents()
     b = tl.program_id(0)
     row = b * tl.num_programs(1) + tl.program_id(1)
     n_pages = (tl.load(ntok_ptr + b).to(tl.int32) + PAGE - 1) // PAGE
@@ -92,7 +99,7 @@ def page_topk_reference(scores, num_tokens, topk, page_size, reserved_bos, reser
 
 def page_topk(scores: torch.Tensor, num_tokens: torch.Tensor, topk: torch.Tensor,
               page_size: int, reserved_bos: int, reserved_eos: int,
-              want_mask: bool = False, radix_bits: int = 8, num_warps: int | None = None):
+              want_mask: bool = False, radix_bits: int = 4, num_warps: int | None = None):
     """Selected page lists from scores [B, Hkv, W] (see the module docstring); radix_bits
     (1, 2, 4 or 8) sets the digits of the threshold search and num_warps the launch
     (benchmarks compare them; None picks by row width)."""
@@ -118,12 +125,14 @@ def page_topk(scores: torch.Tensor, num_tokens: torch.Tensor, topk: torch.Tensor
         if want_mask else counts
     if batch * kv_heads and width:
         block_w = next_power_of_2(width)
+        pdl = pdl_launch(scores.device)
         if num_warps is None:
             num_warps = 4 if block_w <= 1024 else 8 if block_w <= 4096 else 16
         _page_topk_kernel[(batch, kv_heads)](
             scores, num_tokens, topk, lists, counts, mask, width,
             PAGE=page_size, BOS=reserved_bos, EOS=reserved_eos, BLOCK_W=block_w,
-            WRITE_MASK=want_mask, RADIX=radix_bits, num_warps=num_warps)
+            WRITE_MASK=want_mask, RADIX=radix_bits, PDL=pdl, num_warps=num_warps,
+            launch_pdl=pdl)
     return lists, counts, mask.bool() if want_mask else None
 
 

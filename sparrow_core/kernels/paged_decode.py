@@ -27,8 +27,8 @@ import math
 import torch
 
 from sparrow_core.kernels.runtime import (
-    check, check_integer, check_last_dim_contiguous, check_page_tables, jit, multiprocessors,
-    next_power_of_2, tl, use_kernel)
+    check, check_integer, check_last_dim_contiguous, check_page_tables, gdc_launch_dependents,
+    gdc_wait, jit, multiprocessors, next_power_of_2, pdl_launch, tl, use_kernel)
 from sparrow_core.kernels.split_combine import combine_splits
 
 LOG2E = 1.4426950408889634
@@ -56,7 +56,10 @@ def _paged_decode_kernel(
         GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
         PAGE: tl.constexpr, PAGES_PER_BLOCK: tl.constexpr, NUM_SPLITS: tl.constexpr,
         SPARSE: tl.constexpr, IEEE: tl.constexpr, EVEN_D: tl.constexpr,
-        PREFETCH_IDS: tl.constexpr):
+        PREFETCH_IDS: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # see runtime.py: wait for the kernel before, let the next one launch
+        gdc_wait()
+        gdc_launch_dependents()
     b = tl.program_id(0)
     h = tl.program_id(1)
     split = tl.program_id(2)
@@ -223,6 +226,7 @@ def _launch(q, k_pages, v_pages, page_tables, num_tokens, page_lists, page_count
         return torch.empty_like(q)
     lists = page_lists if sparse else page_tables  # any int tensor; unused when dense
     counts = page_counts if sparse else num_tokens
+    pdl = pdl_launch(q.device)
     _paged_decode_kernel[(batch, kv_heads, num_splits)](
         q, k_pages, v_pages, page_tables, num_tokens, lists, counts, part_o, part_lse,
         q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(2), k_pages.stride(1),
@@ -232,7 +236,8 @@ def _launch(q, k_pages, v_pages, page_tables, num_tokens, page_lists, page_count
         BLOCK_D=max(16, next_power_of_2(dim)), PAGE=page_size,
         PAGES_PER_BLOCK=pages_per_block, NUM_SPLITS=num_splits, SPARSE=sparse,
         IEEE=q.dtype == torch.float32, EVEN_D=dim == max(16, next_power_of_2(dim)),
-        PREFETCH_IDS=bool(prefetch_ids), num_warps=num_warps, num_stages=num_stages)
+        PREFETCH_IDS=bool(prefetch_ids), PDL=pdl, num_warps=num_warps, num_stages=num_stages,
+        launch_pdl=pdl)
     return combine_splits(part_o, part_lse, q.dtype)
 
 

@@ -12,6 +12,15 @@ to its CPU interpreter (TRITON_INTERPRET=1, unless set otherwise) before importi
 Triton fixes compiled-or-interpreted when its own library functions are decorated; compiled
 kernels could not run there anyway. CPU tensors still take the reference path unless a
 caller opts in with `with cpu_interpreter():` (the CPU tests of the kernels do).
+
+Programmatic dependent launch (Hopper and later): the kernels of the decode attention chain
+(scoring, top-k, attention, split combine) start with `gdc_wait()` (block until the kernel
+before them in the stream has finished and its writes are visible) and then
+`gdc_launch_dependents()`, and are launched with `launch_pdl=pdl_launch(device)`. The next
+kernel is then launched and placed on the GPU while this one runs instead of after it ends,
+which takes the launch gap out of each step of the chain. Waiting before any memory access
+keeps every read-after-write and write-after-read order of a plain launch.
+SPARROW_PDL=0 turns it off (benchmarks/sparse_stage.py times both).
 """
 
 from __future__ import annotations
@@ -35,8 +44,13 @@ try:
     import triton.language as tl
 
     HAS_TRITON = True
+    try:
+        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    except ImportError:  # an older triton: programmatic launch stays off
+        gdc_launch_dependents = gdc_wait = None
 except ImportError:  # CPU installs without the gpu extra
     triton = None
+    gdc_launch_dependents = gdc_wait = None
     HAS_TRITON = False
 
     class _LanguageStub:
@@ -99,6 +113,28 @@ if INTERPRETER:
 def jit(fn):
     """triton.jit when triton is installed; the bare function otherwise (never launched)."""
     return triton.jit(fn) if HAS_TRITON else fn
+
+
+_PDL_SETTING = [os.environ.get("SPARROW_PDL", "1") not in ("", "0")]
+
+
+@contextlib.contextmanager
+def programmatic_launch(enabled: bool) -> Iterator[None]:
+    """Turn programmatic dependent launch on or off inside this block (benchmarks)."""
+    previous = _PDL_SETTING[0]
+    _PDL_SETTING[0] = enabled
+    try:
+        yield
+    finally:
+        _PDL_SETTING[0] = previous
+
+
+def pdl_launch(device: torch.device) -> bool:
+    """Whether kernels on this device launch with programmatic dependent launch: compiled
+    CUDA on compute capability 9.0 or later, a triton that has it, and not turned off."""
+    return (_PDL_SETTING[0] and device.type == "cuda" and not INTERPRETER
+            and HAS_TRITON and gdc_wait is not None
+            and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
 def next_power_of_2(n: int) -> int:

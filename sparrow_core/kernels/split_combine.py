@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import torch
 
-from sparrow_core.kernels.runtime import check, jit, next_power_of_2, tl, use_kernel
+from sparrow_core.kernels.runtime import (
+    check, gdc_launch_dependents, gdc_wait, jit, next_power_of_2, pdl_launch, tl, use_kernel)
 
 
 @jit
 def _combine_kernel(part_o_ptr, part_lse_ptr, out_ptr, heads, splits, dim,
-                    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+                    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # see runtime.py: wait for the kernel before, let the next one launch
+        gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0)  # b * heads + h
     s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
@@ -58,7 +62,9 @@ def combine_splits(partial_out: torch.Tensor, partial_lse: torch.Tensor,
     batch, heads, splits, dim = partial_out.shape
     out = torch.empty(batch, heads, dim, dtype=out_dtype, device=partial_out.device)
     if batch * heads:
+        pdl = pdl_launch(partial_out.device)
         _combine_kernel[(batch * heads,)](
             partial_out, partial_lse, out, heads, splits, dim,
-            BLOCK_S=next_power_of_2(splits), BLOCK_D=next_power_of_2(dim))
+            BLOCK_S=next_power_of_2(splits), BLOCK_D=next_power_of_2(dim),
+            PDL=pdl, launch_pdl=pdl)
     return out
