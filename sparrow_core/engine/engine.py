@@ -31,7 +31,6 @@ from sparrow_core.engine.scheduler import Batch, Scheduler, SequenceGroup, pages
 from sparrow_core.engine.sequence import SampleResult, Sequence
 from sparrow_core.engine.validate import check_request
 from sparrow_core.sparse.schedule import Schedule
-from sparrow_core.sparse.selection import pages_read
 
 
 @dataclass(frozen=True)
@@ -103,6 +102,8 @@ class Engine:
             raise EngineError(f"schedule {schedule.name!r} has page_size {schedule.page_size} but "
                               f"the engine's KV pages hold {self.config.page_size} tokens")
         self.schedule = schedule
+        self._sparse_layers = schedule is not None and any(
+            schedule.is_sparse_layer(i) for i in range(self.model.arch.num_layers))
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Replace the model's weights in place (transformers names); the cache is unaffected
@@ -224,17 +225,15 @@ class Engine:
         return progress
 
     def _decode_budgets(self, seqs: list[Sequence], ahead: int) -> list[int]:
-        """Pages read per KV head in sparse layers at this step (all pages when dense);
-        the input token sits at position num_tokens - 1 + ahead."""
-        num_pages = torch.tensor([self.block_manager.pages_for_tokens(s.num_tokens + ahead)
-                                  for s in seqs])
+        """Pages read per KV head in sparse layers at this step: min(n, top-k + reserved), all
+        n pages when dense (sparse.selection.pages_read, in plain integers: host work per
+        step); the input token sits at position num_tokens - 1 + ahead."""
+        pages = self.block_manager.pages_for_tokens
+        positions = [s.num_tokens - 1 + ahead for s in seqs]
         schedule = self.schedule
-        layers = range(self.model.arch.num_layers)
-        if schedule is None or not any(schedule.is_sparse_layer(i) for i in layers):
-            return num_pages.tolist()
-        topk = torch.tensor([schedule.topk_for_position(s.num_tokens - 1 + ahead)
-                             for s in seqs])
-        return pages_read(num_pages, topk, schedule.reserved_bos, schedule.reserved_eos).tolist()
+        if schedule is None or not self._sparse_layers:
+            return [pages(p + 1) for p in positions]
+        return [min(pages(p + 1), schedule.budget_pages(p)) for p in positions]
 
     def _recorder(self, seqs: list[Sequence], step: int):
         def record(layer: int, page_mask: torch.Tensor) -> None:

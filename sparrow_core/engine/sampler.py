@@ -170,6 +170,7 @@ class SamplingBatch:
     top_k: Tensor | None  # [B] int64; None when no sampled row truncates
     top_p: Tensor | None  # [B] float32
     topk_width: int  # K: the most logprobs_topk asked for (capped at the vocabulary later)
+    greedy_rows: int  # how many rows are greedy (host side: no device read per step)
 
     def __post_init__(self) -> None:
         rows = len(self.params)
@@ -215,6 +216,7 @@ class SamplingBatch:
             top_k=as_tensor([p.top_k for p in params], torch.int64) if truncates else None,
             top_p=as_tensor([p.top_p for p in params], torch.float32) if truncates else None,
             topk_width=max(p.logprobs_topk for p in params),
+            greedy_rows=sum(p.greedy for p in params),
         )
 
 
@@ -245,7 +247,6 @@ def sample(logits: Tensor, batch: SamplingBatch | Sequence[SamplingParams],
     if not isinstance(batch, SamplingBatch):
         batch = SamplingBatch.build(batch, device=logits.device)
     counters = _check_inputs(logits, batch, counters)
-    params = batch.params
     vocab = logits.shape[1]
     scaled = logits / batch.temperature[:, None]
     if batch.top_k is not None:
@@ -253,12 +254,12 @@ def sample(logits: Tensor, batch: SamplingBatch | Sequence[SamplingParams],
         scaled = scaled.masked_fill(~keep, -math.inf)
     # else nothing is truncated: no vocabulary sort
     logprobs = torch.log_softmax(scaled, dim=-1)
-    if all(p.greedy for p in params):
+    if batch.greedy_rows == len(batch):
         token_ids = logits.argmax(dim=-1)
     else:
         noise = exponential_noise(row_keys(batch.seed_key, counters), vocab)
         drawn = (logprobs.exp() / noise).argmax(dim=-1)
-        if any(p.greedy for p in params):
+        if batch.greedy_rows:
             drawn = torch.where(batch.greedy, logits.argmax(dim=-1), drawn)
         token_ids = drawn
     chosen = logprobs.gather(-1, token_ids[:, None])[:, 0]

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from sparrow_core.engine.config import EngineConfig
+from sparrow_core.engine.cuda_graphs import DecodeGraphs
 from sparrow_core.engine.engine import Engine
 from sparrow_core.engine.sampler import SamplingParams
 from sparrow_core.engine.sequence import Status
@@ -25,11 +26,15 @@ def prompts(count, seed=0):
             for n in torch.randint(1, 14, (count,), generator=gen)]
 
 
-def both(model, batch, params, schedule=None, **config):
-    """(synchronous results, overlapped results, overlapped engine)."""
+def both(model, batch, params, schedule=None, kernel_path=False, **config):
+    """(synchronous results, overlapped results, overlapped engine). kernel_path: decode
+    through DecodeGraphs (on CPU: its kernels' fallbacks, no graphs) as on a GPU."""
     config = {"page_size": 4, "num_pages": 96, "max_batch_size": 8, **config}
     sync = Engine(model, config=EngineConfig(overlap=False, **config), schedule=schedule)
     overlapped = Engine(model, config=EngineConfig(overlap=True, **config), schedule=schedule)
+    if kernel_path and next(model.parameters()).device.type == "cpu":
+        for engine in (sync, overlapped):
+            engine.runner.graphs = DecodeGraphs(model, engine.cache, use_graphs=False)
     want = sync.generate(batch, params)
     assert sync.stats["overlapped_steps"] == 0
     got = overlapped.generate(batch, params)
@@ -129,3 +134,28 @@ def test_recording_selection_keeps_steps_synchronous(qwen3_model):
     assert engine.stats["overlapped_steps"] == 0 and engine.stats["decode_steps"] == 11
     positions = sorted({r.position for r in engine.selection_log})
     assert positions == list(range(5, 16))
+
+
+def test_decode_graphs_path_takes_the_ids_from_the_device_tensor(qwen3_model):
+    params = SamplingParams(temperature=1.0, max_new_tokens=20, n=2, stop_token_ids=STOPS,
+                            seed=3)
+    want, got, engine = both(qwen3_model, prompts(5, seed=7), params, schedule=SCHEDULE,
+                             kernel_path=True, max_batch_size=4)
+    assert_same(want, got)
+    assert engine.stats["overlapped_steps"] > 10
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("schedule", [None, SCHEDULE], ids=["dense", "sparse"])
+def test_cuda_graphs_overlapped_equals_synchronous(qwen3_checkpoint, schedule):
+    from sparrow_core.model import load_model
+
+    model = load_model(qwen3_checkpoint, dtype=torch.bfloat16, device="cuda")
+    params = SamplingParams(temperature=1.0, max_new_tokens=120, n=2, stop_token_ids=STOPS[:4],
+                            seed=11)
+    want, got, engine = both(model, prompts(9, seed=8), params, schedule=schedule,
+                             num_pages=512, max_batch_size=8)
+    assert engine.runner.graphs is not None and engine.runner.graphs.graphs
+    assert_same(want, got)
+    assert engine.stats["overlapped_steps"] > 100 and engine.stats["discarded_steps"] >= 1
