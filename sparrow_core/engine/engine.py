@@ -9,7 +9,11 @@ With schedule=None every decode step is dense; with a Schedule, decode is block-
 the layers outside skip_layers (prefill is always dense). The loop: the scheduler picks a
 prefill batch (new prompt groups) or the decode batch, the runner gives last-token logits,
 the sampler draws one token per sample, finished samples free their pages at once.
-Run `python -m pytest tests/sparrow_core/engine -q` for the tests.
+Overlap (EngineConfig.overlap, on by default): in steady decode step t+1 is queued from step
+t's device-side tokens before the host reads step t's outputs, so the host's bookkeeping runs
+while the GPU computes. A step launched ahead is kept only if the synchronous loop would
+have run the same batch (no sample stopped at step t); otherwise it is dropped whole, so
+results never depend on overlap. Run `python -m pytest tests/sparrow_core/engine -q`.
 """
 
 from __future__ import annotations
@@ -18,7 +22,6 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence as Seq
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -29,7 +32,8 @@ from sparrow_core.engine.runner import ModelRunner, StepOutputs
 from sparrow_core.engine.sampler import SamplingBatch, SamplingParams, sample
 from sparrow_core.engine.scheduler import Batch, Scheduler, SequenceGroup, pages_needed
 from sparrow_core.engine.sequence import SampleResult, Sequence
-from sparrow_core.engine.validate import check_request
+from sparrow_core.engine.validate import (check_fits, check_request, params_per_prompt,
+                                          sample_seed)
 from sparrow_core.sparse.schedule import Schedule
 
 
@@ -115,7 +119,7 @@ class Engine:
     def generate(self, prompts: Seq[Seq[int]], params: SamplingParams | Seq[SamplingParams],
                  progress: bool = False) -> list[list[SampleResult]]:
         """Samples for every prompt: outer list per prompt, inner per sample (params.n)."""
-        per_prompt = self._params_per_prompt(prompts, params)
+        per_prompt = params_per_prompt(prompts, params)
         self._calls += 1
         groups = [self._make_group(i, list(p), sp)
                   for i, (p, sp) in enumerate(zip(prompts, per_prompt))]
@@ -246,14 +250,6 @@ class Engine:
 
     # requests
 
-    def _params_per_prompt(self, prompts, params) -> list[SamplingParams]:
-        if isinstance(params, SamplingParams):
-            return [params] * len(prompts)
-        params = list(params)
-        if len(params) != len(prompts):
-            raise EngineError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
-        return params
-
     def _make_group(self, index: int, prompt: list[int], params: SamplingParams) -> SequenceGroup:
         check_request(index, prompt, params, self.model.arch.vocab_size, self.max_context,
                       self.config.max_batch_size)
@@ -261,30 +257,16 @@ class Engine:
         stop = set(params.stop_token_ids)
         if not self.config.ignore_eos:
             stop |= set(self.model.arch.eos_token_ids)
-        samples = [Sequence(self._seq_id(), index, i, list(prompt), len(prompt), params,
-                            self._seed(index, i, params), frozenset(stop))
-                   for i in range(params.n)]
+        samples = []
+        for i in range(params.n):
+            self._next_seq_id += 1
+            seed = sample_seed(params, i, (self.config.seed, self._calls, index))
+            samples.append(Sequence(self._next_seq_id, index, i, list(prompt), len(prompt),
+                                    params, seed, frozenset(stop)))
         group = SequenceGroup(samples)
-        needed = pages_needed(group, self.config.page_size)
-        if needed > self.block_manager.num_pages:
-            raise EngineError(
-                f"prompt {index} can never fit: {params.n} sample(s) of {len(prompt)} prompt + "
-                f"{params.max_new_tokens} new tokens need {needed} KV pages of "
-                f"{self.config.page_size} tokens, the cache holds {self.block_manager.num_pages} "
-                f"(raise kv_cache_mib or lower max_new_tokens / n)")
+        check_fits(index, params, len(prompt), pages_needed(group, self.config.page_size),
+                   self.config.page_size, self.block_manager.num_pages)
         return group
-
-    def _seq_id(self) -> int:
-        self._next_seq_id += 1
-        return self._next_seq_id
-
-    def _seed(self, prompt_index: int, sample_index: int, params: SamplingParams) -> int:
-        # a request's seed fixes its samples whatever else runs beside it
-        if params.seed is not None:
-            entropy = [params.seed, sample_index]
-        else:
-            entropy = [self.config.seed, self._calls, prompt_index, sample_index]
-        return int(np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0] >> 1)
 
     def _result(self, seq: Sequence) -> SampleResult:
         text = None

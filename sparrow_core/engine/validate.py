@@ -1,20 +1,45 @@
-"""Request checks before anything is scheduled: each failure is one EngineError with numbers.
+"""Requests as the engine takes them in: checks before anything is scheduled (each failure
+is one EngineError with numbers) and each sample's seed.
 
+    per_prompt = params_per_prompt(prompts, params)   # one SamplingParams per prompt
     check_request(index, prompt_ids, params, vocab_size, max_context, max_batch_size)
+    check_fits(index, params, prompt_len, pages_needed, page_size, num_pages)
+    seed = sample_seed(params, sample_index, (engine_seed, call, prompt_index))
 """
 
 from __future__ import annotations
 
 import numbers
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
+
+import numpy as np
 
 from sparrow_core.engine.config import EngineError
-
-if TYPE_CHECKING:
-    from sparrow_core.engine.sampler import SamplingParams
+from sparrow_core.engine.sampler import SamplingParams
 
 
-def check_request(index: int, prompt: Sequence[int], params: "SamplingParams", vocab_size: int,
+def params_per_prompt(prompts: Sequence, params) -> list[SamplingParams]:
+    """One SamplingParams for all prompts, or one each."""
+    if isinstance(params, SamplingParams):
+        return [params] * len(prompts)
+    params = list(params)
+    if len(params) != len(prompts):
+        raise EngineError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+    return params
+
+
+def sample_seed(params: SamplingParams, sample_index: int, fallback: tuple[int, ...]) -> int:
+    """A sample's 63-bit seed: from the request's seed and the sample index, so a seeded
+    request draws the same whatever runs beside it; else from `fallback` (engine seed,
+    generate() call number, prompt index) and the sample index."""
+    if params.seed is not None:
+        entropy = [params.seed, sample_index]
+    else:
+        entropy = [*fallback, sample_index]
+    return int(np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+def check_request(index: int, prompt: Sequence[int], params: SamplingParams, vocab_size: int,
                   max_context: int, max_batch_size: int) -> None:
     """Refuse a prompt the engine could never serve (the page check is the engine's)."""
     if not prompt:
@@ -31,3 +56,13 @@ def check_request(index: int, prompt: Sequence[int], params: "SamplingParams", v
     if params.n > max_batch_size:
         raise EngineError(f"prompt {index} asks for n={params.n} samples but the engine runs "
                           f"at most max_batch_size={max_batch_size} sequences at once")
+
+
+def check_fits(index: int, params: SamplingParams, prompt_len: int, needed: int, page_size: int,
+               num_pages: int) -> None:
+    """Refuse a prompt group whose worst case (`needed` pages) exceeds the whole cache."""
+    if needed > num_pages:
+        raise EngineError(
+            f"prompt {index} can never fit: {params.n} sample(s) of {prompt_len} prompt + "
+            f"{params.max_new_tokens} new tokens need {needed} KV pages of {page_size} tokens, "
+            f"the cache holds {num_pages} (raise kv_cache_mib or lower max_new_tokens / n)")
