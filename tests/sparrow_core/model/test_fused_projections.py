@@ -55,7 +55,7 @@ def assert_same_logits(got, want, dtype=torch.float32):
 
 def logits(model, ids, lens=None):
     lens = lens or [len(ids)]
-    positions = torch.cat([torch.arange(n) for n in lens])
+    positions = torch.cat([torch.arange(n) for n in lens]).to(ids.device)
     with torch.no_grad():
         return model.compute_logits(model(ids, positions, causal_attention(lens)))
 
@@ -78,8 +78,10 @@ def assert_runs_fused(model, monkeypatch):
     """One forward makes four GEMMs per layer: q/k/v together, o, gate/up together, down."""
     arch = model.arch
     calls = LinearCalls(monkeypatch)
+    device = model.output_embedding().device
     with torch.no_grad():
-        model(token_ids(model, 3), torch.arange(3), causal_attention([3]))
+        model(token_ids(model, 3).to(device), torch.arange(3, device=device),
+              causal_attention([3]))
     monkeypatch.undo()
     qkv = (arch.num_q_heads + 2 * arch.num_kv_heads) * arch.head_dim
     per_layer = [qkv, arch.hidden_size, 2 * arch.intermediate_size, arch.hidden_size]
