@@ -45,7 +45,7 @@ def test_scores_equal_a_plain_loop(interpreted, centroid_dtype, launch):
                     assert got == float("-inf")
 
 
-@pytest.mark.parametrize("radix_bits", [8, 1])
+@pytest.mark.parametrize("radix_bits", [8, 4, 1])
 def test_topk_equals_the_rule_with_ties_and_edge_rows(interpreted, radix_bits):
     gen = torch.Generator().manual_seed(1)
     batch, hkv, width, page_size = 6, 2, 40, 4
