@@ -56,7 +56,8 @@ def model_arch(name: str, smoke: bool = False) -> ModelArch:
 
 
 def random_model(arch: ModelArch, device: str, dtype=torch.bfloat16) -> Decoder:
-    """A decoder of that shape with seeded random weights (std 0.02), built on the device."""
+    """A decoder of that shape with seeded random weights (std 0.02), built on the device,
+    projections fused (model/decoder.py) as in the engine."""
     torch.manual_seed(0)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
@@ -69,6 +70,7 @@ def random_model(arch: ModelArch, device: str, dtype=torch.bfloat16) -> Decoder:
         for name, param in model.named_parameters():
             if "norm" not in name:
                 param.normal_(0.0, 0.02)
+    model.fuse_projections()  # as the engine runs it: one GEMM for q/k/v, one for gate/up
     return model.eval()
 
 

@@ -7,9 +7,11 @@ the engine, to check benchmark (b)'s step-time sum within 10%.
 Qwen3-1.7B shape with random weights (bf16), batch 16, distinct random 1K-token prompts,
 ignore_eos, temperature 1. In the same process it first measures (b)'s graph-replayed step
 times at the contexts the generation passes (1K..9K) and sums them over the 8K positions
-(the prediction); then it times engine.generate wall to wall. The difference per step is
-the engine's host work (scheduling, sampling, top-20 logprobs, Python bookkeeping) plus
-prefill and graph capture, which are reported separately.
+(the prediction); then it times engine.generate wall to wall, dense and sparse with the
+engine's default overlapped decode (host work of step t while the GPU runs step t+1), and
+dense once more with overlap off. The difference per step is the engine's host work left
+uncovered (scheduling, sampling, top-20 logprobs, Python bookkeeping) plus prefill; graph
+capture is reported separately and subtracted.
 """
 
 from __future__ import annotations
@@ -38,34 +40,6 @@ def predicted_us(bench, batch, prompt, new, schedule, contexts):
     return float(np.interp(positions, contexts, steps).sum()), steps
 
 
-class HostTimers:
-    """Wall time spent inside the runner's decode call (host work: it returns once the graph
-    replay is queued) and inside the sampler (which waits for the step's GPU work first)."""
-
-    def __init__(self, engine):
-        import sparrow_core.engine.engine as engine_module
-
-        self.totals = {"runner_decode_s": 0.0, "sample_s": 0.0}
-        self._wrap(engine.runner, "decode", "runner_decode_s")
-        self._wrap(engine_module, "sample", "sample_s")
-
-    def _wrap(self, owner, name, key):
-        inner = getattr(owner, name)
-
-        def timed(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                self.totals[key] += time.perf_counter() - start
-
-        setattr(owner, name, timed)
-
-    def take(self) -> dict:
-        out, self.totals = dict(self.totals), {k: 0.0 for k in self.totals}
-        return out
-
-
 def timed_generate(engine, prompts, new):
     params = SamplingParams(max_new_tokens=new, temperature=1.0, seed=0)
     before = engine.runner.graphs.capture_seconds if engine.runner.graphs else 0.0
@@ -86,6 +60,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None)
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--model", default="qwen3-1.7b")
+    parser.add_argument("--no-sync", action="store_true",
+                        help="skip the dense run with overlapped decode off")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     batch, prompt, new = (2, 64, 96) if args.smoke else (16, 1024, 8192)
@@ -105,15 +81,20 @@ def main(argv=None) -> int:
                                               ignore_eos=True, max_context=prompt + new + 16))
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, arch.vocab_size, prompt).tolist() for _ in range(batch)]
-    timers = HostTimers(engine)
     engine.generate(prompts, SamplingParams(max_new_tokens=8, seed=0))  # warm-up
-    timers.take()
     dense = timed_generate(engine, prompts, new)
-    dense.update(timers.take())
     engine.set_schedule(schedule)
     sparse = timed_generate(engine, prompts, new)
-    sparse.update(timers.take())
-    for run, pred in ((dense, pred_dense), (sparse, pred_sparse)):
+    del engine  # its cache goes before the second engine's is made
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    synchronous = Engine(model, None, EngineConfig(
+        max_batch_size=batch, kv_cache_mib=mib, ignore_eos=True, max_context=prompt + new + 16,
+        overlap=False)) if not args.no_sync else None
+    dense_sync = timed_generate(synchronous, prompts, new) if synchronous else None
+    for run, pred in ((dense, pred_dense), (sparse, pred_sparse), (dense_sync, pred_dense)):
+        if run is None:
+            continue
         run["predicted_s"] = pred / 1e6
         run["measured_minus_capture_s"] = run["wall_s"] - run["capture_s"]
         run["measured_over_predicted"] = run["measured_minus_capture_s"] / run["predicted_s"]
@@ -121,7 +102,7 @@ def main(argv=None) -> int:
     result = dict(benchmark="generation", facts=device_facts(), model=args.model, batch=batch,
                   prompt_len=prompt, new_tokens=new, contexts=[int(c) for c in contexts],
                   dense_step_us=dense_steps, sparse_step_us=sparse_steps, dense=dense,
-                  sparse=sparse,
+                  sparse=sparse, dense_without_overlap=dense_sync,
                   speedup_measured=dense["measured_minus_capture_s"]
                   / sparse["measured_minus_capture_s"],
                   speedup_predicted=pred_dense / pred_sparse)
