@@ -62,7 +62,6 @@ class LaunchedStep:
     seqs: list[Sequence]
     budgets: list[int]
     sampling: SamplingBatch
-    counters: torch.Tensor  # [B] int64 on the device: each row's draw number
     token_ids: torch.Tensor  # [B] on the device: the input of a step launched ahead
     outputs: StepOutputs
 
@@ -177,8 +176,7 @@ class Engine:
         budgets = [self.block_manager.pages_for_tokens(s.prompt_len) for s in seqs]
         sampling = SamplingBatch.build([s.params for s in seqs], [s.seed for s in seqs],
                                        logits.device)
-        counters = torch.zeros(len(seqs), dtype=torch.int64, device=logits.device)
-        return self._launch(seqs, logits, budgets, sampling, counters)
+        return self._launch(seqs, logits, budgets, sampling, [0] * len(seqs))
 
     def _decode(self, seqs: list[Sequence], step: int) -> "LaunchedStep":
         """A decode step of the running batch from the host's tokens (synchronous entry)."""
@@ -188,9 +186,8 @@ class Engine:
         if self._sampling is None or self._sampling.seqs != seqs:
             self._sampling = CachedSampling(list(seqs), SamplingBatch.build(
                 [s.params for s in seqs], [s.seed for s in seqs], logits.device))
-        counters = torch.tensor([s.num_generated for s in seqs], device=logits.device)
-        return self._launch(seqs, logits, self._decode_budgets(seqs, 0),
-                            self._sampling.batch, counters)
+        return self._launch(seqs, logits, self._decode_budgets(seqs, 0), self._sampling.batch,
+                            [s.num_generated for s in seqs])
 
     def _decode_ahead(self, scheduler: Scheduler, launched: "LaunchedStep"):
         """The step after `launched`, queued before its tokens reach the host; None when the
@@ -204,12 +201,12 @@ class Engine:
         scheduler.reserve_ahead(seqs)
         logits = self.runner.decode(seqs, self.schedule, pending_ids=launched.token_ids)
         return self._launch(seqs, logits, self._decode_budgets(seqs, 1), launched.sampling,
-                            launched.counters + 1)
+                            [s.num_generated + 1 for s in seqs])
 
     def _launch(self, seqs, logits, budgets, sampling, counters) -> "LaunchedStep":
+        """Draw (counters: each row's draw number) and start the outputs' copy to the host."""
         out = sample(logits, sampling, counters)
-        return LaunchedStep(list(seqs), budgets, sampling, counters, out.token_ids,
-                            StepOutputs(out))
+        return LaunchedStep(list(seqs), budgets, sampling, out.token_ids, StepOutputs(out))
 
     # host work of a step
 

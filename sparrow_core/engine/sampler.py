@@ -1,26 +1,28 @@
 """Token sampling for the rollout engine: temperature, top-k, top-p, counter-based seeded draws.
 
     batch = SamplingBatch.build([params_a, params_b], seeds=[seed_a, seed_b], device=device)
-    out = sample(logits, batch, counters)    # counters: tokens each row has generated so far
+    out = sample(logits, batch, counters)    # counters (host): tokens each row has generated
     out.token_ids, out.logprobs, out.topk_ids, out.topk_logprobs
 
 Draws. Each row has a 64-bit seed and a draw counter (its number of generated tokens); the
 noise of token v in that row is a pure function of (seed, counter, v), so a seeded request
 draws the same tokens whatever else shares the batch and whatever its row, and the whole
 batch's noise is a few tensor ops (no generator object, no per-row launch). The hash works
-on 32-bit lanes held in int64 tensors (every product stays below 2**63, every result is
-masked to 32 bits), so CPU and CUDA compute the same bits:
-- mix32(x) = xorshift 16, multiply by 0x3504F333, mask, xorshift 15, multiply by
-  0x5DB3D743, mask, xorshift 16: a bijection of 32-bit values (odd multipliers below 2**31,
-  the leading fraction bits of sqrt 2 and sqrt 3, so that no int64 product overflows);
-- seed key = mix32(mix32(seed_high ^ SEED_SALT) ^ seed_low), once per row;
-- row key = mix32(seed key ^ mix32(counter)), once per row and step;
-- token key = mix32(mix32(v ^ TOKEN_SALT)), once per vocabulary;
-- bits[row, v] = mix32(row key ^ token key[v]); u = (bits + 0.5) / 2**32, strictly inside
-  (0, 1) (float64, exact), E = -log(u) ~ Exp(1).
+on 32-bit lanes held in int64 (every product stays below 2**63, every result is masked to
+32 bits), so CPU and CUDA compute the same bits:
+- scramble32(x) = multiply by 0x3504F333, mask, xorshift 15, multiply by 0x5DB3D743, mask,
+  xorshift 16; mix32(x) = scramble32(x ^ (x >> 16)). Both are bijections of 32-bit values
+  (odd multipliers below 2**31, the leading fraction bits of sqrt 2 and sqrt 3, so that no
+  int64 product overflows);
+- seed key = mix32(mix32(seed_high ^ SEED_SALT) ^ seed_low), once per row (host);
+- row key = mix32(seed key ^ mix32(counter)), once per row and step (host, numpy);
+- token key = mix32(mix32(v ^ TOKEN_SALT)), once per vocabulary and device;
+- bits[row, v] = scramble32(row key ^ token key[v]) (the keys are mixed already);
+  u = (bits + 0.5) / 2**32, strictly inside (0, 1) (float64, exact), E = -log(u) ~ Exp(1).
 The drawn token is argmax over v of p(v) / E(v), the exponential race, which picks v with
 probability p(v). The hash is the project's own, built for speed and equal results on every
-device, not for cryptographic strength.
+device, not for cryptographic strength. On the device a draw costs about fifteen
+elementwise passes over [B, V] (nine int64, the rest floating point).
 
 What the logprobs mean (the acceptance rate compares them with the dense policy):
 - sampled rows (temperature > 0): the distribution actually sampled from, i.e. softmax of
@@ -42,6 +44,7 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -105,34 +108,47 @@ class SampleOutput(NamedTuple):
     topk_logprobs: Tensor  # [B, K] float32
 
 
-# the counter-based hash (see the module docstring)
+# the counter-based hash (see the module docstring); the per-row part runs on the host in
+# numpy (a few microseconds, no device launches), the per-token part on the device
 
-def mix32(x: Tensor) -> Tensor:
-    """A bijection of 32-bit values held in an int64 tensor (inputs in [0, 2**32))."""
-    x = x ^ (x >> 16)
+def scramble32(x):
+    """Multiply, mask, xorshift 15, multiply, mask, xorshift 16: a bijection of 32-bit values
+    held in int64 (numpy array or tensor; inputs in [0, 2**32)). Updates a tensor in place."""
+    if isinstance(x, Tensor):
+        x.mul_(MULTIPLIER_A).bitwise_and_(MASK32)
+        x.bitwise_xor_(x >> 15)
+        x.mul_(MULTIPLIER_B).bitwise_and_(MASK32)
+        return x.bitwise_xor_(x >> 16)
     x = (x * MULTIPLIER_A) & MASK32
     x = x ^ (x >> 15)
     x = (x * MULTIPLIER_B) & MASK32
     return x ^ (x >> 16)
 
 
-def seed_keys(seeds: Tensor) -> Tensor:
+def mix32(x):
+    """xorshift 16, then scramble32: the full mix for unmixed inputs (seeds, counters, ids)."""
+    return scramble32(x ^ (x >> 16))
+
+
+def seed_keys(seeds) -> np.ndarray:
     """[B] int64 seeds -> [B] 32-bit keys (both halves of the seed count)."""
+    seeds = np.asarray(seeds, dtype=np.int64)
     high = (seeds >> 32) & MASK32
     return mix32(mix32(high ^ SEED_SALT) ^ (seeds & MASK32))
 
 
-def row_keys(seed_key: Tensor, counters: Tensor) -> Tensor:
-    """The key of each row's draw number `counters` [B] (int64, below 2**32)."""
-    return mix32(seed_key ^ mix32(counters & MASK32))
+def row_keys(seed_key, counters) -> np.ndarray:
+    """The key of each row's draw number `counters` [B] (below 2**32)."""
+    counters = np.asarray(counters, dtype=np.int64)
+    return mix32(np.asarray(seed_key, dtype=np.int64) ^ mix32(counters & MASK32))
 
 
 _TOKEN_KEYS: dict[tuple[int, str], Tensor] = {}
 
 
-def token_keys(vocab: int, device: torch.device) -> Tensor:
+def token_keys(vocab: int, device: torch.device | str) -> Tensor:
     """[vocab] 32-bit keys of the token ids, computed once per (vocabulary, device)."""
-    cache_key = (vocab, str(device))
+    cache_key = (vocab, str(torch.device(device)))
     keys = _TOKEN_KEYS.get(cache_key)
     if keys is None:
         ids = torch.arange(vocab, dtype=torch.int64, device=device)
@@ -140,19 +156,31 @@ def token_keys(vocab: int, device: torch.device) -> Tensor:
     return keys
 
 
-def noise_bits(row_key: Tensor, vocab: int) -> Tensor:
-    """[B, vocab] 32-bit hash values of (row key, token id): identical on every device."""
-    return mix32(row_key[:, None] ^ token_keys(vocab, row_key.device)[None, :])
+def noise_bits(row_key, vocab: int, device: torch.device | str = "cpu") -> Tensor:
+    """[B, vocab] 32-bit values scramble32(row key ^ token key) on `device`: the same bits on
+    every device."""
+    keys = _to_device(np.asarray(row_key, dtype=np.int64), torch.device(device))
+    return scramble32(keys[:, None] ^ token_keys(vocab, device)[None, :])
+
+
+def log_uniform(bits: Tensor) -> Tensor:
+    """float64 log u, u = (bits + 0.5) / 2**32 strictly inside (0, 1): one scaling op, one log."""
+    # a 0-dim host tensor: float64 result in one op, and no host-to-device copy
+    half = torch.tensor(2.0 ** -33, dtype=torch.float64)
+    return torch.add(half, bits, alpha=2.0 ** -32).log_()
 
 
 def exponential_from_bits(bits: Tensor) -> Tensor:
-    """float64 E = -log(u), u = (bits + 0.5) / 2**32: strictly inside (0, 1), so E > 0."""
-    return bits.double().add_(0.5).mul_(2.0 ** -32).log_().neg_()
+    """float64 E = -log u ~ Exp(1), strictly positive."""
+    return log_uniform(bits).neg_()
 
 
-def exponential_noise(row_key: Tensor, vocab: int) -> Tensor:
-    """[B, vocab] float64 E ~ Exp(1) of each row key and token id."""
-    return exponential_from_bits(noise_bits(row_key, vocab))
+def _to_device(array: np.ndarray, device: torch.device) -> Tensor:
+    """A small host array on the device without waiting for it (pinned, non_blocking)."""
+    tensor = torch.from_numpy(array)
+    if device.type != "cuda":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 # per-row inputs
@@ -164,7 +192,7 @@ class SamplingBatch:
 
     params: tuple[SamplingParams, ...]
     seeds: Tensor  # [B] int64
-    seed_key: Tensor  # [B] int64, 32-bit keys of the seeds
+    seed_key: np.ndarray  # [B] int64 on the host: 32-bit keys of the seeds
     greedy: Tensor  # [B] bool
     temperature: Tensor  # [B] float32, 1 on greedy rows
     top_k: Tensor | None  # [B] int64; None when no sampled row truncates
@@ -197,7 +225,7 @@ class SamplingBatch:
         if seeds is None:
             drawn = torch.randint(0, SEED_LIMIT - 1, (len(params),)).tolist()
             seeds = [p.seed if p.seed is not None else d for p, d in zip(params, drawn)]
-        seeds = list(seeds)
+        seeds = [int(seed) for seed in seeds]
         if len(seeds) != len(params):
             raise SamplingError(f"got {len(seeds)} seeds for {len(params)} SamplingParams")
         bad = [s for s in seeds if isinstance(s, bool) or not 0 <= int(s) < SEED_LIMIT]
@@ -209,7 +237,7 @@ class SamplingBatch:
         return cls(
             params=params,
             seeds=seed_tensor,
-            seed_key=seed_keys(seed_tensor),
+            seed_key=seed_keys(seeds),
             greedy=as_tensor([p.greedy for p in params], torch.bool),
             temperature=as_tensor([1.0 if p.greedy else p.temperature for p in params],
                                   torch.float32),
@@ -239,11 +267,11 @@ def truncation_mask(scaled: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
 
 
 def sample(logits: Tensor, batch: SamplingBatch | Sequence[SamplingParams],
-           counters: Tensor | Sequence[int] | None = None) -> SampleOutput:
+           counters: Sequence[int] | np.ndarray | None = None) -> SampleOutput:
     """One token per row of logits [B, V] (float32); see the module docstring.
 
     batch: a SamplingBatch on the logits' device, or SamplingParams (seeds as in
-    SamplingBatch.build). counters [B]: each row's draw number (None: all 0)."""
+    SamplingBatch.build). counters [B] on the host: each row's draw number (None: all 0)."""
     if not isinstance(batch, SamplingBatch):
         batch = SamplingBatch.build(batch, device=logits.device)
     counters = _check_inputs(logits, batch, counters)
@@ -257,8 +285,10 @@ def sample(logits: Tensor, batch: SamplingBatch | Sequence[SamplingParams],
     if batch.greedy_rows == len(batch):
         token_ids = logits.argmax(dim=-1)
     else:
-        noise = exponential_noise(row_keys(batch.seed_key, counters), vocab)
-        drawn = (logprobs.exp() / noise).argmax(dim=-1)
+        # the exponential race: argmax p / E = argmin p / log u (log u < 0)
+        log_u = log_uniform(noise_bits(row_keys(batch.seed_key, counters), vocab,
+                                       logits.device))
+        drawn = (logprobs.exp() / log_u).argmin(dim=-1)
         if batch.greedy_rows:
             drawn = torch.where(batch.greedy, logits.argmax(dim=-1), drawn)
         token_ids = drawn
@@ -282,10 +312,12 @@ def _check_inputs(logits: Tensor, batch: SamplingBatch, counters) -> Tensor:
         raise SamplingError(f"the SamplingBatch is on {batch.device}, the logits on "
                             f"{logits.device}")
     if counters is None:
-        return torch.zeros(len(batch), dtype=torch.int64, device=logits.device)
-    if not isinstance(counters, Tensor):
-        counters = torch.tensor(list(counters), dtype=torch.int64, device=logits.device)
-    if tuple(counters.shape) != (len(batch),) or counters.dtype != torch.int64:
-        raise SamplingError(f"counters must be int64 of shape ({len(batch)},), got "
-                            f"{counters.dtype} {tuple(counters.shape)}")
+        return np.zeros(len(batch), dtype=np.int64)
+    if isinstance(counters, Tensor) and counters.device.type != "cpu":
+        raise SamplingError("counters must be on the host (a list, numpy array or CPU tensor)")
+    counters = np.asarray(counters, dtype=np.int64)
+    if counters.shape != (len(batch),):
+        raise SamplingError(f"counters must have shape ({len(batch)},), got {counters.shape}")
+    if len(counters) and (counters.min() < 0 or counters.max() > MASK32):
+        raise SamplingError("counters must lie in [0, 2**32)")
     return counters

@@ -56,13 +56,16 @@ def _generator(seed):
     return torch.Generator().manual_seed(seed)
 
 
-def _mix32_reference(x: int) -> int:
-    """The sampler docstring's mix32, on Python integers."""
-    x ^= x >> 16
+def _scramble32_reference(x: int) -> int:
+    """The sampler docstring's scramble32, on Python integers."""
     x = (x * 0x3504F333) & MASK
     x ^= x >> 15
     x = (x * 0x5DB3D743) & MASK
     return x ^ (x >> 16)
+
+
+def _mix32_reference(x: int) -> int:
+    return _scramble32_reference(x ^ (x >> 16))
 
 
 def _bits_reference(seed: int, counter: int, token: int) -> int:
@@ -70,7 +73,7 @@ def _bits_reference(seed: int, counter: int, token: int) -> int:
     seed_key = _mix32_reference(_mix32_reference((seed >> 32) ^ 0x1E3779B9) ^ (seed & MASK))
     row_key = _mix32_reference(seed_key ^ _mix32_reference(counter))
     token_key = _mix32_reference(_mix32_reference(token ^ 0x510E527F))
-    return _mix32_reference(row_key ^ token_key)
+    return _scramble32_reference(row_key ^ token_key)
 
 
 def _draw(logits, params, seeds, counters):
@@ -80,8 +83,7 @@ def _draw(logits, params, seeds, counters):
 def test_noise_bits_follow_the_documented_hash():
     seeds = [0, 1, 2**32 - 1, 2**32, 2**63 - 1, 123456789012345]
     counters = [0, 7, 1, 4095, 2**31, 3]
-    keys = row_keys(seed_keys(torch.tensor(seeds)), torch.tensor(counters))
-    bits = noise_bits(keys, 50)
+    bits = noise_bits(row_keys(seed_keys(seeds), counters), 50)
     for row, (seed, counter) in enumerate(zip(seeds, counters)):
         assert bits[row].tolist() == [_bits_reference(seed, counter, t) for t in range(50)]
 
@@ -255,8 +257,10 @@ def test_mismatched_inputs_are_errors():
         sample(torch.zeros(2, 5), [SamplingParams()])
     with pytest.raises(SamplingError, match="float32"):
         sample(torch.zeros(2, 5, dtype=torch.float64), [SamplingParams()] * 2)
-    with pytest.raises(SamplingError, match="counters must be int64 of shape"):
-        sample(torch.zeros(2, 5), [SamplingParams()] * 2, torch.zeros(3, dtype=torch.int64))
+    with pytest.raises(SamplingError, match=r"counters must have shape \(2,\)"):
+        sample(torch.zeros(2, 5), [SamplingParams()] * 2, [0, 1, 2])
+    with pytest.raises(SamplingError, match=r"counters must lie in \[0, 2\*\*32\)"):
+        sample(torch.zeros(2, 5), [SamplingParams()] * 2, [0, -1])
     with pytest.raises(SamplingError, match="got 1 seeds for 2"):
         SamplingBatch.build([SamplingParams()] * 2, seeds=[1])
     with pytest.raises(SamplingError, match="seeds must be integers"):
@@ -286,9 +290,10 @@ def test_untruncated_rows_skip_the_sort_and_mix_with_greedy_rows():
 def test_cuda_draws_equal_cpu_draws_and_are_exact():
     seeds = torch.randint(0, 2**62, (64,), generator=_generator(10))
     counters = torch.randint(0, 10000, (64,), generator=_generator(11))
-    cpu_bits = noise_bits(row_keys(seed_keys(seeds), counters), 1000)
-    cuda_bits = noise_bits(row_keys(seed_keys(seeds.cuda()), counters.cuda()), 1000)
-    assert torch.equal(cpu_bits, cuda_bits.cpu())
+    keys = row_keys(seed_keys(seeds.numpy()), counters.numpy())
+    cpu_bits = noise_bits(keys, 1000)
+    cuda_bits = noise_bits(keys, 1000, "cuda")
+    assert cuda_bits.is_cuda and torch.equal(cpu_bits, cuda_bits.cpu())
     logits_row = torch.tensor([1.5, 0.2, -0.3, 0.9, -1.0, 0.0])
     probs = np.array(_reference_distribution(logits_row.tolist(), 0.8, 0, 0.9))
     draws = 20000
