@@ -193,9 +193,12 @@ class Engine:
         """The step after `launched`, queued before its tokens reach the host; None when the
         batch must change first (a sample's last step, a prompt that can enter, prefill)."""
         seqs = launched.seqs
-        if (not self.config.overlap or self.config.record_selection or seqs != scheduler.running or scheduler.can_admit()
-                or any(s.num_generated + 1 >= s.params.max_new_tokens for s in seqs)):
+        if not self.config.overlap or self.config.record_selection:
+            return None  # the selection hook reads host positions: recording stays synchronous
+        if seqs != scheduler.running or scheduler.can_admit():
             return None
+        if any(s.num_generated + 1 >= s.params.max_new_tokens for s in seqs):
+            return None  # a sample's last step is in flight: the next batch is smaller
         self.stats["decode_steps"] += 1
         self.stats["overlapped_steps"] += 1
         scheduler.reserve_ahead(seqs)

@@ -5,11 +5,10 @@
     out.token_ids, out.logprobs, out.topk_ids, out.topk_logprobs
 
 Draws. Each row has a 64-bit seed and a draw counter (its number of generated tokens); the
-noise of token v in that row is a pure function of (seed, counter, v), so a seeded request
-draws the same tokens whatever else shares the batch and whatever its row, and the whole
-batch's noise is a few tensor ops (no generator object, no per-row launch). The hash works
-on 32-bit lanes held in int64 (every product stays below 2**63, every result is masked to
-32 bits), so CPU and CUDA compute the same bits:
+noise of token v in that row is a pure function of (seed, counter, v): a seeded request
+draws the same tokens whatever else shares the batch and whatever its row, and the batch's
+noise is a few tensor ops (no generator, no launch per row). The hash works on 32-bit lanes
+in int64 (products stay below 2**63, results are masked), so CPU and CUDA give the same bits:
 - scramble32(x) = multiply by 0x3504F333, mask, xorshift 15, multiply by 0x5DB3D743, mask,
   xorshift 16; mix32(x) = scramble32(x ^ (x >> 16)). Both are bijections of 32-bit values
   (odd multipliers below 2**31, the leading fraction bits of sqrt 2 and sqrt 3, so that no
@@ -19,10 +18,10 @@ on 32-bit lanes held in int64 (every product stays below 2**63, every result is 
 - token key = mix32(mix32(v ^ TOKEN_SALT)), once per vocabulary and device;
 - bits[row, v] = scramble32(row key ^ token key[v]) (the keys are mixed already);
   u = (bits + 0.5) / 2**32, strictly inside (0, 1) (float64, exact), E = -log(u) ~ Exp(1).
-The drawn token is argmax over v of p(v) / E(v), the exponential race, which picks v with
-probability p(v). The hash is the project's own, built for speed and equal results on every
-device, not for cryptographic strength. On the device a draw costs about fifteen
-elementwise passes over [B, V] (nine int64, the rest floating point).
+The token is argmax over v of p(v) / E(v), the exponential race, which picks v with
+probability p(v). The hash is the project's own, built for speed and equal bits on every
+device, not for cryptographic strength. A draw costs about fifteen elementwise passes over
+[B, V] on the device (nine int64).
 
 What the logprobs mean (the acceptance rate compares them with the dense policy):
 - sampled rows (temperature > 0): the distribution actually sampled from, i.e. softmax of
@@ -35,12 +34,14 @@ What the logprobs mean (the acceptance rate compares them with the dense policy)
   columns, most likely first. A row asking for fewer gets the next-ranked tokens in the extra
   columns: read row i as [:params[i].logprobs_topk]. Columns past a truncated row's kept set
   hold -inf logprobs.
+SamplingParams and SamplingError live in validate.py and are importable from here.
 Tests: `python -m pytest tests/sparrow_core/engine/test_sampler.py -q`.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
@@ -48,7 +49,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from sparrow_core.errors import SparrowError
+# the request parameters live with the request checks; imported here, where callers look
+from sparrow_core.engine.validate import SamplingError, SamplingParams  # noqa: F401
 
 MASK32 = 0xFFFFFFFF
 MULTIPLIER_A = 0x3504F333
@@ -56,49 +58,6 @@ MULTIPLIER_B = 0x5DB3D743
 SEED_SALT = 0x1E3779B9
 TOKEN_SALT = 0x510E527F
 SEED_LIMIT = 2**63  # seeds are non-negative int64
-
-
-class SamplingError(SparrowError, ValueError):
-    """Invalid sampling parameters or sampler inputs; the message names the field."""
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    # 0 means greedy
-    temperature: float = 1.0
-    # nucleus mass kept; 1.0 keeps everything
-    top_p: float = 1.0
-    # keep the k most likely tokens; 0 keeps all
-    top_k: int = 0
-    max_new_tokens: int = 256
-    stop_token_ids: tuple[int, ...] = ()
-    # None: the engine derives a seed from its own
-    seed: int | None = None
-    # samples per prompt
-    n: int = 1
-    # top tokens and logprobs recorded per generated token
-    logprobs_topk: int = 20
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise SamplingError(f"temperature must be finite and >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise SamplingError(f"top_p must be in (0, 1], got {self.top_p}")
-        for name in ("top_k", "logprobs_topk"):
-            if getattr(self, name) < 0:
-                raise SamplingError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("max_new_tokens", "n"):
-            if getattr(self, name) < 1:
-                raise SamplingError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if any(t < 0 for t in self.stop_token_ids):
-            raise SamplingError(f"stop_token_ids must be >= 0, got {list(self.stop_token_ids)}")
-        if self.seed is not None and (isinstance(self.seed, bool) or self.seed < 0):
-            raise SamplingError(f"seed must be None or an integer >= 0, got {self.seed!r}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
 
 
 class SampleOutput(NamedTuple):
@@ -113,12 +72,7 @@ class SampleOutput(NamedTuple):
 
 def scramble32(x):
     """Multiply, mask, xorshift 15, multiply, mask, xorshift 16: a bijection of 32-bit values
-    held in int64 (numpy array or tensor; inputs in [0, 2**32)). Updates a tensor in place."""
-    if isinstance(x, Tensor):
-        x.mul_(MULTIPLIER_A).bitwise_and_(MASK32)
-        x.bitwise_xor_(x >> 15)
-        x.mul_(MULTIPLIER_B).bitwise_and_(MASK32)
-        return x.bitwise_xor_(x >> 16)
+    held in int64 (numpy array or tensor; inputs in [0, 2**32))."""
     x = (x * MULTIPLIER_A) & MASK32
     x = x ^ (x >> 15)
     x = (x * MULTIPLIER_B) & MASK32
@@ -191,7 +145,7 @@ class SamplingBatch:
     composition and reuses it while the running set stays the same."""
 
     params: tuple[SamplingParams, ...]
-    seeds: Tensor  # [B] int64
+    seeds: tuple[int, ...]
     seed_key: np.ndarray  # [B] int64 on the host: 32-bit keys of the seeds
     greedy: Tensor  # [B] bool
     temperature: Tensor  # [B] float32, 1 on greedy rows
@@ -206,16 +160,16 @@ class SamplingBatch:
             raise SamplingError("a SamplingBatch needs at least one row")
         for name in ("seeds", "seed_key", "greedy", "temperature", "top_k", "top_p"):
             value = getattr(self, name)
-            if value is not None and tuple(value.shape) != (rows,):
-                raise SamplingError(f"SamplingBatch.{name} must have shape ({rows},), "
-                                    f"got {tuple(value.shape)}")
+            if value is not None and len(value) != rows:
+                raise SamplingError(f"SamplingBatch.{name} must have {rows} rows, "
+                                    f"got {len(value)}")
 
     def __len__(self) -> int:
         return len(self.params)
 
     @property
     def device(self) -> torch.device:
-        return self.seeds.device
+        return self.greedy.device
 
     @classmethod
     def build(cls, params: Sequence[SamplingParams], seeds: Sequence[int] | None = None,
@@ -225,18 +179,18 @@ class SamplingBatch:
         if seeds is None:
             drawn = torch.randint(0, SEED_LIMIT - 1, (len(params),)).tolist()
             seeds = [p.seed if p.seed is not None else d for p, d in zip(params, drawn)]
-        seeds = [int(seed) for seed in seeds]
+        seeds = list(seeds)
         if len(seeds) != len(params):
             raise SamplingError(f"got {len(seeds)} seeds for {len(params)} SamplingParams")
-        bad = [s for s in seeds if isinstance(s, bool) or not 0 <= int(s) < SEED_LIMIT]
+        bad = [s for s in seeds if isinstance(s, bool) or not isinstance(s, numbers.Integral)
+               or not 0 <= s < SEED_LIMIT]
         if bad:
             raise SamplingError(f"seeds must be integers in [0, 2**63), got {bad[:3]}")
-        seed_tensor = torch.tensor(seeds, dtype=torch.int64, device=device)
         truncates = any(p.top_k > 0 or p.top_p < 1.0 for p in params if not p.greedy)
         as_tensor = lambda values, dtype: torch.tensor(values, dtype=dtype, device=device)
         return cls(
             params=params,
-            seeds=seed_tensor,
+            seeds=tuple(int(seed) for seed in seeds),
             seed_key=seed_keys(seeds),
             greedy=as_tensor([p.greedy for p in params], torch.bool),
             temperature=as_tensor([1.0 if p.greedy else p.temperature for p in params],

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sparrow_core.engine.sampler import SamplingParams
+    from sparrow_core.engine.validate import SamplingParams
 
 FINISH_REASONS = ("stop", "length")
 

@@ -1,5 +1,6 @@
-"""Requests as the engine takes them in: checks before anything is scheduled (each failure
-is one EngineError with numbers) and each sample's seed.
+"""Requests as the engine takes them in: SamplingParams (a frozen dataclass that checks
+itself), checks before anything is scheduled (each failure is one EngineError with numbers)
+and each sample's seed.
 
     per_prompt = params_per_prompt(prompts, params)   # one SamplingParams per prompt
     check_request(index, prompt_ids, params, vocab_size, max_context, max_batch_size)
@@ -9,13 +10,58 @@ is one EngineError with numbers) and each sample's seed.
 
 from __future__ import annotations
 
+import math
 import numbers
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
 from sparrow_core.engine.config import EngineError
-from sparrow_core.engine.sampler import SamplingParams
+from sparrow_core.errors import SparrowError
+
+
+class SamplingError(SparrowError, ValueError):
+    """Invalid sampling parameters or sampler inputs; the message names the field."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    # 0 means greedy
+    temperature: float = 1.0
+    # nucleus mass kept; 1.0 keeps everything
+    top_p: float = 1.0
+    # keep the k most likely tokens; 0 keeps all
+    top_k: int = 0
+    max_new_tokens: int = 256
+    stop_token_ids: tuple[int, ...] = ()
+    # None: the engine derives a seed from its own
+    seed: int | None = None
+    # samples per prompt
+    n: int = 1
+    # top tokens and logprobs recorded per generated token
+    logprobs_topk: int = 20
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise SamplingError(f"temperature must be finite and >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise SamplingError(f"top_p must be in (0, 1], got {self.top_p}")
+        for name in ("top_k", "logprobs_topk"):
+            if getattr(self, name) < 0:
+                raise SamplingError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("max_new_tokens", "n"):
+            if getattr(self, name) < 1:
+                raise SamplingError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if any(t < 0 for t in self.stop_token_ids):
+            raise SamplingError(f"stop_token_ids must be >= 0, got {list(self.stop_token_ids)}")
+        if self.seed is not None and (isinstance(self.seed, bool) or self.seed < 0):
+            raise SamplingError(f"seed must be None or an integer >= 0, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
 
 
 def params_per_prompt(prompts: Sequence, params) -> list[SamplingParams]:

@@ -194,7 +194,7 @@ def test_seeds_from_params_or_the_global_generator():
     second = sample(logits, [SamplingParams()] * 2).token_ids
     assert first.tolist() == second.tolist()
     batch = SamplingBatch.build([SamplingParams(seed=41), SamplingParams()])
-    assert int(batch.seeds[0]) == 41
+    assert batch.seeds[0] == 41
 
 
 def _chi_square_pvalue(tokens, probs):
@@ -263,8 +263,9 @@ def test_mismatched_inputs_are_errors():
         sample(torch.zeros(2, 5), [SamplingParams()] * 2, [0, -1])
     with pytest.raises(SamplingError, match="got 1 seeds for 2"):
         SamplingBatch.build([SamplingParams()] * 2, seeds=[1])
-    with pytest.raises(SamplingError, match="seeds must be integers"):
-        SamplingBatch.build([SamplingParams()], seeds=[-1])
+    for bad in (-1, 2**63, 1.5, True):
+        with pytest.raises(SamplingError, match="seeds must be integers"):
+            SamplingBatch.build([SamplingParams()], seeds=[bad])
 
 
 def test_untruncated_rows_skip_the_sort_and_mix_with_greedy_rows():
