@@ -46,6 +46,8 @@ class RolloutConfig:
     seed: int = 0
     # rollout actors; 0 means one per GPU, or one on a machine without GPU
     num_actors: int = 0
+    # launch each decode step before the host has read the previous one's tokens (same results)
+    overlap: bool = True
 
 
 @dataclass(frozen=True)

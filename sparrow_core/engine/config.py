@@ -68,9 +68,9 @@ class EngineConfig:
     @classmethod
     def from_rollout(cls, rollout: Any, page_size: int = 16, max_context: int = 0,
                      **overrides: Any) -> "EngineConfig":
-        """From the typed `rollout` config group (kv_cache_mib, max_batch_size, seed)."""
+        """From the typed `rollout` config group (kv_cache_mib, max_batch_size, seed, overlap)."""
         values = dict(max_batch_size=rollout.max_batch_size,
                       kv_cache_mib=float(rollout.kv_cache_mib), seed=rollout.seed,
-                      page_size=page_size, max_context=max_context)
+                      overlap=rollout.overlap, page_size=page_size, max_context=max_context)
         values.update(overrides)
         return cls(**values)

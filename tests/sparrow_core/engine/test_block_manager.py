@@ -103,3 +103,15 @@ def test_cache_sizing_by_hand():
     assert pages_for_budget(ARCH, 4, torch.bfloat16, mib=864 * 10 / 2**20) == 10
     with pytest.raises(EngineError, match="holds no KV page.*864 bytes"):
         pages_for_budget(ARCH, 4, torch.bfloat16, mib=800 / 2**20)
+
+
+def test_append_slot_ahead_and_a_position_without_a_page():
+    manager = BlockManager(num_pages=6, page_size=4)
+    seq = make_seq(1, 4)  # positions 0..3: one full page
+    manager.allocate_prompt(seq)
+    manager.append_slot(seq)  # the input token (position 3) already has its page
+    assert len(seq.page_table) == 1
+    with pytest.raises(ValueError, match="holds 1 pages, none for position 4"):
+        manager.slot(seq, 4)
+    manager.append_slot(seq, ahead=1)  # the step after: position 4 starts page 1
+    assert len(seq.page_table) == 2 and manager.slot(seq, 4) == seq.page_table[1] * 4

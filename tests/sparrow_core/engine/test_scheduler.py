@@ -78,3 +78,45 @@ def test_engine_config_checks_itself_and_reads_the_rollout_group():
         EngineConfig(max_batch_size=0)
     with pytest.raises(EngineError, match="kv_cache_mib must be positive"):
         EngineConfig(kv_cache_mib=0)
+
+
+def test_can_admit_reports_what_the_next_schedule_does():
+    # 12 pages; each group needs ceil((5 + 4 - 1) / 4) = 2 pages, 2 slots
+    scheduler = Scheduler(EngineConfig(max_batch_size=2, page_size=4), BlockManager(12, 4))
+    first, second, third = group(0, 5), group(10, 5), group(20, 5)
+    assert not scheduler.can_admit()
+    for g in (first, second, third):
+        scheduler.add(g)
+    assert scheduler.can_admit()
+    assert scheduler.schedule().seqs == [first.leader, second.leader]
+    assert not scheduler.can_admit() and not scheduler.schedule().is_prefill  # no slot
+    scheduler.finish(first.leader)
+    assert scheduler.can_admit() and scheduler.schedule().seqs == [third.leader]
+
+
+def test_reserve_ahead_allocates_the_page_of_the_next_position():
+    manager = BlockManager(20, 4)
+    scheduler = Scheduler(EngineConfig(max_batch_size=4, page_size=4), manager)
+    # 6 and 8 tokens: the step in flight reads position 5 / 7, the next one 6 / 8
+    short, long = group(0, 6, max_new_tokens=8), group(10, 8, max_new_tokens=8)
+    scheduler.add(short)
+    scheduler.add(long)
+    scheduler.schedule()
+    batch = scheduler.schedule()
+    assert [len(s.page_table) for s in batch.seqs] == [2, 2]
+    scheduler.reserve_ahead(batch.seqs)
+    # position 6 is still in page 1; position 8 starts page 2
+    assert [len(s.page_table) for s in batch.seqs] == [2, 3]
+    free = manager.num_free
+    long.leader.token_ids.append(1)  # the in-flight token arrives; schedule() adds nothing
+    short.leader.token_ids.append(1)
+    scheduler.schedule()
+    assert manager.num_free == free
+
+
+def test_engine_config_overlap_flag():
+    assert EngineConfig().overlap is True
+    config = EngineConfig.from_rollout(RolloutConfig(overlap=False))
+    assert config.overlap is False
+    with pytest.raises(EngineError, match="EngineConfig.overlap must be true or false, got 'no'"):
+        EngineConfig(overlap="no")
