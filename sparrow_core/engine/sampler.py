@@ -20,8 +20,9 @@ in int64 (products stay below 2**63, results are masked), so CPU and CUDA give t
   u = (bits + 0.5) / 2**32, strictly inside (0, 1) (float64, exact), E = -log(u) ~ Exp(1).
 The token is argmax over v of p(v) / E(v), the exponential race, which picks v with
 probability p(v). The hash is the project's own, built for speed and equal bits on every
-device, not for cryptographic strength. A draw costs about fifteen elementwise passes over
-[B, V] on the device (nine int64).
+device, not for cryptographic strength. On a GPU the draw is one fused Triton pass over the
+logprobs (kernels/race_draw.py, equal to its PyTorch form token for token); elsewhere it is
+about fifteen elementwise passes over [B, V] (nine int64).
 
 What the logprobs mean (the acceptance rate compares them with the dense policy):
 - sampled rows (temperature > 0): the distribution actually sampled from, i.e. softmax of
@@ -51,12 +52,11 @@ from torch import Tensor
 
 # the request parameters live with the request checks; imported here, where callers look
 from sparrow_core.engine.validate import SamplingError, SamplingParams  # noqa: F401
+from sparrow_core.kernels.race_draw import (  # noqa: F401 (scramble32: the documented hash)
+    MASK32, log_uniform, mix32, race_draw, scramble32, token_keys)
+from sparrow_core.kernels.race_draw import noise_bits as token_noise_bits
 
-MASK32 = 0xFFFFFFFF
-MULTIPLIER_A = 0x3504F333
-MULTIPLIER_B = 0x5DB3D743
 SEED_SALT = 0x1E3779B9
-TOKEN_SALT = 0x510E527F
 SEED_LIMIT = 2**63  # seeds are non-negative int64
 
 
@@ -68,21 +68,8 @@ class SampleOutput(NamedTuple):
 
 
 # the counter-based hash (see the module docstring); the per-row part runs on the host in
-# numpy (a few microseconds, no device launches), the per-token part on the device
-
-def scramble32(x):
-    """Multiply, mask, xorshift 15, multiply, mask, xorshift 16: a bijection of 32-bit values
-    held in int64 (numpy array or tensor; inputs in [0, 2**32))."""
-    x = (x * MULTIPLIER_A) & MASK32
-    x = x ^ (x >> 15)
-    x = (x * MULTIPLIER_B) & MASK32
-    return x ^ (x >> 16)
-
-
-def mix32(x):
-    """xorshift 16, then scramble32: the full mix for unmixed inputs (seeds, counters, ids)."""
-    return scramble32(x ^ (x >> 16))
-
+# numpy (a few microseconds, no device launches), the per-token part on the device, in one
+# fused pass where a kernel can run (kernels/race_draw.py, which holds the token-side hash)
 
 def seed_keys(seeds) -> np.ndarray:
     """[B] int64 seeds -> [B] 32-bit keys (both halves of the seed count)."""
@@ -97,31 +84,11 @@ def row_keys(seed_key, counters) -> np.ndarray:
     return mix32(np.asarray(seed_key, dtype=np.int64) ^ mix32(counters & MASK32))
 
 
-_TOKEN_KEYS: dict[tuple[int, str], Tensor] = {}
-
-
-def token_keys(vocab: int, device: torch.device | str) -> Tensor:
-    """[vocab] 32-bit keys of the token ids, computed once per (vocabulary, device)."""
-    cache_key = (vocab, str(torch.device(device)))
-    keys = _TOKEN_KEYS.get(cache_key)
-    if keys is None:
-        ids = torch.arange(vocab, dtype=torch.int64, device=device)
-        keys = _TOKEN_KEYS[cache_key] = mix32(mix32(ids ^ TOKEN_SALT))
-    return keys
-
-
 def noise_bits(row_key, vocab: int, device: torch.device | str = "cpu") -> Tensor:
     """[B, vocab] 32-bit values scramble32(row key ^ token key) on `device`: the same bits on
     every device."""
     keys = _to_device(np.asarray(row_key, dtype=np.int64), torch.device(device))
-    return scramble32(keys[:, None] ^ token_keys(vocab, device)[None, :])
-
-
-def log_uniform(bits: Tensor) -> Tensor:
-    """float64 log u, u = (bits + 0.5) / 2**32 strictly inside (0, 1): one scaling op, one log."""
-    # a 0-dim host tensor: float64 result in one op, and no host-to-device copy
-    half = torch.tensor(2.0 ** -33, dtype=torch.float64)
-    return torch.add(half, bits, alpha=2.0 ** -32).log_()
+    return token_noise_bits(keys, vocab)
 
 
 def exponential_from_bits(bits: Tensor) -> Tensor:
@@ -240,9 +207,8 @@ def sample(logits: Tensor, batch: SamplingBatch | Sequence[SamplingParams],
         token_ids = logits.argmax(dim=-1)
     else:
         # the exponential race: argmax p / E = argmin p / log u (log u < 0)
-        log_u = log_uniform(noise_bits(row_keys(batch.seed_key, counters), vocab,
-                                       logits.device))
-        drawn = (logprobs.exp() / log_u).argmin(dim=-1)
+        keys = _to_device(row_keys(batch.seed_key, counters), logits.device)
+        drawn = race_draw(logprobs, keys)  # one fused pass on a GPU
         if batch.greedy_rows:
             drawn = torch.where(batch.greedy, logits.argmax(dim=-1), drawn)
         token_ids = drawn
