@@ -78,6 +78,9 @@ class Engine:
     def __init__(self, model: torch.nn.Module, tokenizer: Any = None,
                  config: EngineConfig | None = None, schedule: Schedule | None = None):
         self.model = model
+        # one GEMM for q/k/v and one for gate/up (model/decoder.py), before any graph capture
+        if hasattr(model, "fuse_projections"):
+            model.fuse_projections()
         self.tokenizer = tokenizer
         self.config = config or EngineConfig()
         arch = model.arch
