@@ -5,7 +5,7 @@
 Prompts: `data.prompts_per_step` rows of the training set for this step (the same rows on a
 re-run). Sampling: `rollout.*`, with the schedule in force at this step (tasks/schedules.py;
 dense decode when schedule.sparse=false). Each prompt's request carries a seed derived from
-(pipeline.seed, rollout.seed, step, prompt); the engine derives each sample's generator from
+(pipeline.seed, rollout.seed, step, prompt); the engine derives each sample's seed from
 it and the sample index, so results do not depend on how prompts are sharded across actors.
 Generation stops at the model's context: max_new_tokens is cut to what is left after the
 prompt, and a prompt that leaves no room is PromptTooLongError naming its dataset row.
