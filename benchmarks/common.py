@@ -112,6 +112,20 @@ def copy_bandwidth(gib: float = 2.0) -> dict[str, float]:
     return {"bytes": moved, "us": us, "bytes_per_s": moved / (us * 1e-6)}
 
 
+def target_case_args(description: str, argv=None) -> tuple[Any, str, int, int]:
+    """--out and --smoke of a benchmark at the target case (Qwen3-1.7B heads, batch 16, 32K;
+    smoke: batch 2, 256 tokens, any device): (args, device, batch, context)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", default=None, help="write the JSON here too")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes (any device)")
+    args = parser.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    batch, context = (2, 256) if args.smoke else (16, 32768)
+    return args, device, batch, context
+
+
 def write_json(path: str | None, payload: dict[str, Any], quiet: bool = False) -> None:
     """Print the JSON document and, when a path is given, write it there too."""
     text = json.dumps(payload, indent=1, default=float)

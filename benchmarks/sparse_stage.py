@@ -21,7 +21,6 @@ What it times, each against the default launch measured in the same run:
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import sys
 from pathlib import Path
@@ -32,7 +31,8 @@ from torch.nn import functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.attention import HEADS, PAGE, DIM, centroids_of, make_layer  # noqa: E402
-from benchmarks.common import copy_bandwidth, device_facts, time_graph, write_json  # noqa: E402
+from benchmarks.common import (copy_bandwidth, device_facts, target_case_args,  # noqa: E402
+                               time_graph, write_json)
 from benchmarks.peers import flashinfer_cases  # noqa: E402
 from sparrow_core.kernels.page_scores import page_scores  # noqa: E402
 from sparrow_core.kernels.page_topk import page_topk  # noqa: E402
@@ -91,13 +91,8 @@ def interleaved_pages(layer):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=None, help="write the JSON here too")
-    parser.add_argument("--smoke", action="store_true", help="tiny shapes (any device)")
-    args = parser.parse_args(argv)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    args, device, batch, context = target_case_args(__doc__.splitlines()[0], argv)
     model = "qwen3-1.7b"
-    batch, context = (2, 256) if args.smoke else (16, 32768)
     reps = 3 if args.smoke else 25
     hq, hkv = HEADS[model]
     schedule = get_preset(f"{model}-0.86")
