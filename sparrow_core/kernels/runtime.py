@@ -139,6 +139,32 @@ def pdl_launch(device: torch.device) -> bool:
             and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
+_ARRIVALS: dict[tuple[str, str], torch.Tensor] = {}
+ARRIVAL_MIN = 1 << 16
+
+
+def arrival_counters(device: torch.device, count: int, tag: str) -> torch.Tensor:
+    """`count` int32 counters, all zero, for a kernel whose programs count their arrivals per
+    group (tl.atomic_add after their stores) so that the last to arrive does the group's
+    final work; that program sets its counter back to zero, so they are zero again when the
+    kernel ends and the same buffer serves every later launch and CUDA-graph replay.
+
+    One buffer per (device, tag), at least ARRIVAL_MIN counters, allocated on first use; it
+    must not grow while a CUDA graph is being captured (its memory would belong to the
+    graph), so a capture that needs more than the warm-up allocated is refused. Kernels that
+    share a tag must not run concurrently on different streams."""
+    key = (str(device), tag)
+    buffer = _ARRIVALS.get(key)
+    if buffer is None or buffer.numel() < count:
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        check(not capturing, f"{tag}: {count} arrival counters are needed but only "
+              f"{0 if buffer is None else buffer.numel()} were allocated before this CUDA "
+              "graph capture; run the same launch once outside the capture first")
+        size = max(ARRIVAL_MIN, next_power_of_2(count))
+        _ARRIVALS[key] = buffer = torch.zeros(size, dtype=torch.int32, device=device)
+    return buffer
+
+
 def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 
