@@ -112,14 +112,18 @@ def copy_bandwidth(gib: float = 2.0) -> dict[str, float]:
     return {"bytes": moved, "us": us, "bytes_per_s": moved / (us * 1e-6)}
 
 
-def target_case_args(description: str, argv=None) -> tuple[Any, str, int, int]:
-    """--out and --smoke of a benchmark at the target case (Qwen3-1.7B heads, batch 16, 32K;
-    smoke: batch 2, 256 tokens, any device): (args, device, batch, context)."""
+def target_case_args(description: str, argv=None,
+                     flags: tuple[tuple[str, str], ...] = ()) -> tuple[Any, str, int, int]:
+    """--out, --smoke and the benchmark's own on/off flags ((name, help) pairs) at the target
+    case (Qwen3-1.7B heads, batch 16, 32K; smoke: batch 2, 256 tokens, any device):
+    (args, device, batch, context)."""
     import argparse
 
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--out", default=None, help="write the JSON here too")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes (any device)")
+    for flag, text in flags:
+        parser.add_argument(flag, action="store_true", help=text)
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     batch, context = (2, 256) if args.smoke else (16, 32768)

@@ -16,7 +16,13 @@ What it times, each against the default launch measured in the same run:
 - the whole stage with the default and with the fastest scoring and top-k launches, and
   the default after a writing L2 flush, with a warm L2 (benchmarks/common.py), and with
   programmatic dependent launch (kernels/runtime.py);
+- scoring and top-k as one launch (kernels/page_topk.py select_pages_fused): its launch
+  sweep (pages per program, pages per iteration, warps, stages; lists checked equal to the
+  two-launch selection) and the whole stage with it;
 - FlashInfer dense and sparse attention alone when importable (benchmarks/peers.py).
+
+`--fused-only` skips the scoring / top-k sweeps, layout probes and flush and PDL variants
+(kept from round 5) and times only the two stages, the fused sweep, SDPA and FlashInfer.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from benchmarks.common import (copy_bandwidth, device_facts, target_case_args,  
                                time_graph, write_json)
 from benchmarks.peers import flashinfer_cases  # noqa: E402
 from sparrow_core.kernels.page_scores import page_scores  # noqa: E402
-from sparrow_core.kernels.page_topk import page_topk  # noqa: E402
+from sparrow_core.kernels.page_topk import page_topk, select_pages_fused  # noqa: E402
 from sparrow_core.kernels.paged_decode import (paged_decode_attention,  # noqa: E402
                                                sparse_paged_decode_attention)
 from sparrow_core.kernels.runtime import programmatic_launch  # noqa: E402
@@ -50,6 +56,18 @@ def scoring_launches(smoke: bool) -> list[dict]:
             (8, 16, 32), (1, 4, 16), (4, 8), (1, 3)):
         rows.append(dict(block_pages=block, blocks_per_program=per_program, num_warps=warps,
                          num_stages=stages))
+    return rows
+
+
+def fused_launches(smoke: bool) -> list[dict]:
+    if smoke:
+        return [{}, dict(chunk_pages=4, block_pages=2, num_warps=4, num_stages=2)]
+    rows = [{}]
+    for chunk, block, warps, stages in itertools.product(
+            (64, 128, 256, 512), (16, 32, 64), (4, 8), (2, 3)):
+        if block <= chunk:
+            rows.append(dict(chunk_pages=chunk, block_pages=block, num_warps=warps,
+                             num_stages=stages))
     return rows
 
 
@@ -91,7 +109,9 @@ def interleaved_pages(layer):
 
 
 def main(argv=None) -> int:
-    args, device, batch, context = target_case_args(__doc__.splitlines()[0], argv)
+    args, device, batch, context = target_case_args(
+        __doc__.splitlines()[0], argv,
+        flags=(("--fused-only", "time only the stages, the fused sweep, SDPA and FlashInfer"),))
     model = "qwen3-1.7b"
     reps = 3 if args.smoke else 25
     hq, hkv = HEADS[model]
@@ -109,15 +129,54 @@ def main(argv=None) -> int:
     result = dict(benchmark="sparse-stage", facts=device_facts(), copy_bandwidth=copy,
                   case=dict(model=model, batch=batch, context=context, topk=int(topk[0]),
                             pages_read_mean=float(counts.float().mean())))
-    # scoring and top-k launches
     max_diff = lambda want: (lambda got: float((got - want).abs().nan_to_num(0).max()))
-    result["scores"] = sweep(
-        lambda launch: lambda: page_scores(q, centroids, tables, lengths, PAGE, **launch),
-        scoring_launches(args.smoke), max_diff(scores), reps)
     def lists_differ(got):
         got_lists, got_counts = got[0], got[1]
         listed = torch.arange(lists.shape[-1], device=device) < counts.unsqueeze(-1)
         return bool((got_counts != counts).any() or (got_lists != lists)[listed].any())
+    sdpa = lambda: F.scaled_dot_product_attention(q.unsqueeze(2), layer["k"], layer["v"],
+                                                  enable_gqa=True)
+    def stage(score_launch, topk_launch, k=kp, v=vp):
+        def run():
+            s = page_scores(q, centroids, tables, lengths, PAGE, **score_launch)
+            l, c, _ = page_topk(s, lengths, topk, PAGE, bos, eos, **topk_launch)
+            return sparse_paged_decode_attention(q, k, v, tables, lengths, l, c)
+        return run
+    def fused_stage(launch):
+        def run():
+            l, c, _, _ = select_pages_fused(q, centroids, tables, lengths, topk, PAGE, bos, eos,
+                                            **launch)
+            return sparse_paged_decode_attention(q, kp, vp, tables, lengths, l, c)
+        return run
+    # scoring and top-k in one launch: its sweep, then the stage with the default and best
+    result["fused"] = sweep(
+        lambda launch: lambda: select_pages_fused(q, centroids, tables, lengths, topk, PAGE,
+                                                  bos, eos, **launch),
+        fused_launches(args.smoke), lists_differ, reps)
+    best = lambda rows: next((r["launch"] for r in sorted(
+        (r for r in rows if "us" in r and not r["differs_from_default"]),
+        key=lambda r: r["us"]) if r["launch"] != "default"), {})
+    best_fused = best(result["fused"])
+    fused_default = time_graph(fused_stage({}), reps=reps)
+    two_launch = time_graph(stage({}, {}), reps=reps)
+    result["fused_stage_us"] = {
+        "two_launch_default": two_launch, "fused_default": fused_default,
+        "fused_best": time_graph(fused_stage(best_fused), reps=reps),
+        "fused_best_launch": best_fused,
+        "attention_alone": time_graph(
+            lambda: sparse_paged_decode_attention(q, kp, vp, tables, lengths, lists, counts),
+            reps=reps),
+        "sdpa_dense": time_graph(sdpa, reps=reps)}
+    if args.fused_only:
+        ours_sparse = sparse_paged_decode_attention(q, kp, vp, tables, lengths, lists, counts)
+        dense_out = paged_decode_attention(q, kp, vp, tables, lengths)
+        result.update(flashinfer_cases(layer, lists, counts, dense_out, ours_sparse))
+        write_json(args.out, result)
+        return 0
+    # scoring and top-k launches
+    result["scores"] = sweep(
+        lambda launch: lambda: page_scores(q, centroids, tables, lengths, PAGE, **launch),
+        scoring_launches(args.smoke), max_diff(scores), reps)
     result["topk"] = sweep(
         lambda launch: lambda: page_topk(scores, lengths, topk, PAGE, bos, eos, **launch),
         topk_launches(args.smoke), lists_differ, reps)
@@ -140,8 +199,7 @@ def main(argv=None) -> int:
         "dense_attention": lambda: paged_decode_attention(q, kp, vp, tables, lengths),
         "dense_attention_kv_interleaved": lambda: paged_decode_attention(
             q, k_int, v_int, tables, lengths),
-        "sdpa_dense": lambda: F.scaled_dot_product_attention(
-            q.unsqueeze(2), layer["k"], layer["v"], enable_gqa=True),
+        "sdpa_dense": sdpa,
     }
     result["probes_us"] = {name: time_graph(fn, reps=reps) for name, fn in probes.items()}
     for name in ("attention_default", "scores_default", "dense_attention", "sdpa_dense"):
@@ -152,16 +210,7 @@ def main(argv=None) -> int:
     result["interleaved_max_abs_diff"] = float(
         (probes["attention_kv_interleaved"]().float() - ours_sparse.float()).abs().max())
     # the whole stage, default and best launches
-    best = lambda rows: next((r["launch"] for r in sorted(
-        (r for r in rows if "us" in r and not r["differs_from_default"]),
-        key=lambda r: r["us"]) if r["launch"] != "default"), {})
     best_scores, best_topk = best(result["scores"]), best(result["topk"])
-    def stage(score_launch, topk_launch, k=kp, v=vp):
-        def run():
-            s = page_scores(q, centroids, tables, lengths, PAGE, **score_launch)
-            l, c, _ = page_topk(s, lengths, topk, PAGE, bos, eos, **topk_launch)
-            return sparse_paged_decode_attention(q, k, v, tables, lengths, l, c)
-        return run
     result["stage_us"] = {
         "default": time_graph(stage({}, {}), reps=reps),
         "default_after_writing_flush": time_graph(stage({}, {}), reps=reps, flush="write"),

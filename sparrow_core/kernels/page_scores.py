@@ -71,7 +71,7 @@ def page_scores_reference(q, centroids, page_tables, num_tokens, page_size):
     return scores.masked_fill(absent, float("-inf"))
 
 
-def _check(q, centroids, page_tables, num_tokens) -> None:
+def check_score_inputs(q, centroids, page_tables, num_tokens) -> None:
     check(q.dim() == 3, f"q must be [B, Hq, D], got shape {tuple(q.shape)}")
     check(centroids.dim() == 3, f"centroids must be one layer [P, Hkv, D], got "
           f"{tuple(centroids.shape)}")
@@ -93,7 +93,7 @@ def page_scores(q: torch.Tensor, centroids: torch.Tensor, page_tables: torch.Ten
     """Scores [B, Hkv, W] float32; -inf past each row's page count. block_pages (pages per
     loop iteration), blocks_per_program, num_warps and num_stages are the launch
     configuration, swept by benchmarks/sparse_stage.py."""
-    _check(q, centroids, page_tables, num_tokens)
+    check_score_inputs(q, centroids, page_tables, num_tokens)
     batch, heads, dim = q.shape
     kv_heads, width = centroids.shape[1], page_tables.shape[1]
     if not use_kernel(q, centroids, page_tables, num_tokens):

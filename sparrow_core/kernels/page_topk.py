@@ -18,6 +18,13 @@ up to 8 passes of a 16-bin histogram, which measured faster on an H200 than 4 pa
 bins: 11.0 against 13.0 us at batch 16, 2,048 pages; no sort), stopping once every key still
 tied with the chosen digits is to be taken; keys above it are taken, then tied keys in page
 order until k. A prefix sum compacts the chosen pages into the list.
+
+select_page_lists runs scoring and top-k as one kernel on GPU (`select_pages_fused`):
+programs score a chunk of one row's pages each and write the scores (to L2, in practice);
+the last program of a row to arrive (an atomic count per row, zero again when the kernel
+ends) runs that row's top-k, so the top-k of early rows overlaps the scoring of later ones
+and the separate top-k launch is gone. It ranks exactly the scores it wrote and returns
+them; `fused=False` keeps the two launches.
 Tests: `python -m pytest tests/sparrow_core/kernels -q`.
 """
 
@@ -25,29 +32,28 @@ from __future__ import annotations
 
 import torch
 
-from sparrow_core.kernels.page_scores import page_scores
+from sparrow_core.kernels.page_scores import check_score_inputs, page_scores
 from sparrow_core.kernels.runtime import (
-    check, check_integer, gdc_launch_dependents, gdc_wait, jit, next_power_of_2, pdl_launch, tl,
-    use_kernel)
+    arrival_counters, check, check_integer, gdc_launch_dependents, gdc_wait, jit, multiprocessors,
+    next_power_of_2, pdl_launch, tl, use_kernel)
 from sparrow_core.sparse.selection import select_from_scores
 
 
 @jit
-def _page_topk_kernel(score_ptr, ntok_ptr, topk_ptr, list_ptr, count_ptr, mask_ptr, width,
-                      PAGE: tl.constexpr, BOS: tl.constexpr, EOS: tl.constexpr,
-                      BLOCK_W: tl.constexpr, WRITE_MASK: tl.constexpr, RADIX: tl.constexpr,
-                      PDL: tl.constexpr):
-    if PDL:  # see runtime.py: wait for the kernel before, let the next one launch
-        gdc_wait()
-        gdc_launch_dependents()
-    b = tl.program_id(0)
-    row = b * tl.num_programs(1) + tl.program_id(1)
-    n_pages = (tl.load(ntok_ptr + b).to(tl.int32) + PAGE - 1) // PAGE
-    k = tl.load(topk_ptr + b).to(tl.int32)
+def _topk_row(score_row, n_pages, k, list_row, count_at, mask_row, width,
+              BOS: tl.constexpr, EOS: tl.constexpr, BLOCK_W: tl.constexpr,
+              WRITE_MASK: tl.constexpr, RADIX: tl.constexpr, FROM_L2: tl.constexpr):
+    """One row's selection (see the module docstring) from its scores at score_row; FROM_L2
+    reads them past L1 (scores other programs have just written)."""
     p = tl.arange(0, BLOCK_W)
     present = p < n_pages
     eligible = (p >= BOS) & (p < n_pages - EOS)
-    score = tl.load(score_ptr + row * width + p, mask=p < width, other=0.0)
+    # entries past the row's page count are never ranked: they need not hold scores
+    if FROM_L2:
+        score = tl.load(score_row + p, mask=present & (p < width), other=0.0,
+                        cache_modifier=".cg")
+    else:
+        score = tl.load(score_row + p, mask=present & (p < width), other=0.0)
     score = tl.where(score == 0.0, 0.0, score)  # -0.0 ties with 0.0, as in a float compare
     bits = score.to(tl.int32, bitcast=True)
     ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)  # signed int order = float order
@@ -80,10 +86,72 @@ def _page_topk_kernel(score_ptr, ntok_ptr, topk_ptr, list_ptr, count_ptr, mask_p
     all_eligible = tl.sum(eligible.to(tl.int32), axis=0) <= k
     selected = present & ((eligible == 0) | chosen | all_eligible)
     slot = tl.cumsum(selected.to(tl.int32), axis=0) - 1
-    tl.store(list_ptr + row * width + slot, p, mask=selected)
-    tl.store(count_ptr + row, tl.sum(selected.to(tl.int32), axis=0))
+    tl.store(list_row + slot, p, mask=selected)
+    tl.store(count_at, tl.sum(selected.to(tl.int32), axis=0))
     if WRITE_MASK:
-        tl.store(mask_ptr + row * width + p, selected.to(tl.int8), mask=p < width)
+        tl.store(mask_row + p, selected.to(tl.int8), mask=p < width)
+
+
+@jit
+def _page_topk_kernel(score_ptr, ntok_ptr, topk_ptr, list_ptr, count_ptr, mask_ptr, width,
+                      PAGE: tl.constexpr, BOS: tl.constexpr, EOS: tl.constexpr,
+                      BLOCK_W: tl.constexpr, WRITE_MASK: tl.constexpr, RADIX: tl.constexpr,
+                      PDL: tl.constexpr):
+    if PDL:  # see runtime.py: wait for the kernel before, let the next one launch
+        gdc_wait()
+        gdc_launch_dependents()
+    b = tl.program_id(0)
+    row = b * tl.num_programs(1) + tl.program_id(1)
+    n_pages = (tl.load(ntok_ptr + b).to(tl.int32) + PAGE - 1) // PAGE
+    k = tl.load(topk_ptr + b).to(tl.int32)
+    _topk_row(score_ptr + row * width, n_pages, k, list_ptr + row * width, count_ptr + row,
+              mask_ptr + row * width, width, BOS, EOS, BLOCK_W, WRITE_MASK, RADIX, False)
+
+
+@jit
+def _page_select_kernel(q_ptr, cent_ptr, table_ptr, ntok_ptr, topk_ptr, score_ptr, list_ptr,
+                        count_ptr, mask_ptr, arrival_ptr, s_qb, s_qh, s_cp, s_ch, s_tb, width,
+                        dim, GROUP: tl.constexpr, BLOCK_D: tl.constexpr,
+                        BLOCK_P: tl.constexpr, CHUNK: tl.constexpr, PAGE: tl.constexpr,
+                        BOS: tl.constexpr, EOS: tl.constexpr, BLOCK_W: tl.constexpr,
+                        WRITE_MASK: tl.constexpr, RADIX: tl.constexpr,
+                        NUM_STAGES: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # see runtime.py: wait for the kernel before, let the next one launch
+        gdc_wait()
+        gdc_launch_dependents()
+    # the KV heads of one (sequence, chunk) are neighbours in launch order: they read the
+    # same centroid rows at about the same time
+    h = tl.program_id(0)
+    b = tl.program_id(2)
+    row = b * tl.num_programs(0) + h
+    n_pages = (tl.load(ntok_ptr + b).to(tl.int32) + PAGE - 1) // PAGE
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < dim
+    q_sum = tl.zeros([BLOCK_D], tl.float32)
+    for g in tl.static_range(GROUP):
+        q_sum += tl.load(q_ptr + b * s_qb + (h * GROUP + g) * s_qh + d, mask=d_ok,
+                         other=0.0).to(tl.float32)
+    q_mean = q_sum / GROUP
+    # score this program's chunk of the row's pages (chunks past the row score nothing)
+    start = tl.program_id(1) * CHUNK
+    end = tl.minimum(start + CHUNK, n_pages)
+    for first in tl.range(start, end, BLOCK_P, num_stages=NUM_STAGES):
+        p = first + tl.arange(0, BLOCK_P)
+        present = p < end
+        phys = tl.load(table_ptr + b * s_tb + p, mask=present, other=0).to(tl.int64)
+        cent = tl.load(cent_ptr + phys[:, None] * s_cp + h * s_ch + d[None, :],
+                       mask=present[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        tl.store(score_ptr + row * width + p, tl.sum(cent * q_mean[None, :], axis=1),
+                 mask=present)
+    # the last chunk of the row to finish selects: every thread's stores are issued before
+    # the arrival, whose release / acquire orders them before that program's reads
+    tl.debug_barrier()
+    arrived = tl.atomic_add(arrival_ptr + row, 1, sem="acq_rel")
+    if arrived == tl.num_programs(1) - 1:
+        tl.atomic_xchg(arrival_ptr + row, 0)  # zero again for the next launch
+        k = tl.load(topk_ptr + b).to(tl.int32)
+        _topk_row(score_ptr + row * width, n_pages, k, list_ptr + row * width, count_ptr + row,
+                  mask_ptr + row * width, width, BOS, EOS, BLOCK_W, WRITE_MASK, RADIX, True)
 
 
 def lists_from_mask(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,13 +180,7 @@ def page_topk(scores: torch.Tensor, num_tokens: torch.Tensor, topk: torch.Tensor
     check(scores.dim() == 3 and scores.dtype == torch.float32,
           f"scores must be [B, Hkv, W] float32, got {tuple(scores.shape)} {scores.dtype}")
     batch, kv_heads, width = scores.shape
-    check(tuple(num_tokens.shape) == (batch,) and tuple(topk.shape) == (batch,),
-          f"num_tokens and topk must be [{batch}], got {tuple(num_tokens.shape)}, "
-          f"{tuple(topk.shape)}")
-    check_integer("num_tokens", num_tokens)
-    check_integer("topk", topk)
-    check(reserved_bos >= 0 and reserved_eos >= 1,
-          f"need reserved_bos >= 0 and reserved_eos >= 1, got {reserved_bos}, {reserved_eos}")
+    _check_topk_args(batch, num_tokens, topk, reserved_bos, reserved_eos)
     if not use_kernel(scores, num_tokens, topk):
         lists, counts, mask = page_topk_reference(scores, num_tokens, topk, page_size,
                                                   reserved_bos, reserved_eos)
@@ -142,8 +204,79 @@ def page_topk(scores: torch.Tensor, num_tokens: torch.Tensor, topk: torch.Tensor
     return lists, counts, mask.bool() if want_mask else None
 
 
+def _check_topk_args(batch, num_tokens, topk, reserved_bos, reserved_eos) -> None:
+    check(tuple(num_tokens.shape) == (batch,) and tuple(topk.shape) == (batch,),
+          f"num_tokens and topk must be [{batch}], got {tuple(num_tokens.shape)}, "
+          f"{tuple(topk.shape)}")
+    check_integer("num_tokens", num_tokens)
+    check_integer("topk", topk)
+    check(reserved_bos >= 0 and reserved_eos >= 1,
+          f"need reserved_bos >= 0 and reserved_eos >= 1, got {reserved_bos}, {reserved_eos}")
+
+
+def chunk_pages_for(rows: int, width: int, device: torch.device) -> int:
+    """Pages scored per program of the fused selection: the largest power of two from 32 to
+    256 that still gives about four programs per multiprocessor at this width."""
+    chunk = 256
+    while chunk > 32 and rows * -(-width // chunk) < 4 * multiprocessors(device):
+        chunk //= 2
+    return chunk
+
+
+def select_pages_fused(q, centroids, page_tables, num_tokens, topk, page_size: int,
+                       reserved_bos: int, reserved_eos: int, want_mask: bool = False, *,
+                       chunk_pages: int | None = None, block_pages: int = 32,
+                       num_warps: int | None = None, num_stages: int = 2,
+                       radix_bits: int = 4):
+    """Scoring and top-k in one launch: lists, counts, mask (or None) and the scores
+    [B, Hkv, W] float32 it ranked (entries past a row's page count are not written).
+
+    Programs score chunk_pages pages of one (sequence, KV head) row each; the last of a row
+    to finish runs the row's top-k (see arrival_counters in runtime.py), so selections start
+    while other rows are still being scored and the scores never leave L2. block_pages,
+    num_warps, num_stages and radix_bits are the launch (benchmarks/sparse_stage.py sweeps
+    them). Off GPU: page_scores then page_topk (their references)."""
+    check_score_inputs(q, centroids, page_tables, num_tokens)
+    batch, heads, dim = q.shape
+    kv_heads, width = centroids.shape[1], page_tables.shape[1]
+    _check_topk_args(batch, num_tokens, topk, reserved_bos, reserved_eos)
+    if not use_kernel(q, centroids, page_tables, num_tokens, topk):
+        scores = page_scores(q, centroids, page_tables, num_tokens, page_size)
+        lists, counts, mask = page_topk(scores, num_tokens, topk, page_size, reserved_bos,
+                                        reserved_eos, want_mask)
+        return lists, counts, mask, scores
+    device = q.device
+    scores = torch.empty(batch, kv_heads, width, dtype=torch.float32, device=device)
+    lists = torch.empty(batch, kv_heads, width, dtype=torch.int32, device=device)
+    counts = torch.empty(batch, kv_heads, dtype=torch.int32, device=device)
+    mask = torch.empty(batch, kv_heads, width, dtype=torch.int8, device=device) \
+        if want_mask else counts
+    if batch * kv_heads and width:
+        rows = batch * kv_heads
+        chunk = chunk_pages or chunk_pages_for(rows, width, device)
+        block_w = next_power_of_2(width)
+        if num_warps is None:
+            num_warps = 4 if block_w <= 1024 else 8 if block_w <= 4096 else 16
+        arrivals = arrival_counters(device, rows, "page_select")
+        pdl = pdl_launch(device)
+        _page_select_kernel[(kv_heads, -(-width // chunk), batch)](
+            q, centroids, page_tables, num_tokens, topk, scores, lists, counts, mask, arrivals,
+            q.stride(0), q.stride(1), centroids.stride(0), centroids.stride(1),
+            page_tables.stride(0), width, dim,
+            GROUP=heads // kv_heads, BLOCK_D=next_power_of_2(dim),
+            BLOCK_P=min(block_pages, chunk), CHUNK=chunk, PAGE=page_size, BOS=reserved_bos,
+            EOS=reserved_eos, BLOCK_W=block_w, WRITE_MASK=want_mask, RADIX=radix_bits,
+            NUM_STAGES=num_stages, PDL=pdl, num_warps=num_warps, launch_pdl=pdl)
+    return lists, counts, mask.bool() if want_mask else None, scores
+
+
 def select_page_lists(q, centroids, page_tables, num_tokens, topk, page_size: int,
-                      reserved_bos: int, reserved_eos: int, want_mask: bool = False):
-    """Scoring (page_scores.py) then selection: lists, counts and optionally the mask."""
+                      reserved_bos: int, reserved_eos: int, want_mask: bool = False,
+                      fused: bool = True):
+    """Scoring and selection: lists, counts and optionally the mask. fused=True runs them
+    as one kernel (select_pages_fused), False as page_scores then page_topk."""
+    if fused:
+        return select_pages_fused(q, centroids, page_tables, num_tokens, topk, page_size,
+                                  reserved_bos, reserved_eos, want_mask)[:3]
     scores = page_scores(q, centroids, page_tables, num_tokens, page_size)
     return page_topk(scores, num_tokens, topk, page_size, reserved_bos, reserved_eos, want_mask)
