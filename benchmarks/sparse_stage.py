@@ -17,7 +17,7 @@ What it times, each against the default launch measured in the same run:
   the default after a writing L2 flush, with a warm L2 (benchmarks/common.py), and with
   programmatic dependent launch (kernels/runtime.py);
 - scoring and top-k as one launch (kernels/page_topk.py select_pages_fused): its launch
-  sweep (pages per program, pages per iteration, warps, stages; lists checked equal to the
+  sweep (pages per iteration, iterations per scoring program, warps, stages; lists checked equal to the
   two-launch selection) and the whole stage with it;
 - FlashInfer dense and sparse attention alone when importable (benchmarks/peers.py).
 
@@ -61,13 +61,12 @@ def scoring_launches(smoke: bool) -> list[dict]:
 
 def fused_launches(smoke: bool) -> list[dict]:
     if smoke:
-        return [{}, dict(chunk_pages=4, block_pages=2, num_warps=4, num_stages=2)]
+        return [{}, dict(block_pages=2, chunk_blocks=2, num_warps=4, num_stages=2)]
     rows = [{}]
-    for chunk, block, warps, stages in itertools.product(
-            (64, 128, 256, 512), (16, 32, 64), (4, 8), (2, 3)):
-        if block <= chunk:
-            rows.append(dict(chunk_pages=chunk, block_pages=block, num_warps=warps,
-                             num_stages=stages))
+    for block, per_chunk, warps, stages in itertools.product(
+            (8, 16, 32), (1, 4, 16), (4, 8), (1, 3)):
+        rows.append(dict(block_pages=block, chunk_blocks=per_chunk, num_warps=warps,
+                         num_stages=stages))
     return rows
 
 

@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import torch
 
-from sparrow_core.kernels.page_scores import check_score_inputs, page_scores
+from sparrow_core.kernels.page_scores import _score_blocks, check_score_inputs, page_scores
 from sparrow_core.kernels.runtime import (
-    arrival_counters, check, check_integer, gdc_launch_dependents, gdc_wait, jit, multiprocessors,
+    arrival_counters, check, check_integer, gdc_launch_dependents, gdc_wait, jit,
     next_power_of_2, pdl_launch, tl, use_kernel)
 from sparrow_core.sparse.selection import select_from_scores
 
@@ -110,48 +110,51 @@ def _page_topk_kernel(score_ptr, ntok_ptr, topk_ptr, list_ptr, count_ptr, mask_p
 
 @jit
 def _page_select_kernel(q_ptr, cent_ptr, table_ptr, ntok_ptr, topk_ptr, score_ptr, list_ptr,
-                        count_ptr, mask_ptr, arrival_ptr, s_qb, s_qh, s_cp, s_ch, s_tb, width,
-                        dim, GROUP: tl.constexpr, BLOCK_D: tl.constexpr,
-                        BLOCK_P: tl.constexpr, CHUNK: tl.constexpr, PAGE: tl.constexpr,
-                        BOS: tl.constexpr, EOS: tl.constexpr, BLOCK_W: tl.constexpr,
-                        WRITE_MASK: tl.constexpr, RADIX: tl.constexpr,
+                        count_ptr, mask_ptr, sync_ptr, s_qb, s_qh, s_cp, s_ch, s_tb, width,
+                        dim, kv_heads, batch, chunks, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
+                        BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, CHUNK_BLOCKS: tl.constexpr,
+                        PAGE: tl.constexpr, BOS: tl.constexpr, EOS: tl.constexpr,
+                        BLOCK_W: tl.constexpr, WRITE_MASK: tl.constexpr, RADIX: tl.constexpr,
                         NUM_STAGES: tl.constexpr, PDL: tl.constexpr):
     if PDL:  # see runtime.py: wait for the kernel before, let the next one launch
         gdc_wait()
         gdc_launch_dependents()
-    # the KV heads of one (sequence, chunk) are neighbours in launch order: they read the
-    # same centroid rows at about the same time
-    h = tl.program_id(0)
-    b = tl.program_id(2)
-    row = b * tl.num_programs(0) + h
+    # A ticket, in the order programs start, gives each its job: scoring a chunk of one
+    # sequence's pages (every KV head), or selecting one (sequence, KV head) row. Tickets run
+    # score(0), score(1), select(0), score(2), select(1), ..., select(B - 1): a selecting
+    # program waits for its sequence's chunks, all held by programs that started before it,
+    # so the wait always ends. sync: [0] the next ticket, [1 + b] chunks of sequence b
+    # scored, [1 + B + b] rows of b selected; all three are zero again at the end.
+    ticket = tl.atomic_add(sync_ptr, 1, sem="relaxed")
+    if ticket == batch * (chunks + kv_heads) - 1:
+        tl.atomic_xchg(sync_ptr, 0)  # the last ticket is taken
+    past_first = tl.maximum(ticket - chunks, 0)
+    after = past_first // (chunks + kv_heads)  # the sequences after the first one scored
+    r = past_first % (chunks + kv_heads)
+    scores_chunk = (ticket < chunks) | ((after < batch - 1) & (r < chunks))
+    b = tl.where(ticket < chunks, 0, tl.where(scores_chunk, after + 1, after))
     n_pages = (tl.load(ntok_ptr + b).to(tl.int32) + PAGE - 1) // PAGE
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < dim
-    q_sum = tl.zeros([BLOCK_D], tl.float32)
-    for g in tl.static_range(GROUP):
-        q_sum += tl.load(q_ptr + b * s_qb + (h * GROUP + g) * s_qh + d, mask=d_ok,
-                         other=0.0).to(tl.float32)
-    q_mean = q_sum / GROUP
-    # score this program's chunk of the row's pages (chunks past the row score nothing)
-    start = tl.program_id(1) * CHUNK
-    end = tl.minimum(start + CHUNK, n_pages)
-    for first in tl.range(start, end, BLOCK_P, num_stages=NUM_STAGES):
-        p = first + tl.arange(0, BLOCK_P)
-        present = p < end
-        phys = tl.load(table_ptr + b * s_tb + p, mask=present, other=0).to(tl.int64)
-        cent = tl.load(cent_ptr + phys[:, None] * s_cp + h * s_ch + d[None, :],
-                       mask=present[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-        tl.store(score_ptr + row * width + p, tl.sum(cent * q_mean[None, :], axis=1),
-                 mask=present)
-    # the last chunk of the row to finish selects: every thread's stores are issued before
-    # the arrival, whose release / acquire orders them before that program's reads
-    tl.debug_barrier()
-    arrived = tl.atomic_add(arrival_ptr + row, 1, sem="acq_rel")
-    if arrived == tl.num_programs(1) - 1:
-        tl.atomic_xchg(arrival_ptr + row, 0)  # zero again for the next launch
+    if scores_chunk:
+        chunk = tl.where(ticket < chunks, ticket, r)
+        _score_blocks(q_ptr, cent_ptr, table_ptr, score_ptr, b, n_pages, chunk * CHUNK_BLOCKS,
+                      s_qb, s_qh, s_cp, s_ch, s_tb, width, dim, kv_heads, GROUP, BLOCK_H,
+                      BLOCK_D, BLOCK_P, CHUNK_BLOCKS, NUM_STAGES, False)
+        # every thread's stores are issued before the release that publishes them
+        tl.debug_barrier()
+        tl.atomic_add(sync_ptr + 1 + b, 1, sem="release")
+    else:
+        h = tl.where(after < batch - 1, r - chunks, r)
+        row = b * kv_heads + h
+        scored = tl.atomic_add(sync_ptr + 1 + b, 0, sem="acquire")
+        while scored < chunks:
+            scored = tl.atomic_add(sync_ptr + 1 + b, 0, sem="acquire")
         k = tl.load(topk_ptr + b).to(tl.int32)
         _topk_row(score_ptr + row * width, n_pages, k, list_ptr + row * width, count_ptr + row,
                   mask_ptr + row * width, width, BOS, EOS, BLOCK_W, WRITE_MASK, RADIX, True)
+        if tl.atomic_add(sync_ptr + 1 + batch + b, 1, sem="relaxed") == kv_heads - 1:
+            # every row of b has seen its chunks: both counts back to zero
+            tl.atomic_xchg(sync_ptr + 1 + b, 0)
+            tl.atomic_xchg(sync_ptr + 1 + batch + b, 0)
 
 
 def lists_from_mask(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -214,26 +217,18 @@ def _check_topk_args(batch, num_tokens, topk, reserved_bos, reserved_eos) -> Non
           f"need reserved_bos >= 0 and reserved_eos >= 1, got {reserved_bos}, {reserved_eos}")
 
 
-def chunk_pages_for(rows: int, width: int, device: torch.device) -> int:
-    """Pages scored per program of the fused selection: the largest power of two from 32 to
-    256 that still gives about four programs per multiprocessor at this width."""
-    chunk = 256
-    while chunk > 32 and rows * -(-width // chunk) < 4 * multiprocessors(device):
-        chunk //= 2
-    return chunk
-
-
 def select_pages_fused(q, centroids, page_tables, num_tokens, topk, page_size: int,
                        reserved_bos: int, reserved_eos: int, want_mask: bool = False, *,
-                       chunk_pages: int | None = None, block_pages: int = 32,
-                       num_warps: int | None = None, num_stages: int = 2,
+                       block_pages: int = 16, chunk_blocks: int = 1,
+                       num_warps: int | None = None, num_stages: int = 1,
                        radix_bits: int = 4):
     """Scoring and top-k in one launch: lists, counts, mask (or None) and the scores
     [B, Hkv, W] float32 it ranked (entries past a row's page count are not written).
 
-    Programs score chunk_pages pages of one (sequence, KV head) row each; the last of a row
-    to finish runs the row's top-k (see arrival_counters in runtime.py), so selections start
-    while other rows are still being scored and the scores never leave L2. block_pages,
+    Scoring programs read chunk_blocks blocks of block_pages pages of one sequence, every KV
+    head at once (as page_scores does); a selecting program per (sequence, KV head) row
+    waits for its sequence's chunks and runs the row's top-k, while later sequences are
+    still being scored (see the kernel for the order that keeps every wait finite).
     num_warps, num_stages and radix_bits are the launch (benchmarks/sparse_stage.py sweeps
     them). Off GPU: page_scores then page_topk (their references)."""
     check_score_inputs(q, centroids, page_tables, num_tokens)
@@ -252,21 +247,21 @@ def select_pages_fused(q, centroids, page_tables, num_tokens, topk, page_size: i
     mask = torch.empty(batch, kv_heads, width, dtype=torch.int8, device=device) \
         if want_mask else counts
     if batch * kv_heads and width:
-        rows = batch * kv_heads
-        chunk = chunk_pages or chunk_pages_for(rows, width, device)
+        chunks = -(-width // (block_pages * chunk_blocks))
         block_w = next_power_of_2(width)
         if num_warps is None:
             num_warps = 4 if block_w <= 1024 else 8 if block_w <= 4096 else 16
-        arrivals = arrival_counters(device, rows, "page_select")
+        sync = arrival_counters(device, 1 + 2 * batch, "page_select")
         pdl = pdl_launch(device)
-        _page_select_kernel[(kv_heads, -(-width // chunk), batch)](
-            q, centroids, page_tables, num_tokens, topk, scores, lists, counts, mask, arrivals,
+        _page_select_kernel[(batch * (chunks + kv_heads),)](
+            q, centroids, page_tables, num_tokens, topk, scores, lists, counts, mask, sync,
             q.stride(0), q.stride(1), centroids.stride(0), centroids.stride(1),
-            page_tables.stride(0), width, dim,
-            GROUP=heads // kv_heads, BLOCK_D=next_power_of_2(dim),
-            BLOCK_P=min(block_pages, chunk), CHUNK=chunk, PAGE=page_size, BOS=reserved_bos,
-            EOS=reserved_eos, BLOCK_W=block_w, WRITE_MASK=want_mask, RADIX=radix_bits,
-            NUM_STAGES=num_stages, PDL=pdl, num_warps=num_warps, launch_pdl=pdl)
+            page_tables.stride(0), width, dim, kv_heads, batch, chunks,
+            GROUP=heads // kv_heads, BLOCK_H=next_power_of_2(kv_heads),
+            BLOCK_D=next_power_of_2(dim), BLOCK_P=block_pages, CHUNK_BLOCKS=chunk_blocks,
+            PAGE=page_size, BOS=reserved_bos, EOS=reserved_eos, BLOCK_W=block_w,
+            WRITE_MASK=want_mask, RADIX=radix_bits, NUM_STAGES=num_stages, PDL=pdl,
+            num_warps=num_warps, launch_pdl=pdl)
     return lists, counts, mask.bool() if want_mask else None, scores
 
 

@@ -89,12 +89,13 @@ def test_sparse_pipeline(dtype, tol):
 
 
 @pytest.mark.parametrize("batch,max_tokens,launch", [
-    (16, 32768, {}), (16, 4096, {}), (3, 20000, dict(chunk_pages=64, num_warps=4)),
-    (64, 8192, dict(chunk_pages=256, block_pages=64, num_stages=3))])
+    (16, 32768, {}), (16, 4096, {}), (3, 20000, dict(block_pages=8, num_warps=4)),
+    (64, 8192, dict(block_pages=32, chunk_blocks=4, num_stages=3)), (1, 1000, {})])
 def test_fused_selection_at_model_shapes(batch, max_tokens, launch):
     """One launch of scoring and top-k: its scores equal the scoring kernel's, its lists are
-    exactly the rule applied to them, every launch and every graph replay alike (the
-    arrival counters must be zero again after each)."""
+    exactly the rule applied to them, every launch and every graph replay alike (its
+    tickets and counts must be zero again after each, and no selecting program may wait
+    forever)."""
     q, k, _, tables, lengths = paged_inputs(5, batch, 16, 8, torch.bfloat16, max_tokens)
     lengths[1] = 0  # a padded row
     centroids = k.float().mean(dim=2).to(torch.bfloat16)

@@ -91,11 +91,11 @@ def test_score_and_select_equal_the_selection_reference(interpreted):
 
 @pytest.mark.parametrize("dtype,launch", [
     (torch.float32, {}),
-    # chunks of 2 and 3 pages: several programs per row, a last chunk shorter than the rest,
-    # chunks wholly past short rows; blocks smaller than a chunk, a pipelined loop
-    (torch.bfloat16, dict(chunk_pages=2, block_pages=1)),
-    (torch.float32, dict(chunk_pages=3, block_pages=2, num_stages=1, radix_bits=1)),
-    (torch.bfloat16, dict(chunk_pages=8, block_pages=4, radix_bits=8))])
+    # chunks of 2 to 8 pages: several scoring programs per sequence, a last chunk shorter
+    # than the rest, chunks wholly past short rows; several blocks per chunk, pipelined
+    (torch.bfloat16, dict(block_pages=1, chunk_blocks=2)),
+    (torch.float32, dict(block_pages=2, radix_bits=1)),
+    (torch.bfloat16, dict(block_pages=4, chunk_blocks=2, num_stages=2, radix_bits=8))])
 def test_fused_selection_ranks_the_scores_it_writes(interpreted, dtype, launch):
     gen = torch.Generator().manual_seed(3)
     pages, hkv, hq, dim, page_size, width = 60, 2, 6, 16, 4, 13
