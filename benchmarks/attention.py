@@ -7,8 +7,8 @@ importable), with bytes moved against the copy bandwidth measured in the same pr
 Per model head shape (Qwen3-1.7B: 16 query / 8 KV heads; Qwen3-4B: 32 / 8; head dim 128,
 bf16, 16-token head-major pages scattered through the cache), batch 16 and 64, context 4K-32K (every
 sequence full): our dense split-K kernel; our sparse step (scoring + selection + attention,
-budget of the model's 0.86 preset at that context; scoring and top-k as one launch, and as
-two launches for comparison); our sparse attention alone over the
+budget of the model's 0.86 preset at that context; also with scoring and top-k as one
+launch); our sparse attention alone over the
 same pages; torch SDPA dense over contiguous K/V (enable_gqa); FlashInfer dense and sparse
 attention alone over the same cache pages when it imports (benchmarks/peers.py). Each figure is the median of
 CUDA-graph replays after an L2 flush. Also: a launch-configuration sweep at the target case
@@ -80,7 +80,7 @@ def one_case(model, batch, context, bandwidth, device):
                                                        "lengths"))
     centroids = centroids_of(layer)
     topk_t = torch.full((batch,), topk, dtype=torch.int32, device=device)
-    select = lambda fused=True: select_page_lists(q, centroids, tables, lengths, topk_t, PAGE,
+    select = lambda fused=False: select_page_lists(q, centroids, tables, lengths, topk_t, PAGE,
                                                   schedule.reserved_bos, schedule.reserved_eos,
                                                   fused=fused)
     lists, counts, _ = select()
@@ -91,12 +91,12 @@ def one_case(model, batch, context, bandwidth, device):
     methods = {
         "ours_dense": lambda: paged_decode_attention(q, kp, vp, tables, lengths),
         "ours_sparse": sparse,
-        "ours_sparse_two_launch_selection": lambda: sparse_paged_decode_attention(
-            q, kp, vp, tables, lengths, *select(fused=False)[:2]),
+        "ours_sparse_fused_selection": lambda: sparse_paged_decode_attention(
+            q, kp, vp, tables, lengths, *select(fused=True)[:2]),
         "ours_sparse_attention_only": lambda: sparse_paged_decode_attention(
             q, kp, vp, tables, lengths, lists, counts),
         "ours_selection_only": select,
-        "ours_selection_only_two_launch": lambda: select(fused=False),
+        "ours_selection_only_fused": lambda: select(fused=True),
         "ours_scores_only": lambda: page_scores(q, centroids, tables, lengths, PAGE),
         "ours_topk_only": topk_only,
         "ours_topk_only_radix1": lambda: page_topk(scores, lengths, topk_t, PAGE,

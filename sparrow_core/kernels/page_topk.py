@@ -19,12 +19,12 @@ bins: 11.0 against 13.0 us at batch 16, 2,048 pages; no sort), stopping once eve
 tied with the chosen digits is to be taken; keys above it are taken, then tied keys in page
 order until k. A prefix sum compacts the chosen pages into the list.
 
-select_page_lists runs scoring and top-k as one kernel on GPU (`select_pages_fused`):
-programs score a chunk of one row's pages each and write the scores (to L2, in practice);
-the last program of a row to arrive (an atomic count per row, zero again when the kernel
-ends) runs that row's top-k, so the top-k of early rows overlaps the scoring of later ones
-and the separate top-k launch is gone. It ranks exactly the scores it wrote and returns
-them; `fused=False` keeps the two launches.
+`select_pages_fused` runs scoring and top-k as one kernel: scoring programs as in
+page_scores.py, and one selecting program per row that waits for its sequence's scores
+(counts kept in arrival_counters, zero again when the kernel ends) and runs the row's
+top-k while later sequences are still being scored, ranking exactly the scores it wrote.
+It removes a launch but measured slower than the two kernels on an H100 (43.7 against
+39.5 us at batch 16, 32K), so select_page_lists uses it only when asked (`fused=True`).
 Tests: `python -m pytest tests/sparrow_core/kernels -q`.
 """
 
@@ -267,9 +267,10 @@ def select_pages_fused(q, centroids, page_tables, num_tokens, topk, page_size: i
 
 def select_page_lists(q, centroids, page_tables, num_tokens, topk, page_size: int,
                       reserved_bos: int, reserved_eos: int, want_mask: bool = False,
-                      fused: bool = True):
-    """Scoring and selection: lists, counts and optionally the mask. fused=True runs them
-    as one kernel (select_pages_fused), False as page_scores then page_topk."""
+                      fused: bool = False):
+    """Scoring and selection: lists, counts and optionally the mask, as page_scores then
+    page_topk; fused=True runs them as one kernel (select_pages_fused), which measured
+    slower on an H100 (docs/benchmarks.md, round 6)."""
     if fused:
         return select_pages_fused(q, centroids, page_tables, num_tokens, topk, page_size,
                                   reserved_bos, reserved_eos, want_mask)[:3]
