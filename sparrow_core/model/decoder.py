@@ -67,9 +67,10 @@ class Decoder(nn.Module):
             )
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
+        delta = None  # each layer's MLP output, added in the next norm's kernel
         for layer in self.model.layers:
-            x = layer(x, cos, sin, attention)
-        return self.model.norm(x)
+            x, delta = layer(x, delta, cos, sin, attention)
+        return self.model.norm.add_and_norm(x, delta)[0]
 
     def fuse_projections(self) -> None:
         """Per layer, one weight tensor for q/k/v (and one bias with qkv_bias), one for gate/up.

@@ -6,7 +6,8 @@ Qwen2 / Llama modules (RMSNorm in float32, RoPE angles in float32 then cast, rot
 layout) so that logits agree with the trainer's model. Without autograd on CUDA the
 elementwise work runs in fused Triton kernels of the same numerics (sparrow_core/kernels:
 rms_norm with the residual add, qk_norm_rope, silu_mul; a handful of launches per layer
-instead of about fifty); elsewhere, and whenever gradients are recorded, in PyTorch.
+instead of about fifty); elsewhere, and whenever gradients are recorded, in PyTorch. Both
+residual adds ride in the next norm's kernel (DecoderLayer leaves the MLP's add pending).
 
 Projection fusion (`fuse_projections()`, called for the whole model by
 Decoder.fuse_projections): q/k/v rows share one weight tensor, gate/up rows another, and the
@@ -50,8 +51,11 @@ class RMSNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return rms_norm(x, self.weight, self.eps)
 
-    def add_and_norm(self, x: Tensor, delta: Tensor) -> tuple[Tensor, Tensor]:
-        """(norm(x + delta), x + delta), the sum rounded to x's dtype first: one kernel on GPU."""
+    def add_and_norm(self, x: Tensor, delta: Tensor | None) -> tuple[Tensor, Tensor]:
+        """(norm(x + delta), x + delta), the sum rounded to x's dtype first: one kernel on GPU.
+        delta None (nothing pending): (norm(x), x)."""
+        if delta is None:
+            return self(x), x
         return rms_norm(x, self.weight, self.eps, residual=delta)
 
 
@@ -287,7 +291,12 @@ class MLP(FusableProjections):
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)), the last add left pending.
+
+    `layer(x, delta, cos, sin, attention)` -> (x, mlp output), where delta is the previous
+    layer's pending MLP output (None for the first): the next input norm or the final norm
+    adds it in its own kernel (add_and_norm); the block's output is `x + delta`, bit for bit.
+    """
 
     def __init__(self, arch: ModelArch, layer_index: int):
         super().__init__()
@@ -296,7 +305,10 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, attention: AttentionFn) -> Tensor:
-        attended = self.self_attn(self.input_layernorm(x), cos, sin, attention)
+    def forward(self, x: Tensor, delta: Tensor | None, cos: Tensor, sin: Tensor,
+                attention: AttentionFn) -> tuple[Tensor, Tensor]:
+        # the previous layer's MLP residual add, in this norm's kernel
+        normed, x = self.input_layernorm.add_and_norm(x, delta)
+        attended = self.self_attn(normed, cos, sin, attention)
         normed, x = self.post_attention_layernorm.add_and_norm(x, attended)
-        return x + self.mlp(normed)
+        return x, self.mlp(normed)

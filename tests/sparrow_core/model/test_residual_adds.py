@@ -1,0 +1,72 @@
+"""The decoder's pending MLP residual (added inside the next norm) against the adds done one by
+one with the same modules: norm, attention, add, norm, MLP, add per layer, then the final norm.
+
+    python -m pytest tests/sparrow_core/model/test_residual_adds.py -q
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from sparrow_core.model import causal_attention, load_model
+
+LENGTHS = [10, 7]
+
+
+def _inputs(model):
+    generator = torch.Generator().manual_seed(11)
+    ids = torch.randint(0, model.arch.vocab_size, (sum(LENGTHS),), generator=generator)
+    positions = torch.cat([torch.arange(n) for n in LENGTHS])
+    return ids, positions
+
+
+def _adds_one_by_one(model, ids, positions, attention):
+    x = model.model.embed_tokens(ids)
+    cos, sin = model.rotary.cos_sin(positions, x.dtype)
+    for layer in model.model.layers:
+        x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, attention)
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return model.model.norm(x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("autograd", [False, True], ids=["no_grad", "autograd"])
+def test_forward_equals_adds_one_by_one_bitwise(any_checkpoint, dtype, autograd):
+    model = load_model(any_checkpoint, dtype=dtype)
+    model.requires_grad_(autograd)
+    ids, positions = _inputs(model)
+    attention = causal_attention(LENGTHS)
+    with contextlib.nullcontext() if autograd else torch.no_grad():
+        ours = model(ids, positions, attention)
+        expected = _adds_one_by_one(model, ids, positions, attention)
+    assert ours.requires_grad == autograd
+    assert ours.dtype == expected.dtype == dtype
+    assert torch.equal(ours, expected)
+    if autograd:  # the gradients through the pending adds are the plain ones, bit for bit
+        ours.float().pow(2).sum().backward()
+        ours_grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        model.zero_grad(set_to_none=True)
+        expected.float().pow(2).sum().backward()
+        expected_grads = [p.grad for p in model.parameters() if p.grad is not None]
+        assert len(ours_grads) == len(expected_grads) > 0
+        assert all(torch.equal(a, b) for a, b in zip(ours_grads, expected_grads))
+
+
+def test_layer_returns_its_mlp_output_pending(qwen3_checkpoint):
+    model = load_model(qwen3_checkpoint)
+    ids, positions = _inputs(model)
+    attention = causal_attention(LENGTHS)
+    layer = model.model.layers[0]
+    with torch.no_grad():
+        x = model.model.embed_tokens(ids)
+        cos, sin = model.rotary.cos_sin(positions, x.dtype)
+        residual, delta = layer(x, None, cos, sin, attention)
+        after_attention = x + layer.self_attn(layer.input_layernorm(x), cos, sin, attention)
+        mlp_out = layer.mlp(layer.post_attention_layernorm(after_attention))
+    # the attention's add is done, the MLP's is not: the caller's next norm adds delta
+    assert torch.equal(residual, after_attention)
+    assert torch.equal(delta, mlp_out)
+    assert delta.abs().max() > 0.1
