@@ -16,13 +16,15 @@ What it times, each against the default launch measured in the same run:
 - the whole stage with the default and with the fastest scoring and top-k launches, and
   the default after a writing L2 flush, with a warm L2 (benchmarks/common.py), and with
   programmatic dependent launch (kernels/runtime.py);
+- the split-K combine inside the attention kernel (the default) and as its own launch;
 - scoring and top-k as one launch (kernels/page_topk.py select_pages_fused): its launch
-  sweep (pages per iteration, iterations per scoring program, warps, stages; lists checked equal to the
-  two-launch selection) and the whole stage with it;
+  fastest launches of its round-6 sweep (lists checked equal to the two-launch selection)
+  and the whole stage with it;
 - FlashInfer dense and sparse attention alone when importable (benchmarks/peers.py).
 
-`--fused-only` skips the scoring / top-k sweeps, layout probes and flush and PDL variants
-(kept from round 5) and times only the two stages, the fused sweep, SDPA and FlashInfer.
+`--quick` skips the round-5 probes (scoring / top-k sweeps, layouts, flush and PDL
+variants) and times only the stages, the combine and fused-selection variants, SDPA and
+FlashInfer.
 """
 
 from __future__ import annotations
@@ -60,14 +62,13 @@ def scoring_launches(smoke: bool) -> list[dict]:
 
 
 def fused_launches(smoke: bool) -> list[dict]:
+    """The default and the four fastest of the round-6 sweep (block_pages 8-32 x
+    chunk_blocks 1-16 x 4/8 warps x 1/3 stages, H100, docs/benchmarks.md)."""
     if smoke:
         return [{}, dict(block_pages=2, chunk_blocks=2, num_warps=4, num_stages=2)]
-    rows = [{}]
-    for block, per_chunk, warps, stages in itertools.product(
-            (8, 16, 32), (1, 4, 16), (4, 8), (1, 3)):
-        rows.append(dict(block_pages=block, chunk_blocks=per_chunk, num_warps=warps,
-                         num_stages=stages))
-    return rows
+    best = ((16, 16, 8, 3), (8, 4, 4, 3), (16, 16, 4, 3), (16, 4, 4, 3))
+    return [{}] + [dict(block_pages=b, chunk_blocks=c, num_warps=w, num_stages=s)
+                   for b, c, w, s in best]
 
 
 def topk_launches(smoke: bool) -> list[dict]:
@@ -110,7 +111,7 @@ def interleaved_pages(layer):
 def main(argv=None) -> int:
     args, device, batch, context = target_case_args(
         __doc__.splitlines()[0], argv,
-        flags=(("--fused-only", "time only the stages, the fused sweep, SDPA and FlashInfer"),))
+        flags=(("--quick", "skip the round-5 probes"),))
     model = "qwen3-1.7b"
     reps = 3 if args.smoke else 25
     hq, hkv = HEADS[model]
@@ -135,11 +136,12 @@ def main(argv=None) -> int:
         return bool((got_counts != counts).any() or (got_lists != lists)[listed].any())
     sdpa = lambda: F.scaled_dot_product_attention(q.unsqueeze(2), layer["k"], layer["v"],
                                                   enable_gqa=True)
-    def stage(score_launch, topk_launch, k=kp, v=vp):
+    def stage(score_launch, topk_launch, k=kp, v=vp, **attention_launch):
         def run():
             s = page_scores(q, centroids, tables, lengths, PAGE, **score_launch)
             l, c, _ = page_topk(s, lengths, topk, PAGE, bos, eos, **topk_launch)
-            return sparse_paged_decode_attention(q, k, v, tables, lengths, l, c)
+            return sparse_paged_decode_attention(q, k, v, tables, lengths, l, c,
+                                                 **attention_launch)
         return run
     def fused_stage(launch):
         def run():
@@ -162,11 +164,20 @@ def main(argv=None) -> int:
         "two_launch_default": two_launch, "fused_default": fused_default,
         "fused_best": time_graph(fused_stage(best_fused), reps=reps),
         "fused_best_launch": best_fused,
+        "two_launch_combine_apart": time_graph(stage({}, {}, fuse_combine=False), reps=reps),
         "attention_alone": time_graph(
             lambda: sparse_paged_decode_attention(q, kp, vp, tables, lengths, lists, counts),
             reps=reps),
+        "attention_alone_combine_apart": time_graph(
+            lambda: sparse_paged_decode_attention(q, kp, vp, tables, lengths, lists, counts,
+                                                  fuse_combine=False), reps=reps),
+        "dense_attention": time_graph(
+            lambda: paged_decode_attention(q, kp, vp, tables, lengths), reps=reps),
+        "dense_attention_combine_apart": time_graph(
+            lambda: paged_decode_attention(q, kp, vp, tables, lengths, fuse_combine=False),
+            reps=reps),
         "sdpa_dense": time_graph(sdpa, reps=reps)}
-    if args.fused_only:
+    if args.quick:
         ours_sparse = sparse_paged_decode_attention(q, kp, vp, tables, lengths, lists, counts)
         dense_out = paged_decode_attention(q, kp, vp, tables, lengths)
         result.update(flashinfer_cases(layer, lists, counts, dense_out, ours_sparse))
