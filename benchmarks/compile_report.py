@@ -74,29 +74,31 @@ def main() -> int:
     decode_types = dict(q_ptr=ptr("bf16"), k_ptr=ptr("bf16"), v_ptr=ptr("bf16"),
                         table_ptr=ptr("i32"), ntok_ptr=ptr("i32"), list_ptr=ptr("i32"),
                         count_ptr=ptr("i32"), part_o_ptr=ptr("fp32"), part_lse_ptr=ptr("fp32"),
-                        qk_scale="fp32")
+                        out_ptr=ptr("bf16"), counter_ptr=ptr("i32"), qk_scale="fp32")
     for group in (2, 4):
         for sparse in (False, True):
             for per_block in (4, 8):
                 consts = dict(GROUP=group, BLOCK_G=16, BLOCK_D=128, PAGE=16,
                               PAGES_PER_BLOCK=per_block, NUM_SPLITS=8, SPARSE=sparse,
-                              IEEE=False, EVEN_D=True)
+                              IEEE=False, EVEN_D=True, PREFETCH_IDS=False, FUSE_COMBINE=True,
+                              BLOCK_S=8, PDL=False)
                 report(f"paged_decode G={group} sparse={sparse} ppb={per_block}",
                        build(paged_decode._paged_decode_kernel, decode_types, consts))
     report("split_combine", build(split_combine._combine_kernel,
                                   dict(part_o_ptr=ptr("fp32"), part_lse_ptr=ptr("fp32"),
-                                       out_ptr=ptr("bf16")), dict(BLOCK_S=8, BLOCK_D=128)))
+                                       out_ptr=ptr("bf16")), dict(BLOCK_S=8, BLOCK_D=128, PDL=False)))
     report("page_scores", build(page_scores._page_scores_kernel,
                                 dict(q_ptr=ptr("bf16"), cent_ptr=ptr("fp32"),
                                      table_ptr=ptr("i32"), ntok_ptr=ptr("i32"),
                                      score_ptr=ptr("fp32")),
-                                dict(GROUP=2, BLOCK_H=8, BLOCK_D=128, BLOCK_P=8, PAGE=16)))
+                                dict(GROUP=2, BLOCK_H=8, BLOCK_D=128, BLOCK_P=16, PAGE=16,
+                                     BLOCKS_PER_PROGRAM=1, NUM_STAGES=1, PDL=False)))
     for width, warps in ((1024, 4), (2048, 8), (4096, 8)):
         report(f"page_topk W={width}", build(
             page_topk._page_topk_kernel,
             dict(score_ptr=ptr("fp32"), ntok_ptr=ptr("i32"), topk_ptr=ptr("i32"),
                  list_ptr=ptr("i32"), count_ptr=ptr("i32"), mask_ptr=ptr("i32")),
-            dict(PAGE=16, BOS=1, EOS=2, BLOCK_W=width, WRITE_MASK=False, RADIX=8),
+            dict(PAGE=16, BOS=1, EOS=2, BLOCK_W=width, WRITE_MASK=False, RADIX=4, PDL=False),
             num_warps=warps))
     report("kv_write fused", build(
         kv_write._kv_write_kernel,
