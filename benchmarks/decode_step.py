@@ -197,6 +197,58 @@ def eager_step_us(bench: StepBench, batch: int, context: int, reps: int = 5) -> 
     return float(np.median(times))
 
 
+def kernel_category(name: str) -> str:
+    """Which part of a step a CUDA kernel belongs to, from its name."""
+    lowered = name.lower()
+    if any(tag in lowered for tag in ("gemm", "cutlass", "nvjet", "sm90_xmma", "cublas")):
+        return "gemm"
+    if lowered.startswith("memcpy") or lowered.startswith("memset"):
+        return "copies"
+    for kernel in ("paged_decode", "combine", "page_scores", "page_topk", "kv_write",
+                   "rms_norm", "qk_norm_rope", "silu_mul", "race_draw"):
+        if kernel in lowered:
+            return kernel
+    return "other"
+
+
+def profile_step(bench: StepBench, batch: int, context: int, schedule, params_bytes: int,
+                 steps: int = 3) -> dict:
+    """Where one step's GPU time goes: the same kernels launched eagerly under the profiler
+    (each kernel's own time; the graph only removes host gaps), summed per category, beside
+    the graph's step time; the difference is time the GPU spends between kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    eager = DecodeGraphs(bench.model, bench.cache, use_graphs=False)
+    args = bench.inputs(batch, context, schedule)
+    on_gpu = bench.device == "cuda"
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    eager.decode(*args, schedule)
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA] if on_gpu else
+                 [ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            eager.decode(*args, schedule)
+        sync()
+    per_category: dict[str, dict[str, float]] = {}
+    for event in prof.key_averages():
+        total = getattr(event, "device_time_total", None)
+        if total is None:
+            total = event.cuda_time_total
+        if not total:
+            continue
+        part = per_category.setdefault(kernel_category(event.key), dict(us=0.0, kernels=0))
+        part["us"] += total / steps
+        part["kernels"] += event.count / steps
+    kernels_us = sum(part["us"] for name, part in per_category.items() if name != "copies")
+    graph_us = bench.step_us(batch, context, schedule)
+    gemm_us = per_category.get("gemm", {}).get("us", float("nan"))
+    return dict(batch=batch, context=context, sparse=schedule is not None,
+                graph_step_us=graph_us, kernels_us=kernels_us,
+                between_kernels_us=graph_us - kernels_us,
+                gemm_weight_bytes_per_s=params_bytes / (gemm_us * 1e-6),
+                per_category=per_category)
+
+
 def hardware_for(gpu: str | None):
     return get_hardware("h200" if gpu and "H200" in gpu else "h100")
 
@@ -266,6 +318,8 @@ def main(argv=None) -> int:
     parser.add_argument("--batches", default="16,64")
     parser.add_argument("--compile-probe", action="store_true",
                         help="only the torch.compile probe of the non-attention step")
+    parser.add_argument("--profile", action="store_true",
+                        help="only the per-kernel breakdown of steps at 1K and 32K")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     copy = copy_bandwidth()
@@ -274,6 +328,8 @@ def main(argv=None) -> int:
     batches = [int(b) for b in args.batches.split(",")]
     if args.compile_probe:
         return compile_probe(args, device, batches)
+    if args.profile:
+        return profile_steps(args, device, batches, copy)
     rows = []
     for name in args.models.split(","):
         rows.extend(run_model(name, batches, contexts, bandwidth, device, args.smoke))
@@ -299,5 +355,31 @@ def compile_probe(args, device, batches) -> int:
     return 0
 
 
+def profile_steps(args, device, batches, copy) -> int:
+    rows = []
+    contexts = (256,) if args.smoke else (1024, 32768)
+    for name in args.models.split(","):
+        arch = model_arch(name, args.smoke)
+        model = random_model(arch, device)
+        params_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        largest = max(batches) * -(-max(contexts) // PAGE)
+        free = torch.cuda.mem_get_info()[0] - 12 * 2**30 if device == "cuda" else 2**30
+        bench = StepBench(model, pool_pages_for(arch, free, largest), device)
+        schedule = get_preset(f"{name}-0.86") if not args.smoke else None
+        for batch in batches:
+            for context in contexts:
+                for sched in (None, schedule):
+                    row = profile_step(bench, batch, context, sched, params_bytes)
+                    row.update(model=name, params_bytes=params_bytes)
+                    rows.append(row)
+                    print({k: (round(v, 1) if isinstance(v, float) else v)
+                           for k, v in row.items() if k != "per_category"}, flush=True)
+        bench.graphs.clear()
+    write_json(args.out, dict(benchmark="decode_step-profile", facts=device_facts(),
+                              copy_bandwidth=copy, rows=rows))
+    return 0
+
+
 if __name__ == "__main__":
     raise SystemExit(main())
+

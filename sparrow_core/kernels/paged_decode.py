@@ -15,11 +15,12 @@ q's dtype: exact softmax (scale 1/sqrt(D), float32 accumulation) over the tokens
 One program per (sequence, KV head, split) loads each page of its split once for all the
 query heads of the group (a [G, D] x [D, N] product on the tensor cores, G padded to 16) and
 keeps an online softmax; the splits cut the pages present at run time (num_tokens, counts),
-so a CUDA graph captured at one width serves every length. The last split of a (sequence,
-KV head) to finish merges the group's splits in the same launch (split_combine.py's
-combine_if_last, on a self-resetting arrival counter), so a call is one launch; with one
-split the program writes the output directly. fuse_combine=False merges them in a second
-kernel instead (split_combine.combine_splits, the layout before; benchmarks time both).
+so a CUDA graph captured at one width serves every length. split_combine.py merges them in a
+second launch. With fuse_combine=True the last split of a (sequence, KV head) to finish
+merges the group's splits in the same launch instead (split_combine.py's combine_if_last,
+on a self-resetting arrival counter; one split writes the output directly); it measured
+slower on an H100 (sparse stage 140.7 against 138.0 us, dense 717.3 against 714.8 us at
+batch 16, 32K; docs/benchmarks.md round 6), so it is off by default.
 Off GPU (and without TRITON_INTERPRET) the launchers run the PyTorch references below.
 Tests: `python -m pytest tests/sparrow_core/kernels -q`.
 """
@@ -226,7 +227,7 @@ def choose_splits(batch: int, kv_heads: int, max_entries: int, pages_per_block: 
 
 def _launch(q, k_pages, v_pages, page_tables, num_tokens, page_lists, page_counts,
             num_splits, pages_per_block, num_warps=4, num_stages=2, prefetch_ids=False,
-            fuse_combine=True):
+            fuse_combine=False):
     batch, heads, dim = q.shape
     kv_heads, page_size = k_pages.shape[1], k_pages.shape[2]
     group = heads // kv_heads
@@ -274,8 +275,8 @@ def paged_decode_attention(q, k_pages, v_pages, page_tables, num_tokens, *,
     num_splits, pages_per_block and tuning (num_warps, num_stages, prefetch_ids: load the
     next block's page ids one iteration ahead) override the launch
     configuration (benchmarks sweep them); the defaults are the measured best. tuning's
-    fuse_combine (default True) has the last split of each (sequence, KV head) merge the
-    splits in the same launch; False merges them in a second kernel (combine_splits)."""
+    fuse_combine=True has the last split of each (sequence, KV head) merge the splits in
+    the same launch (default False: a second kernel, combine_splits, merges them)."""
     _check(q, k_pages, v_pages, page_tables, num_tokens)
     if not use_kernel(q, k_pages, page_tables, num_tokens):
         return paged_decode_reference(q, k_pages, v_pages, page_tables, num_tokens)

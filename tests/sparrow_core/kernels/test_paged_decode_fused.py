@@ -65,8 +65,11 @@ def decode_inputs(seed, group, dtype, hkv=2, dim=24, pages=40, width=9, device="
     return tuple(t.to(device) for t in tensors)
 
 
-def attend(inputs, sparse, **launch):
+def attend(inputs, sparse, fuse_combine=True, **launch):
+    """The kernel with the combine inside it unless fuse_combine=False (the launchers'
+    default is False: measured faster)."""
     q, k, v, tables, num_tokens, lists, counts = inputs
+    launch["fuse_combine"] = fuse_combine
     if sparse:
         return sparse_paged_decode_attention(q, k, v, tables, num_tokens, lists, counts,
                                              **launch)
@@ -97,7 +100,7 @@ def test_fused_combine_equals_the_two_kernel_path(interpreted, bf16_dot, sparse,
     # other queries first: their partials stay in the memory the next launch's partials
     # likely reuse, so a merge that ran before every split had stored would show
     attend((-inputs[0],) + inputs[1:], sparse, **launch)
-    fused = attend(inputs, sparse, **launch)  # fuse_combine=True is the default
+    fused = attend(inputs, sparse, **launch)
     assert fused.dtype == dtype and fused.shape == inputs[0].shape
     assert counters_left(torch.device("cpu")) == 0  # the next launch starts from zero
     again = attend(inputs, sparse, fuse_combine=True, **launch)
