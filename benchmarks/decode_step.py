@@ -285,14 +285,19 @@ def run_batch(bench, name, batch, contexts, bandwidth, params_bytes, gpu):
     return row
 
 
-def run_model(name, batches, contexts, bandwidth, device, smoke):
+def model_bench(name, batches, contexts, device, smoke) -> tuple[StepBench, int]:
+    """A random model of this shape with a page pool as large as the GPU allows (12 GiB
+    kept free) up to the widest case; and its parameter bytes."""
     arch = model_arch(name, smoke)
     model = random_model(arch, device)
     params_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     largest = max(batches) * -(-max(contexts) // PAGE)
-    free = torch.cuda.mem_get_info()[0] if device == "cuda" else 2**30
-    bench = StepBench(model, pool_pages_for(arch, free - 12 * 2**30 if device == "cuda"
-                                            else free, largest), device)
+    free = torch.cuda.mem_get_info()[0] - 12 * 2**30 if device == "cuda" else 2**30
+    return StepBench(model, pool_pages_for(arch, free, largest), device), params_bytes
+
+
+def run_model(name, batches, contexts, bandwidth, device, smoke):
+    bench, params_bytes = model_bench(name, batches, contexts, device, smoke)
     gpu = torch.cuda.get_device_name() if device == "cuda" else None
     rows = []
     for batch in batches:
@@ -304,7 +309,7 @@ def run_model(name, batches, contexts, bandwidth, device, smoke):
               f"{rows[-1]['costmodel_speedup']:.2f}); dense/bound "
               f"{[round(x, 2) for x in rows[-1]['dense_over_bound']]}", flush=True)
         bench.graphs.clear()
-    del bench, model
+    del bench
     if device == "cuda":
         torch.cuda.empty_cache()
     return rows
@@ -359,12 +364,7 @@ def profile_steps(args, device, batches, copy) -> int:
     rows = []
     contexts = (256,) if args.smoke else (1024, 32768)
     for name in args.models.split(","):
-        arch = model_arch(name, args.smoke)
-        model = random_model(arch, device)
-        params_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        largest = max(batches) * -(-max(contexts) // PAGE)
-        free = torch.cuda.mem_get_info()[0] - 12 * 2**30 if device == "cuda" else 2**30
-        bench = StepBench(model, pool_pages_for(arch, free, largest), device)
+        bench, params_bytes = model_bench(name, batches, contexts, device, args.smoke)
         schedule = get_preset(f"{name}-0.86") if not args.smoke else None
         for batch in batches:
             for context in contexts:
