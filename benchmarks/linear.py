@@ -1,0 +1,157 @@
+"""Decode-shaped projections: our skinny linear kernel against cuBLAS (F.linear), one process.
+
+    python3 benchmarks/linear.py --out linear.json                 # on a GPU
+    python3 benchmarks/linear.py --smoke                           # tiny shapes, any device
+
+For each projection of the Qwen3-1.7B and Qwen3-4B shapes (fused q/k/v, o, fused gate/up,
+down, lm_head) at 16 and 64 rows: cuBLAS, our default launch, and a sweep of launches
+(column tile, K tile, K splits, stages, tile orientation). Each call reads a different copy
+of the weight (copies cycled within one CUDA graph until at least 256 MiB are read), so
+every figure is a cold read of W, as in a decode step, with the launch gaps between
+kernels included. Also the whole chain of a model's projections (every layer, distinct
+weights) with cuBLAS and with our default launch. Bytes/s count the weights read; the copy
+bandwidth of the same run is the baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import copy_bandwidth, device_facts, time_graph, write_json  # noqa: E402
+from sparrow_core.costmodel_presets import get_model  # noqa: E402
+from sparrow_core.kernels.linear import LinearLaunch, default_launch, skinny_linear  # noqa: E402
+from sparrow_core.kernels.runtime import multiprocessors  # noqa: E402
+
+READ_PER_TIMING = 256 << 20
+
+
+def projections(model: str) -> dict[str, tuple[int, int]]:
+    """name -> (N, K) of each weight a decode step reads, per layer and once (lm_head)."""
+    shape = get_model(model)
+    q, kv = shape.q_heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    return {"qkv": (q + 2 * kv, shape.hidden), "o": (shape.hidden, q),
+            "gate_up": (2 * shape.intermediate, shape.hidden),
+            "down": (shape.hidden, shape.intermediate), "lm_head": (shape.vocab, shape.hidden)}
+
+
+def sweep_launches(n_out: int, k_len: int, sms: int, smoke: bool) -> list[LinearLaunch]:
+    if smoke:
+        return [LinearLaunch(block_n=16, block_k=64, split=2)]
+    launches = []
+    for block_n, block_k, split, stages, w_major in itertools.product(
+            (16, 32, 64, 128), (128, 256), (1, 2, 4, 8), (4,), (True, False)):
+        programs = -(-n_out // block_n) * split
+        smem = (block_n + 64) * block_k * 2 * stages
+        if (k_len % (block_k * split) or smem > 200 * 1024
+                or not 0.7 * sms <= programs <= 24 * sms):
+            continue
+        launches.append(LinearLaunch(block_n, block_k, split, 4, stages, w_major))
+    return launches
+
+
+def time_cold(fn_of_weight, weights) -> float:
+    """Microseconds per call, each call reading the next copy of the weight."""
+    return time_graph(lambda: [fn_of_weight(w) for w in weights], reps=20) / len(weights)
+
+
+def bench_shape(rows, n_out, k_len, sms, smoke, device):
+    dtype = torch.bfloat16
+    bytes_w = n_out * k_len * 2
+    copies = max(2, -(-READ_PER_TIMING // bytes_w))
+    weights = [torch.randn(n_out, k_len, device=device, dtype=dtype) * 0.02
+               for _ in range(copies)]
+    x = torch.randn(rows, k_len, device=device, dtype=dtype)
+    want = F.linear(x.float(), weights[0].float())
+    row = {"rows": rows, "n": n_out, "k": k_len, "weight_bytes": bytes_w}
+    row["cublas_us"] = time_cold(lambda w: F.linear(x, w), weights)
+    default = default_launch(rows, n_out, k_len, sms)
+    row["default_launch"] = vars(default)
+    row["default_us"] = time_cold(lambda w: skinny_linear(x, w, launch=default), weights)
+    row["default_max_abs_err"] = (skinny_linear(x, weights[0], launch=default).float()
+                                  - want).abs().max().item()
+    row["cublas_max_abs_err"] = (F.linear(x, weights[0]).float() - want).abs().max().item()
+    sweep = []
+    for launch in sweep_launches(n_out, k_len, sms, smoke):
+        err = (skinny_linear(x, weights[0], launch=launch).float() - want).abs().max().item()
+        us = time_cold(lambda w: skinny_linear(x, w, launch=launch), weights)
+        sweep.append({"launch": vars(launch), "us": us, "max_abs_err": err})
+    sweep.sort(key=lambda r: r["us"])
+    row["sweep_best"] = sweep[:6]
+    row["sweep_count"] = len(sweep)
+    for name in ("cublas", "default"):
+        row[f"{name}_bytes_per_s"] = bytes_w / (row[f"{name}_us"] * 1e-6)
+    if sweep:
+        row["best_bytes_per_s"] = bytes_w / (sweep[0]["us"] * 1e-6)
+    del weights
+    return row
+
+
+def chain(model: str, rows: int, device, layers: int | None = None) -> dict:
+    """A model's projections in layer order, distinct weights: cuBLAS vs default launch."""
+    shape = get_model(model)
+    layers = layers or shape.layers
+    names = ("qkv", "o", "gate_up", "down")
+    proj = projections(model)
+    weights = [[torch.randn(*proj[n], device=device, dtype=torch.bfloat16) * 0.02
+                for n in names] for _ in range(layers)]
+    inputs = {n: torch.randn(rows, proj[n][1], device=device, dtype=torch.bfloat16)
+              for n in names}
+
+    def run(fn):
+        for layer in weights:
+            for name, w in zip(names, layer):
+                fn(inputs[name], w)
+
+    result = {"model": model, "rows": rows, "layers": layers,
+              "weight_bytes": sum(w.numel() * 2 for layer in weights for w in layer)}
+    result["cublas_us"] = time_graph(lambda: run(F.linear), reps=10)
+    result["ours_us"] = time_graph(lambda: run(skinny_linear), reps=10)
+    for name in ("cublas", "ours"):
+        result[f"{name}_bytes_per_s"] = result["weight_bytes"] / (result[f"{name}_us"] * 1e-6)
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--models", default="qwen3-1.7b,qwen3-4b")
+    parser.add_argument("--rows", default="16,64")
+    parser.add_argument("--no-sweep", action="store_true")
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    sms = multiprocessors(device)
+    result = {"benchmark": "linear", "facts": device_facts(), "copy_bandwidth": copy_bandwidth(),
+              "shapes": [], "chains": []}
+    models = args.models.split(",")
+    rows_list = [int(r) for r in args.rows.split(",")]
+    for model in models:
+        for rows in rows_list:
+            for name, (n_out, k_len) in projections(model).items():
+                if args.smoke:
+                    n_out, k_len = 64, 128
+                row = bench_shape(rows, n_out, k_len, sms, args.smoke or args.no_sweep, device)
+                row.update(model=model, projection=name)
+                result["shapes"].append(row)
+                best = row["sweep_best"][0]["us"] if row["sweep_best"] else float("nan")
+                print(f"{model} {name} M={rows} N={n_out} K={k_len}: cublas "
+                      f"{row['cublas_us']:.1f} default {row['default_us']:.1f} best {best:.1f} us"
+                      f" {row['sweep_best'][0]['launch'] if row['sweep_best'] else ''}",
+                      flush=True)
+            if not args.smoke:
+                result["chains"].append(chain(model, rows, device))
+                print(result["chains"][-1], flush=True)
+    write_json(args.out, result, quiet=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

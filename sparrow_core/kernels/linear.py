@@ -1,0 +1,150 @@
+"""Skinny linear layer for decode: y = x @ W^T (+ bias) for a few rows x, read-bound on W.
+
+    y = skinny_linear(x, weight, bias)          # x [M, K], weight [N, K] -> [M, N]
+
+A decode step multiplies 16-64 token rows by every weight matrix of the model once, so its
+projections are matrix-vector products in disguise: the time is the weight bytes over the
+memory bandwidth. This kernel streams W in [BLOCK_N, BLOCK_K] tiles (one or several column
+blocks per program, pipelined over K) against the rows of x, held whole in one BLOCK_M tile.
+With few column blocks (o_proj, down_proj: N = hidden size) the K range is also cut into
+`split` pieces, each program writing a float32 partial; the last program of a column
+block to arrive (arrival_counters) sums the partials and writes the output, so it stays
+one launch. Sums are float32 and rounded once, like cuBLAS's, but in another order: results
+equal F.linear to rounding, not bit for bit.
+
+Off GPU, under autograd, or for shapes it does not take (more than MAX_ROWS rows, K not a
+multiple of the K tile) the launcher runs `F.linear`, the reference.
+Tests: `python -m pytest tests/sparrow_core/kernels/test_linear.py -q`;
+benchmark: `python3 benchmarks/linear.py` (against cuBLAS in the same process).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+
+from sparrow_core.kernels.runtime import (
+    INTERPRETER, arrival_counters, check, check_last_dim_contiguous, jit, multiprocessors, next_power_of_2,
+    tl, use_kernel)
+
+MAX_ROWS = 64  # decode batches up to this many rows take the kernel
+
+
+@dataclass(frozen=True)
+class LinearLaunch:
+    """How the kernel cuts the work: column tile, K tile, K splits, warps, pipeline stages;
+    w_major puts W's tile on the tensor core's M side (N = the rows of x)."""
+
+    block_n: int = 64
+    block_k: int = 256
+    split: int = 1
+    num_warps: int = 4
+    num_stages: int = 4
+    w_major: bool = True
+
+
+@jit
+def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, rows, n_out,
+                          k_len, k_per_split, s_xm, s_wn, s_om,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, W_MAJOR: tl.constexpr,
+                          NUM_STAGES: tl.constexpr, UPCAST: tl.constexpr):
+    pid_n = tl.program_id(0)
+    piece = tl.program_id(1)
+    m = tl.arange(0, BLOCK_M)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    kk = tl.arange(0, BLOCK_K)
+    m_mask = m < rows
+    n_mask = n < n_out
+    start = piece * k_per_split
+    x_rows = x_ptr + m[:, None] * s_xm + kk[None, :]
+    w_rows = w_ptr + n.to(tl.int64)[:, None] * s_wn + kk[None, :]
+    if W_MAJOR:
+        acc_t = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in tl.range(start, start + k_per_split, BLOCK_K, num_stages=NUM_STAGES):
+        x = tl.load(x_rows + k0, mask=m_mask[:, None], other=0.0)
+        w = tl.load(w_rows + k0, mask=n_mask[:, None], other=0.0)
+        if UPCAST:  # Triton's CPU interpreter multiplies 16-bit floats wrongly
+            x, w = x.to(tl.float32), w.to(tl.float32)
+        if W_MAJOR:
+            acc_t = tl.dot(w, tl.trans(x), acc_t)
+        else:
+            acc = tl.dot(x, tl.trans(w), acc)
+    if W_MAJOR:
+        acc = tl.trans(acc_t)
+    keep = m_mask[:, None] & n_mask[None, :]
+    if SPLIT > 1:
+        # partials of this column block, then the last piece to arrive sums them in order
+        part = part_ptr + m[:, None] * n_out + n[None, :]
+        tl.store(part + piece * rows * n_out, acc, mask=keep)
+        tl.debug_barrier()  # every thread's partial is issued before the release below
+        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
+        if arrived == SPLIT - 1:
+            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for s in tl.static_range(SPLIT):
+                acc += tl.load(part + s * rows * n_out, mask=keep, other=0.0,
+                               cache_modifier=".cg")
+            tl.atomic_xchg(count_ptr + pid_n, 0)
+            _store_out(acc, b_ptr, out_ptr, m, n, n_mask, keep, s_om, HAS_BIAS)
+    else:
+        _store_out(acc, b_ptr, out_ptr, m, n, n_mask, keep, s_om, HAS_BIAS)
+
+
+@jit
+def _store_out(acc, b_ptr, out_ptr, m, n, n_mask, keep, s_om, HAS_BIAS: tl.constexpr):
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + m[:, None] * s_om + n[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=keep)
+
+
+def default_launch(rows: int, n_out: int, k_len: int, sms: int) -> LinearLaunch:
+    """A launch that keeps every SM streaming W: enough column blocks, else K splits."""
+    block_n = 64 if n_out >= 64 * sms else 32 if n_out >= 32 * sms else 16
+    blocks = -(-n_out // block_n)
+    split = 1
+    while blocks * split < sms and k_len % (2 * split * 256) == 0 and split < 8:
+        split *= 2
+    return LinearLaunch(block_n=block_n, split=split)
+
+
+def takes(x: torch.Tensor, weight: torch.Tensor, launch: LinearLaunch) -> bool:
+    """Whether the kernel serves this call (else F.linear does)."""
+    return (x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.dtype == weight.dtype
+            and x.dtype in (torch.bfloat16, torch.float16)
+            and x.shape[1] % (launch.block_k * launch.split) == 0
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
+
+
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                  launch: LinearLaunch | None = None) -> torch.Tensor:
+    """x [M, K] @ weight[N, K]^T (+ bias [N]) -> [M, N] in x's dtype (F.linear's contract)."""
+    check(weight.dim() == 2 and x.shape[-1] == weight.shape[1],
+          f"weight must be [N, {x.shape[-1]}], got {tuple(weight.shape)}")
+    check(bias is None or tuple(bias.shape) == (weight.shape[0],),
+          f"bias must be [{weight.shape[0]}], got {None if bias is None else tuple(bias.shape)}")
+    rows, n_out, k_len = x.shape[0] if x.dim() == 2 else -1, weight.shape[0], weight.shape[1]
+    if launch is None and x.dim() == 2:
+        launch = default_launch(rows, n_out, k_len, multiprocessors(x.device))
+    if launch is None or not use_kernel(x, weight) or not takes(x, weight, launch):
+        return F.linear(x, weight, bias)
+    check_last_dim_contiguous("x", x)
+    check_last_dim_contiguous("weight", weight)
+    out = torch.empty(rows, n_out, dtype=x.dtype, device=x.device)
+    blocks = -(-n_out // launch.block_n)
+    part = counts = out
+    if launch.split > 1:
+        part = torch.empty(launch.split, rows, n_out, dtype=torch.float32, device=x.device)
+        counts = arrival_counters(x.device, blocks, "skinny_linear")
+    _skinny_linear_kernel[(blocks, launch.split)](
+        x, weight, bias if bias is not None else weight, out, part, counts, rows, n_out, k_len,
+        k_len // launch.split, x.stride(0), weight.stride(0), out.stride(0),
+        BLOCK_M=max(16, next_power_of_2(rows)), BLOCK_N=launch.block_n,
+        BLOCK_K=launch.block_k, SPLIT=launch.split, HAS_BIAS=bias is not None,
+        W_MAJOR=launch.w_major, NUM_STAGES=launch.num_stages, UPCAST=INTERPRETER,
+        num_warps=launch.num_warps)
+    return out
