@@ -80,7 +80,11 @@ def bench_shape(rows, n_out, k_len, sms, smoke, device):
     row["cublas_max_abs_err"] = (F.linear(x, weights[0]).float() - want).abs().max().item()
     sweep = []
     for launch in sweep_launches(n_out, k_len, sms, smoke):
-        err = (skinny_linear(x, weights[0], launch=launch).float() - want).abs().max().item()
+        try:
+            err = (skinny_linear(x, weights[0], launch=launch).float() - want).abs().max().item()
+        except Exception as error:  # a launch Triton refuses (shared memory): recorded
+            sweep.append({"launch": vars(launch), "us": float("inf"), "error": str(error)[:200]})
+            continue
         us = time_cold(lambda w: skinny_linear(x, w, launch=launch), weights)
         sweep.append({"launch": vars(launch), "us": us, "max_abs_err": err})
     sweep.sort(key=lambda r: r["us"])

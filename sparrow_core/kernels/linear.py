@@ -30,6 +30,7 @@ from sparrow_core.kernels.runtime import (
     tl, use_kernel)
 
 MAX_ROWS = 64  # decode batches up to this many rows take the kernel
+SMEM_BUDGET = 160 * 1024  # pipelined tiles of x and W; the H100 allows 227 KiB a block
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,9 @@ def default_launch(rows: int, n_out: int, k_len: int, sms: int) -> LinearLaunch:
     split = 1
     while blocks * split < sms and k_len % (2 * split * 256) == 0 and split < 8:
         split *= 2
-    return LinearLaunch(block_n=block_n, split=split)
+    tile_bytes = (block_n + max(16, next_power_of_2(rows))) * 256 * 2
+    return LinearLaunch(block_n=block_n, split=split,
+                        num_stages=max(2, min(4, SMEM_BUDGET // tile_bytes)))
 
 
 def takes(x: torch.Tensor, weight: torch.Tensor, launch: LinearLaunch) -> bool:
