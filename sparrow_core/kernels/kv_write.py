@@ -4,25 +4,61 @@ dtype) in the same kernel.
 
     write_kv(k_cache, v_cache, centroids, slots, k, v)                    # decode (fused)
     write_kv(k_cache, v_cache, centroids, slots, k, v, update_centroids=False)   # prefill
+    store = KVStore(k_cache, v_cache, centroids, slots)   # the same target, for another kernel
 
-One layer: k_cache, v_cache [P, Hkv, page_size, D] (head-major); centroids [P, Hkv, D] float32 or the
-cache dtype; slots [T]
-flat slots page * page_size + offset (a negative slot is skipped: padded batch rows); k, v
-[T, Hkv, D]. With update_centroids, a token written at offset page_size - 1 also sets its
-page's centroid from the page's earlier keys (already in the cache, written by earlier
-steps) and its own key as stored (rounded to the cache dtype), which is the reference's
-KVCache.update_centroids for the pages a decode step fills. Tokens of one page written by
-the same launch (prefill) would race on the centroid, so prefill writes without it and
-computes the filled pages' centroids afterwards (KVCache.update_centroids).
+One layer: k_cache, v_cache [P, Hkv, page_size, D] (head-major); centroids [P, Hkv, D] float32
+or the cache dtype; slots [T] flat slots page * page_size + offset (a negative slot is
+skipped: padded batch rows); k, v [T, Hkv, D]. With update_centroids, a token written at
+offset page_size - 1 also sets its page's centroid from the page's earlier keys (already in
+the cache, written by earlier steps) and its own key as stored (rounded to the cache dtype),
+which is the reference's KVCache.update_centroids for the pages a decode step fills. Tokens
+of one page written by the same launch (prefill) would race on the centroid, so prefill
+writes without it and computes the filled pages' centroids afterwards
+(KVCache.update_centroids).
+
+qk_norm_rope can do a decode step's write itself, in its own launch: given a KVStore, its
+k-head programs store the rotated k and v through `store_kv_row`, the Triton function this
+kernel uses, so both round and average alike; KVStore.check holds both launchers' checks.
 Tests: `python -m pytest tests/sparrow_core/kernels -q`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from sparrow_core.kernels.runtime import (
     check, check_integer, check_last_dim_contiguous, jit, next_power_of_2, tl, use_kernel)
+
+
+@jit
+def store_kv_row(key, value_ptr, kc_ptr, vc_ptr, cent_ptr, slot, head, dim,
+                 s_page, s_offset, s_head, s_cent_page, s_cent_head,
+                 PAGE: tl.constexpr, BLOCK_D: tl.constexpr, FUSE: tl.constexpr):
+    """One token's key (a [BLOCK_D] row held in registers) and value row (at value_ptr) of KV
+    head `head` into the caches at slot, nothing when slot < 0; with FUSE, its page's
+    centroid when the token fills the page."""
+    live = slot >= 0
+    page = slot // PAGE
+    offset = slot % PAGE
+    d = tl.arange(0, BLOCK_D)
+    dmask = (d < dim) & live
+    value = tl.load(value_ptr + d, mask=dmask, other=0.0)
+    key = key.to(kc_ptr.dtype.element_ty)
+    dest = page * s_page + offset * s_offset + head * s_head + d
+    tl.store(kc_ptr + dest, key, mask=dmask)
+    tl.store(vc_ptr + dest, value.to(vc_ptr.dtype.element_ty), mask=dmask)
+    if FUSE:
+        fills = live & (offset == PAGE - 1)
+        rows = tl.arange(0, PAGE)
+        earlier = tl.load(kc_ptr + page * s_page + rows[:, None] * s_offset + head * s_head
+                          + d[None, :],
+                          mask=(rows < PAGE - 1)[:, None] & (d < dim)[None, :] & fills,
+                          other=0.0)
+        total = tl.sum(earlier.to(tl.float32), axis=0) + key.to(tl.float32)
+        tl.store(cent_ptr + page * s_cent_page + head * s_cent_head + d,
+                 (total / PAGE).to(cent_ptr.dtype.element_ty), mask=(d < dim) & fills)
 
 
 @jit
@@ -32,26 +68,54 @@ def _kv_write_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, cent_ptr, slot_ptr,
     t = tl.program_id(0)
     h = tl.program_id(1)
     slot = tl.load(slot_ptr + t).to(tl.int64)
-    live = slot >= 0
-    page = slot // PAGE
-    offset = slot % PAGE
     d = tl.arange(0, BLOCK_D)
-    dmask = (d < dim) & live
-    key = tl.load(k_ptr + t * s_kt + h * s_kh + d, mask=dmask, other=0.0)
-    value = tl.load(v_ptr + t * s_vt + h * s_vh + d, mask=dmask, other=0.0)
-    key = key.to(kc_ptr.dtype.element_ty)
-    dest = page * s_cp + offset * s_ct + h * s_ch + d
-    tl.store(kc_ptr + dest, key, mask=dmask)
-    tl.store(vc_ptr + dest, value.to(vc_ptr.dtype.element_ty), mask=dmask)
-    if FUSE:
-        fills = live & (offset == PAGE - 1)
-        rows = tl.arange(0, PAGE)
-        earlier = tl.load(kc_ptr + page * s_cp + rows[:, None] * s_ct + h * s_ch + d[None, :],
-                          mask=(rows < PAGE - 1)[:, None] & (d < dim)[None, :] & fills,
-                          other=0.0)
-        total = tl.sum(earlier.to(tl.float32), axis=0) + key.to(tl.float32)
-        tl.store(cent_ptr + page * s_np + h * s_nh + d,
-                 (total / PAGE).to(cent_ptr.dtype.element_ty), mask=(d < dim) & fills)
+    key = tl.load(k_ptr + t * s_kt + h * s_kh + d, mask=(d < dim) & (slot >= 0), other=0.0)
+    store_kv_row(key, v_ptr + t * s_vt + h * s_vh, kc_ptr, vc_ptr, cent_ptr, slot, h, dim,
+                 s_cp, s_ct, s_ch, s_np, s_nh, PAGE, BLOCK_D, FUSE)
+
+
+@dataclass(frozen=True)
+class KVStore:
+    """Where one layer's step k, v go: its caches, centroids and the tokens' flat slots.
+
+    A decode target: the centroid of a page is set by the token that fills it, so no two
+    tokens of one write may share a page (decode writes one token per sequence)."""
+
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    centroids: torch.Tensor
+    slots: torch.Tensor
+
+    def check(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Refuse (KernelInputError naming the tensor) what the store kernels cannot take."""
+        k_cache, v_cache, centroids, slots = self.k_cache, self.v_cache, self.centroids, self.slots
+        check(k_cache.dim() == 4 and k_cache.shape == v_cache.shape,
+              f"k_cache and v_cache must share a shape [P, Hkv, page_size, D], got "
+              f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+        pages, kv_heads, _, dim = k_cache.shape
+        check(tuple(centroids.shape) == (pages, kv_heads, dim)
+              and centroids.dtype in (torch.float32, k_cache.dtype),
+              f"centroids must be float32 or {k_cache.dtype} [{pages}, {kv_heads}, {dim}], "
+              f"got {tuple(centroids.shape)} {centroids.dtype}")
+        check(k.dim() == 3 and k.shape == v.shape and tuple(k.shape[1:]) == (kv_heads, dim),
+              f"k and v must be [T, {kv_heads}, {dim}], got {tuple(k.shape)} and "
+              f"{tuple(v.shape)}")
+        check(tuple(slots.shape) == (k.shape[0],),
+              f"slots must be [{k.shape[0]}], got {tuple(slots.shape)}")
+        check_integer("slots", slots)
+        check(k_cache.stride() == v_cache.stride(), "k_cache and v_cache must share strides")
+        for name, t in (("k", k), ("v", v), ("k_cache", k_cache), ("centroids", centroids)):
+            check_last_dim_contiguous(name, t)
+
+    @property
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.k_cache, self.v_cache, self.centroids, self.slots
+
+    @property
+    def strides(self) -> tuple[int, int, int, int, int]:
+        """(page, offset, head) strides of the caches, (page, head) of the centroids."""
+        return (self.k_cache.stride(0), self.k_cache.stride(2), self.k_cache.stride(1),
+                self.centroids.stride(0), self.centroids.stride(1))
 
 
 def write_kv_reference(k_cache, v_cache, centroids, slots, k, v, update_centroids=True):
@@ -72,30 +136,15 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, centroids: torch.Tens
              slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              update_centroids: bool = True) -> None:
     """Store k, v at slots; with update_centroids, the centroid of each page a slot fills."""
-    check(k_cache.dim() == 4 and k_cache.shape == v_cache.shape,
-          f"k_cache and v_cache must share a shape [P, Hkv, page_size, D], got "
-          f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
-    pages, kv_heads, page_size, dim = k_cache.shape
-    check(tuple(centroids.shape) == (pages, kv_heads, dim)
-          and centroids.dtype in (torch.float32, k_cache.dtype),
-          f"centroids must be float32 or {k_cache.dtype} [{pages}, {kv_heads}, {dim}], got "
-          f"{tuple(centroids.shape)} {centroids.dtype}")
-    check(k.dim() == 3 and k.shape == v.shape and tuple(k.shape[1:]) == (kv_heads, dim),
-          f"k and v must be [T, {kv_heads}, {dim}], got {tuple(k.shape)} and {tuple(v.shape)}")
-    check(tuple(slots.shape) == (k.shape[0],),
-          f"slots must be [{k.shape[0]}], got {tuple(slots.shape)}")
-    check_integer("slots", slots)
-    check(k_cache.stride() == v_cache.stride(), "k_cache and v_cache must share strides")
-    for name, t in (("k", k), ("v", v), ("k_cache", k_cache), ("centroids", centroids)):
-        check_last_dim_contiguous(name, t)
+    store = KVStore(k_cache, v_cache, centroids, slots)
+    store.check(k, v)
     if not use_kernel(k_cache, centroids, slots, k, v):
         write_kv_reference(k_cache, v_cache, centroids, slots, k, v, update_centroids)
         return
     if k.shape[0] == 0:
         return
+    _, kv_heads, page_size, dim = k_cache.shape
     _kv_write_kernel[(k.shape[0], kv_heads)](
         k, v, k_cache, v_cache, centroids, slots,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        k_cache.stride(0), k_cache.stride(2), k_cache.stride(1),
-        centroids.stride(0), centroids.stride(1), dim,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1), *store.strides, dim,
         PAGE=page_size, BLOCK_D=next_power_of_2(dim), FUSE=update_centroids, num_warps=1)

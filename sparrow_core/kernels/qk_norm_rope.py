@@ -1,6 +1,8 @@
-"""Fused per-head q/k RMSNorm and rotary embedding: one kernel for both q and k of a layer.
+"""Fused per-head q/k RMSNorm and rotary embedding: one kernel for both q and k of a layer,
+which can also store the rotated k and v in the paged KV cache (decode).
 
     q, k = qk_norm_rope(q, k, cos, sin, q_weight, k_weight, eps)   # weights None: RoPE only
+    q, k = qk_norm_rope(q, k, cos, sin, q_weight, k_weight, eps, v=v, store=store)  # + KV write
 
 q [T, Hq, D], k [T, Hkv, D] (the projections' outputs); cos, sin [T, 1, D] in q's dtype
 (model/layers.py's Rotary.cos_sin, rotate-half layout); q_weight, k_weight [D]. Numerics are
@@ -8,13 +10,22 @@ the decoder's: the norm in float32, cast, times the weight; then x * cos + rotat
 with each product and the sum rounded to the dtype, as PyTorch computes them. One program
 per (token, head) over the Hq + Hkv heads; the rotated half is a second load of the same
 row at the partner index. Off GPU, and whenever autograd needs the graph, the launcher runs
-`qk_norm_rope_reference`. Tests: `python -m pytest tests/sparrow_core/kernels/test_fused_layers.py -q`.
+`qk_norm_rope_reference`.
+
+With a store (kv_write.KVStore: one layer's caches, centroids and the tokens' slots) and v
+[T, Hkv, D], each k-head program also stores its rotated k row (as returned, then rounded to
+the cache dtype) and the token's v row at the token's slot, and sets the page's centroid when
+the token fills it, through kv_write's own `store_kv_row`: the results equal
+qk_norm_rope then write_kv bit for bit, with one launch instead of two. The fallback runs the
+reference, then write_kv. Tests: `python -m pytest tests/sparrow_core/kernels/test_fused_layers.py
+tests/sparrow_core/kernels/test_qk_norm_rope_store.py -q`.
 """
 
 from __future__ import annotations
 
 import torch
 
+from sparrow_core.kernels.kv_write import KVStore, store_kv_row, write_kv
 from sparrow_core.kernels.rms_norm import needs_autograd, rms_norm_reference
 from sparrow_core.kernels.runtime import (
     check, check_last_dim_contiguous, jit, next_power_of_2, tl, use_kernel)
@@ -33,9 +44,12 @@ def _normed(ptr, w_ptr, cols, mask, inv, NORM: tl.constexpr):
 
 @jit
 def _qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr,
+                         v_ptr, kc_ptr, vc_ptr, cent_ptr, slot_ptr,
                          q_heads, dim, eps, s_qt, s_qh, s_kt, s_kh, s_ct, s_st,
-                         s_qot, s_qoh, s_kot, s_koh,
-                         NORM: tl.constexpr, BLOCK_D: tl.constexpr):
+                         s_qot, s_qoh, s_kot, s_koh, s_vt, s_vh,
+                         s_page, s_offset, s_head, s_cent_page, s_cent_head,
+                         NORM: tl.constexpr, STORE: tl.constexpr, PAGE: tl.constexpr,
+                         BLOCK_D: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     if head < q_heads:
@@ -60,8 +74,16 @@ def _qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo_ptr,
     cos = tl.load(cos_ptr + t * s_ct + d, mask=mask, other=0.0).to(tl.float32)
     sin = tl.load(sin_ptr + t * s_st + d, mask=mask, other=0.0).to(tl.float32)
     dtype = dst.dtype.element_ty
-    out = (x * cos).to(dtype).to(tl.float32) + (rotated * sin).to(dtype).to(tl.float32)
-    tl.store(dst + d, out.to(dtype), mask=mask)
+    out = ((x * cos).to(dtype).to(tl.float32) + (rotated * sin).to(dtype).to(tl.float32)
+           ).to(dtype)
+    tl.store(dst + d, out, mask=mask)
+    if STORE:
+        if head >= q_heads:  # the k row just stored, exactly as write_kv would read it back
+            kv_head = head - q_heads
+            slot = tl.load(slot_ptr + t).to(tl.int64)
+            store_kv_row(out, v_ptr + t * s_vt + kv_head * s_vh, kc_ptr, vc_ptr, cent_ptr,
+                         slot, kv_head, dim, s_page, s_offset, s_head, s_cent_page,
+                         s_cent_head, PAGE, BLOCK_D, True)
 
 
 def qk_norm_rope_reference(q, k, cos, sin, q_weight, k_weight, eps):
@@ -76,7 +98,7 @@ def qk_norm_rope_reference(q, k, cos, sin, q_weight, k_weight, eps):
     return rotate(q), rotate(k)
 
 
-def _check(q, k, cos, sin, q_weight, k_weight) -> None:
+def _check(q, k, cos, sin, q_weight, k_weight, v, store) -> None:
     check(q.dim() == 3 and k.dim() == 3 and q.shape[0] == k.shape[0] and q.shape[2] == k.shape[2],
           f"q and k must be [T, H, D] with one T and D, got {tuple(q.shape)} and {tuple(k.shape)}")
     tokens, _, dim = q.shape
@@ -88,28 +110,51 @@ def _check(q, k, cos, sin, q_weight, k_weight) -> None:
     for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
         check(w is None or tuple(w.shape) == (dim,), f"{name} must be [{dim}], got "
               f"{None if w is None else tuple(w.shape)}")
+    check((v is None) == (store is None), "give v and store (the values to store and where) "
+          "together or neither")
+    if store is not None:
+        check(isinstance(store, KVStore), f"store must be a KVStore, got {type(store).__name__}")
+        store.check(k, v)
+
+
+def _store_args(store: KVStore | None, v: torch.Tensor | None,
+                stand_in: torch.Tensor) -> tuple[tuple, tuple]:
+    """The kernel's store pointers (v, caches, centroids, slots) and strides (v's, then the
+    store's); without a store, stand_in fills the pointers (never read) and 0 the strides."""
+    if store is None:
+        return (stand_in,) * 5, (0,) * 7
+    return (v, *store.tensors), (v.stride(0), v.stride(1), *store.strides)
 
 
 def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q, k) normed per head (if weights are given) and rotated; new tensors, same shapes."""
-    _check(q, k, cos, sin, q_weight, k_weight)
+                 eps: float, v: torch.Tensor | None = None,
+                 store: KVStore | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, k) normed per head (if weights are given) and rotated; new tensors, same shapes.
+    With v and store, the rotated k and v are also stored at store.slots (decode)."""
+    _check(q, k, cos, sin, q_weight, k_weight, v, store)
     weights = () if q_weight is None else (q_weight, k_weight)
+    stored = () if store is None else (v, *store.tensors)
     same_dtype = all(t.dtype == q.dtype for t in (k, cos, sin, *weights))
-    if (not same_dtype or not use_kernel(q, k, cos, sin, *weights)
+    if (not same_dtype or not use_kernel(q, k, cos, sin, *weights, *stored)
             or needs_autograd(q, k, *weights)):
-        return qk_norm_rope_reference(q, k, cos, sin, q_weight, k_weight, eps)
+        q_out, k_out = qk_norm_rope_reference(q, k, cos, sin, q_weight, k_weight, eps)
+        if store is not None:  # the launcher, not its reference: equal to the unfused pair
+            write_kv(*store.tensors, k_out, v)
+        return q_out, k_out
     for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
         check_last_dim_contiguous(name, t)
     tokens, q_heads, dim = q.shape
     q_out, k_out = torch.empty_like(q), torch.empty_like(k)
     norm = q_weight is not None
+    pointers, strides = _store_args(store, v, q)
     if tokens:
         _qk_norm_rope_kernel[(tokens, q_heads + k.shape[1])](
             q, k, q_weight if norm else q, k_weight if norm else k, cos, sin, q_out, k_out,
-            q_heads, dim, eps, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-            cos.stride(0), sin.stride(0), q_out.stride(0), q_out.stride(1),
-            k_out.stride(0), k_out.stride(1), NORM=norm, BLOCK_D=next_power_of_2(dim),
-            num_warps=1)
+            *pointers, q_heads, dim, eps, q.stride(0), q.stride(1),
+            k.stride(0), k.stride(1), cos.stride(0), sin.stride(0), q_out.stride(0),
+            q_out.stride(1), k_out.stride(0), k_out.stride(1), *strides,
+            NORM=norm, STORE=store is not None,
+            PAGE=1 if store is None else store.k_cache.shape[2],
+            BLOCK_D=next_power_of_2(dim), num_warps=1)
     return q_out, k_out
