@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import copy_bandwidth, device_facts, time_graph, write_json  # noqa: E402
 from sparrow_core.costmodel_presets import get_model  # noqa: E402
 from sparrow_core.kernels.linear import LinearLaunch, default_launch, skinny_linear  # noqa: E402
-from sparrow_core.kernels.runtime import multiprocessors  # noqa: E402
+from sparrow_core.kernels.runtime import multiprocessors, programmatic_launch  # noqa: E402
 
 READ_PER_TIMING = 256 << 20
 
@@ -75,6 +75,8 @@ def bench_shape(rows, n_out, k_len, sms, smoke, device):
     default = default_launch(rows, n_out, k_len, sms)
     row["default_launch"] = vars(default)
     row["default_us"] = time_cold(lambda w: skinny_linear(x, w, launch=default), weights)
+    with programmatic_launch(True):
+        row["default_pdl_us"] = time_cold(lambda w: skinny_linear(x, w, launch=default), weights)
     row["default_max_abs_err"] = (skinny_linear(x, weights[0], launch=default).float()
                                   - want).abs().max().item()
     row["cublas_max_abs_err"] = (F.linear(x, weights[0]).float() - want).abs().max().item()
@@ -118,7 +120,9 @@ def chain(model: str, rows: int, device, layers: int | None = None) -> dict:
               "weight_bytes": sum(w.numel() * 2 for layer in weights for w in layer)}
     result["cublas_us"] = time_graph(lambda: run(F.linear), reps=10)
     result["ours_us"] = time_graph(lambda: run(skinny_linear), reps=10)
-    for name in ("cublas", "ours"):
+    with programmatic_launch(True):  # each kernel reads its first weight tile early
+        result["ours_pdl_us"] = time_graph(lambda: run(skinny_linear), reps=10)
+    for name in ("cublas", "ours", "ours_pdl"):
         result[f"{name}_bytes_per_s"] = result["weight_bytes"] / (result[f"{name}_us"] * 1e-6)
     return result
 
@@ -147,7 +151,7 @@ def main() -> int:
                 result["shapes"].append(row)
                 best = row["sweep_best"][0]["us"] if row["sweep_best"] else float("nan")
                 print(f"{model} {name} M={rows} N={n_out} K={k_len}: cublas "
-                      f"{row['cublas_us']:.1f} default {row['default_us']:.1f} best {best:.1f} us"
+                      f"{row['cublas_us']:.1f} default {row['default_us']:.1f} pdl {row['default_pdl_us']:.1f} best {best:.1f} us"
                       f" {row['sweep_best'][0]['launch'] if row['sweep_best'] else ''}",
                       flush=True)
             if not args.smoke:

@@ -26,11 +26,11 @@ import torch
 from torch.nn import functional as F
 
 from sparrow_core.kernels.runtime import (
-    INTERPRETER, arrival_counters, check, check_last_dim_contiguous, jit, multiprocessors, next_power_of_2,
-    tl, use_kernel)
+    INTERPRETER, arrival_counters, check, check_last_dim_contiguous, gdc_launch_dependents,
+    gdc_wait, jit, multiprocessors, next_power_of_2, pdl_launch, tl, use_kernel)
 
 MAX_ROWS = 64  # decode batches up to this many rows take the kernel
-SMEM_BUDGET = 160 * 1024  # pipelined tiles of x and W; the H100 allows 227 KiB a block
+SMEM_BUDGET = 200 * 1024  # pipelined tiles of x and W; the H100 allows 227 KiB a block
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, row
                           k_len, k_per_split, s_xm, s_wn, s_om,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                           SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, W_MAJOR: tl.constexpr,
-                          NUM_STAGES: tl.constexpr, UPCAST: tl.constexpr):
+                          NUM_STAGES: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     piece = tl.program_id(1)
     m = tl.arange(0, BLOCK_M)
@@ -62,21 +62,23 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, row
     start = piece * k_per_split
     x_rows = x_ptr + m[:, None] * s_xm + kk[None, :]
     w_rows = w_ptr + n.to(tl.int64)[:, None] * s_wn + kk[None, :]
-    if W_MAJOR:
-        acc_t = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in tl.range(start, start + k_per_split, BLOCK_K, num_stages=NUM_STAGES):
+    acc = tl.zeros([BLOCK_N, BLOCK_M] if W_MAJOR else [BLOCK_M, BLOCK_N], tl.float32)
+    if PDL:
+        # the weights do not depend on the kernel before: the first tile is read while it
+        # still runs, then wait for x (see runtime.py on programmatic dependent launch)
+        w = tl.load(w_rows + start, mask=n_mask[:, None], other=0.0)
+        gdc_wait()
+        gdc_launch_dependents()
+        x = tl.load(x_rows + start, mask=m_mask[:, None], other=0.0)
+        acc = _accumulate(acc, x, w, W_MAJOR, UPCAST)
+        start += BLOCK_K
+    for k0 in tl.range(start, piece * k_per_split + k_per_split, BLOCK_K,
+                       num_stages=NUM_STAGES):
         x = tl.load(x_rows + k0, mask=m_mask[:, None], other=0.0)
         w = tl.load(w_rows + k0, mask=n_mask[:, None], other=0.0)
-        if UPCAST:  # Triton's CPU interpreter multiplies 16-bit floats wrongly
-            x, w = x.to(tl.float32), w.to(tl.float32)
-        if W_MAJOR:
-            acc_t = tl.dot(w, tl.trans(x), acc_t)
-        else:
-            acc = tl.dot(x, tl.trans(w), acc)
+        acc = _accumulate(acc, x, w, W_MAJOR, UPCAST)
     if W_MAJOR:
-        acc = tl.trans(acc_t)
+        acc = tl.trans(acc)
     keep = m_mask[:, None] & n_mask[None, :]
     if SPLIT > 1:
         # partials of this column block, then the last piece to arrive sums them in order
@@ -96,6 +98,16 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, row
 
 
 @jit
+def _accumulate(acc, x, w, W_MAJOR: tl.constexpr, UPCAST: tl.constexpr):
+    """acc + x @ w^T, or its transpose when W's tile is the tensor core's M side."""
+    if UPCAST:  # Triton's CPU interpreter multiplies 16-bit floats wrongly
+        x, w = x.to(tl.float32), w.to(tl.float32)
+    if W_MAJOR:
+        return tl.dot(w, tl.trans(x), acc)
+    return tl.dot(x, tl.trans(w), acc)
+
+
+@jit
 def _store_out(acc, b_ptr, out_ptr, m, n, n_mask, keep, s_om, HAS_BIAS: tl.constexpr):
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
@@ -104,15 +116,24 @@ def _store_out(acc, b_ptr, out_ptr, m, n, n_mask, keep, s_om, HAS_BIAS: tl.const
 
 
 def default_launch(rows: int, n_out: int, k_len: int, sms: int) -> LinearLaunch:
-    """A launch that keeps every SM streaming W: enough column blocks, else K splits."""
-    block_n = 64 if n_out >= 64 * sms else 32 if n_out >= 32 * sms else 16
-    blocks = -(-n_out // block_n)
-    split = 1
-    while blocks * split < sms and k_len % (2 * split * 256) == 0 and split < 8:
-        split *= 2
-    tile_bytes = (block_n + max(16, next_power_of_2(rows))) * 256 * 2
-    return LinearLaunch(block_n=block_n, split=split,
-                        num_stages=max(2, min(4, SMEM_BUDGET // tile_bytes)))
+    """The launch the H100 sweep of benchmarks/linear.py favours for decode shapes: about one
+    program per SM or more, long K ranges split (down_proj), 128-wide tiles for lm_head."""
+    w_major = rows <= 16
+    if n_out >= 256 * sms:  # lm_head: plenty of column blocks
+        return _fit(LinearLaunch(128, 128, 1, 4, 4, w_major), rows)
+    if k_len >= 2 * n_out and k_len % (4 * 128) == 0:  # down_proj: few columns, long K
+        return _fit(LinearLaunch(64 if rows <= 16 else 32, 128, 4, 4, 4, w_major), rows)
+    block_n = 32 if n_out >= 31 * sms else 16  # about one program per SM or more
+    block_k = 256 if n_out <= 64 * 64 and k_len % 256 == 0 else 128
+    return _fit(LinearLaunch(block_n, block_k, 1, 4, 4, w_major), rows)
+
+
+def _fit(launch: LinearLaunch, rows: int) -> LinearLaunch:
+    """Fewer pipeline stages where the tiles of x and W would not fit in shared memory."""
+    tile_bytes = (launch.block_n + max(16, next_power_of_2(rows))) * launch.block_k * 2
+    stages = max(2, min(launch.num_stages, SMEM_BUDGET // tile_bytes))
+    return LinearLaunch(launch.block_n, launch.block_k, launch.split, launch.num_warps,
+                        stages, launch.w_major)
 
 
 def takes(x: torch.Tensor, weight: torch.Tensor, launch: LinearLaunch) -> bool:
@@ -143,11 +164,12 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if launch.split > 1:
         part = torch.empty(launch.split, rows, n_out, dtype=torch.float32, device=x.device)
         counts = arrival_counters(x.device, blocks, "skinny_linear")
+    pdl = pdl_launch(x.device) and k_len // launch.split > launch.block_k
     _skinny_linear_kernel[(blocks, launch.split)](
         x, weight, bias if bias is not None else weight, out, part, counts, rows, n_out, k_len,
         k_len // launch.split, x.stride(0), weight.stride(0), out.stride(0),
         BLOCK_M=max(16, next_power_of_2(rows)), BLOCK_N=launch.block_n,
         BLOCK_K=launch.block_k, SPLIT=launch.split, HAS_BIAS=bias is not None,
-        W_MAJOR=launch.w_major, NUM_STAGES=launch.num_stages, UPCAST=INTERPRETER,
-        num_warps=launch.num_warps)
+        W_MAJOR=launch.w_major, NUM_STAGES=launch.num_stages, UPCAST=INTERPRETER, PDL=pdl,
+        num_warps=launch.num_warps, launch_pdl=pdl)
     return out
