@@ -62,7 +62,10 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, row
     start = piece * k_per_split
     x_rows = x_ptr + m[:, None] * s_xm + kk[None, :]
     w_rows = w_ptr + n.to(tl.int64)[:, None] * s_wn + kk[None, :]
-    acc = tl.zeros([BLOCK_N, BLOCK_M] if W_MAJOR else [BLOCK_M, BLOCK_N], tl.float32)
+    if W_MAJOR:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     if PDL:
         # the weights do not depend on the kernel before: the first tile is read while it
         # still runs, then wait for x (see runtime.py on programmatic dependent launch)
