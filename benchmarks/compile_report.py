@@ -24,7 +24,8 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from sparrow_core.kernels import kv_write, page_scores, page_topk, paged_decode, split_combine  # noqa: E402
+from sparrow_core.kernels import (kv_write, linear, page_scores, page_topk,  # noqa: E402
+                                  paged_decode, split_combine)
 
 
 # strides that are not multiples of 16 elements at the benchmark shapes
@@ -44,7 +45,7 @@ def build(kernel, types, constexprs, num_warps=4, num_stages=2):
     # what the JIT specialises at run time: 16-byte aligned pointers, strides divisible by 16
     aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
                if name.endswith("_ptr") or (name.startswith("s_") and name not in UNALIGNED)
-               or name == "dim"}
+               or name in ("dim", "k_len", "k_per_split")}
     src = ASTSource(fn, signature=sig, constexprs={(fn.arg_names.index(k),): v
                                                    for k, v in constexprs.items()},
                     attrs=aligned)
@@ -105,6 +106,17 @@ def main() -> int:
         dict(k_ptr=ptr("bf16"), v_ptr=ptr("bf16"), kc_ptr=ptr("bf16"), vc_ptr=ptr("bf16"),
              cent_ptr=ptr("fp32"), slot_ptr=ptr("i64")),
         dict(PAGE=16, BLOCK_D=128, FUSE=True), num_warps=1))
+    linear_types = dict(x_ptr=ptr("bf16"), w_ptr=ptr("bf16"), b_ptr=ptr("bf16"),
+                        out_ptr=ptr("bf16"), part_ptr=ptr("fp32"), count_ptr=ptr("i32"))
+    for rows, n_out, k_len in ((16, 4096, 2048), (16, 2048, 6144), (64, 12288, 2048)):
+        launch = linear.default_launch(rows, n_out, k_len, 132)
+        for pdl in (False, True):
+            report(f"linear M={rows} N={n_out} split={launch.split} pdl={pdl}", build(
+                linear._skinny_linear_kernel, linear_types,
+                dict(BLOCK_M=max(16, rows), BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
+                     SPLIT=launch.split, HAS_BIAS=False, W_MAJOR=launch.w_major,
+                     NUM_STAGES=launch.num_stages, UPCAST=False, PDL=pdl),
+                num_warps=launch.num_warps, num_stages=launch.num_stages))
     return 0
 
 

@@ -106,8 +106,10 @@ def _accumulate(acc, x, w, W_MAJOR: tl.constexpr, UPCAST: tl.constexpr):
     if UPCAST:  # Triton's CPU interpreter multiplies 16-bit floats wrongly
         x, w = x.to(tl.float32), w.to(tl.float32)
     if W_MAJOR:
-        return tl.dot(w, tl.trans(x), acc)
-    return tl.dot(x, tl.trans(w), acc)
+        acc = tl.dot(w, tl.trans(x), acc)
+    else:
+        acc = tl.dot(x, tl.trans(w), acc)
+    return acc
 
 
 @jit
