@@ -5,8 +5,12 @@
     logits = graphs.decode(device_ids, positions, ...)   # ids of a step still in flight
 
 KernelDecodeAttention is the GPU twin of step_attention.PagedAttention for a decode step:
-per layer the fused KV write + centroid kernel, then dense split-K paged attention, or
-(sparse layers) page scoring, top-k selection and block-sparse attention. Its metadata
+per layer the KV write with the centroid of a page it fills, then dense split-K paged
+attention, or (sparse layers) page scoring, top-k selection and block-sparse attention. The
+KV write rides in the layer's q/k norm + RoPE kernel: the attention offers each layer's cache
+as a KVStore (its `kv_store`, the optional half of model.layers.AttentionFn) and its call
+then skips write_kv for that layer, one launch per layer fewer; `fuse_kv_write=False` keeps
+write_kv as a launch of its own (benchmarks compare the two). Its metadata
 lives in static buffers, so a whole decode forward (embedding, every layer, logits) is
 captured once per (batch bucket, page-table width bucket, sparsity layout) and replayed:
 no Python runs per layer per step. The batch is padded to its bucket with rows that write
@@ -28,7 +32,7 @@ import numpy as np
 import torch
 
 from sparrow_core.engine.kv_cache import KVCache
-from sparrow_core.kernels.kv_write import write_kv
+from sparrow_core.kernels.kv_write import KVStore, write_kv
 from sparrow_core.kernels.page_topk import select_page_lists
 from sparrow_core.kernels.paged_decode import (paged_decode_attention,
                                                sparse_paged_decode_attention)
@@ -61,18 +65,38 @@ def sparsity_key(schedule: Schedule | None, num_layers: int) -> tuple | None:
 
 
 class KernelDecodeAttention:
-    """attention(layer, q, k, v) for one decode step over (static) metadata tensors."""
+    """attention(layer, q, k, v) for one decode step over (static) metadata tensors.
+
+    Each layer's k, v are written exactly once: by the layer's qk_norm_rope when its store
+    was taken (kv_store) since the layer's last call, else by write_kv in the call. A second
+    kv_store for a layer before its call is refused (the k, v would be stored twice)."""
 
     def __init__(self, cache: KVCache, slots: torch.Tensor, page_tables: torch.Tensor,
-                 num_tokens: torch.Tensor, topk: torch.Tensor, sparsity: tuple | None):
+                 num_tokens: torch.Tensor, topk: torch.Tensor, sparsity: tuple | None,
+                 fuse_kv_write: bool = True):
         self.cache, self.slots, self.page_tables = cache, slots, page_tables
         self.num_tokens, self.topk, self.sparsity = num_tokens, topk, sparsity
+        self.fuse_kv_write = fuse_kv_write
+        self._stored: set[int] = set()  # layers whose store was taken and not yet called
+
+    def kv_store(self, layer: int) -> KVStore | None:
+        """Where the layer's qk_norm_rope stores its k, v (None with fuse_kv_write off)."""
+        if not self.fuse_kv_write:
+            return None
+        if layer in self._stored:
+            raise RuntimeError(f"layer {layer}'s KV store was already taken for this step")
+        self._stored.add(layer)
+        cache = self.cache
+        return KVStore(cache.k[layer], cache.v[layer], cache.centroids[layer], self.slots)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor) -> torch.Tensor:
         cache = self.cache
         k_pages, v_pages, centroids = cache.k[layer], cache.v[layer], cache.centroids[layer]
-        write_kv(k_pages, v_pages, centroids, self.slots, k, v)
+        if layer in self._stored:  # qk_norm_rope has stored them
+            self._stored.remove(layer)
+        else:
+            write_kv(k_pages, v_pages, centroids, self.slots, k, v)
         if self.sparsity is None or not self.sparsity[3][layer]:
             return paged_decode_attention(q, k_pages, v_pages, self.page_tables,
                                           self.num_tokens)
@@ -86,8 +110,10 @@ class KernelDecodeAttention:
 class DecodeGraphs:
     """Static decode buffers and one CUDA graph per (batch bucket, width bucket, sparsity)."""
 
-    def __init__(self, model: torch.nn.Module, cache: KVCache, use_graphs: bool = True):
+    def __init__(self, model: torch.nn.Module, cache: KVCache, use_graphs: bool = True,
+                 fuse_kv_write: bool = True):
         self.model, self.cache, self.use_graphs = model, cache, use_graphs
+        self.fuse_kv_write = fuse_kv_write  # the KV write inside qk_norm_rope's launch
         self.device = cache.k.device
         self.num_layers = cache.num_layers
         self.capacity = 0
@@ -119,7 +145,7 @@ class DecodeGraphs:
     def _forward(self, bucket: int, width: int, sparsity: tuple | None) -> torch.Tensor:
         attention = KernelDecodeAttention(self.cache, self.slots[:bucket],
                                           self.tables[width][:bucket], self.num_tokens[:bucket],
-                                          self.topk[:bucket], sparsity)
+                                          self.topk[:bucket], sparsity, self.fuse_kv_write)
         hidden = self.model(self.ids[:bucket], self.positions[:bucket], attention)
         return self.model.compute_logits(hidden)
 

@@ -7,7 +7,9 @@
 input_ids and positions are flat [T] tensors holding any number of sequences end to end.
 Attention is injected per call (`attention(layer_index, q, k, v)`, after q/k norm and RoPE),
 so the decoder knows nothing of caches or paging: the engine's attention object writes and
-reads its paged KV cache, dense or block-sparse. Parameter names are transformers' own
+reads its paged KV cache, dense or block-sparse (on GPU decode it hands each layer's
+qk_norm_rope an opaque store target instead, so the write rides in that kernel: see
+layers.AttentionFn). Parameter names are transformers' own
 ("model.layers.0.self_attn.q_proj.weight", "lm_head.weight"), so weights load and sync by
 name with `load_hf_state_dict`. `model.fuse_projections()` (the engine calls it) stacks each
 layer's q/k/v and gate/up weights into one tensor apiece, so a forward runs one GEMM per group;

@@ -8,6 +8,9 @@ elementwise work runs in fused Triton kernels of the same numerics (sparrow_core
 rms_norm with the residual add, qk_norm_rope, silu_mul; a handful of launches per layer
 instead of about fifty); elsewhere, and whenever gradients are recorded, in PyTorch. Both
 residual adds ride in the next norm's kernel (DecoderLayer leaves the MLP's add pending).
+An attention fn may offer a KV store target (AttentionFn's optional `kv_store`; the engine's
+GPU decode does): SelfAttention hands it to qk_norm_rope unopened, which then also writes
+the rotated k and v to the cache, so this module still knows nothing of pages.
 
 Projection fusion (`fuse_projections()`, called for the whole model by
 Decoder.fuse_projections): q/k/v rows share one weight tensor, gate/up rows another, and the
@@ -33,7 +36,11 @@ from sparrow_core.kernels.rms_norm import rms_norm
 from sparrow_core.kernels.silu_mul import silu_mul
 from sparrow_core.model.config import Llama3RopeScaling, ModelArch
 
-# attention(layer_index, q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D]) -> [T, Hq, D]
+# attention(layer_index, q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D]) -> [T, Hq, D].
+# Optional: a method `kv_store(layer_index) -> kernels.kv_write.KVStore | None`, asked once
+# per layer before q/k norm and RoPE. A KVStore (an opaque target here) is where qk_norm_rope
+# stores the layer's rotated k and v in its own launch, so the attention call that follows
+# must not store them again; None, or no such method: the attention call stores them.
 AttentionFn = Callable[[int, Tensor, Tensor, Tensor], Tensor]
 # the projection groups that fuse_projections() stacks into one weight each
 QKV = ("q_proj", "k_proj", "v_proj")
@@ -255,11 +262,11 @@ class SelfAttention(FusableProjections):
         q = q.view(tokens, self.num_q_heads, self.head_dim)
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = qk_norm_rope(q, k, cos, sin, self.q_norm.weight, self.k_norm.weight,
-                                self.q_norm.eps)
-        else:
-            q, k = qk_norm_rope(q, k, cos, sin, None, None, 0.0)
+        norm = ((self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+                if self.q_norm is not None else (None, None, 0.0))
+        offer = getattr(attention, "kv_store", None)  # optional: see AttentionFn
+        store = None if offer is None else offer(self.layer_index)
+        q, k = qk_norm_rope(q, k, cos, sin, *norm, v=None if store is None else v, store=store)
         out = attention(self.layer_index, q, k, v)
         expected = (tokens, self.num_q_heads, self.head_dim)
         if tuple(out.shape) != expected:

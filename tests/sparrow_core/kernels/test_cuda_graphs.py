@@ -1,13 +1,18 @@
-"""The GPU decode path of engine/cuda_graphs.py: buckets, and whole generations through the
-kernels equal to the reference engine (CPU via the interpreter; CUDA graphs marked gpu)."""
+"""The GPU decode path of engine/cuda_graphs.py: buckets, whole generations through the
+kernels equal to the reference engine (CPU via the interpreter; CUDA graphs marked gpu), and
+the KV write inside qk_norm_rope: one decode step writes the cache as the separate write_kv
+did, each layer exactly once."""
 
+import numpy as np
 import pytest
 import torch
 
 from sparrow_core.engine import Engine, EngineConfig, SamplingParams
-from sparrow_core.engine.cuda_graphs import (DecodeGraphs, batch_bucket, sparsity_key,
-                                             width_bucket)
-from sparrow_core.model import load_model
+from sparrow_core.engine import cuda_graphs
+from sparrow_core.engine.cuda_graphs import (DecodeGraphs, KernelDecodeAttention, batch_bucket,
+                                             sparsity_key, width_bucket)
+from sparrow_core.engine.kv_cache import KVCache
+from sparrow_core.model import layers, load_model
 from sparrow_core.sparse.schedule import Schedule
 
 SCHEDULE = Schedule(name="test", topk_pages=(1, 2), page_size=4, bin_tokens=16,
@@ -58,3 +63,98 @@ def test_cuda_decode_equals_the_reference_engine(qwen3_checkpoint, use_graphs):
     want = generate(model, "cuda", kernels=False, max_new_tokens=40)
     got = generate(model, "cuda", kernels=True, use_graphs=use_graphs, max_new_tokens=40)
     assert_same(got, want, atol=1e-3)
+
+
+# decode inputs of three sequences (bucket 4: one padded row): the first and third fill
+# pages 2 and 7 this step, so the centroids a sparse layer scores come from this write
+TABLES = [[0, 1, 2], [3, 4, 5, 6], [7]]
+POSITIONS = np.array([11, 13, 3])
+
+
+def random_cache(model, dtype):
+    cache = KVCache.allocate(model.arch, num_pages=12, page_size=4, dtype=dtype, device="cpu")
+    gen = torch.Generator().manual_seed(7)
+    for t in (cache.k, cache.v, cache.centroids):  # earlier steps' keys and values
+        t.copy_(torch.randn(t.shape, generator=gen))
+    return cache
+
+
+def counted_writes(monkeypatch, cache):
+    """(path, layer) of every KV write: write_kv in the attention, or qk_norm_rope's store."""
+    writes = []
+    layer_of = {cache.k[i].data_ptr(): i for i in range(cache.num_layers)}
+    write_kv, qk_norm_rope = cuda_graphs.write_kv, layers.qk_norm_rope
+
+    def counting_write_kv(k_cache, *args, **kwargs):
+        writes.append(("write_kv", layer_of[k_cache.data_ptr()]))
+        return write_kv(k_cache, *args, **kwargs)
+
+    def counting_qk_norm_rope(*args, store=None, **kwargs):
+        if store is not None:
+            writes.append(("qk_norm_rope", layer_of[store.k_cache.data_ptr()]))
+        return qk_norm_rope(*args, store=store, **kwargs)
+
+    monkeypatch.setattr(cuda_graphs, "write_kv", counting_write_kv)
+    monkeypatch.setattr(layers, "qk_norm_rope", counting_qk_norm_rope)
+    return writes
+
+
+def decode_step(model, cache, fuse_kv_write):
+    tables = np.zeros((3, 4), dtype=np.int32)
+    for row, table in enumerate(TABLES):
+        tables[row, :len(table)] = table
+    slots = tables[np.arange(3), POSITIONS // 4] * 4 + POSITIONS % 4
+    topk = np.array([SCHEDULE.topk_for_position(int(p)) for p in POSITIONS])
+    graphs = DecodeGraphs(model, cache, use_graphs=False, fuse_kv_write=fuse_kv_write)
+    return graphs.decode(np.array([5, 6, 7]), POSITIONS, slots, tables, topk, SCHEDULE)
+
+
+@pytest.mark.parametrize("checkpoint", ["qwen3_checkpoint", "llama_checkpoint"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_writes_each_layer_once_as_write_kv_did(interpreted, monkeypatch, request,
+                                                       checkpoint, dtype):
+    model = load_model(request.getfixturevalue(checkpoint), dtype=dtype)
+    before = random_cache(model, dtype)
+    results = {}
+    for fuse in (False, True):
+        cache = KVCache(*(t.clone() for t in (before.k, before.v, before.centroids)))
+        with monkeypatch.context() as patched:
+            writes = counted_writes(patched, cache)
+            logits = decode_step(model, cache, fuse)
+        results[fuse] = (logits, cache, writes)
+    every_layer = range(model.arch.num_layers)
+    assert results[False][2] == [("write_kv", i) for i in every_layer]
+    assert results[True][2] == [("qk_norm_rope", i) for i in every_layer]
+    (want, unfused, _), (got, fused, _) = results[False], results[True]
+    assert torch.equal(got, want)
+    for name in ("k", "v", "centroids"):
+        assert torch.equal(getattr(fused, name), getattr(unfused, name)), name
+    # this step wrote slots 11 (page 2 filled), 25 and 31 (page 7 filled) of every layer
+    assert not torch.equal(fused.centroids[:, 2], before.centroids[:, 2])
+    assert not torch.equal(fused.centroids[:, 7], before.centroids[:, 7])
+    assert torch.equal(fused.centroids[:, 6], before.centroids[:, 6])
+    assert not torch.equal(fused.v[:, 6, :, 1], before.v[:, 6, :, 1])
+
+
+def test_a_layer_store_is_handed_out_once_per_call(interpreted, monkeypatch, qwen3_checkpoint):
+    model = load_model(qwen3_checkpoint)
+    cache = random_cache(model, torch.float32)
+    writes = counted_writes(monkeypatch, cache)
+    zeros, table = torch.zeros(1, dtype=torch.int32), torch.zeros(1, 1, dtype=torch.int32)
+    attention = KernelDecodeAttention(cache, torch.tensor([-1]), table, zeros, zeros, None)
+    store = attention.kv_store(1)
+    assert store.k_cache.data_ptr() == cache.k[1].data_ptr()
+    assert store.centroids.data_ptr() == cache.centroids[1].data_ptr()
+    with pytest.raises(RuntimeError, match="layer 1's KV store was already taken"):
+        attention.kv_store(1)
+    arch = model.arch
+    q = torch.zeros(1, arch.num_q_heads, arch.head_dim)
+    k = torch.zeros(1, arch.num_kv_heads, arch.head_dim)
+    attention(1, q, k, k)  # stored by the taker: no write_kv
+    assert writes == []
+    attention(1, q, k, k)  # no store taken since the last call: write_kv
+    assert writes == [("write_kv", 1)]
+    assert attention.kv_store(1) is not None  # the call settled the earlier one
+    unfused = KernelDecodeAttention(cache, torch.tensor([-1]), table, zeros, zeros, None,
+                                    fuse_kv_write=False)
+    assert unfused.kv_store(0) is None
