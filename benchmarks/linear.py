@@ -9,7 +9,8 @@ down, lm_head) at 16 and 64 rows: cuBLAS, our default launch, and a sweep of lau
 of the weight (copies cycled within one CUDA graph until at least 256 MiB are read), so
 every figure is a cold read of W, as in a decode step, with the launch gaps between
 kernels included. Also the whole chain of a model's projections (every layer, distinct
-weights) with cuBLAS and with our default launch. Bytes/s count the weights read; the copy
+weights): cuBLAS with the SwiGLU gate as its own kernel, against our default launches with
+the gate read in by the down projection (and with programmatic dependent launch). Bytes/s count the weights read; the copy
 bandwidth of the same run is the baseline.
 """
 
@@ -29,6 +30,7 @@ from benchmarks.common import copy_bandwidth, device_facts, time_graph, write_js
 from sparrow_core.costmodel_presets import get_model  # noqa: E402
 from sparrow_core.kernels.linear import LinearLaunch, default_launch, skinny_linear  # noqa: E402
 from sparrow_core.kernels.runtime import multiprocessors, programmatic_launch  # noqa: E402
+from sparrow_core.kernels.silu_mul import silu_mul  # noqa: E402
 
 READ_PER_TIMING = 256 << 20
 
@@ -101,7 +103,8 @@ def bench_shape(rows, n_out, k_len, sms, smoke, device):
 
 
 def chain(model: str, rows: int, device, layers: int | None = None) -> dict:
-    """A model's projections in layer order, distinct weights: cuBLAS vs default launch."""
+    """A model's projections in layer order, distinct weights: cuBLAS with the SwiGLU gate
+    as its own kernel (kernels/silu_mul.py), against ours with the gate read in by down."""
     shape = get_model(model)
     layers = layers or shape.layers
     names = ("qkv", "o", "gate_up", "down")
@@ -110,18 +113,26 @@ def chain(model: str, rows: int, device, layers: int | None = None) -> dict:
                 for n in names] for _ in range(layers)]
     inputs = {n: torch.randn(rows, proj[n][1], device=device, dtype=torch.bfloat16)
               for n in names}
+    gate_up = torch.randn(rows, 2 * shape.intermediate, device=device, dtype=torch.bfloat16)
 
-    def run(fn):
-        for layer in weights:
-            for name, w in zip(names, layer):
-                fn(inputs[name], w)
+    def cublas():
+        for w_qkv, w_o, w_gate_up, w_down in weights:
+            F.linear(inputs["qkv"], w_qkv), F.linear(inputs["o"], w_o)
+            F.linear(inputs["gate_up"], w_gate_up)
+            F.linear(silu_mul(*gate_up.split(shape.intermediate, dim=-1)), w_down)
+
+    def ours():
+        for w_qkv, w_o, w_gate_up, w_down in weights:
+            skinny_linear(inputs["qkv"], w_qkv), skinny_linear(inputs["o"], w_o)
+            skinny_linear(inputs["gate_up"], w_gate_up)
+            skinny_linear(gate_up, w_down, gated=True)
 
     result = {"model": model, "rows": rows, "layers": layers,
               "weight_bytes": sum(w.numel() * 2 for layer in weights for w in layer)}
-    result["cublas_us"] = time_graph(lambda: run(F.linear), reps=10)
-    result["ours_us"] = time_graph(lambda: run(skinny_linear), reps=10)
+    result["cublas_us"] = time_graph(cublas, reps=10)
+    result["ours_us"] = time_graph(ours, reps=10)
     with programmatic_launch(True):  # each kernel reads its first weight tile early
-        result["ours_pdl_us"] = time_graph(lambda: run(skinny_linear), reps=10)
+        result["ours_pdl_us"] = time_graph(ours, reps=10)
     for name in ("cublas", "ours", "ours_pdl"):
         result[f"{name}_bytes_per_s"] = result["weight_bytes"] / (result[f"{name}_us"] * 1e-6)
     return result

@@ -25,12 +25,14 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
+from sparrow_core.kernels.rms_norm import needs_autograd
 from sparrow_core.kernels.runtime import (
-    INTERPRETER, arrival_counters, check, check_last_dim_contiguous, gdc_launch_dependents,
+    INTERPRETER, arrival_counters, check, gdc_launch_dependents,
     gdc_wait, jit, multiprocessors, next_power_of_2, pdl_launch, tl, use_kernel)
+from sparrow_core.kernels.silu_mul import silu_mul
 
 MAX_ROWS = 64  # decode batches up to this many rows take the kernel
-SMEM_BUDGET = 200 * 1024  # pipelined tiles of x and W; the H100 allows 227 KiB a block
+SMEM_BUDGET = 200 * 1024  # pipelined tiles of x and W; Hopper allows 227 KiB a block
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,8 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, row
                           k_len, k_per_split, s_xm, s_wn, s_om,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                           SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, W_MAJOR: tl.constexpr,
-                          NUM_STAGES: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
+                          NUM_STAGES: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
+                          GATED: tl.constexpr):
     pid_n = tl.program_id(0)
     piece = tl.program_id(1)
     m = tl.arange(0, BLOCK_M)
@@ -72,12 +75,12 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, row
         w = tl.load(w_rows + start, mask=n_mask[:, None], other=0.0)
         gdc_wait()
         gdc_launch_dependents()
-        x = tl.load(x_rows + start, mask=m_mask[:, None], other=0.0)
+        x = _load_x(x_rows, start, k_len, m_mask, GATED)
         acc = _accumulate(acc, x, w, W_MAJOR, UPCAST)
         start += BLOCK_K
     for k0 in tl.range(start, piece * k_per_split + k_per_split, BLOCK_K,
                        num_stages=NUM_STAGES):
-        x = tl.load(x_rows + k0, mask=m_mask[:, None], other=0.0)
+        x = _load_x(x_rows, k0, k_len, m_mask, GATED)
         w = tl.load(w_rows + k0, mask=n_mask[:, None], other=0.0)
         acc = _accumulate(acc, x, w, W_MAJOR, UPCAST)
     if W_MAJOR:
@@ -98,6 +101,19 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, row
             _store_out(acc, b_ptr, out_ptr, m, n, n_mask, keep, s_om, HAS_BIAS)
     else:
         _store_out(acc, b_ptr, out_ptr, m, n, n_mask, keep, s_om, HAS_BIAS)
+
+
+@jit
+def _load_x(x_rows, k0, k_len, m_mask, GATED: tl.constexpr):
+    """x's tile at k0; GATED: silu(gate) * up from x = [gate | up] (each k_len wide), rounded
+    as kernels/silu_mul.py rounds it (silu in float32 to the dtype, then the product)."""
+    if GATED:
+        dtype = x_rows.dtype.element_ty
+        gate = tl.load(x_rows + k0, mask=m_mask[:, None], other=0.0).to(tl.float32)
+        up = tl.load(x_rows + k_len + k0, mask=m_mask[:, None], other=0.0).to(tl.float32)
+        silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+        return (silu * up).to(dtype)
+    return tl.load(x_rows + k0, mask=m_mask[:, None], other=0.0)
 
 
 @jit
@@ -125,44 +141,52 @@ def default_launch(rows: int, n_out: int, k_len: int, sms: int) -> LinearLaunch:
     program per SM or more, long K ranges split (down_proj), 128-wide tiles for lm_head."""
     w_major = rows <= 16
     if n_out >= 256 * sms:  # lm_head: plenty of column blocks
-        return _fit(LinearLaunch(128, 128, 1, 4, 4, w_major), rows)
+        return LinearLaunch(128, 128, 1, 4, 4, w_major)
     if k_len >= 2 * n_out and k_len % (4 * 128) == 0:  # down_proj: few columns, long K
-        return _fit(LinearLaunch(64 if rows <= 16 else 32, 128, 4, 4, 4, w_major), rows)
+        return LinearLaunch(64 if rows <= 16 else 32, 128, 4, 4, 4, w_major)
     block_n = 32 if n_out >= 31 * sms else 16  # about one program per SM or more
     block_k = 256 if n_out <= 64 * 64 and k_len % 256 == 0 else 128
-    return _fit(LinearLaunch(block_n, block_k, 1, 4, 4, w_major), rows)
+    return LinearLaunch(block_n, block_k, 1, 4, 4, w_major)
 
 
-def _fit(launch: LinearLaunch, rows: int) -> LinearLaunch:
-    """Fewer pipeline stages where the tiles of x and W would not fit in shared memory."""
+def _stages(launch: LinearLaunch, rows: int, pdl: bool) -> int:
+    """Pipeline stages that fit in shared memory (one tile more is held under PDL)."""
     tile_bytes = (launch.block_n + max(16, next_power_of_2(rows))) * launch.block_k * 2
-    stages = max(2, min(launch.num_stages, SMEM_BUDGET // tile_bytes))
-    return LinearLaunch(launch.block_n, launch.block_k, launch.split, launch.num_warps,
-                        stages, launch.w_major)
+    return max(1, min(launch.num_stages, SMEM_BUDGET // tile_bytes - int(pdl)))
 
 
-def takes(x: torch.Tensor, weight: torch.Tensor, launch: LinearLaunch) -> bool:
-    """Whether the kernel serves this call (else F.linear does)."""
-    return (x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.dtype == weight.dtype
-            and x.dtype in (torch.bfloat16, torch.float16)
-            and x.shape[1] % (launch.block_k * launch.split) == 0
-            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
+def takes(x: torch.Tensor, weight: torch.Tensor, launch: LinearLaunch, k_len: int) -> bool:
+    """Whether the kernel serves this call (else the reference does)."""
+    return (use_kernel(x, weight) and x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS
+            and x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16)
+            and k_len % (launch.block_k * launch.split) == 0 and x.stride(-1) == 1
+            and weight.stride(-1) == 1 and not needs_autograd(x, weight))
+
+
+def skinny_linear_reference(x, weight, bias=None, gated: bool = False) -> torch.Tensor:
+    if gated:
+        gate, up = x.split(weight.shape[1], dim=-1)
+        x = silu_mul(gate, up)
+    return F.linear(x, weight, bias)
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                  launch: LinearLaunch | None = None) -> torch.Tensor:
-    """x [M, K] @ weight[N, K]^T (+ bias [N]) -> [M, N] in x's dtype (F.linear's contract)."""
-    check(weight.dim() == 2 and x.shape[-1] == weight.shape[1],
-          f"weight must be [N, {x.shape[-1]}], got {tuple(weight.shape)}")
+                  launch: LinearLaunch | None = None, gated: bool = False) -> torch.Tensor:
+    """x [M, K] @ weight[N, K]^T (+ bias [N]) -> [M, N] in x's dtype (F.linear's contract).
+    gated: x is [M, 2K] = [gate | up] and the product is silu(gate) * up @ weight^T, the
+    SwiGLU gate applied as x is read (the MLP's down projection without its own launch)."""
+    k_len = weight.shape[-1]
+    width = 2 * k_len if gated else k_len
+    check(weight.dim() == 2 and x.shape[-1] == width,
+          f"weight must be [N, {x.shape[-1] // (2 if gated else 1)}] for x of width "
+          f"{x.shape[-1]}{' (gate and up)' if gated else ''}, got {tuple(weight.shape)}")
     check(bias is None or tuple(bias.shape) == (weight.shape[0],),
           f"bias must be [{weight.shape[0]}], got {None if bias is None else tuple(bias.shape)}")
-    rows, n_out, k_len = x.shape[0] if x.dim() == 2 else -1, weight.shape[0], weight.shape[1]
-    if launch is None and x.dim() == 2:
+    rows, n_out = x.shape[0], weight.shape[0]
+    if x.dim() == 2 and launch is None:
         launch = default_launch(rows, n_out, k_len, multiprocessors(x.device))
-    if launch is None or not use_kernel(x, weight) or not takes(x, weight, launch):
-        return F.linear(x, weight, bias)
-    check_last_dim_contiguous("x", x)
-    check_last_dim_contiguous("weight", weight)
+    if launch is None or not takes(x, weight, launch, k_len):
+        return skinny_linear_reference(x, weight, bias, gated)
     out = torch.empty(rows, n_out, dtype=x.dtype, device=x.device)
     blocks = -(-n_out // launch.block_n)
     part = counts = out
@@ -175,6 +199,6 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         k_len // launch.split, x.stride(0), weight.stride(0), out.stride(0),
         BLOCK_M=max(16, next_power_of_2(rows)), BLOCK_N=launch.block_n,
         BLOCK_K=launch.block_k, SPLIT=launch.split, HAS_BIAS=bias is not None,
-        W_MAJOR=launch.w_major, NUM_STAGES=launch.num_stages, UPCAST=INTERPRETER, PDL=pdl,
-        num_warps=launch.num_warps, launch_pdl=pdl)
+        W_MAJOR=launch.w_major, NUM_STAGES=_stages(launch, rows, pdl), UPCAST=INTERPRETER,
+        PDL=pdl, GATED=gated, num_warps=launch.num_warps, launch_pdl=pdl)
     return out
