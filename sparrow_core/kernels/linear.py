@@ -20,7 +20,7 @@ benchmark: `python3 benchmarks/linear.py` (against cuBLAS in the same process).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch.nn import functional as F
@@ -138,15 +138,21 @@ def _store_out(acc, b_ptr, out_ptr, m, n, n_mask, keep, s_om, HAS_BIAS: tl.const
 
 def default_launch(rows: int, n_out: int, k_len: int, sms: int) -> LinearLaunch:
     """The launch the H100 sweep of benchmarks/linear.py favours for decode shapes: about one
-    program per SM or more, long K ranges split (down_proj), 128-wide tiles for lm_head."""
+    program per SM or more, long K ranges split (down_proj), 128-wide tiles for lm_head;
+    the K tile then shrinks (to 16) until it divides K (small models)."""
     w_major = rows <= 16
     if n_out >= 256 * sms:  # lm_head: plenty of column blocks
-        return LinearLaunch(128, 128, 1, 4, 4, w_major)
-    if k_len >= 2 * n_out and k_len % (4 * 128) == 0:  # down_proj: few columns, long K
-        return LinearLaunch(64 if rows <= 16 else 32, 128, 4, 4, 4, w_major)
-    block_n = 32 if n_out >= 31 * sms else 16  # about one program per SM or more
-    block_k = 256 if n_out <= 64 * 64 and k_len % 256 == 0 else 128
-    return LinearLaunch(block_n, block_k, 1, 4, 4, w_major)
+        launch = LinearLaunch(128, 128, 1, 4, 4, w_major)
+    elif k_len >= 2 * n_out and k_len % (4 * 128) == 0:  # down_proj: few columns, long K
+        launch = LinearLaunch(64 if rows <= 16 else 32, 128, 4, 4, 4, w_major)
+    else:
+        block_n = 32 if n_out >= 31 * sms else 16  # about one program per SM or more
+        block_k = 256 if n_out <= 64 * 64 else 128
+        launch = LinearLaunch(block_n, block_k, 1, 4, 4, w_major)
+    block_k = launch.block_k
+    while k_len % (block_k * launch.split) and block_k > 16:
+        block_k //= 2
+    return replace(launch, block_k=block_k)
 
 
 def _stages(launch: LinearLaunch, rows: int, pdl: bool) -> int:

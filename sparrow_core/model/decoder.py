@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from sparrow_core.errors import SparrowError
+from sparrow_core.kernels.linear import skinny_linear
 from sparrow_core.model.config import ModelArch
 from sparrow_core.model.layers import (AttentionFn, DecoderLayer, FusableProjections, RMSNorm,
                                        Rotary)
@@ -101,7 +102,7 @@ class Decoder(nn.Module):
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """Float32 logits [N, vocab] for hidden states [N, hidden]."""
         # the matmul runs in the weights' dtype, as transformers' lm_head does
-        return nn.functional.linear(hidden, self.output_embedding()).float()
+        return skinny_linear(hidden, self.output_embedding()).float()
 
     @torch.no_grad()
     def load_hf_state_dict(self, state_dict: Mapping[str, Tensor], strict: bool = True) -> None:

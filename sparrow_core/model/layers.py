@@ -6,7 +6,10 @@ Qwen2 / Llama modules (RMSNorm in float32, RoPE angles in float32 then cast, rot
 layout) so that logits agree with the trainer's model. Without autograd on CUDA the
 elementwise work runs in fused Triton kernels of the same numerics (sparrow_core/kernels:
 rms_norm with the residual add, qk_norm_rope, silu_mul; a handful of launches per layer
-instead of about fifty); elsewhere, and whenever gradients are recorded, in PyTorch. Both
+instead of about fifty); elsewhere, and whenever gradients are recorded, in PyTorch. The
+projections of a decode batch (up to 64 rows) run in kernels/linear.py's skinny kernel,
+down_proj reading the SwiGLU gate in; larger batches, autograd and wrapped (LoRA) modules
+go through F.linear or the module itself. Both
 residual adds ride in the next norm's kernel (DecoderLayer leaves the MLP's add pending).
 An attention fn may offer a KV store target (AttentionFn's optional `kv_store`; the engine's
 GPU decode does): SelfAttention hands it to qk_norm_rope unopened, which then also writes
@@ -28,9 +31,9 @@ from typing import Callable
 
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F
 
 from sparrow_core.errors import SparrowError
+from sparrow_core.kernels.linear import skinny_linear
 from sparrow_core.kernels.qk_norm_rope import qk_norm_rope
 from sparrow_core.kernels.rms_norm import rms_norm
 from sparrow_core.kernels.silu_mul import silu_mul
@@ -45,6 +48,14 @@ AttentionFn = Callable[[int, Tensor, Tensor, Tensor], Tensor]
 # the projection groups that fuse_projections() stacks into one weight each
 QKV = ("q_proj", "k_proj", "v_proj")
 GATE_UP = ("gate_proj", "up_proj")
+
+
+def project(linear: nn.Module, x: Tensor) -> Tensor:
+    """linear(x), through the skinny decode kernel when linear is a plain nn.Linear (a
+    wrapped one, e.g. with a LoRA adapter, runs its own forward)."""
+    if type(linear) is nn.Linear:
+        return skinny_linear(x, linear.weight, linear.bias)
+    return linear(x)
 
 
 class RMSNorm(nn.Module):
@@ -219,7 +230,7 @@ class FusableProjections(nn.Module):
         if torch.is_grad_enabled() and any(
                 p.requires_grad for linear in linears for p in linear.parameters()):
             return None
-        return F.linear(x, fused.weight, fused.bias)
+        return skinny_linear(x, fused.weight, fused.bias)
 
     def _apply(self, fn, recurse=True):
         # .to() / .half() / to_empty() give every parameter its own new tensor: fuse again
@@ -274,7 +285,7 @@ class SelfAttention(FusableProjections):
                 f"attention for layer {self.layer_index} returned shape {tuple(out.shape)}, "
                 f"expected {expected}"
             )
-        return self.o_proj(out.reshape(tokens, self.num_q_heads * self.head_dim))
+        return project(self.o_proj, out.reshape(tokens, self.num_q_heads * self.head_dim))
 
 
 class MLP(FusableProjections):
@@ -292,6 +303,8 @@ class MLP(FusableProjections):
         gate_up = self.fused_linear(GATE_UP, x)
         if gate_up is None:
             gate, up = self.gate_proj(x), self.up_proj(x)
+        elif type(self.down_proj) is nn.Linear:  # the gate read in by down's kernel
+            return skinny_linear(gate_up, self.down_proj.weight, self.down_proj.bias, gated=True)
         else:  # the two halves as strided views: silu_mul takes any row stride
             gate, up = gate_up.split(self.up_proj.out_features, dim=-1)
         return self.down_proj(silu_mul(gate, up))

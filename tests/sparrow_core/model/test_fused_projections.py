@@ -19,6 +19,7 @@ from torch import nn
 
 from sparrow_core.model import causal_attention, load_model
 from sparrow_core.model.builtin import resolve_model_path
+from sparrow_core.model import layers
 from sparrow_core.model.layers import FusionError
 
 # builtin: the tiny Qwen3 (q/k norm, tied); qwen2: q/k/v bias, untied; llama: no q/k norm,
@@ -61,17 +62,29 @@ def logits(model, ids, lens=None):
 
 
 class LinearCalls:
-    """Counts F.linear calls and the output width of each while installed."""
+    """Counts projections (the decode kernel's launcher, or F.linear outside it) and the
+    output width of each while installed."""
 
     def __init__(self, monkeypatch):
         self.widths: list[int] = []
-        real = nn.functional.linear
+        inside = [False]
+        real, real_skinny = nn.functional.linear, layers.skinny_linear
 
         def counting(x, weight, bias=None):
-            self.widths.append(weight.shape[0])
+            if not inside[0]:
+                self.widths.append(weight.shape[0])
             return real(x, weight, bias)
 
+        def counting_skinny(x, weight, *args, **kwargs):
+            self.widths.append(weight.shape[0])
+            inside[0] = True  # its fallback's F.linear is the same projection
+            try:
+                return real_skinny(x, weight, *args, **kwargs)
+            finally:
+                inside[0] = False
+
         monkeypatch.setattr(nn.functional, "linear", counting)
+        monkeypatch.setattr(layers, "skinny_linear", counting_skinny)
 
 
 def assert_runs_fused(model, monkeypatch):
@@ -238,6 +251,31 @@ def test_kernels_take_the_strided_halves(request):
     with cpu_interpreter():
         got = logits(fused, ids)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+
+
+def test_decode_kernels_in_bfloat16(request, monkeypatch):
+    """bf16 on CPU in the interpreter: every projection of a decode-sized batch runs in the
+    skinny linear kernel (down_proj with the gate read in); the logits stay as close to the
+    float32 model's as bf16 PyTorch's own (the interpreter truncates where a GPU rounds, in
+    every kernel, so it may sit up to 3x further off; a wrong product is far off)."""
+    from sparrow_core.kernels import linear
+    from sparrow_core.kernels.runtime import HAS_TRITON, cpu_interpreter
+
+    path = checkpoint_path(request, "qwen3_checkpoint")
+    exact, fused = load_model(path), load_model(path, dtype=torch.bfloat16)
+    fused.fuse_projections()
+    ids = token_ids(fused, 6)
+    want = logits(exact, ids)
+    torch_error = (logits(fused, ids) - want).abs().max()
+    served = []
+    real_takes = linear.takes
+    monkeypatch.setattr(linear, "takes", lambda *a: served.append(real_takes(*a)) or served[-1])
+    with cpu_interpreter():
+        got = logits(fused, ids)
+    assert (got - want).abs().max() <= 3 * torch_error
+    # per layer q/k/v, o, down (gated); gate/up; then lm_head: all in the kernel
+    assert len(served) == 4 * fused.arch.num_layers + 1
+    assert all(served) == HAS_TRITON
 
 
 def test_engine_generates_the_same_samples_fused(request):
