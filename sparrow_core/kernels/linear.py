@@ -13,13 +13,15 @@ one launch. Sums are float32 and rounded once, like cuBLAS's, but in another ord
 equal F.linear to rounding, not bit for bit.
 
 Off GPU, under autograd, or for shapes it does not take (more than MAX_ROWS rows, K not a
-multiple of the K tile) the launcher runs `F.linear`, the reference.
+multiple of the K tile, 32-bit floats) the launcher runs the reference (`F.linear`, after
+silu_mul when gated); SPARROW_SKINNY_LINEAR=0 makes it do so always (cuBLAS, to compare).
 Tests: `python -m pytest tests/sparrow_core/kernels/test_linear.py -q`;
 benchmark: `python3 benchmarks/linear.py` (against cuBLAS in the same process).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 
 import torch
@@ -32,6 +34,8 @@ from sparrow_core.kernels.runtime import (
 from sparrow_core.kernels.silu_mul import silu_mul
 
 MAX_ROWS = 64  # decode batches up to this many rows take the kernel
+# SPARROW_SKINNY_LINEAR=0 sends every projection to F.linear (cuBLAS), for comparisons
+ENABLED = os.environ.get("SPARROW_SKINNY_LINEAR", "1") not in ("", "0")
 SMEM_BUDGET = 200 * 1024  # pipelined tiles of x and W; Hopper allows 227 KiB a block
 
 
@@ -163,7 +167,7 @@ def _stages(launch: LinearLaunch, rows: int, pdl: bool) -> int:
 
 def takes(x: torch.Tensor, weight: torch.Tensor, launch: LinearLaunch, k_len: int) -> bool:
     """Whether the kernel serves this call (else the reference does)."""
-    return (use_kernel(x, weight) and x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS
+    return (ENABLED and use_kernel(x, weight) and x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS
             and x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16)
             and k_len % (launch.block_k * launch.split) == 0 and x.stride(-1) == 1
             and weight.stride(-1) == 1 and not needs_autograd(x, weight))
