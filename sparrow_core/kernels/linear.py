@@ -2,7 +2,7 @@
 
     y = skinny_linear(x, weight, bias)          # x [M, K], weight [N, K] -> [M, N]
 
-A decode step multiplies 16-64 token rows by every weight matrix of the model once, so its
+A decode step multiplies a few (here up to 16) token rows by every weight matrix of the model once, so its
 projections are matrix-vector products in disguise: the time is the weight bytes over the
 memory bandwidth. This kernel streams W in [BLOCK_N, BLOCK_K] tiles (one or several column
 blocks per program, pipelined over K) against the rows of x, held whole in one BLOCK_M tile.
@@ -33,7 +33,9 @@ from sparrow_core.kernels.runtime import (
     gdc_wait, jit, multiprocessors, next_power_of_2, pdl_launch, tl, use_kernel)
 from sparrow_core.kernels.silu_mul import silu_mul
 
-MAX_ROWS = 64  # decode batches up to this many rows take the kernel
+# decode batches up to this many rows take the kernel: at 64 rows cuBLAS is as fast per
+# projection and the gated down projection measured far slower (H100, benchmarks/linear.py)
+MAX_ROWS = 16
 # SPARROW_SKINNY_LINEAR=0 sends every projection to F.linear (cuBLAS), for comparisons
 ENABLED = os.environ.get("SPARROW_SKINNY_LINEAR", "1") not in ("", "0")
 SMEM_BUDGET = 200 * 1024  # pipelined tiles of x and W; Hopper allows 227 KiB a block

@@ -37,15 +37,15 @@ def assert_rounded_product(got, x, w, b=None):
 
 
 @pytest.mark.parametrize("launch", LAUNCHES)
-@pytest.mark.parametrize("rows", [1, 5, 16, 33])
+@pytest.mark.parametrize("rows", [1, 5, 16])
 def test_product_equals_float64(interpreted, launch, rows):
     x, w, b = operands(rows, 48, 256, torch.bfloat16, seed=rows)
     assert_rounded_product(skinny_linear(x, w, launch=launch), x, w)
     assert_rounded_product(skinny_linear(x, w, b, launch=launch), x, w, b)
 
 
-def test_float16_and_64_rows(interpreted):
-    x, w, b = operands(64, 40, 128, torch.float16)
+def test_float16(interpreted):
+    x, w, b = operands(9, 40, 128, torch.float16)
     assert_rounded_product(skinny_linear(x, w, b, launch=LAUNCHES[1]), x, w, b)
 
 
@@ -74,8 +74,8 @@ def test_split_counters_reset_between_calls(interpreted):
     assert torch.equal(second, -first)
 
 
-def test_shapes_it_does_not_take_run_the_reference():
-    x, w, b = operands(65, 16, 64, torch.bfloat16)  # more rows than MAX_ROWS
+def test_shapes_it_does_not_take_run_the_reference(interpreted):
+    x, w, b = operands(17, 16, 64, torch.bfloat16)  # more rows than MAX_ROWS
     assert torch.equal(skinny_linear(x, w, b), F.linear(x, w, b))
     x32, w32, b32 = operands(4, 16, 64, torch.float32)
     assert torch.equal(skinny_linear(x32, w32, b32), F.linear(x32, w32, b32))
@@ -103,8 +103,8 @@ def test_checks_name_the_operand():
 
 
 def test_default_launch_covers_every_sm():
-    for rows, n_out, k_len in ((16, 4096, 2048), (16, 2048, 2048), (64, 12288, 2048),
-                               (16, 2048, 6144), (16, 151936, 2048), (64, 2560, 9728)):
+    for rows, n_out, k_len in ((16, 4096, 2048), (16, 2048, 2048), (16, 12288, 2048),
+                               (16, 2048, 6144), (16, 151936, 2048), (8, 2560, 9728)):
         launch = default_launch(rows, n_out, k_len, 132)
         programs = -(-n_out // launch.block_n) * launch.split
         assert programs >= 128 and k_len % (launch.block_k * launch.split) == 0
@@ -114,7 +114,7 @@ gpu = pytest.mark.gpu
 
 
 @gpu
-@pytest.mark.parametrize("rows", [1, 16, 64])
+@pytest.mark.parametrize("rows", [1, 16, 64])  # 64: past MAX_ROWS, the reference
 @pytest.mark.parametrize("n_out,k_len", [(4096, 2048), (2048, 2048), (12288, 2048),
                                          (2048, 6144), (151936, 2048), (2560, 9728)])
 def test_model_shapes_on_gpu(rows, n_out, k_len):
