@@ -1,7 +1,7 @@
 """Top-k page selection with reserved pages, per (sequence, KV head): scores to page lists.
 
     lists, counts, mask = page_topk(scores, num_tokens, topk, page_size, reserved_bos=1,
-                                    reserved_eos=2, want_mask=True)
+                                    reserved_eos=2, want_mask=True, search="radix")
     lists, counts, _ = select_page_lists(q, centroids, page_tables, num_tokens, topk,
                                          page_size, reserved_bos, reserved_eos)
 
@@ -12,12 +12,16 @@ eligible pages every page is read. Out: lists [B, Hkv, W] int32 holding, in asce
 the logical pages read (the first counts [B, Hkv] entries are meaningful), and optionally the
 [B, Hkv, W] bool mask.
 
-One program per row keeps the row's scores in registers, maps each float to an unsigned
-32-bit key of the same order, and finds the k-th largest key a digit at a time (by default
-up to 8 passes of a 16-bin histogram, which measured faster on an H200 than 4 passes of 256
-bins: 11.0 against 13.0 us at batch 16, 2,048 pages; no sort), stopping once every key still
-tied with the chosen digits is to be taken; keys above it are taken, then tied keys in page
-order until k. A prefix sum compacts the chosen pages into the list.
+One program per row keeps the row's scores in registers and finds its top k by narrowing a
+set of candidates with one 2^radix_bits-bin histogram per pass (topk_search.py; no sort):
+`search="radix"` (the default) bins by digits of 32-bit keys ordered as the scores (up to 8
+passes of 16 bins, which measured faster on an H200 than 4 passes of 256 bins: 11.0 against
+13.0 us at batch 16, 2,048 pages); `search="value"` bins the candidates' score range into
+equal bins and zooms into the chosen one, fewer passes on score rows (3.3 against 4.8 in a
+simulation; not yet timed on a GPU: benchmarks/sparse_stage.py and attention.py time both).
+Both are exact for any scores free of NaN whose eligible entries are not -inf (see
+topk_search.py). Tied candidates at the cut are taken in page order, and a prefix sum
+compacts the chosen pages into the list; counts come from the row's bounds, not a sum.
 
 `select_pages_fused` runs scoring and top-k as one kernel: scoring programs as in
 page_scores.py, and one selecting program per row that waits for its sequence's scores
@@ -36,13 +40,19 @@ from sparrow_core.kernels.page_scores import _score_blocks, check_score_inputs, 
 from sparrow_core.kernels.runtime import (
     arrival_counters, check, check_integer, gdc_launch_dependents, gdc_wait, jit,
     next_power_of_2, pdl_launch, tl, use_kernel)
+from sparrow_core.kernels.topk_search import _topk_search
 from sparrow_core.sparse.selection import select_from_scores
+
+# how a row's k-th largest score is found (topk_search.py): by digits of 32-bit keys, or by
+# bins over the scores' value range (with digits after 32 / radix_bits passes)
+SEARCHES = ("radix", "value")
 
 
 @jit
 def _topk_row(score_row, n_pages, k, list_row, count_at, mask_row, width,
               BOS: tl.constexpr, EOS: tl.constexpr, BLOCK_W: tl.constexpr,
-              WRITE_MASK: tl.constexpr, RADIX: tl.constexpr, FROM_L2: tl.constexpr):
+              WRITE_MASK: tl.constexpr, RADIX: tl.constexpr, VALUE_PASSES: tl.constexpr,
+              FROM_L2: tl.constexpr):
     """One row's selection (see the module docstring) from its scores at score_row; FROM_L2
     reads them past L1 (scores other programs have just written)."""
     p = tl.arange(0, BLOCK_W)
@@ -55,39 +65,18 @@ def _topk_row(score_row, n_pages, k, list_row, count_at, mask_row, width,
     else:
         score = tl.load(score_row + p, mask=present & (p < width), other=0.0)
     score = tl.where(score == 0.0, 0.0, score)  # -0.0 ties with 0.0, as in a float compare
-    bits = score.to(tl.int32, bitcast=True)
-    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)  # signed int order = float order
-    key = ordered.to(tl.int64) + 2147483648  # unsigned, in [0, 2^32)
-    # the k-th largest key among eligible pages, RADIX bits at a time: per pass a histogram
-    # of the next digit over the candidates (the keys sharing the digits chosen so far). It
-    # stops as soon as every remaining candidate is to be taken, usually well before the
-    # last digit; the threshold then holds only the digits chosen.
-    BINS: tl.constexpr = 1 << RADIX
-    bins = tl.arange(0, BINS)
-    threshold = tl.zeros([], tl.int64)
-    room = k  # how many of the candidates to take
-    candidate = eligible
-    n_candidates = tl.sum(eligible.to(tl.int32), axis=0)
-    shift = tl.zeros([], tl.int32) + (32 - RADIX)
-    while (shift >= 0) & (n_candidates > room):
-        digit = ((key >> shift.to(tl.int64)) & (BINS - 1)).to(tl.int32)
-        hist = tl.histogram(digit, BINS, mask=candidate)
-        # candidates with digit >= d: all of them minus those below d
-        at_least = n_candidates - tl.cumsum(hist, axis=0) + hist
-        chosen_digit = tl.max(tl.where(at_least >= room, bins, -1), axis=0)
-        room = room - tl.sum(tl.where(bins > chosen_digit, hist, 0), axis=0)
-        n_candidates = tl.sum(tl.where(bins == chosen_digit, hist, 0), axis=0)
-        threshold = threshold | (chosen_digit.to(tl.int64) << shift.to(tl.int64))
-        candidate = candidate & (digit == chosen_digit)
-        shift = shift - RADIX
-    # above: a larger prefix than the candidates'; then candidates in page order up to room
-    above = eligible & (key >= threshold) & (candidate == 0)
-    chosen = above | (candidate & (tl.cumsum(candidate.to(tl.int32), axis=0) <= room))
-    all_eligible = tl.sum(eligible.to(tl.int32), axis=0) <= k
-    selected = present & ((eligible == 0) | chosen | all_eligible)
+    # counts from the bounds, not from reductions: every reduction is a round of barriers
+    n_present = tl.minimum(n_pages, BLOCK_W)
+    n_eligible = tl.maximum(tl.minimum(n_pages - EOS, BLOCK_W) - BOS, 0)
+    taken, candidate, room, n_candidates = _topk_search(score, eligible, n_eligible, k,
+                                                        RADIX, VALUE_PASSES)
+    if n_candidates > room:  # tied candidates at the cut: the lower pages first
+        candidate = candidate & (tl.cumsum(candidate.to(tl.int32), axis=0) <= room)
+    selected = present & ((eligible == 0) | taken | candidate)
     slot = tl.cumsum(selected.to(tl.int32), axis=0) - 1
     tl.store(list_row + slot, p, mask=selected)
-    tl.store(count_at, tl.sum(selected.to(tl.int32), axis=0))
+    # the search takes exactly min(k, n_eligible) eligible pages
+    tl.store(count_at, n_present - n_eligible + tl.minimum(tl.maximum(k, 0), n_eligible))
     if WRITE_MASK:
         tl.store(mask_row + p, selected.to(tl.int8), mask=p < width)
 
@@ -96,7 +85,7 @@ def _topk_row(score_row, n_pages, k, list_row, count_at, mask_row, width,
 def _page_topk_kernel(score_ptr, ntok_ptr, topk_ptr, list_ptr, count_ptr, mask_ptr, width,
                       PAGE: tl.constexpr, BOS: tl.constexpr, EOS: tl.constexpr,
                       BLOCK_W: tl.constexpr, WRITE_MASK: tl.constexpr, RADIX: tl.constexpr,
-                      PDL: tl.constexpr):
+                      PDL: tl.constexpr, VALUE_PASSES: tl.constexpr = 0):
     if PDL:  # see runtime.py: wait for the kernel before, let the next one launch
         gdc_wait()
         gdc_launch_dependents()
@@ -105,7 +94,8 @@ def _page_topk_kernel(score_ptr, ntok_ptr, topk_ptr, list_ptr, count_ptr, mask_p
     n_pages = (tl.load(ntok_ptr + b).to(tl.int32) + PAGE - 1) // PAGE
     k = tl.load(topk_ptr + b).to(tl.int32)
     _topk_row(score_ptr + row * width, n_pages, k, list_ptr + row * width, count_ptr + row,
-              mask_ptr + row * width, width, BOS, EOS, BLOCK_W, WRITE_MASK, RADIX, False)
+              mask_ptr + row * width, width, BOS, EOS, BLOCK_W, WRITE_MASK, RADIX,
+              VALUE_PASSES, False)
 
 
 @jit
@@ -115,7 +105,8 @@ def _page_select_kernel(q_ptr, cent_ptr, table_ptr, ntok_ptr, topk_ptr, score_pt
                         BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, CHUNK_BLOCKS: tl.constexpr,
                         PAGE: tl.constexpr, BOS: tl.constexpr, EOS: tl.constexpr,
                         BLOCK_W: tl.constexpr, WRITE_MASK: tl.constexpr, RADIX: tl.constexpr,
-                        NUM_STAGES: tl.constexpr, PDL: tl.constexpr):
+                        NUM_STAGES: tl.constexpr, PDL: tl.constexpr,
+                        VALUE_PASSES: tl.constexpr = 0):
     if PDL:  # see runtime.py: wait for the kernel before, let the next one launch
         gdc_wait()
         gdc_launch_dependents()
@@ -150,7 +141,8 @@ def _page_select_kernel(q_ptr, cent_ptr, table_ptr, ntok_ptr, topk_ptr, score_pt
             scored = tl.atomic_add(sync_ptr + 1 + b, 0, sem="acquire")
         k = tl.load(topk_ptr + b).to(tl.int32)
         _topk_row(score_ptr + row * width, n_pages, k, list_ptr + row * width, count_ptr + row,
-                  mask_ptr + row * width, width, BOS, EOS, BLOCK_W, WRITE_MASK, RADIX, True)
+                  mask_ptr + row * width, width, BOS, EOS, BLOCK_W, WRITE_MASK, RADIX,
+                  VALUE_PASSES, True)
         if tl.atomic_add(sync_ptr + 1 + batch + b, 1, sem="relaxed") == kv_heads - 1:
             # every row of b has seen its chunks: both counts back to zero
             tl.atomic_xchg(sync_ptr + 1 + b, 0)
@@ -176,14 +168,17 @@ def page_topk_reference(scores, num_tokens, topk, page_size, reserved_bos, reser
 
 def page_topk(scores: torch.Tensor, num_tokens: torch.Tensor, topk: torch.Tensor,
               page_size: int, reserved_bos: int, reserved_eos: int,
-              want_mask: bool = False, radix_bits: int = 4, num_warps: int | None = None):
-    """Selected page lists from scores [B, Hkv, W] (see the module docstring); radix_bits
-    (1, 2, 4 or 8) sets the digits of the threshold search and num_warps the launch
+              want_mask: bool = False, radix_bits: int = 4, num_warps: int | None = None,
+              search: str = "radix"):
+    """Selected page lists from scores [B, Hkv, W] (see the module docstring); search
+    ("radix" or "value") picks how the k-th largest score is found, radix_bits (1, 2, 4 or
+    8) the bits per digit and the bins per pass (2^radix_bits), num_warps the launch
     (benchmarks compare them; None picks by row width)."""
     check(scores.dim() == 3 and scores.dtype == torch.float32,
           f"scores must be [B, Hkv, W] float32, got {tuple(scores.shape)} {scores.dtype}")
     batch, kv_heads, width = scores.shape
     _check_topk_args(batch, num_tokens, topk, reserved_bos, reserved_eos)
+    value_passes = _value_passes(search, radix_bits)
     if not use_kernel(scores, num_tokens, topk):
         lists, counts, mask = page_topk_reference(scores, num_tokens, topk, page_size,
                                                   reserved_bos, reserved_eos)
@@ -202,8 +197,8 @@ def page_topk(scores: torch.Tensor, num_tokens: torch.Tensor, topk: torch.Tensor
         _page_topk_kernel[(batch, kv_heads)](
             scores, num_tokens, topk, lists, counts, mask, width,
             PAGE=page_size, BOS=reserved_bos, EOS=reserved_eos, BLOCK_W=block_w,
-            WRITE_MASK=want_mask, RADIX=radix_bits, PDL=pdl, num_warps=num_warps,
-            launch_pdl=pdl)
+            WRITE_MASK=want_mask, RADIX=radix_bits, PDL=pdl, VALUE_PASSES=value_passes,
+            num_warps=num_warps, launch_pdl=pdl)
     return lists, counts, mask.bool() if want_mask else None
 
 
@@ -217,11 +212,19 @@ def _check_topk_args(batch, num_tokens, topk, reserved_bos, reserved_eos) -> Non
           f"need reserved_bos >= 0 and reserved_eos >= 1, got {reserved_bos}, {reserved_eos}")
 
 
+def _value_passes(search: str, radix_bits: int) -> int:
+    """The kernels' VALUE_PASSES (topk_search.py): value-bin passes before digits take
+    over, as many as there are digits; 0 is digits only."""
+    check(search in SEARCHES, f"search must be one of {SEARCHES}, got {search!r}")
+    check(radix_bits in (1, 2, 4, 8), f"radix_bits must be 1, 2, 4 or 8, got {radix_bits}")
+    return 32 // radix_bits if search == "value" else 0
+
+
 def select_pages_fused(q, centroids, page_tables, num_tokens, topk, page_size: int,
                        reserved_bos: int, reserved_eos: int, want_mask: bool = False, *,
                        block_pages: int = 16, chunk_blocks: int = 1,
                        num_warps: int | None = None, num_stages: int = 1,
-                       radix_bits: int = 4):
+                       radix_bits: int = 4, search: str = "radix"):
     """Scoring and top-k in one launch: lists, counts, mask (or None) and the scores
     [B, Hkv, W] float32 it ranked (entries past a row's page count are not written).
 
@@ -229,12 +232,14 @@ def select_pages_fused(q, centroids, page_tables, num_tokens, topk, page_size: i
     head at once (as page_scores does); a selecting program per (sequence, KV head) row
     waits for its sequence's chunks and runs the row's top-k, while later sequences are
     still being scored (see the kernel for the order that keeps every wait finite).
-    num_warps, num_stages and radix_bits are the launch (benchmarks/sparse_stage.py sweeps
-    them). Off GPU: page_scores then page_topk (their references)."""
+    num_warps, num_stages, radix_bits and search are the launch and search mode (as in
+    page_topk; benchmarks/sparse_stage.py sweeps them). Off GPU: page_scores then page_topk
+    (their references)."""
     check_score_inputs(q, centroids, page_tables, num_tokens)
     batch, heads, dim = q.shape
     kv_heads, width = centroids.shape[1], page_tables.shape[1]
     _check_topk_args(batch, num_tokens, topk, reserved_bos, reserved_eos)
+    value_passes = _value_passes(search, radix_bits)
     if not use_kernel(q, centroids, page_tables, num_tokens, topk):
         scores = page_scores(q, centroids, page_tables, num_tokens, page_size)
         lists, counts, mask = page_topk(scores, num_tokens, topk, page_size, reserved_bos,
@@ -261,18 +266,19 @@ def select_pages_fused(q, centroids, page_tables, num_tokens, topk, page_size: i
             BLOCK_D=next_power_of_2(dim), BLOCK_P=block_pages, CHUNK_BLOCKS=chunk_blocks,
             PAGE=page_size, BOS=reserved_bos, EOS=reserved_eos, BLOCK_W=block_w,
             WRITE_MASK=want_mask, RADIX=radix_bits, NUM_STAGES=num_stages, PDL=pdl,
-            num_warps=num_warps, launch_pdl=pdl)
+            VALUE_PASSES=value_passes, num_warps=num_warps, launch_pdl=pdl)
     return lists, counts, mask.bool() if want_mask else None, scores
 
 
 def select_page_lists(q, centroids, page_tables, num_tokens, topk, page_size: int,
                       reserved_bos: int, reserved_eos: int, want_mask: bool = False,
-                      fused: bool = False):
+                      fused: bool = False, search: str = "radix"):
     """Scoring and selection: lists, counts and optionally the mask, as page_scores then
     page_topk; fused=True runs them as one kernel (select_pages_fused), which measured
-    slower on an H100 (docs/benchmarks.md, round 6)."""
+    slower on an H100 (docs/benchmarks.md, round 6); search as in page_topk."""
     if fused:
         return select_pages_fused(q, centroids, page_tables, num_tokens, topk, page_size,
-                                  reserved_bos, reserved_eos, want_mask)[:3]
+                                  reserved_bos, reserved_eos, want_mask, search=search)[:3]
     scores = page_scores(q, centroids, page_tables, num_tokens, page_size)
-    return page_topk(scores, num_tokens, topk, page_size, reserved_bos, reserved_eos, want_mask)
+    return page_topk(scores, num_tokens, topk, page_size, reserved_bos, reserved_eos, want_mask,
+                     search=search)
