@@ -8,7 +8,9 @@ Per model head shape (Qwen3-1.7B: 16 query / 8 KV heads; Qwen3-4B: 32 / 8; head 
 bf16, 16-token head-major pages scattered through the cache), batch 16 and 64, context 4K-32K (every
 sequence full): our dense split-K kernel; our sparse step (scoring + selection + attention,
 budget of the model's 0.86 preset at that context; also with scoring and top-k as one
-launch); our sparse attention alone over the
+launch); top-k alone and selection alone by both searches (digits, the default, and value
+bins; kernels/topk_search.py), with whether their lists agree; our sparse attention alone
+over the
 same pages; torch SDPA dense over contiguous K/V (enable_gqa); FlashInfer dense and sparse
 attention alone over the same cache pages when it imports (benchmarks/peers.py). Each figure is the median of
 CUDA-graph replays after an L2 flush. Also: a launch-configuration sweep at the target case
@@ -67,6 +69,14 @@ def centroids_of(layer):
                       for i in range(0, pages.shape[0], 16384)])
 
 
+def lists_equal(got, want) -> bool:
+    """Whether two selections list the same pages (entries past a row's count are free)."""
+    (lists, counts), (want_lists, want_counts) = got[:2], want[:2]
+    listed = torch.arange(lists.shape[-1], device=lists.device) < counts.unsqueeze(-1)
+    return bool(torch.equal(counts, want_counts)
+                and torch.equal(torch.where(listed, lists, 0), torch.where(listed, want_lists, 0)))
+
+
 def relative_error(got, want):
     return float((got.float() - want.float()).norm() / want.float().norm())
 
@@ -80,13 +90,14 @@ def one_case(model, batch, context, bandwidth, device):
                                                        "lengths"))
     centroids = centroids_of(layer)
     topk_t = torch.full((batch,), topk, dtype=torch.int32, device=device)
-    select = lambda fused=False: select_page_lists(q, centroids, tables, lengths, topk_t, PAGE,
-                                                  schedule.reserved_bos, schedule.reserved_eos,
-                                                  fused=fused)
+    select = lambda fused=False, search="radix": select_page_lists(
+        q, centroids, tables, lengths, topk_t, PAGE, schedule.reserved_bos,
+        schedule.reserved_eos, fused=fused, search=search)
     lists, counts, _ = select()
     scores = page_scores(q, centroids, tables, lengths, PAGE)
-    topk_only = lambda: page_topk(scores, lengths, topk_t, PAGE, schedule.reserved_bos,
-                                  schedule.reserved_eos)
+    topk_only = lambda search="radix": page_topk(scores, lengths, topk_t, PAGE,
+                                                 schedule.reserved_bos, schedule.reserved_eos,
+                                                 search=search)
     sparse = lambda: sparse_paged_decode_attention(q, kp, vp, tables, lengths, *select()[:2])
     methods = {
         "ours_dense": lambda: paged_decode_attention(q, kp, vp, tables, lengths),
@@ -99,6 +110,8 @@ def one_case(model, batch, context, bandwidth, device):
         "ours_selection_only_fused": lambda: select(fused=True),
         "ours_scores_only": lambda: page_scores(q, centroids, tables, lengths, PAGE),
         "ours_topk_only": topk_only,
+        "ours_topk_only_value": lambda: topk_only("value"),
+        "ours_selection_only_value": lambda: select(search="value"),
         "ours_topk_only_radix1": lambda: page_topk(scores, lengths, topk_t, PAGE,
                                                    schedule.reserved_bos, schedule.reserved_eos,
                                                    radix_bits=1),
@@ -121,6 +134,7 @@ def one_case(model, batch, context, bandwidth, device):
                bandwidth_fraction={k: moved[k] / (us[k] * 1e-6) / bandwidth for k in moved},
                dense_vs_sdpa_rel_error=relative_error(dense_out, sdpa_out),
                sparse_speedup_vs_sdpa=us["sdpa_dense"] / us["ours_sparse"],
+               topk_value_equals_radix=lists_equal(topk_only("value"), (lists, counts)),
                dense_ratio_vs_sdpa=us["ours_dense"] / us["sdpa_dense"])
     row.update(flashinfer_cases(layer, lists, counts, dense_out,
                                 methods["ours_sparse_attention_only"]()))

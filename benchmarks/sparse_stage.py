@@ -6,8 +6,10 @@
 
 What it times, each against the default launch measured in the same run:
 - scoring launches (pages per iteration, blocks per program, warps, pipeline stages) and
-  top-k launches (digit width, warps); every variant's output is checked against the
-  default's (scores: max abs difference; lists: equal);
+  top-k launches (search by digits or value bins, bins per pass, warps); every variant's
+  output is checked against the default's (scores: max abs difference; lists: equal);
+- the two top-k searches (kernels/topk_search.py) alone and inside the stage, beside each
+  other (topk_search_us, also under --quick);
 - layout probes that change what the attention reads, not how: K and V of one head's page
   side by side ([P, Hkv, 2, page, D], 8 KiB contiguous per selected page and head, through
   strided views), every KV head given the same page list (the 8 heads of a page read
@@ -23,8 +25,8 @@ What it times, each against the default launch measured in the same run:
 - FlashInfer dense and sparse attention alone when importable (benchmarks/peers.py).
 
 `--quick` skips the round-5 probes (scoring / top-k sweeps, layouts, flush and PDL
-variants) and times only the stages, the combine and fused-selection variants, SDPA and
-FlashInfer.
+variants) and times only the stages, the two top-k searches, the combine and
+fused-selection variants, SDPA and FlashInfer.
 """
 
 from __future__ import annotations
@@ -72,10 +74,13 @@ def fused_launches(smoke: bool) -> list[dict]:
 
 
 def topk_launches(smoke: bool) -> list[dict]:
+    """Digits (the default search) and value bins (kernels/topk_search.py) by bins per pass
+    and warps."""
     if smoke:
-        return [{}, dict(radix_bits=4, num_warps=4)]
-    return [{}] + [dict(radix_bits=r, num_warps=w)
-                   for r, w in itertools.product((4, 8), (4, 8, 16, 32))]
+        return [{}, dict(radix_bits=4, num_warps=4), dict(search="value")]
+    return [{}] + [dict(search=search, radix_bits=r, num_warps=w)
+                   for search, r, w in itertools.product(("radix", "value"), (4, 8),
+                                                         (4, 8, 16, 32))]
 
 
 def sweep(fn_of, launches, compare, reps):
@@ -160,6 +165,15 @@ def main(argv=None) -> int:
     best_fused = best(result["fused"])
     fused_default = time_graph(fused_stage({}), reps=reps)
     two_launch = time_graph(stage({}, {}), reps=reps)
+    # the two top-k searches alone and in the stage, also under --quick
+    topk_alone = lambda search: lambda: page_topk(scores, lengths, topk, PAGE, bos, eos,
+                                                  search=search)
+    result["topk_search_us"] = {
+        "radix_alone": time_graph(topk_alone("radix"), reps=reps),
+        "value_alone": time_graph(topk_alone("value"), reps=reps),
+        "value_differs_from_radix": lists_differ(topk_alone("value")()),
+        "stage_radix": two_launch, "stage_value": time_graph(stage({}, dict(search="value")),
+                                                             reps=reps)}
     result["fused_stage_us"] = {
         "two_launch_default": two_launch, "fused_default": fused_default,
         "fused_best": time_graph(fused_stage(best_fused), reps=reps),
