@@ -17,8 +17,10 @@ set of candidates with one 2^radix_bits-bin histogram per pass (topk_search.py; 
 `search="radix"` (the default) bins by digits of 32-bit keys ordered as the scores (up to 8
 passes of 16 bins, which measured faster on an H200 than 4 passes of 256 bins: 11.0 against
 13.0 us at batch 16, 2,048 pages); `search="value"` bins the candidates' score range into
-equal bins and zooms into the chosen one, fewer passes on score rows (3.3 against 4.8 in a
-simulation; not yet timed on a GPU: benchmarks/sparse_stage.py and attention.py time both).
+equal bins and zooms into the chosen one: fewer passes on score rows (3.3 against 4.8 in a
+simulation) but measured slower on an H100 (11.9 against 11.2 us at batch 16, 32K;
+docs/benchmarks.md, round 7), so it is off by default; benchmarks/sparse_stage.py and
+attention.py time both.
 Both are exact for any scores free of NaN whose eligible entries are not -inf (see
 topk_search.py). Tied candidates at the cut are taken in page order, and a prefix sum
 compacts the chosen pages into the list; counts come from the row's bounds, not a sum.
