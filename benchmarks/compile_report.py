@@ -118,7 +118,7 @@ def main() -> int:
                 linear._skinny_linear_kernel, linear_types,
                 dict(BLOCK_M=max(16, rows), BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
                      SPLIT=launch.split, HAS_BIAS=False, W_MAJOR=launch.w_major,
-                     NUM_STAGES=launch.num_stages, UPCAST=False, PDL=pdl),
+                     NUM_STAGES=launch.num_stages, UPCAST=False, PDL=pdl, GATED=False),
                 num_warps=launch.num_warps, num_stages=launch.num_stages))
     return 0
 
