@@ -110,15 +110,21 @@ def main() -> int:
              cent_ptr=ptr("fp32"), slot_ptr=ptr("i64")),
         dict(PAGE=16, BLOCK_D=128, FUSE=True), num_warps=1))
     linear_types = dict(x_ptr=ptr("bf16"), w_ptr=ptr("bf16"), b_ptr=ptr("bf16"),
-                        out_ptr=ptr("bf16"), part_ptr=ptr("fp32"), count_ptr=ptr("i32"))
-    for rows, n_out, k_len in ((16, 4096, 2048), (16, 2048, 6144), (64, 12288, 2048)):
+                        out_ptr=ptr("bf16"), part_ptr=ptr("fp32"), count_ptr=ptr("i32"),
+                        nw_ptr=ptr("bf16"), sq_in_ptr=ptr("fp32"), res_ptr=ptr("bf16"),
+                        sq_out_ptr=ptr("fp32"), eps="fp32")
+    # q/k/v with the norm folded in; down_proj gated, split, with the residual; gate/up at 64
+    for rows, n_out, k_len, norm, residual in ((16, 4096, 2048, True, False),
+                                               (16, 2048, 6144, False, True),
+                                               (64, 12288, 2048, False, False)):
         launch = linear.default_launch(rows, n_out, k_len, 132)
         for pdl in (False, True):
             report(f"linear M={rows} N={n_out} split={launch.split} pdl={pdl}", build(
                 linear._skinny_linear_kernel, linear_types,
                 dict(BLOCK_M=max(16, rows), BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
                      SPLIT=launch.split, HAS_BIAS=False, W_MAJOR=launch.w_major,
-                     NUM_STAGES=launch.num_stages, UPCAST=False, PDL=pdl, GATED=False),
+                     NUM_STAGES=launch.num_stages, UPCAST=False, PDL=pdl, GATED=residual,
+                     NORM=norm, SQ_BLOCKS=32, RESIDUAL=residual),
                 num_warps=launch.num_warps, num_stages=launch.num_stages))
     return 0
 

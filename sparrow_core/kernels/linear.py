@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch.nn import functional as F
 
-from sparrow_core.kernels.rms_norm import needs_autograd
+from sparrow_core.kernels.rms_norm import needs_autograd, rms_norm_reference
 from sparrow_core.kernels.runtime import (
     INTERPRETER, arrival_counters, check, gdc_launch_dependents,
     gdc_wait, jit, multiprocessors, next_power_of_2, pdl_launch, tl, use_kernel)
@@ -57,10 +57,12 @@ class LinearLaunch:
 @jit
 def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, rows, n_out,
                           k_len, k_per_split, s_xm, s_wn, s_om,
+                          nw_ptr, sq_in_ptr, sq_blocks, eps, res_ptr, sq_out_ptr, s_rm,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                           SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, W_MAJOR: tl.constexpr,
                           NUM_STAGES: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
-                          GATED: tl.constexpr):
+                          GATED: tl.constexpr, NORM: tl.constexpr, SQ_BLOCKS: tl.constexpr,
+                          RESIDUAL: tl.constexpr):
     pid_n = tl.program_id(0)
     piece = tl.program_id(1)
     m = tl.arange(0, BLOCK_M)
@@ -69,6 +71,7 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, row
     m_mask = m < rows
     n_mask = n < n_out
     start = piece * k_per_split
+    norm_w = nw_ptr + kk
     x_rows = x_ptr + m[:, None] * s_xm + kk[None, :]
     w_rows = w_ptr + n.to(tl.int64)[:, None] * s_wn + kk[None, :]
     if W_MAJOR:
@@ -81,12 +84,17 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, row
         w = tl.load(w_rows + start, mask=n_mask[:, None], other=0.0)
         gdc_wait()
         gdc_launch_dependents()
-        x = _load_x(x_rows, start, k_len, m_mask, GATED)
+        inv_rms = _inverse_rms(sq_in_ptr, sq_blocks, rows, k_len, eps, m, m_mask, SQ_BLOCKS,
+                               NORM)
+        x = _load_x(x_rows, start, k_len, m_mask, GATED, norm_w, inv_rms, NORM)
         acc = _accumulate(acc, x, w, W_MAJOR, UPCAST)
         start += BLOCK_K
+    else:
+        inv_rms = _inverse_rms(sq_in_ptr, sq_blocks, rows, k_len, eps, m, m_mask, SQ_BLOCKS,
+                               NORM)
     for k0 in tl.range(start, piece * k_per_split + k_per_split, BLOCK_K,
                        num_stages=NUM_STAGES):
-        x = _load_x(x_rows, k0, k_len, m_mask, GATED)
+        x = _load_x(x_rows, k0, k_len, m_mask, GATED, norm_w, inv_rms, NORM)
         w = tl.load(w_rows + k0, mask=n_mask[:, None], other=0.0)
         acc = _accumulate(acc, x, w, W_MAJOR, UPCAST)
     if W_MAJOR:
@@ -104,22 +112,45 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, row
                 acc += tl.load(part + s * rows * n_out, mask=keep, other=0.0,
                                cache_modifier=".cg")
             tl.atomic_xchg(count_ptr + pid_n, 0)
-            _store_out(acc, b_ptr, out_ptr, m, n, n_mask, keep, s_om, HAS_BIAS)
+            _store_out(acc, b_ptr, out_ptr, m, n, n_mask, keep, s_om, HAS_BIAS,
+                       res_ptr, sq_out_ptr + pid_n * rows, s_rm, rows, RESIDUAL)
     else:
-        _store_out(acc, b_ptr, out_ptr, m, n, n_mask, keep, s_om, HAS_BIAS)
+        _store_out(acc, b_ptr, out_ptr, m, n, n_mask, keep, s_om, HAS_BIAS,
+                   res_ptr, sq_out_ptr + pid_n * rows, s_rm, rows, RESIDUAL)
 
 
 @jit
-def _load_x(x_rows, k0, k_len, m_mask, GATED: tl.constexpr):
+def _inverse_rms(sq_ptr, sq_blocks, rows, k_len, eps, m, m_mask, SQ_BLOCKS: tl.constexpr,
+                 NORM: tl.constexpr):
+    """1 / rms of each row of x from its sums of squares in parts [sq_blocks, rows] (the
+    column blocks of the kernel that made x); zeros without NORM (unused then)."""
+    inv_rms = tl.zeros(m.shape, tl.float32)
+    if NORM:
+        j = tl.arange(0, SQ_BLOCKS)
+        parts = tl.load(sq_ptr + j[:, None] * rows + m[None, :],
+                        mask=(j < sq_blocks)[:, None] & m_mask[None, :], other=0.0)
+        inv_rms = tl.rsqrt(tl.sum(parts, axis=0) / k_len + eps)
+    return inv_rms
+
+
+@jit
+def _load_x(x_rows, k0, k_len, m_mask, GATED: tl.constexpr, norm_w, inv_rms,
+            NORM: tl.constexpr):
     """x's tile at k0; GATED: silu(gate) * up from x = [gate | up] (each k_len wide), rounded
-    as kernels/silu_mul.py rounds it (silu in float32 to the dtype, then the product)."""
+    as kernels/silu_mul.py rounds it (silu in float32 to the dtype, then the product); NORM:
+    RMSNorm of x's rows (inv_rms, per row) times its weight, rounded as kernels/rms_norm.py
+    rounds it (the normalised row to the dtype, then the product with the weight)."""
+    dtype = x_rows.dtype.element_ty
     if GATED:
-        dtype = x_rows.dtype.element_ty
         gate = tl.load(x_rows + k0, mask=m_mask[:, None], other=0.0).to(tl.float32)
         up = tl.load(x_rows + k_len + k0, mask=m_mask[:, None], other=0.0).to(tl.float32)
         silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
         return (silu * up).to(dtype)
-    return tl.load(x_rows + k0, mask=m_mask[:, None], other=0.0)
+    x = tl.load(x_rows + k0, mask=m_mask[:, None], other=0.0)
+    if NORM:
+        normed = (x.to(tl.float32) * inv_rms[:, None]).to(dtype).to(tl.float32)
+        x = (normed * tl.load(norm_w + k0).to(tl.float32)[None, :]).to(dtype)
+    return x
 
 
 @jit
@@ -135,11 +166,22 @@ def _accumulate(acc, x, w, W_MAJOR: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @jit
-def _store_out(acc, b_ptr, out_ptr, m, n, n_mask, keep, s_om, HAS_BIAS: tl.constexpr):
+def _store_out(acc, b_ptr, out_ptr, m, n, n_mask, keep, s_om, HAS_BIAS: tl.constexpr,
+               res_ptr, sq_ptr, s_rm, rows, RESIDUAL: tl.constexpr):
+    """The output tile; RESIDUAL: residual + output instead (the output rounded to the dtype
+    first, the sum in float32 rounded once: kernels/rms_norm.py's residual add), and the sum
+    of squares of this block's columns of each row at sq_ptr."""
+    dtype = out_ptr.dtype.element_ty
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + m[:, None] * s_om + n[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=keep)
+    if RESIDUAL:
+        res = tl.load(res_ptr + m[:, None] * s_rm + n[None, :], mask=keep, other=0.0)
+        out = (res.to(tl.float32) + acc.to(dtype).to(tl.float32)).to(dtype)
+        kept = tl.where(keep, out.to(tl.float32), 0.0)
+        tl.store(sq_ptr + m, tl.sum(kept * kept, axis=1), mask=m < rows)
+    else:
+        out = acc.to(dtype)
+    tl.store(out_ptr + m[:, None] * s_om + n[None, :], out, mask=keep)
 
 
 def default_launch(rows: int, n_out: int, k_len: int, sms: int) -> LinearLaunch:
@@ -167,26 +209,72 @@ def _stages(launch: LinearLaunch, rows: int, pdl: bool) -> int:
     return max(1, min(launch.num_stages, SMEM_BUDGET // tile_bytes - int(pdl)))
 
 
-def takes(x: torch.Tensor, weight: torch.Tensor, launch: LinearLaunch, k_len: int) -> bool:
+@dataclass(frozen=True)
+class RowNorm:
+    """RMSNorm for the kernel to apply to x's rows as it reads them: the norm's weight [K]
+    and eps, and sumsq [blocks, M] float32, the sums of squares of x's rows in parts (what a
+    `residual=` call returns beside x), so that no program reads a whole row first."""
+
+    weight: torch.Tensor
+    eps: float
+    sumsq: torch.Tensor
+
+
+def takes(x: torch.Tensor, weight: torch.Tensor, launch: LinearLaunch, k_len: int,
+          norm: RowNorm | None = None, residual: torch.Tensor | None = None) -> bool:
     """Whether the kernel serves this call (else the reference does)."""
-    return (ENABLED and use_kernel(x, weight) and x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS
+    rows = x.shape[0] if x.dim() == 2 else 0
+    return (ENABLED and use_kernel(x, weight) and x.dim() == 2 and 0 < rows <= MAX_ROWS
             and x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16)
             and k_len % (launch.block_k * launch.split) == 0 and x.stride(-1) == 1
-            and weight.stride(-1) == 1 and not needs_autograd(x, weight))
+            and weight.stride(-1) == 1 and not needs_autograd(x, weight)
+            and (norm is None or (
+                norm.weight.dtype == x.dtype and norm.weight.is_contiguous()
+                and norm.sumsq.dtype == torch.float32 and norm.sumsq.is_contiguous()
+                and norm.sumsq.dim() == 2 and norm.sumsq.shape[1] == rows
+                and use_kernel(norm.weight, norm.sumsq) and not needs_autograd(norm.weight)))
+            and (residual is None or (
+                residual.dtype == x.dtype and residual.stride(-1) == 1
+                and use_kernel(residual) and not needs_autograd(residual))))
 
 
-def skinny_linear_reference(x, weight, bias=None, gated: bool = False) -> torch.Tensor:
+def serves(x: torch.Tensor, weight: torch.Tensor, gated: bool = False,
+           norm: RowNorm | None = None, residual: torch.Tensor | None = None) -> bool:
+    """Whether skinny_linear would run its kernel on this call with the default launch
+    (callers choose between a fused form and their own fallback with it)."""
+    if x.dim() != 2 or weight.dim() != 2:
+        return False
+    k_len = weight.shape[1]
+    launch = default_launch(x.shape[0], weight.shape[0], k_len, multiprocessors(x.device))
+    return takes(x, weight, launch, k_len, norm, residual) and not (gated and norm is not None)
+
+
+def skinny_linear_reference(x, weight, bias=None, gated: bool = False,
+                            norm: RowNorm | None = None, residual: torch.Tensor | None = None):
+    """The same semantics in PyTorch: silu_mul or the RMSNorm (from x itself, not
+    norm.sumsq) before F.linear; with residual, (residual + y, its rows' sums of squares
+    [1, M] float32)."""
     if gated:
         gate, up = x.split(weight.shape[1], dim=-1)
         x = silu_mul(gate, up)
-    return F.linear(x, weight, bias)
+    if norm is not None:
+        x = rms_norm_reference(x, norm.weight, norm.eps)
+    y = F.linear(x, weight, bias)
+    if residual is None:
+        return y
+    summed = residual + y
+    return summed, summed.float().pow(2).sum(-1)[None]
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                  launch: LinearLaunch | None = None, gated: bool = False) -> torch.Tensor:
+                  launch: LinearLaunch | None = None, gated: bool = False,
+                  norm: RowNorm | None = None, residual: torch.Tensor | None = None):
     """x [M, K] @ weight[N, K]^T (+ bias [N]) -> [M, N] in x's dtype (F.linear's contract).
     gated: x is [M, 2K] = [gate | up] and the product is silu(gate) * up @ weight^T, the
-    SwiGLU gate applied as x is read (the MLP's down projection without its own launch)."""
+    SwiGLU gate applied as x is read (the MLP's down projection without its own launch).
+    norm: x's rows go through that RMSNorm as they are read (the norm's launch folded in).
+    residual [M, N]: returns (residual + y, the sums of squares of its rows in parts
+    [blocks, M] float32), the pair a later call's RowNorm takes."""
     k_len = weight.shape[-1]
     width = 2 * k_len if gated else k_len
     check(weight.dim() == 2 and x.shape[-1] == width,
@@ -194,23 +282,38 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
           f"{x.shape[-1]}{' (gate and up)' if gated else ''}, got {tuple(weight.shape)}")
     check(bias is None or tuple(bias.shape) == (weight.shape[0],),
           f"bias must be [{weight.shape[0]}], got {None if bias is None else tuple(bias.shape)}")
+    check(not (gated and norm is not None), "a gated call takes no norm")
+    check(norm is None or tuple(norm.weight.shape) == (k_len,),
+          f"the norm's weight must be [{k_len}], got "
+          f"{None if norm is None else tuple(norm.weight.shape)}")
     rows, n_out = x.shape[0], weight.shape[0]
+    check(residual is None or tuple(residual.shape) == (rows, n_out),
+          f"residual must be [{rows}, {n_out}], got "
+          f"{None if residual is None else tuple(residual.shape)}")
     if x.dim() == 2 and launch is None:
         launch = default_launch(rows, n_out, k_len, multiprocessors(x.device))
-    if launch is None or not takes(x, weight, launch, k_len):
-        return skinny_linear_reference(x, weight, bias, gated)
+    if launch is None or not takes(x, weight, launch, k_len, norm, residual):
+        return skinny_linear_reference(x, weight, bias, gated, norm, residual)
     out = torch.empty(rows, n_out, dtype=x.dtype, device=x.device)
     blocks = -(-n_out // launch.block_n)
     part = counts = out
     if launch.split > 1:
         part = torch.empty(launch.split, rows, n_out, dtype=torch.float32, device=x.device)
         counts = arrival_counters(x.device, blocks, "skinny_linear")
+    sumsq = (torch.empty(blocks, rows, dtype=torch.float32, device=x.device)
+             if residual is not None else part)
     pdl = pdl_launch(x.device) and k_len // launch.split > launch.block_k
     _skinny_linear_kernel[(blocks, launch.split)](
         x, weight, bias if bias is not None else weight, out, part, counts, rows, n_out, k_len,
         k_len // launch.split, x.stride(0), weight.stride(0), out.stride(0),
+        weight if norm is None else norm.weight, part if norm is None else norm.sumsq,
+        0 if norm is None else norm.sumsq.shape[0], 0.0 if norm is None else norm.eps,
+        out if residual is None else residual, sumsq,
+        0 if residual is None else residual.stride(0),
         BLOCK_M=max(16, next_power_of_2(rows)), BLOCK_N=launch.block_n,
         BLOCK_K=launch.block_k, SPLIT=launch.split, HAS_BIAS=bias is not None,
         W_MAJOR=launch.w_major, NUM_STAGES=_stages(launch, rows, pdl), UPCAST=INTERPRETER,
-        PDL=pdl, GATED=gated, num_warps=launch.num_warps, launch_pdl=pdl)
-    return out
+        PDL=pdl, GATED=gated, NORM=norm is not None,
+        SQ_BLOCKS=1 if norm is None else next_power_of_2(norm.sumsq.shape[0]),
+        RESIDUAL=residual is not None, num_warps=launch.num_warps, launch_pdl=pdl)
+    return out if residual is None else (out, sumsq)

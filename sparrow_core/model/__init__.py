@@ -11,7 +11,8 @@ docs/model.md describes the interface; tests live in tests/sparrow_core/model/.
 from sparrow_core.model.attention import causal_attention
 from sparrow_core.model.config import Llama3RopeScaling, ModelArch, ModelConfigError
 from sparrow_core.model.decoder import Decoder, WeightLoadError
-from sparrow_core.model.layers import AttentionFn, FusionError
+from sparrow_core.model.fusion import FusionError
+from sparrow_core.model.layers import AttentionFn
 from sparrow_core.model.loader import CheckpointError, load_model, read_arch
 from sparrow_core.model.tokenizer import Tokenizer, TokenizerError, load_tokenizer
 

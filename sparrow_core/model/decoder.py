@@ -27,8 +27,9 @@ from torch import Tensor, nn
 from sparrow_core.errors import SparrowError
 from sparrow_core.kernels.linear import skinny_linear
 from sparrow_core.model.config import ModelArch
-from sparrow_core.model.layers import (AttentionFn, DecoderLayer, FusableProjections, RMSNorm,
-                                       Rotary)
+from sparrow_core.model.fusion import FusableProjections
+from sparrow_core.model.layers import AttentionFn, DecoderLayer, RMSNorm, Rotary
+from sparrow_core.model.stream import Stream, read
 
 # buffers some checkpoints carry that the decoder recomputes instead of loading
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -70,10 +71,10 @@ class Decoder(nn.Module):
             )
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
-        delta = None  # each layer's MLP output, added in the next norm's kernel
+        stream = Stream(x)
         for layer in self.model.layers:
-            x, delta = layer(x, delta, cos, sin, attention)
-        return self.model.norm.add_and_norm(x, delta)[0]
+            stream = layer(stream, cos, sin, attention)
+        return read(self.model.norm.open(stream)[1])
 
     def fuse_projections(self) -> None:
         """Per layer, one weight tensor for q/k/v (and one bias with qkv_bias), one for gate/up.

@@ -5,39 +5,34 @@ nothing here knows about sequences, caches or pages. Numerics follow transformer
 Qwen2 / Llama modules (RMSNorm in float32, RoPE angles in float32 then cast, rotate-half
 layout) so that logits agree with the trainer's model. Without autograd on CUDA the
 elementwise work runs in fused Triton kernels of the same numerics (sparrow_core/kernels:
-rms_norm with the residual add, qk_norm_rope, silu_mul; a handful of launches per layer
-instead of about fifty); elsewhere, and whenever gradients are recorded, in PyTorch. The
-projections of a decode batch (up to 64 rows) run in kernels/linear.py's skinny kernel,
-down_proj reading the SwiGLU gate in; larger batches, autograd and wrapped (LoRA) modules
-go through F.linear or the module itself. Both
-residual adds ride in the next norm's kernel (DecoderLayer leaves the MLP's add pending).
-An attention fn may offer a KV store target (AttentionFn's optional `kv_store`; the engine's
-GPU decode does): SelfAttention hands it to qk_norm_rope unopened, which then also writes
-the rotated k and v to the cache, so this module still knows nothing of pages.
-
-Projection fusion (`fuse_projections()`, called for the whole model by
-Decoder.fuse_projections): q/k/v rows share one weight tensor, gate/up rows another, and the
-nn.Linear parameters become views into them, so one GEMM serves each group while names,
-state_dict and in-place loads stay those of transformers. Under autograd the views run as
-separate Linears (gradients land on the named parameters); a cast or move re-fuses (`_apply`).
+rms_norm with the residual add, qk_norm_rope, silu_mul); elsewhere, and whenever gradients
+are recorded, in PyTorch. Between sublayers the residual stream travels as a
+`stream.Stream`: a decode batch of up to 16 rows runs its projections in kernels/linear.py's
+skinny kernel, which also applies the RMSNorm before q/k/v and gate/up as it reads x and
+does the residual adds after o_proj and down_proj as it writes (down_proj reading the
+SwiGLU gate in), so a layer has no norm or add launch of its own; larger batches, autograd
+and wrapped (LoRA) modules run the norm kernel (the pending add in it) and F.linear or the
+module itself. An attention fn may offer a KV store target (AttentionFn's optional
+`kv_store`; the engine's GPU decode does): SelfAttention hands it to qk_norm_rope unopened,
+which then also writes the rotated k and v to the cache, so this module still knows nothing
+of pages. q/k/v and gate/up share one weight tensor each once fused (model/fusion.py).
 Run the checks with `python -m pytest tests/sparrow_core/model tests/sparrow_core/kernels -q`.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Callable
 
 import torch
 from torch import Tensor, nn
 
-from sparrow_core.errors import SparrowError
-from sparrow_core.kernels.linear import skinny_linear
 from sparrow_core.kernels.qk_norm_rope import qk_norm_rope
 from sparrow_core.kernels.rms_norm import rms_norm
 from sparrow_core.kernels.silu_mul import silu_mul
 from sparrow_core.model.config import Llama3RopeScaling, ModelArch
+from sparrow_core.model.fusion import GATE_UP, QKV, FusableProjections
+from sparrow_core.model.stream import Normed, Stream, add_linear, open_stream, read
 
 # attention(layer_index, q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D]) -> [T, Hq, D].
 # Optional: a method `kv_store(layer_index) -> kernels.kv_write.KVStore | None`, asked once
@@ -45,18 +40,6 @@ from sparrow_core.model.config import Llama3RopeScaling, ModelArch
 # stores the layer's rotated k and v in its own launch, so the attention call that follows
 # must not store them again; None, or no such method: the attention call stores them.
 AttentionFn = Callable[[int, Tensor, Tensor, Tensor], Tensor]
-# the projection groups that fuse_projections() stacks into one weight each
-QKV = ("q_proj", "k_proj", "v_proj")
-GATE_UP = ("gate_proj", "up_proj")
-
-
-def project(linear: nn.Module, x: Tensor) -> Tensor:
-    """linear(x), through the skinny decode kernel when linear is a plain nn.Linear (a
-    wrapped one, e.g. with a LoRA adapter, runs its own forward)."""
-    if type(linear) is nn.Linear:
-        return skinny_linear(x, linear.weight, linear.bias)
-    return linear(x)
-
 
 class RMSNorm(nn.Module):
     """RMSNorm over the last dimension, computed in float32 and cast back."""
@@ -69,12 +52,10 @@ class RMSNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return rms_norm(x, self.weight, self.eps)
 
-    def add_and_norm(self, x: Tensor, delta: Tensor | None) -> tuple[Tensor, Tensor]:
-        """(norm(x + delta), x + delta), the sum rounded to x's dtype first: one kernel on GPU.
-        delta None (nothing pending): (norm(x), x)."""
-        if delta is None:
-            return self(x), x
-        return rms_norm(x, self.weight, self.eps, residual=delta)
+    def open(self, stream: Stream) -> tuple[Tensor, Tensor | Normed]:
+        """(the stream's x with any pending add done, norm(x)), the norm possibly left to
+        the next projection's kernel (a Normed; see model/stream.py)."""
+        return open_stream(stream, self.weight, self.eps)
 
 
 def rope_inverse_frequencies(
@@ -131,115 +112,6 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotated * sin
 
 
-class FusionError(SparrowError, ValueError):
-    """Projections that cannot share one weight tensor; the message names them."""
-
-
-class FusedRows:
-    """One weight (and bias) tensor holding the output rows of several nn.Linear, in order.
-
-    The Linears keep their Parameter objects; only `.data` is re-pointed at row slices of the
-    fused tensor, so optimizers, state_dict() and in-place copies by name all reach it.
-    """
-
-    def __init__(self, names: tuple[str, ...], linears: tuple[nn.Linear, ...]):
-        _check_fusable(names, linears)
-        self.linears = linears
-        self.rows = tuple(linear.out_features for linear in linears)
-        # a normal tensor even inside inference_mode: the views may later join autograd
-        with torch.no_grad(), torch.inference_mode(False):
-            self.weight = torch.cat([linear.weight.detach() for linear in linears])
-            has_bias = linears[0].bias is not None
-            self.bias = (torch.cat([linear.bias.detach() for linear in linears])
-                         if has_bias else None)
-        start = 0
-        for linear, rows in zip(linears, self.rows):
-            linear.weight.data = self.weight[start:start + rows]
-            if has_bias:
-                linear.bias.data = self.bias[start:start + rows]
-            start += rows
-
-    def serves(self, linears: tuple[nn.Module, ...]) -> bool:
-        """Whether these are still the fused Linears, each parameter still its slice."""
-        if any(now is not then for now, then in zip(linears, self.linears)):
-            return False
-        start = 0
-        for linear, rows in zip(linears, self.rows):
-            if not (_is_slice(linear.weight, self.weight, start, rows)
-                    and (self.bias is None or _is_slice(linear.bias, self.bias, start, rows))):
-                return False
-            start += rows
-        return True
-
-
-def _is_slice(param: Tensor, fused: Tensor, start: int, rows: int) -> bool:
-    offset = start * fused.stride(0) * fused.element_size()
-    return (param.data_ptr() == fused.data_ptr() + offset and param.shape[0] == rows
-            and param.dtype == fused.dtype and param.device == fused.device)
-
-
-def _check_fusable(names: tuple[str, ...], linears: tuple[nn.Module, ...]) -> None:
-    for name, linear in zip(names, linears):
-        if type(linear) is not nn.Linear:
-            raise FusionError(f"{name} is a {type(linear).__name__}, not a plain nn.Linear: fuse "
-                              "projections before wrapping them (LoRA adapters and the like)")
-    kinds = {name: (str(linear.weight.dtype), str(linear.weight.device), linear.in_features,
-                    linear.bias is not None) for name, linear in zip(names, linears)}
-    if len(set(kinds.values())) > 1:
-        shown = "; ".join(f"{name} {kind}" for name, kind in kinds.items())
-        raise FusionError(f"cannot fuse {', '.join(names)}: they differ in (dtype, device, "
-                          f"inputs, bias): {shown}")
-
-
-class FusableProjections(nn.Module):
-    """A module whose groups of nn.Linear children (FUSED_GROUPS) can share one weight each."""
-
-    # each group: child names whose output rows are stacked, in this order
-    FUSED_GROUPS: tuple[tuple[str, ...], ...] = ()
-
-    def __init__(self):
-        super().__init__()
-        self._fused: dict[tuple[str, ...], FusedRows] = {}
-
-    def fuse_projections(self) -> None:
-        """Fuse every group (idempotent; a group whose sharing was broken is fused anew)."""
-        for names in self.FUSED_GROUPS:
-            linears = tuple(getattr(self, name) for name in names)
-            current = self._fused.get(names)
-            if current is None or not current.serves(linears):
-                self._fused[names] = FusedRows(names, linears)
-
-    @property
-    def projections_fused(self) -> bool:
-        """Whether every group is fused and its Linears still view the fused tensors."""
-        return all(names in self._fused and self._fused[names].serves(
-            tuple(getattr(self, name) for name in names)) for names in self.FUSED_GROUPS)
-
-    def fused_linear(self, names: tuple[str, ...], x: Tensor) -> Tensor | None:
-        """x through the group's fused weight [.., sum of rows], or None: run them one by one
-        (not fused; autograd must reach the named parameters; sharing was broken)."""
-        fused = self._fused.get(names)
-        if fused is None:
-            return None
-        linears = tuple(getattr(self, name) for name in names)
-        if not fused.serves(linears):
-            warnings.warn(f"{'/'.join(names)} no longer view their fused weight (a parameter "
-                          "or module was replaced); running them unfused until "
-                          "fuse_projections() is called again", RuntimeWarning, stacklevel=3)
-            return None
-        if torch.is_grad_enabled() and any(
-                p.requires_grad for linear in linears for p in linear.parameters()):
-            return None
-        return skinny_linear(x, fused.weight, fused.bias)
-
-    def _apply(self, fn, recurse=True):
-        # .to() / .half() / to_empty() give every parameter its own new tensor: fuse again
-        result = super()._apply(fn, recurse)
-        if self._fused:
-            self.fuse_projections()
-        return result
-
-
 class SelfAttention(FusableProjections):
     """Q/K/V projections, optional per-head q/k RMSNorm, RoPE; attention itself is injected."""
 
@@ -263,13 +135,16 @@ class SelfAttention(FusableProjections):
         else:
             self.q_norm = self.k_norm = None
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, attention: AttentionFn) -> Tensor:
-        tokens = x.shape[0]
+    def forward(self, x: Tensor | Normed, cos: Tensor, sin: Tensor, attention: AttentionFn,
+                residual: Tensor) -> Stream:
+        """The stream residual + o_proj(attention(q, k, v)) for rows x (or norm(x))."""
         qkv = self.fused_linear(QKV, x)
         if qkv is None:
+            x = read(x)
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         else:  # views of one [T, q + 2 kv] output; their rows are strided, not copied
             q, k, v = qkv.split(self.split_sizes, dim=-1)
+        tokens = q.shape[0]
         q = q.view(tokens, self.num_q_heads, self.head_dim)
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
@@ -285,7 +160,8 @@ class SelfAttention(FusableProjections):
                 f"attention for layer {self.layer_index} returned shape {tuple(out.shape)}, "
                 f"expected {expected}"
             )
-        return project(self.o_proj, out.reshape(tokens, self.num_q_heads * self.head_dim))
+        return add_linear(residual, out.reshape(tokens, self.num_q_heads * self.head_dim),
+                          self.o_proj)
 
 
 class MLP(FusableProjections):
@@ -299,23 +175,21 @@ class MLP(FusableProjections):
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor | Normed, residual: Tensor) -> Stream:
+        """The stream residual + down(silu(gate(x)) * up(x)) for rows x (or norm(x))."""
         gate_up = self.fused_linear(GATE_UP, x)
         if gate_up is None:
-            gate, up = self.gate_proj(x), self.up_proj(x)
-        elif type(self.down_proj) is nn.Linear:  # the gate read in by down's kernel
-            return skinny_linear(gate_up, self.down_proj.weight, self.down_proj.bias, gated=True)
-        else:  # the two halves as strided views: silu_mul takes any row stride
-            gate, up = gate_up.split(self.up_proj.out_features, dim=-1)
-        return self.down_proj(silu_mul(gate, up))
+            x = read(x)
+            return add_linear(residual, silu_mul(self.gate_proj(x), self.up_proj(x)),
+                              self.down_proj)
+        return add_linear(residual, gate_up, self.down_proj, gated=True)
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)), the last add left pending.
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)).
 
-    `layer(x, delta, cos, sin, attention)` -> (x, mlp output), where delta is the previous
-    layer's pending MLP output (None for the first): the next input norm or the final norm
-    adds it in its own kernel (add_and_norm); the block's output is `x + delta`, bit for bit.
+    `layer(stream, cos, sin, attention)` -> the next stream (model/stream.py): the block's
+    output is its x plus any pending delta, which the next norm adds in its own kernel.
     """
 
     def __init__(self, arch: ModelArch, layer_index: int):
@@ -325,10 +199,9 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
 
-    def forward(self, x: Tensor, delta: Tensor | None, cos: Tensor, sin: Tensor,
-                attention: AttentionFn) -> tuple[Tensor, Tensor]:
-        # the previous layer's MLP residual add, in this norm's kernel
-        normed, x = self.input_layernorm.add_and_norm(x, delta)
-        attended = self.self_attn(normed, cos, sin, attention)
-        normed, x = self.post_attention_layernorm.add_and_norm(x, attended)
-        return x, self.mlp(normed)
+    def forward(self, stream: Stream, cos: Tensor, sin: Tensor,
+                attention: AttentionFn) -> Stream:
+        x, normed = self.input_layernorm.open(stream)
+        stream = self.self_attn(normed, cos, sin, attention, residual=x)
+        x, normed = self.post_attention_layernorm.open(stream)
+        return self.mlp(normed, residual=x)

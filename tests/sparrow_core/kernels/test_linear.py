@@ -129,6 +129,36 @@ def test_model_shapes_on_gpu(rows, n_out, k_len):
 
 
 @gpu
+@pytest.mark.parametrize("rows", [1, 16])
+@pytest.mark.parametrize("n_out,k_len,gated", [(2048, 2048, False), (2048, 6144, True),
+                                               (2560, 9728, True)])
+def test_residual_and_norm_fold_on_gpu(rows, n_out, k_len, gated):
+    """Model shapes (o_proj; down_proj split over K, gated; then q/k/v and gate/up reading
+    the sum through its norm): the residual sum is bit for bit residual + the plain call's
+    output; the sums of squares are the sum's; the folded norm equals the rms_norm kernel
+    then the product, to one rounding of the normalised x."""
+    from sparrow_core.kernels.linear import RowNorm
+    from sparrow_core.kernels.rms_norm import rms_norm
+
+    width = 2 * k_len if gated else k_len
+    a, w, _ = operands(rows, n_out, width, torch.bfloat16, device="cuda")
+    w = w[:, :k_len].contiguous()
+    residual = torch.randn(rows, n_out, device="cuda").bfloat16() * 3
+    summed, sumsq = skinny_linear(a, w, residual=residual, gated=gated)
+    assert torch.equal(summed, residual + skinny_linear(a, w, gated=gated))
+    torch.testing.assert_close(sumsq.sum(0), summed.float().pow(2).sum(-1), rtol=1e-5, atol=0)
+    norm_weight = (1 + 0.2 * torch.randn(n_out, device="cuda")).bfloat16()
+    for n_next in (4096, 12288):
+        w_next = (torch.randn(n_next, n_out, device="cuda") / n_out ** 0.5).bfloat16()
+        got = skinny_linear(summed, w_next, norm=RowNorm(norm_weight, 1e-6, sumsq))
+        normed = rms_norm(summed, norm_weight, 1e-6)
+        want = skinny_linear(normed, w_next)
+        bound = 2 ** -8 * (normed.float().abs() @ w_next.float().abs().T) + 1e-3
+        assert torch.all((got.float() - want.float()).abs() <= bound)
+        assert (got != want).float().mean() < 0.05  # mostly bit for bit
+
+
+@gpu
 def test_split_launch_replays_in_a_cuda_graph():
     x, w, b = operands(16, 2048, 6144, torch.bfloat16, device="cuda")
     eager = skinny_linear(x, w, b)  # also allocates the arrival counters before capture
@@ -139,3 +169,80 @@ def test_split_launch_replays_in_a_cuda_graph():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, eager)
+
+
+@pytest.mark.parametrize("launch", LAUNCHES)
+def test_residual_and_norm_fold(interpreted, launch):
+    """A residual call returns residual + product and its rows' sums of squares in parts;
+    a RowNorm call given those parts equals RMSNorm-then-product (the norm from x itself).
+    A wrong add, wrong sums or a norm skipped is far off."""
+    from sparrow_core.kernels.linear import RowNorm
+    from sparrow_core.kernels.rms_norm import rms_norm_reference
+
+    gen = torch.Generator().manual_seed(5)
+    a = torch.randn(6, 64, generator=gen).bfloat16()
+    w_out = (torch.randn(256, 64, generator=gen) / 8).bfloat16()
+    residual = (3 * torch.randn(6, 256, generator=gen)).bfloat16()
+    summed, sumsq = skinny_linear(a, w_out, residual=residual, launch=launch)
+    product = a.double() @ w_out.double().T
+    # one rounding of the product, one of the sum (the interpreter truncates: two steps)
+    step = 2.0 ** -7
+    want = residual.double() + product
+    assert summed.dtype == torch.bfloat16
+    assert torch.all((summed.double() - want).abs() <= 2 * step * (want.abs() + product.abs()))
+    assert sumsq.dtype == torch.float32 and sumsq.shape[1] == 6
+    torch.testing.assert_close(sumsq.sum(0), summed.float().pow(2).sum(-1), rtol=1e-5, atol=0)
+
+    norm_weight = (1 + 0.2 * torch.randn(256, generator=gen)).bfloat16()
+    w = (torch.randn(48, 256, generator=gen) / 16).bfloat16()
+    got = skinny_linear(summed, w, launch=launch,
+                        norm=RowNorm(norm_weight, 1e-6, sumsq))
+    normed = rms_norm_reference(summed, norm_weight, 1e-6).double()
+    # each normalised x may sit a rounding step (two where the interpreter truncates) off
+    bound = 2 * step * (normed.abs() @ w.double().abs().T) + step * (normed @ w.double().T).abs()
+    assert torch.all((got.double() - normed @ w.double().T).abs() <= bound)
+    unnormed = summed.double() @ w.double().T
+    assert (got.double() - unnormed).abs().max() > 0.5
+
+
+def test_residual_split_sums_in_column_blocks(interpreted):
+    """down_proj's shape of call (split over K, the last piece writes): the sums of squares
+    come from the summed output, one row of parts per column block."""
+    x, w, _ = operands(3, 64, 256, torch.bfloat16, seed=9)
+    residual = torch.randn(3, 64).bfloat16()
+    launch = LinearLaunch(block_n=16, block_k=32, split=4)
+    summed, sumsq = skinny_linear(x, w, residual=residual, launch=launch)
+    assert sumsq.shape == (4, 3)
+    blocks = summed.float().view(3, 4, 16).pow(2).sum(-1).T
+    torch.testing.assert_close(sumsq, blocks, rtol=1e-6, atol=0)
+
+
+def test_residual_reference_off_kernel():
+    """Where the kernel does not run (CPU without the interpreter), the reference gives the
+    same pair: the sum and [1, M] sums of squares; a norm call ignores the parts it is given
+    and normalises x itself."""
+    from sparrow_core.kernels.linear import RowNorm
+    from sparrow_core.kernels.rms_norm import rms_norm_reference
+
+    x, w, b = operands(4, 32, 64, torch.float32, seed=2)
+    residual = torch.randn(4, 32)
+    summed, sumsq = skinny_linear(x, w, b, residual=residual)
+    assert torch.equal(summed, residual + F.linear(x, w, b))
+    assert torch.equal(sumsq, summed.pow(2).sum(-1)[None])
+    norm_weight = torch.rand(64) + 0.5
+    got = skinny_linear(x, w, norm=RowNorm(norm_weight, 1e-6, torch.zeros(1, 4)))
+    assert torch.equal(got, F.linear(rms_norm_reference(x, norm_weight, 1e-6), w))
+
+
+def test_norm_and_residual_checks():
+    from sparrow_core.kernels.linear import RowNorm
+
+    x, w, _ = operands(4, 32, 64, torch.bfloat16)
+    with pytest.raises(KernelInputError, match="norm's weight must be"):
+        skinny_linear(x, w, norm=RowNorm(torch.ones(63).bfloat16(), 1e-6, torch.zeros(1, 4)))
+    with pytest.raises(KernelInputError, match="residual must be"):
+        skinny_linear(x, w, residual=torch.zeros(4, 31).bfloat16())
+    gate_up = torch.zeros(4, 128).bfloat16()
+    with pytest.raises(KernelInputError, match="gated call takes no norm"):
+        skinny_linear(gate_up, w, gated=True,
+                      norm=RowNorm(torch.ones(64).bfloat16(), 1e-6, torch.zeros(1, 4)))

@@ -19,8 +19,8 @@ from torch import nn
 
 from sparrow_core.model import causal_attention, load_model
 from sparrow_core.model.builtin import resolve_model_path
-from sparrow_core.model import layers
-from sparrow_core.model.layers import FusionError
+from sparrow_core.model import stream
+from sparrow_core.model.fusion import FusionError
 
 # builtin: the tiny Qwen3 (q/k norm, tied); qwen2: q/k/v bias, untied; llama: no q/k norm,
 # untied; qwen3_checkpoint: tied, GQA 2
@@ -68,7 +68,7 @@ class LinearCalls:
     def __init__(self, monkeypatch):
         self.widths: list[int] = []
         inside = [False]
-        real, real_skinny = nn.functional.linear, layers.skinny_linear
+        real, real_skinny = nn.functional.linear, stream.skinny_linear
 
         def counting(x, weight, bias=None):
             if not inside[0]:
@@ -84,7 +84,7 @@ class LinearCalls:
                 inside[0] = False
 
         monkeypatch.setattr(nn.functional, "linear", counting)
-        monkeypatch.setattr(layers, "skinny_linear", counting_skinny)
+        monkeypatch.setattr(stream, "skinny_linear", counting_skinny)
 
 
 def assert_runs_fused(model, monkeypatch):
@@ -255,10 +255,12 @@ def test_kernels_take_the_strided_halves(request):
 
 def test_decode_kernels_in_bfloat16(request, monkeypatch):
     """bf16 on CPU in the interpreter: every projection of a decode-sized batch runs in the
-    skinny linear kernel (down_proj with the gate read in); the logits stay as close to the
-    float32 model's as bf16 PyTorch's own (the interpreter truncates where a GPU rounds, in
-    every kernel, so it may sit up to 3x further off; a wrong product is far off)."""
-    from sparrow_core.kernels import linear
+    skinny linear kernel, which also applies the RMSNorms before q/k/v and gate/up (all but
+    the first layer's, whose input no kernel wrote) and the residual adds after o and down
+    (down_proj with the gate read in); the logits stay as close to the float32 model's as
+    bf16 PyTorch's own (the interpreter truncates where a GPU rounds, in every kernel, so it
+    may sit up to 3x further off; a wrong product or norm is far off)."""
+    from sparrow_core.kernels import linear, rms_norm
     from sparrow_core.kernels.runtime import HAS_TRITON, cpu_interpreter
 
     path = checkpoint_path(request, "qwen3_checkpoint")
@@ -267,15 +269,33 @@ def test_decode_kernels_in_bfloat16(request, monkeypatch):
     ids = token_ids(fused, 6)
     want = logits(exact, ids)
     torch_error = (logits(fused, ids) - want).abs().max()
-    served = []
-    real_takes = linear.takes
-    monkeypatch.setattr(linear, "takes", lambda *a: served.append(real_takes(*a)) or served[-1])
+    launches = []
+    monkeypatch.setattr(linear, "_skinny_linear_kernel", Recording(
+        linear._skinny_linear_kernel, launches, ("NORM", "RESIDUAL", "GATED")))
+    monkeypatch.setattr(rms_norm, "_rms_norm_kernel", Recording(
+        rms_norm._rms_norm_kernel, launches, ("HAS_RES",)))
     with cpu_interpreter():
         got = logits(fused, ids)
     assert (got - want).abs().max() <= 3 * torch_error
-    # per layer q/k/v, o, down (gated); gate/up; then lm_head: all in the kernel
-    assert len(served) == 4 * fused.arch.num_layers + 1
-    assert all(served) == HAS_TRITON
+    # (NORM, RESIDUAL, GATED) per skinny launch, (HAS_RES,) per norm launch
+    layer = [(True, False, False), (False, True, False), (True, False, False),
+             (False, True, True)]
+    first = [(False,), (False, False, False)] + layer[1:]
+    expected = first + layer * (fused.arch.num_layers - 1) + [(False,), (False, False, False)]
+    assert launches == (expected if HAS_TRITON else [])  # no triton: all in PyTorch
+
+
+class Recording:
+    """Stands in for a Triton kernel: records the named constexpr flags of each launch."""
+
+    def __init__(self, kernel, launches, flags):
+        self.kernel, self.launches, self.flags = kernel, launches, flags
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append(tuple(kwargs[flag] for flag in self.flags))
+            return self.kernel[grid](*args, **kwargs)
+        return launch
 
 
 def test_engine_generates_the_same_samples_fused(request):

@@ -1,5 +1,7 @@
-"""The decoder's pending MLP residual (added inside the next norm) against the adds done one by
-one with the same modules: norm, attention, add, norm, MLP, add per layer, then the final norm.
+"""The decoder's residual stream (each sublayer's add left pending for the next norm's kernel,
+model/stream.py) against the adds done one by one with the same modules: norm, attention, add,
+norm, MLP, add per layer, then the final norm. (On CPU no projection kernel does the add; the
+GPU form, with the adds in the skinny linear kernel, is tested in tests/sparrow_core/kernels.)
 
     python -m pytest tests/sparrow_core/model/test_residual_adds.py -q
 """
@@ -12,6 +14,7 @@ import pytest
 import torch
 
 from sparrow_core.model import causal_attention, load_model
+from sparrow_core.model.stream import Stream
 
 LENGTHS = [10, 7]
 
@@ -23,12 +26,19 @@ def _inputs(model):
     return ids, positions
 
 
+def _output(stream, residual):
+    """A sublayer's own output: the add it left pending on the residual it was given."""
+    assert stream.x is residual and stream.sumsq is None
+    return stream.delta
+
+
 def _adds_one_by_one(model, ids, positions, attention):
     x = model.model.embed_tokens(ids)
     cos, sin = model.rotary.cos_sin(positions, x.dtype)
     for layer in model.model.layers:
-        x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, attention)
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
+        x = x + _output(layer.self_attn(layer.input_layernorm(x), cos, sin, attention,
+                                        residual=x), x)
+        x = x + _output(layer.mlp(layer.post_attention_layernorm(x), residual=x), x)
     return model.model.norm(x)
 
 
@@ -63,9 +73,12 @@ def test_layer_returns_its_mlp_output_pending(qwen3_checkpoint):
     with torch.no_grad():
         x = model.model.embed_tokens(ids)
         cos, sin = model.rotary.cos_sin(positions, x.dtype)
-        residual, delta = layer(x, None, cos, sin, attention)
-        after_attention = x + layer.self_attn(layer.input_layernorm(x), cos, sin, attention)
-        mlp_out = layer.mlp(layer.post_attention_layernorm(after_attention))
+        stream = layer(Stream(x), cos, sin, attention)
+        residual, delta = stream.x, stream.delta
+        after_attention = x + _output(layer.self_attn(layer.input_layernorm(x), cos, sin,
+                                                      attention, residual=x), x)
+        mlp_out = _output(layer.mlp(layer.post_attention_layernorm(after_attention),
+                                    residual=after_attention), after_attention)
     # the attention's add is done, the MLP's is not: the caller's next norm adds delta
     assert torch.equal(residual, after_attention)
     assert torch.equal(delta, mlp_out)
