@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import platform
 import statistics
+import os
 import sys
 import time
 from pathlib import Path
@@ -35,6 +36,8 @@ def device_facts() -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        # the project's switches (SPARROW_SKINNY_LINEAR, SPARROW_FOLD_NORMS, SPARROW_PDL...)
+        "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith("SPARROW_")},
     }
     try:
         import triton
