@@ -16,9 +16,9 @@ large device-to-device copy, bytes read plus bytes written over its median time.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
-import os
 import sys
 import time
 from pathlib import Path
