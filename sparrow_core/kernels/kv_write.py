@@ -6,8 +6,8 @@ dtype) in the same kernel.
     write_kv(k_cache, v_cache, centroids, slots, k, v, update_centroids=False)   # prefill
     store = KVStore(k_cache, v_cache, centroids, slots)   # the same target, for another kernel
 
-One layer: k_cache, v_cache [P, Hkv, page_size, D] (head-major); centroids [P, Hkv, D] float32
-or the cache dtype; slots [T] flat slots page * page_size + offset (a negative slot is
+One layer: k_cache, v_cache [P, Hkv, page_size, D] (head-major); centroids [P, Hkv, D] float32,
+the cache dtype or float8_e4m3fn (EngineConfig.centroid_dtype); slots [T] flat slots page * page_size + offset (a negative slot is
 skipped: padded batch rows); k, v [T, Hkv, D]. With update_centroids, a token written at
 offset page_size - 1 also sets its page's centroid from the page's earlier keys (already in
 the cache, written by earlier steps) and its own key as stored (rounded to the cache dtype),
@@ -19,6 +19,12 @@ writes without it and computes the filled pages' centroids afterwards
 qk_norm_rope can do a decode step's write itself, in its own launch: given a KVStore, its
 k-head programs store the rotated k and v through `store_kv_row`, the Triton function this
 kernel uses, so both round and average alike; KVStore.check holds both launchers' checks.
+The mean is rounded once from float32 to the centroids' dtype (`round_centroids`, the
+reference's rule): round to nearest even; into float8_e4m3fn also saturating at +-448, as
+torch's CPU cast and Hopper's `cvt.rn.satfinite` do (the clamp holds it on every torch
+version). The kernel rounds to float8 by bit arithmetic (`fp32_to_e4m3fn`): Triton's
+interpreter casts to float8 rounding half up and flushing subnormals, so a plain `.to()` would
+make the CPU tests disagree with the GPU; the bit form gives the same bits on both.
 Tests: `python -m pytest tests/sparrow_core/kernels -q`.
 """
 
@@ -30,6 +36,33 @@ import torch
 
 from sparrow_core.kernels.runtime import (
     check, check_integer, check_last_dim_contiguous, jit, next_power_of_2, tl, use_kernel)
+
+FLOAT8_CENTROIDS = torch.float8_e4m3fn
+FLOAT8_MAX = 448.0  # the largest finite float8_e4m3fn
+
+
+def round_centroids(mean: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Centroids from their float32 means, rounded once to `dtype` (nearest even; float8
+    saturates at +-448). Every path that stores or replays centroids rounds through here."""
+    if dtype == FLOAT8_CENTROIDS:
+        mean = mean.float().clamp(-FLOAT8_MAX, FLOAT8_MAX)
+    return mean.to(dtype)
+
+
+@jit
+def fp32_to_e4m3fn(x):
+    """float32 -> float8_e4m3fn bits as round_centroids gives them: nearest even, subnormals
+    kept, +-448 past the range, NaN kept (c10's conversion, in integer arithmetic)."""
+    bits = x.to(tl.int32, bitcast=True)
+    nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    magnitude = tl.minimum(bits & 0x7FFFFFFF, 0x43F00000)  # 480: past it, 448 all the same
+    # normal (|x| >= 2^-6): drop 20 mantissa bits rounding to even, rebias the exponent 127 -> 7
+    normal = ((magnitude + ((magnitude >> 20) & 1) + 0x7FFFF) >> 20) - (120 << 3)
+    # subnormal: the float32 add of 2^14 rounds to a multiple of 2^-9 (the float8 unit there)
+    tiny = (magnitude.to(tl.float32, bitcast=True) + 16384.0).to(tl.int32, bitcast=True)
+    code = tl.where(magnitude < 0x3C800000, tiny - 0x46800000, tl.minimum(normal, 0x7E))
+    code = tl.where(nan, 0x7F, code) | tl.where(bits < 0, 0x80, 0)
+    return code.to(tl.uint8).to(tl.float8e4nv, bitcast=True)
 
 
 @jit
@@ -56,9 +89,13 @@ def store_kv_row(key, value_ptr, kc_ptr, vc_ptr, cent_ptr, slot, head, dim,
                           + d[None, :],
                           mask=(rows < PAGE - 1)[:, None] & (d < dim)[None, :] & fills,
                           other=0.0)
-        total = tl.sum(earlier.to(tl.float32), axis=0) + key.to(tl.float32)
-        tl.store(cent_ptr + page * s_cent_page + head * s_cent_head + d,
-                 (total / PAGE).to(cent_ptr.dtype.element_ty), mask=(d < dim) & fills)
+        mean = (tl.sum(earlier.to(tl.float32), axis=0) + key.to(tl.float32)) / PAGE
+        if cent_ptr.dtype.element_ty == tl.float8e4nv:
+            centroid = fp32_to_e4m3fn(mean)
+        else:
+            centroid = mean.to(cent_ptr.dtype.element_ty)
+        tl.store(cent_ptr + page * s_cent_page + head * s_cent_head + d, centroid,
+                 mask=(d < dim) & fills)
 
 
 @jit
@@ -94,9 +131,9 @@ class KVStore:
               f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
         pages, kv_heads, _, dim = k_cache.shape
         check(tuple(centroids.shape) == (pages, kv_heads, dim)
-              and centroids.dtype in (torch.float32, k_cache.dtype),
-              f"centroids must be float32 or {k_cache.dtype} [{pages}, {kv_heads}, {dim}], "
-              f"got {tuple(centroids.shape)} {centroids.dtype}")
+              and centroids.dtype in (torch.float32, k_cache.dtype, FLOAT8_CENTROIDS),
+              f"centroids must be float32, {k_cache.dtype} or float8_e4m3fn "
+              f"[{pages}, {kv_heads}, {dim}], got {tuple(centroids.shape)} {centroids.dtype}")
         check(k.dim() == 3 and k.shape == v.shape and tuple(k.shape[1:]) == (kv_heads, dim),
               f"k and v must be [T, {kv_heads}, {dim}], got {tuple(k.shape)} and "
               f"{tuple(v.shape)}")
@@ -129,7 +166,8 @@ def write_kv_reference(k_cache, v_cache, centroids, slots, k, v, update_centroid
     if update_centroids:
         filled = page[offset == page_size - 1]
         if filled.numel():
-            centroids[filled] = k_cache[filled].float().mean(dim=2).to(centroids.dtype)
+            centroids[filled] = round_centroids(k_cache[filled].float().mean(dim=2),
+                                                centroids.dtype)
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, centroids: torch.Tensor,

@@ -2,12 +2,14 @@
 
     scores = page_scores(q, centroids, page_tables, num_tokens)   # [B, Hkv, W] float32
 
-q [B, Hq, D] (the step's post-RoPE queries); centroids one layer [P, Hkv, D] float32, bf16 or
-fp16 (the mean key of each full page, in the cache dtype; products summed in float32); page_tables [B, W]; num_tokens [B]. q_mean is the mean of the query
-heads of each KV group, in float32 (sparse/selection.py's group_query_mean); score[b, h, i] =
-q_mean[b, h] . centroids[page_tables[b, i], h]. Columns at or past a row's page count
-ceil(num_tokens / page_size) are -inf. The partial last page's centroid is stale, but it is
-a reserved page and never ranked (page_topk.py).
+q [B, Hq, D] (the step's post-RoPE queries); centroids one layer [P, Hkv, D] float32, bf16,
+fp16 or float8_e4m3fn (the mean key of each full page, in the cache dtype or, with
+EngineConfig.centroid_dtype, in float8: half the bytes this bandwidth-bound kernel reads;
+upcast to float32 on load, products summed in float32); page_tables [B, W]; num_tokens [B].
+q_mean is the mean of the query heads of each KV group, in float32 (sparse/selection.py's
+group_query_mean); score[b, h, i] = q_mean[b, h] . centroids[page_tables[b, i], h]. Columns
+at or past a row's page count ceil(num_tokens / page_size) are -inf. The partial last page's
+centroid is stale, but it is a reserved page and never ranked (page_topk.py).
 
 One program per (sequence, run of blocks_per_program blocks of pages) and all KV heads: the
 group means of the queries in registers, then each page's centroids of every head, one contiguous row of Hkv x D
@@ -24,6 +26,8 @@ from sparrow_core.kernels.runtime import (
     check, check_last_dim_contiguous, check_page_tables, gdc_launch_dependents, gdc_wait, jit,
     next_power_of_2, pdl_launch, tl, use_kernel)
 from sparrow_core.sparse.selection import group_query_mean, score_pages
+
+CENTROID_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn)
 
 
 @jit
@@ -96,8 +100,9 @@ def check_score_inputs(q, centroids, page_tables, num_tokens) -> None:
     check(centroids.shape[2] == dim, f"centroid dim {centroids.shape[2]} differs from q's {dim}")
     check(heads % centroids.shape[1] == 0,
           f"{heads} query heads do not split into {centroids.shape[1]} KV heads")
-    check(centroids.dtype in (torch.float32, torch.bfloat16, torch.float16),
-          f"centroids must be float32, bfloat16 or float16, got {centroids.dtype}")
+    check(centroids.dtype in CENTROID_DTYPES,
+          f"centroids must be float32, bfloat16, float16 or float8_e4m3fn, got "
+          f"{centroids.dtype}")
     check_page_tables(page_tables, num_tokens, batch)
     check_last_dim_contiguous("q", q)
     check_last_dim_contiguous("centroids", centroids)

@@ -4,6 +4,7 @@
                                     reserved_eos=2, want_mask=True, search="radix")
     lists, counts, _ = select_page_lists(q, centroids, page_tables, num_tokens, topk,
                                          page_size, reserved_bos, reserved_eos)
+    # centroids as page_scores takes them: float32, bf16, fp16 or float8_e4m3fn
 
 The rule of sparse/selection.py (the reference this must equal exactly): of a row's n pages,
 0..reserved_bos-1 and the last reserved_eos are always read; the pages between are

@@ -15,8 +15,9 @@ row at the partner index. Off GPU, and whenever autograd needs the graph, the la
 With a store (kv_write.KVStore: one layer's caches, centroids and the tokens' slots) and v
 [T, Hkv, D], each k-head program also stores its rotated k row (as returned, then rounded to
 the cache dtype) and the token's v row at the token's slot, and sets the page's centroid when
-the token fills it, through kv_write's own `store_kv_row`: the results equal
-qk_norm_rope then write_kv bit for bit, with one launch instead of two. The fallback runs the
+the token fills it, through kv_write's own `store_kv_row` (float8 centroids included, rounded
+as kv_write rounds them): the results equal qk_norm_rope then write_kv bit for bit, with one
+launch instead of two. The fallback runs the
 reference, then write_kv. Tests: `python -m pytest tests/sparrow_core/kernels/test_fused_layers.py
 tests/sparrow_core/kernels/test_qk_norm_rope_store.py -q`.
 """

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from sparrow_core.kernels.kv_write import write_kv, write_kv_reference
+from sparrow_core.kernels.kv_write import round_centroids, write_kv, write_kv_reference
 from sparrow_core.kernels.page_scores import page_scores, page_scores_reference
 from sparrow_core.kernels.page_topk import (page_topk, page_topk_reference, select_page_lists,
                                             select_pages_fused)
@@ -18,6 +18,7 @@ from sparrow_core.kernels.prefill import prefill_attention_sdpa
 
 pytestmark = pytest.mark.gpu
 PAGE = 16
+F8 = torch.float8_e4m3fn
 
 
 def poison():
@@ -58,10 +59,13 @@ def test_dense_decode(hq, hkv, dtype, tol):
         assert not out[3].any()
 
 
+@pytest.mark.parametrize("centroid_dtype", ["cache", "float8_e4m3fn"])
 @pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 1e-2), (torch.float32, 1e-5)])
-def test_sparse_pipeline(dtype, tol):
+def test_sparse_pipeline(dtype, tol, centroid_dtype):
     q, k, v, tables, lengths = paged_inputs(1, 8, 16, 8, dtype)
-    centroids = k.float().mean(dim=2).to(dtype)  # the cache's dtype, as KVCache stores them
+    # the cache's dtype or float8, as KVCache stores them
+    stored = dtype if centroid_dtype == "cache" else F8
+    centroids = round_centroids(k.float().mean(dim=2), stored)
     topk = torch.randint(0, 60, (8,), device="cuda", dtype=torch.int32)
     poison()
     scores = page_scores(q, centroids, tables, lengths, PAGE)
@@ -88,17 +92,20 @@ def test_sparse_pipeline(dtype, tol):
     assert torch.equal(fused[1], counts)
 
 
-@pytest.mark.parametrize("batch,max_tokens,launch", [
-    (16, 32768, {}), (16, 4096, {}), (3, 20000, dict(block_pages=8, num_warps=4)),
-    (64, 8192, dict(block_pages=32, chunk_blocks=4, num_stages=3)), (1, 1000, {})])
-def test_fused_selection_at_model_shapes(batch, max_tokens, launch):
+@pytest.mark.parametrize("batch,max_tokens,launch,centroid_dtype", [
+    (16, 32768, {}, torch.bfloat16), (16, 4096, {}, torch.bfloat16),
+    (3, 20000, dict(block_pages=8, num_warps=4), torch.bfloat16),
+    (64, 8192, dict(block_pages=32, chunk_blocks=4, num_stages=3), torch.bfloat16),
+    (1, 1000, {}, torch.bfloat16), (16, 32768, {}, F8),
+    (3, 20000, dict(block_pages=8, num_warps=4), F8)])
+def test_fused_selection_at_model_shapes(batch, max_tokens, launch, centroid_dtype):
     """One launch of scoring and top-k: its scores equal the scoring kernel's, its lists are
     exactly the rule applied to them, every launch and every graph replay alike (its
     tickets and counts must be zero again after each, and no selecting program may wait
     forever)."""
     q, k, _, tables, lengths = paged_inputs(5, batch, 16, 8, torch.bfloat16, max_tokens)
     lengths[-1] = 0 if batch > 1 else lengths[-1]  # a padded row
-    centroids = k.float().mean(dim=2).to(torch.bfloat16)
+    centroids = round_centroids(k.float().mean(dim=2), centroid_dtype)
     topk = torch.randint(0, 300, (batch,), device="cuda", dtype=torch.int32)
     run = lambda: select_pages_fused(q, centroids, tables, lengths, topk, PAGE, 1, 2,
                                      want_mask=True, **launch)
@@ -126,7 +133,8 @@ def test_fused_selection_at_model_shapes(batch, max_tokens, launch):
 
 @pytest.mark.parametrize("dtype,centroid_dtype", [(torch.bfloat16, torch.bfloat16),
                                                   (torch.bfloat16, torch.float32),
-                                                  (torch.float32, torch.float32)])
+                                                  (torch.float32, torch.float32),
+                                                  (torch.bfloat16, F8), (torch.float32, F8)])
 def test_kv_write_with_centroids(dtype, centroid_dtype):
     gen = torch.Generator(device="cuda").manual_seed(2)
     pages, hkv, dim, tokens = 300, 8, 128, 64
@@ -145,6 +153,14 @@ def test_kv_write_with_centroids(dtype, centroid_dtype):
     write_kv(*caches, centroids, slots, k, v)
     write_kv_reference(*want, slots, k, v)
     assert torch.equal(caches[0], want[0]) and torch.equal(caches[1], want[1])
+    if centroid_dtype == F8:  # bits, up to a mean that sums in another order: one step
+        equal = centroids.view(torch.uint8) == want[2].view(torch.uint8)
+        assert equal.float().mean() > 0.99
+        step = want[2].float().abs().clamp(min=2 ** -6) * 2 ** -3
+        assert bool(((centroids.float() - want[2].float()).abs() <= step).all())
+        filled = pages_hit[:8]
+        assert not (centroids[filled].view(torch.uint8) == 0).all()
+        return
     tol = 1e-5 if centroid_dtype == torch.float32 else 8e-3  # one bf16 rounding step
     torch.testing.assert_close(centroids.float(), want[2].float(), atol=tol, rtol=tol)
 

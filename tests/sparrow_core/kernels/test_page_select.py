@@ -21,7 +21,7 @@ def loop_select(scores, n, k, bos, eos):
 
 
 @pytest.mark.parametrize("centroid_dtype,launch", [
-    (torch.float32, {}), (torch.bfloat16, {}),
+    (torch.float32, {}), (torch.bfloat16, {}), (torch.float8_e4m3fn, {}),
     # several blocks per program, a pipelined loop and a block past the widest row
     (torch.bfloat16, dict(block_pages=2, blocks_per_program=3, num_stages=2)),
     (torch.float32, dict(block_pages=4, blocks_per_program=2))])
@@ -33,7 +33,7 @@ def test_scores_equal_a_plain_loop(interpreted, centroid_dtype, launch):
     tables = torch.randint(0, pages, (3, width), generator=gen, dtype=torch.int32)
     num_tokens = torch.tensor([width * page_size, 13, 0], dtype=torch.int32)
     scores = page_scores(q, centroids, tables, num_tokens, page_size, **launch)
-    qn, cn = q.double().numpy(), centroids.double().numpy()  # bf16 values exact in float64
+    qn, cn = q.double().numpy(), centroids.double().numpy()  # bf16, fp8 exact in float64
     for b in range(3):
         n = -(-int(num_tokens[b]) // page_size)
         for h in range(hkv):
@@ -95,7 +95,8 @@ def test_score_and_select_equal_the_selection_reference(interpreted):
     # than the rest, chunks wholly past short rows; several blocks per chunk, pipelined
     (torch.bfloat16, dict(block_pages=1, chunk_blocks=2)),
     (torch.float32, dict(block_pages=2, radix_bits=1)),
-    (torch.bfloat16, dict(block_pages=4, chunk_blocks=2, num_stages=2, radix_bits=8))])
+    (torch.bfloat16, dict(block_pages=4, chunk_blocks=2, num_stages=2, radix_bits=8)),
+    (torch.float8_e4m3fn, dict(block_pages=2, chunk_blocks=2))])
 def test_fused_selection_ranks_the_scores_it_writes(interpreted, dtype, launch):
     gen = torch.Generator().manual_seed(3)
     pages, hkv, hq, dim, page_size, width = 60, 2, 6, 16, 4, 13
