@@ -10,7 +10,9 @@ of the weight (copies cycled within one CUDA graph until at least 256 MiB are re
 every figure is a cold read of W, as in a decode step, with the launch gaps between
 kernels included. Also the whole chain of a model's projections (every layer, distinct
 weights): cuBLAS with the SwiGLU gate as its own kernel, against our default launches with
-the gate read in by the down projection (and with programmatic dependent launch). Bytes/s count the weights read; the copy
+the gate read in by the down projection (and with programmatic dependent launch); and, at
+up to 16 rows, that chain with each layer's two RMSNorms and residual adds, in their own
+kernels or folded into the projections (`with_norms`). Bytes/s count the weights read; the copy
 bandwidth of the same run is the baseline.
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -28,7 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import copy_bandwidth, device_facts, time_graph, write_json  # noqa: E402
 from sparrow_core.costmodel_presets import get_model  # noqa: E402
-from sparrow_core.kernels.linear import LinearLaunch, default_launch, skinny_linear  # noqa: E402
+from sparrow_core.kernels.linear import (  # noqa: E402
+    MAX_ROWS, LinearLaunch, RowNorm, default_launch, skinny_linear)
+from sparrow_core.kernels.rms_norm import rms_norm  # noqa: E402
 from sparrow_core.kernels.runtime import multiprocessors, programmatic_launch  # noqa: E402
 from sparrow_core.kernels.silu_mul import silu_mul  # noqa: E402
 
@@ -135,7 +140,53 @@ def chain(model: str, rows: int, device, layers: int | None = None) -> dict:
         result["ours_pdl_us"] = time_graph(ours, reps=10)
     for name in ("cublas", "ours", "ours_pdl"):
         result[f"{name}_bytes_per_s"] = result["weight_bytes"] / (result[f"{name}_us"] * 1e-6)
+    if rows <= MAX_ROWS:
+        result["with_norms"] = norm_chains(weights, shape, rows, device)
     return result
+
+
+def norm_chains(weights, shape, rows, device) -> dict:
+    """The chain with a layer's two RMSNorms and residual adds, microseconds: in their own
+    kernels (`separate`, the model's form with SPARROW_FOLD_NORMS=0), folded into the
+    projections (`folded`: norm read in by q/k/v and gate/up, adds written by o and down),
+    only the adds folded (`adds_folded`, norms in their kernels), only the norms folded
+    (`norms_folded`, sums of squares precomputed), and folded with the norm-reading
+    launches' tiles turned over (`folded_x_major`: x on the tensor core's M side)."""
+    hidden = torch.randn(rows, shape.hidden, device=device, dtype=torch.bfloat16)
+    attended = torch.randn(rows, shape.q_heads * shape.head_dim, device=device,
+                           dtype=torch.bfloat16)
+    gate_up = torch.randn(rows, 2 * shape.intermediate, device=device, dtype=torch.bfloat16)
+    norm_weight = torch.ones(shape.hidden, device=device, dtype=torch.bfloat16)
+    _, sumsq = skinny_linear(attended, weights[0][1], residual=hidden)
+    sms = multiprocessors(device)
+
+    def layer_chain(fold_norm, fold_add, w_major=True):
+        def run():
+            x, sq = hidden, sumsq
+            for w_qkv, w_o, w_gate_up, w_down in weights:
+                for w_in, w_out, a, gated in ((w_qkv, w_o, attended, False),
+                                              (w_gate_up, w_down, gate_up, True)):
+                    if fold_norm:
+                        launch = replace(default_launch(rows, *w_in.shape, sms),
+                                         w_major=w_major)
+                        skinny_linear(x, w_in, launch=launch,
+                                      norm=RowNorm(norm_weight, 1e-6, sq))
+                    else:
+                        normed = rms_norm(x, norm_weight, 1e-6, residual=None if fold_add
+                                          else a[:, :shape.hidden].contiguous())
+                        skinny_linear(normed if fold_add else normed[0], w_in)
+                    if fold_add:
+                        x, made = skinny_linear(a, w_out, gated=gated, residual=x)
+                        sq = made if fold_norm else sq
+                    else:
+                        skinny_linear(a, w_out, gated=gated)
+        return run
+
+    forms = {"separate": (False, False), "folded": (True, True),
+             "adds_folded": (False, True), "norms_folded": (True, False)}
+    timed = {name: time_graph(layer_chain(*flags), reps=10) for name, flags in forms.items()}
+    timed["folded_x_major"] = time_graph(layer_chain(True, True, w_major=False), reps=10)
+    return timed
 
 
 def main() -> int:
