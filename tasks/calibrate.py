@@ -142,7 +142,7 @@ def replay(overrides: list[str], calibration_id: str, trajectories_path: str) ->
     num_bins = cfg.calibrate.num_bins or template.num_bins
     clock = time.perf_counter()
     table = measure_budgets(model, trajectories, template, grid, cfg.rollout.temperature or 1.0,
-                            num_bins=num_bins)
+                            num_bins=num_bins, centroid_dtype=cfg.rollout.centroid_dtype)
     seconds = time.perf_counter() - clock
     out = calibration_dir(cfg.pipeline.workdir, calibration_id) / TABLE_FILE
     return str(write_json(out, {"replay_s": seconds, **table_to_dict(table)}))

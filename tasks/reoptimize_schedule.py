@@ -92,7 +92,8 @@ def remeasure(runtime: RunRuntime, step: int, schedule: Schedule,
     model = load_model(runtime.policy_folder_before(step), getattr(torch, dtype), device)
     table = measure_budgets(model, trajectories, schedule, budgets,
                             cfg.rollout.temperature or 1.0, num_bins=schedule.num_bins,
-                            bins=decision.raise_bins + decision.lower_bins)
+                            bins=decision.raise_bins + decision.lower_bins,
+                            centroid_dtype=cfg.rollout.centroid_dtype)
     return budgets, table.p5[:, : schedule.num_bins], [int(n) for n in table.tokens]
 
 

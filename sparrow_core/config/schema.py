@@ -48,6 +48,9 @@ class RolloutConfig:
     num_actors: int = 0
     # launch each decode step before the host has read the previous one's tokens (same results)
     overlap: bool = True
+    # page centroids' dtype: cache (the KV cache's) or float8_e4m3fn (half the bytes page
+    # scoring reads; selection changes slightly, and calibration replays with this setting)
+    centroid_dtype: str = "cache"
 
 
 @dataclass(frozen=True)
@@ -205,5 +208,6 @@ GROUPS = ("model", "rollout", "schedule", "algo", "data", "pipeline", "calibrate
 CHOICES: dict[str, tuple[str, ...]] = {
     "model.dtype": ("auto", "float32", "bfloat16", "float16"),
     "rollout.backend": ("native",),
+    "rollout.centroid_dtype": ("cache", "float8_e4m3fn"),
     "algo.loss_agg": ("token_mean", "sequence_mean"),
 }

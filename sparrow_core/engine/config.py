@@ -2,6 +2,7 @@
 
     config = EngineConfig(max_batch_size=8, page_size=16, kv_cache_mib=64)
     config = EngineConfig(num_pages=40, page_size=4)      # tests: an exact page count
+    config = EngineConfig(centroid_dtype="float8_e4m3fn") # page centroids in 8-bit float
     config = EngineConfig.from_rollout(cfg.rollout, page_size=schedule.page_size,
                                        max_context=cfg.model.max_context)
 
@@ -14,6 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparrow_core.errors import SparrowError
+
+
+# the values of EngineConfig.centroid_dtype
+CENTROID_DTYPES = ("cache", "float8_e4m3fn")
 
 
 class EngineError(SparrowError, ValueError):
@@ -44,6 +49,9 @@ class EngineConfig:
     # launch decode step t+1 from step t's device-side tokens and do step t's host work while
     # it runs (steady decode only; results equal the synchronous loop's)
     overlap: bool = True
+    # page centroids' dtype: "cache" (the KV cache's) or "float8_e4m3fn" (half the bytes page
+    # scoring reads; selection changes slightly: calibrate with the same setting)
+    centroid_dtype: str = "cache"
 
     def __post_init__(self) -> None:
         for key in ("max_batch_size", "page_size", "max_prefill_tokens"):
@@ -61,6 +69,9 @@ class EngineConfig:
             if not isinstance(getattr(self, key), bool):
                 raise EngineError(f"EngineConfig.{key} must be true or false, "
                                   f"got {getattr(self, key)!r}")
+        if self.centroid_dtype not in CENTROID_DTYPES:
+            raise EngineError(f"EngineConfig.centroid_dtype must be one of "
+                              f"{', '.join(CENTROID_DTYPES)}, got {self.centroid_dtype!r}")
         if not self.kv_cache_mib > 0:
             raise EngineError(
                 f"EngineConfig.kv_cache_mib must be positive, got {self.kv_cache_mib}")
@@ -68,9 +79,11 @@ class EngineConfig:
     @classmethod
     def from_rollout(cls, rollout: Any, page_size: int = 16, max_context: int = 0,
                      **overrides: Any) -> "EngineConfig":
-        """From the typed `rollout` config group (kv_cache_mib, max_batch_size, seed, overlap)."""
+        """From the typed `rollout` config group (kv_cache_mib, max_batch_size, seed, overlap,
+        centroid_dtype)."""
         values = dict(max_batch_size=rollout.max_batch_size,
                       kv_cache_mib=float(rollout.kv_cache_mib), seed=rollout.seed,
-                      overlap=rollout.overlap, page_size=page_size, max_context=max_context)
+                      overlap=rollout.overlap, centroid_dtype=rollout.centroid_dtype,
+                      page_size=page_size, max_context=max_context)
         values.update(overrides)
         return cls(**values)

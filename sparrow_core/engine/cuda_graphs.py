@@ -17,7 +17,9 @@ no Python runs per layer per step. The batch is padded to its bucket with rows t
 nothing (slot -1) and read nothing (0 tokens); the page-table width to a power of two (the
 kernels cut their work by the run-time token counts, not by the width). The schedule's
 per-bin top-k travels in a buffer; its reserved pages and dense layers are fixed per graph.
-`use_graphs=False` runs the same kernels eagerly (benchmarks, debugging).
+`use_graphs=False` runs the same kernels eagerly (benchmarks, debugging). Centroids are
+read and written in the cache's centroid dtype (EngineConfig.centroid_dtype; float8 rounds
+as KVCache.update_centroids does, kernels/kv_write.py), so both paths select the same pages.
 Inputs go up through pinned memory with non_blocking copies and the ids may come as a device
 tensor, so a decode launch never waits for the GPU: the engine queues step t+1 while step t
 still runs.

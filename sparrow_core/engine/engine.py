@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from sparrow_core.engine.block_manager import BlockManager
 from sparrow_core.engine.config import EngineConfig, EngineError
-from sparrow_core.engine.kv_cache import KVCache, pages_for_budget
+from sparrow_core.engine.kv_cache import KVCache, centroid_torch_dtype, pages_for_budget
 from sparrow_core.engine.runner import ModelRunner, StepOutputs
 from sparrow_core.engine.sampler import SamplingBatch, SamplingParams, sample
 from sparrow_core.engine.scheduler import Batch, Scheduler, SequenceGroup, pages_needed
@@ -85,10 +85,11 @@ class Engine:
         self.config = config or EngineConfig()
         arch = model.arch
         weight = next(model.parameters())
+        centroids = centroid_torch_dtype(self.config.centroid_dtype, weight.dtype)
         num_pages = self.config.num_pages or pages_for_budget(
-            arch, self.config.page_size, weight.dtype, self.config.kv_cache_mib)
+            arch, self.config.page_size, weight.dtype, self.config.kv_cache_mib, centroids)
         self.cache = KVCache.allocate(arch, num_pages, self.config.page_size, weight.dtype,
-                                      weight.device)
+                                      weight.device, centroids)
         self.block_manager = BlockManager(num_pages, self.config.page_size)
         self.runner = ModelRunner(model, self.cache, self.block_manager)
         self.max_context = self.config.max_context or arch.max_position_embeddings

@@ -1,15 +1,17 @@
 """The paged KV cache: per layer keys, values and one centroid per page and KV head.
 
     cache = KVCache.allocate(arch, num_pages=64, page_size=16, dtype=torch.float32, device="cpu")
+    cache = KVCache.allocate(..., centroid_dtype=torch.float8_e4m3fn)   # 8-bit centroids
     cache.write(layer, slot_mapping, k, v)      # k, v: [T, Hkv, D] post-RoPE
     cache.update_centroids(layer, filled_pages) # once per page, when it fills
 
 Storage: k and v [num_layers, num_pages, Hkv, page_size, D] in the model's dtype (head-major:
 one KV head's page is one contiguous block, so a per-head page gather reads whole rows of
-page_size * D elements); centroids
-[num_layers, num_pages, Hkv, D] in the same dtype, the mean of the page's keys computed in
-float32 and rounded once to the cache dtype (bf16 on GPU halves the bytes scoring reads;
-float32 on CPU stays exact).
+page_size * D elements); centroids [num_layers, num_pages, Hkv, D], the mean of the page's
+keys (as stored) computed in float32 and rounded once (kernels/kv_write.py round_centroids)
+to the centroid dtype: the cache dtype by default (bf16 on GPU halves the bytes scoring
+reads against float32; float32 on CPU stays exact), or float8_e4m3fn with
+EngineConfig.centroid_dtype (half again; the selection changes slightly).
 A page's centroid is only meaningful once the page is full; selection never scores the
 partial page (it is always read).
 """
@@ -21,21 +23,34 @@ from typing import TYPE_CHECKING, Iterable
 
 import torch
 
-from sparrow_core.engine.config import EngineError
+from sparrow_core.engine.config import CENTROID_DTYPES, EngineError
+from sparrow_core.kernels.kv_write import round_centroids
 
 if TYPE_CHECKING:
     from sparrow_core.model.config import ModelArch
 
 
-def bytes_per_page(arch: "ModelArch", page_size: int, dtype: torch.dtype) -> int:
-    """Bytes one page costs over all layers: keys, values and the centroid (cache dtype)."""
+def centroid_torch_dtype(name: str, cache_dtype: torch.dtype) -> torch.dtype:
+    """The torch dtype of EngineConfig.centroid_dtype `name` for a cache of `cache_dtype`."""
+    if name not in CENTROID_DTYPES:
+        raise EngineError(f"centroid_dtype must be one of {', '.join(CENTROID_DTYPES)}, "
+                          f"got {name!r}")
+    return cache_dtype if name == "cache" else getattr(torch, name)
+
+
+def bytes_per_page(arch: "ModelArch", page_size: int, dtype: torch.dtype,
+                   centroids: torch.dtype | None = None) -> int:
+    """Bytes one page costs over all layers: keys and values (cache dtype) and the centroid
+    (`centroids`, None: the cache dtype)."""
     element = torch.empty((), dtype=dtype).element_size()
-    per_layer = arch.num_kv_heads * arch.head_dim * (2 * page_size + 1) * element
+    centroid = torch.empty((), dtype=centroids or dtype).element_size()
+    per_layer = arch.num_kv_heads * arch.head_dim * (2 * page_size * element + centroid)
     return arch.num_layers * per_layer
 
 
-def pages_for_budget(arch: "ModelArch", page_size: int, dtype: torch.dtype, mib: float) -> int:
-    per_page = bytes_per_page(arch, page_size, dtype)
+def pages_for_budget(arch: "ModelArch", page_size: int, dtype: torch.dtype, mib: float,
+                     centroids: torch.dtype | None = None) -> int:
+    per_page = bytes_per_page(arch, page_size, dtype, centroids)
     pages = int(mib * 2**20) // per_page
     if pages < 1:
         raise EngineError(
@@ -53,12 +68,15 @@ class KVCache:
 
     @classmethod
     def allocate(cls, arch: "ModelArch", num_pages: int, page_size: int, dtype: torch.dtype,
-                 device: torch.device | str) -> "KVCache":
+                 device: torch.device | str,
+                 centroid_dtype: torch.dtype | None = None) -> "KVCache":
+        """Zeroed keys and values in `dtype`, centroids in `centroid_dtype` (None: `dtype`)."""
         shape = (arch.num_layers, num_pages, arch.num_kv_heads, page_size, arch.head_dim)
         return cls(
             k=torch.zeros(shape, dtype=dtype, device=device),
             v=torch.zeros(shape, dtype=dtype, device=device),
-            centroids=torch.zeros(shape[:3] + shape[4:], dtype=dtype, device=device),
+            centroids=torch.zeros(shape[:3] + shape[4:], dtype=centroid_dtype or dtype,
+                                  device=device),
         )
 
     @property
@@ -85,11 +103,11 @@ class KVCache:
         self.v[layer][page, :, offset] = v.to(self.v.dtype)
 
     def update_centroids(self, layer: int, pages: torch.Tensor) -> None:
-        """Centroid of each listed (full) page: the float32 mean of its keys, stored in the
-        cache dtype."""
+        """Centroid of each listed (full) page: the float32 mean of its keys, rounded once to
+        the centroids' dtype."""
         if pages.numel():
             mean = self.k[layer, pages].float().mean(dim=2)
-            self.centroids[layer, pages] = mean.to(self.centroids.dtype)
+            self.centroids[layer, pages] = round_centroids(mean, self.centroids.dtype)
 
     def copy_pages(self, pairs: Iterable[tuple[int, int]]) -> None:
         """Copy keys, values and centroids from source to destination page, every layer."""

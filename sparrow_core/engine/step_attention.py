@@ -89,6 +89,7 @@ class PagedAttention:
             return paths.dense_decode_attention(q, k_pages, v_pages, meta.page_tables,
                                                 meta.num_tokens)
         # sparse decode: score the cached pages' centroids against the group-mean query
+        # (in the centroid dtype, float8 included; score_pages upcasts to float32)
         centroids = cache.centroids[layer][meta.page_tables]  # [B, W, Hkv, D]
         num_pages = (meta.num_tokens + cache.page_size - 1) // cache.page_size
         q_mean = group_query_mean(q, k.shape[1])

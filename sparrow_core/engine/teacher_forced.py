@@ -2,11 +2,14 @@
 
     logits = teacher_forced_logits(model, [ids_a, ids_b], prompt_lens=[5, 9], schedule=s)
     logits[0][t]   # [vocab] float32: what decoding ids_a one token at a time gives at t
+    logits = teacher_forced_logits(..., centroid_dtype="float8_e4m3fn")  # the engine's setting
 
 Prompt positions attend densely (as prefill). Every later position t (its token was
 generated) attends as the decode step that fed it did: the cache then held t + 1 tokens,
 n = t // page_size + 1 pages; the centroids of the pages full by then (a page's centroid is
-fixed once it fills, so it is computed once from the sequence's keys); its own q_mean;
+fixed once it fills, so it is computed once from the sequence's keys, rounded to the
+engine's centroid dtype, EngineConfig.centroid_dtype, as its KVCache stores them); its own
+q_mean;
 top-k from the schedule at position t; reserved_bos and reserved_eos pages always read;
 layers in skip_layers dense. With schedule=None every position is dense causal (the dense
 variant, equal to transformers' forward). Masked attention, no cache writes: gradients flow
@@ -22,6 +25,8 @@ from typing import Callable, Sequence
 import torch
 
 from sparrow_core.engine.attention import masked_attention
+from sparrow_core.engine.kv_cache import centroid_torch_dtype
+from sparrow_core.kernels.kv_write import round_centroids
 from sparrow_core.sparse.schedule import Schedule
 from sparrow_core.sparse.selection import group_query_mean, select_from_scores, token_mask
 
@@ -32,17 +37,20 @@ TeacherSelectionHook = Callable[[int, int, torch.Tensor], None]
 def teacher_forced_logits(model: torch.nn.Module, sequences: Sequence[Sequence[int] | torch.Tensor],
                           prompt_lens: Sequence[int] | None = None,
                           schedule: Schedule | None = None, query_chunk: int = 1024,
-                          on_selection: TeacherSelectionHook | None = None) -> list[torch.Tensor]:
-    """Float32 logits [T_i, vocab] per sequence; sparse at generated positions if scheduled."""
+                          on_selection: TeacherSelectionHook | None = None,
+                          centroid_dtype: str = "cache") -> list[torch.Tensor]:
+    """Float32 logits [T_i, vocab] per sequence; sparse at generated positions if scheduled;
+    centroid_dtype as the decoding engine's EngineConfig.centroid_dtype."""
     hidden = teacher_forced_hidden(model, sequences, prompt_lens, schedule, query_chunk,
-                                   on_selection)
+                                   on_selection, centroid_dtype)
     return [model.compute_logits(h) for h in hidden]
 
 
 def teacher_forced_hidden(model: torch.nn.Module, sequences: Sequence[Sequence[int] | torch.Tensor],
                           prompt_lens: Sequence[int] | None = None,
                           schedule: Schedule | None = None, query_chunk: int = 1024,
-                          on_selection: TeacherSelectionHook | None = None) -> list[torch.Tensor]:
+                          on_selection: TeacherSelectionHook | None = None,
+                          centroid_dtype: str = "cache") -> list[torch.Tensor]:
     """Final hidden states [T_i, hidden] per sequence (see teacher_forced_logits)."""
     device = next(model.parameters()).device
     ids = [torch.as_tensor(s, dtype=torch.long, device=device).flatten() for s in sequences]
@@ -55,7 +63,8 @@ def teacher_forced_hidden(model: torch.nn.Module, sequences: Sequence[Sequence[i
     if len(prompt_lens) != len(lens) or any(not 1 <= p <= n for p, n in zip(prompt_lens, lens)):
         raise ValueError(f"prompt_lens {prompt_lens} must give 1 <= prompt_len <= length for "
                          f"sequences of lengths {lens}")
-    attention = TeacherForcedAttention(lens, prompt_lens, schedule, query_chunk, on_selection)
+    attention = TeacherForcedAttention(lens, prompt_lens, schedule, query_chunk, on_selection,
+                                       centroid_dtype)
     positions = torch.cat([torch.arange(n, device=device) for n in lens])
     hidden = model(torch.cat(ids), positions, attention)
     return list(hidden.split(lens))
@@ -65,9 +74,12 @@ class TeacherForcedAttention:
     """AttentionFn over packed whole sequences, each query with its own page selection."""
 
     def __init__(self, seq_lens: list[int], prompt_lens: list[int], schedule: Schedule | None,
-                 query_chunk: int = 1024, on_selection: TeacherSelectionHook | None = None):
+                 query_chunk: int = 1024, on_selection: TeacherSelectionHook | None = None,
+                 centroid_dtype: str = "cache"):
         if query_chunk < 1:
             raise ValueError(f"query_chunk must be positive, got {query_chunk}")
+        centroid_torch_dtype(centroid_dtype, torch.float32)  # refuse a bad name now
+        self.centroid_dtype = centroid_dtype
         self.seq_lens = seq_lens
         self.prompt_lens = prompt_lens
         self.schedule = schedule
@@ -99,8 +111,9 @@ class TeacherForcedAttention:
         full = length // page_size
         centroids = torch.zeros(width, kv_heads, dim, device=k.device)
         full_keys = k[: full * page_size].float().view(full, page_size, kv_heads, dim)
-        # rounded to the cache dtype (k's), as the engine's KVCache stores them
-        centroids[:full] = full_keys.mean(1).to(k.dtype).float()
+        # rounded as the engine's KVCache stores them (the cache dtype is k's)
+        stored = centroid_torch_dtype(self.centroid_dtype, k.dtype)
+        centroids[:full] = round_centroids(full_keys.mean(1), stored).float()
         scores = torch.einsum("thd,phd->thp", group_query_mean(q, kv_heads), centroids)
         position = torch.arange(length, device=k.device)
         num_pages = position // page_size + 1

@@ -5,7 +5,8 @@ measure the exact acceptance per token and its p5 per (budget, bin).
                                                  budget_grid)
     trajectories = sample_trajectories(model, tokenizer, prompt_ids, params)   # dense sampling
     grid = budget_grid(max_pages=36)                # fits the tiny model: 1, 2, 3, 4, 8, ... 32
-    table = measure_budgets(model, trajectories, template, grid, temperature=1.0)
+    table = measure_budgets(model, trajectories, template, grid, temperature=1.0,
+                            centroid_dtype=cfg.rollout.centroid_dtype)  # as the rollout engine
     table.p5[budget_index, bin], table.tokens[bin]
 
 The paper generated every sparsity setting separately and scored it with the dense model; here
@@ -16,6 +17,9 @@ tokens. A flat schedule of one budget is the template (page size, bins, reserved
 layers) with a single bin. The token at total position p was drawn from the logits at p - 1;
 the first generated token comes from the dense prefill, so its acceptance is 1 under every
 budget, as in the rollout. Percentiles are numpy's linear ones, as in mismatch.bin_statistics.
+The replay rounds page centroids as the rollout engine stores them (`centroid_dtype`, the
+engine's EngineConfig.centroid_dtype): float8 centroids select slightly different pages, so a
+schedule calibrated with one setting holds for rollouts with that setting.
 """
 
 from __future__ import annotations
@@ -153,10 +157,12 @@ def _groups(trajectories: Sequence[Trajectory], batch_tokens: int) -> list[list[
 @torch.no_grad()
 def replay_acceptance(model: torch.nn.Module, trajectories: Sequence[Trajectory],
                       schedules: Sequence[Schedule], temperature: float = 1.0,
-                      batch_tokens: int = 4096) -> list[np.ndarray]:
+                      batch_tokens: int = 4096,
+                      centroid_dtype: str = "cache") -> list[np.ndarray]:
     """Exact acceptance of every generated token under each schedule: one array per schedule,
     the trajectories' tokens in order. Sequences go through the model together up to
-    `batch_tokens` tokens at a time (full-vocabulary logits are [tokens, vocab] floats)."""
+    `batch_tokens` tokens at a time (full-vocabulary logits are [tokens, vocab] floats);
+    centroid_dtype: the rollout engine's EngineConfig.centroid_dtype."""
     out: list[list[np.ndarray]] = [[] for _ in schedules]
     for group in _groups(trajectories, batch_tokens):
         ids = [list(t.ids) for t in group]
@@ -165,7 +171,8 @@ def replay_acceptance(model: torch.nn.Module, trajectories: Sequence[Trajectory]
         spans = [slice(t.prompt_len - 1, len(t.ids) - 1) for t in group]
         dense = teacher_forced_logits(model, ids)
         for j, schedule in enumerate(schedules):
-            sparse = teacher_forced_logits(model, ids, prompt_lens, schedule=schedule)
+            sparse = teacher_forced_logits(model, ids, prompt_lens, schedule=schedule,
+                                           centroid_dtype=centroid_dtype)
             for d, q, span in zip(dense, sparse, spans):
                 alpha = acceptance_from_logits(d[span], q[span], temperature)
                 out[j].append(alpha.double().cpu().numpy())
@@ -175,12 +182,12 @@ def replay_acceptance(model: torch.nn.Module, trajectories: Sequence[Trajectory]
 def measure_budgets(model: torch.nn.Module, trajectories: Sequence[Trajectory],
                     template: Schedule, budgets: Sequence[int], temperature: float = 1.0,
                     num_bins: int = 0, bins: Sequence[int] | None = None,
-                    batch_tokens: int = 4096) -> AcceptanceTable:
+                    batch_tokens: int = 4096, centroid_dtype: str = "cache") -> AcceptanceTable:
     """Replay every trajectory under a flat schedule of each budget; statistics per (budget, bin).
 
     num_bins: columns of the table (0: up to the last bin holding a token). `bins` restricts
     the statistics to those bins (the controller re-measures only failing bins); others stay
-    NaN with their token counts kept.
+    NaN with their token counts kept. centroid_dtype: the rollout engine's setting.
     """
     if not trajectories:
         raise CalibrationError("calibration needs at least one trajectory with generated tokens")
@@ -188,7 +195,8 @@ def measure_budgets(model: torch.nn.Module, trajectories: Sequence[Trajectory],
     if not grid or any(b < 1 for b in grid) or list(grid) != sorted(set(grid)):
         raise CalibrationError(f"budgets must be positive and strictly increasing, got {list(budgets)}")
     schedules = [flat_schedule(template, b) for b in grid]
-    acceptance = replay_acceptance(model, trajectories, schedules, temperature, batch_tokens)
+    acceptance = replay_acceptance(model, trajectories, schedules, temperature, batch_tokens,
+                                   centroid_dtype)
     positions = np.concatenate([t.positions for t in trajectories])
     return table_from_tokens(grid, positions, acceptance, template.bin_tokens, num_bins, bins)
 
@@ -214,9 +222,12 @@ def table_from_tokens(budgets: Sequence[int], positions: np.ndarray,
 
 
 def schedule_acceptance(model: torch.nn.Module, trajectories: Sequence[Trajectory],
-                        schedule: Schedule, temperature: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-    """(positions, exact acceptance) of every generated token under a (non-flat) schedule."""
+                        schedule: Schedule, temperature: float = 1.0,
+                        centroid_dtype: str = "cache") -> tuple[np.ndarray, np.ndarray]:
+    """(positions, exact acceptance) of every generated token under a (non-flat) schedule;
+    centroid_dtype: the rollout engine's setting."""
     if not trajectories:
         raise CalibrationError("need at least one trajectory with generated tokens")
-    alpha = replay_acceptance(model, trajectories, [schedule], temperature)[0]
+    alpha = replay_acceptance(model, trajectories, [schedule], temperature,
+                              centroid_dtype=centroid_dtype)[0]
     return np.concatenate([t.positions for t in trajectories]), alpha

@@ -33,16 +33,18 @@ def test_dense_equals_transformers_forward(checkpoint, request):
             torch.testing.assert_close(logits, hf(ids[None]).logits[0], atol=1e-4, rtol=0)
 
 
-def test_sparse_equals_decode_path_position_by_position(qwen3_model):
+@pytest.mark.parametrize("centroid_dtype", ["cache", "float8_e4m3fn"])
+def test_sparse_equals_decode_path_position_by_position(qwen3_model, centroid_dtype):
     prompts = [[1, 2, 3, 4, 5, 6], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50], [7, 7]]
-    engine = Engine(qwen3_model, config=EngineConfig(page_size=4, num_pages=64), schedule=SCHEDULE)
+    config = EngineConfig(page_size=4, num_pages=64, centroid_dtype=centroid_dtype)
+    engine = Engine(qwen3_model, config=config, schedule=SCHEDULE)
     # logprobs_topk = the vocabulary: every decode step's full distribution comes back
     results = engine.generate(prompts, SamplingParams(temperature=0, max_new_tokens=36,
                                                       logprobs_topk=384))
     sequences = [p + list(r[0].output_ids) for p, r in zip(prompts, results)]
     with torch.no_grad():
         replay = teacher_forced_logits(qwen3_model, sequences, [len(p) for p in prompts],
-                                       SCHEDULE, query_chunk=7)
+                                       SCHEDULE, query_chunk=7, centroid_dtype=centroid_dtype)
         dense = teacher_forced_logits(qwen3_model, sequences)
     for prompt, [sample], logits, dense_logits in zip(prompts, results, replay, dense):
         first, last = len(prompt) - 1, len(prompt) - 1 + len(sample.output_ids)

@@ -30,8 +30,9 @@ def test_buckets():
     assert sparsity_key(dense_only, 2) is None
 
 
-def generate(model, device, kernels, use_graphs=True, max_new_tokens=4):
-    config = EngineConfig(num_pages=48, page_size=4, max_batch_size=4)
+def generate(model, device, kernels, use_graphs=True, max_new_tokens=4, centroid_dtype="cache"):
+    config = EngineConfig(num_pages=48, page_size=4, max_batch_size=4,
+                          centroid_dtype=centroid_dtype)
     engine = Engine(model, None, config, SCHEDULE)
     if kernels and engine.runner.graphs is None:
         engine.runner.graphs = DecodeGraphs(model, engine.cache, use_graphs=use_graphs)
@@ -49,19 +50,24 @@ def assert_same(got, want, atol):
             assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < atol
 
 
-def test_kernel_decode_equals_the_reference_engine(interpreted, qwen3_checkpoint):
+@pytest.mark.parametrize("centroid_dtype", ["cache", "float8_e4m3fn"])
+def test_kernel_decode_equals_the_reference_engine(interpreted, qwen3_checkpoint,
+                                                   centroid_dtype):
     model = load_model(qwen3_checkpoint)
-    want = generate(model, "cpu", kernels=False)
-    got = generate(model, "cpu", kernels=True, use_graphs=False)
+    want = generate(model, "cpu", kernels=False, centroid_dtype=centroid_dtype)
+    got = generate(model, "cpu", kernels=True, use_graphs=False, centroid_dtype=centroid_dtype)
     assert_same(got, want, atol=1e-4)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("centroid_dtype", ["cache", "float8_e4m3fn"])
 @pytest.mark.parametrize("use_graphs", [True, False])
-def test_cuda_decode_equals_the_reference_engine(qwen3_checkpoint, use_graphs):
+def test_cuda_decode_equals_the_reference_engine(qwen3_checkpoint, use_graphs, centroid_dtype):
     model = load_model(qwen3_checkpoint, device="cuda", dtype=torch.float32)
-    want = generate(model, "cuda", kernels=False, max_new_tokens=40)
-    got = generate(model, "cuda", kernels=True, use_graphs=use_graphs, max_new_tokens=40)
+    want = generate(model, "cuda", kernels=False, max_new_tokens=40,
+                    centroid_dtype=centroid_dtype)
+    got = generate(model, "cuda", kernels=True, use_graphs=use_graphs, max_new_tokens=40,
+                   centroid_dtype=centroid_dtype)
     assert_same(got, want, atol=1e-3)
 
 
@@ -71,8 +77,9 @@ TABLES = [[0, 1, 2], [3, 4, 5, 6], [7]]
 POSITIONS = np.array([11, 13, 3])
 
 
-def random_cache(model, dtype):
-    cache = KVCache.allocate(model.arch, num_pages=12, page_size=4, dtype=dtype, device="cpu")
+def random_cache(model, dtype, centroid_dtype=None):
+    cache = KVCache.allocate(model.arch, num_pages=12, page_size=4, dtype=dtype, device="cpu",
+                             centroid_dtype=centroid_dtype)
     gen = torch.Generator().manual_seed(7)
     for t in (cache.k, cache.v, cache.centroids):  # earlier steps' keys and values
         t.copy_(torch.randn(t.shape, generator=gen))
@@ -109,12 +116,18 @@ def decode_step(model, cache, fuse_kv_write):
     return graphs.decode(np.array([5, 6, 7]), POSITIONS, slots, tables, topk, SCHEDULE)
 
 
+def bits(t):
+    """float8 tensors as their bytes (torch.equal has no float8 CPU kernel)."""
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+
+
 @pytest.mark.parametrize("checkpoint", ["qwen3_checkpoint", "llama_checkpoint"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype,centroid_dtype", [(torch.float32, None), (torch.bfloat16, None),
+                                                  (torch.bfloat16, torch.float8_e4m3fn)])
 def test_decode_writes_each_layer_once_as_write_kv_did(interpreted, monkeypatch, request,
-                                                       checkpoint, dtype):
+                                                       checkpoint, dtype, centroid_dtype):
     model = load_model(request.getfixturevalue(checkpoint), dtype=dtype)
-    before = random_cache(model, dtype)
+    before = random_cache(model, dtype, centroid_dtype)
     results = {}
     for fuse in (False, True):
         cache = KVCache(*(t.clone() for t in (before.k, before.v, before.centroids)))
@@ -128,11 +141,11 @@ def test_decode_writes_each_layer_once_as_write_kv_did(interpreted, monkeypatch,
     (want, unfused, _), (got, fused, _) = results[False], results[True]
     assert torch.equal(got, want)
     for name in ("k", "v", "centroids"):
-        assert torch.equal(getattr(fused, name), getattr(unfused, name)), name
+        assert torch.equal(bits(getattr(fused, name)), bits(getattr(unfused, name))), name
     # this step wrote slots 11 (page 2 filled), 25 and 31 (page 7 filled) of every layer
-    assert not torch.equal(fused.centroids[:, 2], before.centroids[:, 2])
-    assert not torch.equal(fused.centroids[:, 7], before.centroids[:, 7])
-    assert torch.equal(fused.centroids[:, 6], before.centroids[:, 6])
+    got, old = bits(fused.centroids), bits(before.centroids)
+    assert not torch.equal(got[:, 2], old[:, 2]) and not torch.equal(got[:, 7], old[:, 7])
+    assert torch.equal(got[:, 6], old[:, 6])
     assert not torch.equal(fused.v[:, 6, :, 1], before.v[:, 6, :, 1])
 
 

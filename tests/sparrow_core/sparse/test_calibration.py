@@ -128,3 +128,35 @@ def test_embedded_model_calibrates_and_holds_its_target_on_held_out_prompts(tiny
     bins = positions // 64
     for i in np.unique(bins):
         assert np.percentile(alpha[bins == i], 5) >= target - tolerance, (i, choice.topk_pages)
+
+
+def test_replay_selects_with_the_rollout_engines_centroid_dtype(qwen3_checkpoint, monkeypatch):
+    """measure_budgets and schedule_acceptance hand centroid_dtype to every sparse replay (the
+    dense one needs none), and the replay's acceptance follows it."""
+    from sparrow_core.sparse import calibration
+
+    model = load_model(qwen3_checkpoint)
+    template = Schedule("t", (2,), page_size=4, bin_tokens=16, reserved_bos=1, reserved_eos=1,
+                        skip_layers=())
+    generator = torch.Generator().manual_seed(1)
+    trajectories = [Trajectory(tuple(torch.randint(0, 256, (48,), generator=generator).tolist()),
+                               6)]
+    seen = []
+    replay = calibration.teacher_forced_logits
+
+    def recording(*args, **kwargs):
+        seen.append((kwargs.get("schedule") is not None, kwargs.get("centroid_dtype")))
+        return replay(*args, **kwargs)
+
+    monkeypatch.setattr(calibration, "teacher_forced_logits", recording)
+    measure_budgets(model, trajectories, template, [1, 2], centroid_dtype="float8_e4m3fn")
+    schedule_acceptance(model, trajectories, template, centroid_dtype="float8_e4m3fn")
+    assert seen == [(False, None), (True, "float8_e4m3fn"), (True, "float8_e4m3fn"),
+                    (False, None), (True, "float8_e4m3fn")]
+    seen.clear()
+    measure_budgets(model, trajectories, template, [1])
+    assert seen == [(False, None), (True, "cache")]
+    float8, = replay_acceptance(model, trajectories, [flat_schedule(template, 1)],
+                                centroid_dtype="float8_e4m3fn")
+    cache, = replay_acceptance(model, trajectories, [flat_schedule(template, 1)])
+    assert not np.array_equal(float8, cache)
