@@ -9,11 +9,14 @@ bf16, 16-token head-major pages scattered through the cache), batch 16 and 64, c
 sequence full): our dense split-K kernel; our sparse step (scoring + selection + attention,
 budget of the model's 0.86 preset at that context; also with scoring and top-k as one
 launch); top-k alone and selection alone by both searches (digits, the default, and value
-bins; kernels/topk_search.py), with whether their lists agree; our sparse attention alone
-over the
-same pages; torch SDPA dense over contiguous K/V (enable_gqa); FlashInfer dense and sparse
-attention alone over the same cache pages when it imports (benchmarks/peers.py). Each figure is the median of
-CUDA-graph replays after an L2 flush. Also: a launch-configuration sweep at the target case
+bins; kernels/topk_search.py), with whether their lists agree; the sparse step, selection and
+scoring again with float8 centroids (EngineConfig.centroid_dtype; the same q, pages and
+budget: `ours_*_fp8_centroids`), with whether their page lists equal the bf16 centroids' and
+the fraction of pages both select (fp8_centroids_lists_equal, fp8_centroids_page_overlap);
+our sparse attention alone over the same pages; torch SDPA dense over contiguous K/V
+(enable_gqa); FlashInfer dense and sparse attention alone over the same cache pages when it
+imports (benchmarks/peers.py). Each figure is the median of CUDA-graph replays after an L2
+flush. Also: a launch-configuration sweep at the target case
 (1.7B heads, batch 16, 32K) and the prefill choice (SDPA per sequence vs one masked call).
 """
 
@@ -30,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import copy_bandwidth, device_facts, fill_random_, time_graph, write_json  # noqa: E402
 from benchmarks.peers import flashinfer_cases  # noqa: E402
+from sparrow_core.kernels.kv_write import round_centroids  # noqa: E402
 from sparrow_core.kernels.page_scores import page_scores  # noqa: E402
 from sparrow_core.kernels.page_topk import page_topk, select_page_lists  # noqa: E402
 from sparrow_core.kernels.paged_decode import (paged_decode_attention,  # noqa: E402
@@ -61,12 +65,15 @@ def make_layer(batch, hq, hkv, context, dtype, device, seed=0):
                 v_pages=v_pages, tables=tables, lengths=lengths)
 
 
-def centroids_of(layer):
-    """Mean key of every page in the cache dtype (as KVCache stores them), in chunks: no
-    full-size float32 copy of the keys."""
+def centroids_of(layer, dtype=None):
+    """Mean key of every page rounded once to `dtype` (None: the cache dtype), as KVCache
+    stores them, in chunks: no full-size float32 copy of the keys."""
     pages = layer["k_pages"]
-    return torch.cat([pages[i:i + 16384].float().mean(dim=2).to(pages.dtype)
-                      for i in range(0, pages.shape[0], 16384)])
+    out = torch.empty(pages.shape[0], pages.shape[1], pages.shape[3],
+                      dtype=dtype or pages.dtype, device=pages.device)
+    for i in range(0, pages.shape[0], 16384):
+        out[i:i + 16384] = round_centroids(pages[i:i + 16384].float().mean(dim=2), out.dtype)
+    return out
 
 
 def lists_equal(got, want) -> bool:
@@ -75,6 +82,33 @@ def lists_equal(got, want) -> bool:
     listed = torch.arange(lists.shape[-1], device=lists.device) < counts.unsqueeze(-1)
     return bool(torch.equal(counts, want_counts)
                 and torch.equal(torch.where(listed, lists, 0), torch.where(listed, want_lists, 0)))
+
+
+def page_overlap(got, want) -> float:
+    """Of each (sequence, KV head) row's pages in `want`, the fraction `got` lists too, averaged
+    over rows (1.0 when the selections agree)."""
+    def mask(lists, counts):
+        width = lists.shape[-1]
+        listed = torch.arange(width, device=lists.device) < counts.unsqueeze(-1)
+        index = torch.where(listed, lists.long(), width)  # unlisted entries: a spare column
+        out = torch.zeros(*lists.shape[:-1], width + 1, dtype=torch.bool, device=lists.device)
+        return out.scatter_(-1, index, torch.ones_like(index, dtype=torch.bool))[..., :width]
+    shared = (mask(*got[:2]) & mask(*want[:2])).sum(-1)
+    return float((shared / want[1].clamp(min=1)).mean())
+
+
+def float8_rows(us, moved, fp8_lists, lists, counts) -> dict:
+    """The float8-centroid figures beside the bf16 ones: bytes, speedup against SDPA (as
+    sparse_speedup_vs_sdpa), and how its selection compares with the bf16 centroids'."""
+    moved["ours_selection_only_fp8_centroids"] = moved["ours_selection_only"] // 2
+    moved["ours_sparse_fp8_centroids"] = (moved["ours_sparse_attention_only"]
+                                          + moved["ours_selection_only_fp8_centroids"])
+    return dict(sparse_fp8_centroids_speedup_vs_sdpa=us["sdpa_dense"]
+                / us["ours_sparse_fp8_centroids"],
+                fp8_centroids_over_bf16_sparse=us["ours_sparse_fp8_centroids"]
+                / us["ours_sparse"],
+                fp8_centroids_lists_equal=lists_equal(fp8_lists, (lists, counts)),
+                fp8_centroids_page_overlap=page_overlap(fp8_lists, (lists, counts)))
 
 
 def relative_error(got, want):
@@ -89,9 +123,10 @@ def one_case(model, batch, context, bandwidth, device):
     q, kp, vp, tables, lengths = (layer[n] for n in ("q", "k_pages", "v_pages", "tables",
                                                        "lengths"))
     centroids = centroids_of(layer)
+    fp8 = centroids_of(layer, torch.float8_e4m3fn)  # the same means, one byte each
     topk_t = torch.full((batch,), topk, dtype=torch.int32, device=device)
-    select = lambda fused=False, search="radix": select_page_lists(
-        q, centroids, tables, lengths, topk_t, PAGE, schedule.reserved_bos,
+    select = lambda fused=False, search="radix", cents=centroids: select_page_lists(
+        q, cents, tables, lengths, topk_t, PAGE, schedule.reserved_bos,
         schedule.reserved_eos, fused=fused, search=search)
     lists, counts, _ = select()
     scores = page_scores(q, centroids, tables, lengths, PAGE)
@@ -115,6 +150,10 @@ def one_case(model, batch, context, bandwidth, device):
         "ours_topk_only_radix1": lambda: page_topk(scores, lengths, topk_t, PAGE,
                                                    schedule.reserved_bos, schedule.reserved_eos,
                                                    radix_bits=1),
+        "ours_sparse_fp8_centroids": lambda: sparse_paged_decode_attention(
+            q, kp, vp, tables, lengths, *select(cents=fp8)[:2]),
+        "ours_selection_only_fp8_centroids": lambda: select(cents=fp8),
+        "ours_scores_only_fp8_centroids": lambda: page_scores(q, fp8, tables, lengths, PAGE),
         "sdpa_dense": lambda: F.scaled_dot_product_attention(
             q.unsqueeze(2), layer["k"], layer["v"], enable_gqa=True),
     }
@@ -127,6 +166,7 @@ def one_case(model, batch, context, bandwidth, device):
              "ours_sparse_attention_only": batch * hkv * read * kv_page,
              "ours_selection_only": batch * hkv * n_pages * DIM * 2}  # bf16 centroids
     moved["ours_sparse"] = moved["ours_sparse_attention_only"] + moved["ours_selection_only"]
+    float8 = float8_rows(us, moved, select(cents=fp8), lists, counts)
     dense_out = methods["ours_dense"]()
     sdpa_out = methods["sdpa_dense"]().squeeze(2)
     row = dict(model=model, batch=batch, context=context, topk=topk, pages_read=read,
@@ -135,7 +175,7 @@ def one_case(model, batch, context, bandwidth, device):
                dense_vs_sdpa_rel_error=relative_error(dense_out, sdpa_out),
                sparse_speedup_vs_sdpa=us["sdpa_dense"] / us["ours_sparse"],
                topk_value_equals_radix=lists_equal(topk_only("value"), (lists, counts)),
-               dense_ratio_vs_sdpa=us["ours_dense"] / us["sdpa_dense"])
+               dense_ratio_vs_sdpa=us["ours_dense"] / us["sdpa_dense"], **float8)
     row.update(flashinfer_cases(layer, lists, counts, dense_out,
                                 methods["ours_sparse_attention_only"]()))
     return row, layer

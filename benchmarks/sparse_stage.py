@@ -10,6 +10,9 @@ What it times, each against the default launch measured in the same run:
   output is checked against the default's (scores: max abs difference; lists: equal);
 - the two top-k searches (kernels/topk_search.py) alone and inside the stage, beside each
   other (topk_search_us, also under --quick);
+- float8 page centroids (EngineConfig.centroid_dtype; the same q, pages and budget): the
+  stage and scoring alone beside the bf16 ones, whether the page lists equal the bf16
+  centroids' and the fraction of pages both select (fp8_centroids, also under --quick);
 - layout probes that change what the attention reads, not how: K and V of one head's page
   side by side ([P, Hkv, 2, page, D], 8 KiB contiguous per selected page and head, through
   strided views), every KV head given the same page list (the 8 heads of a page read
@@ -25,8 +28,8 @@ What it times, each against the default launch measured in the same run:
 - FlashInfer dense and sparse attention alone when importable (benchmarks/peers.py).
 
 `--quick` skips the round-5 probes (scoring / top-k sweeps, layouts, flush and PDL
-variants) and times only the stages, the two top-k searches, the combine and
-fused-selection variants, SDPA and FlashInfer.
+variants) and times only the stages, the two top-k searches, float8 centroids, the combine
+and fused-selection variants, SDPA and FlashInfer.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.attention import HEADS, PAGE, DIM, centroids_of, make_layer  # noqa: E402
+from benchmarks.attention import (HEADS, PAGE, DIM, centroids_of, lists_equal,  # noqa: E402
+                                  make_layer, page_overlap)
 from benchmarks.common import (copy_bandwidth, device_facts, target_case_args,  # noqa: E402
                                time_graph, write_json)
 from benchmarks.peers import flashinfer_cases  # noqa: E402
@@ -141,9 +145,9 @@ def main(argv=None) -> int:
         return bool((got_counts != counts).any() or (got_lists != lists)[listed].any())
     sdpa = lambda: F.scaled_dot_product_attention(q.unsqueeze(2), layer["k"], layer["v"],
                                                   enable_gqa=True)
-    def stage(score_launch, topk_launch, k=kp, v=vp, **attention_launch):
+    def stage(score_launch, topk_launch, k=kp, v=vp, cents=centroids, **attention_launch):
         def run():
-            s = page_scores(q, centroids, tables, lengths, PAGE, **score_launch)
+            s = page_scores(q, cents, tables, lengths, PAGE, **score_launch)
             l, c, _ = page_topk(s, lengths, topk, PAGE, bos, eos, **topk_launch)
             return sparse_paged_decode_attention(q, k, v, tables, lengths, l, c,
                                                  **attention_launch)
@@ -174,6 +178,19 @@ def main(argv=None) -> int:
         "value_differs_from_radix": lists_differ(topk_alone("value")()),
         "stage_radix": two_launch, "stage_value": time_graph(stage({}, dict(search="value")),
                                                              reps=reps)}
+    # float8 centroids: the same means rounded to one byte each, also under --quick
+    fp8 = centroids_of(layer, torch.float8_e4m3fn)
+    fp8_lists = page_topk(page_scores(q, fp8, tables, lengths, PAGE), lengths, topk, PAGE, bos,
+                          eos)
+    fp8_stage = time_graph(stage({}, {}, cents=fp8), reps=reps)
+    result["fp8_centroids"] = {
+        "stage_us": fp8_stage, "stage_bf16_us": two_launch,
+        "scores_alone_us": time_graph(lambda: page_scores(q, fp8, tables, lengths, PAGE),
+                                      reps=reps),
+        "scores_alone_bf16_us": time_graph(
+            lambda: page_scores(q, centroids, tables, lengths, PAGE), reps=reps),
+        "lists_equal_bf16": lists_equal(fp8_lists, (lists, counts)),
+        "page_overlap_with_bf16": page_overlap(fp8_lists, (lists, counts))}
     result["fused_stage_us"] = {
         "two_launch_default": two_launch, "fused_default": fused_default,
         "fused_best": time_graph(fused_stage(best_fused), reps=reps),
@@ -191,6 +208,8 @@ def main(argv=None) -> int:
             lambda: paged_decode_attention(q, kp, vp, tables, lengths, fuse_combine=False),
             reps=reps),
         "sdpa_dense": time_graph(sdpa, reps=reps)}
+    result["fp8_centroids"]["sdpa_over_stage"] = (result["fused_stage_us"]["sdpa_dense"]
+                                                  / fp8_stage)
     if args.quick:
         ours_sparse = sparse_paged_decode_attention(q, kp, vp, tables, lengths, lists, counts)
         dense_out = paged_decode_attention(q, kp, vp, tables, lengths)
