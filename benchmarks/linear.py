@@ -156,6 +156,7 @@ def norm_chains(weights, shape, rows, device) -> dict:
     attended = torch.randn(rows, shape.q_heads * shape.head_dim, device=device,
                            dtype=torch.bfloat16)
     gate_up = torch.randn(rows, 2 * shape.intermediate, device=device, dtype=torch.bfloat16)
+    delta = torch.randn(rows, shape.hidden, device=device, dtype=torch.bfloat16)
     norm_weight = torch.ones(shape.hidden, device=device, dtype=torch.bfloat16)
     _, sumsq = skinny_linear(attended, weights[0][1], residual=hidden)
     sms = multiprocessors(device)
@@ -172,8 +173,8 @@ def norm_chains(weights, shape, rows, device) -> dict:
                         skinny_linear(x, w_in, launch=launch,
                                       norm=RowNorm(norm_weight, 1e-6, sq))
                     else:
-                        normed = rms_norm(x, norm_weight, 1e-6, residual=None if fold_add
-                                          else a[:, :shape.hidden].contiguous())
+                        normed = rms_norm(x, norm_weight, 1e-6,
+                                          residual=None if fold_add else delta)
                         skinny_linear(normed if fold_add else normed[0], w_in)
                     if fold_add:
                         x, made = skinny_linear(a, w_out, gated=gated, residual=x)

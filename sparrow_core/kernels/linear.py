@@ -1,20 +1,25 @@
 """Skinny linear layer for decode: y = x @ W^T (+ bias) for a few rows x, read-bound on W.
 
     y = skinny_linear(x, weight, bias)          # x [M, K], weight [N, K] -> [M, N]
+    s, sumsq = skinny_linear(a, w_o, residual=x)                  # s = x + a @ w_o^T
+    y = skinny_linear(s, w_qkv, norm=RowNorm(norm_weight, eps, sumsq))   # rms_norm(s) @ w^T
 
-A decode step multiplies a few (here up to 16) token rows by every weight matrix of the model once, so its
-projections are matrix-vector products in disguise: the time is the weight bytes over the
+A decode step multiplies a few (here up to 16) token rows by every weight matrix of the
+model once, so its projections are matrix-vector products in disguise: the time is the weight bytes over the
 memory bandwidth. This kernel streams W in [BLOCK_N, BLOCK_K] tiles (one or several column
 blocks per program, pipelined over K) against the rows of x, held whole in one BLOCK_M tile.
 With few column blocks (o_proj, down_proj: N = hidden size) the K range is also cut into
 `split` pieces, each program writing a float32 partial; the last program of a column
 block to arrive (arrival_counters) sums the partials and writes the output, so it stays
 one launch. Sums are float32 and rounded once, like cuBLAS's, but in another order: results
-equal F.linear to rounding, not bit for bit.
+equal F.linear to rounding, not bit for bit. The RMSNorm before a projection and the residual
+add after one can ride in the kernel (model/stream.py): `residual=` adds the residual as the
+output is written and returns the sums of squares of the new rows per column block, which a
+later call's RowNorm uses to scale its sums, so a layer launches no norm kernel.
 
 Off GPU, under autograd, or for shapes it does not take (more than MAX_ROWS rows, K not a
 multiple of the K tile, 32-bit floats) the launcher runs the reference (`F.linear`, after
-silu_mul when gated); SPARROW_SKINNY_LINEAR=0 makes it do so always (cuBLAS, to compare).
+silu_mul when gated, the norm kernel's reference with a RowNorm); SPARROW_SKINNY_LINEAR=0 makes it do so always (cuBLAS, to compare).
 Tests: `python -m pytest tests/sparrow_core/kernels/test_linear.py -q`;
 benchmark: `python3 benchmarks/linear.py` (against cuBLAS in the same process).
 """
@@ -74,6 +79,7 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, row
     norm_w = nw_ptr + kk
     x_rows = x_ptr + m[:, None] * s_xm + kk[None, :]
     w_rows = w_ptr + n.to(tl.int64)[:, None] * s_wn + kk[None, :]
+    keep = m_mask[:, None] & n_mask[None, :]
     if W_MAJOR:
         acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     else:
@@ -84,22 +90,20 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, row
         w = tl.load(w_rows + start, mask=n_mask[:, None], other=0.0)
         gdc_wait()
         gdc_launch_dependents()
-        inv_rms = _inverse_rms(sq_in_ptr, sq_blocks, rows, k_len, eps, m, m_mask, SQ_BLOCKS,
-                               NORM)
-        x = _load_x(x_rows, start, k_len, m_mask, GATED, norm_w, inv_rms, NORM)
+    # issued now, used after the loop: the epilogue does not wait on a fresh load
+    sq_parts, res = _early_loads(sq_in_ptr, sq_blocks, rows, res_ptr, s_rm, m, n, m_mask, keep,
+                                 SQ_BLOCKS, NORM, RESIDUAL)
+    if PDL:
+        x = _load_x(x_rows, start, k_len, m_mask, GATED, norm_w, NORM)
         acc = _accumulate(acc, x, w, W_MAJOR, UPCAST)
         start += BLOCK_K
-    else:
-        inv_rms = _inverse_rms(sq_in_ptr, sq_blocks, rows, k_len, eps, m, m_mask, SQ_BLOCKS,
-                               NORM)
     for k0 in tl.range(start, piece * k_per_split + k_per_split, BLOCK_K,
                        num_stages=NUM_STAGES):
-        x = _load_x(x_rows, k0, k_len, m_mask, GATED, norm_w, inv_rms, NORM)
+        x = _load_x(x_rows, k0, k_len, m_mask, GATED, norm_w, NORM)
         w = tl.load(w_rows + k0, mask=n_mask[:, None], other=0.0)
         acc = _accumulate(acc, x, w, W_MAJOR, UPCAST)
     if W_MAJOR:
         acc = tl.trans(acc)
-    keep = m_mask[:, None] & n_mask[None, :]
     if SPLIT > 1:
         # partials of this column block, then the last piece to arrive sums them in order
         part = part_ptr + m[:, None] * n_out + n[None, :]
@@ -112,34 +116,35 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, row
                 acc += tl.load(part + s * rows * n_out, mask=keep, other=0.0,
                                cache_modifier=".cg")
             tl.atomic_xchg(count_ptr + pid_n, 0)
-            _store_out(acc, b_ptr, out_ptr, m, n, n_mask, keep, s_om, HAS_BIAS,
-                       res_ptr, sq_out_ptr + pid_n * rows, s_rm, rows, RESIDUAL)
+            _store_out(acc, b_ptr, out_ptr, m, n, n_mask, keep, s_om, HAS_BIAS, sq_parts,
+                       k_len, eps, res, sq_out_ptr + pid_n * rows, rows, NORM, RESIDUAL)
     else:
-        _store_out(acc, b_ptr, out_ptr, m, n, n_mask, keep, s_om, HAS_BIAS,
-                   res_ptr, sq_out_ptr + pid_n * rows, s_rm, rows, RESIDUAL)
+        _store_out(acc, b_ptr, out_ptr, m, n, n_mask, keep, s_om, HAS_BIAS, sq_parts,
+                   k_len, eps, res, sq_out_ptr + pid_n * rows, rows, NORM, RESIDUAL)
 
 
 @jit
-def _inverse_rms(sq_ptr, sq_blocks, rows, k_len, eps, m, m_mask, SQ_BLOCKS: tl.constexpr,
-                 NORM: tl.constexpr):
-    """1 / rms of each row of x from its sums of squares in parts [sq_blocks, rows] (the
-    column blocks of the kernel that made x); zeros without NORM (unused then)."""
-    inv_rms = tl.zeros(m.shape, tl.float32)
+def _early_loads(sq_ptr, sq_blocks, rows, res_ptr, s_rm, m, n, m_mask, keep,
+                 SQ_BLOCKS: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr):
+    """NORM: x's rows' sums of squares in parts [SQ_BLOCKS, BLOCK_M] (from the column blocks
+    of the kernel that wrote x); RESIDUAL: the residual's output tile. Zeros otherwise."""
+    sq_parts = tl.zeros([SQ_BLOCKS, m.shape[0]], tl.float32)
+    res = tl.zeros(keep.shape, tl.float32)
     if NORM:
         j = tl.arange(0, SQ_BLOCKS)
-        parts = tl.load(sq_ptr + j[:, None] * rows + m[None, :],
-                        mask=(j < sq_blocks)[:, None] & m_mask[None, :], other=0.0)
-        inv_rms = tl.rsqrt(tl.sum(parts, axis=0) / k_len + eps)
-    return inv_rms
+        sq_parts = tl.load(sq_ptr + j[:, None] * rows + m[None, :],
+                           mask=(j < sq_blocks)[:, None] & m_mask[None, :], other=0.0)
+    if RESIDUAL:
+        res = tl.load(res_ptr + m[:, None] * s_rm + n[None, :], mask=keep,
+                      other=0.0).to(tl.float32)
+    return sq_parts, res
 
 
 @jit
-def _load_x(x_rows, k0, k_len, m_mask, GATED: tl.constexpr, norm_w, inv_rms,
-            NORM: tl.constexpr):
+def _load_x(x_rows, k0, k_len, m_mask, GATED: tl.constexpr, norm_w, NORM: tl.constexpr):
     """x's tile at k0; GATED: silu(gate) * up from x = [gate | up] (each k_len wide), rounded
     as kernels/silu_mul.py rounds it (silu in float32 to the dtype, then the product); NORM:
-    RMSNorm of x's rows (inv_rms, per row) times its weight, rounded as kernels/rms_norm.py
-    rounds it (the normalised row to the dtype, then the product with the weight)."""
+    x times the RMSNorm's weight, rounded to the dtype (the rows' 1 / rms scales the sums)."""
     dtype = x_rows.dtype.element_ty
     if GATED:
         gate = tl.load(x_rows + k0, mask=m_mask[:, None], other=0.0).to(tl.float32)
@@ -148,8 +153,7 @@ def _load_x(x_rows, k0, k_len, m_mask, GATED: tl.constexpr, norm_w, inv_rms,
         return (silu * up).to(dtype)
     x = tl.load(x_rows + k0, mask=m_mask[:, None], other=0.0)
     if NORM:
-        normed = (x.to(tl.float32) * inv_rms[:, None]).to(dtype).to(tl.float32)
-        x = (normed * tl.load(norm_w + k0).to(tl.float32)[None, :]).to(dtype)
+        x = (x.to(tl.float32) * tl.load(norm_w + k0).to(tl.float32)[None, :]).to(dtype)
     return x
 
 
@@ -167,16 +171,19 @@ def _accumulate(acc, x, w, W_MAJOR: tl.constexpr, UPCAST: tl.constexpr):
 
 @jit
 def _store_out(acc, b_ptr, out_ptr, m, n, n_mask, keep, s_om, HAS_BIAS: tl.constexpr,
-               res_ptr, sq_ptr, s_rm, rows, RESIDUAL: tl.constexpr):
-    """The output tile; RESIDUAL: residual + output instead (the output rounded to the dtype
-    first, the sum in float32 rounded once: kernels/rms_norm.py's residual add), and the sum
-    of squares of this block's columns of each row at sq_ptr."""
+               sq_parts, k_len, eps, res, sq_ptr, rows, NORM: tl.constexpr,
+               RESIDUAL: tl.constexpr):
+    """The output tile. NORM: the sums scaled by each row's 1 / rms first (from sq_parts).
+    RESIDUAL: res + output instead (the output rounded to the dtype first, the sum in float32
+    rounded once: kernels/rms_norm.py's residual add), and the sum of squares of this
+    block's columns of each row at sq_ptr."""
     dtype = out_ptr.dtype.element_ty
+    if NORM:
+        acc = acc * tl.rsqrt(tl.sum(sq_parts, axis=0) / k_len + eps)[:, None]
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     if RESIDUAL:
-        res = tl.load(res_ptr + m[:, None] * s_rm + n[None, :], mask=keep, other=0.0)
-        out = (res.to(tl.float32) + acc.to(dtype).to(tl.float32)).to(dtype)
+        out = (res + acc.to(dtype).to(tl.float32)).to(dtype)
         kept = tl.where(keep, out.to(tl.float32), 0.0)
         tl.store(sq_ptr + m, tl.sum(kept * kept, axis=1), mask=m < rows)
     else:
@@ -211,9 +218,12 @@ def _stages(launch: LinearLaunch, rows: int, pdl: bool) -> int:
 
 @dataclass(frozen=True)
 class RowNorm:
-    """RMSNorm for the kernel to apply to x's rows as it reads them: the norm's weight [K]
-    and eps, and sumsq [blocks, M] float32, the sums of squares of x's rows in parts (what a
-    `residual=` call returns beside x), so that no program reads a whole row first."""
+    """RMSNorm for the kernel to apply to x's rows: the norm's weight [K] (x times it is
+    rounded as x is read) and eps, and sumsq [blocks, M] float32, the sums of squares of x's
+    rows in parts (what a `residual=` call returns beside x); each row's 1 / rms then scales
+    its sums, so no program waits on a whole row before streaming W. Equal to the norm
+    kernel then the product to bf16 rounding, not bit for bit (the norm kernel rounds the
+    normalised x before the weight)."""
 
     weight: torch.Tensor
     eps: float
@@ -314,6 +324,6 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         BLOCK_K=launch.block_k, SPLIT=launch.split, HAS_BIAS=bias is not None,
         W_MAJOR=launch.w_major, NUM_STAGES=_stages(launch, rows, pdl), UPCAST=INTERPRETER,
         PDL=pdl, GATED=gated, NORM=norm is not None,
-        SQ_BLOCKS=1 if norm is None else next_power_of_2(norm.sumsq.shape[0]),
+        SQ_BLOCKS=1 if norm is None else max(2, next_power_of_2(norm.sumsq.shape[0])),
         RESIDUAL=residual is not None, num_warps=launch.num_warps, launch_pdl=pdl)
     return out if residual is None else (out, sumsq)

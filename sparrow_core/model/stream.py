@@ -11,8 +11,8 @@ add the residual as it writes its output (returning those sums for the next norm
 RMSNorm launches of a layer vanish. Elsewhere (CPU, autograd, wider batches, LoRA-wrapped
 modules) the norm runs in its own kernel, which also does the pending residual add
 (kernels/rms_norm.py), as everywhere with SPARROW_FOLD_NORMS=0. Both give the same values
-to rounding: the fused form sums a row's squares per column block, then the blocks, instead
-of in one pass.
+to bf16 rounding, not bit for bit: the fused form rounds x times the norm's weight and scales
+the sums by 1 / rms, where the norm kernel rounds the normalised x first.
 Tests: `python -m pytest tests/sparrow_core/model/test_stream.py -q`.
 """
 

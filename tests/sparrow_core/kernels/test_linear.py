@@ -136,7 +136,7 @@ def test_residual_and_norm_fold_on_gpu(rows, n_out, k_len, gated):
     """Model shapes (o_proj; down_proj split over K, gated; then q/k/v and gate/up reading
     the sum through its norm): the residual sum is bit for bit residual + the plain call's
     output; the sums of squares are the sum's; the folded norm equals the rms_norm kernel
-    then the product, to one rounding of the normalised x."""
+    then the product, to the roundings of the normalised x."""
     from sparrow_core.kernels.linear import RowNorm
     from sparrow_core.kernels.rms_norm import rms_norm
 
@@ -153,9 +153,12 @@ def test_residual_and_norm_fold_on_gpu(rows, n_out, k_len, gated):
         got = skinny_linear(summed, w_next, norm=RowNorm(norm_weight, 1e-6, sumsq))
         normed = rms_norm(summed, norm_weight, 1e-6)
         want = skinny_linear(normed, w_next)
-        bound = 2 ** -8 * (normed.float().abs() @ w_next.float().abs().T) + 1e-3
+        # x * weight rounded, scaled by 1 / rms after the sums, against the normalised x
+        # rounded twice: a step or two of bf16 per term apart
+        bound = 2 ** -7 * (normed.float().abs() @ w_next.float().abs().T) + 1e-3
         assert torch.all((got.float() - want.float()).abs() <= bound)
-        assert (got != want).float().mean() < 0.05  # mostly bit for bit
+        unnormed = skinny_linear(summed, w_next)
+        assert (got.float() - unnormed.float()).abs().max() > 10 * bound.max()
 
 
 @gpu
