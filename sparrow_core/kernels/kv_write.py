@@ -89,7 +89,9 @@ def store_kv_row(key, value_ptr, kc_ptr, vc_ptr, cent_ptr, slot, head, dim,
                           + d[None, :],
                           mask=(rows < PAGE - 1)[:, None] & (d < dim)[None, :] & fills,
                           other=0.0)
-        mean = (tl.sum(earlier.to(tl.float32), axis=0) + key.to(tl.float32)) / PAGE
+        total = tl.sum(earlier.to(tl.float32), axis=0) + key.to(tl.float32)
+        # IEEE division, as torch's mean (a plain `/` compiles to the approximate div.full)
+        mean = tl.div_rn(total, tl.full(total.shape, PAGE, tl.float32))
         if cent_ptr.dtype.element_ty == tl.float8e4nv:
             centroid = fp32_to_e4m3fn(mean)
         else:
