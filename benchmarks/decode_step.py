@@ -4,6 +4,7 @@ Qwen3-4B shapes), dense vs each model's 0.86 preset, and the rollout-equivalent 
 
     python benchmarks/decode_step.py --out decode_step.json      # on a GPU
     python benchmarks/decode_step.py --smoke                     # tiny model, any device
+    python benchmarks/decode_step.py --centroids float8_e4m3fn   # 8-bit page centroids
 
 Per (model, batch 16 / 64, context): every sequence sits at that context; one step is one
 CUDA-graph replay (embedding, all layers with the KV write, attention, logits), median of
@@ -77,10 +78,12 @@ def random_model(arch: ModelArch, device: str, dtype=torch.bfloat16) -> Decoder:
 class StepBench:
     """One model and a shuffled page pool; times decode steps at given contexts."""
 
-    def __init__(self, model: Decoder, pool_pages: int, device: str):
+    def __init__(self, model: Decoder, pool_pages: int, device: str,
+                 centroid_dtype: torch.dtype = torch.bfloat16):
         arch = model.arch
         self.model, self.arch, self.device = model, arch, device
-        self.cache = KVCache.allocate(arch, pool_pages, PAGE, torch.bfloat16, device)
+        self.cache = KVCache.allocate(arch, pool_pages, PAGE, torch.bfloat16, device,
+                                      centroid_dtype=centroid_dtype)
         fill_random_(self.cache.k, 1)
         fill_random_(self.cache.v, 2)
         fill_random_(self.cache.centroids, 3)
@@ -126,8 +129,10 @@ class StepBench:
         return float(np.median(times))
 
 
-def step_bytes(arch: ModelArch, params_bytes: int, batch: int, context: int, schedule) -> int:
-    """Fewest bytes one step must read: weights, then per layer the KV (and centroids) read."""
+def step_bytes(arch: ModelArch, params_bytes: int, batch: int, context: int, schedule,
+               centroid_bytes: int = 2) -> int:
+    """Fewest bytes one step must read: weights, then per layer the KV (and centroids, of
+    centroid_bytes each value) read."""
     n_pages = -(-context // PAGE)
     kv_token = arch.num_kv_heads * arch.head_dim * 2 * 2  # K and V, bf16
     dense_layer = batch * context * kv_token
@@ -138,8 +143,8 @@ def step_bytes(arch: ModelArch, params_bytes: int, batch: int, context: int, sch
             continue
         read = int(pages_read(n_pages, schedule.topk_for_position(context - 1),
                               schedule.reserved_bos, schedule.reserved_eos))
-        centroid_bytes = batch * n_pages * arch.num_kv_heads * arch.head_dim * 2  # bf16
-        total += batch * read * PAGE * kv_token + centroid_bytes
+        centroids = batch * n_pages * arch.num_kv_heads * arch.head_dim * centroid_bytes
+        total += batch * read * PAGE * kv_token + centroids
     return total
 
 
@@ -149,8 +154,10 @@ def rollout_us(contexts, step_us) -> float:
     return float(np.interp(context, contexts, step_us).sum())
 
 
-def pool_pages_for(arch: ModelArch, budget_bytes: float, largest: int) -> int:
-    return max(1, min(int(budget_bytes // bytes_per_page(arch, PAGE, torch.bfloat16)), largest))
+def pool_pages_for(arch: ModelArch, budget_bytes: float, largest: int,
+                   centroid_dtype: torch.dtype = torch.bfloat16) -> int:
+    per_page = bytes_per_page(arch, PAGE, torch.bfloat16, centroid_dtype)
+    return max(1, min(int(budget_bytes // per_page), largest))
 
 
 def non_attention_step_us(bench: StepBench, batch: int) -> float:
@@ -258,12 +265,14 @@ def run_batch(bench, name, batch, contexts, bandwidth, params_bytes, gpu):
     arch = bench.arch
     dense = [bench.step_us(batch, c, None) for c in contexts]
     sparse = [bench.step_us(batch, c, schedule) for c in contexts]
-    bound = lambda c, s: step_bytes(arch, params_bytes, batch, c, s) / bandwidth * 1e6
+    width = bench.cache.centroids.element_size()
+    bound = lambda c, s: step_bytes(arch, params_bytes, batch, c, s, width) / bandwidth * 1e6
     dense_bound = [bound(c, None) for c in contexts]
     sparse_bound = [bound(c, schedule) for c in contexts]
     grid = np.arange(PROMPT, PROMPT + GENERATED + 1, 256) + 1
     byte_ratio = (sum(step_bytes(arch, params_bytes, batch, int(c), None) for c in grid)
-                  / sum(step_bytes(arch, params_bytes, batch, int(c), schedule) for c in grid))
+                  / sum(step_bytes(arch, params_bytes, batch, int(c), schedule, width)
+                        for c in grid))
     roll_dense, roll_sparse = rollout_us(contexts, dense), rollout_us(contexts, sparse)
     shape = get_model(name)
     common = dict(model=shape, prompt_len=PROMPT, gen_len=GENERATED, samples=batch)
@@ -285,7 +294,8 @@ def run_batch(bench, name, batch, contexts, bandwidth, params_bytes, gpu):
     return row
 
 
-def model_bench(name, batches, contexts, device, smoke) -> tuple[StepBench, int]:
+def model_bench(name, batches, contexts, device, smoke,
+                centroid_dtype=torch.bfloat16) -> tuple[StepBench, int]:
     """A random model of this shape with a page pool as large as the GPU allows (12 GiB
     kept free) up to the widest case; and its parameter bytes."""
     arch = model_arch(name, smoke)
@@ -293,11 +303,12 @@ def model_bench(name, batches, contexts, device, smoke) -> tuple[StepBench, int]
     params_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     largest = max(batches) * -(-max(contexts) // PAGE)
     free = torch.cuda.mem_get_info()[0] - 12 * 2**30 if device == "cuda" else 2**30
-    return StepBench(model, pool_pages_for(arch, free, largest), device), params_bytes
+    pool = pool_pages_for(arch, free, largest, centroid_dtype)
+    return StepBench(model, pool, device, centroid_dtype), params_bytes
 
 
-def run_model(name, batches, contexts, bandwidth, device, smoke):
-    bench, params_bytes = model_bench(name, batches, contexts, device, smoke)
+def run_model(name, batches, contexts, bandwidth, device, smoke, centroid_dtype):
+    bench, params_bytes = model_bench(name, batches, contexts, device, smoke, centroid_dtype)
     gpu = torch.cuda.get_device_name() if device == "cuda" else None
     rows = []
     for batch in batches:
@@ -325,6 +336,8 @@ def main(argv=None) -> int:
                         help="only the torch.compile probe of the non-attention step")
     parser.add_argument("--profile", action="store_true",
                         help="only the per-kernel breakdown of steps at 1K and 32K")
+    parser.add_argument("--centroids", default="bfloat16", choices=("bfloat16", "float8_e4m3fn"),
+                        help="page centroid dtype of the cache (EngineConfig.centroid_dtype)")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     copy = copy_bandwidth()
@@ -337,8 +350,10 @@ def main(argv=None) -> int:
         return profile_steps(args, device, batches, copy)
     rows = []
     for name in args.models.split(","):
-        rows.extend(run_model(name, batches, contexts, bandwidth, device, args.smoke))
+        rows.extend(run_model(name, batches, contexts, bandwidth, device, args.smoke,
+                              getattr(torch, args.centroids)))
     write_json(args.out, dict(benchmark="decode_step", facts=device_facts(), copy_bandwidth=copy,
+                              centroids=args.centroids,
                               prompt_len=PROMPT, gen_len=GENERATED, rows=rows))
     return 0
 
