@@ -27,11 +27,12 @@ benchmark: `python3 benchmarks/linear.py` (against cuBLAS in the same process).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch.nn import functional as F
 
+from sparrow_core.kernels.linear_launch import LinearLaunch, default_launch, pipeline_stages
 from sparrow_core.kernels.rms_norm import needs_autograd, rms_norm_reference
 from sparrow_core.kernels.runtime import (
     INTERPRETER, arrival_counters, check, gdc_launch_dependents,
@@ -43,22 +44,6 @@ from sparrow_core.kernels.silu_mul import silu_mul
 MAX_ROWS = 16
 # SPARROW_SKINNY_LINEAR=0 sends every projection to F.linear (cuBLAS), for comparisons
 ENABLED = os.environ.get("SPARROW_SKINNY_LINEAR", "1") not in ("", "0")
-SMEM_BUDGET = 200 * 1024  # pipelined tiles of x and W; Hopper allows 227 KiB a block
-
-
-@dataclass(frozen=True)
-class LinearLaunch:
-    """How the kernel cuts the work: column tile, K tile, K splits, warps, pipeline stages;
-    w_major puts W's tile on the tensor core's M side (N = the rows of x)."""
-
-    block_n: int = 64
-    block_k: int = 256
-    split: int = 1
-    num_warps: int = 4
-    num_stages: int = 4
-    w_major: bool = True
-
-
 @jit
 def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, rows, n_out,
                           k_len, k_per_split, s_xm, s_wn, s_om,
@@ -191,31 +176,6 @@ def _store_out(acc, b_ptr, out_ptr, m, n, n_mask, keep, s_om, HAS_BIAS: tl.const
     tl.store(out_ptr + m[:, None] * s_om + n[None, :], out, mask=keep)
 
 
-def default_launch(rows: int, n_out: int, k_len: int, sms: int) -> LinearLaunch:
-    """The launch the H100 sweep of benchmarks/linear.py favours for decode shapes: about one
-    program per SM or more, long K ranges split (down_proj), 128-wide tiles for lm_head;
-    the K tile then shrinks (to 16) until it divides K (small models)."""
-    w_major = rows <= 16
-    if n_out >= 256 * sms:  # lm_head: plenty of column blocks
-        launch = LinearLaunch(128, 128, 1, 4, 4, w_major)
-    elif k_len >= 2 * n_out and k_len % (4 * 128) == 0:  # down_proj: few columns, long K
-        launch = LinearLaunch(64 if rows <= 16 else 32, 128, 4, 4, 4, w_major)
-    else:
-        block_n = 32 if n_out >= 31 * sms else 16  # about one program per SM or more
-        block_k = 256 if n_out <= 64 * 64 else 128
-        launch = LinearLaunch(block_n, block_k, 1, 4, 4, w_major)
-    block_k = launch.block_k
-    while k_len % (block_k * launch.split) and block_k > 16:
-        block_k //= 2
-    return replace(launch, block_k=block_k)
-
-
-def _stages(launch: LinearLaunch, rows: int, pdl: bool) -> int:
-    """Pipeline stages that fit in shared memory (one tile more is held under PDL)."""
-    tile_bytes = (launch.block_n + max(16, next_power_of_2(rows))) * launch.block_k * 2
-    return max(1, min(launch.num_stages, SMEM_BUDGET // tile_bytes - int(pdl)))
-
-
 @dataclass(frozen=True)
 class RowNorm:
     """RMSNorm for the kernel to apply to x's rows: the norm's weight [K] (x times it is
@@ -322,7 +282,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         0 if residual is None else residual.stride(0),
         BLOCK_M=max(16, next_power_of_2(rows)), BLOCK_N=launch.block_n,
         BLOCK_K=launch.block_k, SPLIT=launch.split, HAS_BIAS=bias is not None,
-        W_MAJOR=launch.w_major, NUM_STAGES=_stages(launch, rows, pdl), UPCAST=INTERPRETER,
+        W_MAJOR=launch.w_major, NUM_STAGES=pipeline_stages(launch, rows, pdl), UPCAST=INTERPRETER,
         PDL=pdl, GATED=gated, NORM=norm is not None,
         SQ_BLOCKS=1 if norm is None else max(2, next_power_of_2(norm.sumsq.shape[0])),
         RESIDUAL=residual is not None, num_warps=launch.num_warps, launch_pdl=pdl)

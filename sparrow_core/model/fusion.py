@@ -16,7 +16,8 @@ import torch
 from torch import Tensor, nn
 
 from sparrow_core.errors import SparrowError
-from sparrow_core.model.stream import Normed, linear
+from sparrow_core.model import stream
+from sparrow_core.model.stream import Normed
 
 # the projection groups that fuse_projections() stacks into one weight each
 QKV = ("q_proj", "k_proj", "v_proj")
@@ -123,7 +124,7 @@ class FusableProjections(nn.Module):
         if torch.is_grad_enabled() and any(
                 p.requires_grad for linear in linears for p in linear.parameters()):
             return None
-        return linear(x, fused.weight, fused.bias)
+        return stream.linear(x, fused.weight, fused.bias)
 
     def _apply(self, fn, recurse=True):
         # .to() / .half() / to_empty() give every parameter its own new tensor: fuse again
