@@ -75,14 +75,6 @@ def linear(x: Tensor | Normed, weight: Tensor, bias: Tensor | None) -> Tensor:
     return skinny_linear(read(x), weight, bias)
 
 
-def project(module: nn.Module, x: Tensor) -> Tensor:
-    """module(x), through the skinny decode kernel when it is a plain nn.Linear (a wrapped
-    one, e.g. with a LoRA adapter, runs its own forward)."""
-    if type(module) is nn.Linear:
-        return skinny_linear(x, module.weight, module.bias)
-    return module(x)
-
-
 def add_linear(x: Tensor, a: Tensor, module: nn.Module, gated: bool = False) -> Stream:
     """The stream after x + module(a) (gated: a = [gate | up], module(silu(gate) * up)): the
     add and the sums of squares in the skinny kernel's epilogue when it serves, else the
