@@ -124,7 +124,8 @@ def main() -> int:
                 dict(BLOCK_M=max(16, rows), BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
                      SPLIT=launch.split, HAS_BIAS=False, W_MAJOR=launch.w_major,
                      NUM_STAGES=launch.num_stages, UPCAST=False, PDL=pdl, GATED=residual,
-                     NORM=norm, SQ_BLOCKS=32, RESIDUAL=residual),
+                     NORM=norm, SQ_BLOCKS=32, RESIDUAL=residual,
+                     PREFETCH_LINES=32),
                 num_warps=launch.num_warps, num_stages=launch.num_stages))
     return 0
 

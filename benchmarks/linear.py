@@ -82,7 +82,7 @@ def bench_shape(rows, n_out, k_len, sms, smoke, device):
     default = default_launch(rows, n_out, k_len, sms)
     row["default_launch"] = vars(default)
     row["default_us"] = time_cold(lambda w: skinny_linear(x, w, launch=default), weights)
-    with programmatic_launch(True):
+    with programmatic_launch("linear"):
         row["default_pdl_us"] = time_cold(lambda w: skinny_linear(x, w, launch=default), weights)
     row["default_max_abs_err"] = (skinny_linear(x, weights[0], launch=default).float()
                                   - want).abs().max().item()
@@ -136,7 +136,7 @@ def chain(model: str, rows: int, device, layers: int | None = None) -> dict:
               "weight_bytes": sum(w.numel() * 2 for layer in weights for w in layer)}
     result["cublas_us"] = time_graph(cublas, reps=10)
     result["ours_us"] = time_graph(ours, reps=10)
-    with programmatic_launch(True):  # each kernel reads its first weight tile early
+    with programmatic_launch("linear"):  # each kernel asks the L2 for its weights early
         result["ours_pdl_us"] = time_graph(ours, reps=10)
     for name in ("cublas", "ours", "ours_pdl"):
         result[f"{name}_bytes_per_s"] = result["weight_bytes"] / (result[f"{name}_us"] * 1e-6)
@@ -151,7 +151,9 @@ def norm_chains(weights, shape, rows, device) -> dict:
     projections (`folded`: norm read in by q/k/v and gate/up, adds written by o and down),
     only the adds folded (`adds_folded`, norms in their kernels), only the norms folded
     (`norms_folded`, sums of squares precomputed), and folded with the norm-reading
-    launches' tiles turned over (`folded_x_major`: x on the tensor core's M side)."""
+    launches' tiles turned over (`folded_x_major`: x on the tensor core's M side), and folded
+    with programmatic dependent launch (`folded_pdl`: each kernel asks the L2 for its
+    weights while the one before runs)."""
     hidden = torch.randn(rows, shape.hidden, device=device, dtype=torch.bfloat16)
     attended = torch.randn(rows, shape.q_heads * shape.head_dim, device=device,
                            dtype=torch.bfloat16)
@@ -187,6 +189,8 @@ def norm_chains(weights, shape, rows, device) -> dict:
              "adds_folded": (False, True), "norms_folded": (True, False)}
     timed = {name: time_graph(layer_chain(*flags), reps=10) for name, flags in forms.items()}
     timed["folded_x_major"] = time_graph(layer_chain(True, True, w_major=False), reps=10)
+    with programmatic_launch("linear"):
+        timed["folded_pdl"] = time_graph(layer_chain(True, True), reps=10)
     return timed
 
 

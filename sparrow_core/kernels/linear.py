@@ -52,7 +52,7 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, row
                           SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, W_MAJOR: tl.constexpr,
                           NUM_STAGES: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
                           GATED: tl.constexpr, NORM: tl.constexpr, SQ_BLOCKS: tl.constexpr,
-                          RESIDUAL: tl.constexpr):
+                          RESIDUAL: tl.constexpr, PREFETCH_LINES: tl.constexpr):
     pid_n = tl.program_id(0)
     piece = tl.program_id(1)
     m = tl.arange(0, BLOCK_M)
@@ -70,18 +70,14 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, row
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     if PDL:
-        # the weights do not depend on the kernel before: the first tile is read while it
-        # still runs, then wait for x (see runtime.py on programmatic dependent launch)
-        w = tl.load(w_rows + start, mask=n_mask[:, None], other=0.0)
+        # the weights do not depend on the kernel before: ask the L2 for this program's
+        # slice while that kernel still runs, then wait for x (runtime.py)
+        _prefetch_l2(w_ptr, n, n_out, s_wn, start, k_per_split, PREFETCH_LINES)
         gdc_wait()
         gdc_launch_dependents()
     # issued now, used after the loop: the epilogue does not wait on a fresh load
     sq_parts, res = _early_loads(sq_in_ptr, sq_blocks, rows, res_ptr, s_rm, m, n, m_mask, keep,
                                  SQ_BLOCKS, NORM, RESIDUAL)
-    if PDL:
-        x = _load_x(x_rows, start, k_len, m_mask, GATED, norm_w, NORM)
-        acc = _accumulate(acc, x, w, W_MAJOR, UPCAST)
-        start += BLOCK_K
     for k0 in tl.range(start, piece * k_per_split + k_per_split, BLOCK_K,
                        num_stages=NUM_STAGES):
         x = _load_x(x_rows, k0, k_len, m_mask, GATED, norm_w, NORM)
@@ -106,6 +102,17 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, row
     else:
         _store_out(acc, b_ptr, out_ptr, m, n, n_mask, keep, s_om, HAS_BIAS, sq_parts,
                    k_len, eps, res, sq_out_ptr + pid_n * rows, rows, NORM, RESIDUAL)
+
+
+@jit
+def _prefetch_l2(w_ptr, n, n_out, s_wn, start, k_per_split, LINES: tl.constexpr):
+    """Ask the L2 for the 128-byte lines of W's rows n over [start, start + k_per_split)
+    (16-bit weights: 64 per line), at most LINES per row; no register holds them."""
+    row = tl.minimum(n, n_out - 1).to(tl.int64)
+    col = start + tl.maximum(tl.minimum(tl.arange(0, LINES) * 64, k_per_split - 64), 0)
+    lines = w_ptr + row[:, None] * s_wn + col[None, :]
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // dummy $0", "=r,l", [lines],
+                              dtype=tl.int32, is_pure=False, pack=1)
 
 
 @jit
@@ -272,7 +279,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         counts = arrival_counters(x.device, blocks, "skinny_linear")
     sumsq = (torch.empty(blocks, rows, dtype=torch.float32, device=x.device)
              if residual is not None else part)
-    pdl = pdl_launch(x.device) and k_len // launch.split > launch.block_k
+    pdl = pdl_launch(x.device, "linear")
     _skinny_linear_kernel[(blocks, launch.split)](
         x, weight, bias if bias is not None else weight, out, part, counts, rows, n_out, k_len,
         k_len // launch.split, x.stride(0), weight.stride(0), out.stride(0),
@@ -282,8 +289,10 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         0 if residual is None else residual.stride(0),
         BLOCK_M=max(16, next_power_of_2(rows)), BLOCK_N=launch.block_n,
         BLOCK_K=launch.block_k, SPLIT=launch.split, HAS_BIAS=bias is not None,
-        W_MAJOR=launch.w_major, NUM_STAGES=pipeline_stages(launch, rows, pdl), UPCAST=INTERPRETER,
+        W_MAJOR=launch.w_major, NUM_STAGES=pipeline_stages(launch, rows), UPCAST=INTERPRETER,
         PDL=pdl, GATED=gated, NORM=norm is not None,
         SQ_BLOCKS=1 if norm is None else max(2, next_power_of_2(norm.sumsq.shape[0])),
-        RESIDUAL=residual is not None, num_warps=launch.num_warps, launch_pdl=pdl)
+        RESIDUAL=residual is not None,
+        PREFETCH_LINES=min(64, next_power_of_2(-(-k_len // launch.split // 64))),
+        num_warps=launch.num_warps, launch_pdl=pdl)
     return out if residual is None else (out, sumsq)

@@ -47,7 +47,7 @@ def default_launch(rows: int, n_out: int, k_len: int, sms: int) -> LinearLaunch:
     return replace(launch, block_k=block_k)
 
 
-def pipeline_stages(launch: LinearLaunch, rows: int, pdl: bool) -> int:
-    """Pipeline stages that fit in shared memory (one tile more is held under PDL)."""
+def pipeline_stages(launch: LinearLaunch, rows: int) -> int:
+    """Pipeline stages that fit in shared memory."""
     tile_bytes = (launch.block_n + max(16, next_power_of_2(rows))) * launch.block_k * 2
-    return max(1, min(launch.num_stages, SMEM_BUDGET // tile_bytes - int(pdl)))
+    return max(1, min(launch.num_stages, SMEM_BUDGET // tile_bytes))

@@ -13,16 +13,16 @@ Triton fixes compiled-or-interpreted when its own library functions are decorate
 kernels could not run there anyway. CPU tensors still take the reference path unless a
 caller opts in with `with cpu_interpreter():` (the CPU tests of the kernels do).
 
-Programmatic dependent launch (Hopper and later, off by default, SPARROW_PDL=1 turns it on):
-the kernels of the decode attention chain
-(scoring, top-k, attention, split combine) start with `gdc_wait()` (block until the kernel
-before them in the stream has finished and its writes are visible) and then
-`gdc_launch_dependents()`, and are launched with `launch_pdl=pdl_launch(device)`. The next
-kernel is then launched and placed on the GPU while this one runs instead of after it ends,
-which takes the launch gap out of each step of the chain. Waiting before any memory access
-keeps every read-after-write and write-after-read order of a plain launch. Measured on an
-H200 (benchmarks/sparse_stage.py times both), it made the sparse stage slower, 107.9 against
-103.5 us, so it stays off unless asked for.
+Programmatic dependent launch (Hopper and later), off by default; SPARROW_PDL turns it on per
+kernel family: `attention` (scoring, top-k, attention, split combine: each starts with
+`gdc_wait()`, which blocks until the kernel before it in the stream has finished and its
+writes are visible, then `gdc_launch_dependents()`), `linear` (the skinny decode projections
+of linear.py ask the L2 for their weight slice before that wait), `1`/`all` for both. A kernel
+launched this way is placed on the GPU while the one before still runs; waiting before any
+access to data another kernel writes keeps every read-after-write and write-after-read order
+of a plain launch. Measured on an H100 (docs/benchmarks.md, rounds 5, 7 and 9): a chain of
+empty kernels takes 0.64 instead of 0.92 us a launch, but the sparse stage (143.9 against
+137.8 us) and the projection chain (1827 against 1453 us) got slower, so it stays off.
 """
 
 from __future__ import annotations
@@ -117,24 +117,45 @@ def jit(fn):
     return triton.jit(fn) if HAS_TRITON else fn
 
 
-_PDL_SETTING = [os.environ.get("SPARROW_PDL", "0") not in ("", "0")]
+# the kernel families that may launch with programmatic dependent launch
+PDL_FAMILIES = ("linear", "attention")
+
+
+def _pdl_families(setting: str) -> frozenset[str]:
+    """SPARROW_PDL: "0" or empty (none), "1" or "all", or a comma list of PDL_FAMILIES."""
+    setting = setting.strip().lower()
+    if setting in ("", "0"):
+        return frozenset()
+    if setting in ("1", "all"):
+        return frozenset(PDL_FAMILIES)
+    families = frozenset(part.strip() for part in setting.split(",") if part.strip())
+    unknown = sorted(families - set(PDL_FAMILIES))
+    if unknown:
+        raise SparrowError(f"SPARROW_PDL={setting!r}: unknown kernel families {unknown}; "
+                           f"use 0, 1, all or a comma list of {list(PDL_FAMILIES)}")
+    return families
+
+
+_PDL_SETTING = [_pdl_families(os.environ.get("SPARROW_PDL", "0"))]
 
 
 @contextlib.contextmanager
-def programmatic_launch(enabled: bool) -> Iterator[None]:
-    """Turn programmatic dependent launch on or off inside this block (benchmarks)."""
+def programmatic_launch(enabled: bool | str) -> Iterator[None]:
+    """Programmatic dependent launch inside this block (benchmarks): True for every family,
+    False for none, or a SPARROW_PDL string ("linear", "attention,linear")."""
     previous = _PDL_SETTING[0]
-    _PDL_SETTING[0] = enabled
+    _PDL_SETTING[0] = _pdl_families(enabled if isinstance(enabled, str) else str(int(enabled)))
     try:
         yield
     finally:
         _PDL_SETTING[0] = previous
 
 
-def pdl_launch(device: torch.device) -> bool:
-    """Whether kernels on this device launch with programmatic dependent launch: compiled
-    CUDA on compute capability 9.0 or later, a triton that has it, and not turned off."""
-    return (_PDL_SETTING[0] and device.type == "cuda" and not INTERPRETER
+def pdl_launch(device: torch.device, family: str = "attention") -> bool:
+    """Whether a kernel of this family launches with programmatic dependent launch on this
+    device: compiled CUDA on compute capability 9.0 or later, a triton that has it, and the
+    family turned on."""
+    return (family in _PDL_SETTING[0] and device.type == "cuda" and not INTERPRETER
             and HAS_TRITON and gdc_wait is not None
             and torch.cuda.get_device_capability(device)[0] >= 9)
 
