@@ -13,7 +13,6 @@ output is compared with the default's (max abs difference) so a wrong variant sh
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -22,7 +21,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.attention import HEADS, PAGE, centroids_of, make_layer  # noqa: E402
-from benchmarks.common import device_facts, time_graph, write_json  # noqa: E402
+from benchmarks.common import (device_facts, target_case_args, time_graph,  # noqa: E402
+                               write_json)
 from sparrow_core.kernels.page_topk import select_page_lists  # noqa: E402
 from sparrow_core.kernels.paged_decode import (paged_decode_attention,  # noqa: E402
                                                sparse_paged_decode_attention)
@@ -71,11 +71,7 @@ def one_case(batch, context, device, smoke, reps) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=None)
-    parser.add_argument("--smoke", action="store_true")
-    args = parser.parse_args(argv)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    args, device, _, _ = target_case_args(__doc__.splitlines()[0], argv)
     cases = ([(2, 256)] if args.smoke else
              [(16, 32768), (16, 16384), (16, 8192), (16, 4096), (64, 32768)])
     write_json(args.out, dict(benchmark="attention-splits", facts=device_facts(),
