@@ -25,8 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import device_facts, time_graph, write_json  # noqa: E402
 from sparrow_core.kernels.runtime import (HAS_TRITON, INTERPRETER,  # noqa: E402
-                                          gdc_launch_dependents, gdc_wait, jit,
-                                          multiprocessors, pdl_launch, programmatic_launch, tl)
+                                          cpu_interpreter, gdc_launch_dependents, gdc_wait,
+                                          jit, multiprocessors, pdl_launch,
+                                          programmatic_launch, tl)
 
 
 @jit
@@ -76,14 +77,14 @@ def main(argv=None) -> int:
     rows = {}
     for kind in ("empty", "touch_16kb"):
         for with_pdl in sorted({False, pdl}):
-            if device == "cpu":
-                from sparrow_core.kernels.runtime import cpu_interpreter
+            run = chain(kind, length, device, with_pdl)
+            if device == "cpu":  # --smoke: the kernels run once in the interpreter, untimed
                 with cpu_interpreter():
-                    chain(kind, length, device, with_pdl)()
+                    run()
                 continue
-            us = time_graph(chain(kind, length, device, with_pdl), reps=20, flush=False)
-            rows[f"{kind}{'_pdl' if with_pdl else ''}"] = dict(chain_us=us,
-                                                               us_per_kernel=us / length)
+            us = time_graph(run, reps=20, flush=False)
+            rows[f"{kind}_pdl" if with_pdl else kind] = dict(chain_us=us,
+                                                             us_per_kernel=us / length)
     write_json(args.out, dict(benchmark="launch-floor", facts=device_facts(), length=length,
                               chains=rows))
     return 0
