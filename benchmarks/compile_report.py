@@ -118,14 +118,14 @@ def main() -> int:
                                                (16, 2048, 6144, False, True),
                                                (64, 12288, 2048, False, False)):
         launch = linear.default_launch(rows, n_out, k_len, 132)
-        for pdl in (False, True):
-            report(f"linear M={rows} N={n_out} split={launch.split} pdl={pdl}", build(
+        for pdl, late in ((False, False), (True, False), (True, True)):
+            report(f"linear M={rows} N={n_out} split={launch.split} pdl={pdl} late={late}", build(
                 linear._skinny_linear_kernel, linear_types,
                 dict(BLOCK_M=max(16, rows), BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
                      SPLIT=launch.split, HAS_BIAS=False, W_MAJOR=launch.w_major,
                      NUM_STAGES=launch.num_stages, UPCAST=False, PDL=pdl, GATED=residual,
                      NORM=norm, SQ_BLOCKS=32, RESIDUAL=residual,
-                     PREFETCH_LINES=32),
+                     PREFETCH_LINES=32, LATE_TRIGGER=late),
                 num_warps=launch.num_warps, num_stages=launch.num_stages))
     return 0
 

@@ -145,6 +145,47 @@ def chain(model: str, rows: int, device, layers: int | None = None) -> dict:
     return result
 
 
+def chain_tensors(weights, shape, rows, device) -> dict:
+    """The activations a chain of layers reads (the same every layer: only the weights
+    change), with the sums of squares a folded norm starts from."""
+    t = dict(hidden=torch.randn(rows, shape.hidden, device=device, dtype=torch.bfloat16),
+             attended=torch.randn(rows, shape.q_heads * shape.head_dim, device=device,
+                                  dtype=torch.bfloat16),
+             gate_up=torch.randn(rows, 2 * shape.intermediate, device=device,
+                                 dtype=torch.bfloat16),
+             delta=torch.randn(rows, shape.hidden, device=device, dtype=torch.bfloat16),
+             norm_weight=torch.ones(shape.hidden, device=device, dtype=torch.bfloat16))
+    t["sumsq"] = skinny_linear(t["attended"], weights[0][1], residual=t["hidden"])[1]
+    return t
+
+
+def layer_chain(weights, t, fold_norm: bool, fold_add: bool, launch_of=None):
+    """A callable running every layer's projections with its two RMSNorms and residual
+    adds, in their own kernels or folded into the projections; launch_of(x, w, reads_norm)
+    picks each folded call's launch (default: default_launch). It returns the last
+    residual sum."""
+    def run():
+        x, sq = t["hidden"], t["sumsq"]
+        for w_qkv, w_o, w_gate_up, w_down in weights:
+            for w_in, w_out, a, gated in ((w_qkv, w_o, t["attended"], False),
+                                          (w_gate_up, w_down, t["gate_up"], True)):
+                if fold_norm:
+                    skinny_linear(x, w_in, launch=launch_of and launch_of(x, w_in, True),
+                                  norm=RowNorm(t["norm_weight"], 1e-6, sq))
+                else:
+                    normed = rms_norm(x, t["norm_weight"], 1e-6,
+                                      residual=None if fold_add else t["delta"])
+                    skinny_linear(normed if fold_add else normed[0], w_in)
+                if fold_add:
+                    launch = launch_of and launch_of(a, w_out, False)
+                    x, made = skinny_linear(a, w_out, launch=launch, gated=gated, residual=x)
+                    sq = made if fold_norm else sq
+                else:
+                    skinny_linear(a, w_out, gated=gated)
+        return x
+    return run
+
+
 def norm_chains(weights, shape, rows, device) -> dict:
     """The chain with a layer's two RMSNorms and residual adds, microseconds: in their own
     kernels (`separate`, the model's form with SPARROW_FOLD_NORMS=0), folded into the
@@ -154,43 +195,20 @@ def norm_chains(weights, shape, rows, device) -> dict:
     launches' tiles turned over (`folded_x_major`: x on the tensor core's M side), and folded
     with programmatic dependent launch (`folded_pdl`: each kernel asks the L2 for its
     weights while the one before runs)."""
-    hidden = torch.randn(rows, shape.hidden, device=device, dtype=torch.bfloat16)
-    attended = torch.randn(rows, shape.q_heads * shape.head_dim, device=device,
-                           dtype=torch.bfloat16)
-    gate_up = torch.randn(rows, 2 * shape.intermediate, device=device, dtype=torch.bfloat16)
-    delta = torch.randn(rows, shape.hidden, device=device, dtype=torch.bfloat16)
-    norm_weight = torch.ones(shape.hidden, device=device, dtype=torch.bfloat16)
-    _, sumsq = skinny_linear(attended, weights[0][1], residual=hidden)
+    t = chain_tensors(weights, shape, rows, device)
     sms = multiprocessors(device)
-
-    def layer_chain(fold_norm, fold_add, w_major=True):
-        def run():
-            x, sq = hidden, sumsq
-            for w_qkv, w_o, w_gate_up, w_down in weights:
-                for w_in, w_out, a, gated in ((w_qkv, w_o, attended, False),
-                                              (w_gate_up, w_down, gate_up, True)):
-                    if fold_norm:
-                        launch = replace(default_launch(rows, *w_in.shape, sms),
-                                         w_major=w_major)
-                        skinny_linear(x, w_in, launch=launch,
-                                      norm=RowNorm(norm_weight, 1e-6, sq))
-                    else:
-                        normed = rms_norm(x, norm_weight, 1e-6,
-                                          residual=None if fold_add else delta)
-                        skinny_linear(normed if fold_add else normed[0], w_in)
-                    if fold_add:
-                        x, made = skinny_linear(a, w_out, gated=gated, residual=x)
-                        sq = made if fold_norm else sq
-                    else:
-                        skinny_linear(a, w_out, gated=gated)
-        return run
-
     forms = {"separate": (False, False), "folded": (True, True),
              "adds_folded": (False, True), "norms_folded": (True, False)}
-    timed = {name: time_graph(layer_chain(*flags), reps=10) for name, flags in forms.items()}
-    timed["folded_x_major"] = time_graph(layer_chain(True, True, w_major=False), reps=10)
+    timed = {name: time_graph(layer_chain(weights, t, *flags), reps=10)
+             for name, flags in forms.items()}
+
+    def x_major(x, w, reads_norm):
+        launch = default_launch(x.shape[0], w.shape[0], w.shape[1], sms)
+        return replace(launch, w_major=not reads_norm)
+
+    timed["folded_x_major"] = time_graph(layer_chain(weights, t, True, True, x_major), reps=10)
     with programmatic_launch("linear"):
-        timed["folded_pdl"] = time_graph(layer_chain(True, True), reps=10)
+        timed["folded_pdl"] = time_graph(layer_chain(weights, t, True, True), reps=10)
     return timed
 
 

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from sparrow_core.kernels.linear_launch import LinearLaunch, default_launch, pipeline_stages
+from sparrow_core.kernels.linear_launch import (LinearLaunch, default_launch, pipeline_stages,
+                                                prefetch_lines)
 from sparrow_core.kernels.rms_norm import needs_autograd, rms_norm_reference
 from sparrow_core.kernels.runtime import (
     INTERPRETER, arrival_counters, check, gdc_launch_dependents,
@@ -52,7 +53,8 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, row
                           SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, W_MAJOR: tl.constexpr,
                           NUM_STAGES: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
                           GATED: tl.constexpr, NORM: tl.constexpr, SQ_BLOCKS: tl.constexpr,
-                          RESIDUAL: tl.constexpr, PREFETCH_LINES: tl.constexpr):
+                          RESIDUAL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
+                          LATE_TRIGGER: tl.constexpr):
     pid_n = tl.program_id(0)
     piece = tl.program_id(1)
     m = tl.arange(0, BLOCK_M)
@@ -74,7 +76,8 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, row
         # slice while that kernel still runs, then wait for x (runtime.py)
         _prefetch_l2(w_ptr, n, n_out, s_wn, start, k_per_split, PREFETCH_LINES)
         gdc_wait()
-        gdc_launch_dependents()
+        if not LATE_TRIGGER:
+            gdc_launch_dependents()
     # issued now, used after the loop: the epilogue does not wait on a fresh load
     sq_parts, res = _early_loads(sq_in_ptr, sq_blocks, rows, res_ptr, s_rm, m, n, m_mask, keep,
                                  SQ_BLOCKS, NORM, RESIDUAL)
@@ -83,6 +86,8 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, row
         x = _load_x(x_rows, k0, k_len, m_mask, GATED, norm_w, NORM)
         w = tl.load(w_rows + k0, mask=n_mask[:, None], other=0.0)
         acc = _accumulate(acc, x, w, W_MAJOR, UPCAST)
+    if PDL and LATE_TRIGGER:
+        gdc_launch_dependents()
     if W_MAJOR:
         acc = tl.trans(acc)
     if SPLIT > 1:
@@ -293,6 +298,6 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         PDL=pdl, GATED=gated, NORM=norm is not None,
         SQ_BLOCKS=1 if norm is None else max(2, next_power_of_2(norm.sumsq.shape[0])),
         RESIDUAL=residual is not None,
-        PREFETCH_LINES=min(64, next_power_of_2(-(-k_len // launch.split // 64))),
+        PREFETCH_LINES=prefetch_lines(launch, k_len), LATE_TRIGGER=launch.late_trigger,
         num_warps=launch.num_warps, launch_pdl=pdl)
     return out if residual is None else (out, sumsq)

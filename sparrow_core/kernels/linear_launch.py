@@ -18,7 +18,11 @@ SMEM_BUDGET = 200 * 1024  # pipelined tiles of x and W; Hopper allows 227 KiB a 
 @dataclass(frozen=True)
 class LinearLaunch:
     """How the kernel cuts the work: column tile, K tile, K splits, warps, pipeline stages;
-    w_major puts W's tile on the tensor core's M side (N = the rows of x)."""
+    w_major puts W's tile on the tensor core's M side (N = the rows of x). Under
+    programmatic dependent launch only: prefetch_k, the K columns of each weight row a
+    program asks the L2 for before it waits for x (0: its whole K range), and late_trigger,
+    which lets the next kernel launch once this one's programs have left their K loop
+    instead of as soon as they start."""
 
     block_n: int = 64
     block_k: int = 256
@@ -26,12 +30,15 @@ class LinearLaunch:
     num_warps: int = 4
     num_stages: int = 4
     w_major: bool = True
+    prefetch_k: int = 0
+    late_trigger: bool = False
 
 
 def default_launch(rows: int, n_out: int, k_len: int, sms: int) -> LinearLaunch:
     """The launch the H100 sweep of benchmarks/linear.py favours for decode shapes: about one
     program per SM or more, long K ranges split (down_proj), 128-wide tiles for lm_head;
-    the K tile then shrinks (to 16) until it divides K (small models)."""
+    the K tile then shrinks (to 16) until it divides K (small models). Under PDL, the form
+    benchmarks/linear_pdl.py measured fastest."""
     w_major = rows <= 16
     if n_out >= 256 * sms:  # lm_head: plenty of column blocks
         launch = LinearLaunch(128, 128, 1, 4, 4, w_major)
@@ -44,7 +51,18 @@ def default_launch(rows: int, n_out: int, k_len: int, sms: int) -> LinearLaunch:
     block_k = launch.block_k
     while k_len % (block_k * launch.split) and block_k > 16:
         block_k //= 2
-    return replace(launch, block_k=block_k)
+    # under PDL: the first K tile asked for early, the next kernel let in late (round 10,
+    # benchmarks/linear_pdl.py: the whole slice at once, let in early, was slower than no PDL)
+    return replace(launch, block_k=block_k, prefetch_k=block_k, late_trigger=True)
+
+
+def prefetch_lines(launch: LinearLaunch, k_len: int) -> int:
+    """128-byte lines of each weight row the PDL prologue asks the L2 for (16-bit weights:
+    64 columns a line), a power of two up to 64."""
+    columns = k_len // launch.split
+    if launch.prefetch_k:
+        columns = min(columns, launch.prefetch_k)
+    return min(64, next_power_of_2(-(-columns // 64)))
 
 
 def pipeline_stages(launch: LinearLaunch, rows: int) -> int:

@@ -72,9 +72,8 @@ def _page_scores_kernel(q_ptr, cent_ptr, table_ptr, ntok_ptr, score_ptr,
                         BLOCK_P: tl.constexpr, PAGE: tl.constexpr,
                         BLOCKS_PER_PROGRAM: tl.constexpr, NUM_STAGES: tl.constexpr,
                         PDL: tl.constexpr):
-    if PDL:  # see runtime.py: wait for the kernel before, let the next one launch
+    if PDL:  # see runtime.py: wait for the kernel before
         gdc_wait()
-        gdc_launch_dependents()
     b = tl.program_id(0)
     n_pages = (tl.load(ntok_ptr + b).to(tl.int32) + PAGE - 1) // PAGE
     # pages past the row's count load nothing and score -inf
@@ -82,6 +81,8 @@ def _page_scores_kernel(q_ptr, cent_ptr, table_ptr, ntok_ptr, score_ptr,
                   tl.program_id(1) * BLOCKS_PER_PROGRAM, s_qb, s_qh, s_cp, s_ch, s_tb, width,
                   dim, kv_heads, GROUP, BLOCK_H, BLOCK_D, BLOCK_P, BLOCKS_PER_PROGRAM,
                   NUM_STAGES, True)
+    if PDL:  # the next kernel may launch once every program has scored its pages
+        gdc_launch_dependents()
 
 
 def page_scores_reference(q, centroids, page_tables, num_tokens, page_size):

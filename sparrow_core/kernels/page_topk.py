@@ -89,9 +89,8 @@ def _page_topk_kernel(score_ptr, ntok_ptr, topk_ptr, list_ptr, count_ptr, mask_p
                       PAGE: tl.constexpr, BOS: tl.constexpr, EOS: tl.constexpr,
                       BLOCK_W: tl.constexpr, WRITE_MASK: tl.constexpr, RADIX: tl.constexpr,
                       PDL: tl.constexpr, VALUE_PASSES: tl.constexpr = 0):
-    if PDL:  # see runtime.py: wait for the kernel before, let the next one launch
+    if PDL:  # see runtime.py: wait for the kernel before
         gdc_wait()
-        gdc_launch_dependents()
     b = tl.program_id(0)
     row = b * tl.num_programs(1) + tl.program_id(1)
     n_pages = (tl.load(ntok_ptr + b).to(tl.int32) + PAGE - 1) // PAGE
@@ -99,6 +98,8 @@ def _page_topk_kernel(score_ptr, ntok_ptr, topk_ptr, list_ptr, count_ptr, mask_p
     _topk_row(score_ptr + row * width, n_pages, k, list_ptr + row * width, count_ptr + row,
               mask_ptr + row * width, width, BOS, EOS, BLOCK_W, WRITE_MASK, RADIX,
               VALUE_PASSES, False)
+    if PDL:  # let the next kernel launch (its programs place as these leave)
+        gdc_launch_dependents()
 
 
 @jit
@@ -110,9 +111,8 @@ def _page_select_kernel(q_ptr, cent_ptr, table_ptr, ntok_ptr, topk_ptr, score_pt
                         BLOCK_W: tl.constexpr, WRITE_MASK: tl.constexpr, RADIX: tl.constexpr,
                         NUM_STAGES: tl.constexpr, PDL: tl.constexpr,
                         VALUE_PASSES: tl.constexpr = 0):
-    if PDL:  # see runtime.py: wait for the kernel before, let the next one launch
+    if PDL:  # see runtime.py: wait for the kernel before
         gdc_wait()
-        gdc_launch_dependents()
     # A ticket, in the order programs start, gives each its job: scoring a chunk of one
     # sequence's pages (every KV head), or selecting one (sequence, KV head) row. Tickets run
     # score(0), score(1), select(0), score(2), select(1), ..., select(B - 1): a selecting
@@ -150,6 +150,8 @@ def _page_select_kernel(q_ptr, cent_ptr, table_ptr, ntok_ptr, topk_ptr, score_pt
             # every row of b has seen its chunks: both counts back to zero
             tl.atomic_xchg(sync_ptr + 1 + b, 0)
             tl.atomic_xchg(sync_ptr + 1 + batch + b, 0)
+    if PDL:  # let the next kernel launch (its programs place as these leave)
+        gdc_launch_dependents()
 
 
 def lists_from_mask(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

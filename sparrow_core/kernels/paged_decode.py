@@ -64,9 +64,8 @@ def _paged_decode_kernel(
         SPARSE: tl.constexpr, IEEE: tl.constexpr, EVEN_D: tl.constexpr,
         PREFETCH_IDS: tl.constexpr, FUSE_COMBINE: tl.constexpr, BLOCK_S: tl.constexpr,
         PDL: tl.constexpr):
-    if PDL:  # see runtime.py: wait for the kernel before, let the next one launch
+    if PDL:  # see runtime.py: wait for the kernel before
         gdc_wait()
-        gdc_launch_dependents()
     b = tl.program_id(0)
     h = tl.program_id(1)
     split = tl.program_id(2)
@@ -134,6 +133,8 @@ def _paged_decode_kernel(
         acc = acc * alpha[:, None] + pv
         l_sum = l_sum * alpha + tl.sum(p, axis=1)
         m = m_new
+    if PDL:  # the next kernel may launch once every program has left its loop
+        gdc_launch_dependents()
     # an empty split (or a row with no tokens) reports lse = -inf and a zero output
     has = l_sum > 0
     out = acc / tl.where(has, l_sum, 1.0)[:, None]

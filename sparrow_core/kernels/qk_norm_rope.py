@@ -29,7 +29,8 @@ import torch
 from sparrow_core.kernels.kv_write import KVStore, store_kv_row, write_kv
 from sparrow_core.kernels.rms_norm import needs_autograd, rms_norm_reference
 from sparrow_core.kernels.runtime import (
-    check, check_last_dim_contiguous, jit, next_power_of_2, tl, use_kernel)
+    check, check_last_dim_contiguous, gdc_launch_dependents, gdc_wait, jit, next_power_of_2,
+    pdl_launch, tl, use_kernel)
 
 
 @jit
@@ -50,7 +51,9 @@ def _qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo_ptr,
                          s_qot, s_qoh, s_kot, s_koh, s_vt, s_vh,
                          s_page, s_offset, s_head, s_cent_page, s_cent_head,
                          NORM: tl.constexpr, STORE: tl.constexpr, PAGE: tl.constexpr,
-                         BLOCK_D: tl.constexpr):
+                         BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # see runtime.py: wait for the kernel before (the projection writing q, k, v)
+        gdc_wait()
     t = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     if head < q_heads:
@@ -85,6 +88,8 @@ def _qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo_ptr,
             store_kv_row(out, v_ptr + t * s_vt + kv_head * s_vh, kc_ptr, vc_ptr, cent_ptr,
                          slot, kv_head, dim, s_page, s_offset, s_head, s_cent_page,
                          s_cent_head, PAGE, BLOCK_D, True)
+    if PDL:  # let the next kernel launch (its programs place as these leave)
+        gdc_launch_dependents()
 
 
 def qk_norm_rope_reference(q, k, cos, sin, q_weight, k_weight, eps):
@@ -150,6 +155,7 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
     norm = q_weight is not None
     pointers, strides = _store_args(store, v, q)
     if tokens:
+        pdl = pdl_launch(q.device, "attention")
         _qk_norm_rope_kernel[(tokens, q_heads + k.shape[1])](
             q, k, q_weight if norm else q, k_weight if norm else k, cos, sin, q_out, k_out,
             *pointers, q_heads, dim, eps, q.stride(0), q.stride(1),
@@ -157,5 +163,5 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
             q_out.stride(1), k_out.stride(0), k_out.stride(1), *strides,
             NORM=norm, STORE=store is not None,
             PAGE=1 if store is None else store.k_cache.shape[2],
-            BLOCK_D=next_power_of_2(dim), num_warps=1)
+            BLOCK_D=next_power_of_2(dim), PDL=pdl, num_warps=1, launch_pdl=pdl)
     return q_out, k_out

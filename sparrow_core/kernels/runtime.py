@@ -13,16 +13,19 @@ Triton fixes compiled-or-interpreted when its own library functions are decorate
 kernels could not run there anyway. CPU tensors still take the reference path unless a
 caller opts in with `with cpu_interpreter():` (the CPU tests of the kernels do).
 
-Programmatic dependent launch (Hopper and later), off by default; SPARROW_PDL turns it on per
-kernel family: `attention` (scoring, top-k, attention, split combine: each starts with
-`gdc_wait()`, which blocks until the kernel before it in the stream has finished and its
-writes are visible, then `gdc_launch_dependents()`), `linear` (the skinny decode projections
-of linear.py ask the L2 for their weight slice before that wait), `1`/`all` for both. A kernel
-launched this way is placed on the GPU while the one before still runs; waiting before any
-access to data another kernel writes keeps every read-after-write and write-after-read order
-of a plain launch. Measured on an H100 (docs/benchmarks.md, rounds 5, 7 and 9): a chain of
-empty kernels takes 0.64 instead of 0.92 us a launch, but the sparse stage (143.9 against
-137.8 us) and the projection chain (1827 against 1453 us) got slower, so it stays off.
+Programmatic dependent launch (Hopper and later), on by default; SPARROW_PDL names the kernel
+families that use it: `attention` (q/k norm + RoPE, scoring, top-k, attention, split
+combine: each starts with `gdc_wait()`, which blocks until the kernel before it in the
+stream has finished and its writes are visible, and calls `gdc_launch_dependents()` once
+its main loop is done),
+`linear` (the skinny decode projections of linear.py first ask the L2 for their first K
+tile of weights, then wait, and let the next kernel in once they leave their K loop),
+`1`/`all` (the default) for both, `0` for none. A kernel launched this way is placed on the
+GPU while the one before still runs; waiting before any access to data another kernel
+writes keeps every read-after-write and write-after-read order of a plain launch.
+Measured on an H100 (docs/benchmarks.md, round 10): a B=16 step outside attention takes
+1839 instead of 1874 us. Letting the next kernel in as soon as a kernel's programs start,
+with whole weight slices asked for (rounds 5-9), was slower than no PDL at all.
 """
 
 from __future__ import annotations
@@ -136,7 +139,7 @@ def _pdl_families(setting: str) -> frozenset[str]:
     return families
 
 
-_PDL_SETTING = [_pdl_families(os.environ.get("SPARROW_PDL", "0"))]
+_PDL_SETTING = [_pdl_families(os.environ.get("SPARROW_PDL", "all"))]
 
 
 @contextlib.contextmanager

@@ -68,11 +68,12 @@ def combine_if_last(counter_ptr, part_o_ptr, part_lse_ptr, out_ptr, first_row, d
 @jit
 def _combine_kernel(part_o_ptr, part_lse_ptr, out_ptr, splits, dim,
                     BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
-    if PDL:  # see runtime.py: wait for the kernel before, let the next one launch
+    if PDL:  # see runtime.py: wait for the kernel before
         gdc_wait()
-        gdc_launch_dependents()
     merge_row(part_o_ptr, part_lse_ptr, out_ptr, tl.program_id(0), splits, dim,
               BLOCK_S, BLOCK_D, "")
+    if PDL:  # let the next kernel launch (its programs place as these leave)
+        gdc_launch_dependents()
 
 
 def combine_reference(partial_out: torch.Tensor, partial_lse: torch.Tensor,

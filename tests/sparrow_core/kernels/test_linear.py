@@ -109,6 +109,16 @@ def test_default_launch_covers_every_sm():
         assert programs >= 128 and k_len % (launch.block_k * launch.split) == 0
 
 
+def test_prefetch_lines_cover_the_asked_columns():
+    from sparrow_core.kernels.linear_launch import prefetch_lines
+
+    assert prefetch_lines(LinearLaunch(split=1), 2048) == 32  # the whole row: 2048 / 64
+    assert prefetch_lines(LinearLaunch(split=4), 6144) == 32  # 1536 columns, rounded up
+    assert prefetch_lines(LinearLaunch(prefetch_k=256), 2048) == 4
+    assert prefetch_lines(LinearLaunch(prefetch_k=100), 2048) == 2
+    assert prefetch_lines(LinearLaunch(split=1), 9728) == 64  # at most 64
+
+
 gpu = pytest.mark.gpu
 
 
@@ -172,6 +182,49 @@ def test_split_launch_replays_in_a_cuda_graph():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, eager)
+
+
+@gpu
+@pytest.mark.parametrize("late_trigger,prefetch_k", [(False, 0), (True, 0), (True, 256),
+                                                     (False, 64)])
+def test_dependent_chain_under_programmatic_launch(late_trigger, prefetch_k):
+    """A layer's chain of dependent calls (o_proj adding the residual, gate/up through the
+    norm, the gated split down_proj adding the residual, q/k/v through the norm) replayed
+    in a CUDA graph with the linear family under programmatic dependent launch, whatever
+    the trigger and prefetch depth: bit for bit the chain without it."""
+    from dataclasses import replace
+
+    from sparrow_core.kernels.linear import RowNorm
+    from sparrow_core.kernels.runtime import programmatic_launch
+
+    rows, hidden, inner = 16, 2048, 6144
+    attended, w_o, _ = operands(rows, hidden, hidden, torch.bfloat16, 1, "cuda")
+    _, w_gate_up, _ = operands(rows, 2 * inner, hidden, torch.bfloat16, 2, "cuda")
+    _, w_down, _ = operands(rows, hidden, inner, torch.bfloat16, 3, "cuda")
+    _, w_qkv, _ = operands(rows, 4096, hidden, torch.bfloat16, 4, "cuda")
+    norm_weight = (1 + 0.2 * torch.randn(hidden, device="cuda")).bfloat16()
+    residual = torch.randn(rows, hidden, device="cuda").bfloat16()
+
+    def layer():
+        def call(x, w, **kw):
+            launch = replace(default_launch(rows, w.shape[0], w.shape[1], 132),
+                             late_trigger=late_trigger, prefetch_k=prefetch_k)
+            return skinny_linear(x, w, launch=launch, **kw)
+        s, sq = call(attended, w_o, residual=residual)
+        gate_up = call(s, w_gate_up, norm=RowNorm(norm_weight, 1e-6, sq))
+        s, sq = call(gate_up, w_down, gated=True, residual=s)
+        return call(s, w_qkv, norm=RowNorm(norm_weight, 1e-6, sq))
+
+    plain = layer()
+    with programmatic_launch("linear"):
+        layer()  # compiles the PDL variants and allocates before capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = layer()
+        for _ in range(3):
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, plain)
 
 
 @pytest.mark.parametrize("launch", LAUNCHES)

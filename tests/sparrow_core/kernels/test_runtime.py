@@ -35,3 +35,18 @@ def test_cpu_tensors_never_launch_programmatically():
     with programmatic_launch(True):
         assert not runtime.pdl_launch(torch.device("cpu"), "linear")
         assert not runtime.pdl_launch(torch.device("cpu"), "attention")
+
+
+def test_pdl_is_on_for_every_family_by_default():
+    """With SPARROW_PDL unset, both families launch with programmatic dependent launch
+    (round 10's measured default)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "SPARROW_PDL"}
+    code = ("from sparrow_core.kernels import runtime; "
+            "print(','.join(sorted(runtime._PDL_SETTING[0])))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, check=True).stdout.strip()
+    assert out == ",".join(sorted(PDL_FAMILIES))
