@@ -193,8 +193,8 @@ def norm_chains(weights, shape, rows, device) -> dict:
     only the adds folded (`adds_folded`, norms in their kernels), only the norms folded
     (`norms_folded`, sums of squares precomputed), and folded with the norm-reading
     launches' tiles turned over (`folded_x_major`: x on the tensor core's M side), and folded
-    with programmatic dependent launch (`folded_pdl`: each kernel asks the L2 for its
-    weights while the one before runs)."""
+    with programmatic dependent launch (`folded_pdl`: each kernel asks the L2 for its first
+    weight tile while the one before runs; benchmarks/linear_pdl.py varies that)."""
     t = chain_tensors(weights, shape, rows, device)
     sms = multiprocessors(device)
     forms = {"separate": (False, False), "folded": (True, True),

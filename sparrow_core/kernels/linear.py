@@ -72,8 +72,8 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, row
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     if PDL:
-        # the weights do not depend on the kernel before: ask the L2 for this program's
-        # slice while that kernel still runs, then wait for x (runtime.py)
+        # the weights do not depend on the kernel before: ask the L2 for the start of this
+        # program's slice (launch.prefetch_k) while that kernel still runs, then wait for x
         _prefetch_l2(w_ptr, n, n_out, s_wn, start, k_per_split, PREFETCH_LINES)
         gdc_wait()
         if not LATE_TRIGGER:

@@ -17,15 +17,14 @@ Programmatic dependent launch (Hopper and later), on by default; SPARROW_PDL nam
 families that use it: `attention` (q/k norm + RoPE, scoring, top-k, attention, split
 combine: each starts with `gdc_wait()`, which blocks until the kernel before it in the
 stream has finished and its writes are visible, and calls `gdc_launch_dependents()` once
-its main loop is done),
-`linear` (the skinny decode projections of linear.py first ask the L2 for their first K
-tile of weights, then wait, and let the next kernel in once they leave their K loop),
-`1`/`all` (the default) for both, `0` for none. A kernel launched this way is placed on the
-GPU while the one before still runs; waiting before any access to data another kernel
-writes keeps every read-after-write and write-after-read order of a plain launch.
-Measured on an H100 (docs/benchmarks.md, round 10): a B=16 step outside attention takes
-1839 instead of 1874 us. Letting the next kernel in as soon as a kernel's programs start,
-with whole weight slices asked for (rounds 5-9), was slower than no PDL at all.
+its main loop is done), `linear` (the skinny decode projections of linear.py first ask the
+L2 for their first K tile of weights, then wait, and let the next kernel in once they leave
+their K loop), `1`/`all` (the default) for both, `0` for none. A kernel launched this way
+is placed on the GPU while the one before still runs; waiting before any access to data
+another kernel writes keeps every read-after-write and write-after-read order of a plain
+launch. Measured on an H100 (docs/benchmarks.md, round 10): a Qwen3-1.7B B=16 step outside
+attention takes 1819 instead of 1887 us. Letting the next kernel in as soon as a kernel's
+programs start, with whole weight slices asked for (rounds 5-9), was slower than no PDL.
 """
 
 from __future__ import annotations
