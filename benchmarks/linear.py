@@ -13,7 +13,9 @@ weights): cuBLAS with the SwiGLU gate as its own kernel, against our default lau
 the gate read in by the down projection (and with programmatic dependent launch); and, at
 up to 16 rows, that chain with each layer's two RMSNorms and residual adds, in their own
 kernels or folded into the projections (`with_norms`). Bytes/s count the weights read; the copy
-bandwidth of the same run is the baseline.
+bandwidth of the same run is the baseline. Figures whose name does not end in `_pdl` are
+taken without programmatic dependent launch, whatever SPARROW_PDL says (it is on by
+default); benchmarks/linear_pdl.py compares its forms.
 """
 
 from __future__ import annotations
@@ -107,17 +109,24 @@ def bench_shape(rows, n_out, k_len, sms, smoke, device):
     return row
 
 
+LAYER_PROJECTIONS = ("qkv", "o", "gate_up", "down")
+
+
+def chain_weights(proj: dict[str, tuple[int, int]], layers: int, device) -> list[list]:
+    """Distinct random weights [N, K] for every layer's projections, in layer order."""
+    return [[torch.randn(*proj[n], device=device, dtype=torch.bfloat16) * 0.02
+             for n in LAYER_PROJECTIONS] for _ in range(layers)]
+
+
 def chain(model: str, rows: int, device, layers: int | None = None) -> dict:
     """A model's projections in layer order, distinct weights: cuBLAS with the SwiGLU gate
     as its own kernel (kernels/silu_mul.py), against ours with the gate read in by down."""
     shape = get_model(model)
     layers = layers or shape.layers
-    names = ("qkv", "o", "gate_up", "down")
     proj = projections(model)
-    weights = [[torch.randn(*proj[n], device=device, dtype=torch.bfloat16) * 0.02
-                for n in names] for _ in range(layers)]
+    weights = chain_weights(proj, layers, device)
     inputs = {n: torch.randn(rows, proj[n][1], device=device, dtype=torch.bfloat16)
-              for n in names}
+              for n in LAYER_PROJECTIONS}
     gate_up = torch.randn(rows, 2 * shape.intermediate, device=device, dtype=torch.bfloat16)
 
     def cublas():
@@ -226,6 +235,13 @@ def main() -> int:
               "shapes": [], "chains": []}
     models = args.models.split(",")
     rows_list = [int(r) for r in args.rows.split(",")]
+    with programmatic_launch(False):  # the `_pdl` figures turn it on for themselves
+        run_cases(result, models, rows_list, sms, args, device)
+    write_json(args.out, result, quiet=True)
+    return 0
+
+
+def run_cases(result, models, rows_list, sms, args, device) -> None:
     for model in models:
         for rows in rows_list:
             for name, (n_out, k_len) in projections(model).items():
@@ -242,8 +258,6 @@ def main() -> int:
             if not args.smoke:
                 result["chains"].append(chain(model, rows, device))
                 print(result["chains"][-1], flush=True)
-    write_json(args.out, result, quiet=True)
-    return 0
 
 
 if __name__ == "__main__":

@@ -33,11 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import (copy_bandwidth, device_facts, target_case_args,  # noqa: E402
                                time_graph, write_json)
-from benchmarks.linear import chain_tensors, layer_chain, projections  # noqa: E402
+from benchmarks.linear import (chain_tensors, chain_weights, layer_chain,  # noqa: E402
+                               projections)
 from sparrow_core.costmodel_presets import get_model  # noqa: E402
 from sparrow_core.kernels.linear import default_launch  # noqa: E402
 from sparrow_core.kernels.runtime import multiprocessors, programmatic_launch  # noqa: E402
-
 
 
 def deep(launch, x, w):
@@ -85,20 +85,14 @@ VARIANTS = {
 }
 
 
-def chain_weights(model: str, layers: int, device, smoke: bool):
-    names = ("qkv", "o", "gate_up", "down")
-    proj = projections(model)
-    if smoke:  # the same roles at toy widths: hidden 64, intermediate 128
-        proj = {"qkv": (128, 64), "o": (64, 64), "gate_up": (256, 64), "down": (64, 128)}
-    return [[torch.randn(*proj[n], device=device, dtype=torch.bfloat16) * 0.02 for n in names]
-            for _ in range(layers)]
-
-
 def run_variants(model: str, rows: int, device, smoke: bool) -> dict:
     shape = get_model(model)
     if smoke:
         shape = replace(shape, hidden=64, intermediate=128, q_heads=8, kv_heads=2, head_dim=8)
-    weights = chain_weights(model, 2 if smoke else shape.layers, device, smoke)
+    proj = projections(model)
+    if smoke:  # the same roles at toy widths: hidden 64, intermediate 128
+        proj = {"qkv": (128, 64), "o": (64, 64), "gate_up": (256, 64), "down": (64, 128)}
+    weights = chain_weights(proj, 2 if smoke else shape.layers, device)
     t = chain_tensors(weights, shape, rows, device)
     sms = multiprocessors(torch.device(device))
     out = {"model": model, "rows": rows, "layers": len(weights),

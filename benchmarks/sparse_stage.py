@@ -102,7 +102,8 @@ def sweep(fn_of, launches, compare, reps):
 
 
 def with_pdl(fn, reps):
-    """fn timed with programmatic dependent launch on (captured that way)."""
+    """fn timed with programmatic dependent launch on (captured that way). Since round 10 it
+    is on by default, so this equals the plain figure unless the run sets SPARROW_PDL=0."""
     with programmatic_launch(True):
         return time_graph(fn, reps=reps)
 
