@@ -21,7 +21,7 @@ What it times, each against the default launch measured in the same run:
 - the whole stage with the default and with the fastest scoring and top-k launches, and
   the default after a writing L2 flush, with a warm L2 (benchmarks/common.py), and with
   programmatic dependent launch (kernels/runtime.py);
-- the split-K combine inside the attention kernel (the default) and as its own launch;
+- the split-K combine as its own launch (the default) and inside the attention kernel;
 - scoring and top-k as one launch (kernels/page_topk.py select_pages_fused): its launch
   fastest launches of its round-6 sweep (lists checked equal to the two-launch selection)
   and the whole stage with it;
@@ -196,17 +196,18 @@ def main(argv=None) -> int:
         "two_launch_default": two_launch, "fused_default": fused_default,
         "fused_best": time_graph(fused_stage(best_fused), reps=reps),
         "fused_best_launch": best_fused,
-        "two_launch_combine_apart": time_graph(stage({}, {}, fuse_combine=False), reps=reps),
+        "two_launch_combine_in_kernel": time_graph(stage({}, {}, fuse_combine=True),
+                                                   reps=reps),
         "attention_alone": time_graph(
             lambda: sparse_paged_decode_attention(q, kp, vp, tables, lengths, lists, counts),
             reps=reps),
-        "attention_alone_combine_apart": time_graph(
+        "attention_alone_combine_in_kernel": time_graph(
             lambda: sparse_paged_decode_attention(q, kp, vp, tables, lengths, lists, counts,
-                                                  fuse_combine=False), reps=reps),
+                                                  fuse_combine=True), reps=reps),
         "dense_attention": time_graph(
             lambda: paged_decode_attention(q, kp, vp, tables, lengths), reps=reps),
-        "dense_attention_combine_apart": time_graph(
-            lambda: paged_decode_attention(q, kp, vp, tables, lengths, fuse_combine=False),
+        "dense_attention_combine_in_kernel": time_graph(
+            lambda: paged_decode_attention(q, kp, vp, tables, lengths, fuse_combine=True),
             reps=reps),
         "sdpa_dense": time_graph(sdpa, reps=reps)}
     result["fp8_centroids"]["sdpa_over_stage"] = (result["fused_stage_us"]["sdpa_dense"]
