@@ -12,6 +12,7 @@ so the update reads back exactly what was computed).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -20,7 +21,7 @@ from prefect.cache_policies import NONE
 
 from sparrow_core.data.rollouts import read_rollouts
 from tasks.retry import INFRA_RETRIES
-from tasks.runtime import RunRuntime, lookup
+from tasks.runtime import RunRuntime, lookup, peak_memory
 from tasks.stage import StageInputError, StageOutcome, StageWrite, run_stage
 
 SCORES_FILE = "scores.parquet"
@@ -59,10 +60,14 @@ def read_scores(path: str | Path, records: Sequence[Any] | None = None) -> dict[
 def score_step(runtime: RunRuntime, step: int, rollouts_path: str, out: Path) -> StageWrite:
     records = read_rollouts(rollouts_path)
     trainer = runtime.trainer_before(step)
-    scores = trainer.score(records)
+    with peak_memory() as peak:
+        clock = time.perf_counter()
+        scores = trainer.score(records)
+        seconds = time.perf_counter() - clock
     write_scores(out / SCORES_FILE, records, scores)
     tokens = sum(len(r.output_ids) for r in records)
-    return StageWrite(metrics={"dense/tokens": float(tokens)})
+    return StageWrite(metrics={"dense/tokens": float(tokens), "time/dense_forward_s": seconds,
+                               **peak("memory/score_peak_gib")})
 
 
 @task(name="dense_score", cache_policy=NONE, **INFRA_RETRIES)

@@ -13,6 +13,7 @@ metrics (loss, clip and TIS fractions, KL, grad norm) become step metrics.
 from __future__ import annotations
 
 import math
+import time
 import numbers
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from sparrow_core.data.rollouts import read_rollouts
 from tasks.dense_score import read_scores
 from tasks.retry import INFRA_RETRIES
 from tasks.reward import read_rewards
-from tasks.runtime import RunRuntime, lookup
+from tasks.runtime import RunRuntime, lookup, peak_memory
 from tasks.stage import StageInputError, StageOutcome, StageWrite, run_stage
 
 
@@ -48,8 +49,16 @@ def update_step(runtime: RunRuntime, step: int, rollouts_path: str, rewards_path
     trainer = runtime.trainer_before(step)
     # the in-memory trainer is mid-update from here on: a failure must not leave it in use
     runtime.set_trainer(None, -1)
-    metrics = trainer.update(records, rewards, old_logprobs, runtime.cfg.rollout.samples_per_prompt)
+    with peak_memory() as peak:
+        clock = time.perf_counter()
+        metrics = trainer.update(records, rewards, old_logprobs,
+                                 runtime.cfg.rollout.samples_per_prompt)
+        metrics["time/update_compute_s"] = time.perf_counter() - clock
+    trainer.free_gradients()
+    clock = time.perf_counter()
     trainer.save(out)
+    metrics["time/update_save_s"] = time.perf_counter() - clock
+    metrics.update(peak("memory/update_peak_gib"))
     return StageWrite(metrics=numeric_metrics(metrics),
                       after_commit=lambda final: runtime.set_trainer(trainer, step))
 

@@ -94,8 +94,15 @@ def generate_rollouts(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
     rows = runtime.train_data.batch(step - 1, cfg.data.prompts_per_step)
     params = sampling_params(runtime, rows, step)
     clock = time.perf_counter()
-    results = runtime.pool.generate([list(row.prompt_ids) for row in rows], params)
-    elapsed = time.perf_counter() - clock
+    runtime.before_rollout()
+    wake_s = time.perf_counter() - clock
+    clock = time.perf_counter()
+    try:
+        results = runtime.pool.generate([list(row.prompt_ids) for row in rows], params)
+        elapsed = time.perf_counter() - clock
+        memory = runtime.pool.memory() if runtime.pool_on_gpu else []
+    finally:
+        runtime.after_rollout()
     records = to_records(rows, results)
     write_rollouts(out / ROLLOUTS_FILE, records)
     (out / SCHEDULE_FILE).write_text(json.dumps(
@@ -110,6 +117,9 @@ def generate_rollouts(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
         "rollout/samples": float(len(records)),
         "rollout/tokens": float(lengths.sum()),
         "rollout/tokens_per_s": float(lengths.sum() / max(elapsed, 1e-9)),
+        "time/rollout_generate_s": float(elapsed),
+        "time/rollout_wake_s": float(wake_s),
+        **({"memory/rollout_peak_gib": max(m["peak_gib"] for m in memory)} if memory else {}),
         "schedule/budget_pages_mean": float(budgets.mean()),
         "schedule/version": float(version),
     })

@@ -72,6 +72,38 @@ class RolloutWorker:
         self.weights_path = path
         return path
 
+    def load_shared(self, message: dict[str, Any], path: str) -> str:
+        """Copy weights from a colocated trainer's CUDA IPC buffer (weight_share.py); an actor
+        on another GPU reads the folder instead. Returns how: "ipc" or "folder"."""
+        from sparrow_core.engine import weight_share
+
+        if not weight_share.same_device(message):
+            self.load_weights(path)
+            return "folder"
+        tensors = weight_share.open_message(message)
+        self.engine.update_weights(tensors)
+        del tensors
+        weight_share.release_opened()
+        self.weights_path = path
+        return "ipc"
+
+    def sleep(self) -> None:
+        self.engine.sleep()
+
+    def wake(self) -> int:
+        """Allocate the KV cache again; returns its size in pages."""
+        self.engine.wake()
+        return self.engine.cache.num_pages
+
+    def memory(self) -> dict[str, float]:
+        import torch
+
+        if not torch.cuda.is_available():
+            return {}
+        return {"allocated_gib": torch.cuda.memory_allocated() / 2**30,
+                "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+                "reserved_gib": torch.cuda.memory_reserved() / 2**30}
+
     def set_schedule(self, schedule: Schedule | None) -> None:
         self.engine.set_schedule(schedule)
 
@@ -196,6 +228,21 @@ class ActorPool:
     def load_weights(self, path: str) -> list[Any]:
         self.spec = replace(self.spec, weights_path=str(path))
         return self._call_each("load_weights", str(path))
+
+    def load_shared(self, message: dict[str, Any], path: str) -> list[str]:
+        """Every actor copies the trainer's shared CUDA buffer (or reads `path` when on
+        another GPU); a replacement actor starts from `path`."""
+        self.spec = replace(self.spec, weights_path=str(path))
+        return self._call_each("load_shared", message, str(path))
+
+    def sleep(self) -> None:
+        self._call_each("sleep")
+
+    def wake(self) -> list[int]:
+        return self._call_each("wake")
+
+    def memory(self) -> list[dict[str, float]]:
+        return self._call_each("memory")
 
     def set_schedule(self, schedule: Schedule | None) -> None:
         self.spec = replace(self.spec, schedule=schedule)

@@ -14,6 +14,7 @@ folder whenever the one in memory is not at the right step.
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +83,7 @@ class RunRuntime:
     def trainer_before(self, step: int) -> Any:
         """The trainer holding the policy (and optimizer state) that step `step` starts from."""
         if self._trainer is not None and self._trainer_step == step - 1:
+            self._trainer.onload()
             return self._trainer
         from sparrow_core.rl.trainer import PolicyTrainer
 
@@ -95,9 +97,53 @@ class RunRuntime:
         self.set_trainer(trainer, step - 1)
         return trainer
 
+    def trainer_after(self, step: int) -> Any:
+        """The in-memory trainer if it holds the policy after `step`, else None."""
+        return self._trainer if self._trainer_step == step else None
+
+    # one GPU shared by the rollout engines and the trainer
+
+    def before_rollout(self) -> None:
+        """Give the rollout engines the GPU: the trainer drops its gradients (and, with
+        algo.offload_during_rollout, moves its weights and moments to host memory), this
+        process returns its cached blocks to the device, the engines allocate their caches."""
+        import gc
+
+        import torch
+
+        if self._trainer is not None:
+            self._trainer.free_gradients()
+            if self.cfg.algo.offload_during_rollout:
+                self._trainer.offload()
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        self.pool.wake()
+
+    def after_rollout(self) -> None:
+        """Engines free their KV caches (rollout.release_memory) for scoring and the update."""
+        if self.cfg.rollout.release_memory and self.pool_on_gpu:
+            self.pool.sleep()
+
+    @property
+    def pool_on_gpu(self) -> bool:
+        return self.pool is not None and str(self.pool.spec.device).startswith("cuda")
+
     def set_trainer(self, trainer: Any, step: int) -> None:
         """Remember the trainer as holding the policy after `step` (0: the initial one)."""
         self._trainer, self._trainer_step = trainer, step
+
+
+@contextlib.contextmanager
+def peak_memory():
+    """Measures this process's peak CUDA memory over the block: yields a function that
+    gives {name: GiB} (empty off CUDA)."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    yield lambda name: ({name: torch.cuda.max_memory_allocated() / 2**30} if cuda else {})
 
 
 def _key(workdir: str | Path, run_id: str) -> tuple[str, str]:

@@ -11,6 +11,7 @@ process and weights.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from prefect import task
@@ -23,16 +24,37 @@ from tasks.stage import StageInputError, StageOutcome, StageWrite, run_stage
 SYNCED_FILE = "synced.json"
 
 
-def sync(runtime: RunRuntime, policy_dir: str, out: Path) -> StageWrite:
+def sync(runtime: RunRuntime, step: int, policy_dir: str, out: Path) -> StageWrite:
     if not (Path(policy_dir) / "config.json").is_file():
         raise StageInputError(f"policy folder {policy_dir} holds no checkpoint (config.json)")
-    actors = runtime.pool.load_weights(policy_dir)
-    (out / SYNCED_FILE).write_text(json.dumps({"weights_path": policy_dir, "actors": actors},
-                                              indent=2))
-    return StageWrite(metrics={"sync/actors": float(len(actors))})
+    clock = time.perf_counter()
+    trainer = runtime.trainer_after(step)
+    if trainer is not None and runtime.pool_on_gpu and trainer.device.type == "cuda":
+        # colocated: the engines copy the trainer's weights GPU to GPU (CUDA IPC)
+        shared = trainer.shared_weights(_engine_dtype(runtime))
+        try:
+            modes = runtime.pool.load_shared(shared.message(), policy_dir)
+        finally:
+            shared.close()
+    else:
+        runtime.pool.load_weights(policy_dir)
+        modes = ["folder"] * len(runtime.pool.actors)
+    seconds = time.perf_counter() - clock
+    (out / SYNCED_FILE).write_text(json.dumps(
+        {"weights_path": policy_dir, "modes": modes, "seconds": seconds,
+         "actors": runtime.pool.info()}, indent=2))
+    return StageWrite(metrics={"sync/actors": float(len(modes)), "time/sync_copy_s": seconds,
+                               "sync/ipc_actors": float(modes.count("ipc"))})
+
+
+def _engine_dtype(runtime: RunRuntime):
+    import torch
+
+    return getattr(torch, runtime.pool.spec.dtype)
 
 
 @task(name="sync_weights", cache_policy=NONE, **INFRA_RETRIES)
 def sync_weights_task(workdir: str, run_id: str, step: int, policy_dir: str) -> StageOutcome:
     runtime = lookup(workdir, run_id)
-    return run_stage(runtime, "sync_weights", step, lambda out: sync(runtime, policy_dir, out))
+    return run_stage(runtime, "sync_weights", step,
+                     lambda out: sync(runtime, step, policy_dir, out))

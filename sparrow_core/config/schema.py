@@ -38,8 +38,15 @@ class RolloutConfig:
     top_k: int = 0
     # top tokens and logprobs returned per generated token (the acceptance lower bound uses them)
     logprobs_topk: int = 20
-    # KV cache memory per engine in MiB
+    # KV cache memory per engine in MiB (used when gpu_memory_utilization is 0 or on CPU)
     kv_cache_mib: int = 256
+    # on GPU: size the KV cache, at each rollout, so the device's used memory reaches this
+    # share of its total (vLLM's gpu_memory_utilization); 0 uses kv_cache_mib
+    gpu_memory_utilization: float = 0.0
+    # on GPU: free the KV cache between rollouts so scoring and the update have the memory
+    release_memory: bool = True
+    # keep generating past the model's eos tokens (benchmarks of fixed lengths)
+    ignore_eos: bool = False
     # most sequences decoded at once by one engine
     max_batch_size: int = 64
     # base seed; each request derives its own
@@ -103,6 +110,12 @@ class AlgoConfig:
     micro_batch_tokens: int = 8192
     # optimizer passes over each step's rollouts
     ppo_epochs: int = 1
+    # tokens whose [tokens, vocab] logits exist at once in scoring and the update
+    logits_chunk_tokens: int = 4096
+    # recompute each layer's activations in the backward (long sequences fit; ~30% more work)
+    gradient_checkpointing: bool = False
+    # on GPU: weights and optimizer moments go to host memory while the rollout runs
+    offload_during_rollout: bool = False
     distill: DistillConfig = field(default_factory=DistillConfig)
 
 

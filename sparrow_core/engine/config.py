@@ -33,8 +33,12 @@ class EngineConfig:
     page_size: int = 16
     # KV cache memory (keys, values and page centroids of every layer) in MiB
     kv_cache_mib: float = 256.0
-    # exact number of KV pages; 0 sizes the cache from kv_cache_mib
+    # exact number of KV pages; 0 sizes the cache from memory_utilization or kv_cache_mib
     num_pages: int = 0
+    # on CUDA: size the cache when it is allocated (at start and at each wake()) so the
+    # device's used memory, all processes counted, reaches this share of its total; 0 uses
+    # kv_cache_mib
+    memory_utilization: float = 0.0
     # longest total sequence (prompt + new tokens); 0 takes the model's max_position_embeddings
     max_context: int = 0
     # most prompt tokens prefilled in one forward pass (a longer prompt still runs, alone)
@@ -72,6 +76,9 @@ class EngineConfig:
         if self.centroid_dtype not in CENTROID_DTYPES:
             raise EngineError(f"EngineConfig.centroid_dtype must be one of "
                               f"{', '.join(CENTROID_DTYPES)}, got {self.centroid_dtype!r}")
+        if not 0 <= self.memory_utilization < 1:
+            raise EngineError(f"EngineConfig.memory_utilization must be in [0, 1), got "
+                              f"{self.memory_utilization!r}")
         if not self.kv_cache_mib > 0:
             raise EngineError(
                 f"EngineConfig.kv_cache_mib must be positive, got {self.kv_cache_mib}")
@@ -79,11 +86,13 @@ class EngineConfig:
     @classmethod
     def from_rollout(cls, rollout: Any, page_size: int = 16, max_context: int = 0,
                      **overrides: Any) -> "EngineConfig":
-        """From the typed `rollout` config group (kv_cache_mib, max_batch_size, seed, overlap,
-        centroid_dtype)."""
+        """From the typed `rollout` config group (kv_cache_mib, gpu_memory_utilization,
+        max_batch_size, seed, overlap, centroid_dtype, ignore_eos)."""
         values = dict(max_batch_size=rollout.max_batch_size,
                       kv_cache_mib=float(rollout.kv_cache_mib), seed=rollout.seed,
                       overlap=rollout.overlap, centroid_dtype=rollout.centroid_dtype,
-                      page_size=page_size, max_context=max_context)
+                      page_size=page_size, max_context=max_context,
+                      memory_utilization=float(rollout.gpu_memory_utilization),
+                      ignore_eos=bool(rollout.ignore_eos))
         values.update(overrides)
         return cls(**values)

@@ -27,7 +27,8 @@ from tqdm import tqdm
 
 from sparrow_core.engine.block_manager import BlockManager
 from sparrow_core.engine.config import EngineConfig, EngineError
-from sparrow_core.engine.kv_cache import KVCache, centroid_torch_dtype, pages_for_budget
+from sparrow_core.engine.kv_cache import (KVCache, bytes_per_page, centroid_torch_dtype,
+                                          pages_for_budget)
 from sparrow_core.engine.runner import ModelRunner, StepOutputs
 from sparrow_core.engine.sampler import SamplingBatch, SamplingParams, sample
 from sparrow_core.engine.scheduler import Batch, Scheduler, SequenceGroup, pages_needed
@@ -84,14 +85,8 @@ class Engine:
         self.tokenizer = tokenizer
         self.config = config or EngineConfig()
         arch = model.arch
-        weight = next(model.parameters())
-        centroids = centroid_torch_dtype(self.config.centroid_dtype, weight.dtype)
-        num_pages = self.config.num_pages or pages_for_budget(
-            arch, self.config.page_size, weight.dtype, self.config.kv_cache_mib, centroids)
-        self.cache = KVCache.allocate(arch, num_pages, self.config.page_size, weight.dtype,
-                                      weight.device, centroids)
-        self.block_manager = BlockManager(num_pages, self.config.page_size)
-        self.runner = ModelRunner(model, self.cache, self.block_manager)
+        self.cache: KVCache | None = None
+        self.wake()
         self.max_context = self.config.max_context or arch.max_position_embeddings
         self.selection_log: list[SelectionRecord] = []
         self.schedule: Schedule | None = None
@@ -100,6 +95,56 @@ class Engine:
         self._next_seq_id = 0
         self._sampling: CachedSampling | None = None
         self.stats = dict.fromkeys(STATS, 0)
+
+    # memory: the cache exists between wake() and sleep()
+
+    @property
+    def asleep(self) -> bool:
+        return self.cache is None
+
+    def wake(self) -> None:
+        """Allocate the KV cache (sized now: see EngineConfig.memory_utilization) and the
+        runner; a no-op when awake. generate() wakes a sleeping engine by itself."""
+        if self.cache is not None:
+            return
+        weight = next(self.model.parameters())
+        centroids = centroid_torch_dtype(self.config.centroid_dtype, weight.dtype)
+        num_pages = self.config.num_pages or self._pages_from_memory(weight, centroids) or \
+            pages_for_budget(self.model.arch, self.config.page_size, weight.dtype,
+                             self.config.kv_cache_mib, centroids)
+        self.cache = KVCache.allocate(self.model.arch, num_pages, self.config.page_size,
+                                      weight.dtype, weight.device, centroids)
+        self.block_manager = BlockManager(num_pages, self.config.page_size)
+        self.runner = ModelRunner(self.model, self.cache, self.block_manager)
+
+    def sleep(self) -> None:
+        """Free the KV cache and the decode graphs (the weights stay, so update_weights
+        works while asleep); on CUDA the memory goes back to the device."""
+        if self.cache is None:
+            return
+        self.cache = None
+        self.runner = None  # type: ignore[assignment]
+        self._sampling = None
+        if torch.cuda.is_available():
+            import gc
+
+            gc.collect()
+            torch.cuda.empty_cache()
+
+    def _pages_from_memory(self, weight: torch.Tensor, centroids: torch.dtype) -> int:
+        """Pages that bring the device's used memory to memory_utilization of its total
+        (0 when the setting is off or off CUDA)."""
+        share = self.config.memory_utilization
+        if not share or weight.device.type != "cuda":
+            return 0
+        free, total = torch.cuda.mem_get_info(weight.device)
+        room = int(share * total) - (total - free)
+        per_page = bytes_per_page(self.model.arch, self.config.page_size, weight.dtype, centroids)
+        if room < per_page:
+            raise EngineError(
+                f"memory_utilization={share} leaves no room for the KV cache: "
+                f"{(total - free) / 2**30:.1f} of {total / 2**30:.1f} GiB already in use")
+        return room // per_page
 
     # trainer hooks
 
@@ -123,6 +168,7 @@ class Engine:
                  progress: bool = False) -> list[list[SampleResult]]:
         """Samples for every prompt: outer list per prompt, inner per sample (params.n)."""
         per_prompt = params_per_prompt(prompts, params)
+        self.wake()
         self._calls += 1
         groups = [self._make_group(i, list(p), sp)
                   for i, (p, sp) in enumerate(zip(prompts, per_prompt))]

@@ -11,7 +11,9 @@ rollout engine. Records are packed into right-padded micro-batches whose padded 
 (sequences x longest sequence) stays within micro_batch_tokens (a longer sequence goes alone);
 packing depends only on the records' lengths and (prompt_index, sample_index), so the trainer's
 update re-forms the very same micro-batches and its first-pass ratio is 1 up to rounding.
-Logits are taken only at the positions that predict generated tokens and are computed in fp32.
+Logits are taken only at the positions that predict generated tokens, a chunk of tokens at a
+time (rl/logprobs.py: never [tokens, vocab] for a whole batch), the softmax in fp32. A
+micro-batch without padding runs without an attention mask, so SDPA takes its causal path.
 
 Temperature: the engine's logprobs describe the distribution it sampled from, softmax(logits /
 T) (sparrow_core/engine/sampler.py), so the dense side is scored at the same T: the acceptance
@@ -33,6 +35,7 @@ import torch
 from sparrow_core.data.rollouts import RolloutRecord
 from sparrow_core.mismatch import acceptance_lower_bound
 from sparrow_core.rl.checks import RLInputError
+from sparrow_core.rl.logprobs import chunked_logprobs
 
 
 @dataclass(frozen=True)
@@ -110,8 +113,34 @@ def pad_batch(records: Sequence[RolloutRecord], device: torch.device | str) -> P
     return PaddedBatch(*(t.to(device) for t in (input_ids, attention_mask, gather, targets, mask)))
 
 
+def output_hidden(model: torch.nn.Module, batch: PaddedBatch) -> torch.Tensor:
+    """Final hidden states [N, H] at the positions that predict generated tokens, in
+    (row, token) order of batch.mask (padding columns dropped)."""
+    kwargs = {}
+    if bool(batch.attention_mask.all()):
+        # no padding: no mask lets SDPA take its causal (flash) path
+        kwargs["attention_mask"] = None
+    else:
+        kwargs["attention_mask"] = batch.attention_mask
+    hidden = model.get_decoder()(input_ids=batch.input_ids, use_cache=False,
+                                 **kwargs).last_hidden_state
+    index = batch.gather_positions[..., None].expand(-1, -1, hidden.shape[-1])
+    return hidden.gather(1, index)[batch.mask]
+
+
+def token_logprobs(model: torch.nn.Module, batch: PaddedBatch, temperature: float,
+                   chunk_tokens: int, extra_ids: torch.Tensor | None = None):
+    """chunked_logprobs of the generated tokens [N] (and at extra_ids [N, K]) in
+    batch.mask order; [chunk_tokens, vocab] logits at most at any moment."""
+    hidden = output_hidden(model, batch)
+    weight = model.get_output_embeddings().weight
+    return chunked_logprobs(hidden, weight, batch.targets[batch.mask],
+                            effective_temperature(temperature), chunk_tokens, extra_ids)
+
+
 def output_logits(model: torch.nn.Module, batch: PaddedBatch, temperature: float) -> torch.Tensor:
-    """fp32 logits / temperature [b, L, V] at the positions that predict generated tokens."""
+    """fp32 logits / temperature [b, L, V] at the positions that predict generated tokens
+    (the whole batch's logits at once: for small vocabularies and tests)."""
     hidden = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                                  use_cache=False).last_hidden_state
     index = batch.gather_positions[..., None].expand(-1, -1, hidden.shape[-1])
@@ -150,10 +179,12 @@ def _actor_topk(records: Sequence[RolloutRecord], width: int, vocab: int):
 
 @torch.no_grad()
 def score_rollouts(model: torch.nn.Module, records: Sequence[RolloutRecord],
-                   micro_batch_tokens: int, temperature: float = 1.0) -> list[TokenScores]:
+                   micro_batch_tokens: int, temperature: float = 1.0,
+                   chunk_tokens: int = 4096) -> list[TokenScores]:
     """TokenScores per record, in the order given (see the module doc)."""
     effective_temperature(temperature)
     device = next(model.parameters()).device
+    vocab = model.get_output_embeddings().weight.shape[0]
     scores: list[TokenScores | None] = [None] * len(records)
     for indices in micro_batches(records, micro_batch_tokens):
         chunk = [records[i] for i in indices]
@@ -162,13 +193,16 @@ def score_rollouts(model: torch.nn.Module, records: Sequence[RolloutRecord],
                 scores[i] = TokenScores((), (), ())
             continue
         batch = pad_batch(chunk, device)
-        logits = output_logits(model, batch, temperature)
-        dense = logprobs_of(logits, batch.targets).cpu()
-        topk_ids, topk_logprobs = _actor_topk(chunk, logits.shape[1], logits.shape[-1])
-        at_ids = logprobs_of(logits, topk_ids.to(device)).cpu()
-        lower, leftover = acceptance_lower_bound(at_ids, topk_logprobs)
-        for row, i in enumerate(indices):
+        topk_ids, topk_logprobs = _actor_topk(chunk, batch.mask.shape[1], vocab)
+        mask = batch.mask.cpu()
+        dense, at_ids = token_logprobs(model, batch, temperature, chunk_tokens,
+                                       topk_ids[mask].to(device))
+        lower, leftover = acceptance_lower_bound(at_ids.cpu(), topk_logprobs[mask])
+        dense, lower, leftover = dense.cpu().tolist(), lower.tolist(), leftover.tolist()
+        start = 0
+        for i in indices:
             n = len(records[i].output_ids)
-            scores[i] = TokenScores(tuple(dense[row, :n].tolist()), tuple(lower[row, :n].tolist()),
-                                    tuple(leftover[row, :n].tolist()))
+            span = slice(start, start + n)
+            scores[i] = TokenScores(tuple(dense[span]), tuple(lower[span]), tuple(leftover[span]))
+            start += n
     return scores  # type: ignore[return-value]

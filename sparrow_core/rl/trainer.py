@@ -46,11 +46,10 @@ from sparrow_core.rl.checks import RLInputError
 from sparrow_core.rl.losses import POLICY_LOSSES, PolicyLossConfig
 from sparrow_core.rl.scoring import (
     TokenScores,
-    logprobs_of,
     micro_batches,
-    output_logits,
     pad_batch,
     score_rollouts,
+    token_logprobs,
 )
 
 if TYPE_CHECKING:  # the library's config types, without importing the config loader
@@ -109,8 +108,11 @@ class PolicyTrainer:
         self.optimizer_steps = 0
         torch.manual_seed(seed)
         self.model = load_hf_model(self.model_path, self.device)
+        if algo.gradient_checkpointing:
+            enable_checkpointing(self.model)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=algo.lr,
                                            weight_decay=algo.weight_decay)
+        self.offloaded = False
 
     # scoring
 
@@ -123,7 +125,7 @@ class PolicyTrainer:
         """Dense logprob, acceptance lower bound and leftover mass per generated token."""
         with self._autocast():
             return score_rollouts(self.model, records, self.algo.micro_batch_tokens,
-                                  self.temperature)
+                                  self.temperature, self.algo.logits_chunk_tokens)
 
     # update
 
@@ -196,8 +198,10 @@ class PolicyTrainer:
         chunk = [ordered[i] for i in indices]
         batch = pad_batch(chunk, self.device)
         with self._autocast():
-            logits = output_logits(self.model, batch, self.temperature)
-        logprobs = logprobs_of(logits, batch.targets)
+            flat = token_logprobs(self.model, batch, self.temperature,
+                                  self.algo.logits_chunk_tokens)
+        logprobs = torch.zeros(batch.mask.shape, dtype=flat.dtype, device=flat.device)
+        logprobs = logprobs.masked_scatter(batch.mask, flat)
         old_t = _padded([old[i] for i in indices], batch.mask.shape).to(self.device)
         actor_t = _padded([r.actor_logprobs for r in chunk], batch.mask.shape).to(self.device)
         adv_t = per_token_advantages(advantages[indices].to(self.device), batch.mask)
@@ -212,6 +216,28 @@ class PolicyTrainer:
         limit = self.algo.grad_clip if self.algo.grad_clip > 0 else float("inf")
         return float(torch.nn.utils.clip_grad_norm_(params, limit))
 
+    # memory (one GPU shared with the rollout engine)
+
+    def free_gradients(self) -> None:
+        """Drop the last update's gradients (a full fp32 copy of the weights)."""
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def offload(self) -> None:
+        """Move weights and optimizer moments to host memory (pinned on a CUDA machine) so
+        the rollout engine can have the GPU; onload() brings them back unchanged."""
+        if self.offloaded or self.device.type != "cuda":
+            return
+        self.free_gradients()
+        _move_state(self.model, self.optimizer, torch.device("cpu"))
+        self.offloaded = True
+        torch.cuda.empty_cache()
+
+    def onload(self) -> None:
+        if not self.offloaded:
+            return
+        _move_state(self.model, self.optimizer, self.device)
+        self.offloaded = False
+
     # weights and checkpoints
 
     def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
@@ -219,6 +245,13 @@ class PolicyTrainer:
         Engine.update_weights / Decoder.load_hf_state_dict, which convert dtype and device.
         Copy them before the next update() if they must outlive it."""
         return {name: tensor.detach() for name, tensor in self.model.state_dict().items()}
+
+    def shared_weights(self, dtype: torch.dtype):
+        """The weights cast into one CUDA buffer for colocated engines (weight_share.py)."""
+        from sparrow_core.engine.weight_share import SharedWeights
+
+        self.onload()
+        return SharedWeights.pack(self.state_dict_for_sync(), dtype)
 
     def save(self, folder: str | Path) -> Path:
         """Write a checkpoint folder (sparrow_core/rl/checkpoint.py) that load() resumes."""
@@ -242,6 +275,45 @@ class PolicyTrainer:
         trainer.optimizer_steps = int(state.meta.get("optimizer_steps", 0))
         restore_rng_state(state.rng)
         return trainer
+
+
+def enable_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute each decoder layer in the backward instead of keeping its activations.
+    transformers checkpoints only in training mode, so the model is put in it with every
+    dropout at 0: the forward stays the same computation as scoring's (eval mode)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    for key in ("attention_dropout", "hidden_dropout", "embd_pdrop", "resid_pdrop"):
+        if hasattr(model.config, key):
+            setattr(model.config, key, 0.0)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+
+
+def _move_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                device: torch.device) -> None:
+    """Parameters, buffers and optimizer moments to `device`, in place (the optimizer keeps
+    its parameter objects). Host copies are pinned, so both directions are async copies
+    that one synchronize at the end completes."""
+    def move(tensor: torch.Tensor) -> torch.Tensor:
+        if device.type == "cpu" and tensor.is_cuda:
+            host = torch.empty_like(tensor, device="cpu", pin_memory=True)
+            return host.copy_(tensor, non_blocking=True)
+        return tensor.to(device, non_blocking=True)
+
+    for param in model.parameters():
+        param.data = move(param.data)
+        state = optimizer.state.get(param, {})
+        for key, value in state.items():
+            if torch.is_tensor(value) and value.dim() > 0:
+                state[key] = move(value)
+    for owner in model.modules():
+        for name, buffer in list(owner._buffers.items()):
+            if buffer is not None:
+                owner._buffers[name] = move(buffer)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def _check_groups(ordered: Sequence[RolloutRecord], group_size: int) -> None:
