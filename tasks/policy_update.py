@@ -22,6 +22,7 @@ from prefect.cache_policies import NONE
 
 from sparrow_core.data.rollouts import read_rollouts
 from tasks.dense_score import read_scores
+from tasks.retention import prune_policy_folders
 from tasks.retry import INFRA_RETRIES
 from tasks.reward import read_rewards
 from tasks.runtime import RunRuntime, lookup, peak_memory
@@ -59,8 +60,11 @@ def update_step(runtime: RunRuntime, step: int, rollouts_path: str, rewards_path
     trainer.save(out)
     metrics["time/update_save_s"] = time.perf_counter() - clock
     metrics.update(peak("memory/update_peak_gib"))
-    return StageWrite(metrics=numeric_metrics(metrics),
-                      after_commit=lambda final: runtime.set_trainer(trainer, step))
+    def after_commit(final: Path) -> None:
+        runtime.set_trainer(trainer, step)
+        prune_policy_folders(runtime, step)
+
+    return StageWrite(metrics=numeric_metrics(metrics), after_commit=after_commit)
 
 
 @task(name="policy_update", cache_policy=NONE, **INFRA_RETRIES)

@@ -103,6 +103,7 @@ def generate_rollouts(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
         memory = runtime.pool.memory() if runtime.pool_on_gpu else []
     finally:
         runtime.after_rollout()
+    released = runtime.pool.memory() if runtime.pool_on_gpu else []
     records = to_records(rows, results)
     write_rollouts(out / ROLLOUTS_FILE, records)
     (out / SCHEDULE_FILE).write_text(json.dumps(
@@ -120,6 +121,8 @@ def generate_rollouts(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
         "time/rollout_generate_s": float(elapsed),
         "time/rollout_wake_s": float(wake_s),
         **({"memory/rollout_peak_gib": max(m["peak_gib"] for m in memory)} if memory else {}),
+        **({"memory/engine_after_release_gib": max(m["reserved_gib"] for m in released)}
+           if released else {}),
         "schedule/budget_pages_mean": float(budgets.mean()),
         "schedule/version": float(version),
     })

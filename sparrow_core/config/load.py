@@ -182,6 +182,8 @@ _RANGES = [
     ("data.max_prompt_tokens", lambda v: v >= 1, ">= 1"),
     ("data.reward_timeout_s", lambda v: v > 0, "> 0"),
     ("pipeline.steps", lambda v: v >= 0, ">= 0"),
+    ("pipeline.keep_checkpoints", lambda v: v >= 0, ">= 0 (0 keeps every step's)"),
+    ("pipeline.keep_every", lambda v: v >= 0, ">= 0 (0: none beyond keep_checkpoints)"),
     ("calibrate.num_prompts", lambda v: v >= 1, ">= 1"),
     ("calibrate.repeats", lambda v: v >= 1, ">= 1"),
     ("calibrate.max_new_tokens", lambda v: v >= 0, ">= 0 (0 takes rollout.max_new_tokens)"),

@@ -151,6 +151,10 @@ class PipelineConfig:
     fail_at: str = ""
     # checkpoint every K steps; 0 only at the end
     checkpoint_every: int = 0
+    # policy_update folders (full trainer state) that keep their tensors: the newest K; 0 all
+    keep_checkpoints: int = 2
+    # also keep the policy_update folder of every N-th step; 0 none beyond keep_checkpoints
+    keep_every: int = 0
     # evaluate every K steps; 0 never
     eval_every: int = 0
     # re-optimize the schedule every K steps even without a threshold event; 0 never

@@ -1,0 +1,36 @@
+"""benchmarks/rl_step.py --smoke: the whole-step benchmark's code on CPU with the tiny model.
+
+    python -m pytest tests/benchmarks/test_rl_step_smoke.py -q     (about a minute)
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_smoke_run_reports_every_case_key(tmp_path):
+    out = tmp_path / "rl_step.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "rl_step.py"), "--smoke",
+                           "--workdir", str(tmp_path / "work"), "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    payload = json.loads(out.read_text())
+    (case,) = payload["cases"]
+    for key in ("new_tokens", "batch", "rollout_speedup", "step_speedup", "mfu_score",
+                "mfu_update", "peak_memory_gib"):
+        assert key in case
+    assert case["new_tokens"] == 24 and case["batch"] == 4
+    for arm in ("dense", "sparse"):
+        stats = case["arms"][arm]
+        # eos off: every sample runs to the cutoff, in every timed step
+        assert stats["tokens"] == 4 * 24
+        assert all(stats["stage_s"][s] > 0 for s in ("rollout", "dense_score", "policy_update"))
+    assert case["rollout_speedup"] > 0 and case["step_speedup"] > 0
+    # the runs' folders went (the metrics live in DuckDB), the done markers stayed
+    assert not (tmp_path / "work" / "dense-24" / "runs").exists()
+    assert (tmp_path / "work" / "dense-24" / "done.json").exists()
