@@ -232,10 +232,12 @@ def serves(x: torch.Tensor, weight: torch.Tensor, gated: bool = False,
 
 
 def skinny_linear_reference(x, weight, bias=None, gated: bool = False,
-                            norm: RowNorm | None = None, residual: torch.Tensor | None = None):
+                            norm: RowNorm | None = None, residual: torch.Tensor | None = None,
+                            block_n: int | None = None):
     """The same semantics in PyTorch: silu_mul or the RMSNorm (from x itself, not
     norm.sumsq) before F.linear; with residual, (residual + y, its rows' sums of squares
-    [1, M] float32)."""
+    float32 in parts: [blocks, M] over column blocks of block_n, as the kernel cuts them,
+    or [1, M] without block_n)."""
     if gated:
         gate, up = x.split(weight.shape[1], dim=-1)
         x = silu_mul(gate, up)
@@ -245,7 +247,12 @@ def skinny_linear_reference(x, weight, bias=None, gated: bool = False,
     if residual is None:
         return y
     summed = residual + y
-    return summed, summed.float().pow(2).sum(-1)[None]
+    squares = summed.float().pow(2)
+    if block_n is None:
+        return summed, squares.sum(-1)[None]
+    blocks = -(-squares.shape[-1] // block_n)
+    padded = F.pad(squares, (0, blocks * block_n - squares.shape[-1]))
+    return summed, padded.view(-1, blocks, block_n).sum(-1).T.contiguous()
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -256,7 +263,8 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     SwiGLU gate applied as x is read (the MLP's down projection without its own launch).
     norm: x's rows go through that RMSNorm as they are read (the norm's launch folded in).
     residual [M, N]: returns (residual + y, the sums of squares of its rows in parts
-    [blocks, M] float32), the pair a later call's RowNorm takes."""
+    [blocks, M] float32), the pair a later call's RowNorm takes; off the kernel, blocks is
+    the given launch's column blocks, or 1 without a launch."""
     k_len = weight.shape[-1]
     width = 2 * k_len if gated else k_len
     check(weight.dim() == 2 and x.shape[-1] == width,
@@ -272,10 +280,12 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     check(residual is None or tuple(residual.shape) == (rows, n_out),
           f"residual must be [{rows}, {n_out}], got "
           f"{None if residual is None else tuple(residual.shape)}")
+    # a caller's own launch fixes the column blocks of the sums of squares, kernel or not
+    block_n = None if launch is None else launch.block_n
     if x.dim() == 2 and launch is None:
         launch = default_launch(rows, n_out, k_len, multiprocessors(x.device))
     if launch is None or not takes(x, weight, launch, k_len, norm, residual):
-        return skinny_linear_reference(x, weight, bias, gated, norm, residual)
+        return skinny_linear_reference(x, weight, bias, gated, norm, residual, block_n)
     out = torch.empty(rows, n_out, dtype=x.dtype, device=x.device)
     blocks = -(-n_out // launch.block_n)
     part = counts = out
