@@ -12,9 +12,13 @@ engine's centroid dtype, EngineConfig.centroid_dtype, as its KVCache stores them
 q_mean;
 top-k from the schedule at position t; reserved_bos and reserved_eos pages always read;
 layers in skip_layers dense. With schedule=None every position is dense causal (the dense
-variant, equal to transformers' forward). Masked attention, no cache writes: gradients flow
-to q, k, v (DistillSparse); the page selection itself is discrete and computed without grad.
-Queries go in chunks of `query_chunk` so memory is [Hq, chunk, T] per sequence and layer.
+variant, equal to transformers' forward). No cache writes: gradients flow to q, k, v
+(DistillSparse); the page selection itself is discrete and computed without grad, chunk by
+chunk of positions (engine/teacher_selection.py). Two attention paths over those pages:
+on CUDA tensors FlexAttention over a page bitmap (engine/teacher_flex.py: a compiled Triton
+kernel that skips unread 128-token blocks, forward and backward; SDPA for dense layers and
+sequences); elsewhere the float32 masked reference, queries in chunks of `query_chunk` so
+memory is [Hq, chunk, T] per sequence and layer. backend="reference" / "flex" forces one.
 Run `python -m pytest tests/sparrow_core/engine/test_teacher_forced.py -q`.
 """
 
@@ -26,23 +30,28 @@ import torch
 
 from sparrow_core.engine.attention import masked_attention
 from sparrow_core.engine.kv_cache import centroid_torch_dtype
-from sparrow_core.kernels.kv_write import round_centroids
+from sparrow_core.engine.teacher_flex import HAS_FLEX, selection_rows, sparse_flex_attention
+from sparrow_core.engine.teacher_selection import gather_pages, select_chunks
+from sparrow_core.kernels.prefill import prefill_attention_sdpa
 from sparrow_core.sparse.schedule import Schedule
-from sparrow_core.sparse.selection import group_query_mean, select_from_scores, token_mask
+from sparrow_core.sparse.selection import token_mask
 
 # called with (layer, sequence index, page_mask [T, Hkv, P]) for each sparse layer (tests)
 TeacherSelectionHook = Callable[[int, int, torch.Tensor], None]
+BACKENDS = ("auto", "flex", "reference")
 
 
 def teacher_forced_logits(model: torch.nn.Module, sequences: Sequence[Sequence[int] | torch.Tensor],
                           prompt_lens: Sequence[int] | None = None,
                           schedule: Schedule | None = None, query_chunk: int = 1024,
                           on_selection: TeacherSelectionHook | None = None,
-                          centroid_dtype: str = "cache") -> list[torch.Tensor]:
+                          centroid_dtype: str = "cache",
+                          backend: str = "auto") -> list[torch.Tensor]:
     """Float32 logits [T_i, vocab] per sequence; sparse at generated positions if scheduled;
-    centroid_dtype as the decoding engine's EngineConfig.centroid_dtype."""
+    centroid_dtype as the decoding engine's EngineConfig.centroid_dtype; backend as
+    TeacherForcedAttention's."""
     hidden = teacher_forced_hidden(model, sequences, prompt_lens, schedule, query_chunk,
-                                   on_selection, centroid_dtype)
+                                   on_selection, centroid_dtype, backend)
     return [model.compute_logits(h) for h in hidden]
 
 
@@ -50,7 +59,8 @@ def teacher_forced_hidden(model: torch.nn.Module, sequences: Sequence[Sequence[i
                           prompt_lens: Sequence[int] | None = None,
                           schedule: Schedule | None = None, query_chunk: int = 1024,
                           on_selection: TeacherSelectionHook | None = None,
-                          centroid_dtype: str = "cache") -> list[torch.Tensor]:
+                          centroid_dtype: str = "cache",
+                          backend: str = "auto") -> list[torch.Tensor]:
     """Final hidden states [T_i, hidden] per sequence (see teacher_forced_logits)."""
     device = next(model.parameters()).device
     ids = [torch.as_tensor(s, dtype=torch.long, device=device).flatten() for s in sequences]
@@ -64,20 +74,25 @@ def teacher_forced_hidden(model: torch.nn.Module, sequences: Sequence[Sequence[i
         raise ValueError(f"prompt_lens {prompt_lens} must give 1 <= prompt_len <= length for "
                          f"sequences of lengths {lens}")
     attention = TeacherForcedAttention(lens, prompt_lens, schedule, query_chunk, on_selection,
-                                       centroid_dtype)
+                                       centroid_dtype, backend)
     positions = torch.cat([torch.arange(n, device=device) for n in lens])
     hidden = model(torch.cat(ids), positions, attention)
     return list(hidden.split(lens))
 
 
 class TeacherForcedAttention:
-    """AttentionFn over packed whole sequences, each query with its own page selection."""
+    """AttentionFn over packed whole sequences, each query with its own page selection.
+
+    backend: "auto" (FlexAttention on CUDA tensors, the reference otherwise), "flex" or
+    "reference"; both take their pages from teacher_selection.select_chunks."""
 
     def __init__(self, seq_lens: list[int], prompt_lens: list[int], schedule: Schedule | None,
                  query_chunk: int = 1024, on_selection: TeacherSelectionHook | None = None,
-                 centroid_dtype: str = "cache"):
+                 centroid_dtype: str = "cache", backend: str = "auto"):
         if query_chunk < 1:
             raise ValueError(f"query_chunk must be positive, got {query_chunk}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         centroid_torch_dtype(centroid_dtype, torch.float32)  # refuse a bad name now
         self.centroid_dtype = centroid_dtype
         self.seq_lens = seq_lens
@@ -85,60 +100,65 @@ class TeacherForcedAttention:
         self.schedule = schedule
         self.query_chunk = query_chunk
         self.on_selection = on_selection
+        self.backend = backend
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor) -> torch.Tensor:
         sparse = self.schedule is not None and self.schedule.is_sparse_layer(layer)
+        flex = self._use_flex(q)
         outputs, start = [], 0
         for index, (length, prompt_len) in enumerate(zip(self.seq_lens, self.prompt_lens)):
             span = slice(start, start + length)
-            page_mask = None
             if sparse and prompt_len < length:
-                page_mask = self._select(q[span], k[span], prompt_len)
-                if self.on_selection is not None:
-                    self.on_selection(layer, index, page_mask)
-            outputs.append(self._attend(q[span], k[span], v[span], page_mask))
+                outputs.append(self._sparse(layer, index, q[span], k[span], v[span],
+                                            prompt_len, flex))
+            elif flex:
+                outputs.append(prefill_attention_sdpa(q[span], k[span], v[span], [length]))
+            else:
+                outputs.append(self._attend(q[span], k[span], v[span], self._dense_chunks(length)))
             start += length
         return torch.cat(outputs)
 
-    @torch.no_grad()
-    def _select(self, q: torch.Tensor, k: torch.Tensor, prompt_len: int) -> torch.Tensor:
-        """Pages each position reads [T, Hkv, P]; prompt positions read every page."""
-        schedule = self.schedule
-        page_size = schedule.page_size
-        length, kv_heads, dim = k.shape
-        width = -(-length // page_size)
-        full = length // page_size
-        centroids = torch.zeros(width, kv_heads, dim, device=k.device)
-        full_keys = k[: full * page_size].float().view(full, page_size, kv_heads, dim)
-        # rounded as the engine's KVCache stores them (the cache dtype is k's)
-        stored = centroid_torch_dtype(self.centroid_dtype, k.dtype)
-        centroids[:full] = round_centroids(full_keys.mean(1), stored).float()
-        scores = torch.einsum("thd,phd->thp", group_query_mean(q, kv_heads), centroids)
-        position = torch.arange(length, device=k.device)
-        num_pages = position // page_size + 1
-        bins = (position // schedule.bin_tokens).clamp(max=schedule.num_bins - 1)
-        topk = torch.tensor(schedule.topk_pages, device=k.device)[bins]
-        mask = select_from_scores(scores, num_pages, topk, schedule.reserved_bos,
-                                  schedule.reserved_eos)
-        mask[:prompt_len] = True  # prompt positions are dense, as prefill
-        return mask & (torch.arange(width, device=k.device) < num_pages.view(-1, 1, 1))
+    def _sparse(self, layer, index, q, k, v, prompt_len, flex):
+        """One sequence on a sparse layer: its pages chunk by chunk, then attention."""
+        length, page_size = q.shape[0], self.schedule.page_size
+        collected: list[torch.Tensor] = []
+        keep = collected.append if self.on_selection is not None else None
+        rows = selection_rows(k.shape[1], length, page_size) if flex else self.query_chunk
+        chunks = select_chunks(q, k, prompt_len, self.schedule, self.centroid_dtype, rows)
+        if flex:
+            out = sparse_flex_attention(q, k, v, chunks, page_size, keep)
+        else:
+            out = self._attend(q, k, v, chunks, keep)
+        if keep is not None:
+            self.on_selection(layer, index, gather_pages(collected, -(-length // page_size)))
+        return out
 
-    def _attend(self, q, k, v, page_mask):
-        """Causal attention of one sequence, restricted per query to its pages if given."""
-        length = q.shape[0]
-        chunks = []
+    def _use_flex(self, q: torch.Tensor) -> bool:
+        if self.backend == "auto":
+            return q.is_cuda and HAS_FLEX
+        return self.backend == "flex"
+
+    def _dense_chunks(self, length):
+        return ((first, min(first + self.query_chunk, length), None)
+                for first in range(0, length, self.query_chunk))
+
+    def _attend(self, q, k, v, chunks, on_pages=None):
+        """Causal attention of one sequence in query chunks, restricted per query to the
+        chunk's pages when given (the float32 reference)."""
+        out = []
         kh, vh = k.transpose(0, 1)[None], v.transpose(0, 1)[None]
-        for first in range(0, length, self.query_chunk):
-            last = min(first + self.query_chunk, length)
+        for first, last, pages in chunks:
             rows = torch.arange(first, last, device=q.device)
             mask = rows.view(-1, 1) >= torch.arange(last, device=q.device).view(1, -1)
-            if page_mask is not None:
-                tokens = token_mask(page_mask[first:last], self.schedule.page_size,
+            if pages is not None:
+                if on_pages is not None:
+                    on_pages(pages)
+                tokens = token_mask(pages, self.schedule.page_size,
                                     torch.full((last - first,), last, device=q.device))
                 mask = mask.unsqueeze(1) & tokens[..., :last]  # [Q, Hkv, K]
                 mask = mask.transpose(0, 1)[None]
             keys, values = kh[:, :, :last], vh[:, :, :last]
             result = masked_attention(q[first:last].transpose(0, 1)[None], keys, values, mask)
-            chunks.append(result[0].transpose(0, 1))
-        return torch.cat(chunks).to(q.dtype)
+            out.append(result[0].transpose(0, 1))
+        return torch.cat(out).to(q.dtype)
