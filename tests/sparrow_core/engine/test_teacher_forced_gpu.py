@@ -1,0 +1,87 @@
+"""GPU twins of the teacher-forced tests: on CUDA the replay goes through FlexAttention
+(compiled) and must equal the float32 reference path on the same pages, forward and
+gradients, at bf16 tolerances; the threshold selection equals the stable sort on CUDA.
+Run on the device: `python -m pytest -m gpu tests/sparrow_core/engine/test_teacher_forced_gpu.py -q`
+(the first test compiles FlexAttention's kernels: a few minutes in all)."""
+
+import pytest
+import torch
+
+from sparrow_core.engine.teacher_forced import TeacherForcedAttention, teacher_forced_logits
+from sparrow_core.engine.teacher_selection import select_by_threshold
+from sparrow_core.model import load_model
+from sparrow_core.sparse.presets import get_preset
+from sparrow_core.sparse.schedule import Schedule
+from sparrow_core.sparse.selection import select_from_scores
+
+pytestmark = pytest.mark.gpu
+CUDA = torch.device("cuda")
+
+
+def relative_error(got, want):
+    return float((got.float() - want.float()).norm() / want.float().norm())
+
+
+@pytest.mark.parametrize("levels", [None, 5])
+def test_threshold_rule_equals_the_stable_sort_on_cuda(levels):
+    gen = torch.Generator(CUDA).manual_seed(0)
+    rows, heads, width = 512, 8, 2048
+    scores = torch.randn(rows, heads, width, generator=gen, device=CUDA)
+    if levels:
+        scores = torch.randint(0, levels, scores.shape, generator=gen, device=CUDA).float()
+    num_pages = torch.randint(1, width + 1, (rows,), generator=gen, device=CUDA)
+    topk = torch.randint(0, 300, (rows,), generator=gen, device=CUDA)
+    want = select_from_scores(scores, num_pages, topk, 1, 2)
+    assert torch.equal(select_by_threshold(scores, num_pages, topk, 1, 2), want)
+
+
+def test_flex_equals_reference_forward_and_gradients_at_1p7b_heads():
+    """Qwen3-1.7B heads (16 q, 8 kv, dim 128), bf16, the 0.86 preset (pages of 16, bins of
+    2,000 tokens), a sequence crossing a bin and one shorter, each with a prompt."""
+    torch._dynamo.reset()
+    schedule = get_preset("qwen3-1.7b-0.86")
+    lens, prompts = [2600, 900], [300, 100]
+    gen = torch.Generator(CUDA).manual_seed(1)
+    total = sum(lens)
+    leaves = [torch.randn(total, heads, 128, generator=gen, device=CUDA, dtype=torch.bfloat16)
+              .requires_grad_() for heads in (16, 8, 8)]
+    grad_out = torch.randn(total, 16, 128, generator=gen, device=CUDA, dtype=torch.bfloat16)
+    picks, results = {}, {}
+    for backend in ("auto", "reference"):
+        hook = lambda layer, index, pages: picks.__setitem__((backend, index), pages)
+        attention = TeacherForcedAttention(lens, prompts, schedule, query_chunk=512,
+                                           backend=backend, on_selection=hook)
+        assert attention._use_flex(leaves[0]) == (backend == "auto")
+        out = attention(5, *leaves)
+        results[backend] = (out.detach(), *torch.autograd.grad(out, leaves, grad_out))
+    for index in range(len(lens)):
+        assert torch.equal(picks[("auto", index)], picks[("reference", index)])
+    flex, reference = results["auto"], results["reference"]
+    torch.testing.assert_close(flex[0], reference[0], atol=2e-2, rtol=2e-2)
+    for name, got, want in zip(("out", "dq", "dk", "dv"), flex, reference):
+        assert relative_error(got, want) < 1e-2, name
+    # sparse indeed: the last position reads 61 + 1 + 2 of its 163 pages
+    assert picks[("auto", 0)][-1].sum(-1).max() == 61 + 3
+
+
+def test_model_replay_and_gradients_equal_on_cuda(qwen3_checkpoint):
+    model = load_model(qwen3_checkpoint).to(CUDA)
+    gen = torch.Generator().manual_seed(3)
+    sequences = [torch.randint(0, 384, (n,), generator=gen) for n in (400, 170)]
+    schedule = Schedule("tight", (2, 3, 5), page_size=4, bin_tokens=64, reserved_bos=1,
+                        reserved_eos=1, skip_layers=(0,))
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = {}
+    for backend in ("auto", "reference"):
+        logits = teacher_forced_logits(model, sequences, [20, 50], schedule, backend=backend)
+        loss = sum(x.logsumexp(-1).sum() for x in logits)
+        grads[backend] = ([x.detach() for x in logits],
+                          torch.autograd.grad(loss, params, allow_unused=True))
+    for got, want in zip(grads["auto"][0], grads["reference"][0]):
+        torch.testing.assert_close(got, want, atol=2e-3, rtol=0)
+    checked = 0
+    for got, want in zip(grads["auto"][1], grads["reference"][1]):
+        if want is not None:
+            assert relative_error(got, want) < 1e-3
+            checked += 1
+    assert checked > 4
