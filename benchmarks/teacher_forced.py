@@ -1,0 +1,154 @@
+"""Teacher-forced replay under one budget against a dense packed forward of the same tokens.
+
+    python benchmarks/teacher_forced.py --out results/teacher_forced.json   # GPU, 1.7B shape
+    python benchmarks/teacher_forced.py --cases 8192x16 --skip-model        # attention only
+    python benchmarks/teacher_forced.py --smoke                             # CPU, seconds
+
+Per case (T tokens per sequence x sequences; a prompt of --prompt tokens, the rest replayed
+as generated): (1) the attention of one layer at Qwen3-1.7B heads (16 q / 8 kv, head dim 128,
+bf16, random q, k, v): the page selection alone, the sparse replay of a layer (selection plus
+FlexAttention, engine/teacher_flex.py), and dense causal SDPA, with the sums over the
+model's layers (1.7B: 2 dense skip_layers plus 26 sparse, against 28 dense); (2) the whole model (random weights,
+Qwen3-1.7B shapes, model/decoder.py) as teacher_forced_hidden: the dense forward (schedule
+None: SDPA per sequence) against the replay under --schedule, no grad, and their ratio
+(target: at most 2). Times are medians of wall-clock runs between device syncs, after a
+warm-up run (which compiles FlexAttention; its time is reported as *_first_s); peak memory
+per arm. --smoke runs tiny shapes on the CPU through the same code (FlexAttention eager).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import device_facts, write_json  # noqa: E402
+from benchmarks.decode_step import model_arch, random_model  # noqa: E402
+from sparrow_core.engine.teacher_flex import selection_rows  # noqa: E402
+from sparrow_core.engine.teacher_forced import (TeacherForcedAttention,  # noqa: E402
+                                                teacher_forced_hidden)
+from sparrow_core.engine.teacher_selection import select_chunks  # noqa: E402
+from sparrow_core.kernels.prefill import prefill_attention_sdpa  # noqa: E402
+from sparrow_core.sparse.presets import get_preset  # noqa: E402
+
+SPARSE_LAYER = 5  # any layer outside skip_layers
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed(fn, reps: int) -> dict[str, float]:
+    """First call (compiles) and the median of `reps` more, seconds; peak memory GiB."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(reps + 1):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
+    return {"first_s": times[0], "s": statistics.median(times[1:]), "peak_gib": peak}
+
+
+def attention_case(length, count, prompt, schedule, backend, device, arch, reps):
+    """One layer's attention: selection, sparse replay, dense SDPA (and all-layer sums)."""
+    q_heads, kv_heads, dim = arch.num_q_heads, arch.num_kv_heads, arch.head_dim
+    layers = arch.num_layers
+    gen = torch.Generator(device).manual_seed(0)
+    total = length * count
+    q, k, v = (torch.randn(total, h, dim, generator=gen, device=device, dtype=torch.bfloat16)
+               for h in (q_heads, kv_heads, kv_heads))
+    lens, prompts = [length] * count, [prompt] * count
+    attention = TeacherForcedAttention(lens, prompts, schedule, backend=backend)
+    rows = selection_rows(kv_heads, length, schedule.page_size)
+
+    def select_only():
+        for index in range(count):
+            span = slice(index * length, (index + 1) * length)
+            for _ in select_chunks(q[span], k[span], prompt, schedule, "cache", rows):
+                pass
+
+    with torch.no_grad():
+        selection = timed(select_only, reps)
+        sparse = timed(lambda: attention(SPARSE_LAYER, q, k, v), reps)
+        dense = timed(lambda: prefill_attention_sdpa(q, k, v, lens), reps)
+    dense_layers = len([i for i in schedule.skip_layers if i < layers])
+    replay_all = (layers - dense_layers) * sparse["s"] + dense_layers * dense["s"]
+    return {"selection_s": selection["s"], "sparse_layer_s": sparse["s"],
+            "sparse_layer_first_s": sparse["first_s"], "sparse_layer_peak_gib": sparse["peak_gib"],
+            "dense_layer_s": dense["s"], "replay_attention_all_layers_s": replay_all,
+            "dense_attention_all_layers_s": layers * dense["s"],
+            "attention_ratio": replay_all / (layers * dense["s"])}
+
+
+def model_case(model, length, count, prompt, schedule, backend, device, vocab, reps):
+    """The whole model: dense packed forward against the replay under the schedule."""
+    gen = torch.Generator(device).manual_seed(1)
+    sequences = [torch.randint(0, vocab, (length,), generator=gen, device=device)
+                 for _ in range(count)]
+    prompts = [prompt] * count
+    with torch.no_grad():
+        dense = timed(lambda: teacher_forced_hidden(model, sequences, backend=backend), reps)
+        replay = timed(lambda: teacher_forced_hidden(model, sequences, prompts, schedule,
+                                                     backend=backend), reps)
+    return {"dense_forward_s": dense["s"], "dense_forward_peak_gib": dense["peak_gib"],
+            "replay_s": replay["s"], "replay_first_s": replay["first_s"],
+            "replay_peak_gib": replay["peak_gib"], "replay_over_dense": replay["s"] / dense["s"]}
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None, help="write the JSON here too")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes on any device")
+    parser.add_argument("--cases", default="8192x16,32768x16",
+                        help="comma-separated TOKENSxSEQUENCES")
+    parser.add_argument("--prompt", type=int, default=1024, help="prompt tokens per sequence")
+    parser.add_argument("--schedule", default="qwen3-1.7b-0.86")
+    parser.add_argument("--reps", type=int, default=2, help="timed runs after the first")
+    parser.add_argument("--skip-model", action="store_true", help="attention layer only")
+    parser.add_argument("--backend", default="auto", choices=("auto", "flex", "reference"))
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    schedule = get_preset(args.schedule)
+    cases = [tuple(int(x) for x in case.split("x")) for case in args.cases.split(",")]
+    backend, prompt = args.backend, args.prompt
+    if args.smoke:
+        schedule, cases, prompt = get_preset("tiny-0.86"), [(320, 2)], 40
+        backend = "flex" if backend == "auto" and device == "cpu" else backend
+    arch = model_arch("qwen3-1.7b", args.smoke)
+    model = None if args.skip_model else random_model(arch, device)
+    if model is not None and device == "cpu":
+        model = model.float()  # CPU matmuls in bf16 are slow and not what is measured
+    rows = []
+    for length, count in cases:
+        row = {"tokens_per_sequence": length, "sequences": count, "prompt": prompt}
+        row.update(attention_case(length, count, prompt, schedule, backend, device, arch,
+                                  args.reps))
+        if model is not None:
+            row.update(model_case(model, length, count, prompt, schedule, backend, device,
+                                  arch.vocab_size, args.reps))
+        print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()},
+              flush=True)
+        rows.append(row)
+    write_json(args.out, dict(benchmark="teacher_forced", facts=device_facts(),
+                              schedule=schedule.name, backend=backend, rows=rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
