@@ -65,7 +65,7 @@ def test_flex_equals_reference_forward_and_gradients_at_1p7b_heads():
 
 
 def test_model_replay_and_gradients_equal_on_cuda(qwen3_checkpoint):
-    model = load_model(qwen3_checkpoint).to(CUDA)
+    model = load_model(qwen3_checkpoint, device="cuda")
     gen = torch.Generator().manual_seed(3)
     sequences = [torch.randint(0, 384, (n,), generator=gen) for n in (400, 170)]
     schedule = Schedule("tight", (2, 3, 5), page_size=4, bin_tokens=64, reserved_bos=1,
