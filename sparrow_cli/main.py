@@ -3,10 +3,12 @@
     sparrow schedule list
     sparrow costmodel --model qwen3-1.7b --schedule qwen3-1.7b-0.86 --json
     sparrow config show algo.lr=2e-6
+    sparrow --version
 
 Each subcommand lives in sparrow_cli/commands/<name>.py and exposes `add_parser(subparsers)`,
 which registers its arguments and sets `func(args) -> int`. A SparrowError anywhere becomes
-one line on stderr and exit status 2.
+one line on stderr and exit status 2; a SparrowWarning (a damaged file skipped) one line
+`warning: ...` on stderr.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 
-from sparrow_core.errors import SparrowError
+from sparrow_core import __version__
+from sparrow_core.errors import SparrowError, SparrowWarning
 
 COMMANDS = ("config", "schedule", "mismatch", "costmodel", "generate", "query", "report", "train", "runs",
             "calibrate")
@@ -25,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sparrow", description="Sparse-rollout RL training with a mismatch-controlled schedule."
     )
+    parser.add_argument("--version", action="version", version=f"sparrow {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         module = importlib.import_module(f"sparrow_cli.commands.{name}")
@@ -32,7 +37,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    if issubclass(category, SparrowWarning):
+        print(f"warning: {message}", file=sys.stderr)
+    else:
+        _default_show_warning(message, category, filename, lineno, file, line)
+
+
+_default_show_warning = warnings.showwarning
+
+
 def main(argv: list[str] | None = None) -> int:
+    warnings.showwarning = _show_warning
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import csv
+import datetime
+import decimal
 import json
 import math
 import sys
+import uuid
 from typing import Any, Iterable, Sequence
 
 
@@ -13,6 +16,17 @@ def _clean(value: Any) -> Any:
     # JSON has no NaN; a statistic that is undefined prints as null
     if isinstance(value, float) and not math.isfinite(value):
         return None
+    # what DuckDB hands back beside numbers and strings: timestamps as ISO 8601 text
+    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, decimal.Decimal):
+        return _clean(float(value))
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex()
     if isinstance(value, dict):
         return {k: _clean(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -7,10 +7,12 @@
 
 from storage.errors import StorageError, WorkdirBusyError, QueryRefusedError
 from storage.layout import RunLayout, atomic_dir, atomic_file
-from storage.query import QueryResult, query
+from storage.query import QueryResult, query, query_all
+from storage.token_files import DamagedFileWarning, find_token_files
 from storage.store import Store
 
 __all__ = [
+    "DamagedFileWarning",
     "QueryRefusedError",
     "QueryResult",
     "RunLayout",
@@ -19,5 +21,7 @@ __all__ = [
     "WorkdirBusyError",
     "atomic_dir",
     "atomic_file",
+    "find_token_files",
     "query",
+    "query_all",
 ]

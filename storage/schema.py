@@ -2,8 +2,8 @@
 
 Every table is keyed so that a stage re-run after a crash replaces its own rows instead of
 duplicating them (writers delete-then-insert by key inside one transaction). The view
-`token_mismatch` reads every step's per-token Parquet file; it is created by the readers and
-the writer, not stored, because its file list changes as steps land.
+`token_mismatch` reads every step's per-token Parquet file; it is created by the readers,
+not stored, because its file list changes as steps land.
 """
 
 from __future__ import annotations
@@ -96,11 +96,12 @@ def create_tables(conn) -> None:
     )
 
 
-def token_view_sql(workdir: str, has_files: bool) -> str:
-    """The token_mismatch view: over the Parquet files, or typed and empty before any exist."""
-    if has_files:
-        pattern = f"{workdir.rstrip('/')}/{TOKEN_FILE_GLOB}".replace("'", "''")
-        source = f"SELECT * FROM read_parquet('{pattern}', union_by_name = true)"
+def token_view_sql(files: list[str]) -> str:
+    """The token_mismatch view: over the given Parquet files (storage.token_files checks
+    them first), or typed and empty when there are none."""
+    if files:
+        listed = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
+        source = f"SELECT * FROM read_parquet([{listed}], union_by_name = true)"
     else:
         columns = ", ".join(f"CAST(NULL AS {t}) AS {c}" for c, t in TOKEN_COLUMNS.items())
         source = f"SELECT {columns} WHERE false"

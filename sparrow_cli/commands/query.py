@@ -1,14 +1,20 @@
 """`sparrow query [--workdir DIR] [--json|--csv] "SQL"`: read-only SQL over the mismatch history.
 
     sparrow query "SELECT step, bin, p5 FROM bin_stats WHERE p5 < 0.86 AND step > 300"
+    sparrow query --json "SELECT * FROM schedules"          # timestamps as ISO 8601 text
 
 Tables: runs, stage_runs, schedules, bin_stats, threshold_events, step_metrics, calibration;
-view token_mismatch over the per-token Parquet files (docs/storage.md).
+view token_mismatch over the per-token Parquet files (docs/storage.md). Several statements
+separated by `;` each print their result, in order: a table each, titled with its statement;
+with --json, a list of {"statement", "rows"} objects (one statement: its rows alone); with
+--csv, the sections one after another, separated by a blank line. The query cannot read files
+outside the workdir's runs/ folder (storage/query.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from sparrow_cli.output import print_csv, print_json, print_table
 from sparrow_core.config.schema import PipelineConfig
@@ -27,14 +33,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from storage import query
+    from storage import query_all
 
-    result = query(args.workdir, args.sql)
-    rows = result.as_dicts()
+    results = query_all(args.workdir, args.sql)
+    several = len(results) > 1
     if args.json:
-        print_json(rows)
-    elif args.csv:
-        print_csv(rows)
-    else:
-        print_table(rows)
+        if several:
+            print_json([{"statement": r.statement, "rows": r.as_dicts()} for r in results])
+        else:
+            print_json(results[0].as_dicts())
+        return 0
+    for i, result in enumerate(results):
+        if args.csv:
+            if i:
+                sys.stdout.write("\n")
+            print_csv(result.as_dicts())
+        else:
+            print_table(result.as_dicts(), title=result.statement if several else None)
     return 0

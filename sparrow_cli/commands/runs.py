@@ -7,6 +7,8 @@
 Status is the `runs` table's (running, finished, failed); a run marked running while no
 process holds the workdir's writer lock shows as `interrupted` (it was killed; resume it with
 `sparrow train pipeline.run_id=ID`).
+A step whose per-token Parquet file is damaged is named in the `damaged` column (and on the
+step's aggregate_mismatch row of `sparrow runs ID`); the rest of the workdir reads as usual.
 "steps done" counts steps whose sync_weights stage is recorded, out of the run's
 pipeline.steps. Reads the DuckDB file read-only, so it works while a run is writing.
 """
@@ -89,8 +91,9 @@ def run_rows(workdir: str) -> list[dict]:
     from storage import query
 
     alive = writer_alive(workdir)
+    result = query(workdir, RUNS_SQL)
     rows = []
-    for row in query(workdir, RUNS_SQL).as_dicts():
+    for row in result.as_dicts():
         config = yaml.safe_load(row.pop("config_yaml") or "") or {}
         status = row["status"]
         if status == "running" and not alive:
@@ -102,8 +105,14 @@ def run_rows(workdir: str) -> list[dict]:
             "stages": int(row["stages"]), "last_stage": row["last_stage"],
             "created_at": str(row["created_at"]), "model_path": row["model_path"],
             "mlflow_run_id": row["mlflow_run_id"],
+            "damaged": _damaged_steps(result, row["run_id"]) or None,
         })
     return rows
+
+
+def _damaged_steps(result, run_id: str) -> str:
+    """'step-2 step-5': the steps of this run whose tokens.parquet could not be read."""
+    return " ".join(f"step-{d.step}" for d in result.damaged if d.run_id == run_id)
 
 
 def stage_rows(workdir: str, run_id: str) -> list[dict]:
@@ -114,9 +123,13 @@ def stage_rows(workdir: str, run_id: str) -> list[dict]:
         runs = [r[0] for r in query(workdir, "SELECT run_id FROM runs ORDER BY run_id").rows]
         raise UnknownRunError(f"workdir {workdir} has no run {run_id!r}; runs: "
                               f"{', '.join(runs) or '(none)'}")
-    rows = query(workdir, STAGES_SQL, [run_id]).as_dicts()
+    result = query(workdir, STAGES_SQL, [run_id])
+    damaged = {d.step: d for d in result.damaged if d.run_id == run_id}
+    rows = result.as_dicts()
     for row in rows:
         row["started_at"], row["finished_at"] = str(row["started_at"]), str(row["finished_at"])
+        bad = damaged.get(row["step"]) if row["stage"] == "aggregate_mismatch" else None
+        row["damaged"] = f"tokens.parquet: {bad.reason}" if bad else None
     return rows
 
 

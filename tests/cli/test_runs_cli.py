@@ -92,3 +92,27 @@ def test_table_output_and_errors(workdir, capsys, tmp_path):
         f"error: workdir {workdir} has no run 'nope'; runs: broken, done")
     assert main(["runs", "--workdir", str(tmp_path / "empty")]) == 2
     assert "no mismatch history" in capsys.readouterr().err
+
+
+def test_a_damaged_token_file_flags_its_step(workdir, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from storage import RunLayout
+
+    layout = RunLayout(workdir, "done")
+    for step in (1, 2):
+        layout.token_file(step).parent.mkdir(parents=True)
+        pq.write_table(pa.table({"run_id": ["done"], "step": [step], "acceptance": [0.9]}),
+                       layout.token_file(step))
+    layout.token_file(2).write_bytes(b"too short")
+    with Store.open_writer(workdir) as store, store.connect() as conn:
+        record(conn, "done", 2, "aggregate_mismatch", 50)
+    assert main(["runs", "--workdir", str(workdir), "--json"]) == 0
+    captured = capsys.readouterr()
+    by_id = {r["run_id"]: r for r in json.loads(captured.out)}
+    assert by_id["done"]["damaged"] == "step-2" and by_id["broken"]["damaged"] is None
+    assert str(layout.token_file(2)) in captured.err
+    stages = runs_json(capsys, "done", "--workdir", str(workdir))
+    flagged = [(r["step"], r["stage"]) for r in stages if r["damaged"]]
+    assert flagged == [(2, "aggregate_mismatch")]

@@ -1,0 +1,39 @@
+"""The `sparrow` command's own options: --version, and `config show` in both forms.
+Run: `python -m pytest tests/cli/test_main_cli.py -q`."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from sparrow_cli.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_version_is_the_package_version(capsys):
+    declared = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    done = subprocess.run([sys.executable, "-m", "sparrow_cli.main", "--version"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0
+    assert done.stdout.strip() == f"sparrow {declared.group(1)}"
+
+
+def test_config_show_json_equals_the_yaml(capsys):
+    assert main(["config", "show", "algo.lr=2e-6", "rollout.samples_per_prompt=4"]) == 0
+    from_yaml = yaml.safe_load(capsys.readouterr().out)
+    assert main(["config", "show", "--json", "algo.lr=2e-6", "rollout.samples_per_prompt=4"]) == 0
+    from_json = json.loads(capsys.readouterr().out)
+    assert from_json == from_yaml
+    assert from_json["algo"]["lr"] == 2e-6 and from_json["rollout"]["samples_per_prompt"] == 4
+
+
+def test_config_show_json_refuses_a_bad_key(capsys):
+    assert main(["config", "show", "--json", "algo.no_such_key=1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "no_such_key" in err
