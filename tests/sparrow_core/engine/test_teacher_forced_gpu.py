@@ -59,7 +59,7 @@ def test_flex_equals_reference_forward_and_gradients_at_1p7b_heads():
     flex, reference = results["auto"], results["reference"]
     torch.testing.assert_close(flex[0], reference[0], atol=2e-2, rtol=2e-2)
     for name, got, want in zip(("out", "dq", "dk", "dv"), flex, reference):
-        assert relative_error(got, want) < 1e-2, name
+        assert relative_error(got, want) < 2e-2, name
     # sparse indeed: the last position reads 61 + 1 + 2 of its 163 pages
     assert picks[("auto", 0)][-1].sum(-1).max() == 61 + 3
 
