@@ -76,19 +76,47 @@ class DistillConfig:
     enabled: bool = False
     # LoRA rank
     lora_rank: int = 16
-    # LoRA scaling alpha
+    # LoRA scaling alpha (the update is scaled by alpha / rank)
     lora_alpha: int = 32
-    # weight of KL(dense || sparse) in the LoRA loss
+    # projections that carry the LoRA (any of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj)
+    targets: list[str] = field(default_factory=lambda: [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    # divergence: k3 (sampled-token estimate r - log r - 1, r = p_dense / p_sparse) or full_kl
+    # (exact KL(dense || sparse) over the vocabulary)
+    loss: str = "k3"
+    # weight of the divergence in the LoRA loss
     kl_coef: float = 1.0
-    # LoRA learning rate
-    lr: float = 1.0e-4
+    # weight of a PPO term (algo.loss on the sparse forward, the rollout as old policy); 0 off
+    ppo_coef: float = 0.0
+    # LoRA learning rate = algo.lr x lr_scale (AdamW of its own)
+    lr_scale: float = 5.0
+    # update the LoRA every N steps (between, the engines keep the last one)
+    every: int = 1
+    # also measure acceptance without the LoRA on the same tokens (one more sparse forward)
+    measure: bool = True
+
+
+@dataclass(frozen=True)
+class CorrectionConfig:
+    # masked IS (mis_token, mis_sequence): a token's / sequence's p_dense_old / p_actor above
+    # this cap masks it (instead of truncating it, as TIS does)
+    mis_cap: float = 2.0
+    # icepop: tokens whose p_dense_old / p_actor lies outside [icepop_low, icepop_high] are masked
+    icepop_low: float = 0.5
+    # icepop: upper bound of the kept band
+    icepop_high: float = 5.0
+    # geo_mask: sequences whose geometric mean of p_dense_old / p_actor lies outside
+    # [geo_low, geo_high] are masked
+    geo_low: float = 0.99
+    # geo_mask: upper bound of the kept band
+    geo_high: float = 1.01
 
 
 @dataclass(frozen=True)
 class AlgoConfig:
     # advantage estimator (registry name): grpo, rloo
     advantage: str = "grpo"
-    # policy loss (registry name): ppo_clip
+    # policy loss (registry name): ppo_clip (TIS), mis_token, mis_sequence, icepop, geo_mask
     loss: str = "ppo_clip"
     # lower clip range of the PPO ratio
     eps_low: float = 0.2
@@ -116,6 +144,8 @@ class AlgoConfig:
     gradient_checkpointing: bool = False
     # on GPU: weights and optimizer moments go to host memory while the rollout runs
     offload_during_rollout: bool = False
+    # thresholds of the masking mismatch corrections (algo.loss mis_*, icepop, geo_mask)
+    correction: CorrectionConfig = field(default_factory=CorrectionConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
 
 
@@ -227,4 +257,5 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "rollout.backend": ("native",),
     "rollout.centroid_dtype": ("cache", "float8_e4m3fn"),
     "algo.loss_agg": ("token_mean", "sequence_mean"),
+    "algo.distill.loss": ("k3", "full_kl"),
 }

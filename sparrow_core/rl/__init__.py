@@ -3,8 +3,8 @@
     from sparrow_core.rl import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, PolicyLossConfig
 
 The registries are filled by the modules that define their entries (advantages.py,
-losses.py) and re-exported here; the config loader checks algo.advantage and algo.loss
-against them. The math is written out in docs/rl.md.
+losses.py, losses_masked.py) and re-exported here; the config loader checks algo.advantage
+and algo.loss against them. The math is written out in docs/rl.md.
 """
 
 from sparrow_core.rl.advantages import (
@@ -16,6 +16,7 @@ from sparrow_core.rl.advantages import (
 from sparrow_core.rl.aggregate import AGGREGATIONS, aggregate, count_for, masked_mean
 from sparrow_core.rl.checks import RLInputError
 from sparrow_core.rl.losses import POLICY_LOSSES, PolicyLossConfig, ppo_clip_loss, tis_weights
+from sparrow_core.rl import losses_masked  # noqa: F401,E402 - registers the masking losses
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",

@@ -41,12 +41,18 @@ LOG_RATIO_LIMIT = 20.0
 
 @dataclass(frozen=True)
 class PolicyLossConfig:
-    """The loss settings, named as in AlgoConfig. tis_cap < 0 turns TIS off (weight 1)."""
+    """The loss settings, named as in AlgoConfig. tis_cap < 0 turns TIS off (weight 1).
+    mis_cap .. geo_high: the masking losses' thresholds (losses_masked.py, algo.correction)."""
 
     eps_low: float = 0.2
     eps_high: float = 0.28
     tis_cap: float = 2.0
     loss_agg: str = "token_mean"
+    mis_cap: float = 2.0
+    icepop_low: float = 0.5
+    icepop_high: float = 5.0
+    geo_low: float = 0.99
+    geo_high: float = 1.01
 
     def __post_init__(self) -> None:
         if not 0 <= self.eps_low < 1:
@@ -61,6 +67,12 @@ class PolicyLossConfig:
             raise RLInputError(
                 f"loss_agg {self.loss_agg!r} is unknown; valid: {', '.join(AGGREGATIONS)}"
             )
+        for low, high in (("icepop_low", "icepop_high"), ("geo_low", "geo_high")):
+            if not 0 <= getattr(self, low) <= getattr(self, high):
+                raise RLInputError(f"{low} and {high} must satisfy 0 <= low <= high, got "
+                                   f"{getattr(self, low)} and {getattr(self, high)}")
+        if not self.mis_cap > 0:
+            raise RLInputError(f"mis_cap must be > 0, got {self.mis_cap}")
 
     @property
     def tis_enabled(self) -> bool:
@@ -68,8 +80,12 @@ class PolicyLossConfig:
 
     @classmethod
     def from_algo(cls, algo: "AlgoConfig") -> "PolicyLossConfig":
+        correction = getattr(algo, "correction", None)
+        thresholds = {} if correction is None else {
+            name: getattr(correction, name)
+            for name in ("mis_cap", "icepop_low", "icepop_high", "geo_low", "geo_high")}
         return cls(eps_low=algo.eps_low, eps_high=algo.eps_high, tis_cap=algo.tis_cap,
-                   loss_agg=algo.loss_agg)
+                   loss_agg=algo.loss_agg, **thresholds)
 
 
 def tis_weights(
