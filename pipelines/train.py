@@ -7,8 +7,8 @@ train_flow(overrides) resolves the config, opens the run (pipelines/train_setup.
 checked, workdir locked, `runs` row created or resumed, MLflow run, Ray and rollout actors),
 then runs each step as the subflow rl_step: the stage tasks of tasks/ in DESIGN.md's order
 (rollout, reward, dense_score, aggregate_mismatch, reoptimize_schedule, policy_update,
-sync_weights, then checkpoint every pipeline.checkpoint_every steps and after the last, and
-evaluate every pipeline.eval_every steps when data.eval is set). Tasks pass references (paths)
+distill_lora when algo.distill.enabled, sync_weights, then checkpoint every
+pipeline.checkpoint_every steps and after the last, and evaluate every pipeline.eval_every steps when data.eval is set). Tasks pass references (paths)
 only. After each step it prints a row of the live table; at the end, where to look.
 Running it again with the same pipeline.run_id skips every recorded stage and resumes at the
 first missing one. Without a Prefect server it runs on Prefect's local ephemeral API
@@ -32,6 +32,7 @@ from sparrow_core.config import load_config  # noqa: E402
 from tasks.aggregate_mismatch import aggregate_mismatch_task  # noqa: E402
 from tasks.checkpoint import checkpoint_task  # noqa: E402
 from tasks.dense_score import SCORES_FILE, dense_score_task  # noqa: E402
+from tasks.distill_lora import distill_lora_task  # noqa: E402
 from tasks.evaluate import evaluate_task  # noqa: E402
 from tasks.policy_update import policy_update_task  # noqa: E402
 from tasks.records import stage_records, step_metrics  # noqa: E402
@@ -42,7 +43,8 @@ from tasks.sync_weights import sync_weights_task  # noqa: E402
 
 
 @flow(name="rl-step")
-def rl_step(workdir: str, run_id: str, step: int, checkpoint: bool, evaluate: bool) -> dict:
+def rl_step(workdir: str, run_id: str, step: int, checkpoint: bool, evaluate: bool,
+            distill: bool = False) -> dict:
     """One RL step; {stage: True if it was skipped as already recorded}."""
     rollout = rollout_task(workdir, run_id, step)
     rollouts = str(rollout.path(ROLLOUTS_FILE))
@@ -53,10 +55,16 @@ def rl_step(workdir: str, run_id: str, step: int, checkpoint: bool, evaluate: bo
     decision = reoptimize_schedule_task(workdir, run_id, step)
     update = policy_update_task(workdir, run_id, step, rollouts, str(reward.path(REWARDS_FILE)),
                                 scores_path)
-    sync = sync_weights_task(workdir, run_id, step, update.output_dir)
-    outcomes = [rollout, reward, scores, aggregate, decision, update, sync]
+    outcomes = [rollout, reward, scores, aggregate, decision, update]
+    adapter_dir = ""
+    if distill:  # DistillSparse: the sparse actor's LoRA, merged into the engines' weights only
+        lora = distill_lora_task(workdir, run_id, step, rollout.output_dir,
+                                 str(reward.path(REWARDS_FILE)), update.output_dir)
+        outcomes.append(lora)
+        adapter_dir = lora.output_dir
+    outcomes.append(sync_weights_task(workdir, run_id, step, update.output_dir, adapter_dir))
     if checkpoint:
-        outcomes.append(checkpoint_task(workdir, run_id, step, update.output_dir))
+        outcomes.append(checkpoint_task(workdir, run_id, step, update.output_dir, adapter_dir))
     if evaluate:
         outcomes.append(evaluate_task(workdir, run_id, step))
     return {outcome.stage: outcome.skipped for outcome in outcomes}
@@ -89,7 +97,8 @@ def train_flow(overrides: list[str], show_table: bool = True) -> dict:
             skipped[step] = rl_step(
                 workdir, run_id, step,
                 checkpoint=_due(step, cfg.pipeline.checkpoint_every, steps, at_end=True),
-                evaluate=bool(cfg.data.eval) and _due(step, cfg.pipeline.eval_every, steps, False))
+                evaluate=bool(cfg.data.eval) and _due(step, cfg.pipeline.eval_every, steps, False),
+                distill=cfg.algo.distill.enabled)
             table.row(step, step_metrics(runtime.store, run_id, step), all(skipped[step].values()))
         status = "finished"
         final = step_metrics(runtime.store, run_id, steps) if steps else {}

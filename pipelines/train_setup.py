@@ -98,11 +98,21 @@ def start_pool(runtime: RunRuntime) -> ActorPool:
     spec = WorkerSpec(
         model_path=str(runtime.model_path),
         weights_path=str(runtime.policy_folder_before(first)),
+        adapter_path=_adapter_before(runtime, first),
         schedule=schedule if cfg.schedule.sparse else None,
         engine=EngineConfig.from_rollout(cfg.rollout, page_size=schedule.page_size,
                                          max_context=cfg.model.max_context),
         device=device, dtype=dtype, threads=int(resources.get("num_cpus", 1)))
     return ActorPool.start(spec, count, resources)
+
+
+def _adapter_before(runtime: RunRuntime, step: int) -> str:
+    """The DistillSparse LoRA the engines start with (a resumed run's newest), "" if none."""
+    if not runtime.cfg.algo.distill.enabled:
+        return ""
+    from tasks.distill_lora import adapter_folder_before
+
+    return adapter_folder_before(runtime, step)
 
 
 def close_run_runtime(runtime: RunRuntime, status: str) -> None:

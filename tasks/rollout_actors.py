@@ -13,7 +13,8 @@ An actor that dies (RayActorError) is replaced by a fresh one built from the cur
 weights folder and schedule, and its shard is retried once; a second death is
 RolloutActorLost, an infrastructure fault that the rollout task may retry.
 Weights travel by path: an actor loads the safetensors of a folder, never tensors through
-the flow.
+the flow. With DistillSparse an adapter folder travels beside it and the engine loads
+merge(policy, LoRA) (sparrow_core/rl/lora.py), read one tensor at a time.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class WorkerSpec:
     device: str = "cpu"
     dtype: str = "float32"
     threads: int = 1
+    adapter_path: str = ""  # a DistillSparse LoRA folder merged into the weights; "" none
 
 
 class RolloutWorker:
@@ -61,24 +63,29 @@ class RolloutWorker:
         model = load_model(spec.weights_path, dtype=getattr(torch, spec.dtype), device=spec.device)
         self.engine = Engine(model, load_tokenizer(spec.model_path), spec.engine, spec.schedule)
         self.weights_path = spec.weights_path
+        if spec.adapter_path:
+            self.load_weights(spec.weights_path, spec.adapter_path)
 
     def generate(self, prompts: Sequence[Sequence[int]], params: Sequence[Any]) -> list[list[Any]]:
         return self.engine.generate(prompts, list(params))
 
-    def load_weights(self, path: str) -> str:
+    def load_weights(self, path: str, adapter_path: str = "") -> str:
         from sparrow_core.model.loader import SafetensorsCheckpoint
+        from sparrow_core.rl.lora import Adapter, merge_weights
 
-        self.engine.update_weights(SafetensorsCheckpoint(path))
+        adapter = Adapter.read(adapter_path) if adapter_path else None
+        self.engine.update_weights(merge_weights(SafetensorsCheckpoint(path), adapter))
         self.weights_path = path
         return path
 
-    def load_shared(self, message: dict[str, Any], path: str) -> str:
-        """Copy weights from a colocated trainer's CUDA IPC buffer (weight_share.py); an actor
-        on another GPU reads the folder instead. Returns how: "ipc" or "folder"."""
+    def load_shared(self, message: dict[str, Any], path: str, adapter_path: str = "") -> str:
+        """Copy weights from a colocated trainer's CUDA IPC buffer (weight_share.py; the LoRA
+        already merged in it); an actor on another GPU reads the folder instead (and merges
+        adapter_path). Returns how: "ipc" or "folder"."""
         from sparrow_core.engine import weight_share
 
         if not weight_share.same_device(message):
-            self.load_weights(path)
+            self.load_weights(path, adapter_path)
             return "folder"
         tensors = weight_share.open_message(message)
         self.engine.update_weights(tensors)
@@ -225,15 +232,15 @@ class ActorPool:
             results.extend(part)
         return results
 
-    def load_weights(self, path: str) -> list[Any]:
-        self.spec = replace(self.spec, weights_path=str(path))
-        return self._call_each("load_weights", str(path))
+    def load_weights(self, path: str, adapter_path: str = "") -> list[Any]:
+        self.spec = replace(self.spec, weights_path=str(path), adapter_path=str(adapter_path))
+        return self._call_each("load_weights", str(path), str(adapter_path))
 
-    def load_shared(self, message: dict[str, Any], path: str) -> list[str]:
+    def load_shared(self, message: dict[str, Any], path: str, adapter_path: str = "") -> list[str]:
         """Every actor copies the trainer's shared CUDA buffer (or reads `path` when on
-        another GPU); a replacement actor starts from `path`."""
-        self.spec = replace(self.spec, weights_path=str(path))
-        return self._call_each("load_shared", message, str(path))
+        another GPU); a replacement actor starts from `path` (and `adapter_path`)."""
+        self.spec = replace(self.spec, weights_path=str(path), adapter_path=str(adapter_path))
+        return self._call_each("load_shared", message, str(path), str(adapter_path))
 
     def sleep(self) -> None:
         self._call_each("sleep")

@@ -39,6 +39,7 @@ STAGES = (
     "aggregate_mismatch",
     "reoptimize_schedule",
     "policy_update",
+    "distill_lora",
     "sync_weights",
     "checkpoint",
     "evaluate",

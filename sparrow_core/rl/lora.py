@@ -223,3 +223,14 @@ class MergedWeights(Mapping[str, torch.Tensor]):
 def merge_weights(base: Mapping[str, torch.Tensor], adapter: Adapter | None) -> Mapping[str, torch.Tensor]:
     """The weights a rollout engine loads: base + the adapter's deltas (base when None)."""
     return base if adapter is None else MergedWeights(base, adapter)
+
+
+def merged_for_engine(base: Mapping[str, torch.Tensor], adapter: Adapter,
+                      dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """base with every adapted weight merged (fp32) and cast to `dtype`, held as tensors: for
+    packers that read a mapping twice (engine/weight_share.py); the rest are base's own."""
+    out = dict(base)
+    for module in adapter.modules:
+        name = f"{module}.weight"
+        out[name] = (base[name].float() + adapter.delta(module, base[name].device)).to(dtype)
+    return out

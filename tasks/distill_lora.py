@@ -1,0 +1,128 @@
+"""Stage 7, distill_lora (algo.distill.enabled): the sparse actor's LoRA after the policy update.
+
+    outcome = distill_lora_task(workdir, run_id, step, rollout_dir, rewards_path, policy_dir)
+    outcome.output_dir   # adapter.safetensors, adapter.json, distill_optimizer.pt, distill_state.json
+
+The distiller (sparrow_core/rl/distill.py) takes the policy after this step's update as its
+frozen base (the in-memory trainer's weights, else the policy_update folder's), then, on steps
+that are multiples of algo.distill.every, one LoRA step on the step's rollouts under the schedule
+the rollout used (its schedule.json). Every step's folder holds the adapter and the LoRA's AdamW
+state, so it is the resume point: a resumed run loads the distiller from the newest recorded
+distill_lora folder before the step (or starts a fresh adapter, seeded by pipeline.seed), and
+sync_weights hands the folder to the rollout engines, which load merge(base, LoRA). The trainer
+and the dense scorer never see the adapter. Metrics ("distill/...": loss, divergences, exact
+acceptance mean / p5 / lowest per-bin p5 with and without the LoRA on the same tokens) go to
+DuckDB and MLflow as step metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from prefect import task
+from prefect.cache_policies import NONE
+
+from sparrow_core.errors import SparrowError
+from tasks.records import stage_records
+from tasks.retry import INFRA_RETRIES
+from tasks.runtime import RunRuntime, device_and_dtype, lookup, peak_memory
+from tasks.stage import StageInputError, StageOutcome, StageWrite, run_stage
+
+STAGE = "distill_lora"
+# the runtime's attribute holding (step the adapter is after, distiller) between steps; it
+# lives and dies with the flow's runtime
+_CACHE = "_distill_cache"
+
+
+class DistillNeedsSparseError(SparrowError):
+    """algo.distill.enabled with dense rollout: there is no sparse actor to distill."""
+
+
+def adapter_folder_before(runtime: RunRuntime, step: int) -> str:
+    """The newest recorded distill_lora folder before `step`, "" if none."""
+    folders = [r.output_dir for r in stage_records(runtime.store, runtime.run_id)
+               if r.stage == STAGE and r.step < step]
+    return folders[-1] if folders else ""
+
+
+def _distiller_before(runtime: RunRuntime, step: int):
+    from sparrow_core.rl.distill import SparseDistiller
+
+    cached = getattr(runtime, _CACHE, None)
+    setattr(runtime, _CACHE, None)
+    if cached is not None and cached[0] == step - 1:
+        return cached[1]
+    cfg = runtime.cfg
+    device, dtype = device_and_dtype(cfg.model)
+    options = dict(temperature=cfg.rollout.temperature or 1.0,
+                   centroid_dtype=cfg.rollout.centroid_dtype)
+    folder = adapter_folder_before(runtime, step)
+    if folder:
+        return SparseDistiller.load(folder, runtime.model_path, cfg.algo, device, dtype, **options)
+    return SparseDistiller(runtime.model_path, cfg.algo, device, dtype, cfg.pipeline.seed,
+                           **options)
+
+
+def _base_weights(runtime: RunRuntime, step: int, policy_dir: str):
+    trainer = runtime.trainer_after(step)
+    if trainer is not None:
+        trainer.onload()
+        return trainer.state_dict_for_sync()
+    from sparrow_core.model.loader import SafetensorsCheckpoint
+
+    return SafetensorsCheckpoint(policy_dir)
+
+
+def _inputs(rollout_dir: str, rewards_path: str, runtime: RunRuntime):
+    from sparrow_core.data.rollouts import read_rollouts
+    from sparrow_core.rl.distill import record_advantages
+    from sparrow_core.sparse.io import schedule_from_dict
+    from tasks.reward import read_rewards
+    from tasks.rollout import ROLLOUTS_FILE, SCHEDULE_FILE
+
+    records = read_rollouts(Path(rollout_dir) / ROLLOUTS_FILE)
+    used = json.loads((Path(rollout_dir) / SCHEDULE_FILE).read_text())
+    if not used.get("sparse", True):
+        raise DistillNeedsSparseError("algo.distill.enabled needs sparse rollout "
+                                      "(schedule.sparse=true): the dense actor has no mismatch")
+    schedule = schedule_from_dict(used["schedule"], f"{rollout_dir}/{SCHEDULE_FILE}")
+    advantages = None
+    if runtime.cfg.algo.distill.ppo_coef > 0:
+        rewards = read_rewards(rewards_path)
+        if len(rewards) != len(records):
+            raise StageInputError(f"{rewards_path} has {len(rewards)} rewards for "
+                                  f"{len(records)} rollouts")
+        advantages = record_advantages(records, rewards, runtime.cfg.rollout.samples_per_prompt,
+                                       runtime.cfg.algo)
+    return records, schedule, advantages
+
+
+def distill_step(runtime: RunRuntime, step: int, rollout_dir: str, rewards_path: str,
+                 policy_dir: str, out: Path) -> StageWrite:
+    settings = runtime.cfg.algo.distill
+    due = step % settings.every == 0
+    records, schedule, advantages = _inputs(rollout_dir, rewards_path, runtime)
+    distiller = _distiller_before(runtime, step)  # out of the cache: mid-update from here on
+    metrics: dict[str, float] = {"distill/due": float(due)}
+    if due:
+        with peak_memory() as peak:
+            clock = time.perf_counter()
+            distiller.set_base(_base_weights(runtime, step, policy_dir))
+            metrics.update(distiller.distill(records, schedule, advantages))
+            metrics["time/distill_compute_s"] = time.perf_counter() - clock
+        metrics.update(peak("memory/distill_peak_gib"))
+    distiller.save(out)
+
+    def after_commit(final: Path) -> None:
+        setattr(runtime, _CACHE, (step, distiller))
+
+    return StageWrite(metrics=metrics, after_commit=after_commit)
+
+
+@task(name=STAGE, cache_policy=NONE, **INFRA_RETRIES)
+def distill_lora_task(workdir: str, run_id: str, step: int, rollout_dir: str, rewards_path: str,
+                      policy_dir: str) -> StageOutcome:
+    runtime = lookup(workdir, run_id)
+    return run_stage(runtime, STAGE, step, lambda out: distill_step(
+        runtime, step, rollout_dir, rewards_path, policy_dir, out))
