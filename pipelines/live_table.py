@@ -3,7 +3,7 @@
     table = LiveTable(Console())
     table.row(step=1, metrics={"reward/mean": 0.5, ...}, resumed=False)
 
-Columns: step, mean reward, mean response length, lowest per-bin p5, mean KV pages read per
+Columns: step, mean reward, reward calls that raised, mean response length, lowest per-bin p5, mean KV pages read per
 token, rollout tokens/s, and the time of the longest stages. The header prints with the first
 row; every row is printed as it lands, so the table reads the same in a terminal and in a log.
 A step whose stages were all recorded by an earlier attempt is marked "resumed".
@@ -19,6 +19,8 @@ from rich.table import Table
 # (header, step_metrics name, format)
 COLUMNS = (
     ("reward", "reward/mean", "{:.3f}"),
+    # reward calls that raised (each scored 0; data.reward_max_error_share stops the run)
+    ("rw errors", "reward/errors", "{:.0f}"),
     ("length", "response/length_mean", "{:.1f}"),
     ("min p5", "mismatch/min_p5", "{:.3f}"),
     ("pages", "schedule/budget_pages_mean", "{:.2f}"),

@@ -2,10 +2,14 @@
 
     outcome = reward_task(workdir, run_id, step, rollouts_path)   # step-<n>/reward/rewards.parquet
 
-The reward function is `data.reward` (registry REWARD_FUNCTIONS), run by
-sparrow_core.data.reward_runner under `data.reward_timeout_s` per call: a call that raises,
-returns no number or runs too long scores 0 and is counted (reward/errors, reward/timeouts in
-step_metrics; the first failure's message in summary.json), and never fails the step.
+The reward function is `data.reward` (a registry name, module:function or
+path/to/file.py:function; docs/rewards.md), run by sparrow_core.data.reward_runner under
+`data.reward_timeout_s` per call: a call that raises, returns no number or runs too long
+scores 0 and is counted (reward/errors, reward/timeouts in step_metrics, MLflow and the live
+table; the first failure's message and traceback in summary.json). When more than
+`data.reward_max_error_share` of the step's samples raised, the step fails with
+RewardErrorsError naming the function and the first traceback: a reward function that is
+broken should stop a run, not train it on zeros. A resume re-runs the step's reward stage.
 rewards.parquet has one row per sample, in the rollout file's order: prompt_index,
 sample_index, reward.
 """
@@ -21,12 +25,17 @@ from prefect.cache_policies import NONE
 
 from sparrow_core.data.reward_runner import score_completions
 from sparrow_core.data.rollouts import read_rollouts
+from sparrow_core.errors import SparrowError
 from tasks.retry import INFRA_RETRIES
 from tasks.runtime import RunRuntime, lookup
 from tasks.stage import StageOutcome, StageWrite, run_stage
 
 REWARDS_FILE = "rewards.parquet"
 SUMMARY_FILE = "summary.json"
+
+
+class RewardErrorsError(SparrowError):
+    """Too many of a step's reward calls raised (data.reward_max_error_share)."""
 
 
 def write_rewards(path: Path, prompt_index: list[int], sample_index: list[int],
@@ -55,7 +64,9 @@ def score_rollouts(runtime: RunRuntime, rollouts_path: str, out: Path) -> StageW
                   [r.sample_index for r in records], batch.rewards)
     (out / SUMMARY_FILE).write_text(json.dumps(
         {"reward": data.reward, "samples": len(records), "errors": batch.errors,
-         "timeouts": batch.timeouts, "first_error": batch.first_error}, indent=2))
+         "timeouts": batch.timeouts, "first_error": batch.first_error,
+         "first_traceback": batch.first_traceback}, indent=2))
+    check_error_share(data.reward, batch, len(records), data.reward_max_error_share)
     rewards = np.asarray(batch.rewards, dtype=np.float64)
     return StageWrite(metrics={
         "reward/mean": float(rewards.mean()) if rewards.size else float("nan"),
@@ -63,6 +74,17 @@ def score_rollouts(runtime: RunRuntime, rollouts_path: str, out: Path) -> StageW
         "reward/errors": float(batch.errors),
         "reward/timeouts": float(batch.timeouts),
     })
+
+
+def check_error_share(name: str, batch, samples: int, max_share: float) -> None:
+    """RewardErrorsError when more than max_share of the samples' reward calls raised."""
+    if samples == 0 or batch.errors <= max_share * samples:
+        return
+    raise RewardErrorsError(
+        f"reward function {name!r} raised on {batch.errors} of {samples} samples, more than "
+        f"data.reward_max_error_share={max_share:g} of them; each scored 0. Fix the function "
+        f"(or raise data.reward_max_error_share) and resume. The first sample that raised:\n"
+        f"{(batch.first_traceback or batch.first_error or '').rstrip()}")
 
 
 @task(name="reward", cache_policy=NONE, **INFRA_RETRIES)

@@ -138,6 +138,7 @@ def validate(cfg: SparrowConfig) -> None:
     for key, ok, rule in _RANGES:
         if not ok(_get(cfg, key)):
             raise ConfigError(f"config key {key!r} is {_get(cfg, key)!r}; it must be {rule}")
+    _check_reward(cfg.data.reward)
     if cfg.pipeline.fail_at:
         stage, sep, step = cfg.pipeline.fail_at.partition("@")
         if not sep or not stage or not step.isdigit():
@@ -146,15 +147,23 @@ def validate(cfg: SparrowConfig) -> None:
             )
 
 
+def _check_reward(name: str) -> None:
+    """data.reward: a registry name, module:function or file.py:function that loads."""
+    from sparrow_core.data.reward_spec import RewardSpecError, load_reward
+
+    try:
+        load_reward(name)
+    except RewardSpecError as err:
+        raise ConfigError(f"config key 'data.reward': {err}") from None
+
+
 def _registry_choices() -> dict[str, tuple[str, ...]]:
     from sparrow_core.costmodel_presets import HARDWARE
-    from sparrow_core.data.rewards import REWARD_FUNCTIONS
     from sparrow_core.rl import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
 
     return {
         "algo.advantage": tuple(ADVANTAGE_ESTIMATORS.names()),
         "algo.loss": tuple(POLICY_LOSSES.names()),
-        "data.reward": tuple(REWARD_FUNCTIONS.names()),
         "calibrate.hardware": tuple(HARDWARE),
     }
 
@@ -190,6 +199,7 @@ _RANGES = [
     ("data.prompts_per_step", lambda v: v >= 1, ">= 1"),
     ("data.max_prompt_tokens", lambda v: v >= 1, ">= 1"),
     ("data.reward_timeout_s", lambda v: v > 0, "> 0"),
+    ("data.reward_max_error_share", lambda v: 0 <= v <= 1, "in [0, 1] (1 never stops)"),
     ("pipeline.steps", lambda v: v >= 0, ">= 0"),
     ("pipeline.keep_checkpoints", lambda v: v >= 0, ">= 0 (0 keeps every step's)"),
     ("pipeline.keep_every", lambda v: v >= 0, ">= 0 (0: none beyond keep_checkpoints)"),

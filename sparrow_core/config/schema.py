@@ -155,7 +155,7 @@ class DataConfig:
     train: str = "builtin:synthetic"
     # evaluation prompts (same forms); empty disables evaluation
     eval: str = ""
-    # reward function (registry name): exact_match, math
+    # reward function: exact_match, math, module:function or path/to/file.py:function
     reward: str = "exact_match"
     # column holding the prompt text
     prompt_key: str = "prompt"
@@ -167,6 +167,8 @@ class DataConfig:
     max_prompt_tokens: int = 1024
     # seconds one reward call may take before it scores 0
     reward_timeout_s: float = 10.0
+    # share of a step's samples whose reward call may raise (each scores 0); more stops the run
+    reward_max_error_share: float = 0.5
 
 
 @dataclass(frozen=True)

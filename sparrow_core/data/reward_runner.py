@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Sequence
 
-from sparrow_core.data.rewards import REWARD_FUNCTIONS
+from sparrow_core.data.reward_spec import RewardSpecError, is_spec, load_reward, picklable_reward
 from sparrow_core.errors import SparrowError
 
 MAX_DEFAULT_WORKERS = 8
@@ -48,12 +48,14 @@ class RewardRunnerError(SparrowError, ValueError):
 @dataclass(frozen=True)
 class RewardBatch:
     """Rewards in input order; errors and timeouts count the samples that scored 0 for those
-    reasons; first_error describes the first failed sample (None when none failed)."""
+    reasons; first_error describes the first failed sample (None when none failed), and
+    first_traceback is the traceback of the first sample whose call raised (None if none did)."""
 
     rewards: list[float]
     errors: int
     timeouts: int
     first_error: str | None
+    first_traceback: str | None = None
 
     def __post_init__(self) -> None:
         if self.errors < 0 or self.timeouts < 0 or self.errors + self.timeouts > len(self.rewards):
@@ -73,14 +75,15 @@ def score_completions(
     *,
     workers: int | None = None,
 ) -> RewardBatch:
-    """Score completions[i] against answers[i] with REWARD_FUNCTIONS[name] (see module doc).
+    """Score completions[i] against answers[i] with the reward function `name` names: a
+    registry name, module:function or file.py:function (reward_spec.py; see module doc).
 
     workers: processes to use (default min(samples, CPUs, 8)).
     """
-    if name not in REWARD_FUNCTIONS:
-        raise RewardRunnerError(
-            f"unknown reward function {name!r}; valid: {', '.join(REWARD_FUNCTIONS.names())}"
-        )
+    try:
+        function = load_reward(name)
+    except RewardSpecError as err:
+        raise RewardRunnerError(str(err)) from None
     if len(completions) != len(answers):
         raise RewardRunnerError(
             f"{len(completions)} completions but {len(answers)} answers; they must pair up"
@@ -92,9 +95,8 @@ def score_completions(
     jobs = list(zip(map(str, completions), map(str, answers)))
     if not jobs:
         return RewardBatch(rewards=[], errors=0, timeouts=0, first_error=None)
-    function = REWARD_FUNCTIONS.get(name)
     try:
-        function_bytes = pickle.dumps(function)
+        function_bytes = pickle.dumps(picklable_reward(name) if is_spec(name) else function)
     except (pickle.PicklingError, AttributeError, TypeError) as err:
         raise RewardRunnerError(
             f"reward function {name!r} cannot be sent to a worker process ({err}); "
@@ -105,9 +107,9 @@ def score_completions(
     return _summarise(outcomes)
 
 
-def _summarise(outcomes: list[tuple[str, object]]) -> RewardBatch:
-    rewards, errors, timeouts, first_error = [], 0, 0, None
-    for index, (kind, payload) in enumerate(outcomes):
+def _summarise(outcomes: list[tuple]) -> RewardBatch:
+    rewards, errors, timeouts, first_error, first_traceback = [], 0, 0, None, None
+    for index, (kind, payload, *trace) in enumerate(outcomes):
         if kind == "ok":
             rewards.append(float(payload))
             continue
@@ -115,7 +117,10 @@ def _summarise(outcomes: list[tuple[str, object]]) -> RewardBatch:
         errors += kind == "error"
         timeouts += kind == "timeout"
         first_error = first_error or f"sample {index}: {payload}"
-    return RewardBatch(rewards=rewards, errors=errors, timeouts=timeouts, first_error=first_error)
+        if kind == "error" and trace and trace[0]:
+            first_traceback = first_traceback or trace[0]
+    return RewardBatch(rewards=rewards, errors=errors, timeouts=timeouts,
+                       first_error=first_error, first_traceback=first_traceback)
 
 
 class _Worker:
@@ -207,8 +212,8 @@ class _Pool:
             if message == ("ready",):
                 worker.ready = True
             else:
-                index, kind, payload = message
-                outcomes[index] = (kind, payload)
+                index, *outcome = message  # (kind, payload) or ("error", message, traceback)
+                outcomes[index] = tuple(outcome)
                 worker.job, worker.deadline = None, math.inf
 
     def _lost(self, worker: _Worker, outcomes: list) -> None:

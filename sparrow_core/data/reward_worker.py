@@ -6,15 +6,17 @@ FD is an inherited socket speaking multiprocessing.connection's framing. The par
 sys.path and then the reward function (pickled by reference, so the child imports the module
 that defines it); the worker calls the function's optional `warm_up()` (heavy imports, so they
 do not count against the first call's timeout), says ("ready",), then answers each job
-(index, completion, answer) with (index, "ok", reward) or (index, "error", message) until it
-reads None or the parent goes away. Started with `-m`, it never re-imports the parent's
-__main__, unlike multiprocessing's spawn.
+(index, completion, answer) with (index, "ok", reward) or (index, "error", message, traceback)
+until it reads None or the parent goes away. Started with `-m`, it never re-imports the
+parent's __main__, unlike multiprocessing's spawn. A `module:function` or `file.py:function`
+spec arrives as an object whose unpickling loads the function here (reward_spec.py).
 """
 
 from __future__ import annotations
 
 import math
 import sys
+import traceback
 from multiprocessing.connection import Connection
 
 
@@ -40,7 +42,7 @@ def serve(conn: Connection) -> None:
                 raise ValueError(f"reward is {value}, not a finite number")
             conn.send((index, "ok", value))
         except Exception as err:  # the sample fails, the worker lives on
-            conn.send((index, "error", f"{type(err).__name__}: {err}"))
+            conn.send((index, "error", f"{type(err).__name__}: {err}", traceback.format_exc()))
 
 
 def main(argv: list[str]) -> int:

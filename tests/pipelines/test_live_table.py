@@ -17,15 +17,15 @@ def test_rows_show_the_step_metrics_and_the_header_once():
     table = LiveTable(Console(file=out, width=200))
     metrics = {"reward/mean": 0.25, "response/length_mean": 103.26, "mismatch/min_p5": 0.8571,
                "schedule/budget_pages_mean": 5.5, "rollout/tokens_per_s": 1234.4,
-               "time/rollout_s": 12.04}
+               "time/rollout_s": 12.04, "reward/errors": 3.0}
     first = table.row(1, metrics, resumed=True)
-    assert first == ["1", "0.250", "103.3", "0.857", "5.50", "1234", "12.0", "-", "-", "-",
+    assert first == ["1", "0.250", "3", "103.3", "0.857", "5.50", "1234", "12.0", "-", "-", "-",
                      "resumed"]
     second = table.row(2, {"reward/mean": float("nan")}, resumed=False)
     assert second[:2] == ["2", "-"] and second[-1] == ""
     lines = out.getvalue().splitlines()
     assert sum("reward" in line and "min p5" in line for line in lines) == 1
-    assert len(lines) == 3 and lines[1].split()[:3] == ["1", "0.250", "103.3"]
+    assert len(lines) == 3 and lines[1].split()[:4] == ["1", "0.250", "3", "103.3"]
     assert len(first) == len(COLUMNS) + 2
 
 

@@ -1,7 +1,8 @@
 """The train flow on bad input: one clear error naming the culprit, nothing lost.
 
 Unknown config key, missing model directory, dataset row without its answer, a prompt longer
-than the model's context, a reward function that raises (scores 0, counted, the run goes on),
+than the model's context, a reward function that raises (scores 0, counted, the run goes on;
+over data.reward_max_error_share it stops the run),
 a second writer on the same workdir, and a resume whose configuration changed.
 Run: `python -m pytest tests/pipelines/test_train_inputs.py -q`.
 """
@@ -22,6 +23,7 @@ from sparrow_core.data.datasets import DatasetError
 from sparrow_core.model import read_arch
 from sparrow_core.model.builtin import ModelPathError, resolve_model_path
 from storage import WorkdirBusyError, query
+from tasks.reward import RewardErrorsError
 from tasks.rollout import PromptTooLongError
 from tasks.run_record import ConfigMismatchError
 
@@ -39,11 +41,12 @@ def write_jsonl(path: Path, records: list[dict]) -> Path:
 
 @pytest.fixture(scope="module")
 def raising_run(tmp_path_factory, flow_environment, small_overrides):
-    """One step whose reward function raises on every sample."""
+    """One step whose reward function raises on every sample (allowed: share 1)."""
     flow_environment.start()
     workdir = tmp_path_factory.mktemp("raising") / "work"
     summary = train_flow(small_overrides(workdir, "raise", "pipeline.steps=1",
-                                         "data.reward=test_always_raises"), show_table=False)
+                                         "data.reward=test_always_raises",
+                                         "data.reward_max_error_share=1"), show_table=False)
     return workdir, summary
 
 
@@ -94,6 +97,21 @@ def test_raising_reward_function_scores_zero_and_is_counted(raising_run):
     assert "this reward function always fails" in first["first_error"]
 
 
+def test_a_reward_function_failing_on_most_samples_stops_the_run(tmp_path, flow_environment,
+                                                               small_overrides):
+    flow_environment.start()
+    workdir = tmp_path / "work"
+    with pytest.raises(RewardErrorsError) as err:
+        train_flow(small_overrides(workdir, "stops", "pipeline.steps=1",
+                                   "data.reward=test_always_raises"), show_table=False)
+    message = str(err.value)
+    assert message.startswith("reward function 'test_always_raises' raised on 4 of 4 samples")
+    assert "RuntimeError: this reward function always fails" in message
+    assert "in always_raises" in message  # the traceback, down to the function
+    recorded = query(workdir, "SELECT stage FROM stage_runs WHERE run_id = 'stops'").rows
+    assert ("reward",) not in recorded and ("rollout",) in recorded
+
+
 def test_second_writer_is_refused_and_nothing_is_lost(raising_run, small_overrides):
     workdir, _ = raising_run
     tables = ("runs", "stage_runs", "step_metrics", "bin_stats")
@@ -109,7 +127,8 @@ def test_second_writer_is_refused_and_nothing_is_lost(raising_run, small_overrid
             train_flow(small_overrides(workdir, "second"), show_table=False)
         with pytest.raises(WorkdirBusyError):
             train_flow(small_overrides(workdir, "raise", "pipeline.steps=1",
-                                       "data.reward=test_always_raises"), show_table=False)
+                                       "data.reward=test_always_raises",
+                                         "data.reward_max_error_share=1"), show_table=False)
     finally:
         holder.communicate("")
     assert {t: query(workdir, f"SELECT * FROM {t} ORDER BY ALL").rows for t in tables} == before
@@ -122,6 +141,7 @@ def test_resume_with_another_config_names_the_keys(raising_run, small_overrides)
     with pytest.raises(ConfigMismatchError, match=r"algo\.lr: 1e-06 -> 2e-06.*"
                                                   r"rollout\.temperature: 2\.0 -> 0\.5"):
         train_flow(small_overrides(workdir, "raise", "pipeline.steps=1",
-                                   "data.reward=test_always_raises", "algo.lr=2e-6",
+                                   "data.reward=test_always_raises",
+                                         "data.reward_max_error_share=1", "algo.lr=2e-6",
                                    "rollout.temperature=0.5"), show_table=False)
     assert query(workdir, "SELECT status FROM runs WHERE run_id = 'raise'").rows == [("finished",)]
