@@ -105,6 +105,9 @@ def train_flow(overrides: list[str], show_table: bool = True) -> dict:
         if steps:
             _log_report(runtime, workdir, run_id)
         recorded = len(stage_records(runtime.store, run_id))
+    except KeyboardInterrupt:
+        status = "interrupted"  # Ctrl-C: resumable like a failure, and shown as what it was
+        raise
     finally:
         close_run_runtime(runtime, status)
         if started_ray:

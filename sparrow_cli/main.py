@@ -8,7 +8,7 @@
 Each subcommand lives in sparrow_cli/commands/<name>.py and exposes `add_parser(subparsers)`,
 which registers its arguments and sets `func(args) -> int`. A SparrowError anywhere becomes
 one line on stderr and exit status 2; a SparrowWarning (a damaged file skipped) one line
-`warning: ...` on stderr.
+`warning: ...` on stderr; Ctrl-C one line `interrupted ...` and exit status 130.
 """
 
 from __future__ import annotations
@@ -57,6 +57,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:  # `sparrow ... | head`
         return 0
+    except KeyboardInterrupt:
+        # Ctrl-C: one line, not the traceback of whatever was running
+        hint = (" (the run is resumable: `sparrow runs` lists it, `sparrow train "
+                "pipeline.run_id=ID` resumes it)") if args.command == "train" else ""
+        print(f"interrupted{hint}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -6,11 +6,15 @@
 
 A stage writes into a hidden sibling folder and renames it into place when complete, so a
 crash never leaves a half-written stage folder where a reader (or a resume) would trust it.
+A writer killed outright (kill -9, a lost node) leaves its scratch behind, named
+`.<final>.tmp-<pid>`; the next writer removes those of dead processes when it takes the
+workdir (remove_stale_scratch, called by Store.open_writer).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,6 +22,7 @@ from pathlib import Path
 from typing import Iterator
 
 DB_FILENAME = "sparrow.duckdb"
+_SCRATCH = re.compile(r"^\..+\.tmp-(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -81,3 +86,35 @@ def atomic_file(final: str | Path) -> Iterator[Path]:
         scratch.unlink(missing_ok=True)
         raise
     os.replace(scratch, final)
+
+
+def remove_stale_scratch(workdir: str | Path) -> list[Path]:
+    """Remove the scratch folders and files under <workdir>/runs whose writing process is
+    gone; returns what was removed. Call it holding the workdir's writer lock."""
+    removed = []
+    runs = Path(workdir) / "runs"
+    for root, dirs, files in os.walk(runs):
+        for name in [*dirs, *files]:
+            match = _SCRATCH.match(name)
+            if not match or _alive(int(match.group(1))):
+                continue
+            path = Path(root) / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            removed.append(path)
+        dirs[:] = [d for d in dirs if not _SCRATCH.match(d)]
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

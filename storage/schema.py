@@ -20,7 +20,7 @@ TABLES: dict[str, str] = {
             model_path VARCHAR,
             config_yaml VARCHAR,
             config_hash VARCHAR,
-            status VARCHAR,              -- running | finished | failed
+            status VARCHAR,              -- running | finished | failed | interrupted
             mlflow_run_id VARCHAR)""",
     "stage_runs": """
         CREATE TABLE IF NOT EXISTS stage_runs (

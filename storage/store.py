@@ -19,7 +19,7 @@ from typing import Iterator
 import duckdb
 
 from storage.errors import StorageError, WorkdirBusyError
-from storage.layout import db_path
+from storage.layout import db_path, remove_stale_scratch
 from storage.schema import create_tables
 
 LOCK_FILENAME = "sparrow.lock"
@@ -52,6 +52,8 @@ class Store:
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
+        # a writer killed outright left its scratch; no other writer can be using any now
+        remove_stale_scratch(workdir)
         return cls(workdir, fd)
 
     def close(self) -> None:

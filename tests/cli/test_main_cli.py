@@ -37,3 +37,17 @@ def test_config_show_json_refuses_a_bad_key(capsys):
     assert main(["config", "show", "--json", "algo.no_such_key=1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and "no_such_key" in err
+
+
+def test_ctrl_c_is_one_line_and_status_130(monkeypatch, capsys):
+    from sparrow_cli.commands import train
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "run", interrupted)
+    assert main(["train", "pipeline.steps=1"]) == 130
+    captured = capsys.readouterr()
+    [line] = captured.err.splitlines()
+    assert line.startswith("interrupted") and "pipeline.run_id=ID" in line
+    assert "Traceback" not in captured.err and captured.out == ""

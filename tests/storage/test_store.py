@@ -1,6 +1,7 @@
 """The workdir store: single writer, transactions, read-only queries, atomic layout."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -141,3 +142,22 @@ def test_older_calibration_table_gains_the_new_columns(tmp_path):
     Store.open_writer(tmp_path).close()
     rows = query(tmp_path, "SELECT p5, p1, p10 FROM calibration").rows
     assert rows == [(0.9, None, None)]
+
+
+def test_the_next_writer_removes_a_dead_writers_scratch(tmp_path):
+    """kill -9 in the middle of a stage leaves `.rollout.tmp-<pid>`; the next writer removes
+    it, and leaves a live process's scratch and every finished folder alone."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    dead_pid = int(dead.stdout)
+    step = RunLayout(tmp_path, "r1").step_dir(2)
+    (step / f".rollout.tmp-{dead_pid}").mkdir(parents=True)
+    (step / f".rollout.tmp-{dead_pid}" / "part.parquet").write_bytes(b"x")
+    (step / f".tokens.parquet.tmp-{dead_pid}").write_bytes(b"x")
+    (step / "reward").mkdir()
+    (step / "reward" / "rewards.parquet").write_bytes(b"done")
+    live = step / f".reward.tmp-{os.getppid()}"
+    live.mkdir()
+    Store.open_writer(tmp_path).close()
+    assert sorted(p.name for p in step.iterdir()) == [live.name, "reward"]
+    assert (step / "reward" / "rewards.parquet").read_bytes() == b"done"
