@@ -6,7 +6,8 @@
 
 Bad inputs fail first, before anything is written or started: the model directory, its
 tokenizer, the datasets (every row needs its answer field, every prompt fits
-data.max_prompt_tokens), and the first step's prompts against the model's context. Then the
+data.max_prompt_tokens and leaves room in the model's context), so a bad input leaves no
+`runs` row and its run id stays free. Then the
 workdir's single writer lock (a second writer gets WorkdirBusyError and changes nothing), the
 `runs` row (created, or resumed with a configuration check), the MLflow run, the schedule the
 run starts with, Ray and the rollout actors (built from the newest recorded policy).
@@ -44,15 +45,19 @@ def check_inputs(cfg: SparrowConfig) -> dict:
     arch = read_arch(model_path)
     tokenizer = load_tokenizer(model_path)
     data = cfg.data
+    # every prompt of a file (a built-in task's as it is made) must leave room to generate
+    max_context = cfg.model.max_context or arch.max_position_embeddings
     train = load_prompts(data.train, data.prompt_key, data.answer_key, tokenizer,
-                         data.max_prompt_tokens, split="train", seed=cfg.pipeline.seed)
+                         data.max_prompt_tokens, split="train", seed=cfg.pipeline.seed,
+                         max_context=max_context)
     evaluation = None
     if data.eval:
         evaluation = load_prompts(data.eval, data.prompt_key, data.answer_key, tokenizer,
-                                  data.max_prompt_tokens, split="eval", seed=cfg.pipeline.seed)
+                                  data.max_prompt_tokens, split="eval", seed=cfg.pipeline.seed,
+                                  max_context=max_context)
+    train.batch(0, data.prompts_per_step)  # a built-in task's rows are checked as made
     return dict(model_path=model_path, tokenizer=tokenizer, train_data=train,
-                eval_data=evaluation,
-                max_context=cfg.model.max_context or arch.max_position_embeddings)
+                eval_data=evaluation, max_context=max_context)
 
 
 def open_run_runtime(cfg: SparrowConfig) -> tuple[RunRuntime, bool, bool]:

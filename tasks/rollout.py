@@ -24,9 +24,9 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NONE
 
+from sparrow_core.data.datasets import PromptTooLongError, context_error  # noqa: F401 (re-export)
 from sparrow_core.data.rollouts import RolloutRecord, write_rollouts
 from sparrow_core.engine import SamplingParams
-from sparrow_core.errors import SparrowError
 from sparrow_core.sparse.io import schedule_to_dict
 from tasks.retry import INFRA_RETRIES
 from tasks.runtime import RunRuntime, lookup
@@ -35,10 +35,6 @@ from tasks.stage import StageOutcome, StageWrite, run_stage
 
 ROLLOUTS_FILE = "rollouts.parquet"
 SCHEDULE_FILE = "schedule.json"
-
-
-class PromptTooLongError(SparrowError):
-    """A prompt that leaves no room to generate within the model's context."""
 
 
 def request_seed(run_seed: int, rollout_seed: int, step: int, prompt_index: int) -> int:
@@ -52,10 +48,7 @@ def max_new_tokens_for(runtime: RunRuntime, row: Any, source: str) -> int:
     """rollout.max_new_tokens, cut to the room the context leaves after the prompt."""
     room = runtime.max_context - len(row.prompt_ids)
     if room < 1:
-        raise PromptTooLongError(
-            f"{source}: row {row.row}: the prompt is {len(row.prompt_ids)} tokens "
-            f"but the model's context is {runtime.max_context} tokens (model.max_context, or the "
-            f"checkpoint's max_position_embeddings); lower data.max_prompt_tokens to skip such rows")
+        raise context_error(source, row.row, len(row.prompt_ids), runtime.max_context)
     return min(runtime.cfg.rollout.max_new_tokens, room)
 
 

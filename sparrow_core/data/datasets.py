@@ -11,8 +11,10 @@ from its own seed, derived from (seed, split, r), so train and eval never share 
 row can be read without the ones before it; 2**62 rows), "<path>.parquet", "<path>.jsonl"
 (one JSON object per line). Answers are read as text (a number becomes its decimal string).
 A file is read and checked whole at load: every row needs a non-empty prompt and answer, and
-every prompt must tokenize to at most max_prompt_tokens; the first bad row is one
-DatasetError naming the file and the row (0-based; JSONL also gives the line).
+every prompt must tokenize to at most max_prompt_tokens, and, given the model's context
+(max_context), leave room in it for at least one generated token; the first bad row is one
+DatasetError (PromptTooLongError for the context) naming the file and the row (0-based;
+JSONL also gives the line).
 
 batch(step, n) is deterministic in (seed, step): for files, the rows in an order shuffled
 afresh every epoch (epoch e's order comes from the seed and e alone), read as one endless
@@ -47,6 +49,18 @@ class DatasetError(SparrowError, ValueError):
     """A dataset that cannot be read or holds a bad row; the message names the file and row."""
 
 
+class PromptTooLongError(DatasetError):
+    """A prompt that leaves no room to generate within the model's context."""
+
+
+def context_error(source: str, row: int, length: int, context: int) -> PromptTooLongError:
+    return PromptTooLongError(
+        f"{source}: row {row}: the prompt is {length} tokens but the model's context is "
+        f"{context} tokens (model.max_context, or the checkpoint's max_position_embeddings), "
+        f"which leaves no room to generate; shorten or drop that row, or use a model with a "
+        f"longer context")
+
+
 class TextEncoder(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
@@ -67,8 +81,10 @@ class PromptDataset:
     """Rows of (prompt, answer) with deterministic per-step batches; see the module doc."""
 
     def __init__(self, source: str, prompts: Sequence[str] | None, answers: Sequence[str] | None,
-                 tokenizer: TextEncoder, max_prompt_tokens: int, split: str, seed: int):
+                 tokenizer: TextEncoder, max_prompt_tokens: int, split: str, seed: int,
+                 max_context: int | None = None):
         self.source = source
+        self.max_context = max_context
         self.split = split
         self.seed = seed
         self.max_prompt_tokens = max_prompt_tokens
@@ -95,7 +111,8 @@ class PromptDataset:
         else:
             prompt, answer = self._prompts[index], self._answers[index]
         ids = self._tokenizer.encode(prompt)
-        check_prompt_length(self.source, index, len(ids), self.max_prompt_tokens)
+        check_prompt_length(self.source, index, len(ids), self.max_prompt_tokens,
+                            self.max_context)
         return PromptRow(index, prompt, tuple(int(i) for i in ids), answer)
 
     def batch(self, step: int, prompts_per_step: int) -> list[PromptRow]:
@@ -128,7 +145,8 @@ def synthetic_row_seed(seed: int, split: str, row: int) -> int:
     return _SEED_OFFSET + 2 * pair + SPLITS.index(split)
 
 
-def check_prompt_length(source: str, row: int, length: int, limit: int) -> None:
+def check_prompt_length(source: str, row: int, length: int, limit: int,
+                        context: int | None = None) -> None:
     if length == 0:
         raise DatasetError(f"{source}: row {row}: the prompt encodes to no tokens "
                            "(every character is unknown to the tokenizer)")
@@ -137,11 +155,15 @@ def check_prompt_length(source: str, row: int, length: int, limit: int) -> None:
             f"{source}: row {row}: the prompt is {length} tokens, longer than "
             f"data.max_prompt_tokens={limit}"
         )
+    if context is not None and length >= context:
+        raise context_error(source, row, length, context)
 
 
 def load_prompts(spec: str, prompt_key: str, answer_key: str, tokenizer: TextEncoder,
-                 max_prompt_tokens: int, split: str = "train", seed: int = 0) -> PromptDataset:
-    """The dataset `spec` names (see the module doc), checked row by row."""
+                 max_prompt_tokens: int, split: str = "train", seed: int = 0,
+                 max_context: int | None = None) -> PromptDataset:
+    """The dataset `spec` names (see the module doc), checked row by row; with max_context,
+    a prompt that fills the model's context is PromptTooLongError."""
     if split not in SPLITS:
         raise DatasetError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     if isinstance(max_prompt_tokens, bool) or not isinstance(max_prompt_tokens, int) \
@@ -155,14 +177,17 @@ def load_prompts(spec: str, prompt_key: str, answer_key: str, tokenizer: TextEnc
         if spec not in SYNTHETIC_SPECS:
             raise DatasetError(f"unknown built-in dataset {spec!r}; valid: "
                                + ", ".join(sorted(SYNTHETIC_SPECS)))
-        dataset = PromptDataset(spec, None, None, tokenizer, max_prompt_tokens, split, seed)
+        dataset = PromptDataset(spec, None, None, tokenizer, max_prompt_tokens, split, seed,
+                                max_context)
         dataset.row(0)  # a limit too small for the task fails now, not at step 0
         return dataset
     path = Path(spec).expanduser()
     prompts, answers = read_prompt_file(path, prompt_key, answer_key)
     for row, prompt in enumerate(prompts):
-        check_prompt_length(str(path), row, len(tokenizer.encode(prompt)), max_prompt_tokens)
-    return PromptDataset(str(path), prompts, answers, tokenizer, max_prompt_tokens, split, seed)
+        check_prompt_length(str(path), row, len(tokenizer.encode(prompt)), max_prompt_tokens,
+                            max_context)
+    return PromptDataset(str(path), prompts, answers, tokenizer, max_prompt_tokens, split, seed,
+                         max_context)
 
 
 def read_prompt_file(path: Path, prompt_key: str, answer_key: str) -> tuple[list[str], list[str]]:

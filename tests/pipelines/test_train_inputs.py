@@ -78,11 +78,12 @@ def test_prompt_longer_than_the_context_is_named(tmp_path, small_overrides):
     data = write_jsonl(tmp_path / "train.jsonl", [
         {"prompt": "def ab=1\n", "answer": "1"}, {"prompt": "a" * (context + 5), "answer": "2"}])
     with pytest.raises(PromptTooLongError, match=rf"row 1: the prompt is {context + 5} tokens "
-                                                 rf"but the model's context is {context}"):
+                                                 rf"but the model's context is {context} .*"
+                                                 rf"shorten or drop that row"):
         train_flow(small_overrides(tmp_path / "work", "x", f"data.train={data}",
                                    f"data.max_prompt_tokens={2 * context}"), show_table=False)
-    # refused before any stage ran
-    assert query(tmp_path / "work", "SELECT count(*) AS n FROM stage_runs").rows == [(0,)]
+    # refused before the workdir is touched: no `runs` row, the run id stays free
+    assert not (tmp_path / "work").exists()
 
 
 def test_raising_reward_function_scores_zero_and_is_counted(raising_run):

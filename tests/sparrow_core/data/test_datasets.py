@@ -211,3 +211,21 @@ def test_prompt_without_tokens_names_the_row(tmp_path, char_tokenizer):
                                               {"prompt": "!!!", "answer": "2"}])
     with pytest.raises(DatasetError, match=r"d.jsonl: row 1: the prompt encodes to no tokens"):
         load_prompts(str(path), "prompt", "answer", char_tokenizer, 8)
+
+
+def test_a_prompt_that_fills_the_context_is_named_with_the_right_advice(tmp_path):
+    from sparrow_core.data.datasets import PromptTooLongError
+
+    rows = [{"prompt": "x" * 15, "answer": "1"}, {"prompt": "x" * 16, "answer": "2"}]
+    path = write_parquet(tmp_path / "d.parquet", rows)
+    # 15 tokens leave one to generate in a context of 16; 16 leave none
+    with pytest.raises(PromptTooLongError, match=r"d.parquet: row 1: the prompt is 16 tokens but "
+                                                 r"the model's context is 16 tokens") as err:
+        load_prompts(str(path), "prompt", "answer", ByteEncoder(), 100, max_context=16)
+    assert "shorten or drop that row" in str(err.value)
+    assert "max_prompt_tokens" not in str(err.value)  # lowering it would not help
+    assert isinstance(err.value, DatasetError)
+    assert len(load_prompts(str(path), "prompt", "answer", ByteEncoder(), 100, max_context=17)) == 2
+    # a built-in task's rows are checked as they are made
+    with pytest.raises(PromptTooLongError, match="builtin:synthetic: row 0"):
+        load_prompts("builtin:synthetic", "prompt", "answer", ByteEncoder(), 10_000, max_context=8)
