@@ -24,6 +24,7 @@ from sparrow_core.engine import EngineConfig
 from sparrow_core.model import load_tokenizer, read_arch
 from sparrow_core.model.builtin import resolve_model_path
 from storage import Store
+from tasks.retention import repair_unsaved_policies
 from tasks.rollout import max_new_tokens_for
 from tasks.rollout_actors import ActorPool, WorkerSpec, actor_resources, start_ray
 from tasks.run_record import finish_run, new_run_id, open_run
@@ -68,6 +69,8 @@ def open_run_runtime(cfg: SparrowConfig) -> tuple[RunRuntime, bool, bool]:
     try:
         resumed = open_run(store, cfg, cfg.pipeline.run_id, inputs["model_path"])
         runtime = RunRuntime(cfg, cfg.pipeline.run_id, store, **inputs)
+        if resumed:
+            repair_unsaved_policies(runtime)
         # the first step's prompts must fit the context before any actor starts
         for row in runtime.train_data.batch(0, cfg.data.prompts_per_step):
             max_new_tokens_for(runtime, row, cfg.data.train)
@@ -124,6 +127,7 @@ def close_run_runtime(runtime: RunRuntime, status: str) -> None:
     """Stop the actors, close the MLflow run, mark the run, release the workdir."""
     release(runtime)
     try:
+        runtime.wait_for_saves()
         if runtime.pool is not None:
             runtime.pool.shutdown()
         if runtime.tracker is not None:

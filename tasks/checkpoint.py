@@ -48,7 +48,7 @@ def link_tree(source: Path, target: Path) -> list[str]:
 
 def save_checkpoint(runtime: RunRuntime, step: int, policy_dir: str, out: Path,
                     adapter_dir: str = "") -> StageWrite:
-    source = Path(policy_dir)
+    source = runtime.policy_state(policy_dir)
     if not (source / "config.json").is_file():
         raise StageInputError(f"policy folder {policy_dir} holds no checkpoint (config.json)")
     target = runtime.layout.checkpoint_dir(step)

@@ -12,7 +12,9 @@ metrics (loss, clip and TIS fractions, KL, grad norm) become step metrics.
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
 import time
 import numbers
 from pathlib import Path
@@ -25,7 +27,10 @@ from tasks.dense_score import read_scores
 from tasks.retention import prune_policy_folders
 from tasks.retry import INFRA_RETRIES
 from tasks.reward import read_rewards
-from tasks.runtime import RunRuntime, lookup, peak_memory
+from tasks.runtime import STATE_POINTER, RunRuntime, lookup, peak_memory
+
+# the folder (beside the step's stage folders) a background save writes the trainer into
+POLICY_STATE = "policy_state"
 from tasks.stage import StageInputError, StageOutcome, StageWrite, run_stage
 
 
@@ -57,7 +62,15 @@ def update_step(runtime: RunRuntime, step: int, rollouts_path: str, rewards_path
         metrics["time/update_compute_s"] = time.perf_counter() - clock
     trainer.free_gradients()
     clock = time.perf_counter()
-    trainer.save(out)
+    if runtime.cfg.pipeline.background_save and trainer.device.type == "cuda":
+        # the ~20 GB write overlaps the next rollout; the stage folder points to it
+        state_dir = runtime.layout.stage_dir(step, "policy_update").parent / POLICY_STATE
+        shutil.rmtree(state_dir, ignore_errors=True)  # left by an attempt that was not recorded
+        trainer.save_in_background(state_dir)
+        runtime.remember_save(trainer)
+        (out / STATE_POINTER).write_text(json.dumps({"state_dir": str(state_dir)}))
+    else:
+        trainer.save(out)
     metrics["time/update_save_s"] = time.perf_counter() - clock
     metrics.update(peak("memory/update_peak_gib"))
     def after_commit(final: Path) -> None:

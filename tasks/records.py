@@ -59,6 +59,14 @@ def record_stage(conn, run_id: str, step: int, stage: str, started: datetime,
                  [run_id, step, stage, started, finished, duration_s, output_dir])
 
 
+def forget_stages(store: Store, run_id: str, step: int, stages) -> None:
+    """Drop these stages' records at `step`, so a resumed flow runs them again."""
+    with store.connect() as conn:
+        for stage in stages:
+            conn.execute("DELETE FROM stage_runs WHERE run_id = ? AND step = ? AND stage = ?",
+                         [run_id, step, stage])
+
+
 def replace_step_metrics(conn, run_id: str, step: int, metrics: Mapping[str, float]) -> None:
     """Write one step's metrics by name; a NaN or None is stored as NULL."""
     for name, value in metrics.items():

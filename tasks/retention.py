@@ -1,6 +1,7 @@
-"""Checkpoint retention: old policy_update folders give back their weights and optimizer state.
+"""Checkpoint retention, and repair of policy states a crash kept from the disk.
 
     prune_policy_folders(runtime, step)      # after step's policy_update is recorded
+    repair_unsaved_policies(runtime)         # when a run resumes
 
 Every step's policy_update folder holds the full trainer (fp32 weights and AdamW moments:
 about 20 GB at Qwen3-1.7B), and a run of hundreds of steps cannot keep them all. After step n
@@ -34,7 +35,7 @@ def prune_policy_folders(runtime: RunRuntime, step: int) -> list[Path]:
             continue
         if every and record.step % every == 0:
             continue
-        folder = Path(record.output_dir)
+        folder = runtime.policy_state(record.output_dir)
         if folder.is_dir() and not (folder / MARKER).exists():
             removed = [p.name for pattern in HEAVY for p in folder.glob(pattern)]
             for name in removed:
@@ -42,3 +43,23 @@ def prune_policy_folders(runtime: RunRuntime, step: int) -> list[Path]:
             (folder / MARKER).write_text(json.dumps({"after_step": step, "removed": removed}))
             pruned.append(folder)
     return pruned
+
+
+def repair_unsaved_policies(runtime: RunRuntime) -> list[int]:
+    """Steps whose policy_update was recorded but whose background-written state never
+    reached the disk (the process died first): their policy_update, sync_weights and
+    checkpoint records are dropped so the resumed flow runs them again (same inputs, same
+    update). Returns those steps."""
+    from tasks.records import forget_stages
+
+    lost = []
+    for record in stage_records(runtime.store, runtime.run_id):
+        if record.stage != "policy_update":
+            continue
+        state = runtime.policy_state(record.output_dir, wait=False)
+        if not (state / "config.json").is_file() and not (state / MARKER).exists():
+            lost.append(record.step)
+    for step in lost:
+        forget_stages(runtime.store, runtime.run_id, step,
+                      ("policy_update", "sync_weights", "checkpoint"))
+    return lost

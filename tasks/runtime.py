@@ -15,6 +15,7 @@ folder whenever the one in memory is not at the right step.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,9 @@ from sparrow_core.errors import SparrowError
 from storage import RunLayout, Store
 from tasks.records import stage_records
 from tasks.stage import parse_fail_at
+
+# a policy_update folder whose checkpoint is written in the background points to it here
+STATE_POINTER = "state.json"
 
 _RUNTIMES: dict[tuple[str, str], "RunRuntime"] = {}
 
@@ -65,6 +69,8 @@ class RunRuntime:
     stages_run: Counter = field(default_factory=Counter)
     _trainer: Any = None
     _trainer_step: int = -1
+    # trainers whose background save (policy_update on GPU) may still be writing
+    _saving: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.layout = RunLayout(Path(self.cfg.pipeline.workdir), self.run_id)
@@ -75,10 +81,29 @@ class RunRuntime:
         return _key(self.cfg.pipeline.workdir, self.run_id)
 
     def policy_folder_before(self, step: int) -> Path:
-        """The newest recorded policy_update folder before `step`, else the initial model."""
+        """The newest recorded policy folder before `step`, else the initial model."""
         updates = [r for r in stage_records(self.store, self.run_id)
                    if r.stage == "policy_update" and r.step < step]
-        return Path(updates[-1].output_dir) if updates else self.model_path
+        return self.policy_state(updates[-1].output_dir) if updates else self.model_path
+
+    def policy_state(self, policy_dir: str | Path, wait: bool = True) -> Path:
+        """The checkpoint folder of a policy_update stage folder: the folder itself, or the
+        policy_state folder its state.json names (written in the background; `wait` joins
+        the write)."""
+        folder = Path(policy_dir)
+        pointer = folder / STATE_POINTER
+        if not pointer.is_file():
+            return folder
+        if wait:
+            self.wait_for_saves()
+        return Path(json.loads(pointer.read_text())["state_dir"])
+
+    def remember_save(self, trainer: Any) -> None:
+        self._saving.append(trainer)
+
+    def wait_for_saves(self) -> None:
+        while self._saving:
+            self._saving.pop().wait_for_save()
 
     def trainer_before(self, step: int) -> Any:
         """The trainer holding the policy (and optimizer state) that step `step` starts from."""

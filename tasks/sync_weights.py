@@ -30,11 +30,15 @@ SYNCED_FILE = "synced.json"
 
 def sync(runtime: RunRuntime, step: int, policy_dir: str, out: Path,
          adapter_dir: str = "") -> StageWrite:
-    if not (Path(policy_dir) / "config.json").is_file():
-        raise StageInputError(f"policy folder {policy_dir} holds no checkpoint (config.json)")
     clock = time.perf_counter()
     trainer = runtime.trainer_after(step)
-    if trainer is not None and runtime.pool_on_gpu and trainer.device.type == "cuda":
+    colocated = trainer is not None and runtime.pool_on_gpu and trainer.device.type == "cuda"
+    # GPU to GPU needs no file: the state may still be being written (a replacement actor
+    # reads it later); a folder sync waits for it
+    policy_dir = str(runtime.policy_state(policy_dir, wait=not colocated))
+    if not colocated and not (Path(policy_dir) / "config.json").is_file():
+        raise StageInputError(f"policy folder {policy_dir} holds no checkpoint (config.json)")
+    if colocated:
         # colocated: the engines copy the trainer's weights GPU to GPU (CUDA IPC)
         shared = (trainer.shared_weights(_engine_dtype(runtime)) if not adapter_dir
                   else _merged_shared(trainer, adapter_dir, _engine_dtype(runtime)))

@@ -128,8 +128,8 @@ class AlgoConfig:
     loss_agg: str = "token_mean"
     # epsilon added to the group std in GRPO
     adv_eps: float = 1.0e-6
-    # policy learning rate (AdamW)
-    lr: float = 1.0e-6
+    # policy learning rate (AdamW): the embedded tiny model's; the paper's runs used 1e-6
+    lr: float = 3.0e-4
     # AdamW weight decay
     weight_decay: float = 0.0
     # gradient norm clip; 0 disables
@@ -162,7 +162,7 @@ class DataConfig:
     # column holding the ground-truth answer
     answer_key: str = "answer"
     # prompts per RL step
-    prompts_per_step: int = 4
+    prompts_per_step: int = 8
     # longest prompt in tokens; a longer one is an error naming the row
     max_prompt_tokens: int = 1024
     # seconds one reward call may take before it scores 0
@@ -178,7 +178,7 @@ class PipelineConfig:
     # run id; empty makes a new one, an existing one resumes
     run_id: str = ""
     # RL steps to run
-    steps: int = 3
+    steps: int = 8
     # fail a stage on purpose, as STAGE@STEP (for testing resume); empty disables
     fail_at: str = ""
     # checkpoint every K steps; 0 only at the end
@@ -187,6 +187,8 @@ class PipelineConfig:
     keep_checkpoints: int = 2
     # also keep the policy_update folder of every N-th step; 0 none beyond keep_checkpoints
     keep_every: int = 0
+    # on GPU: write each step's trainer state in the background, overlapping the next rollout
+    background_save: bool = True
     # evaluate every K steps; 0 never
     eval_every: int = 0
     # re-optimize the schedule every K steps even without a threshold event; 0 never

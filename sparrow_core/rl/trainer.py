@@ -253,12 +253,28 @@ class PolicyTrainer:
         self.onload()
         return SharedWeights.pack(self.state_dict_for_sync(), dtype)
 
-    def save(self, folder: str | Path) -> Path:
-        """Write a checkpoint folder (sparrow_core/rl/checkpoint.py) that load() resumes."""
-        meta = {"step": self.step, "optimizer_steps": self.optimizer_steps, "seed": self.seed,
+    def _meta(self) -> dict:
+        return {"step": self.step, "optimizer_steps": self.optimizer_steps, "seed": self.seed,
                 "temperature": self.temperature, "dtype": str(self.dtype).replace("torch.", ""),
                 "algo": asdict(self.algo), "source_model": str(self.model_path)}
-        return save_checkpoint(folder, self.model, self.optimizer, self.model_path, meta)
+
+    def save(self, folder: str | Path) -> Path:
+        """Write a checkpoint folder (sparrow_core/rl/checkpoint.py) that load() resumes."""
+        return save_checkpoint(folder, self.model, self.optimizer, self.model_path, self._meta())
+
+    def save_in_background(self, folder: str | Path):
+        """The same folder as save(), written by a worker thread from a host snapshot
+        (rl/async_save.py); returns a Future. wait_for_save() joins it."""
+        from sparrow_core.rl.async_save import BackgroundSaver
+
+        if getattr(self, "_saver", None) is None:
+            self._saver = BackgroundSaver()
+        return self._saver.save(folder, self.model, self.optimizer, self.model_path,
+                                self._meta())
+
+    def wait_for_save(self) -> None:
+        if getattr(self, "_saver", None) is not None:
+            self._saver.wait()
 
     @classmethod
     def load(cls, folder: str | Path, algo: AlgoConfig, device: str | torch.device = "auto",
