@@ -1,0 +1,224 @@
+"""DistillSparse measured: p5 under a schedule one notch cheaper than the calibrated one, before
+and after N LoRA steps; the rollout speedup the cheaper schedule buys; the time the LoRA step
+adds to the update. Prints one JSON object (also written to --out).
+
+    python benchmarks/distill.py --smoke                       # CPU, tiny model, seconds
+    python benchmarks/distill.py --model /models/testbed --data builtin:synthetic \
+        --calibrated NAME_OR_YAML --cheaper NAME_OR_YAML --steps 50 --device cuda
+
+Needs torch, transformers, peft and safetensors only (no Ray, Prefect, MLflow, DuckDB or
+OmegaConf): it drives the library directly, one engine and one trainer in this process, the way
+the train flow's stages do. Each step: sample the step's prompts with the engine (cheaper
+schedule, weights = merge(policy, LoRA)), score them densely and update the policy (GRPO, as
+policy_update; --no-update keeps the base fixed to isolate the LoRA), then one distill step
+(SparseDistiller, as distill_lora), then hand the engine merge(policy, LoRA) (as sync_weights).
+Evaluation ("before" / "after"): fresh trajectories of held-out prompts sampled by the sparse
+actor under the cheaper schedule with fixed seeds, replayed teacher-forced for the exact
+acceptance with and without the LoRA on the same tokens (p5 over all tokens, lowest per-bin p5,
+mean); "calibrated" is the same for the calibrated schedule without the LoRA (the target the
+cheaper schedule plus LoRA should reach). Rollout speedup: generation wall time of the eval
+prompts under each schedule with the same weights and seeds (generated tokens per second,
+best of 3 after a warm-up, the schedules interleaved).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from sparrow_core.config.schema import AlgoConfig, DistillConfig  # noqa: E402
+from sparrow_core.data.datasets import load_prompts  # noqa: E402
+from sparrow_core.data.rewards import REWARD_FUNCTIONS  # noqa: E402
+from sparrow_core.data.rollouts import RolloutRecord  # noqa: E402
+from sparrow_core.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
+from sparrow_core.model import load_model, load_tokenizer  # noqa: E402
+from sparrow_core.model.builtin import resolve_model_path  # noqa: E402
+from sparrow_core.rl.distill import SparseDistiller  # noqa: E402
+from sparrow_core.rl.lora import merge_weights  # noqa: E402
+from sparrow_core.rl.trainer import PolicyTrainer, resolve_device, resolve_dtype  # noqa: E402
+from sparrow_core.sparse import resolve_schedule  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="builtin:tiny")
+    p.add_argument("--data", default="builtin:synthetic")
+    p.add_argument("--reward", default="exact_match")
+    p.add_argument("--calibrated", default="tiny-0.86")
+    p.add_argument("--cheaper", default="tiny-0.80")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--prompts", type=int, default=8, help="prompts per step")
+    p.add_argument("--samples", type=int, default=4, help="samples per prompt")
+    p.add_argument("--eval-prompts", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--lr", type=float, default=1e-6, help="actor lr (algo.lr)")
+    p.add_argument("--lr-scale", type=float, default=5.0, help="algo.distill.lr_scale")
+    p.add_argument("--rank", type=int, default=16)
+    p.add_argument("--alpha", type=int, default=32)
+    p.add_argument("--loss", default="k3", choices=("k3", "full_kl"))
+    p.add_argument("--micro-batch-tokens", type=int, default=8192)
+    p.add_argument("--no-update", action="store_true", help="keep the base fixed")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--memory-utilization", type=float, default=0.0,
+                   help="engine KV cache sized to this share of GPU memory (0: kv-cache-mib)")
+    p.add_argument("--kv-cache-mib", type=int, default=512)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="")
+    p.add_argument("--smoke", action="store_true", help="CPU, a few tiny steps (CI)")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.steps, args.prompts, args.samples, args.eval_prompts = 2, 2, 2, 2
+        args.max_new_tokens, args.lr_scale, args.device = 32, 1000.0, "cpu"
+    return args
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def sample(engine, tokenizer, rows, samples, args, seed, device) -> tuple[list, float, int]:
+    """(RolloutRecords, seconds, generated tokens) of the rows' prompts under the engine."""
+    ids = [list(r.prompt_ids) for r in rows]
+    params = [SamplingParams(n=samples, max_new_tokens=args.max_new_tokens,
+                             temperature=args.temperature, seed=seed * 100_003 + i,
+                             logprobs_topk=20, stop_token_ids=tuple(tokenizer.eos_token_ids))
+              for i in range(len(ids))]
+    _sync(device)
+    clock = time.perf_counter()
+    results = engine.generate(ids, params)
+    _sync(device)
+    seconds = time.perf_counter() - clock
+    records = [RolloutRecord(p, s.sample_index, rows[p].row, tuple(ids[p]), tuple(s.output_ids),
+                             tuple(s.logprobs), tuple(s.topk_ids), tuple(s.topk_logprobs),
+                             tuple(s.budget_pages), s.finish_reason, rows[p].answer,
+                             tokenizer.decode(s.output_ids, skip_special_tokens=True))
+               for p, group in enumerate(results) for s in group]
+    return records, seconds, sum(len(r.output_ids) for r in records)
+
+
+def evaluate(engine, tokenizer, distiller, rows, schedule, args, device) -> dict:
+    """Acceptance with and without the LoRA on fresh sparse-actor trajectories, and speed."""
+    engine.set_schedule(schedule)
+    records, seconds, tokens = sample(engine, tokenizer, rows, 1, args, 10**6, device)
+    metrics = distiller.distill(records, schedule, update=False)
+    keep = ("p5_lora", "p5_base", "min_bin_p5_lora", "min_bin_p5_base",
+            "acceptance_mean_lora", "acceptance_mean_base", "full_kl", "k3")
+    out = {k: metrics.get(f"distill/{k}") for k in keep}
+    out.update(schedule=schedule.name, tokens=tokens)
+    return out
+
+
+def rollout_speed(engine, tokenizer, rows, schedules, args, device, repeats=3) -> dict:
+    """Generated tokens per second per schedule (same weights and seeds), best of `repeats`
+    after one warm-up each, the schedules interleaved."""
+    best = {s.name: 0.0 for s in schedules}
+    for repeat in range(repeats + 1):
+        for schedule in schedules:
+            engine.set_schedule(schedule)
+            _, seconds, tokens = sample(engine, tokenizer, rows, 1, args, 10**6, device)
+            if repeat:
+                best[schedule.name] = max(best[schedule.name], tokens / max(seconds, 1e-9))
+    return best
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    torch.manual_seed(args.seed)
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    path = resolve_model_path(args.model)
+    tokenizer = load_tokenizer(path)
+    calibrated, cheaper = resolve_schedule(args.calibrated), resolve_schedule(args.cheaper)
+    train = load_prompts(args.data, "prompt", "answer", tokenizer, 4096, "train", args.seed)
+    held_out = load_prompts(args.data, "prompt", "answer", tokenizer, 4096, "eval", args.seed)
+    eval_rows = held_out.batch(0, args.eval_prompts)
+    algo = AlgoConfig(lr=args.lr, micro_batch_tokens=args.micro_batch_tokens, distill=DistillConfig(
+        enabled=True, lora_rank=args.rank, lora_alpha=args.alpha, loss=args.loss,
+        lr_scale=args.lr_scale))
+    config = EngineConfig(page_size=cheaper.page_size, kv_cache_mib=args.kv_cache_mib,
+                          memory_utilization=args.memory_utilization, seed=args.seed)
+    engine = Engine(load_model(path, dtype=dtype, device=device), tokenizer, config, cheaper)
+    trainer = None if args.no_update else PolicyTrainer(path, algo, device, args.dtype, args.seed,
+                                                        args.temperature or 1.0)
+    distiller = SparseDistiller(path, algo, device, args.dtype, args.seed, args.temperature or 1.0)
+    base = trainer.state_dict_for_sync() if trainer else load_model(path).state_dict()
+    distiller.set_base(base)
+    report = {"args": vars(args), "device": torch.cuda.get_device_name(device)
+              if device.type == "cuda" else "cpu"}
+    report["calibrated"] = evaluate(engine, tokenizer, distiller, eval_rows, calibrated, args, device)
+    report["before"] = evaluate(engine, tokenizer, distiller, eval_rows, cheaper, args, device)
+    steps = []
+    for step in range(args.steps):
+        engine.set_schedule(cheaper)
+        records, rollout_s, tokens = sample(engine, tokenizer, train.batch(step, args.prompts),
+                                            args.samples, args, step + 1, device)
+        row = {"step": step + 1, "tokens": tokens, "rollout_s": rollout_s}
+        if trainer is not None:
+            reward = REWARD_FUNCTIONS.get(args.reward)
+            rewards = [reward(r.text, r.answer) for r in records]
+            _sync(device)
+            clock = time.perf_counter()
+            old = [s.dense_logprobs for s in trainer.score(records)]
+            row["score_s"] = time.perf_counter() - clock
+            clock = time.perf_counter()
+            trainer.update(records, rewards, old, args.samples)
+            _sync(device)
+            row["update_s"] = time.perf_counter() - clock
+            row["reward_mean"] = sum(rewards) / len(rewards)
+            base = trainer.state_dict_for_sync()
+            distiller.set_base(base)
+        _sync(device)
+        clock = time.perf_counter()
+        metrics = distiller.distill(records, cheaper)
+        _sync(device)
+        row["distill_s"] = time.perf_counter() - clock
+        row.update({k.split("/", 1)[1]: v for k, v in metrics.items()
+                    if k.split("/", 1)[1] in ("loss", "p5_lora", "p5_base", "min_bin_p5_lora",
+                                               "min_bin_p5_base", "full_kl")})
+        engine.update_weights(merge_weights(base, distiller.adapter()))
+        steps.append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+    report["steps"] = steps
+    report["after"] = evaluate(engine, tokenizer, distiller, eval_rows, cheaper, args, device)
+    report["tokens_per_s"] = rollout_speed(engine, tokenizer, eval_rows, (calibrated, cheaper),
+                                           args, device)
+    report["summary"] = summarize(report, steps)
+    text = json.dumps(report, indent=2, default=str)
+    if args.out:
+        Path(args.out).write_text(text)
+    print(text)
+    return report
+
+
+def summarize(report: dict, steps: list[dict]) -> dict:
+    """The figures docs/distill.md quotes."""
+    timed = steps[1:] or steps  # the first step compiles and warms up
+    mean = lambda key: sum(s.get(key, 0.0) for s in timed) / max(len(timed), 1)  # noqa: E731
+    update = mean("score_s") + mean("update_s")
+    return {
+        "min_bin_p5": {"calibrated": report["calibrated"]["min_bin_p5_base"],
+                       "cheaper_before": report["before"]["min_bin_p5_lora"],
+                       "cheaper_after_lora": report["after"]["min_bin_p5_lora"],
+                       "cheaper_after_base": report["after"]["min_bin_p5_base"]},
+        "rollout_speedup_cheaper_over_calibrated": (
+            report["tokens_per_s"][report["after"]["schedule"]]
+            / report["tokens_per_s"][report["calibrated"]["schedule"]]),
+        "distill_s_per_step": mean("distill_s"),
+        "update_s_per_step": update,
+        "distill_over_update": mean("distill_s") / update if update else None,
+    }
+
+
+if __name__ == "__main__":
+    main()
