@@ -5,6 +5,8 @@ adds to the update. Prints one JSON object (also written to --out).
     python benchmarks/distill.py --smoke                       # CPU, tiny model, seconds
     python benchmarks/distill.py --model /models/testbed --data builtin:synthetic \
         --calibrated NAME_OR_YAML --cheaper NAME_OR_YAML --steps 50 --device cuda
+    python benchmarks/distill.py --random-layers 8 --calibrated qwen3-1.7b-0.86 \
+        --cheaper qwen3-1.7b-0.80 --max-new-tokens 8192 --ignore-eos ...   # timing only
 
 Needs torch, transformers, peft and safetensors only (no Ray, Prefect, MLflow, DuckDB or
 OmegaConf): it drives the library directly, one engine and one trainer in this process, the way
@@ -34,7 +36,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sparrow_core.config.schema import AlgoConfig, DistillConfig  # noqa: E402
 from sparrow_core.data.datasets import load_prompts  # noqa: E402
 from sparrow_core.data.rewards import REWARD_FUNCTIONS  # noqa: E402
 from sparrow_core.data.rollouts import RolloutRecord  # noqa: E402
@@ -47,9 +48,26 @@ from sparrow_core.rl.trainer import PolicyTrainer, resolve_device, resolve_dtype
 from sparrow_core.sparse import resolve_schedule  # noqa: E402
 
 
+def _schema():
+    """sparrow_core/config/schema.py alone: the package's __init__ pulls in OmegaConf, which
+    the GPU image lacks, and the dataclasses need none of it."""
+    import importlib.util
+
+    file = Path(__file__).resolve().parent.parent / "sparrow_core" / "config" / "schema.py"
+    spec = importlib.util.spec_from_file_location("sparrow_config_schema", file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="builtin:tiny")
+    p.add_argument("--random-layers", type=int, default=0,
+                   help="timing only: a random Qwen3-1.7B-shaped checkpoint of N layers")
+    p.add_argument("--workdir", default="/tmp/sparrow-distill")
+    p.add_argument("--ignore-eos", action="store_true", help="every sample runs to the cutoff")
     p.add_argument("--data", default="builtin:synthetic")
     p.add_argument("--reward", default="exact_match")
     p.add_argument("--calibrated", default="tiny-0.86")
@@ -73,13 +91,29 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="engine KV cache sized to this share of GPU memory (0: kv-cache-mib)")
     p.add_argument("--kv-cache-mib", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--speed-repeats", type=int, default=3)
     p.add_argument("--out", default="")
+    p.add_argument("--plot", default="", help="PNG of per-step p5 with and without the LoRA")
     p.add_argument("--smoke", action="store_true", help="CPU, a few tiny steps (CI)")
     args = p.parse_args(argv)
     if args.smoke:
         args.steps, args.prompts, args.samples, args.eval_prompts = 2, 2, 2, 2
         args.max_new_tokens, args.lr_scale, args.device = 32, 1000.0, "cpu"
+        args.speed_repeats = 1
     return args
+
+
+def model_path(args) -> Path:
+    if not args.random_layers:
+        return resolve_model_path(args.model)
+    from benchmarks.rl_step import SHAPE_17B
+    from sparrow_core.model.random_checkpoint import make_random_checkpoint
+
+    folder = Path(args.workdir) / f"qwen3-1.7b-shape-{args.random_layers}l"
+    if not list(folder.glob("*.safetensors")):
+        make_random_checkpoint(folder, "qwen3", seed=0,
+                               **dict(SHAPE_17B, num_layers=args.random_layers))
+    return folder
 
 
 def _sync(device: torch.device) -> None:
@@ -137,17 +171,20 @@ def main(argv=None) -> dict:
     torch.manual_seed(args.seed)
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
-    path = resolve_model_path(args.model)
+    path = model_path(args)
     tokenizer = load_tokenizer(path)
     calibrated, cheaper = resolve_schedule(args.calibrated), resolve_schedule(args.cheaper)
     train = load_prompts(args.data, "prompt", "answer", tokenizer, 4096, "train", args.seed)
     held_out = load_prompts(args.data, "prompt", "answer", tokenizer, 4096, "eval", args.seed)
     eval_rows = held_out.batch(0, args.eval_prompts)
-    algo = AlgoConfig(lr=args.lr, micro_batch_tokens=args.micro_batch_tokens, distill=DistillConfig(
-        enabled=True, lora_rank=args.rank, lora_alpha=args.alpha, loss=args.loss,
-        lr_scale=args.lr_scale))
+    schema = _schema()
+    algo = schema.AlgoConfig(
+        lr=args.lr, micro_batch_tokens=args.micro_batch_tokens,
+        distill=schema.DistillConfig(enabled=True, lora_rank=args.rank, lora_alpha=args.alpha,
+                                     loss=args.loss, lr_scale=args.lr_scale))
     config = EngineConfig(page_size=cheaper.page_size, kv_cache_mib=args.kv_cache_mib,
-                          memory_utilization=args.memory_utilization, seed=args.seed)
+                          memory_utilization=args.memory_utilization, seed=args.seed,
+                          ignore_eos=args.ignore_eos)
     engine = Engine(load_model(path, dtype=dtype, device=device), tokenizer, config, cheaper)
     trainer = None if args.no_update else PolicyTrainer(path, algo, device, args.dtype, args.seed,
                                                         args.temperature or 1.0)
@@ -192,13 +229,42 @@ def main(argv=None) -> dict:
     report["steps"] = steps
     report["after"] = evaluate(engine, tokenizer, distiller, eval_rows, cheaper, args, device)
     report["tokens_per_s"] = rollout_speed(engine, tokenizer, eval_rows, (calibrated, cheaper),
-                                           args, device)
+                                           args, device, args.speed_repeats)
     report["summary"] = summarize(report, steps)
     text = json.dumps(report, indent=2, default=str)
     if args.out:
         Path(args.out).write_text(text)
+    if args.plot:
+        plot(report, args.plot)
     print(text)
     return report
+
+
+def plot(report: dict, path: str) -> None:
+    """Lowest per-bin p5 per step on the step's own rollouts, with and without the LoRA, and
+    the held-out figures before/after against the calibrated schedule's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = report["steps"]
+    x = [s["step"] for s in steps]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(x, [s["min_bin_p5_lora"] for s in steps], "o-", label="cheaper schedule + LoRA")
+    ax.plot(x, [s["min_bin_p5_base"] for s in steps], "s--", label="cheaper schedule, no LoRA")
+    ax.axhline(report["calibrated"]["min_bin_p5_base"], color="gray", linestyle=":",
+               label=f"calibrated ({report['calibrated']['schedule']}), held out")
+    ax.scatter([0, x[-1] + 1], [report["before"]["min_bin_p5_lora"],
+                                report["after"]["min_bin_p5_lora"]],
+               marker="*", s=120, color="black", zorder=3, label="held out, before / after")
+    ax.set_xlabel("step")
+    ax.set_ylabel("lowest per-bin p5 of acceptance")
+    ax.set_title(f"DistillSparse: {report['after']['schedule']} on {report['device']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def summarize(report: dict, steps: list[dict]) -> dict:
