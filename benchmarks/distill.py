@@ -261,7 +261,7 @@ def plot(report: dict, path: str) -> None:
     ax.set_xlabel("step")
     ax.set_ylabel("lowest per-bin p5 of acceptance")
     ax.set_title(f"DistillSparse: {report['after']['schedule']} on {report['device']}")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="lower left")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
