@@ -25,7 +25,8 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning"),
 ]
 
-DISTILL = ("algo.distill.enabled=true", "algo.distill.lr_scale=1000", "pipeline.eval_every=0")
+DISTILL = ("algo.distill.enabled=true", "algo.lr=1e-6", "algo.distill.lr_scale=1000",
+           "pipeline.eval_every=0")
 TIMING = ("time/", "rollout/tokens_per_s")
 
 

@@ -33,7 +33,7 @@ def records(path):
 def algo(**distill) -> AlgoConfig:
     settings = dict(enabled=True, lora_rank=4, lora_alpha=8, lr_scale=1000.0)
     settings.update(distill)
-    return AlgoConfig(grad_clip=0.0, distill=DistillConfig(**settings))
+    return AlgoConfig(lr=1e-6, grad_clip=0.0, distill=DistillConfig(**settings))
 
 
 def distiller(path, **distill) -> SparseDistiller:
