@@ -5,9 +5,10 @@
 
 Same `model.*` and `pipeline.workdir` keys as train; schedule.name is the template (page size,
 bins, reserved pages, dense layers) and schedule.target the p5 to meet. Tasks (tasks/calibrate.py,
-tasks/calibrate_store.py): sample trajectories on the calibration prompts (dense, or under
-schedule.name with calibrate.sample_sparse=true); replay them teacher-forced under every budget
-of the grid, exact acceptance per token; optionally time generating every budget the paper's
+tasks/calibrate_store.py): sample trajectories on the calibration prompts (densely, and with
+calibrate.sample_sparse, the default, by the sparse actor under every budget of the grid);
+replay them teacher-forced (each budget on its own samples, or the dense ones under every
+budget), exact acceptance per token; optionally time generating every budget the paper's
 way (calibrate.time_generation=true); choose the cheapest monotone schedule by the cost model
 and store it (YAML, DuckDB `calibration` and `schedules`, MLflow, plot). Returns the summary;
 train uses the schedule with `schedule.name=<its name>`. docs/calibration.md explains it.

@@ -34,6 +34,7 @@ from sparrow_core.sparse.calibration import (
     budget_grid,
     flat_schedule,
     measure_budgets,
+    measure_on_policy,
     sample_trajectories,
 )
 from sparrow_core.sparse.io import resolve_schedule
@@ -102,28 +103,41 @@ def engine_config(cfg: SparrowConfig, schedule: Schedule) -> EngineConfig:
 
 
 def sample(overrides: list[str], calibration_id: str) -> str:
+    """Trajectories to replay: dense ones (they fix the budget grid when calibrate.budgets is
+    empty), and with calibrate.sample_sparse, the sparse actor's own under every budget."""
     cfg = load_config(overrides)
     model, tokenizer, _ = policy(cfg)
     template = base_schedule(cfg)
     prompts, params = calibration_requests(cfg, tokenizer,
                                            model.arch.max_position_embeddings)
+    engine = engine_config(cfg, template)
     clock = time.perf_counter()
-    trajectories = sample_trajectories(
-        model, tokenizer, prompts, params,
-        schedule=template if cfg.calibrate.sample_sparse else None,
-        engine_config=engine_config(cfg, template))
+    trajectories = sample_trajectories(model, tokenizer, prompts, params, engine_config=engine)
+    grid = grid_for(cfg, trajectories, template)
+    by_budget = {}
+    if cfg.calibrate.sample_sparse:
+        by_budget = {str(b): [as_dict(t) for t in sample_trajectories(
+            model, tokenizer, prompts, params, schedule=flat_schedule(template, b),
+            engine_config=engine)] for b in grid}
     seconds = time.perf_counter() - clock
     out = calibration_dir(cfg.pipeline.workdir, calibration_id) / TRAJECTORIES_FILE
     data = {"sample_s": seconds, "sparse": cfg.calibrate.sample_sparse, "prompts": len(prompts),
-            "trajectories": [{"ids": list(t.ids), "prompt_len": t.prompt_len}
-                             for t in trajectories]}
+            "budgets": list(grid), "trajectories": [as_dict(t) for t in trajectories],
+            "by_budget": by_budget}
     return str(write_json(out, data))
+
+
+def as_dict(trajectory: Trajectory) -> dict:
+    return {"ids": list(trajectory.ids), "prompt_len": trajectory.prompt_len}
+
+
+def as_trajectories(rows: list[dict]) -> list[Trajectory]:
+    return [Trajectory(tuple(t["ids"]), t["prompt_len"]) for t in rows]
 
 
 def read_trajectories(path: str | Path) -> tuple[list[Trajectory], dict]:
     data = json.loads(Path(path).read_text())
-    trajectories = [Trajectory(tuple(t["ids"]), t["prompt_len"]) for t in data["trajectories"]]
-    return trajectories, data
+    return as_trajectories(data["trajectories"]), data
 
 
 def grid_for(cfg: SparrowConfig, trajectories: list[Trajectory], template: Schedule) -> tuple:
@@ -134,15 +148,23 @@ def grid_for(cfg: SparrowConfig, trajectories: list[Trajectory], template: Sched
 
 
 def replay(overrides: list[str], calibration_id: str, trajectories_path: str) -> str:
+    """The (budget, bin) table: every budget's own sparse trajectories replayed under it when
+    they were sampled (calibrate.sample_sparse), else the dense ones under every budget."""
     cfg = load_config(overrides)
     model, _, _ = policy(cfg)
     template = base_schedule(cfg)
-    trajectories, _ = read_trajectories(trajectories_path)
-    grid = grid_for(cfg, trajectories, template)
+    trajectories, data = read_trajectories(trajectories_path)
+    grid = tuple(data.get("budgets") or grid_for(cfg, trajectories, template))
     num_bins = cfg.calibrate.num_bins or template.num_bins
+    temperature = cfg.rollout.temperature or 1.0
     clock = time.perf_counter()
-    table = measure_budgets(model, trajectories, template, grid, cfg.rollout.temperature or 1.0,
-                            num_bins=num_bins, centroid_dtype=cfg.rollout.centroid_dtype)
+    if data.get("by_budget"):
+        table = measure_on_policy(model, {int(b): as_trajectories(rows) for b, rows in
+                                          data["by_budget"].items()}, template, temperature,
+                                  num_bins=num_bins, centroid_dtype=cfg.rollout.centroid_dtype)
+    else:
+        table = measure_budgets(model, trajectories, template, grid, temperature,
+                                num_bins=num_bins, centroid_dtype=cfg.rollout.centroid_dtype)
     seconds = time.perf_counter() - clock
     out = calibration_dir(cfg.pipeline.workdir, calibration_id) / TABLE_FILE
     return str(write_json(out, {"replay_s": seconds, **table_to_dict(table)}))

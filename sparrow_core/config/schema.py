@@ -209,8 +209,9 @@ class CalibrateConfig:
     repeats: int = 4
     # new tokens per sample; 0 takes rollout.max_new_tokens
     max_new_tokens: int = 0
-    # true samples under schedule.name (the sparse actor); false samples densely
-    sample_sparse: bool = False
+    # true: each budget is measured on the sparse actor's own samples under that budget
+    # (on-policy; predicts a train step's p5); false: on dense samples (one sampling run)
+    sample_sparse: bool = True
     # top-k page budgets replayed; empty: the paper's steps 29..1149 below the longest
     # trajectory, or a small grid (1..64) when fewer than 4 of them fit
     budgets: list[int] = field(default_factory=list)

@@ -8,16 +8,22 @@ measure the exact acceptance per token and its p5 per (budget, bin).
     table = measure_budgets(model, trajectories, template, grid, temperature=1.0,
                             centroid_dtype=cfg.rollout.centroid_dtype)  # as the rollout engine
     table.p5[budget_index, bin], table.tokens[bin]
+    # on-policy: each budget's own sparse samples, replayed under that budget only
+    table = measure_on_policy(model, {b: sample_trajectories(model, tokenizer, prompt_ids, params,
+                                                             flat_schedule(template, b))
+                                      for b in grid}, template)
 
 The paper generated every sparsity setting separately and scored it with the dense model; here
-the trajectories are sampled once (dense by default, or under a schedule) and each budget is
+the trajectories are sampled once (dense, or under a schedule) and each budget is
 replayed teacher-forced (sparrow_core/engine/teacher_forced.py, equal to sparse decode), so
 the acceptance is exact (both full distributions) and every budget is scored on the same
 tokens. A flat schedule of one budget is the template (page size, bins, reserved pages, dense
 layers) with a single bin. The token at total position p was drawn from the logits at p - 1;
 the first generated token comes from the dense prefill, so its acceptance is 1 under every
-budget, as in the rollout. Percentiles are numpy's linear ones, as in mismatch.bin_statistics.
-The replay rounds page centroids as the rollout engine stores them (`centroid_dtype`, the
+budget, as in the rollout. measure_on_policy replays instead each budget's own trajectories,
+sampled by the sparse actor under that budget: dense paths never show the states a sparse actor
+reaches after its own mistakes, where acceptance is lowest (docs/calibration.md measures
+both). Percentiles are numpy's linear ones, as in mismatch.bin_statistics. The replay rounds page centroids as the rollout engine stores them (`centroid_dtype`, the
 engine's EngineConfig.centroid_dtype): float8 centroids select slightly different pages, so a
 schedule calibrated with one setting holds for rollouts with that setting.
 """
@@ -27,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -199,6 +205,31 @@ def measure_budgets(model: torch.nn.Module, trajectories: Sequence[Trajectory],
                                    centroid_dtype)
     positions = np.concatenate([t.positions for t in trajectories])
     return table_from_tokens(grid, positions, acceptance, template.bin_tokens, num_bins, bins)
+
+
+def measure_on_policy(model: torch.nn.Module,
+                      trajectories_by_budget: Mapping[int, Sequence[Trajectory]],
+                      template: Schedule, temperature: float = 1.0, num_bins: int = 0,
+                      batch_tokens: int = 4096, centroid_dtype: str = "cache") -> AcceptanceTable:
+    """Each budget's own trajectories (sampled by the sparse actor under its flat schedule)
+    replayed under that budget only: the acceptance the actor meets on the paths it takes, as a
+    train step measures it. A bin's `tokens` is the fewest that any budget's paths put there."""
+    grid = tuple(sorted(int(b) for b in trajectories_by_budget))
+    if not grid or grid[0] < 1 or any(not trajectories_by_budget[b] for b in grid):
+        raise CalibrationError(f"every budget needs trajectories, got budgets {list(grid)}")
+    measured = []
+    for budget in grid:
+        trajectories = trajectories_by_budget[budget]
+        [alpha] = replay_acceptance(model, trajectories, [flat_schedule(template, budget)],
+                                    temperature, batch_tokens, centroid_dtype)
+        measured.append((np.concatenate([t.positions for t in trajectories]), alpha))
+    width = max([int(num_bins)] + [int(pos.max()) // template.bin_tokens + 1 for pos, _ in measured])
+    tables = [table_from_tokens([b], pos, [alpha], template.bin_tokens, width)
+              for b, (pos, alpha) in zip(grid, measured)]
+    stats = {name: np.concatenate([getattr(t, name) for t in tables])
+             for name in ("p1", "p5", "p10", "mean")}
+    tokens = np.min([t.tokens for t in tables], axis=0)
+    return AcceptanceTable(grid, template.bin_tokens, tokens, **stats)
 
 
 def table_from_tokens(budgets: Sequence[int], positions: np.ndarray,

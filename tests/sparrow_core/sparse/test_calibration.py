@@ -19,6 +19,7 @@ from sparrow_core.sparse.calibration import (
     budget_grid,
     flat_schedule,
     measure_budgets,
+    measure_on_policy,
     model_shape,
     replay_acceptance,
     sample_trajectories,
@@ -86,6 +87,36 @@ def test_replay_is_exact_dense_when_the_budget_covers_every_page(qwen3_checkpoin
     # the first generated token of each trajectory comes from the dense prefill
     assert narrow[0] == pytest.approx(1.0, abs=1e-6) and narrow[34] == pytest.approx(1.0, abs=1e-6)
     assert narrow.min() < 0.99
+
+
+def test_on_policy_table_replays_each_budget_on_its_own_trajectories(qwen3_checkpoint):
+    """Budget b's column is its own trajectories replayed under b alone (a plain loop), and a
+    bin's token count is the fewest any budget put there."""
+    model = load_model(qwen3_checkpoint)
+    template = Schedule("t", (2,), page_size=4, bin_tokens=16, reserved_bos=1, reserved_eos=1,
+                        skip_layers=())
+    generator = torch.Generator().manual_seed(1)
+
+    def paths(*lengths):
+        return [Trajectory(tuple(torch.randint(0, 256, (n,), generator=generator).tolist()), 6)
+                for n in lengths]
+
+    by_budget = {1: paths(40, 33), 3: paths(20, 52, 30)}
+    table = measure_on_policy(model, by_budget, template, num_bins=5)
+    assert table.budgets == (1, 3) and table.p5.shape == (2, 5)
+    counts = []
+    for j, budget in enumerate((1, 3)):
+        [alpha] = replay_acceptance(model, by_budget[budget], [flat_schedule(template, budget)])
+        bins = np.minimum(np.concatenate([t.positions for t in by_budget[budget]]) // 16, 4)
+        counts.append(np.bincount(bins, minlength=5))
+        for i in range(5):
+            if counts[-1][i]:
+                assert table.p5[j, i] == pytest.approx(np.percentile(alpha[bins == i], 5))
+            else:
+                assert np.isnan(table.p5[j, i])
+    assert list(table.tokens) == list(np.minimum(*counts))
+    with pytest.raises(CalibrationError, match="every budget"):
+        measure_on_policy(model, {2: []}, template)
 
 
 @pytest.fixture(scope="module")
