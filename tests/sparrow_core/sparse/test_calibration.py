@@ -134,31 +134,38 @@ def _prompts(tokenizer, split, count):
 
 @pytest.mark.slow
 def test_embedded_model_calibrates_and_holds_its_target_on_held_out_prompts(tiny):
-    """Calibrate on 2 train prompts x 2 samples, then decode 2 eval prompts x 2 samples sparsely
-    under the chosen schedule: every bin's exact p5 stays at or above target - 0.02 (the
-    sampling tolerance: p5 of ~100 tokens per bin moves by about one token's acceptance)."""
+    """Calibrate on the sparse actor's own paths (8 train prompts x 4 samples under each
+    budget), then decode 8 eval prompts x 4 samples under the chosen schedule: every bin's exact
+    p5 stays at or above target - 0.15. The tolerance is the spread between prompt sets: on
+    this model a p5 near the target moves by up to 0.15 from one set of 8 prompts to another
+    (bin 2 at 6 pages: 0.73 to 0.91); tests/pipelines/test_calibrate_on_policy.py holds the
+    prediction to 0.05 against a train step at the chosen budgets. This test's earlier,
+    dense-sampled form (2 x 2 dense paths) picked 6 pages for bin 2 on this model, where the
+    actor's own held-out paths then had p5 0.09 (docs/calibration.md)."""
     model, tokenizer = tiny
-    template, target, tolerance = get_preset("tiny-0.86"), 0.86, 0.02
-    params = [SamplingParams(temperature=1.0, max_new_tokens=256, n=2, seed=s) for s in (1, 2)]
-    trajectories = sample_trajectories(model, tokenizer, _prompts(tokenizer, "train", 2), params)
-    grid = (2, 4, 6, 12)
-    table = measure_budgets(model, trajectories, template, grid, num_bins=template.num_bins)
+    template, target, tolerance = get_preset("tiny-0.86"), 0.86, 0.15
+    params = [SamplingParams(temperature=1.0, max_new_tokens=128, n=4, seed=s) for s in range(8)]
+    prompts, grid = _prompts(tokenizer, "train", 8), (4, 6, 8, 12, 16)
+    table = measure_on_policy(model, {b: sample_trajectories(
+        model, tokenizer, prompts, params, schedule=flat_schedule(template, b)) for b in grid},
+        template, num_bins=template.num_bins)
     shape = model_shape(resolve_model_path("builtin:tiny"))
     cost = budget_cost_table(grid, table.num_bins, template, model=shape,
-                             hardware=get_hardware("h200"), prompt_len=trajectories[0].prompt_len)
-    choice = choose_budgets(grid, table.p5, table.tokens, cost, target, min_tokens=20)
+                             hardware=get_hardware("h200"), prompt_len=len(prompts[0]))
+    choice = choose_budgets(grid, table.p5, table.tokens, cost, target, min_tokens=50)
     schedule = Schedule("tiny-calibrated", choice.topk_pages, page_size=8, bin_tokens=64,
                         reserved_bos=1, reserved_eos=2, skip_layers=template.skip_layers,
                         target=target)
-    measured = [i for i in range(table.num_bins) if table.tokens[i] >= 20]
+    measured = [i for i in range(table.num_bins) if table.tokens[i] >= 50]
     assert measured and all(table.p5[grid.index(schedule.topk_pages[i]), i] >= target
                             for i in measured)
-    held = sample_trajectories(model, tokenizer, _prompts(tokenizer, "eval", 2), params,
+    held = sample_trajectories(model, tokenizer, _prompts(tokenizer, "eval", 8), params,
                                schedule=schedule)
     positions, alpha = schedule_acceptance(model, held, schedule)
     bins = positions // 64
     for i in np.unique(bins):
-        assert np.percentile(alpha[bins == i], 5) >= target - tolerance, (i, choice.topk_pages)
+        if (bins == i).sum() >= 50:
+            assert np.percentile(alpha[bins == i], 5) >= target - tolerance, (i, choice.topk_pages)
 
 
 def test_replay_selects_with_the_rollout_engines_centroid_dtype(qwen3_checkpoint, monkeypatch):
