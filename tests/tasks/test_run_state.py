@@ -72,7 +72,7 @@ def test_open_run_creates_then_resumes_then_refuses_a_change(store, tmp_path):
     with pytest.raises(ConfigMismatchError) as err:
         open_run(store, changed, "r", tmp_path / "model")
     message = str(err.value)
-    assert "algo.lr: 2e-06 -> 3e-06" in message and "data.prompts_per_step: 4 -> 2" in message
+    assert "algo.lr: 2e-06 -> 3e-06" in message and "data.prompts_per_step: 8 -> 2" in message
     assert "pipeline.steps" not in message
 
 
