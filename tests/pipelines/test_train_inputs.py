@@ -139,7 +139,7 @@ def test_second_writer_is_refused_and_nothing_is_lost(raising_run, small_overrid
 
 def test_resume_with_another_config_names_the_keys(raising_run, small_overrides):
     workdir, _ = raising_run
-    with pytest.raises(ConfigMismatchError, match=r"algo\.lr: 1e-06 -> 2e-06.*"
+    with pytest.raises(ConfigMismatchError, match=r"algo\.lr: 0\.0003 -> 2e-06.*"
                                                   r"rollout\.temperature: 2\.0 -> 0\.5"):
         train_flow(small_overrides(workdir, "raise", "pipeline.steps=1",
                                    "data.reward=test_always_raises",
