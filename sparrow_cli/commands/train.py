@@ -33,11 +33,14 @@ def run(args: argparse.Namespace) -> int:
     from pipelines.prefect_env import quiet_prefect
 
     quiet_prefect()
+    from pipelines.server_guard import guard_local_server
     from sparrow_core.config import load_config
     from sparrow_core.model.builtin import resolve_model_path
 
     cfg = load_config(args.overrides)
     resolve_model_path(cfg.model.path)
+    # a kill -9 of this process must not leave Prefect's temporary API server behind
+    guard_local_server()
 
     from pipelines.train import train_flow
 

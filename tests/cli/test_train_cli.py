@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -69,3 +70,51 @@ def test_real_run_prints_the_table_and_where_to_look(tmp_path):
     [run] = json.loads(listed.stdout)
     assert (run["run_id"], run["status"], run["steps_done"], run["steps"]) == ("cli", "finished",
                                                                              2, 2)
+
+
+def _server_children(pid: int) -> list[int]:
+    """Child processes of `pid` that are Prefect API servers (Linux /proc)."""
+    from pipelines.server_guard import SERVER_MARK
+
+    try:
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
+    found = []
+    for kid in kids:
+        try:
+            if SERVER_MARK.encode() in Path(f"/proc/{kid}/cmdline").read_bytes():
+                found.append(int(kid))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the guard uses /proc and prctl")
+def test_kill_9_leaves_no_prefect_server_behind(tmp_path):
+    import signal
+    import time
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "RAY_"))}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sparrow_cli.main", "train", f"pipeline.workdir={tmp_path / 'w'}",
+         "pipeline.steps=50", "data.prompts_per_step=2", "rollout.samples_per_prompt=2",
+         "rollout.max_new_tokens=16"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    servers: list[int] = []
+    deadline = time.time() + 300
+    while not servers and time.time() < deadline and proc.poll() is None:
+        servers = _server_children(proc.pid)
+        time.sleep(0.5)
+    assert servers, "the run never started Prefect's temporary server"
+    time.sleep(2.0)  # the guard notes the server's pid once a second
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.time() + 20
+    while time.time() < deadline and any(Path(f"/proc/{pid}").exists() for pid in servers):
+        time.sleep(0.5)
+    alive = [pid for pid in servers if Path(f"/proc/{pid}").exists()
+             and b"create_app" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert alive == []
