@@ -16,7 +16,6 @@ save_pretrained does.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -26,9 +25,8 @@ from typing import Any
 
 import torch
 
-from sparrow_core.rl.checkpoint import (FORMAT_VERSION, OPTIMIZER_STATE, RNG_STATE,
-                                        TOKENIZER_FILES, TRAINER_STATE, TrainerCheckpointError,
-                                        rng_state)
+from sparrow_core.rl.checkpoint import (TrainerCheckpointError, rng_state,
+                                        write_trainer_files)
 
 
 class BackgroundSaver:
@@ -101,13 +99,7 @@ def _write(out: Path, weights, optimizer_state, rng, config, generation, tokeniz
         (scratch / "config.json").write_text(config)
         if generation is not None:
             (scratch / "generation_config.json").write_text(generation)
-        for name in TOKENIZER_FILES:
-            if (tokenizer_source / name).is_file():
-                shutil.copyfile(tokenizer_source / name, scratch / name)
-        torch.save(optimizer_state, scratch / OPTIMIZER_STATE)
-        torch.save(rng, scratch / RNG_STATE)
-        record = {"format_version": FORMAT_VERSION, **meta}
-        (scratch / TRAINER_STATE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        write_trainer_files(scratch, optimizer_state, rng, tokenizer_source, meta)
         os.replace(scratch, out)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

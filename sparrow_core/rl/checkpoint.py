@@ -75,18 +75,24 @@ def save_checkpoint(out_dir: str | Path, model: torch.nn.Module, optimizer: torc
     scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
         model.save_pretrained(scratch, safe_serialization=True)
-        for name in TOKENIZER_FILES:
-            source = Path(tokenizer_source) / name
-            if source.is_file():
-                shutil.copyfile(source, scratch / name)
-        torch.save(optimizer.state_dict(), scratch / OPTIMIZER_STATE)
-        torch.save(rng_state(), scratch / RNG_STATE)
-        record = {"format_version": FORMAT_VERSION, **meta}
-        (scratch / TRAINER_STATE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        write_trainer_files(scratch, optimizer.state_dict(), rng_state(), tokenizer_source, meta)
         os.replace(scratch, out)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return out
+
+
+def write_trainer_files(folder: Path, optimizer_state: dict[str, Any], rng: dict[str, Any],
+                        tokenizer_source: str | Path, meta: dict[str, Any]) -> None:
+    """Everything of a checkpoint folder but the model's weights and config."""
+    for name in TOKENIZER_FILES:
+        source = Path(tokenizer_source) / name
+        if source.is_file():
+            shutil.copyfile(source, folder / name)
+    torch.save(optimizer_state, folder / OPTIMIZER_STATE)
+    torch.save(rng, folder / RNG_STATE)
+    record = {"format_version": FORMAT_VERSION, **meta}
+    (folder / TRAINER_STATE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 
 def read_checkpoint_state(folder: str | Path) -> CheckpointState:
