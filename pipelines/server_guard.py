@@ -25,12 +25,22 @@ import ctypes, os, signal, sys, time
 parent = int(sys.argv[1]); mark = sys.argv[2]
 seen = set()
 def children(pid):
+    # every thread's children: Prefect may start its server from a thread other than main
+    found = []
     try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(p) for p in f.read().split()]
+        tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return []
+        return found
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                found += [int(p) for p in f.read().split()]
+        except OSError:
+            pass
+    return found
 def is_server(pid):
+    if pid == os.getpid():
+        return False
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return mark.encode() in f.read()

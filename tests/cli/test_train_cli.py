@@ -76,10 +76,12 @@ def _server_children(pid: int) -> list[int]:
     """Child processes of `pid` that are Prefect API servers (Linux /proc)."""
     from pipelines.server_guard import SERVER_MARK
 
-    try:
-        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:
-        return []
+    kids = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            kids += (task / "children").read_text().split()
+        except OSError:
+            pass
     found = []
     for kid in kids:
         try:
@@ -118,3 +120,39 @@ def test_kill_9_leaves_no_prefect_server_behind(tmp_path):
     alive = [pid for pid in servers if Path(f"/proc/{pid}").exists()
              and b"create_app" in Path(f"/proc/{pid}/cmdline").read_bytes()]
     assert alive == []
+
+
+@pytest.mark.slow
+def test_real_ctrl_c_is_one_line_and_the_run_resumes(tmp_path):
+    """SIGINT (what Ctrl-C sends) to a real `sparrow train` in its first step: one line on
+    stderr, exit status 130, the run marked interrupted; the same command then finishes it."""
+    import signal
+    import time
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "RAY_"))}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    workdir = tmp_path / "w"
+    command = [sys.executable, "-m", "sparrow_cli.main", "train", f"pipeline.workdir={workdir}",
+               "pipeline.run_id=c", "pipeline.steps=2", "data.prompts_per_step=2",
+               "rollout.samples_per_prompt=2", "rollout.max_new_tokens=16"]
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.time() + 300
+    # the rollout stage's scratch folder appears once the flow is running its first stage
+    while time.time() < deadline and proc.poll() is None and \
+            not list((workdir / "runs" / "c").glob("step-1/*rollout*")):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("interrupted"), err[-2000:]
+    listed = subprocess.run([sys.executable, "-m", "sparrow_cli.main", "runs", "--workdir",
+                             str(workdir), "--json"], capture_output=True, text=True, env=env)
+    assert json.loads(listed.stdout)[0]["status"] == "interrupted"
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=540)
+    assert done.returncode == 0, done.stderr[-3000:]
+    listed = subprocess.run([sys.executable, "-m", "sparrow_cli.main", "runs", "--workdir",
+                             str(workdir), "--json"], capture_output=True, text=True, env=env)
+    [run] = json.loads(listed.stdout)
+    assert (run["status"], run["steps_done"]) == ("finished", 2)
