@@ -26,8 +26,8 @@ from sparrow_core.errors import SparrowError
 from storage import Store
 
 RESUMABLE_KEYS = frozenset({
-    "pipeline.fail_at", "pipeline.steps", "pipeline.run_id", "pipeline.workdir",
-    "ray.address", "rollout.num_actors",
+    "pipeline.fail_at", "pipeline.kill_at", "pipeline.steps", "pipeline.run_id",
+    "pipeline.workdir", "ray.address", "rollout.num_actors",
 })
 
 

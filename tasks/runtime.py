@@ -75,6 +75,7 @@ class RunRuntime:
     def __post_init__(self) -> None:
         self.layout = RunLayout(Path(self.cfg.pipeline.workdir), self.run_id)
         self.fail_at = parse_fail_at(self.cfg.pipeline.fail_at)
+        self.kill_at = parse_fail_at(self.cfg.pipeline.kill_at)
 
     @property
     def key(self) -> tuple[str, str]:

@@ -11,13 +11,16 @@ insert by key). Only after that commit are metrics and events sent to MLflow.
 - A stage with a `stage_runs` row is not run again: its recorded folder is returned and its
   files are left untouched (this is how a flow resumes).
 - `pipeline.fail_at=STAGE@STEP` raises StageFailedOnPurpose in that stage at that step, before
-  it writes anything.
+  it writes anything; `pipeline.kill_at=STAGE@STEP` kills the process (SIGKILL) after the
+  stage wrote its files and before it is renamed and recorded (fault-injection tests).
 - Retries (tasks/retry.py) re-run a stage from its inputs; the rename and the delete-then-
   insert make that safe.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -26,6 +29,7 @@ from typing import TYPE_CHECKING, Callable, Mapping
 
 from sparrow_core.errors import SparrowError
 from storage import atomic_dir
+from tasks import interrupt
 from tasks.records import record_stage, replace_step_metrics, stage_record
 
 if TYPE_CHECKING:
@@ -98,6 +102,7 @@ def run_stage(runtime: "RunRuntime", stage: str, step: int,
               body: Callable[[Path], StageWrite]) -> StageOutcome:
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
+    interrupt.check()  # a Ctrl-C that landed where Python could not raise it
     run_id = runtime.run_id
     recorded = stage_record(runtime.store, run_id, step, stage)
     if recorded is not None:
@@ -111,6 +116,9 @@ def run_stage(runtime: "RunRuntime", stage: str, step: int,
     runtime.stages_run[stage] += 1
     with atomic_dir(final) as scratch:
         written = body(scratch)
+        if getattr(runtime, "kill_at", None) == (stage, step):
+            # fault injection: the files are written, the folder not renamed, nothing recorded
+            os.kill(os.getpid(), signal.SIGKILL)
     duration = time.perf_counter() - clock
     finished = datetime.now(timezone.utc).replace(tzinfo=None)
     metrics = {**written.metrics, f"time/{stage}_s": duration}

@@ -49,7 +49,9 @@ BELOW_TARGET_METRIC = "threshold/below_target"
 _PARAMS_PER_BATCH = 100
 _METRICS_PER_BATCH = 1000
 # the names run statuses go by in storage's runs table and in MLflow
-_STATUSES = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
+# MLflow's run states; an interrupted run (Ctrl-C) is KILLED there and "interrupted" here
+_STATUSES = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED",
+             "interrupted": "KILLED"}
 
 
 class TrackingError(SparrowError):

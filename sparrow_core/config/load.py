@@ -139,12 +139,11 @@ def validate(cfg: SparrowConfig) -> None:
         if not ok(_get(cfg, key)):
             raise ConfigError(f"config key {key!r} is {_get(cfg, key)!r}; it must be {rule}")
     _check_reward(cfg.data.reward)
-    if cfg.pipeline.fail_at:
-        stage, sep, step = cfg.pipeline.fail_at.partition("@")
-        if not sep or not stage or not step.isdigit():
-            raise ConfigError(
-                f"config key 'pipeline.fail_at' is {cfg.pipeline.fail_at!r}; it must be STAGE@STEP"
-            )
+    for key in ("fail_at", "kill_at"):
+        spec = getattr(cfg.pipeline, key)
+        stage, sep, step = spec.partition("@")
+        if spec and (not sep or not stage or not step.isdigit()):
+            raise ConfigError(f"config key 'pipeline.{key}' is {spec!r}; it must be STAGE@STEP")
 
 
 def _check_reward(name: str) -> None:

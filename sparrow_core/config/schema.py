@@ -181,6 +181,9 @@ class PipelineConfig:
     steps: int = 8
     # fail a stage on purpose, as STAGE@STEP (for testing resume); empty disables
     fail_at: str = ""
+    # kill the process (SIGKILL) as STAGE@STEP, once the stage has written its files but before
+    # it is recorded (fault-injection tests); empty disables
+    kill_at: str = ""
     # checkpoint every K steps; 0 only at the end
     checkpoint_every: int = 0
     # policy_update folders (full trainer state) that keep their tensors: the newest K; 0 all
