@@ -101,7 +101,7 @@ def server_env(tmp_path):
     assert not group_alive(server.pid), "the Prefect server left a process behind"
 
 
-def test_deploy_all_and_run_train_on_a_local_server(server_env, tmp_path):
+def test_deploy_all_and_run_both_flows_on_a_local_server(server_env, tmp_path):
     env, workdir = server_env, tmp_path / "work"
     prefect(env, "work-pool", "create", "sparrow", "--type", "process")
     prefect(env, "--no-prompt", "deploy", "--all")
@@ -118,9 +118,17 @@ def test_deploy_all_and_run_train_on_a_local_server(server_env, tmp_path):
         run = prefect(env, "deployment", "run", "train/sparrow-train",
                       "-p", f"overrides={json.dumps(overrides)}",
                       "--watch", "--watch-timeout", "480", timeout=540)
+        # and the calibration flow, as small: 1 prompt x 2 samples, two budgets
+        calibrate = [f"pipeline.workdir={workdir}", "calibrate.num_prompts=1",
+                     "calibrate.repeats=2", "calibrate.budgets=[2,4]", "calibrate.min_tokens=5",
+                     "calibrate.max_new_tokens=48", "calibrate.name=served-cal"]
+        calibrated = prefect(env, "deployment", "run", "calibrate/sparrow-calibrate",
+                             "-p", f"overrides={json.dumps(calibrate)}",
+                             "--watch", "--watch-timeout", "480", timeout=540)
     finally:
         stop(worker)
     assert not group_alive(worker.pid), "the worker left a process behind"
     assert "Completed" in run, run + (tmp_path / "worker.log").read_text()[-3000:]
+    assert "Completed" in calibrated, calibrated + (tmp_path / "worker.log").read_text()[-3000:]
     rollouts = pq.read_table(workdir / "runs/served/step-1/rollout/rollouts.parquet")
     assert rollouts.num_rows == 2 * 2
