@@ -303,7 +303,11 @@ def enable_checkpointing(model: torch.nn.Module) -> None:
     for key in ("attention_dropout", "hidden_dropout", "embd_pdrop", "resid_pdrop"):
         if hasattr(model.config, key):
             setattr(model.config, key, 0.0)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     model.train()
 
 

@@ -232,3 +232,28 @@ def test_trainer_memory_options_keep_the_update(qwen3_checkpoint, change):
         torch.testing.assert_close(w_new[name], w_ref[name], rtol=0, atol=1e-5)
         moved += int((w_ref[name] != weights_before[name]).sum())
     assert moved > 0
+
+
+def test_gradient_checkpointing_wraps_every_layer_in_the_update(qwen3_checkpoint):
+    """With algo.gradient_checkpointing each decoder layer's forward in the update goes through
+    the checkpoint function (whose backward recomputes it); scoring (no gradient) never does."""
+    records = make_records(prompts=1, group=2, seed=8)
+    algo = dataclasses.replace(ALGO, gradient_checkpointing=True)
+    trainer = PolicyTrainer(qwen3_checkpoint, algo, device="cpu", seed=0)
+    layers = trainer.model.get_decoder().layers
+    calls = [0]
+    for layer in layers:
+        checkpoint_fn = layer._gradient_checkpointing_func
+
+        def counted(*args, _fn=checkpoint_fn, **kwargs):
+            calls[0] += 1
+            return _fn(*args, **kwargs)
+
+        layer._gradient_checkpointing_func = counted
+    scores = trainer.score(records)
+    assert calls[0] == 0
+    trainer.update(records, [1.0, 0.0], [s.dense_logprobs for s in scores], 2)
+    assert calls[0] == len(layers)  # one micro-batch
+    plain = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu", seed=0)
+    assert not plain.model.training and not any(
+        getattr(layer, "gradient_checkpointing", False) for layer in plain.model.get_decoder().layers)
