@@ -96,7 +96,7 @@ def remove_stale_scratch(workdir: str | Path) -> list[Path]:
     for root, dirs, files in os.walk(runs):
         for name in [*dirs, *files]:
             match = _SCRATCH.match(name)
-            if not match or _alive(int(match.group(1))):
+            if not match or process_alive(int(match.group(1))):
                 continue
             path = Path(root) / name
             if path.is_dir() and not path.is_symlink():
@@ -108,9 +108,8 @@ def remove_stale_scratch(workdir: str | Path) -> list[Path]:
     return removed
 
 
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
+def process_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (another user's too)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

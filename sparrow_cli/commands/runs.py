@@ -24,6 +24,7 @@ import yaml
 from sparrow_cli.output import print_json, print_table
 from sparrow_core.config.schema import PipelineConfig
 from sparrow_core.errors import SparrowError
+from storage.layout import process_alive
 
 RUNS_SQL = """
 SELECT r.run_id, r.status, r.created_at, r.model_path, r.config_yaml, r.mlflow_run_id,
@@ -76,15 +77,7 @@ def _pid_alive(lock: Path) -> bool:
         pid = int(lock.read_text().strip() or 0)
     except (OSError, ValueError):
         return False
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid > 0 and process_alive(pid)
 
 
 def run_rows(workdir: str) -> list[dict]:

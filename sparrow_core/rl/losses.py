@@ -109,18 +109,10 @@ def _compute_dtype(tensor: torch.Tensor) -> torch.dtype:
     return torch.float64 if tensor.dtype == torch.float64 else torch.float32
 
 
-@POLICY_LOSSES.register("ppo_clip")
-def ppo_clip_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    actor_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    cfg: PolicyLossConfig,
-    *,
-    normalizer: float | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """-w * min(ratio A, clip(ratio, 1 - eps_low, 1 + eps_high) A), ratio = p_theta / p_old."""
+def clipped_surrogate(logprobs, old_logprobs, actor_logprobs, advantages, mask, cfg):
+    """The checked inputs and the PPO clipped surrogate every policy loss here weighs:
+    (bool mask, old logprobs, advantages, clamped log ratio, min(ratio A, clip(ratio) A)),
+    in the compute dtype, zero off the mask."""
     check_same_2d(logprobs=logprobs, old_logprobs=old_logprobs, actor_logprobs=actor_logprobs,
                   advantages=advantages, mask=mask)
     if not isinstance(cfg, PolicyLossConfig):
@@ -134,7 +126,23 @@ def ppo_clip_loss(
     log_ratio = log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
     ratio = torch.exp(log_ratio)
     clipped = ratio.clamp(1 - cfg.eps_low, 1 + cfg.eps_high)
-    surrogate = torch.minimum(ratio * adv, clipped * adv)
+    return mask, old, adv, log_ratio, torch.minimum(ratio * adv, clipped * adv)
+
+
+@POLICY_LOSSES.register("ppo_clip")
+def ppo_clip_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    actor_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: PolicyLossConfig,
+    *,
+    normalizer: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """-w * min(ratio A, clip(ratio, 1 - eps_low, 1 + eps_high) A), ratio = p_theta / p_old."""
+    mask, old, adv, log_ratio, surrogate = clipped_surrogate(
+        logprobs, old_logprobs, actor_logprobs, advantages, mask, cfg)
     weight, truncated = tis_weights(old, actor_logprobs, mask, cfg.tis_cap)
     loss = aggregate(-weight * surrogate, mask, cfg.loss_agg, normalizer)
     with torch.no_grad():

@@ -26,15 +26,7 @@ import math
 import torch
 
 from sparrow_core.rl.aggregate import aggregate, masked_mean
-from sparrow_core.rl.checks import RLInputError, as_bool_mask, check_same_2d
-from sparrow_core.rl.losses import (
-    LOG_RATIO_LIMIT,
-    POLICY_LOSSES,
-    PolicyLossConfig,
-    _compute_dtype,
-    _metrics,
-    tis_weights,
-)
+from sparrow_core.rl.losses import POLICY_LOSSES, _metrics, clipped_surrogate, tis_weights
 
 
 def _log_rho(old: torch.Tensor, actor: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -82,19 +74,8 @@ def _masked_loss(name: str):
     weigh = _WEIGHTS[name]
 
     def loss_fn(logprobs, old_logprobs, actor_logprobs, advantages, mask, cfg, *, normalizer=None):
-        check_same_2d(logprobs=logprobs, old_logprobs=old_logprobs,
-                      actor_logprobs=actor_logprobs, advantages=advantages, mask=mask)
-        if not isinstance(cfg, PolicyLossConfig):
-            raise RLInputError(f"cfg must be a PolicyLossConfig, got {type(cfg).__name__}")
-        mask = as_bool_mask(mask)
-        dtype = _compute_dtype(logprobs)
-        old = old_logprobs.detach().to(dtype)
-        adv = torch.where(mask, advantages.detach().to(dtype), torch.zeros_like(old))
-        log_ratio = torch.where(mask, logprobs.to(dtype) - old, torch.zeros_like(old))
-        log_ratio = log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
-        ratio = torch.exp(log_ratio)
-        clipped = ratio.clamp(1 - cfg.eps_low, 1 + cfg.eps_high)
-        surrogate = torch.minimum(ratio * adv, clipped * adv)
+        mask, old, adv, log_ratio, surrogate = clipped_surrogate(
+            logprobs, old_logprobs, actor_logprobs, advantages, mask, cfg)
         weight = weigh(old, actor_logprobs, mask, cfg).detach()
         loss = aggregate(-weight * surrogate, mask, cfg.loss_agg, normalizer)
         with torch.no_grad():

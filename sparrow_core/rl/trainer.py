@@ -113,6 +113,7 @@ class PolicyTrainer:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=algo.lr,
                                            weight_decay=algo.weight_decay)
         self.offloaded = False
+        self._saver = None  # rl/async_save.BackgroundSaver, made on the first background save
 
     # scoring
 
@@ -267,13 +268,13 @@ class PolicyTrainer:
         (rl/async_save.py); returns a Future. wait_for_save() joins it."""
         from sparrow_core.rl.async_save import BackgroundSaver
 
-        if getattr(self, "_saver", None) is None:
+        if self._saver is None:
             self._saver = BackgroundSaver()
         return self._saver.save(folder, self.model, self.optimizer, self.model_path,
                                 self._meta())
 
     def wait_for_save(self) -> None:
-        if getattr(self, "_saver", None) is not None:
+        if self._saver is not None:
             self._saver.wait()
 
     @classmethod

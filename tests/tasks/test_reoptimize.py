@@ -78,6 +78,7 @@ def make_runtime(tmp_path: Path, sampled, topk, *overrides):
     for step in (1, 2):
         write_rollouts(layout.stage_dir(step, "rollout") / "rollouts.parquet", records)
     runtime = SimpleNamespace(cfg=cfg, run_id=RUN, store=store, layout=layout, fail_at=None,
+                              kill_at=None,
                               stages_run=Counter(), tracker=FakeTracker(), schedule_name="tiny-ctl",
                               schedule_start_version=1, policy_folder_before=lambda step: path)
     return runtime, schedule

@@ -33,6 +33,7 @@ class FakeTracker:
 def runtime(tmp_path):
     store = Store.open_writer(tmp_path)
     yield SimpleNamespace(run_id="r", store=store, layout=RunLayout(tmp_path, "r"), fail_at=None,
+                          kill_at=None,
                           stages_run=Counter(), tracker=FakeTracker())
     store.close()
 
