@@ -35,8 +35,12 @@ def prune_policy_folders(runtime: RunRuntime, step: int) -> list[Path]:
             continue
         if every and record.step % every == 0:
             continue
-        folder = runtime.policy_state(record.output_dir)
-        if folder.is_dir() and not (folder / MARKER).exists():
+        # no wait: this runs right after a step's background save started, and joining it
+        # here would keep the write from overlapping the next rollout; an older step's
+        # save is complete (one save is in flight at a time), and an unfinished one has no
+        # config.json yet and is left alone
+        folder = runtime.policy_state(record.output_dir, wait=False)
+        if (folder / "config.json").is_file() and not (folder / MARKER).exists():
             removed = [p.name for pattern in HEAVY for p in folder.glob(pattern)]
             for name in removed:
                 (folder / name).unlink()

@@ -26,3 +26,32 @@ def test_old_policy_folders_are_pruned(flow_environment, small_overrides, tmp_pa
     assert "model.safetensors" in marker["removed"] and "optimizer.pt" in marker["removed"]
     # the checkpoint at the end is its own copy (hard links), untouched by pruning
     assert (folder / "checkpoints" / "step-3" / "model.safetensors").exists()
+
+
+def test_pruning_never_waits_for_a_background_save(tmp_path, monkeypatch):
+    """Pruning runs right after policy_update starts its background save: it must not join
+    it (the write overlaps the next rollout), and it leaves a state not yet written alone."""
+    from types import SimpleNamespace
+
+    import tasks.retention as retention
+    from tasks.records import StageRecord
+
+    done, writing = tmp_path / "step-1", tmp_path / "step-2"
+    for folder in (done, writing):
+        folder.mkdir()
+        (folder / "model.safetensors").write_text("x")
+    (done / "config.json").write_text("{}")  # step 2's save has not reached its config yet
+    records = [StageRecord("r", s, "policy_update", 1.0, str(f)) for s, f in ((1, done),
+                                                                             (2, writing))]
+    monkeypatch.setattr(retention, "stage_records", lambda store, run_id: records)
+
+    def policy_state(folder, wait=True):
+        assert not wait, "pruning joined a background save"
+        return type(done)(folder)
+
+    runtime = SimpleNamespace(store=None, run_id="r", policy_state=policy_state,
+                              cfg=SimpleNamespace(pipeline=SimpleNamespace(keep_checkpoints=1,
+                                                                           keep_every=0)))
+    assert retention.prune_policy_folders(runtime, 3) == [done]
+    assert not (done / "model.safetensors").exists()
+    assert (writing / "model.safetensors").exists()
