@@ -144,6 +144,9 @@ class AlgoConfig:
     gradient_checkpointing: bool = False
     # on GPU: weights and optimizer moments go to host memory while the rollout runs
     offload_during_rollout: bool = False
+    # with a compute dtype below fp32 (bf16 on GPU): the model holds bf16 parameters and
+    # AdamW steps fp32 master copies; false keeps fp32 parameters under autocast
+    master_weights: bool = True
     # thresholds of the masking mismatch corrections (algo.loss mis_*, icepop, geo_mask)
     correction: CorrectionConfig = field(default_factory=CorrectionConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)

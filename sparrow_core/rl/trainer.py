@@ -7,10 +7,12 @@
     engine.update_weights(trainer.state_dict_for_sync())
     trainer.save(folder); trainer = PolicyTrainer.load(folder, config.algo, "cpu", "auto")
 
-The model is the checkpoint's AutoModelForCausalLM with SDPA attention. Its parameters and
-AdamW state are fp32 (master weights) on every device; `dtype` is the compute dtype: bf16
-("auto" on GPU) runs the forward under autocast, fp32 ("auto" on CPU) runs it plainly. (A bf16
-copy of the weights would round away updates at the reference lr of 1e-6.)
+The model is the checkpoint's AutoModelForCausalLM with SDPA attention. `dtype` is the compute
+dtype: fp32 ("auto" on CPU) runs plainly. bf16 ("auto" on GPU) holds the model's parameters in
+bf16 and lets AdamW step fp32 master copies (rl/master_weights.py; algo.master_weights), so
+no weight is cast and no elementwise work runs in fp32 per step, while updates at the
+reference lr of 1e-6 still land; with algo.master_weights=false the parameters stay fp32 and
+the forward runs under autocast. Checkpoints hold the fp32 weights either way.
 
 update(): records are ordered by (prompt_index, sample_index) and cut into groups of
 group_size samples of one prompt; the algo.advantage estimator gives per-sample advantages,
@@ -44,6 +46,7 @@ from sparrow_core.rl.checkpoint import (
 )
 from sparrow_core.rl.checks import RLInputError
 from sparrow_core.rl.losses import POLICY_LOSSES, PolicyLossConfig
+from sparrow_core.rl.master_weights import MasterWeights
 from sparrow_core.rl.scoring import (
     TokenScores,
     micro_batches,
@@ -110,15 +113,18 @@ class PolicyTrainer:
         self.model = load_hf_model(self.model_path, self.device)
         if algo.gradient_checkpointing:
             enable_checkpointing(self.model)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=algo.lr,
-                                           weight_decay=algo.weight_decay)
+        self.masters = None
+        if self.dtype != torch.float32 and algo.master_weights:
+            self.masters = MasterWeights(self.model, self.dtype)
+        trained = self.masters.parameters() if self.masters else list(self.model.parameters())
+        self.optimizer = torch.optim.AdamW(trained, lr=algo.lr, weight_decay=algo.weight_decay)
         self.offloaded = False
         self._saver = None  # rl/async_save.BackgroundSaver, made on the first background save
 
     # scoring
 
     def _autocast(self):
-        if self.dtype == torch.float32:
+        if self.dtype == torch.float32 or self.masters is not None:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.dtype)
 
@@ -189,6 +195,8 @@ class PolicyTrainer:
         if normalizer:
             self.optimizer.step()
             self.optimizer_steps += 1
+            if self.masters is not None:
+                self.masters.publish()
         # the loss's masked means, token-weighted over micro-batches, are the full batch's means
         metrics = {key: value / max(tokens_total, 1) for key, value in sums.items()}
         metrics.update({"actor/pg_loss": loss_total, "actor/loss": loss_total,
@@ -211,7 +219,8 @@ class PolicyTrainer:
         return loss, metrics, int(batch.mask.sum())
 
     def _clip_gradients(self) -> float:
-        params = [p for p in self.model.parameters() if p.grad is not None]
+        params = [p for group in self.optimizer.param_groups for p in group["params"]
+                  if p.grad is not None]
         if not params:
             return 0.0
         limit = self.algo.grad_clip if self.algo.grad_clip > 0 else float("inf")
@@ -222,6 +231,7 @@ class PolicyTrainer:
     def free_gradients(self) -> None:
         """Drop the last update's gradients (a full fp32 copy of the weights)."""
         self.optimizer.zero_grad(set_to_none=True)
+        self.model.zero_grad(set_to_none=True)
 
     def offload(self) -> None:
         """Move weights and optimizer moments to host memory (pinned on a CUDA machine) so
@@ -242,7 +252,8 @@ class PolicyTrainer:
     # weights and checkpoints
 
     def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
-        """Transformers-named tensors (detached views of the live fp32 weights) for
+        """Transformers-named tensors (detached views of the live weights: bf16 with master
+        weights, else fp32) for
         Engine.update_weights / Decoder.load_hf_state_dict, which convert dtype and device.
         Copy them before the next update() if they must outlive it."""
         return {name: tensor.detach() for name, tensor in self.model.state_dict().items()}
@@ -257,11 +268,19 @@ class PolicyTrainer:
     def _meta(self) -> dict:
         return {"step": self.step, "optimizer_steps": self.optimizer_steps, "seed": self.seed,
                 "temperature": self.temperature, "dtype": str(self.dtype).replace("torch.", ""),
+                "master_weights": self.masters is not None,
                 "algo": asdict(self.algo), "source_model": str(self.model_path)}
 
     def save(self, folder: str | Path) -> Path:
         """Write a checkpoint folder (sparrow_core/rl/checkpoint.py) that load() resumes."""
-        return save_checkpoint(folder, self.model, self.optimizer, self.model_path, self._meta())
+        with self._exact_weights() as model:
+            return save_checkpoint(folder, model, self.optimizer, self.model_path, self._meta())
+
+    def _exact_weights(self):
+        """The model showing the weights the optimizer steps (the fp32 masters if any)."""
+        if self.masters is None:
+            return contextlib.nullcontext(self.model)
+        return self.masters.swapped_in()
 
     def save_in_background(self, folder: str | Path):
         """The same folder as save(), written by a worker thread from a host snapshot
@@ -270,8 +289,8 @@ class PolicyTrainer:
 
         if self._saver is None:
             self._saver = BackgroundSaver()
-        return self._saver.save(folder, self.model, self.optimizer, self.model_path,
-                                self._meta())
+        with self._exact_weights() as model:  # the snapshot is taken before save() returns
+            return self._saver.save(folder, model, self.optimizer, self.model_path, self._meta())
 
     def wait_for_save(self) -> None:
         if self._saver is not None:
@@ -314,16 +333,18 @@ def enable_checkpointing(model: torch.nn.Module) -> None:
 
 def _move_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                 device: torch.device) -> None:
-    """Parameters, buffers and optimizer moments to `device`, in place (the optimizer keeps
-    its parameter objects). Host copies are pinned, so both directions are async copies
-    that one synchronize at the end completes."""
+    """Parameters, buffers, the optimizer's parameters (the fp32 masters, if any) and its
+    moments to `device`, in place (the optimizer keeps its parameter objects). Host copies
+    are pinned, so both directions are async copies that one synchronize at the end completes."""
     def move(tensor: torch.Tensor) -> torch.Tensor:
         if device.type == "cpu" and tensor.is_cuda:
             host = torch.empty_like(tensor, device="cpu", pin_memory=True)
             return host.copy_(tensor, non_blocking=True)
         return tensor.to(device, non_blocking=True)
 
-    for param in model.parameters():
+    trained = [p for group in optimizer.param_groups for p in group["params"]]
+    moved = {id(p) for p in trained}
+    for param in trained + [p for p in model.parameters() if id(p) not in moved]:
         param.data = move(param.data)
         state = optimizer.state.get(param, {})
         for key, value in state.items():

@@ -43,7 +43,8 @@ def test_bf16_scores_stay_close_to_fp32_cpu(qwen3_checkpoint):
     cpu = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu").score(records)
     gpu_trainer = PolicyTrainer(qwen3_checkpoint, ALGO, device="cuda", dtype="auto")
     assert gpu_trainer.dtype == torch.bfloat16
-    assert all(p.dtype == torch.float32 and p.is_cuda for p in gpu_trainer.model.parameters())
+    assert all(p.dtype == torch.bfloat16 and p.is_cuda for p in gpu_trainer.model.parameters())
+    assert all(m.dtype == torch.float32 and m.is_cuda for m in gpu_trainer.masters.parameters())
     gpu = gpu_trainer.score(records)
     for a, b in zip(cpu, gpu):
         np.testing.assert_allclose(b.dense_logprobs, a.dense_logprobs, atol=0.15)
@@ -65,8 +66,8 @@ def test_gpu_update_direction_sync_and_resume(qwen3_checkpoint, tmp_path):
     folder = trainer.save(tmp_path / "ckpt")
     engine_model = load_model(folder, dtype=torch.float32, device="cuda")
     ids = torch.tensor([4, 9, 200, 31], device="cuda")
-    with torch.no_grad():
-        want = trainer.model(input_ids=ids[None]).logits[0].float()
+    with torch.no_grad(), trainer.masters.swapped_in() as exact:
+        want = exact(input_ids=ids[None]).logits[0].float()
         got = engine_model.compute_logits(engine_model(ids, torch.arange(4, device="cuda"),
                                                        causal_attention([4])))
     torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
@@ -77,3 +78,23 @@ def test_gpu_update_direction_sync_and_resume(qwen3_checkpoint, tmp_path):
     assert m2["actor/loss"] == pytest.approx(m1["actor/loss"], rel=1e-4, abs=1e-6)
     a, b = trainer.state_dict_for_sync(), resumed.state_dict_for_sync()
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
+    ma, mb = trainer.masters.parameters(), resumed.masters.parameters()
+    assert max(float((x - y).abs().max()) for x, y in zip(ma, mb)) < 1e-6
+
+
+def test_offload_keeps_masters_and_moments(qwen3_checkpoint):
+    trainer = PolicyTrainer(qwen3_checkpoint, ALGO, device="cuda", dtype="auto")
+    records = make_records(seed=2)
+    scores = trainer.score(records)
+    trainer.update(records, [1.0, 0.0, 0.0, 1.0], [s.dense_logprobs for s in scores], 2)
+    masters = [m.clone() for m in trainer.masters.parameters()]
+    trainer.offload()
+    assert not any(m.is_cuda for m in trainer.masters.parameters())
+    assert not any(p.is_cuda for p in trainer.model.parameters())
+    assert all(not v.is_cuda for s in trainer.optimizer.state.values() for v in s.values()
+               if v.dim() > 0)
+    trainer.onload()
+    assert all(torch.equal(a, b) for a, b in zip(masters, trainer.masters.parameters()))
+    assert all(p.is_cuda and p.dtype == torch.bfloat16 for p in trainer.model.parameters())
+    again = trainer.score(records)  # the model still runs after the round trip
+    assert all(len(a.dense_logprobs) == len(r.output_ids) for a, r in zip(again, records))
