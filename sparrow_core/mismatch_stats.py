@@ -5,15 +5,18 @@
     min_p5(stats); bins_below(stats, target=0.86)
 
 Tokens are grouped by total position into bins of bin_tokens (2,000 by default); each bin
-gets its count, mean, p1/p5/p10/p50 (numpy's default linear interpolation) and the Beta fit
-of its tail below 0.999 (sparrow_core/mismatch_fit.py). Part of sparrow_core.mismatch, which
-re-exports the public names; `sparrow mismatch stats FILE.parquet` prints these rows.
+gets its count, mean, p1/p5/p10/p50 (numpy's default linear interpolation), the Beta fit
+of its tail below 0.999 (sparrow_core/mismatch_fit.py), its minimum and the share of its
+tokens below 0.5 (LOW_ACCEPTANCE; beyond the paper, for the stability study). Part of
+sparrow_core.mismatch, which re-exports the public names; `sparrow mismatch stats FILE.parquet` prints these rows.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
+
+import math
 
 import numpy as np
 import torch
@@ -31,6 +34,8 @@ from sparrow_core.mismatch_fit import (
 
 BIN_TOKENS = 2000
 PERCENTILES = (1, 5, 10, 50)
+# BinStats.share_below_half counts tokens whose acceptance is strictly below this
+LOW_ACCEPTANCE = 0.5
 
 
 # length bins
@@ -88,7 +93,9 @@ class BinStats:
     """Acceptance statistics of one length bin; beta_* and ks are NaN when the tail is too small.
 
     Percentiles are numpy's default (linear interpolation); tail_n counts tokens below 0.999,
-    the ones the Beta fit sees; beta_var is the variance on the scaled [0, 1] axis.
+    the ones the Beta fit sees; beta_var is the variance on the scaled [0, 1] axis; min is the
+    lowest acceptance in the bin and share_below_half the share of its tokens below
+    LOW_ACCEPTANCE (NaN when not computed: rows written before these existed).
     """
 
     bin: int
@@ -103,6 +110,8 @@ class BinStats:
     beta_var: float
     ks: float
     tail_n: int
+    min: float = math.nan
+    share_below_half: float = math.nan
 
     def __post_init__(self) -> None:
         if self.bin < 0 or self.n < 1 or not 0 <= self.tail_n <= self.n:
@@ -116,6 +125,13 @@ class BinStats:
                 f"bin {self.bin}: mean and p1 <= p5 <= p10 <= p50 must lie in [0, 1], "
                 f"got mean={self.mean}, percentiles={quantiles}"
             )
+        if not (math.isnan(self.min) or 0.0 <= self.min <= self.p1) or not (
+            math.isnan(self.share_below_half) or 0.0 <= self.share_below_half <= 1.0
+        ):
+            raise MismatchError(
+                f"bin {self.bin}: min must lie in [0, p1] and share_below_half in [0, 1], "
+                f"got min={self.min}, share_below_half={self.share_below_half}"
+            )
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -128,6 +144,8 @@ def _one_bin(bin_id: int, values: np.ndarray) -> BinStats:
     return BinStats(
         bin=bin_id, n=int(values.size), mean=mean, p1=p1, p5=p5, p10=p10, p50=p50,
         beta_a=fit.a, beta_b=fit.b, beta_var=fit.var, ks=fit.ks, tail_n=fit.n,
+        min=min(float(values.min()), p1),
+        share_below_half=float(np.count_nonzero(values < LOW_ACCEPTANCE)) / values.size,
     )
 
 

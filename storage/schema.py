@@ -8,7 +8,7 @@ not stored, because its file list changes as steps land.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 TABLES: dict[str, str] = {
     "meta": """
@@ -43,6 +43,7 @@ TABLES: dict[str, str] = {
             n BIGINT, mean DOUBLE, p1 DOUBLE, p5 DOUBLE, p10 DOUBLE, p50 DOUBLE,
             beta_a DOUBLE, beta_b DOUBLE, beta_var DOUBLE, ks DOUBLE,
             budget_pages INTEGER, schedule_name VARCHAR, schedule_version INTEGER,
+            min DOUBLE, share_below_half DOUBLE,   -- lowest acceptance; share below 0.5
             PRIMARY KEY (run_id, step, bin))""",
     "threshold_events": """
         CREATE TABLE IF NOT EXISTS threshold_events (
@@ -55,6 +56,13 @@ TABLES: dict[str, str] = {
         CREATE TABLE IF NOT EXISTS step_metrics (
             run_id VARCHAR, step INTEGER, name VARCHAR, value DOUBLE,
             PRIMARY KEY (run_id, step, name))""",
+    "study_arms": """
+        CREATE TABLE IF NOT EXISTS study_arms (
+            study_id VARCHAR, arm VARCHAR, arm_index INTEGER, run_id VARCHAR,
+            overrides VARCHAR[],         -- every override the arm's train run gets, in order
+            study_yaml VARCHAR,          -- the study definition as last run
+            created_at TIMESTAMP DEFAULT current_timestamp,
+            PRIMARY KEY (study_id, arm))""",
     "calibration": """
         CREATE TABLE IF NOT EXISTS calibration (
             calibration_id VARCHAR, model_path VARCHAR, budget_pages INTEGER, bin INTEGER,
@@ -83,7 +91,10 @@ TOKEN_FILE_GLOB = "runs/*/step-*/aggregate_mismatch/tokens.parquet"
 
 
 # columns added after a table first shipped: (table, column, type), applied to older files
-MIGRATIONS = [("calibration", "p1", "DOUBLE"), ("calibration", "p10", "DOUBLE")]
+# when a writer opens them (their old rows hold NULL there); readers of a file no writer has
+# opened since select * and take a missing column as NULL
+MIGRATIONS = [("calibration", "p1", "DOUBLE"), ("calibration", "p10", "DOUBLE"),
+              ("bin_stats", "min", "DOUBLE"), ("bin_stats", "share_below_half", "DOUBLE")]
 
 
 def create_tables(conn) -> None:

@@ -10,8 +10,9 @@ Writes, for the step:
 - bin_stats rows: sparrow_core.mismatch.bin_statistics per length bin (bins of the schedule in
   force, schedule.json of the rollout stage), with that schedule's budget for the bin (NULL when
   decoding densely), its name and version; bin_stats.json beside tokens.parquet.
-- threshold_events: `below_target` for every bin whose p5 < schedule.target, `recovered` for a
-  bin that was below at the previous step and is not now.
+- threshold_events: `below_target` for every bin whose schedule.target_statistic (p5 by
+  default; sparrow_core/sparse/target.py) misses schedule.target, `recovered` for a bin that
+  was below at the previous step and is not now; the event's p5 column holds the bin's p5.
 - step metrics: mismatch/min_p5, mismatch/p5_bin_<b>, mismatch/acceptance_mean,
   mismatch/leftover_mass_mean, mismatch/bins_below.
 Rows are replaced by (run_id, step) in the stage's transaction; MLflow gets the metrics, one
@@ -30,8 +31,9 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from sparrow_core.data.rollouts import read_rollouts
-from sparrow_core.mismatch import BinStats, bin_statistics, bins_below, min_p5
+from sparrow_core.mismatch import BinStats, bin_statistics, min_p5
 from sparrow_core.sparse.io import schedule_from_dict
+from sparrow_core.sparse.target import DEFAULT_STATISTIC, get_statistic
 from tasks.dense_score import read_scores
 from tasks.retry import INFRA_RETRIES
 from tasks.rollout import ROLLOUTS_FILE, SCHEDULE_FILE
@@ -39,6 +41,10 @@ from tasks.runtime import RunRuntime, lookup
 from tasks.stage import StageOutcome, StageWrite, run_stage
 
 BIN_STATS_FILE = "bin_stats.json"
+# bin_stats columns in the order write_rows gives them
+BIN_COLUMNS = ("run_id", "step", "bin", "n", "mean", "p1", "p5", "p10", "p50", "beta_a", "beta_b",
+               "beta_var", "ks", "budget_pages", "schedule_name", "schedule_version", "min",
+               "share_below_half")
 
 
 def token_table(run_id: str, step: int, records, scores, bin_tokens: int):
@@ -84,6 +90,8 @@ class StepBins:
     schedule_name: str
     schedule_version: int
     target: float
+    # schedule.target_statistic: the BinStats field compared with the target
+    statistic: str = DEFAULT_STATISTIC
 
     @property
     def p5(self) -> dict[int, float]:
@@ -91,7 +99,9 @@ class StepBins:
 
     @property
     def below(self) -> list[int]:
-        return bins_below(self.stats, self.target)
+        statistic = get_statistic(self.statistic)
+        return sorted(s.bin for s in self.stats
+                      if statistic.misses(getattr(s, statistic.column), self.target))
 
     def as_json(self) -> str:
         return json.dumps([{**{k: _finite(v) if isinstance(v, float) else v
@@ -105,10 +115,12 @@ class StepBins:
             conn.execute(f"DELETE FROM {table_name} WHERE run_id = ? AND step = ?", [run_id, step])
         for s in self.stats:
             conn.execute(
-                "INSERT INTO bin_stats VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO bin_stats ({', '.join(BIN_COLUMNS)}) VALUES "
+                f"({', '.join('?' * len(BIN_COLUMNS))})",
                 [run_id, step, s.bin, s.n, s.mean, s.p1, s.p5, s.p10, s.p50, _finite(s.beta_a),
                  _finite(s.beta_b), _finite(s.beta_var), _finite(s.ks), self.budget[s.bin],
-                 self.schedule_name, self.schedule_version])
+                 self.schedule_name, self.schedule_version, _finite(s.min),
+                 _finite(s.share_below_half)])
         previous = {b for (b,) in conn.execute(
             "SELECT bin FROM threshold_events WHERE run_id = ? AND step = ? AND kind = "
             "'below_target'", [run_id, step - 1]).fetchall()}
@@ -136,7 +148,8 @@ def aggregate_step(runtime: RunRuntime, step: int, rollout_dir: str, scores_path
         runtime.run_id, step, stats,
         {s.bin: schedule.budget_pages(s.bin * schedule.bin_tokens) if used["sparse"] else None
          for s in stats},
-        schedule.name, used["version"], runtime.cfg.schedule.target)
+        schedule.name, used["version"], runtime.cfg.schedule.target,
+        runtime.cfg.schedule.target_statistic)
     (out / BIN_STATS_FILE).write_text(bins.as_json())
     metrics = {f"mismatch/p5_bin_{b}": p5 for b, p5 in bins.p5.items()}
     metrics.update({

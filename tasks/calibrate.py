@@ -29,6 +29,7 @@ from sparrow_core.data.datasets import load_prompts
 from sparrow_core.engine import EngineConfig, SamplingParams
 from sparrow_core.model.builtin import resolve_model_path
 from sparrow_core.sparse.calibration import (
+    STATISTICS,
     AcceptanceTable,
     Trajectory,
     budget_grid,
@@ -175,8 +176,9 @@ def table_to_dict(table: AcceptanceTable) -> dict:
         return [[None if np.isnan(v) else float(v) for v in row] for row in array]
 
     return {"budgets": list(table.budgets), "bin_tokens": table.bin_tokens,
-            "tokens": [int(n) for n in table.tokens], "p1": listed(table.p1),
-            "p5": listed(table.p5), "p10": listed(table.p10), "mean": listed(table.mean)}
+            "tokens": [int(n) for n in table.tokens],
+            **{name: listed(getattr(table, name)) for name in STATISTICS
+               if getattr(table, name) is not None}}
 
 
 def table_from_dict(data: dict) -> AcceptanceTable:
@@ -184,9 +186,10 @@ def table_from_dict(data: dict) -> AcceptanceTable:
         return np.array([[np.nan if v is None else v for v in row] for row in data[key]],
                         dtype=np.float64)
 
+    # a table written before min and share_below_half existed has neither
     return AcceptanceTable(tuple(data["budgets"]), data["bin_tokens"],
-                           np.array(data["tokens"], dtype=np.int64), array("p1"), array("p5"),
-                           array("p10"), array("mean"))
+                           np.array(data["tokens"], dtype=np.int64),
+                           **{name: array(name) for name in STATISTICS if name in data})
 
 
 def time_generation(overrides: list[str], calibration_id: str, table_path: str) -> dict:

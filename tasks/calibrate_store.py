@@ -4,8 +4,9 @@
 
 Prices every (budget, bin) with the cost model (model shape from the checkpoint's config.json,
 calibrate.hardware, the calibration prompts' median length), chooses the cheapest monotone
-schedule meeting schedule.target (sparrow_core/sparse/choose.py), then writes: the schedule
-YAML `<workdir>/schedules/<name>-v<version>.yaml`; in DuckDB one transaction with the
+schedule meeting schedule.target on schedule.target_statistic, p5 by default
+(sparrow_core/sparse/choose.py), then writes: the schedule YAML
+`<workdir>/schedules/<name>-v<version>.yaml`; in DuckDB one transaction with the
 `calibration` rows (p1, p5, p10, mean and tokens per budget and bin) and a new `schedules` version;
 the plot and summary.json under `<workdir>/calibrations/<id>/`; and an MLflow run tagged
 with the calibration id holding the schedule, the plot, the table and the timings.
@@ -27,6 +28,7 @@ from sparrow_core.sparse.calibration import AcceptanceTable, model_shape
 from sparrow_core.sparse.choose import Choice, budget_cost_table, choose_budgets
 from sparrow_core.sparse.io import save_schedule_yaml
 from sparrow_core.sparse.schedule import Schedule
+from sparrow_core.sparse.target import get_statistic
 from storage import Store
 from tasks.calibrate import (
     base_schedule,
@@ -52,7 +54,10 @@ def choose(cfg: SparrowConfig, table: AcceptanceTable, prompt_len: int,
     cost = budget_cost_table(table.budgets, table.num_bins, template,
                              model=model_shape(model_dir),
                              hardware=get_hardware(cfg.calibrate.hardware), prompt_len=prompt_len)
-    return choose_budgets(table.budgets, table.p5, table.tokens, cost, cfg.schedule.target,
+    # schedule.target_statistic (p5 by default) on its higher-is-better axis, as the chooser reads it
+    statistic = get_statistic(cfg.schedule.target_statistic)
+    return choose_budgets(table.budgets, statistic.oriented(table.statistic(statistic.name)),
+                          table.tokens, cost, statistic.oriented(cfg.schedule.target),
                           cfg.calibrate.min_tokens)
 
 

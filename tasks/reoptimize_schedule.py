@@ -3,8 +3,9 @@ lower bins with margin on a timer, each change a new schedule version.
 
     outcome = reoptimize_schedule_task(workdir, run_id, step)   # .../reoptimize_schedule/decision.json
 
-Each step, sparrow_core/sparse/controller.py reads the run's per-bin p5 history (bin_stats)
-against schedule.target: a bin below target - calibrate.tolerance for calibrate.patience steps
+Each step, sparrow_core/sparse/controller.py reads the run's per-bin history of
+schedule.target_statistic (bin_stats; p5 by default, sparrow_core/sparse/target.py) against
+schedule.target: a bin below target - calibrate.tolerance for calibrate.patience steps
 in a row is raised; every pipeline.reoptimize_every steps (0: never) bins whose p5 is at least
 target + calibrate.margin try fewer pages. The bins concerned are re-measured exactly on this
 step's own trajectories (rollouts.parquet), teacher-forced under the policy that sampled them,
@@ -39,6 +40,7 @@ from sparrow_core.sparse.controller import (
 )
 from sparrow_core.sparse.io import save_schedule_yaml
 from sparrow_core.sparse.schedule import Schedule
+from sparrow_core.sparse.target import get_statistic
 from tasks.retry import INFRA_RETRIES
 from tasks.rollout import ROLLOUTS_FILE
 from tasks.runtime import RunRuntime, device_and_dtype, lookup
@@ -51,17 +53,23 @@ STAGE = "reoptimize_schedule"
 
 
 def settings_of(cfg) -> ControlSettings:
-    return ControlSettings(target=cfg.schedule.target, tolerance=cfg.calibrate.tolerance,
+    """The controller's settings; its target on the statistic's higher-is-better axis."""
+    target = get_statistic(cfg.schedule.target_statistic).oriented(cfg.schedule.target)
+    return ControlSettings(target=target, tolerance=cfg.calibrate.tolerance,
                            patience=cfg.calibrate.patience, margin=cfg.calibrate.margin)
 
 
 def p5_history(runtime: RunRuntime, step: int) -> dict[int, dict[int, float]]:
+    """step -> {bin: value} of schedule.target_statistic (p5 by default), oriented."""
+    statistic = get_statistic(runtime.cfg.schedule.target_statistic)
+    column = statistic.column  # a registry entry's column, never user text
     with runtime.store.connect() as conn:
-        rows = conn.execute("SELECT step, bin, p5 FROM bin_stats WHERE run_id = ? AND step <= ? "
-                            "AND p5 IS NOT NULL", [runtime.run_id, step]).fetchall()
+        rows = conn.execute(f"SELECT step, bin, {column} FROM bin_stats WHERE run_id = ? AND "
+                            f"step <= ? AND {column} IS NOT NULL",
+                            [runtime.run_id, step]).fetchall()
     history: dict[int, dict[int, float]] = {}
-    for s, b, p5 in rows:
-        history.setdefault(int(s), {})[int(b)] = float(p5)
+    for s, b, value in rows:
+        history.setdefault(int(s), {})[int(b)] = float(statistic.oriented(value))
     return history
 
 
@@ -74,7 +82,7 @@ def step_trajectories(runtime: RunRuntime, step: int) -> list[Trajectory]:
 def remeasure(runtime: RunRuntime, step: int, schedule: Schedule,
               decision: Decision) -> tuple[list[int], np.ndarray, list[int]]:
     """(budgets, p5[budget, bin], tokens per bin): the decision's bins, exact, on this step's
-    trajectories."""
+    trajectories; "p5" is schedule.target_statistic, oriented as the controller reads it."""
     import torch
 
     from sparrow_core.model import load_model
@@ -94,7 +102,9 @@ def remeasure(runtime: RunRuntime, step: int, schedule: Schedule,
                             cfg.rollout.temperature or 1.0, num_bins=schedule.num_bins,
                             bins=decision.raise_bins + decision.lower_bins,
                             centroid_dtype=cfg.rollout.centroid_dtype)
-    return budgets, table.p5[:, : schedule.num_bins], [int(n) for n in table.tokens]
+    measured = get_statistic(cfg.schedule.target_statistic).oriented(
+        table.statistic(cfg.schedule.target_statistic))
+    return budgets, measured[:, : schedule.num_bins], [int(n) for n in table.tokens]
 
 
 def reoptimize(runtime: RunRuntime, step: int, out: Path) -> StageWrite:

@@ -57,9 +57,12 @@ def config_hash(cfg: SparrowConfig) -> str:
 
 
 def config_differences(stored_yaml: str, cfg: SparrowConfig) -> list[str]:
-    """'key: old -> new' for every key outside RESUMABLE_KEYS whose value changed."""
+    """'key: old -> new' for every key outside RESUMABLE_KEYS whose value changed. A key the
+    stored config lacks (added to the schema since) counts as unchanged at its default."""
     old = flat_config(yaml.safe_load(stored_yaml) or {})
     new = flat_config(yaml.safe_load(to_yaml(cfg)) or {})
+    default = flat_config(yaml.safe_load(to_yaml(SparrowConfig())) or {})
+    old.update({k: v for k, v in default.items() if k not in old and new.get(k) == v})
     keys = sorted((set(old) | set(new)) - RESUMABLE_KEYS)
     return [f"{k}: {old.get(k, '(absent)')!r} -> {new.get(k, '(absent)')!r}"
             for k in keys if old.get(k, "(absent)") != new.get(k, "(absent)")]

@@ -159,10 +159,12 @@ def _check_reward(name: str) -> None:
 def _registry_choices() -> dict[str, tuple[str, ...]]:
     from sparrow_core.costmodel_presets import HARDWARE
     from sparrow_core.rl import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+    from sparrow_core.sparse.target import TARGET_STATISTICS
 
     return {
         "algo.advantage": tuple(ADVANTAGE_ESTIMATORS.names()),
         "algo.loss": tuple(POLICY_LOSSES.names()),
+        "schedule.target_statistic": tuple(TARGET_STATISTICS.names()),
         "calibrate.hardware": tuple(HARDWARE),
     }
 

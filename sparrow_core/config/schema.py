@@ -68,6 +68,9 @@ class ScheduleConfig:
     sparse: bool = True
     # acceptance p5 target per length bin
     target: float = 0.86
+    # per-bin statistic held at the target: p5 (the paper's), p1, p10, mean, min, or
+    # share_below_half (lower is better: target is then the largest share allowed)
+    target_statistic: str = "p5"
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,9 @@ from sparrow_core.costmodel_presets import ModelShape
 from sparrow_core.engine import Engine, EngineConfig, SamplingParams, teacher_forced_logits
 from sparrow_core.errors import SparrowError
 from sparrow_core.mismatch import acceptance_from_logits
+from sparrow_core.mismatch_stats import LOW_ACCEPTANCE
 from sparrow_core.sparse.schedule import Schedule
+from sparrow_core.sparse.target import get_statistic
 
 # the paper's page counts per bin (top-k pages, page size 16): the steps of its schedules
 PAPER_BUDGETS = (29, 45, 61, 77, 93, 125, 157, 189, 221, 253, 317, 381, 445, 509, 637, 765,
@@ -50,6 +52,8 @@ PAPER_BUDGETS = (29, 45, 61, 77, 93, 125, 157, 189, 221, 253, 317, 381, 445, 509
 # a grid for models whose trajectories hold only tens of pages (the embedded tiny model)
 SMALL_BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64)
 PERCENTILES = (1, 5, 10)
+# per (budget, bin) statistics of an AcceptanceTable (min and share_below_half: see target.py)
+STATISTICS = ("p1", "p5", "p10", "mean", "min", "share_below_half")
 
 
 class CalibrationError(SparrowError, ValueError):
@@ -86,12 +90,23 @@ class AcceptanceTable:
     p5: np.ndarray
     p10: np.ndarray
     mean: np.ndarray
+    # lowest acceptance and share below 0.5; None in a table written before they existed
+    min: np.ndarray | None = None
+    share_below_half: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         shape = (len(self.budgets), self.tokens.size)
-        for name in ("p1", "p5", "p10", "mean"):
-            if getattr(self, name).shape != shape:
+        for name in STATISTICS:
+            value = getattr(self, name)
+            if value is not None and value.shape != shape:
                 raise CalibrationError(f"AcceptanceTable.{name} must have shape {shape}")
+
+    def statistic(self, name: str) -> np.ndarray:
+        """The [budget, bin] table of a target statistic (schedule.target_statistic)."""
+        value = getattr(self, get_statistic(name).column)
+        if value is None:
+            raise CalibrationError(f"this calibration table has no {name!r}; measure it again")
+        return value
 
     @property
     def num_bins(self) -> int:
@@ -226,8 +241,7 @@ def measure_on_policy(model: torch.nn.Module,
     width = max([int(num_bins)] + [int(pos.max()) // template.bin_tokens + 1 for pos, _ in measured])
     tables = [table_from_tokens([b], pos, [alpha], template.bin_tokens, width)
               for b, (pos, alpha) in zip(grid, measured)]
-    stats = {name: np.concatenate([getattr(t, name) for t in tables])
-             for name in ("p1", "p5", "p10", "mean")}
+    stats = {name: np.concatenate([getattr(t, name) for t in tables]) for name in STATISTICS}
     tokens = np.min([t.tokens for t in tables], axis=0)
     return AcceptanceTable(grid, template.bin_tokens, tokens, **stats)
 
@@ -240,7 +254,7 @@ def table_from_tokens(budgets: Sequence[int], positions: np.ndarray,
     width = max(int(num_bins), int(token_bins.max()) + 1)
     token_bins = np.minimum(token_bins, width - 1)  # past the last bin counts as the last
     tokens = np.bincount(token_bins, minlength=width)
-    stats = {name: np.full((len(budgets), width), np.nan) for name in ("p1", "p5", "p10", "mean")}
+    stats = {name: np.full((len(budgets), width), np.nan) for name in STATISTICS}
     wanted = range(width) if bins is None else [b for b in bins if 0 <= b < width]
     for j, alpha in enumerate(acceptance):
         for i in wanted:
@@ -249,6 +263,9 @@ def table_from_tokens(budgets: Sequence[int], positions: np.ndarray,
                 p1, p5, p10 = np.percentile(values, PERCENTILES)
                 stats["p1"][j, i], stats["p5"][j, i], stats["p10"][j, i] = p1, p5, p10
                 stats["mean"][j, i] = values.mean()
+                stats["min"][j, i] = values.min()
+                below = np.count_nonzero(values < LOW_ACCEPTANCE)
+                stats["share_below_half"][j, i] = below / values.size
     return AcceptanceTable(tuple(int(b) for b in budgets), bin_tokens, tokens, **stats)
 
 

@@ -121,6 +121,38 @@ def test_bin_stats_checks_its_invariants():
         BinStats(**{**good.as_dict(), "p10": 0.5})
     with pytest.raises(MismatchError, match="tail_n"):
         BinStats(**{**good.as_dict(), "tail_n": 101})
+    with pytest.raises(MismatchError, match="min must lie in"):
+        BinStats(**{**good.as_dict(), "min": good.p1 + 0.01})
+    with pytest.raises(MismatchError, match="share_below_half in"):
+        BinStats(**{**good.as_dict(), "share_below_half": 1.5})
     assert list(good.as_dict()) == [
-        "bin", "n", "mean", "p1", "p5", "p10", "p50", "beta_a", "beta_b", "beta_var", "ks", "tail_n"
+        "bin", "n", "mean", "p1", "p5", "p10", "p50", "beta_a", "beta_b", "beta_var", "ks", "tail_n",
+        "min", "share_below_half",
     ]
+    # rows built without the two newer statistics still validate (NaN: not computed)
+    assert math.isnan(good.min) and math.isnan(good.share_below_half)
+
+
+def test_min_and_share_below_half_against_a_plain_loop():
+    # known values: bin 0 holds 0.2, 0.5, 0.9, 1.0; bin 1 holds 0.49999, 0.7; bin 3 holds 0.1
+    positions = np.array([0, 3, 5, 9, 10, 15, 31])
+    acceptance = np.array([0.9, 0.2, 1.0, 0.5, 0.49999, 0.7, 0.1])
+    stats = {s.bin: s for s in bin_statistics(positions, acceptance, bin_tokens=10)}
+    assert sorted(stats) == [0, 1, 3]
+    for b, s in stats.items():
+        lowest, below, count = math.inf, 0, 0
+        for position, value in zip(positions, acceptance):
+            if position // 10 == b:
+                lowest = min(lowest, value)
+                below += value < 0.5
+                count += 1
+        assert s.min == lowest and s.share_below_half == below / count
+    assert (stats[0].min, stats[0].share_below_half) == (0.2, 0.25)  # 0.5 itself is not below
+    assert (stats[1].min, stats[1].share_below_half) == (0.49999, 0.5)
+    assert (stats[3].min, stats[3].share_below_half) == (0.1, 1.0)
+    # on the larger sample too
+    positions, acceptance = _tokens(seed=3)
+    for s in bin_statistics(positions, acceptance):
+        values = [v for p, v in zip(positions, acceptance) if p // 2000 == s.bin]
+        assert s.min == min(values)
+        assert s.share_below_half == sum(v < 0.5 for v in values) / len(values)

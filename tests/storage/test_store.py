@@ -144,6 +144,35 @@ def test_older_calibration_table_gains_the_new_columns(tmp_path):
     assert rows == [(0.9, None, None)]
 
 
+def test_older_bin_stats_stays_readable_and_gains_min_and_share(tmp_path):
+    import duckdb
+
+    from tasks.aggregate_mismatch import BIN_COLUMNS
+
+    # bin_stats as schema version 2 wrote it
+    conn = duckdb.connect(str(tmp_path / "sparrow.duckdb"))
+    conn.execute("CREATE TABLE bin_stats (run_id VARCHAR, step INTEGER, bin INTEGER, n BIGINT, "
+                 "mean DOUBLE, p1 DOUBLE, p5 DOUBLE, p10 DOUBLE, p50 DOUBLE, beta_a DOUBLE, "
+                 "beta_b DOUBLE, beta_var DOUBLE, ks DOUBLE, budget_pages INTEGER, "
+                 "schedule_name VARCHAR, schedule_version INTEGER, "
+                 "PRIMARY KEY (run_id, step, bin))")
+    conn.execute("INSERT INTO bin_stats VALUES ('old', 1, 0, 10, 0.99, 0.5, 0.8, 0.9, 1.0, NULL, "
+                 "NULL, NULL, NULL, 4, 's', 1)")
+    conn.close()
+    # a reader before any writer opened it: the old columns, as they were
+    assert query(tmp_path, "SELECT run_id, p5 FROM bin_stats").rows == [("old", 0.8)]
+    with Store.open_writer(tmp_path) as store, store.connect() as conn:
+        conn.execute(f"INSERT INTO bin_stats ({', '.join(BIN_COLUMNS)}) VALUES "
+                     f"({', '.join('?' * len(BIN_COLUMNS))})",
+                     ["new", 1, 0, 10, 0.99, 0.5, 0.8, 0.9, 1.0, None, None, None, None, 4, "s",
+                      1, 0.25, 0.1])
+    rows = query(tmp_path, "SELECT run_id, p5, min, share_below_half FROM bin_stats "
+                           "ORDER BY run_id").rows
+    assert rows == [("new", 0.8, 0.25, 0.1), ("old", 0.8, None, None)]
+    version = query(tmp_path, "SELECT value FROM meta WHERE key = 'schema_version'").rows
+    assert version == [("3",)]
+
+
 def test_the_next_writer_removes_a_dead_writers_scratch(tmp_path):
     """kill -9 in the middle of a stage leaves `.rollout.tmp-<pid>`; the next writer removes
     it, and leaves a live process's scratch and every finished folder alone."""

@@ -62,3 +62,36 @@ def test_events_below_then_recovered_and_rows_replaced(tmp_path):
     assert [(s[1], s[2], s[4]) for s in stats] == [(0, 100, 4), (1, 100, 5), (2, 100, 6)]
     assert stats[1][3] == pytest.approx(0.5)
     assert query(tmp_path, "SELECT count(*) FROM bin_stats").rows == [(9,)]
+
+
+def test_bin_rows_hold_min_and_share_below_half_of_their_tokens(tmp_path):
+    rng = np.random.default_rng(1)
+    positions = np.arange(300)
+    acceptance = np.where(positions < 100, rng.uniform(0.95, 1.0, 300),
+                          np.where(positions < 200, 0.5, 0.99))
+    acceptance[150:160] = 0.3  # ten tokens of bin 1 below 0.5
+    bins = StepBins("r", 1, bin_statistics(positions, acceptance, bin_tokens=100),
+                    {0: 4, 1: 5, 2: 6}, "s", 1, target=0.86)
+    with Store.open_writer(tmp_path) as store, store.connect() as conn:
+        bins.write_rows(conn)
+    rows = query(tmp_path, "SELECT bin, min, share_below_half FROM bin_stats ORDER BY bin").rows
+    for b, lowest, share in rows:
+        values = [float(v) for p, v in zip(positions, acceptance) if p // 100 == b]
+        assert lowest == min(values)
+        assert share == sum(v < 0.5 for v in values) / len(values)
+    assert rows[1][1:] == (pytest.approx(0.3), pytest.approx(0.1))
+
+
+def test_threshold_events_follow_the_target_statistic():
+    rng = np.random.default_rng(2)
+    positions = np.arange(200)
+    # bin 0: p5 high but one very low token; bin 1: uniformly middling
+    acceptance = np.where(positions < 100, 0.99, 0.9) - rng.uniform(0, 0.001, 200)
+    acceptance[10] = 0.1
+    stats = bin_statistics(positions, acceptance, bin_tokens=100)
+    on = {name: StepBins("r", 1, stats, {0: 4, 1: 5}, "s", 1, target=target, statistic=name)
+          for name, target in (("p5", 0.95), ("min", 0.5), ("share_below_half", 0.005))}
+    assert on["p5"].below == [1]          # the default reads p5, as before
+    assert on["min"].below == [0]         # the lone 0.1 token
+    assert on["share_below_half"].below == [0]  # 1 % of bin 0 lies below 0.5, above 0.5 %
+    assert StepBins("r", 1, stats, {0: 4, 1: 5}, "s", 1, target=0.95).below == [1]
