@@ -108,6 +108,8 @@ def generate_rollouts(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
         "response/length_mean": float(lengths.mean()),
         "response/length_max": float(lengths.max()),
         "response/truncated_frac": float(np.mean([r.finish_reason == "length" for r in records])),
+        # the cost model's L_in (the study report prices each step's rollout with it)
+        "rollout/prompt_tokens_mean": float(np.mean([len(r.prompt_ids) for r in records])),
         "rollout/samples": float(len(records)),
         "rollout/tokens": float(lengths.sum()),
         "rollout/tokens_per_s": float(lengths.sum() / max(elapsed, 1e-9)),
