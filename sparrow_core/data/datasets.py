@@ -6,7 +6,9 @@
     rows = data.batch(step=3, prompts_per_step=4)   # [PromptRow(row, prompt, prompt_ids, answer)]
 
 Specs: "builtin:synthetic" (the default task of sparrow_core.data.synthetic, pointer_chase,
-the one the embedded model was trained on; "builtin:<task>" names any task there; row r is made
+the one the embedded model was trained on; "builtin:<task>" names any task there, and
+"builtin:<task>:<size>=<n>,..." sets its sizes, e.g.
+"builtin:pointer_chase_long:num_defs=512,num_hops=1450"; row r is made
 from its own seed, derived from (seed, split, r), so train and eval never share a seed and any
 row can be read without the ones before it; 2**62 rows), "<path>.parquet", "<path>.jsonl"
 (one JSON object per line). Answers are read as text (a number becomes its decimal string).
@@ -32,7 +34,7 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from sparrow_core.data.synthetic import DEFAULT_TASK, TASKS, make_examples
+from sparrow_core.data.synthetic import DEFAULT_TASK, TASKS, make_examples, task_spec
 from sparrow_core.errors import SparrowError
 
 SYNTHETIC_SPECS = {
@@ -91,7 +93,8 @@ class PromptDataset:
         self._tokenizer = tokenizer
         self._prompts = prompts
         self._answers = answers
-        self._task = SYNTHETIC_SPECS.get(source)
+        self._task, self._sizes = (synthetic_spec(source) if source.startswith("builtin:")
+                                   else (None, {}))
 
     @property
     def num_rows(self) -> int:
@@ -105,8 +108,8 @@ class PromptDataset:
         if not 0 <= index < self.num_rows:
             raise DatasetError(f"{self.source}: row {index} is out of range [0, {self.num_rows})")
         if self._prompts is None:
-            example = make_examples(self._task, 1, seed=synthetic_row_seed(self.seed, self.split,
-                                                                            index))[0]
+            example = make_examples(self._task, 1, synthetic_row_seed(self.seed, self.split, index),
+                                    **self._sizes)[0]
             prompt, answer = example.prompt, example.answer
         else:
             prompt, answer = self._prompts[index], self._answers[index]
@@ -136,6 +139,27 @@ class PromptDataset:
 @lru_cache(maxsize=4)
 def _epoch_order(seed: int, epoch: int, num_rows: int) -> np.ndarray:
     return np.random.default_rng([abs(seed), int(seed < 0), epoch]).permutation(num_rows)
+
+
+def synthetic_spec(spec: str) -> tuple[str, dict[str, int]]:
+    """(task, sizes) of "builtin:synthetic", "builtin:<task>" or "builtin:<task>:k=n,...";
+    DatasetError naming the spec for an unknown task, a malformed size or a bad value."""
+    base, _, size_text = spec.partition(":")[2].partition(":")
+    if f"builtin:{base}" not in SYNTHETIC_SPECS:
+        raise DatasetError(f"unknown built-in dataset {spec!r}; valid: "
+                           + ", ".join(sorted(SYNTHETIC_SPECS))
+                           + " (sizes as builtin:<task>:<size>=<n>,...)")
+    task, sizes = SYNTHETIC_SPECS[f"builtin:{base}"], {}
+    for item in filter(None, size_text.split(",")):
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value.strip().lstrip("-").isdigit():
+            raise DatasetError(f"dataset {spec!r}: size {item!r} is not <name>=<integer>")
+        sizes[name.strip()] = int(value)
+    try:
+        task_spec(task, **sizes)
+    except SparrowError as err:
+        raise DatasetError(f"dataset {spec!r}: {err}") from None
+    return task, sizes
 
 
 def synthetic_row_seed(seed: int, split: str, row: int) -> int:
@@ -174,9 +198,7 @@ def load_prompts(spec: str, prompt_key: str, answer_key: str, tokenizer: TextEnc
     if not isinstance(spec, str) or not spec:
         raise DatasetError(f"dataset spec must be a non-empty string, got {spec!r}")
     if spec.startswith("builtin:"):
-        if spec not in SYNTHETIC_SPECS:
-            raise DatasetError(f"unknown built-in dataset {spec!r}; valid: "
-                               + ", ".join(sorted(SYNTHETIC_SPECS)))
+        synthetic_spec(spec)  # an unknown task or a bad size fails here, naming the spec
         dataset = PromptDataset(spec, None, None, tokenizer, max_prompt_tokens, split, seed,
                                 max_context)
         dataset.row(0)  # a limit too small for the task fails now, not at step 0

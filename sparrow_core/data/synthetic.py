@@ -26,6 +26,27 @@ may drop, so the task shows sparse/dense mismatch on a model small enough for a 
     qd=7 s7
     mz=1 s8
     Answer: 8
+
+"pointer_chase_long": the long-chain variant that the GPU testbed model learns
+(docs/testbed.md). The definitions form one cycle through all num_defs names (a random
+permutation with a single cycle), so a chain of num_hops hops never revisits a name within
+num_defs hops: each line needs the current name's definition from the prompt, thousands of
+tokens back, or, past num_defs hops, the line num_defs lines earlier (again far back). Each
+line starts with the hops still to go after it (zero-padded), so knowing where to stop is a
+local decrement rather than counting hundreds of lines. Defaults (256 names, 600 hops): a
+1,557-character prompt and a 6,010-character chain of thought (tokens, with the character
+tokenizer); num_hops=1450 gives about 16K.
+
+    def ka=qd qd=mz mz=ol ol=ka
+    from qd hops 5
+    4 qd=mz
+    3 mz=ol
+    2 ol=ka
+    1 ka=qd
+    0 qd=mz
+    Answer: mz
+
+Sizes are the task dataclass's fields: make_examples(task, count, seed, num_defs=..., ...).
 """
 
 from __future__ import annotations
@@ -33,7 +54,7 @@ from __future__ import annotations
 import itertools
 import random
 import string
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from sparrow_core.errors import SparrowError
 
@@ -102,14 +123,75 @@ class PointerChaseTask:
         return Example(prompt, lines + f"Answer: {chain[-1]}", chain[-1])
 
 
+# longest chain pointer_chase_long makes (its countdown would pass 5 digits)
+MAX_LONG_HOPS = 100_000
+
+
+@dataclass(frozen=True)
+class PointerChaseLongTask:
+    num_defs: int = 256
+    num_hops: int = 600
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.num_defs <= len(NAMES) or not 1 <= self.num_hops <= MAX_LONG_HOPS:
+            raise SparrowError(
+                f"pointer_chase_long needs 2 <= num_defs <= {len(NAMES)} and "
+                f"1 <= num_hops <= {MAX_LONG_HOPS}, "
+                f"got num_defs={self.num_defs}, num_hops={self.num_hops}"
+            )
+
+    def make(self, rng: random.Random) -> Example:
+        # a random order of the names read as one cycle: no name recurs within num_defs hops
+        cycle = rng.sample(NAMES, self.num_defs)
+        targets = dict(zip(cycle, cycle[1:] + cycle[:1]))
+        start = rng.choice(cycle)
+        order = cycle[:]
+        rng.shuffle(order)
+        prompt = (
+            "def " + " ".join(f"{n}={targets[n]}" for n in order)
+            + f"\nfrom {start} hops {self.num_hops}\n"
+        )
+        lines, end = long_chase_lines(targets, start, self.num_hops)
+        return Example(prompt, lines + f"Answer: {end}", end)
+
+
+def long_chase_lines(targets: dict[str, str], start: str, num_hops: int,
+                     next_name=None) -> tuple[str, str]:
+    """(chain-of-thought lines, name reached) of pointer_chase_long; next_name(current,
+    target) picks each hop's name instead of the target (training data with wrong hops)."""
+    width = len(str(num_hops - 1))
+    lines, current = [], start
+    for left in range(num_hops - 1, -1, -1):
+        name = targets[current] if next_name is None else next_name(current, targets[current])
+        lines.append(f"{left:0{width}d} {current}={name}\n")
+        current = name
+    return "".join(lines), current
+
+
 DEFAULT_TASK = "pointer_chase"
-TASKS = {"pointer_chase": PointerChaseTask(), "lookup_sum": LookupSumTask()}
+TASKS = {"pointer_chase": PointerChaseTask(), "lookup_sum": LookupSumTask(),
+         "pointer_chase_long": PointerChaseLongTask()}
+
+
+def task_spec(task: str, **sizes: int):
+    """The task object `task` names, with `sizes` (its fields) in place of the defaults."""
+    if task not in TASKS:
+        raise SparrowError(f"unknown synthetic task {task!r}; known: {', '.join(sorted(TASKS))}")
+    if not sizes:
+        return TASKS[task]
+    valid = [f.name for f in fields(TASKS[task])]
+    for name, value in sizes.items():
+        if name not in valid:
+            raise SparrowError(f"synthetic task {task!r} has no size {name!r}; "
+                               f"sizes: {', '.join(valid)}")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SparrowError(f"synthetic task {task!r}: size {name} must be an integer, "
+                               f"got {value!r}")
+    return type(TASKS[task])(**sizes)
 
 
 def make_examples(task: str, count: int, seed: int, **sizes: int) -> list[Example]:
     """`count` examples of a named task, the same for the same seed."""
-    if task not in TASKS:
-        raise SparrowError(f"unknown synthetic task {task!r}; known: {', '.join(sorted(TASKS))}")
-    spec = type(TASKS[task])(**sizes) if sizes else TASKS[task]
+    spec = task_spec(task, **sizes)
     rng = random.Random(seed)
     return [spec.make(rng) for _ in range(count)]
