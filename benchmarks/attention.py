@@ -7,8 +7,7 @@ importable), with bytes moved against the copy bandwidth measured in the same pr
 Per model head shape (Qwen3-1.7B: 16 query / 8 KV heads; Qwen3-4B: 32 / 8; head dim 128,
 bf16, 16-token head-major pages scattered through the cache), batch 16 and 64, context 4K-32K (every
 sequence full): our dense split-K kernel; our sparse step (scoring + selection + attention,
-budget of the model's 0.86 preset at that context; also with scoring and top-k as one
-launch); top-k alone and selection alone by both searches (digits, the default, and value
+budget of the model's 0.86 preset at that context); top-k alone and selection alone by both searches (digits, the default, and value
 bins; kernels/topk_search.py), with whether their lists agree; the sparse step, selection and
 scoring again with float8 centroids (EngineConfig.centroid_dtype; the same q, pages and
 budget: `ours_*_fp8_centroids`), with whether their page lists equal the bf16 centroids' and
@@ -125,9 +124,9 @@ def one_case(model, batch, context, bandwidth, device):
     centroids = centroids_of(layer)
     fp8 = centroids_of(layer, torch.float8_e4m3fn)  # the same means, one byte each
     topk_t = torch.full((batch,), topk, dtype=torch.int32, device=device)
-    select = lambda fused=False, search="radix", cents=centroids: select_page_lists(
+    select = lambda search="radix", cents=centroids: select_page_lists(
         q, cents, tables, lengths, topk_t, PAGE, schedule.reserved_bos,
-        schedule.reserved_eos, fused=fused, search=search)
+        schedule.reserved_eos, search=search)
     lists, counts, _ = select()
     scores = page_scores(q, centroids, tables, lengths, PAGE)
     topk_only = lambda search="radix": page_topk(scores, lengths, topk_t, PAGE,
@@ -137,12 +136,9 @@ def one_case(model, batch, context, bandwidth, device):
     methods = {
         "ours_dense": lambda: paged_decode_attention(q, kp, vp, tables, lengths),
         "ours_sparse": sparse,
-        "ours_sparse_fused_selection": lambda: sparse_paged_decode_attention(
-            q, kp, vp, tables, lengths, *select(fused=True)[:2]),
         "ours_sparse_attention_only": lambda: sparse_paged_decode_attention(
             q, kp, vp, tables, lengths, lists, counts),
         "ours_selection_only": select,
-        "ours_selection_only_fused": lambda: select(fused=True),
         "ours_scores_only": lambda: page_scores(q, centroids, tables, lengths, PAGE),
         "ours_topk_only": topk_only,
         "ours_topk_only_value": lambda: topk_only("value"),

@@ -22,14 +22,11 @@ What it times, each against the default launch measured in the same run:
   the default after a writing L2 flush, with a warm L2 (benchmarks/common.py), and with
   programmatic dependent launch (kernels/runtime.py);
 - the split-K combine as its own launch (the default) and inside the attention kernel;
-- scoring and top-k as one launch (kernels/page_topk.py select_pages_fused): its launch
-  fastest launches of its round-6 sweep (lists checked equal to the two-launch selection)
-  and the whole stage with it;
 - FlashInfer dense and sparse attention alone when importable (benchmarks/peers.py).
 
 `--quick` skips the round-5 probes (scoring / top-k sweeps, layouts, flush and PDL
 variants) and times only the stages, the two top-k searches, float8 centroids, the combine
-and fused-selection variants, SDPA and FlashInfer.
+variants, SDPA and FlashInfer.
 """
 
 from __future__ import annotations
@@ -43,13 +40,13 @@ from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.attention import (HEADS, PAGE, DIM, centroids_of, lists_equal,  # noqa: E402
+from benchmarks.attention import (HEADS, PAGE, centroids_of, lists_equal,  # noqa: E402
                                   make_layer, page_overlap)
 from benchmarks.common import (copy_bandwidth, device_facts, target_case_args,  # noqa: E402
                                time_graph, write_json)
 from benchmarks.peers import flashinfer_cases  # noqa: E402
 from sparrow_core.kernels.page_scores import page_scores  # noqa: E402
-from sparrow_core.kernels.page_topk import page_topk, select_pages_fused  # noqa: E402
+from sparrow_core.kernels.page_topk import page_topk  # noqa: E402
 from sparrow_core.kernels.paged_decode import (paged_decode_attention,  # noqa: E402
                                                sparse_paged_decode_attention)
 from sparrow_core.kernels.runtime import programmatic_launch  # noqa: E402
@@ -65,16 +62,6 @@ def scoring_launches(smoke: bool) -> list[dict]:
         rows.append(dict(block_pages=block, blocks_per_program=per_program, num_warps=warps,
                          num_stages=stages))
     return rows
-
-
-def fused_launches(smoke: bool) -> list[dict]:
-    """The default and the four fastest of the round-6 sweep (block_pages 8-32 x
-    chunk_blocks 1-16 x 4/8 warps x 1/3 stages, H100, docs/benchmarks.md)."""
-    if smoke:
-        return [{}, dict(block_pages=2, chunk_blocks=2, num_warps=4, num_stages=2)]
-    best = ((16, 16, 8, 3), (8, 4, 4, 3), (16, 16, 4, 3), (16, 4, 4, 3))
-    return [{}] + [dict(block_pages=b, chunk_blocks=c, num_warps=w, num_stages=s)
-                   for b, c, w, s in best]
 
 
 def topk_launches(smoke: bool) -> list[dict]:
@@ -153,22 +140,9 @@ def main(argv=None) -> int:
             return sparse_paged_decode_attention(q, k, v, tables, lengths, l, c,
                                                  **attention_launch)
         return run
-    def fused_stage(launch):
-        def run():
-            l, c, _, _ = select_pages_fused(q, centroids, tables, lengths, topk, PAGE, bos, eos,
-                                            **launch)
-            return sparse_paged_decode_attention(q, kp, vp, tables, lengths, l, c)
-        return run
-    # scoring and top-k in one launch: its sweep, then the stage with the default and best
-    result["fused"] = sweep(
-        lambda launch: lambda: select_pages_fused(q, centroids, tables, lengths, topk, PAGE,
-                                                  bos, eos, **launch),
-        fused_launches(args.smoke), lists_differ, reps)
     best = lambda rows: next((r["launch"] for r in sorted(
         (r for r in rows if "us" in r and not r["differs_from_default"]),
         key=lambda r: r["us"]) if r["launch"] != "default"), {})
-    best_fused = best(result["fused"])
-    fused_default = time_graph(fused_stage({}), reps=reps)
     two_launch = time_graph(stage({}, {}), reps=reps)
     # the two top-k searches alone and in the stage, also under --quick
     topk_alone = lambda search: lambda: page_topk(scores, lengths, topk, PAGE, bos, eos,
@@ -193,9 +167,7 @@ def main(argv=None) -> int:
         "lists_equal_bf16": lists_equal(fp8_lists, (lists, counts)),
         "page_overlap_with_bf16": page_overlap(fp8_lists, (lists, counts))}
     result["fused_stage_us"] = {
-        "two_launch_default": two_launch, "fused_default": fused_default,
-        "fused_best": time_graph(fused_stage(best_fused), reps=reps),
-        "fused_best_launch": best_fused,
+        "two_launch_default": two_launch,
         "two_launch_combine_in_kernel": time_graph(stage({}, {}, fuse_combine=True),
                                                    reps=reps),
         "attention_alone": time_graph(

@@ -34,10 +34,9 @@ CENTROID_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4
 def _score_blocks(q_ptr, cent_ptr, table_ptr, score_ptr, b, n_pages, first,
                   s_qb, s_qh, s_cp, s_ch, s_tb, width, dim, kv_heads,
                   GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-                  BLOCK_P: tl.constexpr, BLOCKS: tl.constexpr, NUM_STAGES: tl.constexpr,
-                  STORE_ABSENT: tl.constexpr):
-    """Scores of sequence b's pages in blocks first .. first + BLOCKS - 1 for every KV head;
-    STORE_ABSENT: -inf for the pages past the row's count (else they are not written)."""
+                  BLOCK_P: tl.constexpr, BLOCKS: tl.constexpr, NUM_STAGES: tl.constexpr):
+    """Scores of sequence b's pages in blocks first .. first + BLOCKS - 1 for every KV head,
+    -inf for the pages past the row's count."""
     h = tl.arange(0, BLOCK_H)
     d = tl.arange(0, BLOCK_D)
     hd_mask = (h < kv_heads)[:, None] & (d < dim)[None, :]
@@ -47,10 +46,7 @@ def _score_blocks(q_ptr, cent_ptr, table_ptr, score_ptr, b, n_pages, first,
         q_sum += tl.load(q_ptr + b * s_qb + rows[:, None] * s_qh + d[None, :], mask=hd_mask,
                          other=0.0).to(tl.float32)
     q_mean = q_sum / GROUP  # [H, D]
-    last = first + BLOCKS
-    if not STORE_ABSENT:  # no block past the row's pages
-        last = tl.minimum(last, (n_pages + BLOCK_P - 1) // BLOCK_P)
-    for block in tl.range(first, last, num_stages=NUM_STAGES):
+    for block in tl.range(first, first + BLOCKS, num_stages=NUM_STAGES):
         p = block * BLOCK_P + tl.arange(0, BLOCK_P)
         present = p < n_pages
         phys = tl.load(table_ptr + b * s_tb + p, mask=present, other=0).to(tl.int64)
@@ -61,8 +57,7 @@ def _score_blocks(q_ptr, cent_ptr, table_ptr, score_ptr, b, n_pages, first,
         score = tl.sum(cent * q_mean[None, :, :], axis=2)  # [P, H]
         score = tl.where(present[:, None], score, float("-inf"))
         dest = (b * kv_heads + h[None, :]) * width + p[:, None]
-        keep = present if not STORE_ABSENT else p < width
-        tl.store(score_ptr + dest, score, mask=keep[:, None] & (h < kv_heads)[None, :])
+        tl.store(score_ptr + dest, score, mask=(p < width)[:, None] & (h < kv_heads)[None, :])
 
 
 @jit
@@ -80,7 +75,7 @@ def _page_scores_kernel(q_ptr, cent_ptr, table_ptr, ntok_ptr, score_ptr,
     _score_blocks(q_ptr, cent_ptr, table_ptr, score_ptr, b, n_pages,
                   tl.program_id(1) * BLOCKS_PER_PROGRAM, s_qb, s_qh, s_cp, s_ch, s_tb, width,
                   dim, kv_heads, GROUP, BLOCK_H, BLOCK_D, BLOCK_P, BLOCKS_PER_PROGRAM,
-                  NUM_STAGES, True)
+                  NUM_STAGES)
     if PDL:  # the next kernel may launch once every program has scored its pages
         gdc_launch_dependents()
 

@@ -26,12 +26,6 @@ Both are exact for any scores free of NaN whose eligible entries are not -inf (s
 topk_search.py). Tied candidates at the cut are taken in page order, and a prefix sum
 compacts the chosen pages into the list; counts come from the row's bounds, not a sum.
 
-`select_pages_fused` runs scoring and top-k as one kernel: scoring programs as in
-page_scores.py, and one selecting program per row that waits for its sequence's scores
-(counts kept in arrival_counters, zero again when the kernel ends) and runs the row's
-top-k while later sequences are still being scored, ranking exactly the scores it wrote.
-It removes a launch but measured slower than the two kernels on an H100 (43.7 against
-39.5 us at batch 16, 32K), so select_page_lists uses it only when asked (`fused=True`).
 Tests: `python -m pytest tests/sparrow_core/kernels -q`.
 """
 
@@ -39,10 +33,10 @@ from __future__ import annotations
 
 import torch
 
-from sparrow_core.kernels.page_scores import _score_blocks, check_score_inputs, page_scores
+from sparrow_core.kernels.page_scores import page_scores
 from sparrow_core.kernels.runtime import (
-    arrival_counters, check, check_integer, gdc_launch_dependents, gdc_wait, jit,
-    next_power_of_2, pdl_launch, tl, use_kernel)
+    check, check_integer, gdc_launch_dependents, gdc_wait, jit, next_power_of_2, pdl_launch, tl,
+    use_kernel)
 from sparrow_core.kernels.topk_search import _topk_search
 from sparrow_core.sparse.selection import select_from_scores
 
@@ -54,19 +48,13 @@ SEARCHES = ("radix", "value")
 @jit
 def _topk_row(score_row, n_pages, k, list_row, count_at, mask_row, width,
               BOS: tl.constexpr, EOS: tl.constexpr, BLOCK_W: tl.constexpr,
-              WRITE_MASK: tl.constexpr, RADIX: tl.constexpr, VALUE_PASSES: tl.constexpr,
-              FROM_L2: tl.constexpr):
-    """One row's selection (see the module docstring) from its scores at score_row; FROM_L2
-    reads them past L1 (scores other programs have just written)."""
+              WRITE_MASK: tl.constexpr, RADIX: tl.constexpr, VALUE_PASSES: tl.constexpr):
+    """One row's selection (see the module docstring) from its scores at score_row."""
     p = tl.arange(0, BLOCK_W)
     present = p < n_pages
     eligible = (p >= BOS) & (p < n_pages - EOS)
     # entries past the row's page count are never ranked: they need not hold scores
-    if FROM_L2:
-        score = tl.load(score_row + p, mask=present & (p < width), other=0.0,
-                        cache_modifier=".cg")
-    else:
-        score = tl.load(score_row + p, mask=present & (p < width), other=0.0)
+    score = tl.load(score_row + p, mask=present & (p < width), other=0.0)
     score = tl.where(score == 0.0, 0.0, score)  # -0.0 ties with 0.0, as in a float compare
     # counts from the bounds, not from reductions: every reduction is a round of barriers
     n_present = tl.minimum(n_pages, BLOCK_W)
@@ -97,59 +85,7 @@ def _page_topk_kernel(score_ptr, ntok_ptr, topk_ptr, list_ptr, count_ptr, mask_p
     k = tl.load(topk_ptr + b).to(tl.int32)
     _topk_row(score_ptr + row * width, n_pages, k, list_ptr + row * width, count_ptr + row,
               mask_ptr + row * width, width, BOS, EOS, BLOCK_W, WRITE_MASK, RADIX,
-              VALUE_PASSES, False)
-    if PDL:  # let the next kernel launch (its programs place as these leave)
-        gdc_launch_dependents()
-
-
-@jit
-def _page_select_kernel(q_ptr, cent_ptr, table_ptr, ntok_ptr, topk_ptr, score_ptr, list_ptr,
-                        count_ptr, mask_ptr, sync_ptr, s_qb, s_qh, s_cp, s_ch, s_tb, width,
-                        dim, kv_heads, batch, chunks, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
-                        BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, CHUNK_BLOCKS: tl.constexpr,
-                        PAGE: tl.constexpr, BOS: tl.constexpr, EOS: tl.constexpr,
-                        BLOCK_W: tl.constexpr, WRITE_MASK: tl.constexpr, RADIX: tl.constexpr,
-                        NUM_STAGES: tl.constexpr, PDL: tl.constexpr,
-                        VALUE_PASSES: tl.constexpr = 0):
-    if PDL:  # see runtime.py: wait for the kernel before
-        gdc_wait()
-    # A ticket, in the order programs start, gives each its job: scoring a chunk of one
-    # sequence's pages (every KV head), or selecting one (sequence, KV head) row. Tickets run
-    # score(0), score(1), select(0), score(2), select(1), ..., select(B - 1): a selecting
-    # program waits for its sequence's chunks, all held by programs that started before it,
-    # so the wait always ends. sync: [0] the next ticket, [1 + b] chunks of sequence b
-    # scored, [1 + B + b] rows of b selected; all three are zero again at the end.
-    ticket = tl.atomic_add(sync_ptr, 1, sem="relaxed")
-    if ticket == batch * (chunks + kv_heads) - 1:
-        tl.atomic_xchg(sync_ptr, 0)  # the last ticket is taken
-    past_first = tl.maximum(ticket - chunks, 0)
-    after = past_first // (chunks + kv_heads)  # the sequences after the first one scored
-    r = past_first % (chunks + kv_heads)
-    scores_chunk = (ticket < chunks) | ((after < batch - 1) & (r < chunks))
-    b = tl.where(ticket < chunks, 0, tl.where(scores_chunk, after + 1, after))
-    n_pages = (tl.load(ntok_ptr + b).to(tl.int32) + PAGE - 1) // PAGE
-    if scores_chunk:
-        chunk = tl.where(ticket < chunks, ticket, r)
-        _score_blocks(q_ptr, cent_ptr, table_ptr, score_ptr, b, n_pages, chunk * CHUNK_BLOCKS,
-                      s_qb, s_qh, s_cp, s_ch, s_tb, width, dim, kv_heads, GROUP, BLOCK_H,
-                      BLOCK_D, BLOCK_P, CHUNK_BLOCKS, NUM_STAGES, False)
-        # every thread's stores are issued before the release that publishes them
-        tl.debug_barrier()
-        tl.atomic_add(sync_ptr + 1 + b, 1, sem="release")
-    else:
-        h = tl.where(after < batch - 1, r - chunks, r)
-        row = b * kv_heads + h
-        scored = tl.atomic_add(sync_ptr + 1 + b, 0, sem="acquire")
-        while scored < chunks:
-            scored = tl.atomic_add(sync_ptr + 1 + b, 0, sem="acquire")
-        k = tl.load(topk_ptr + b).to(tl.int32)
-        _topk_row(score_ptr + row * width, n_pages, k, list_ptr + row * width, count_ptr + row,
-                  mask_ptr + row * width, width, BOS, EOS, BLOCK_W, WRITE_MASK, RADIX,
-                  VALUE_PASSES, True)
-        if tl.atomic_add(sync_ptr + 1 + batch + b, 1, sem="relaxed") == kv_heads - 1:
-            # every row of b has seen its chunks: both counts back to zero
-            tl.atomic_xchg(sync_ptr + 1 + b, 0)
-            tl.atomic_xchg(sync_ptr + 1 + batch + b, 0)
+              VALUE_PASSES)
     if PDL:  # let the next kernel launch (its programs place as these leave)
         gdc_launch_dependents()
 
@@ -225,65 +161,11 @@ def _value_passes(search: str, radix_bits: int) -> int:
     return 32 // radix_bits if search == "value" else 0
 
 
-def select_pages_fused(q, centroids, page_tables, num_tokens, topk, page_size: int,
-                       reserved_bos: int, reserved_eos: int, want_mask: bool = False, *,
-                       block_pages: int = 16, chunk_blocks: int = 1,
-                       num_warps: int | None = None, num_stages: int = 1,
-                       radix_bits: int = 4, search: str = "radix"):
-    """Scoring and top-k in one launch: lists, counts, mask (or None) and the scores
-    [B, Hkv, W] float32 it ranked (entries past a row's page count are not written).
-
-    Scoring programs read chunk_blocks blocks of block_pages pages of one sequence, every KV
-    head at once (as page_scores does); a selecting program per (sequence, KV head) row
-    waits for its sequence's chunks and runs the row's top-k, while later sequences are
-    still being scored (see the kernel for the order that keeps every wait finite).
-    num_warps, num_stages, radix_bits and search are the launch and search mode (as in
-    page_topk; benchmarks/sparse_stage.py sweeps them). Off GPU: page_scores then page_topk
-    (their references)."""
-    check_score_inputs(q, centroids, page_tables, num_tokens)
-    batch, heads, dim = q.shape
-    kv_heads, width = centroids.shape[1], page_tables.shape[1]
-    _check_topk_args(batch, num_tokens, topk, reserved_bos, reserved_eos)
-    value_passes = _value_passes(search, radix_bits)
-    if not use_kernel(q, centroids, page_tables, num_tokens, topk):
-        scores = page_scores(q, centroids, page_tables, num_tokens, page_size)
-        lists, counts, mask = page_topk(scores, num_tokens, topk, page_size, reserved_bos,
-                                        reserved_eos, want_mask)
-        return lists, counts, mask, scores
-    device = q.device
-    scores = torch.empty(batch, kv_heads, width, dtype=torch.float32, device=device)
-    lists = torch.empty(batch, kv_heads, width, dtype=torch.int32, device=device)
-    counts = torch.empty(batch, kv_heads, dtype=torch.int32, device=device)
-    mask = torch.empty(batch, kv_heads, width, dtype=torch.int8, device=device) \
-        if want_mask else counts
-    if batch * kv_heads and width:
-        chunks = -(-width // (block_pages * chunk_blocks))
-        block_w = next_power_of_2(width)
-        if num_warps is None:
-            num_warps = 4 if block_w <= 1024 else 8 if block_w <= 4096 else 16
-        sync = arrival_counters(device, 1 + 2 * batch, "page_select")
-        pdl = pdl_launch(device)
-        _page_select_kernel[(batch * (chunks + kv_heads),)](
-            q, centroids, page_tables, num_tokens, topk, scores, lists, counts, mask, sync,
-            q.stride(0), q.stride(1), centroids.stride(0), centroids.stride(1),
-            page_tables.stride(0), width, dim, kv_heads, batch, chunks,
-            GROUP=heads // kv_heads, BLOCK_H=next_power_of_2(kv_heads),
-            BLOCK_D=next_power_of_2(dim), BLOCK_P=block_pages, CHUNK_BLOCKS=chunk_blocks,
-            PAGE=page_size, BOS=reserved_bos, EOS=reserved_eos, BLOCK_W=block_w,
-            WRITE_MASK=want_mask, RADIX=radix_bits, NUM_STAGES=num_stages, PDL=pdl,
-            VALUE_PASSES=value_passes, num_warps=num_warps, launch_pdl=pdl)
-    return lists, counts, mask.bool() if want_mask else None, scores
-
-
 def select_page_lists(q, centroids, page_tables, num_tokens, topk, page_size: int,
                       reserved_bos: int, reserved_eos: int, want_mask: bool = False,
-                      fused: bool = False, search: str = "radix"):
+                      search: str = "radix"):
     """Scoring and selection: lists, counts and optionally the mask, as page_scores then
-    page_topk; fused=True runs them as one kernel (select_pages_fused), which measured
-    slower on an H100 (docs/benchmarks.md, round 6); search as in page_topk."""
-    if fused:
-        return select_pages_fused(q, centroids, page_tables, num_tokens, topk, page_size,
-                                  reserved_bos, reserved_eos, want_mask, search=search)[:3]
+    page_topk (search as in page_topk)."""
     scores = page_scores(q, centroids, page_tables, num_tokens, page_size)
     return page_topk(scores, num_tokens, topk, page_size, reserved_bos, reserved_eos, want_mask,
                      search=search)

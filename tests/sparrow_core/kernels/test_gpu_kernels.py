@@ -9,8 +9,7 @@ import torch
 
 from sparrow_core.kernels.kv_write import round_centroids, write_kv, write_kv_reference
 from sparrow_core.kernels.page_scores import page_scores, page_scores_reference
-from sparrow_core.kernels.page_topk import (page_topk, page_topk_reference, select_page_lists,
-                                            select_pages_fused)
+from sparrow_core.kernels.page_topk import page_topk, page_topk_reference, select_page_lists
 from sparrow_core.kernels.paged_decode import (
     paged_decode_attention, paged_decode_reference, sparse_paged_decode_attention,
     sparse_paged_decode_reference)
@@ -88,47 +87,9 @@ def test_sparse_pipeline(dtype, tol, centroid_dtype):
     tuned = sparse_paged_decode_attention(q, k, v, tables, lengths, lists, counts,
                                           prefetch_ids=True)
     assert relative_error(tuned, want) < tol
-    fused = select_page_lists(q, centroids, tables, lengths, topk, PAGE, 1, 2)
-    assert torch.equal(fused[1], counts)
-
-
-@pytest.mark.parametrize("batch,max_tokens,launch,centroid_dtype", [
-    (16, 32768, {}, torch.bfloat16), (16, 4096, {}, torch.bfloat16),
-    (3, 20000, dict(block_pages=8, num_warps=4), torch.bfloat16),
-    (64, 8192, dict(block_pages=32, chunk_blocks=4, num_stages=3), torch.bfloat16),
-    (1, 1000, {}, torch.bfloat16), (16, 32768, {}, F8),
-    (3, 20000, dict(block_pages=8, num_warps=4), F8)])
-def test_fused_selection_at_model_shapes(batch, max_tokens, launch, centroid_dtype):
-    """One launch of scoring and top-k: its scores equal the scoring kernel's, its lists are
-    exactly the rule applied to them, every launch and every graph replay alike (its
-    tickets and counts must be zero again after each, and no selecting program may wait
-    forever)."""
-    q, k, _, tables, lengths = paged_inputs(5, batch, 16, 8, torch.bfloat16, max_tokens)
-    lengths[-1] = 0 if batch > 1 else lengths[-1]  # a padded row
-    centroids = round_centroids(k.float().mean(dim=2), centroid_dtype)
-    topk = torch.randint(0, 300, (batch,), device="cuda", dtype=torch.int32)
-    run = lambda: select_pages_fused(q, centroids, tables, lengths, topk, PAGE, 1, 2,
-                                     want_mask=True, **launch)
-    poison()
-    lists, counts, mask, scores = run()
-    want_scores = page_scores(q, centroids, tables, lengths, PAGE)
-    present = torch.isfinite(want_scores)
-    torch.testing.assert_close(scores[present], want_scores[present], atol=1e-4, rtol=1e-5)
-    ranked = torch.where(present, scores, float("-inf"))
-    want_lists, want_counts, want_mask = page_topk_reference(ranked, lengths, topk, PAGE, 1, 2)
-    assert torch.equal(mask, want_mask) and torch.equal(counts, want_counts)
-    listed = torch.arange(lists.shape[-1], device="cuda") < counts.unsqueeze(-1)
-    assert torch.equal(torch.where(listed, lists, 0), torch.where(listed, want_lists, 0))
-    for _ in range(5):
-        again = run()
-        assert torch.equal(again[2], mask) and torch.equal(again[1], counts)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = run()
-    for _ in range(5):
-        captured[2].zero_()
-        graph.replay()
-        assert torch.equal(captured[2], mask) and torch.equal(captured[1], counts)
+    # scoring and selection through the one call the engine makes
+    selected = select_page_lists(q, centroids, tables, lengths, topk, PAGE, 1, 2)
+    assert torch.equal(selected[1], counts)
 
 
 @pytest.mark.parametrize("dtype,centroid_dtype", [(torch.bfloat16, torch.bfloat16),

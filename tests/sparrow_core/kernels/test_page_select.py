@@ -4,9 +4,8 @@ import pytest
 import torch
 
 from sparrow_core.kernels.page_scores import page_scores
-from sparrow_core.kernels.page_topk import (lists_from_mask, page_topk, select_page_lists,
-                                            select_pages_fused)
-from sparrow_core.kernels.runtime import KernelInputError, arrival_counters
+from sparrow_core.kernels.page_topk import lists_from_mask, page_topk, select_page_lists
+from sparrow_core.kernels.runtime import KernelInputError
 from sparrow_core.sparse.selection import group_query_mean, select_pages
 
 
@@ -87,58 +86,6 @@ def test_score_and_select_equal_the_selection_reference(interpreted):
     for b in range(4):
         for h in range(hkv):
             assert torch.equal(lists[b, h, :counts[b, h]], want_lists[b, h, :counts[b, h]])
-
-
-@pytest.mark.parametrize("dtype,launch", [
-    (torch.float32, {}),
-    # chunks of 2 to 8 pages: several scoring programs per sequence, a last chunk shorter
-    # than the rest, chunks wholly past short rows; several blocks per chunk, pipelined
-    (torch.bfloat16, dict(block_pages=1, chunk_blocks=2)),
-    (torch.float32, dict(block_pages=2, radix_bits=1)),
-    (torch.bfloat16, dict(block_pages=4, chunk_blocks=2, num_stages=2, radix_bits=8)),
-    (torch.float8_e4m3fn, dict(block_pages=2, chunk_blocks=2))])
-def test_fused_selection_ranks_the_scores_it_writes(interpreted, dtype, launch):
-    gen = torch.Generator().manual_seed(3)
-    pages, hkv, hq, dim, page_size, width = 60, 2, 6, 16, 4, 13
-    centroids = torch.randn(pages, hkv, dim, generator=gen).to(dtype)
-    centroids[7] = centroids[9]  # equal centroids: tied scores inside a row
-    q = torch.randn(5, hq, dim, generator=gen)
-    tables = torch.randint(0, pages, (5, width), generator=gen, dtype=torch.int32)
-    tables[0, 2:9] = torch.tensor([7, 9, 7, 9, 7, 9, 7], dtype=torch.int32)
-    num_tokens = torch.tensor([52, 49, 17, 3, 0], dtype=torch.int32)
-    topk = torch.tensor([3, 6, 1, 4, 2], dtype=torch.int32)
-    for bos, eos in ((1, 2), (0, 1)):
-        for _ in range(2):  # a second launch finds its arrival counters at zero again
-            lists, counts, mask, scores = select_pages_fused(
-                q, centroids, tables, num_tokens, topk, page_size, bos, eos, want_mask=True,
-                **launch)
-            want_scores = page_scores(q, centroids, tables, num_tokens, page_size)
-            for b in range(5):
-                n = -(-int(num_tokens[b]) // page_size)
-                torch.testing.assert_close(scores[b, :, :n], want_scores[b, :, :n],
-                                           rtol=1e-6, atol=1e-6)
-                for h in range(hkv):
-                    want = loop_select(scores[b, h], n, int(topk[b]), bos, eos)
-                    assert lists[b, h, :counts[b, h]].tolist() == want, (bos, eos, b, h)
-                    assert torch.nonzero(mask[b, h]).flatten().tolist() == want
-            assert not arrival_counters(q.device, 10, "page_select").any()
-    # the tie run in row 0 is cut by the budget: lower pages win
-    assert lists[0, 0, :counts[0, 0]].tolist() == loop_select(scores[0, 0], 13, 3, 0, 1)
-
-
-def test_fused_and_two_launch_selection_agree(interpreted):
-    gen = torch.Generator().manual_seed(4)
-    pages, hkv, hq, dim, page_size, width = 80, 4, 8, 32, 8, 20
-    centroids = torch.randn(pages, hkv, dim, generator=gen)
-    q = torch.randn(3, hq, dim, generator=gen)
-    tables = torch.randperm(pages, generator=gen)[:3 * width].view(3, width).int()
-    num_tokens = torch.tensor([160, 101, 30], dtype=torch.int32)
-    topk = torch.tensor([7, 5, 2], dtype=torch.int32)
-    fused = select_page_lists(q, centroids, tables, num_tokens, topk, page_size, 1, 2,
-                              want_mask=True)
-    apart = select_page_lists(q, centroids, tables, num_tokens, topk, page_size, 1, 2,
-                              want_mask=True, fused=False)
-    assert torch.equal(fused[1], apart[1]) and torch.equal(fused[2], apart[2])
 
 
 def test_lists_from_mask_keeps_page_order():

@@ -5,8 +5,7 @@ k = 0, k past the eligible pages, rows shorter than the reserved pages."""
 import pytest
 import torch
 
-from sparrow_core.kernels.page_topk import (page_topk, page_topk_reference, select_page_lists,
-                                            select_pages_fused)
+from sparrow_core.kernels.page_topk import page_topk, page_topk_reference, select_page_lists
 from sparrow_core.kernels.runtime import KernelInputError, jit, tl
 from sparrow_core.kernels.topk_search import _value_bin, _value_plan
 from sparrow_core.sparse.selection import group_query_mean, select_pages
@@ -152,31 +151,6 @@ def test_tie_rows_tell_tie_orders_apart(interpreted, search, radix_bits):
         assert lists[b, 0, :counts[b, 0]].tolist() == want
 
 
-@pytest.mark.parametrize("launch", [dict(search="value"),
-                                    dict(search="value", radix_bits=1, block_pages=2)])
-def test_fused_selection_by_value_bins(interpreted, launch):
-    """The fused kernel shares the row search: by value bins it ranks the scores it writes
-    as the reference does, ties from equal centroids included."""
-    gen = torch.Generator().manual_seed(7)
-    pages, hkv, hq, dim, width = 40, 2, 4, 16, 11
-    centroids = torch.randn(pages, hkv, dim, generator=gen)
-    centroids[5] = centroids[6]
-    q = torch.randn(4, hq, dim, generator=gen)
-    tables = torch.randint(0, pages, (4, width), generator=gen, dtype=torch.int32)
-    tables[0, 1:8] = torch.tensor([5, 6, 5, 6, 5, 6, 5], dtype=torch.int32)
-    num_tokens = torch.tensor([44, 30, 9, 0], dtype=torch.int32)
-    topk = torch.tensor([3, 2, 1, 4], dtype=torch.int32)
-    lists, counts, mask, scores = select_pages_fused(q, centroids, tables, num_tokens, topk,
-                                                     PAGE, 1, 2, want_mask=True, **launch)
-    present = torch.arange(width) < ((num_tokens + PAGE - 1) // PAGE).view(-1, 1, 1)
-    ranked = torch.where(present, scores, float("-inf"))
-    want_lists, want_counts, want_mask = page_topk_reference(ranked, num_tokens, topk, PAGE,
-                                                             1, 2)
-    assert torch.equal(mask, want_mask) and torch.equal(counts, want_counts)
-    listed = torch.arange(width) < counts.unsqueeze(-1)
-    assert torch.equal(torch.where(listed, lists, -1), torch.where(listed, want_lists, -1))
-
-
 def test_page_lists_by_value_equal_the_selection_reference(interpreted):
     gen = torch.Generator().manual_seed(8)
     pages, hkv, hq, dim, width = 50, 2, 4, 16, 12
@@ -188,10 +162,9 @@ def test_page_lists_by_value_equal_the_selection_reference(interpreted):
     n_pages = (num_tokens.long() + PAGE - 1) // PAGE
     want = select_pages(group_query_mean(q, hkv), centroids[tables.long()], n_pages,
                         topk.long(), 1, 2)
-    for fused in (False, True):
-        _, _, mask = select_page_lists(q, centroids, tables, num_tokens, topk, PAGE, 1, 2,
-                                       want_mask=True, fused=fused, search="value")
-        assert torch.equal(mask, want)
+    _, _, mask = select_page_lists(q, centroids, tables, num_tokens, topk, PAGE, 1, 2,
+                                   want_mask=True, search="value")
+    assert torch.equal(mask, want)
 
 
 @jit
