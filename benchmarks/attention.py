@@ -7,8 +7,8 @@ importable), with bytes moved against the copy bandwidth measured in the same pr
 Per model head shape (Qwen3-1.7B: 16 query / 8 KV heads; Qwen3-4B: 32 / 8; head dim 128,
 bf16, 16-token head-major pages scattered through the cache), batch 16 and 64, context 4K-32K (every
 sequence full): our dense split-K kernel; our sparse step (scoring + selection + attention,
-budget of the model's 0.86 preset at that context); top-k alone and selection alone by both searches (digits, the default, and value
-bins; kernels/topk_search.py), with whether their lists agree; the sparse step, selection and
+budget of the model's 0.86 preset at that context); top-k alone (by 4-bit digits, the
+default, and by 1-bit digits) and selection alone; the sparse step, selection and
 scoring again with float8 centroids (EngineConfig.centroid_dtype; the same q, pages and
 budget: `ours_*_fp8_centroids`), with whether their page lists equal the bf16 centroids' and
 the fraction of pages both select (fp8_centroids_lists_equal, fp8_centroids_page_overlap);
@@ -124,14 +124,13 @@ def one_case(model, batch, context, bandwidth, device):
     centroids = centroids_of(layer)
     fp8 = centroids_of(layer, torch.float8_e4m3fn)  # the same means, one byte each
     topk_t = torch.full((batch,), topk, dtype=torch.int32, device=device)
-    select = lambda search="radix", cents=centroids: select_page_lists(
+    select = lambda cents=centroids: select_page_lists(
         q, cents, tables, lengths, topk_t, PAGE, schedule.reserved_bos,
-        schedule.reserved_eos, search=search)
+        schedule.reserved_eos)
     lists, counts, _ = select()
     scores = page_scores(q, centroids, tables, lengths, PAGE)
-    topk_only = lambda search="radix": page_topk(scores, lengths, topk_t, PAGE,
-                                                 schedule.reserved_bos, schedule.reserved_eos,
-                                                 search=search)
+    topk_only = lambda: page_topk(scores, lengths, topk_t, PAGE, schedule.reserved_bos,
+                                  schedule.reserved_eos)
     sparse = lambda: sparse_paged_decode_attention(q, kp, vp, tables, lengths, *select()[:2])
     methods = {
         "ours_dense": lambda: paged_decode_attention(q, kp, vp, tables, lengths),
@@ -141,8 +140,6 @@ def one_case(model, batch, context, bandwidth, device):
         "ours_selection_only": select,
         "ours_scores_only": lambda: page_scores(q, centroids, tables, lengths, PAGE),
         "ours_topk_only": topk_only,
-        "ours_topk_only_value": lambda: topk_only("value"),
-        "ours_selection_only_value": lambda: select(search="value"),
         "ours_topk_only_radix1": lambda: page_topk(scores, lengths, topk_t, PAGE,
                                                    schedule.reserved_bos, schedule.reserved_eos,
                                                    radix_bits=1),
@@ -170,7 +167,6 @@ def one_case(model, batch, context, bandwidth, device):
                bandwidth_fraction={k: moved[k] / (us[k] * 1e-6) / bandwidth for k in moved},
                dense_vs_sdpa_rel_error=relative_error(dense_out, sdpa_out),
                sparse_speedup_vs_sdpa=us["sdpa_dense"] / us["ours_sparse"],
-               topk_value_equals_radix=lists_equal(topk_only("value"), (lists, counts)),
                dense_ratio_vs_sdpa=us["ours_dense"] / us["sdpa_dense"], **float8)
     row.update(flashinfer_cases(layer, lists, counts, dense_out,
                                 methods["ours_sparse_attention_only"]()))

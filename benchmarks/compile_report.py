@@ -10,7 +10,6 @@ the launchers' defaults at the benchmark shapes (head dim 128, 16-token pages, b
 
 from __future__ import annotations
 
-import itertools
 import os
 import re
 import subprocess
@@ -95,14 +94,12 @@ def main() -> int:
                                      score_ptr=ptr("fp32")),
                                 dict(GROUP=2, BLOCK_H=8, BLOCK_D=128, BLOCK_P=16, PAGE=16,
                                      BLOCKS_PER_PROGRAM=1, NUM_STAGES=1, PDL=False)))
-    for (width, warps), search in itertools.product(((1024, 4), (2048, 8), (4096, 8)),
-                                                    page_topk.SEARCHES):
-        report(f"page_topk W={width} {search}", build(
+    for width, warps in ((1024, 4), (2048, 8), (4096, 8)):
+        report(f"page_topk W={width}", build(
             page_topk._page_topk_kernel,
             dict(score_ptr=ptr("fp32"), ntok_ptr=ptr("i32"), topk_ptr=ptr("i32"),
                  list_ptr=ptr("i32"), count_ptr=ptr("i32"), mask_ptr=ptr("i32")),
-            dict(PAGE=16, BOS=1, EOS=2, BLOCK_W=width, WRITE_MASK=False, RADIX=4, PDL=False,
-                 VALUE_PASSES=page_topk._value_passes(search, 4)),
+            dict(PAGE=16, BOS=1, EOS=2, BLOCK_W=width, WRITE_MASK=False, RADIX=4, PDL=False),
             num_warps=warps))
     report("kv_write fused", build(
         kv_write._kv_write_kernel,

@@ -6,10 +6,9 @@
 
 What it times, each against the default launch measured in the same run:
 - scoring launches (pages per iteration, blocks per program, warps, pipeline stages) and
-  top-k launches (search by digits or value bins, bins per pass, warps); every variant's
-  output is checked against the default's (scores: max abs difference; lists: equal);
-- the two top-k searches (kernels/topk_search.py) alone and inside the stage, beside each
-  other (topk_search_us, also under --quick);
+  top-k launches (bins per pass, warps); every variant's output is checked against the
+  default's (scores: max abs difference; lists: equal);
+- the top-k alone (topk_alone_us, also under --quick);
 - float8 page centroids (EngineConfig.centroid_dtype; the same q, pages and budget): the
   stage and scoring alone beside the bf16 ones, whether the page lists equal the bf16
   centroids' and the fraction of pages both select (fp8_centroids, also under --quick);
@@ -25,7 +24,7 @@ What it times, each against the default launch measured in the same run:
 - FlashInfer dense and sparse attention alone when importable (benchmarks/peers.py).
 
 `--quick` skips the round-5 probes (scoring / top-k sweeps, layouts, flush and PDL
-variants) and times only the stages, the two top-k searches, float8 centroids, the combine
+variants) and times only the stages, the top-k alone, float8 centroids, the combine
 variants, SDPA and FlashInfer.
 """
 
@@ -65,13 +64,11 @@ def scoring_launches(smoke: bool) -> list[dict]:
 
 
 def topk_launches(smoke: bool) -> list[dict]:
-    """Digits (the default search) and value bins (kernels/topk_search.py) by bins per pass
-    and warps."""
+    """The digit search by bins per pass and warps."""
     if smoke:
-        return [{}, dict(radix_bits=4, num_warps=4), dict(search="value")]
-    return [{}] + [dict(search=search, radix_bits=r, num_warps=w)
-                   for search, r, w in itertools.product(("radix", "value"), (4, 8),
-                                                         (4, 8, 16, 32))]
+        return [{}, dict(radix_bits=4, num_warps=4)]
+    return [{}] + [dict(radix_bits=r, num_warps=w)
+                   for r, w in itertools.product((4, 8), (4, 8, 16, 32))]
 
 
 def sweep(fn_of, launches, compare, reps):
@@ -144,15 +141,9 @@ def main(argv=None) -> int:
         (r for r in rows if "us" in r and not r["differs_from_default"]),
         key=lambda r: r["us"]) if r["launch"] != "default"), {})
     two_launch = time_graph(stage({}, {}), reps=reps)
-    # the two top-k searches alone and in the stage, also under --quick
-    topk_alone = lambda search: lambda: page_topk(scores, lengths, topk, PAGE, bos, eos,
-                                                  search=search)
-    result["topk_search_us"] = {
-        "radix_alone": time_graph(topk_alone("radix"), reps=reps),
-        "value_alone": time_graph(topk_alone("value"), reps=reps),
-        "value_differs_from_radix": lists_differ(topk_alone("value")()),
-        "stage_radix": two_launch, "stage_value": time_graph(stage({}, dict(search="value")),
-                                                             reps=reps)}
+    # the top-k alone, also under --quick
+    result["topk_alone_us"] = time_graph(
+        lambda: page_topk(scores, lengths, topk, PAGE, bos, eos), reps=reps)
     # float8 centroids: the same means rounded to one byte each, also under --quick
     fp8 = centroids_of(layer, torch.float8_e4m3fn)
     fp8_lists = page_topk(page_scores(q, fp8, tables, lengths, PAGE), lengths, topk, PAGE, bos,

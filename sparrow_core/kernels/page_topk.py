@@ -1,7 +1,7 @@
 """Top-k page selection with reserved pages, per (sequence, KV head): scores to page lists.
 
     lists, counts, mask = page_topk(scores, num_tokens, topk, page_size, reserved_bos=1,
-                                    reserved_eos=2, want_mask=True, search="radix")
+                                    reserved_eos=2, want_mask=True)
     lists, counts, _ = select_page_lists(q, centroids, page_tables, num_tokens, topk,
                                          page_size, reserved_bos, reserved_eos)
     # centroids as page_scores takes them: float32, bf16, fp16 or float8_e4m3fn
@@ -14,18 +14,12 @@ the logical pages read (the first counts [B, Hkv] entries are meaningful), and o
 [B, Hkv, W] bool mask.
 
 One program per row keeps the row's scores in registers and finds its top k by narrowing a
-set of candidates with one 2^radix_bits-bin histogram per pass (topk_search.py; no sort):
-`search="radix"` (the default) bins by digits of 32-bit keys ordered as the scores (up to 8
-passes of 16 bins, which measured faster on an H200 than 4 passes of 256 bins: 11.0 against
-13.0 us at batch 16, 2,048 pages); `search="value"` bins the candidates' score range into
-equal bins and zooms into the chosen one: fewer passes on score rows (3.3 against 4.8 in a
-simulation) but measured slower on an H100 (11.9 against 11.2 us at batch 16, 32K;
-docs/benchmarks.md, round 7), so it is off by default; benchmarks/sparse_stage.py and
-attention.py time both.
-Both are exact for any scores free of NaN whose eligible entries are not -inf (see
+set of candidates with one 2^radix_bits-bin histogram per pass (topk_search.py; no sort),
+by digits of 32-bit keys ordered as the scores: up to 8 passes of 16 bins by default, which
+measured faster on an H200 than 4 passes of 256 bins (11.0 against 13.0 us at batch 16,
+2,048 pages). Exact for any scores free of NaN whose eligible entries are not -inf (see
 topk_search.py). Tied candidates at the cut are taken in page order, and a prefix sum
 compacts the chosen pages into the list; counts come from the row's bounds, not a sum.
-
 Tests: `python -m pytest tests/sparrow_core/kernels -q`.
 """
 
@@ -40,15 +34,10 @@ from sparrow_core.kernels.runtime import (
 from sparrow_core.kernels.topk_search import _topk_search
 from sparrow_core.sparse.selection import select_from_scores
 
-# how a row's k-th largest score is found (topk_search.py): by digits of 32-bit keys, or by
-# bins over the scores' value range (with digits after 32 / radix_bits passes)
-SEARCHES = ("radix", "value")
-
-
 @jit
 def _topk_row(score_row, n_pages, k, list_row, count_at, mask_row, width,
               BOS: tl.constexpr, EOS: tl.constexpr, BLOCK_W: tl.constexpr,
-              WRITE_MASK: tl.constexpr, RADIX: tl.constexpr, VALUE_PASSES: tl.constexpr):
+              WRITE_MASK: tl.constexpr, RADIX: tl.constexpr):
     """One row's selection (see the module docstring) from its scores at score_row."""
     p = tl.arange(0, BLOCK_W)
     present = p < n_pages
@@ -59,8 +48,7 @@ def _topk_row(score_row, n_pages, k, list_row, count_at, mask_row, width,
     # counts from the bounds, not from reductions: every reduction is a round of barriers
     n_present = tl.minimum(n_pages, BLOCK_W)
     n_eligible = tl.maximum(tl.minimum(n_pages - EOS, BLOCK_W) - BOS, 0)
-    taken, candidate, room, n_candidates = _topk_search(score, eligible, n_eligible, k,
-                                                        RADIX, VALUE_PASSES)
+    taken, candidate, room, n_candidates = _topk_search(score, eligible, n_eligible, k, RADIX)
     if n_candidates > room:  # tied candidates at the cut: the lower pages first
         candidate = candidate & (tl.cumsum(candidate.to(tl.int32), axis=0) <= room)
     selected = present & ((eligible == 0) | taken | candidate)
@@ -76,7 +64,7 @@ def _topk_row(score_row, n_pages, k, list_row, count_at, mask_row, width,
 def _page_topk_kernel(score_ptr, ntok_ptr, topk_ptr, list_ptr, count_ptr, mask_ptr, width,
                       PAGE: tl.constexpr, BOS: tl.constexpr, EOS: tl.constexpr,
                       BLOCK_W: tl.constexpr, WRITE_MASK: tl.constexpr, RADIX: tl.constexpr,
-                      PDL: tl.constexpr, VALUE_PASSES: tl.constexpr = 0):
+                      PDL: tl.constexpr):
     if PDL:  # see runtime.py: wait for the kernel before
         gdc_wait()
     b = tl.program_id(0)
@@ -84,8 +72,7 @@ def _page_topk_kernel(score_ptr, ntok_ptr, topk_ptr, list_ptr, count_ptr, mask_p
     n_pages = (tl.load(ntok_ptr + b).to(tl.int32) + PAGE - 1) // PAGE
     k = tl.load(topk_ptr + b).to(tl.int32)
     _topk_row(score_ptr + row * width, n_pages, k, list_ptr + row * width, count_ptr + row,
-              mask_ptr + row * width, width, BOS, EOS, BLOCK_W, WRITE_MASK, RADIX,
-              VALUE_PASSES)
+              mask_ptr + row * width, width, BOS, EOS, BLOCK_W, WRITE_MASK, RADIX)
     if PDL:  # let the next kernel launch (its programs place as these leave)
         gdc_launch_dependents()
 
@@ -109,17 +96,15 @@ def page_topk_reference(scores, num_tokens, topk, page_size, reserved_bos, reser
 
 def page_topk(scores: torch.Tensor, num_tokens: torch.Tensor, topk: torch.Tensor,
               page_size: int, reserved_bos: int, reserved_eos: int,
-              want_mask: bool = False, radix_bits: int = 4, num_warps: int | None = None,
-              search: str = "radix"):
-    """Selected page lists from scores [B, Hkv, W] (see the module docstring); search
-    ("radix" or "value") picks how the k-th largest score is found, radix_bits (1, 2, 4 or
-    8) the bits per digit and the bins per pass (2^radix_bits), num_warps the launch
-    (benchmarks compare them; None picks by row width)."""
+              want_mask: bool = False, radix_bits: int = 4, num_warps: int | None = None):
+    """Selected page lists from scores [B, Hkv, W] (see the module docstring); radix_bits
+    (1, 2, 4 or 8) is the bits per digit and the bins per pass (2^radix_bits), num_warps the
+    launch (benchmarks compare them; None picks by row width)."""
     check(scores.dim() == 3 and scores.dtype == torch.float32,
           f"scores must be [B, Hkv, W] float32, got {tuple(scores.shape)} {scores.dtype}")
     batch, kv_heads, width = scores.shape
     _check_topk_args(batch, num_tokens, topk, reserved_bos, reserved_eos)
-    value_passes = _value_passes(search, radix_bits)
+    check(radix_bits in (1, 2, 4, 8), f"radix_bits must be 1, 2, 4 or 8, got {radix_bits}")
     if not use_kernel(scores, num_tokens, topk):
         lists, counts, mask = page_topk_reference(scores, num_tokens, topk, page_size,
                                                   reserved_bos, reserved_eos)
@@ -138,8 +123,8 @@ def page_topk(scores: torch.Tensor, num_tokens: torch.Tensor, topk: torch.Tensor
         _page_topk_kernel[(batch, kv_heads)](
             scores, num_tokens, topk, lists, counts, mask, width,
             PAGE=page_size, BOS=reserved_bos, EOS=reserved_eos, BLOCK_W=block_w,
-            WRITE_MASK=want_mask, RADIX=radix_bits, PDL=pdl, VALUE_PASSES=value_passes,
-            num_warps=num_warps, launch_pdl=pdl)
+            WRITE_MASK=want_mask, RADIX=radix_bits, PDL=pdl, num_warps=num_warps,
+            launch_pdl=pdl)
     return lists, counts, mask.bool() if want_mask else None
 
 
@@ -153,19 +138,9 @@ def _check_topk_args(batch, num_tokens, topk, reserved_bos, reserved_eos) -> Non
           f"need reserved_bos >= 0 and reserved_eos >= 1, got {reserved_bos}, {reserved_eos}")
 
 
-def _value_passes(search: str, radix_bits: int) -> int:
-    """The kernels' VALUE_PASSES (topk_search.py): value-bin passes before digits take
-    over, as many as there are digits; 0 is digits only."""
-    check(search in SEARCHES, f"search must be one of {SEARCHES}, got {search!r}")
-    check(radix_bits in (1, 2, 4, 8), f"radix_bits must be 1, 2, 4 or 8, got {radix_bits}")
-    return 32 // radix_bits if search == "value" else 0
-
-
 def select_page_lists(q, centroids, page_tables, num_tokens, topk, page_size: int,
-                      reserved_bos: int, reserved_eos: int, want_mask: bool = False,
-                      search: str = "radix"):
+                      reserved_bos: int, reserved_eos: int, want_mask: bool = False):
     """Scoring and selection: lists, counts and optionally the mask, as page_scores then
-    page_topk (search as in page_topk)."""
+    page_topk."""
     scores = page_scores(q, centroids, page_tables, num_tokens, page_size)
-    return page_topk(scores, num_tokens, topk, page_size, reserved_bos, reserved_eos, want_mask,
-                     search=search)
+    return page_topk(scores, num_tokens, topk, page_size, reserved_bos, reserved_eos, want_mask)
