@@ -1,0 +1,110 @@
+"""Held-out accuracy of the testbed model at the full chain length: teacher-forced (exact for
+greedy, the expected value for sampling) and sampled with the project's rollout engine.
+
+    from sparrow_core.testbed.evaluate import sampled_accuracy, teacher_forced_accuracy
+    tf = teacher_forced_accuracy(hf_model, examples)    # greedy, sampled_estimate, hop
+    sampled = sampled_accuracy("/tmp/sparrow-testbed", examples, samples=4, seed=0)
+
+Teacher forcing reads each reference sequence once. A chain is a single path through one
+cycle, so a completion reaches the answer (up to a wrong hop undone by chance later) only by
+reproducing the reference; hence greedy decoding is right exactly when every teacher-forced
+argmax is the reference token, and sampling at temperature 1 is right with the product of
+the reference tokens' probabilities. Both come from one forward pass per prompt instead of
+thousands of decode steps. `hop` is the mean, over the hop lines, of the probability of
+sampling the whole line right given a right prefix. The sampled figure is the RL reward
+itself (exact_match on what the engine generates at temperature 1), on fewer prompts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from sparrow_core.data.synthetic import Example
+from sparrow_core.testbed.data import derived_seed, encode
+
+
+def precision(device: torch.device):
+    """bf16 autocast on CUDA (weights stay fp32); plain fp32 elsewhere."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+@torch.no_grad()
+def teacher_forced_accuracy(model: torch.nn.Module, examples: list[Example],
+                            rows: int = 8) -> dict[str, float]:
+    """{"greedy", "sampled_estimate", "hop"} over `examples` (all of one length)."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    greedy, sampled, hop = [], [], []
+    for start in range(0, len(examples), rows):
+        chunk = examples[start:start + rows]
+        ids, mask = encode(chunk)
+        ids = ids.to(device)
+        with precision(device):
+            logits = model(input_ids=ids).logits[:, :-1].float()
+        target = ids[:, 1:]
+        token_logp = torch.log_softmax(logits, -1).gather(-1, target[..., None])[..., 0].cpu()
+        hit = (logits.argmax(-1) == target).cpu()
+        # the completion's characters: the eos after them decides nothing the reward reads
+        completion = mask[:, 1:].clone()
+        completion[:, -1] = False
+        for row, example in enumerate(chunk):
+            logp = token_logp[row][completion[row]]
+            greedy.append(float(hit[row][completion[row]].all()))
+            sampled.append(math.exp(float(logp.sum())))
+            hop.append(_hop_probability(example.completion, logp))
+    model.train(was_training)
+    count = max(1, len(examples))
+    return {"greedy": sum(greedy) / count, "sampled_estimate": sum(sampled) / count,
+            "hop": sum(hop) / count}
+
+
+def _hop_probability(completion: str, logp: torch.Tensor) -> float:
+    """Mean over the hop lines (all but the answer line) of exp(sum of the line's logp)."""
+    newline = torch.tensor([c == "\n" for c in completion], dtype=torch.long)
+    line = torch.cumsum(newline, 0) - newline  # a line's "\n" belongs to it
+    per_line = torch.zeros(int(line[-1]) + 1, dtype=torch.float64)
+    per_line.index_add_(0, line, logp.double())
+    hops = per_line[:-1]
+    return float(hops.exp().mean()) if len(hops) else 1.0
+
+
+def sampled_accuracy(model_dir: str | Path, examples: list[Example], samples: int, seed: int,
+                     device: str | torch.device = "cpu") -> dict[str, float]:
+    """Share of `samples` engine samples per prompt (temperature 1, dense decode) whose
+    exact_match reward is 1; the checkpoint is read from model_dir as the RL flow reads it."""
+    from sparrow_core.data.rewards import exact_match_reward
+    from sparrow_core.engine import Engine, EngineConfig, SamplingParams
+    from sparrow_core.model import load_model, load_tokenizer
+
+    device = torch.device(device)
+    started = time.monotonic()
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    tokenizer = load_tokenizer(model_dir)
+    prompts = [tokenizer.encode(example.prompt) for example in examples]
+    new_tokens = max(len(example.completion) for example in examples) + 8
+    longest = max(map(len, prompts)) + new_tokens
+    sequences = len(examples) * samples
+    # exactly the pages every sample can need, so no memory guess is involved
+    config = EngineConfig(max_batch_size=sequences, num_pages=sequences * (longest // 16 + 2),
+                          max_context=longest, seed=seed)
+    engine = Engine(load_model(model_dir, dtype=dtype, device=device), tokenizer, config)
+    params = [SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=new_tokens,
+                             n=samples, seed=derived_seed(seed, "sampled-eval", index),
+                             logprobs_topk=1)
+              for index in range(len(examples))]
+    results = engine.generate(prompts, params)
+    rewards = [exact_match_reward(sample.text or "", example.answer)
+               for example, group in zip(examples, results) for sample in group]
+    del engine
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return {"accuracy": sum(rewards) / max(1, len(rewards)), "prompts": len(examples),
+            "samples": samples, "seconds": round(time.monotonic() - started, 1)}

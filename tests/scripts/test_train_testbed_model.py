@@ -1,0 +1,72 @@
+"""scripts/train_testbed_model.py --smoke end to end on CPU: the files and training_info.json
+fields it writes, the same bytes from the same seed, and the budget-fitted step count."""
+
+import hashlib
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from sparrow_core.data.char_tokenizer import char_vocab
+from sparrow_core.model import load_tokenizer
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train_testbed_model.py"
+
+
+@pytest.fixture(scope="module")
+def script():
+    spec = importlib.util.spec_from_file_location("train_testbed_model", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_smoke_run_writes_a_checkpoint_and_its_record(script, tmp_path):
+    info = script.main(["--out", str(tmp_path / "a"), "--smoke", "--device", "cpu"])
+    out = tmp_path / "a"
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                 "training_info.json"):
+        assert (out / name).is_file(), name
+    assert json.loads((out / "training_info.json").read_text()) == info
+    assert info["model_safetensors_sha256"] == _sha(out / "model.safetensors")
+    assert info["seed"] == 0 and info["steps_planned"] == info["steps_done"] == 8
+    stages = info["stages"]
+    assert stages[-1]["num_defs"] == 8 and stages[-1]["num_hops"] == 12
+    assert info["sequence_tokens"] == stages[-1]["length"]
+    # 8 steps, 2 noisy at full length; each step about batch_tokens (1024) tokens
+    assert 8 * 512 <= info["tokens_seen"] <= 8 * 2048
+    assert info["hop_noise"] == 0.05 and math.isfinite(info["final_loss"])
+    for key in ("held_out_greedy_accuracy", "held_out_sampled_accuracy",
+                "held_out_sampled_accuracy_estimate", "held_out_hop_accuracy"):
+        assert 0.0 <= info[key] <= 1.0, key
+    assert info["sampled_eval"]["prompts"] == 2 and info["sampled_eval"]["samples"] == 2
+    assert info["device"] == "cpu" and info["torch"] and info["transformers"]
+    assert info["wall_seconds"] > 0 and info["stopped_at_budget"] is False
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "qwen3"
+    assert config["num_attention_heads"] > config["num_key_value_heads"]
+    text = "def ab=cd\nfrom ab hops 3\n"
+    vocab = char_vocab()
+    assert load_tokenizer(out).encode(text) == [vocab[c] for c in text]
+
+
+def test_same_seed_same_bytes_other_seed_other_bytes(script, tmp_path):
+    runs = {name: script.main(["--out", str(tmp_path / name), "--smoke", "--device", "cpu",
+                               "--seed", str(seed), "--steps", "3"])
+            for name, seed in (("a", 1), ("b", 1), ("c", 2))}
+    assert runs["a"]["model_safetensors_sha256"] == runs["b"]["model_safetensors_sha256"]
+    assert runs["a"]["model_safetensors_sha256"] != runs["c"]["model_safetensors_sha256"]
+    assert runs["a"]["final_loss"] == runs["b"]["final_loss"]
+
+
+def test_steps_zero_fits_the_run_to_the_budget(script, tmp_path):
+    info = script.main(["--out", str(tmp_path / "fit"), "--smoke", "--device", "cpu",
+                        "--steps", "0", "--max-minutes", "0.05"])
+    assert info["steps_planned"] >= 1
+    assert info["steps_done"] <= info["steps_planned"]

@@ -1,0 +1,81 @@
+"""The testbed's training data: curriculum sizes, the step plan, wrong hops and encoding."""
+
+import random
+
+import pytest
+
+from sparrow_core.data.char_tokenizer import char_vocab
+from sparrow_core.data.synthetic import make_examples
+from sparrow_core.testbed.data import (
+    StepPlan, curriculum, derived_seed, encode, held_out_examples, step_examples,
+    with_wrong_hops)
+
+
+def test_curriculum_grows_to_the_full_size_and_shares_sum_to_one():
+    stages = curriculum(256, 600)
+    assert [(s.num_defs, s.num_hops) for s in stages] == [(32, 30), (64, 100), (128, 300),
+                                                          (256, 600)]
+    assert sum(s.share for s in stages) == pytest.approx(1.0)
+    assert [s.length for s in stages] == sorted(s.length for s in stages)
+    assert stages[-1].length == 1557 + 6010 + 1
+    tiny = curriculum(2, 1)  # every stage the same size: one stage holding every share
+    assert len(tiny) == 1 and tiny[0].share == pytest.approx(1.0)
+
+
+def test_step_plan_walks_the_stages_then_the_noisy_tail():
+    stages = curriculum(256, 600)
+    plan = StepPlan(stages, steps=100, noise_share=0.15)
+    assert plan.clean_steps == 85
+    seen = [plan.stage_at(step) for step in range(100)]
+    assert seen[0] == (stages[0], False) and seen[16] == (stages[0], False)
+    assert seen[17] == (stages[1], False) and seen[84] == (stages[3], False)
+    assert all(stage == stages[3] and noisy for stage, noisy in seen[85:])
+    shares = dict((s.num_hops, share) for s, share in plan.step_shares())
+    assert shares[600] == pytest.approx(0.4 * 0.85 + 0.15)
+    assert sum(shares.values()) == pytest.approx(1.0)
+
+
+def test_step_data_depends_on_seed_and_step_only():
+    stage = curriculum(64, 80)[1]
+    a = step_examples(stage, 3, seed=1, step=7)
+    assert a == step_examples(stage, 3, seed=1, step=7)
+    assert a != step_examples(stage, 3, seed=1, step=8)
+    assert a != step_examples(stage, 3, seed=2, step=7)
+    assert a != step_examples(stage, 3, seed=1, step=7, micro=1)
+    held = held_out_examples(64, 80, 4, seed=1)
+    assert not set(held) & set(step_examples(curriculum(64, 80)[-1], 8, seed=1, step=0))
+    assert derived_seed(1, "train", 2) != derived_seed(1, "train", 3) >= 0
+
+
+def test_wrong_hops_keep_the_format_and_the_answer_follows_the_chain():
+    ex = make_examples("pointer_chase_long", 1, seed=3, num_defs=20, num_hops=40)[0]
+    assert with_wrong_hops(ex, 0.0, random.Random(0)) == ex
+    noisy = with_wrong_hops(ex, 1.0, random.Random(0))
+    targets = dict(item.split("=") for item in ex.prompt.split("\n")[0].split()[1:])
+    lines = noisy.completion.split("\n")
+    current = ex.prompt.split("\n")[1].split()[1]
+    for left, line in zip(range(39, -1, -1), lines):
+        count, hop = line.split()
+        source, name = hop.split("=")
+        assert int(count) == left and source == current
+        assert name != targets[source] and name != source and name in targets
+        current = name
+    assert lines[-1] == f"Answer: {current}" and noisy.answer == current
+    assert len(noisy.completion) == len(ex.completion)
+    some = with_wrong_hops(ex, 0.1, random.Random(5))
+    assert some == with_wrong_hops(ex, 0.1, random.Random(5)) != ex
+
+
+def test_encode_gives_char_ids_and_marks_the_completion():
+    examples = make_examples("pointer_chase_long", 2, seed=0, num_defs=6, num_hops=5)
+    ids, mask = encode(examples)
+    vocab = char_vocab()
+    length = len(examples[0].prompt) + len(examples[0].completion) + 1
+    assert ids.shape == mask.shape == (2, length)
+    assert ids[0, :4].tolist() == [vocab[c] for c in "def "]
+    assert ids[0, -1].item() == vocab["<|endoftext|>"]
+    assert mask[0].sum().item() == len(examples[0].completion) + 1
+    assert not mask[0, :len(examples[0].prompt)].any()
+    with pytest.raises(ValueError, match="differ in length"):
+        encode(examples[:1] + make_examples("pointer_chase_long", 1, seed=0, num_defs=7,
+                                            num_hops=5))
