@@ -22,7 +22,7 @@ from sparrow_core import __version__
 from sparrow_core.errors import SparrowError, SparrowWarning
 
 COMMANDS = ("config", "schedule", "mismatch", "costmodel", "generate", "query", "report", "train", "runs",
-            "calibrate")
+            "calibrate", "study")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,105 @@
+"""`sparrow study`: run (or resume) a stability study, and report on one from DuckDB.
+
+    sparrow study run s1 pipeline.steps=8                       # conf/study/default.yaml's arms
+    sparrow study run s1 --study my_study.yaml study.fixed_budget_pages=4 pipeline.steps=2
+    sparrow study run s1 pipeline.steps=8                       # again: finished arms skipped,
+                                                                # an unfinished one resumed
+    sparrow study report s1 [--workdir DIR] [--out DIR] [--json] [--collapse-window N]
+
+`run` takes train overrides (key=value, group=name) that every arm gets, and `study.KEY=VALUE`
+for a field of the study's YAML (sparrow_core/config/study.py); each arm is the train flow with
+run id <study_id>-<arm>, and the report is written into <workdir>/studies/<study_id>/report/.
+`report` reads the workdir's DuckDB file read-only and writes plots, summary.json and
+summary.md into --out (default the same folder); --collapse-window and --collapse-ratio
+replace the study's collapse rule for this report. docs/study.md explains both.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from sparrow_cli.output import int_at_least, print_json, print_table
+from sparrow_core.config.schema import PipelineConfig
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("study", help="run a stability study, report on one")
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    run_parser = actions.add_parser("run", help="run or resume every arm of a study")
+    run_parser.add_argument("study_id", metavar="STUDY_ID",
+                            help="the study's id: arms run as <STUDY_ID>-<arm>")
+    run_parser.add_argument("overrides", nargs="*", metavar="key=value",
+                            help="train overrides for every arm; study.KEY=VALUE sets the study")
+    run_parser.add_argument("--study", default="default",
+                            help="a study of conf/study/ or a YAML file (default: default)")
+    run_parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    run_parser.set_defaults(func=run_study)
+    report = actions.add_parser("report", help="plots and a summary of a study, from DuckDB")
+    report.add_argument("study_id", metavar="STUDY_ID")
+    report.add_argument("--workdir", default=PipelineConfig.workdir, help="the study's workdir")
+    report.add_argument("--out", default=None,
+                        help="output folder (default <workdir>/studies/<STUDY_ID>/report)")
+    report.add_argument("--collapse-window", type=int_at_least(1), default=None,
+                        help="final steps whose mean reward decides collapse (default: study's)")
+    report.add_argument("--collapse-ratio", type=_ratio, default=None,
+                        help="collapsed below this x the reference arm's (default: study's)")
+    report.add_argument("--json", action="store_true", help="print the paths and summary as JSON")
+    report.set_defaults(func=run_report)
+
+
+def _ratio(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
+    return value
+
+
+def split_overrides(items: list[str]) -> tuple[list[str], list[str]]:
+    """(train overrides, study overrides without their `study.` prefix)."""
+    study = [item[len("study."):] for item in items if item.startswith("study.")]
+    return [item for item in items if not item.startswith("study.")], study
+
+
+def run_study(args: argparse.Namespace) -> int:
+    from pipelines.prefect_env import quiet_prefect
+
+    quiet_prefect()
+    from sparrow_core.config.study import check_study_id, load_study
+
+    overrides, study_overrides = split_overrides(args.overrides)
+    check_study_id(args.study_id)
+    load_study(args.study, study_overrides)  # a bad study is one error line, before Prefect
+    from pipelines.server_guard import guard_local_server
+    from tasks.interrupt import install_sigint
+
+    guard_local_server()
+    install_sigint()
+    from pipelines.study import study_flow
+
+    summary = study_flow(args.study_id, args.study, overrides, study_overrides,
+                         show_table=not args.json)
+    if args.json:
+        print_json(summary)
+    else:
+        print_table(summary["arms"], title=f"study {args.study_id}")
+        print(f"report: {summary['report']}")
+    return 0
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from tasks.study_report import default_out, write_study_report
+
+    out = Path(args.out) if args.out else default_out(args.workdir, args.study_id)
+    paths, summary = write_study_report(args.workdir, args.study_id, out,
+                                        args.collapse_window, args.collapse_ratio)
+    if args.json:
+        print_json({"study_id": args.study_id, "out_dir": str(out),
+                    "files": [str(p) for p in paths], "summary": summary})
+    else:
+        for path in paths:
+            print(path)
+    return 0

@@ -1,0 +1,141 @@
+"""The study's arms made concrete: each arm's train overrides, its pinned schedule, whether it
+is finished, and the study_arms rows that let the report find them later.
+
+    plans = plan_study_task(study_id, "default", study_overrides=[], overrides=["pipeline.steps=2"])
+    plans[0]["run_id"], plans[0]["overrides"], plans[0]["finished"]
+
+An arm's overrides are, in order: the study's `common`, the command line's, the arm's own, then
+`schedule.name=<pinned file>` and `pipeline.run_id=<study_id>-<arm>`. Every arm's config is
+checked before anything runs, and must keep the model, seeds and workdir of the study's
+common config (a study compares arms from the same start).
+
+Schedules in one workdir are versioned by name, and a run starts from the newest version of
+its schedule, which another arm's controller may have just made. So each arm decodes with a
+copy of its schedule as it stood when the study first planned the arm (for a `fixed_budget` arm:
+flat, `fixed_budget_pages` in every bin), renamed `<study_id>-<arm>` and written to
+`<workdir>/studies/<study_id>/schedules/<arm>.yaml`; a rerun reuses that file, so a resumed
+arm keeps its configuration. An arm is finished when its run is marked finished and has
+recorded sync_weights for every step up to pipeline.steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NONE
+
+from sparrow_core.config import ConfigError, SparrowConfig, load_config
+from sparrow_core.config.study import StudyArm, StudyConfig, check_study_id, load_study, study_yaml
+from sparrow_core.sparse import Schedule, resolve_schedule, save_schedule_yaml
+from sparrow_core.sparse.io import schedule_from_dict
+from storage import Store
+
+# what every arm of a study shares (checked on the resolved configs)
+SHARED_KEYS = ("model.path", "pipeline.workdir", "pipeline.seed", "rollout.seed", "data.train",
+               "ray.address")
+_SCHEDULE_COLUMNS = ("name", "page_size", "bin_tokens", "topk_pages", "reserved_bos",
+                     "reserved_eos", "skip_layers", "target")
+
+
+def study_dir(workdir: str | Path, study_id: str) -> Path:
+    return Path(workdir) / "studies" / study_id
+
+
+def _value(cfg: SparrowConfig, dotted: str):
+    value = cfg
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _stored_schedule(conn, name: str) -> tuple[Schedule, int] | None:
+    row = conn.execute(f"SELECT version, {', '.join(_SCHEDULE_COLUMNS)} FROM schedules "
+                       "WHERE name = ? ORDER BY version DESC LIMIT 1", [name]).fetchone()
+    if row is None:
+        return None
+    data = dict(zip(_SCHEDULE_COLUMNS, row[1:]))
+    return schedule_from_dict(data, source=f"schedules row ({name}, v{row[0]})"), int(row[0])
+
+
+def pin_schedule(conn, study: StudyConfig, study_id: str, arm: StudyArm,
+                 cfg: SparrowConfig) -> Path:
+    """The arm's schedule file (written on the arm's first planning, reused after)."""
+    path = study_dir(cfg.pipeline.workdir, study_id) / "schedules" / f"{arm.name}.yaml"
+    if path.is_file():
+        return path
+    stored = _stored_schedule(conn, cfg.schedule.name)
+    base, source = ((stored[0], f"{stored[0].name} v{stored[1]}") if stored else
+                    (resolve_schedule(cfg.schedule.name), cfg.schedule.name))
+    topk = base.topk_pages
+    if arm.fixed_budget:
+        topk = (study.fixed_budget_pages,) * base.num_bins
+        source += f", flat at {study.fixed_budget_pages} pages"
+    pinned = dataclasses.replace(base, name=f"{study_id}-{arm.name}", topk_pages=topk,
+                                 target=cfg.schedule.target,
+                                 description=f"study {study_id}, arm {arm.name}: {source}")
+    return save_schedule_yaml(pinned, path)
+
+
+def arm_finished(conn, run_id: str, steps: int) -> bool:
+    status = conn.execute("SELECT status FROM runs WHERE run_id = ?", [run_id]).fetchone()
+    last = conn.execute("SELECT max(step) FROM stage_runs WHERE run_id = ? AND "
+                        "stage = 'sync_weights'", [run_id]).fetchone()[0]
+    return status is not None and status[0] == "finished" and (last or 0) >= steps
+
+
+def arm_config(study: StudyConfig, arm: StudyArm, overrides: list[str],
+               base: SparrowConfig) -> tuple[list[str], SparrowConfig]:
+    arm_overrides = [*study.common, *overrides, *arm.overrides]
+    cfg = load_config(arm_overrides)
+    if cfg.pipeline.run_id:
+        raise ConfigError(f"arm {arm.name!r}: pipeline.run_id is set by the study "
+                          f"(<study_id>-<arm>); leave it out")
+    for key in SHARED_KEYS:
+        if _value(cfg, key) != _value(base, key):
+            raise ConfigError(f"arm {arm.name!r} changes {key} ({_value(base, key)!r} -> "
+                              f"{_value(cfg, key)!r}); a study's arms share model, data, seeds "
+                              f"and workdir: set it in `common` or on the command line")
+    return arm_overrides, cfg
+
+
+def plan_study(study_id: str, study_spec: str, study_overrides: list[str],
+               overrides: list[str]) -> list[dict]:
+    """One plan per arm: {arm, run_id, overrides, finished, workdir, ray_address}."""
+    check_study_id(study_id)
+    study = load_study(study_spec, study_overrides)
+    base = load_config([*study.common, *overrides])
+    configs = [arm_config(study, arm, overrides, base) for arm in study.arms]
+    store = Store.open_writer(base.pipeline.workdir)
+    try:
+        with store.connect() as conn:
+            plans = []
+            for index, (arm, (arm_overrides, cfg)) in enumerate(zip(study.arms, configs)):
+                run_id = f"{study_id}-{arm.name}"
+                schedule = pin_schedule(conn, study, study_id, arm, cfg)
+                full = [*arm_overrides, f"schedule.name={schedule}", f"pipeline.run_id={run_id}"]
+                plans.append({"arm": arm.name, "index": index, "run_id": run_id,
+                              "overrides": full, "workdir": base.pipeline.workdir,
+                              "ray_address": base.ray.address,
+                              "finished": arm_finished(conn, run_id, cfg.pipeline.steps)})
+            record_arms(conn, study_id, plans, study_yaml(study))
+    finally:
+        store.close()
+    return plans
+
+
+def record_arms(conn, study_id: str, plans: list[dict], definition: str) -> None:
+    """The study's study_arms rows, replaced by the arms as planned now."""
+    conn.execute("DELETE FROM study_arms WHERE study_id = ?", [study_id])
+    for plan in plans:
+        conn.execute("INSERT INTO study_arms (study_id, arm, arm_index, run_id, overrides, "
+                     "study_yaml) VALUES (?, ?, ?, ?, ?, ?)",
+                     [study_id, plan["arm"], plan["index"], plan["run_id"], plan["overrides"],
+                      definition])
+
+
+@task(name="plan_study", cache_policy=NONE)
+def plan_study_task(study_id: str, study_spec: str, study_overrides: list[str],
+                    overrides: list[str]) -> list[dict]:
+    return plan_study(study_id, study_spec, list(study_overrides), list(overrides))

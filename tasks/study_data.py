@@ -1,0 +1,131 @@
+"""A study's rows from the workdir's DuckDB file, read-only: what the study report shows.
+
+    data = load_study_data("./sparrow-work", "s1")
+    data.arms[0].name, data.arms[0].series("reward/mean"), data.arms[0].bins
+    data.study.reference_arm
+
+Reads study_arms (the arms, their order and the study definition), runs, step_metrics,
+bin_stats (every column: a file written before min and share_below_half existed gives None
+for them) and the schedules the arms decoded with. Nothing else: a report can be made after
+the fact, on another machine, while a run is still writing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sparrow_core.config.study import StudyConfig, study_from_yaml
+from sparrow_core.errors import SparrowError
+from sparrow_core.sparse import Schedule
+from sparrow_core.sparse.io import schedule_from_dict
+from storage import StorageError, query
+from tasks.report import config_value
+
+_SCHEDULE_COLUMNS = ("name", "page_size", "bin_tokens", "topk_pages", "reserved_bos",
+                     "reserved_eos", "skip_layers", "target")
+
+
+class StudyReportError(SparrowError):
+    """A study report that cannot be made; the message names what is missing."""
+
+
+@dataclass(frozen=True)
+class ArmData:
+    """One arm: its run's row, config, step metrics and bin_stats rows."""
+
+    name: str
+    run_id: str
+    overrides: list[str]
+    run: dict[str, Any]
+    config: dict[str, Any]
+    metrics: dict[str, dict[int, float]]
+    bins: list[dict[str, Any]]
+
+    def series(self, name: str) -> tuple[list[int], list[float]]:
+        points = sorted((s, v) for s, v in self.metrics.get(name, {}).items() if v is not None)
+        return [s for s, _ in points], [v for _, v in points]
+
+    def setting(self, dotted: str, default: Any = None) -> Any:
+        value = config_value(self.config, dotted)
+        return default if value is None else value
+
+    @property
+    def steps(self) -> list[int]:
+        trained = set(self.series("reward/mean")[0]) | {int(b["step"]) for b in self.bins}
+        return sorted(s for s in trained if s > 0)
+
+
+@dataclass(frozen=True)
+class StudyData:
+    study_id: str
+    workdir: str
+    study: StudyConfig
+    arms: list[ArmData]
+    # (name, version) -> the schedule, for every version an arm decoded with
+    schedules: dict[tuple[str, int], Schedule] = field(default_factory=dict)
+
+    def arm(self, name: str) -> ArmData | None:
+        return next((a for a in self.arms if a.name == name), None)
+
+
+def _config(text: str | None) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(text) if text else {}
+    except yaml.YAMLError:
+        data = {}
+    return data if isinstance(data, dict) else {}
+
+
+def _rows(workdir, sql: str, params: list | None = None) -> list[dict[str, Any]]:
+    return query(workdir, sql, params).as_dicts()
+
+
+def study_ids(workdir: str | Path) -> list[str]:
+    try:
+        rows = _rows(workdir, "SELECT DISTINCT study_id FROM study_arms ORDER BY study_id")
+    except StorageError:  # a workdir no study has written to (or from before the table)
+        return []
+    return [r["study_id"] for r in rows]
+
+
+def load_study_data(workdir: str | Path, study_id: str) -> StudyData:
+    present = study_ids(workdir)
+    if study_id not in present:
+        listed = ", ".join(present) if present else "none yet"
+        raise StudyReportError(f"no study {study_id!r} in {Path(workdir) / 'sparrow.duckdb'}; "
+                               f"studies: {listed}")
+    arms_rows = _rows(workdir, "SELECT arm, run_id, overrides, study_yaml FROM study_arms "
+                               "WHERE study_id = ? ORDER BY arm_index", [study_id])
+    mine = "run_id IN (SELECT run_id FROM study_arms WHERE study_id = ?)"
+    runs = {r["run_id"]: r for r in _rows(workdir, f"SELECT * FROM runs WHERE {mine}", [study_id])}
+    metrics: dict[str, dict[str, dict[int, float]]] = {}
+    for r in _rows(workdir, f"SELECT run_id, step, name, value FROM step_metrics WHERE {mine}",
+                   [study_id]):
+        metrics.setdefault(r["run_id"], {}).setdefault(r["name"], {})[r["step"]] = r["value"]
+    bins: dict[str, list[dict]] = {}
+    for r in _rows(workdir, f"SELECT * FROM bin_stats WHERE {mine} ORDER BY step, bin",
+                   [study_id]):
+        bins.setdefault(r["run_id"], []).append(r)
+    arms = [ArmData(r["arm"], r["run_id"], list(r["overrides"] or []),
+                    runs.get(r["run_id"], {"run_id": r["run_id"]}),
+                    _config(runs.get(r["run_id"], {}).get("config_yaml")),
+                    metrics.get(r["run_id"], {}), bins.get(r["run_id"], []))
+            for r in arms_rows]
+    return StudyData(study_id, str(workdir), study_from_yaml(arms_rows[0]["study_yaml"]), arms,
+                     _schedules(workdir, study_id, mine))
+
+
+def _schedules(workdir, study_id: str, mine: str) -> dict[tuple[str, int], Schedule]:
+    rows = _rows(workdir, f"""
+        SELECT version, {', '.join(_SCHEDULE_COLUMNS)} FROM schedules s WHERE EXISTS (
+            SELECT 1 FROM bin_stats b WHERE b.{mine} AND b.schedule_name = s.name
+            AND b.schedule_version = s.version)""", [study_id])
+    out = {}
+    for row in rows:
+        data = {k: row[k] for k in _SCHEDULE_COLUMNS}
+        out[(row["name"], int(row["version"]))] = schedule_from_dict(data, "schedules row")
+    return out
