@@ -75,14 +75,13 @@ def main() -> int:
     decode_types = dict(q_ptr=ptr("bf16"), k_ptr=ptr("bf16"), v_ptr=ptr("bf16"),
                         table_ptr=ptr("i32"), ntok_ptr=ptr("i32"), list_ptr=ptr("i32"),
                         count_ptr=ptr("i32"), part_o_ptr=ptr("fp32"), part_lse_ptr=ptr("fp32"),
-                        out_ptr=ptr("bf16"), counter_ptr=ptr("i32"), qk_scale="fp32")
+                        qk_scale="fp32")
     for group in (2, 4):
         for sparse in (False, True):
             for per_block in (4, 8):
                 consts = dict(GROUP=group, BLOCK_G=16, BLOCK_D=128, PAGE=16,
                               PAGES_PER_BLOCK=per_block, NUM_SPLITS=8, SPARSE=sparse,
-                              IEEE=False, EVEN_D=True, PREFETCH_IDS=False, FUSE_COMBINE=True,
-                              BLOCK_S=8, PDL=False)
+                              IEEE=False, EVEN_D=True, PREFETCH_IDS=False, PDL=False)
                 report(f"paged_decode G={group} sparse={sparse} ppb={per_block}",
                        build(paged_decode._paged_decode_kernel, decode_types, consts))
     report("split_combine", build(split_combine._combine_kernel,

@@ -20,12 +20,13 @@ What it times, each against the default launch measured in the same run:
 - the whole stage with the default and with the fastest scoring and top-k launches, and
   the default after a writing L2 flush, with a warm L2 (benchmarks/common.py), and with
   programmatic dependent launch (kernels/runtime.py);
-- the split-K combine as its own launch (the default) and inside the attention kernel;
+- the stage's parts alone: the sparse attention (split-K combine included), and dense
+  attention over every page, beside torch SDPA (stage_parts_us, also under --quick);
 - FlashInfer dense and sparse attention alone when importable (benchmarks/peers.py).
 
 `--quick` skips the round-5 probes (scoring / top-k sweeps, layouts, flush and PDL
-variants) and times only the stages, the top-k alone, float8 centroids, the combine
-variants, SDPA and FlashInfer.
+variants) and times only the stages, the top-k alone, float8 centroids, the attention
+alone, SDPA and FlashInfer.
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ def main(argv=None) -> int:
     best = lambda rows: next((r["launch"] for r in sorted(
         (r for r in rows if "us" in r and not r["differs_from_default"]),
         key=lambda r: r["us"]) if r["launch"] != "default"), {})
-    two_launch = time_graph(stage({}, {}), reps=reps)
+    default_stage = time_graph(stage({}, {}), reps=reps)
     # the top-k alone, also under --quick
     result["topk_alone_us"] = time_graph(
         lambda: page_topk(scores, lengths, topk, PAGE, bos, eos), reps=reps)
@@ -150,30 +151,22 @@ def main(argv=None) -> int:
                           eos)
     fp8_stage = time_graph(stage({}, {}, cents=fp8), reps=reps)
     result["fp8_centroids"] = {
-        "stage_us": fp8_stage, "stage_bf16_us": two_launch,
+        "stage_us": fp8_stage, "stage_bf16_us": default_stage,
         "scores_alone_us": time_graph(lambda: page_scores(q, fp8, tables, lengths, PAGE),
                                       reps=reps),
         "scores_alone_bf16_us": time_graph(
             lambda: page_scores(q, centroids, tables, lengths, PAGE), reps=reps),
         "lists_equal_bf16": lists_equal(fp8_lists, (lists, counts)),
         "page_overlap_with_bf16": page_overlap(fp8_lists, (lists, counts))}
-    result["fused_stage_us"] = {
-        "two_launch_default": two_launch,
-        "two_launch_combine_in_kernel": time_graph(stage({}, {}, fuse_combine=True),
-                                                   reps=reps),
+    result["stage_parts_us"] = {
+        "stage": default_stage,
         "attention_alone": time_graph(
             lambda: sparse_paged_decode_attention(q, kp, vp, tables, lengths, lists, counts),
             reps=reps),
-        "attention_alone_combine_in_kernel": time_graph(
-            lambda: sparse_paged_decode_attention(q, kp, vp, tables, lengths, lists, counts,
-                                                  fuse_combine=True), reps=reps),
         "dense_attention": time_graph(
             lambda: paged_decode_attention(q, kp, vp, tables, lengths), reps=reps),
-        "dense_attention_combine_in_kernel": time_graph(
-            lambda: paged_decode_attention(q, kp, vp, tables, lengths, fuse_combine=True),
-            reps=reps),
         "sdpa_dense": time_graph(sdpa, reps=reps)}
-    result["fp8_centroids"]["sdpa_over_stage"] = (result["fused_stage_us"]["sdpa_dense"]
+    result["fp8_centroids"]["sdpa_over_stage"] = (result["stage_parts_us"]["sdpa_dense"]
                                                   / fp8_stage)
     if args.quick:
         ours_sparse = sparse_paged_decode_attention(q, kp, vp, tables, lengths, lists, counts)

@@ -16,11 +16,8 @@ One program per (sequence, KV head, split) loads each page of its split once for
 query heads of the group (a [G, D] x [D, N] product on the tensor cores, G padded to 16) and
 keeps an online softmax; the splits cut the pages present at run time (num_tokens, counts),
 so a CUDA graph captured at one width serves every length. split_combine.py merges them in a
-second launch. With fuse_combine=True the last split of a (sequence, KV head) to finish
-merges the group's splits in the same launch instead (split_combine.py's combine_if_last,
-on a self-resetting arrival counter; one split writes the output directly); it measured
-slower on an H100 (sparse stage 140.7 against 138.0 us, dense 717.3 against 714.8 us at
-batch 16, 32K; docs/benchmarks.md round 6), so it is off by default.
+second launch: merging them in the attention kernel itself (the last split to finish merges)
+saves that launch but measured slower on an H100, in the sparse stage and in dense decode.
 Off GPU (and without TRITON_INTERPRET) the launchers run the PyTorch references below.
 Tests: `python -m pytest tests/sparrow_core/kernels -q`.
 """
@@ -32,10 +29,9 @@ import math
 import torch
 
 from sparrow_core.kernels.runtime import (
-    arrival_counters, check, check_integer, check_last_dim_contiguous, check_page_tables,
-    gdc_launch_dependents, gdc_wait, jit, multiprocessors, next_power_of_2, pdl_launch, tl,
-    use_kernel)
-from sparrow_core.kernels.split_combine import combine_if_last, combine_splits
+    check, check_integer, check_last_dim_contiguous, check_page_tables, gdc_launch_dependents,
+    gdc_wait, jit, multiprocessors, next_power_of_2, pdl_launch, tl, use_kernel)
+from sparrow_core.kernels.split_combine import combine_splits
 
 LOG2E = 1.4426950408889634
 
@@ -58,12 +54,11 @@ def _block_ids(blk, tok, n_entries, list_row_ptr, table_row_ptr,
 @jit
 def _paged_decode_kernel(
         q_ptr, k_ptr, v_ptr, table_ptr, ntok_ptr, list_ptr, count_ptr, part_o_ptr, part_lse_ptr,
-        out_ptr, counter_ptr, s_qb, s_qh, s_kp, s_kt, s_kh, s_tb, s_lb, s_lh, s_cb, dim, qk_scale,
+        s_qb, s_qh, s_kp, s_kt, s_kh, s_tb, s_lb, s_lh, s_cb, dim, qk_scale,
         GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
         PAGE: tl.constexpr, PAGES_PER_BLOCK: tl.constexpr, NUM_SPLITS: tl.constexpr,
         SPARSE: tl.constexpr, IEEE: tl.constexpr, EVEN_D: tl.constexpr,
-        PREFETCH_IDS: tl.constexpr, FUSE_COMBINE: tl.constexpr, BLOCK_S: tl.constexpr,
-        PDL: tl.constexpr):
+        PREFETCH_IDS: tl.constexpr, PDL: tl.constexpr):
     if PDL:  # see runtime.py: wait for the kernel before
         gdc_wait()
     b = tl.program_id(0)
@@ -141,17 +136,10 @@ def _paged_decode_kernel(
     pair = b * tl.num_programs(1) + h  # the (sequence, KV head) of this program
     out_row = pair * GROUP + g  # b * Hq + query head
     out_mask = (g < GROUP)[:, None] & d_ok[None, :]
-    if FUSE_COMBINE and NUM_SPLITS == 1:  # the only split's output is the answer
-        tl.store(out_ptr + out_row[:, None] * dim + d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=out_mask)
-    else:
-        lse = tl.where(has, m + tl.log2(tl.where(has, l_sum, 1.0)), float("-inf"))
-        row = out_row * NUM_SPLITS + split
-        tl.store(part_lse_ptr + row, lse, mask=g < GROUP)
-        tl.store(part_o_ptr + row[:, None] * dim + d[None, :], out, mask=out_mask)
-        if FUSE_COMBINE:  # the group's last split to finish merges all of them
-            combine_if_last(counter_ptr + pair, part_o_ptr, part_lse_ptr, out_ptr,
-                            pair * GROUP, dim, GROUP, NUM_SPLITS, BLOCK_S, BLOCK_D)
+    lse = tl.where(has, m + tl.log2(tl.where(has, l_sum, 1.0)), float("-inf"))
+    row = out_row * NUM_SPLITS + split
+    tl.store(part_lse_ptr + row, lse, mask=g < GROUP)
+    tl.store(part_o_ptr + row[:, None] * dim + d[None, :], out, mask=out_mask)
 
 
 # references
@@ -227,8 +215,7 @@ def choose_splits(batch: int, kv_heads: int, max_entries: int, pages_per_block: 
 
 
 def _launch(q, k_pages, v_pages, page_tables, num_tokens, page_lists, page_counts,
-            num_splits, pages_per_block, num_warps=4, num_stages=2, prefetch_ids=False,
-            fuse_combine=False):
+            num_splits, pages_per_block, num_warps=4, num_stages=2, prefetch_ids=False):
     batch, heads, dim = q.shape
     kv_heads, page_size = k_pages.shape[1], k_pages.shape[2]
     group = heads // kv_heads
@@ -240,31 +227,22 @@ def _launch(q, k_pages, v_pages, page_tables, num_tokens, page_lists, page_count
         num_splits = choose_splits(batch, kv_heads, entries, pages_per_block, q.device)
     if batch == 0:
         return torch.empty_like(q)
-    out = torch.empty(batch, heads, dim, dtype=q.dtype, device=q.device)
-    part_o = part_lse = out  # unused when the only split writes out itself
-    counters = num_tokens  # any int tensor; unused without the in-kernel combine
-    if num_splits > 1 or not fuse_combine:
-        part_o = torch.empty(batch, heads, num_splits, dim, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(batch, heads, num_splits, dtype=torch.float32, device=q.device)
-    if num_splits > 1 and fuse_combine:
-        counters = arrival_counters(q.device, batch * kv_heads, "paged_decode")
+    part_o = torch.empty(batch, heads, num_splits, dim, dtype=torch.float32, device=q.device)
+    part_lse = torch.empty(batch, heads, num_splits, dtype=torch.float32, device=q.device)
     lists = page_lists if sparse else page_tables  # any int tensor; unused when dense
     counts = page_counts if sparse else num_tokens
     pdl = pdl_launch(q.device)
     _paged_decode_kernel[(batch, kv_heads, num_splits)](
-        q, k_pages, v_pages, page_tables, num_tokens, lists, counts, part_o, part_lse, out,
-        counters, q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(2),
+        q, k_pages, v_pages, page_tables, num_tokens, lists, counts, part_o, part_lse,
+        q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(2),
         k_pages.stride(1), page_tables.stride(0), lists.stride(0) if sparse else 1,
         lists.stride(1) if sparse else 1, counts.stride(0) if sparse else 1, dim,
         LOG2E / math.sqrt(dim), GROUP=group, BLOCK_G=max(16, next_power_of_2(group)),
         BLOCK_D=max(16, next_power_of_2(dim)), PAGE=page_size,
         PAGES_PER_BLOCK=pages_per_block, NUM_SPLITS=num_splits, SPARSE=sparse,
         IEEE=q.dtype == torch.float32, EVEN_D=dim == max(16, next_power_of_2(dim)),
-        PREFETCH_IDS=bool(prefetch_ids), FUSE_COMBINE=bool(fuse_combine),
-        BLOCK_S=next_power_of_2(num_splits), PDL=pdl, num_warps=num_warps,
-        num_stages=num_stages, launch_pdl=pdl)
-    if fuse_combine:
-        return out
+        PREFETCH_IDS=bool(prefetch_ids), PDL=pdl, num_warps=num_warps, num_stages=num_stages,
+        launch_pdl=pdl)
     return combine_splits(part_o, part_lse, q.dtype)
 
 
@@ -275,9 +253,8 @@ def paged_decode_attention(q, k_pages, v_pages, page_tables, num_tokens, *,
 
     num_splits, pages_per_block and tuning (num_warps, num_stages, prefetch_ids: load the
     next block's page ids one iteration ahead) override the launch
-    configuration (benchmarks sweep them); the defaults are the measured best. tuning's
-    fuse_combine=True has the last split of each (sequence, KV head) merge the splits in
-    the same launch (default False: a second kernel, combine_splits, merges them)."""
+    configuration (benchmarks sweep them); the defaults are the measured best. A second
+    kernel, combine_splits, merges the splits."""
     _check(q, k_pages, v_pages, page_tables, num_tokens)
     if not use_kernel(q, k_pages, page_tables, num_tokens):
         return paged_decode_reference(q, k_pages, v_pages, page_tables, num_tokens)
@@ -290,7 +267,7 @@ def sparse_paged_decode_attention(q, k_pages, v_pages, page_tables, num_tokens, 
                                   pages_per_block: int | None = None,
                                   **tuning: int) -> torch.Tensor:
     """Block-sparse decode: per KV head, only the listed logical pages are read (num_splits,
-    pages_per_block and tuning, fuse_combine included, as for paged_decode_attention)."""
+    pages_per_block and tuning as for paged_decode_attention)."""
     _check(q, k_pages, v_pages, page_tables, num_tokens)
     batch, kv_heads = q.shape[0], k_pages.shape[1]
     check(page_lists.dim() == 3 and tuple(page_lists.shape[:2]) == (batch, kv_heads),

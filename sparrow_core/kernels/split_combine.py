@@ -7,11 +7,8 @@ output o_s and its log-sum-exp (base 2) lse_s over its keys, or lse_s = -inf whe
 key. The exact result is sum_s w_s o_s / sum_s w_s with w_s = 2^(lse_s - max lse). A row
 whose splits are all empty (a padded batch row with no tokens) is zero.
 
-The merge runs either as its own kernel (`combine_splits`) or inside the split kernel:
-`combine_if_last` counts each split program's arrival on a counter per group of rows
-(runtime.arrival_counters), and the last program to arrive merges the group's rows and
-resets the counter, which saves a launch per call (paged_decode.py uses it by default).
-Both run the same `merge_row`, so they give the same output.
+The merge is its own kernel, one program per row, launched after the split kernel
+(paged_decode.py).
 Tests: `python -m pytest tests/sparrow_core/kernels -q`.
 """
 
@@ -25,44 +22,19 @@ from sparrow_core.kernels.runtime import (
 
 @jit
 def merge_row(part_o_ptr, part_lse_ptr, out_ptr, row, splits, dim,
-              BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, CACHE: tl.constexpr):
-    """out[row] = the weighted merge of partial rows row * splits .. + splits - 1 (CACHE is
-    the loads' cache modifier: ".cg" reads another program's fresh stores from L2)."""
+              BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    """out[row] = the weighted merge of partial rows row * splits .. + splits - 1."""
     s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
-    lse = tl.load(part_lse_ptr + row * splits + s, mask=s < splits, other=float("-inf"),
-                  cache_modifier=CACHE)
+    lse = tl.load(part_lse_ptr + row * splits + s, mask=s < splits, other=float("-inf"))
     top = tl.max(lse, axis=0)
     top = tl.where(top == float("-inf"), 0.0, top)
     weight = tl.exp2(lse - top)
     part = tl.load(part_o_ptr + (row * splits + s)[:, None] * dim + d[None, :],
-                   mask=(s < splits)[:, None] & (d < dim)[None, :], other=0.0,
-                   cache_modifier=CACHE)
+                   mask=(s < splits)[:, None] & (d < dim)[None, :], other=0.0)
     total = tl.sum(weight, axis=0)
     out = tl.sum(part * weight[:, None], axis=0) / tl.maximum(total, 1e-30)
     tl.store(out_ptr + row * dim + d, out.to(out_ptr.dtype.element_ty), mask=d < dim)
-
-
-@jit
-def combine_if_last(counter_ptr, part_o_ptr, part_lse_ptr, out_ptr, first_row, dim,
-                    ROWS: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
-                    BLOCK_D: tl.constexpr):
-    """Called by each of the NUM_SPLITS programs of a group once its partials of rows
-    first_row .. first_row + ROWS - 1 are stored; the last to arrive merges those rows.
-
-    The barrier makes every thread's stores precede the arrival, which one thread makes with
-    release semantics at GPU scope (cumulative over what the barrier ordered before it); the
-    last program's acquire, then the barrier that hands the count to its other threads,
-    orders their loads after every other program's stores, and the loads bypass L1."""
-    tl.debug_barrier()
-    arrived = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
-    if arrived == NUM_SPLITS - 1:
-        for r in range(ROWS):
-            merge_row(part_o_ptr, part_lse_ptr, out_ptr, first_row + r, NUM_SPLITS, dim,
-                      BLOCK_S, BLOCK_D, ".cg")
-        # every program of the group has arrived: the next launch (or graph replay) is the
-        # counter's next user
-        tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
 
 
 @jit
@@ -71,7 +43,7 @@ def _combine_kernel(part_o_ptr, part_lse_ptr, out_ptr, splits, dim,
     if PDL:  # see runtime.py: wait for the kernel before
         gdc_wait()
     merge_row(part_o_ptr, part_lse_ptr, out_ptr, tl.program_id(0), splits, dim,
-              BLOCK_S, BLOCK_D, "")
+              BLOCK_S, BLOCK_D)
     if PDL:  # let the next kernel launch (its programs place as these leave)
         gdc_launch_dependents()
 

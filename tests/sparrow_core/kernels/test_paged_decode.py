@@ -1,5 +1,6 @@
 """Paged decode attention (dense and per-head page lists) and the split-K combine against
-plain numpy loops in float64 and against engine/attention.py's references."""
+plain numpy loops in float64 and against engine/attention.py's references; split counts
+that leave splits empty, GQA groups, float32 and bfloat16 against the kernels' references."""
 
 import math
 
@@ -8,9 +9,10 @@ import pytest
 import torch
 
 from sparrow_core.engine.attention import dense_decode_attention, sparse_decode_attention
-from sparrow_core.kernels.paged_decode import (paged_decode_attention,
-                                               sparse_paged_decode_attention)
-from sparrow_core.kernels.runtime import KernelInputError
+from sparrow_core.kernels.paged_decode import (
+    paged_decode_attention, paged_decode_reference, sparse_paged_decode_attention,
+    sparse_paged_decode_reference)
+from sparrow_core.kernels.runtime import HAS_TRITON, KernelInputError
 from sparrow_core.kernels.split_combine import combine_splits
 
 
@@ -82,6 +84,74 @@ def test_sparse_reads_only_the_listed_pages(interpreted):
             mask[b, g, read(b, g)] = True
     ref = sparse_decode_attention(q[:2], k, v, tables[:2].long(), num_tokens[:2].long(), mask)
     torch.testing.assert_close(out[:2], ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.fixture
+def bf16_dot(monkeypatch):
+    """Triton 3.6's interpreter multiplies bfloat16 tl.dot operands as their uint16 bit
+    patterns (it stores bfloat16 as uint16); widen them to float32 first, which is exact,
+    as the tensor cores are."""
+    if not HAS_TRITON:
+        return
+    from triton.runtime import interpreter
+
+    tl = interpreter.tl
+    original = interpreter.InterpreterBuilder.create_dot
+
+    def widen(x):
+        if x.dtype.scalar != tl.bfloat16:
+            return x
+        return interpreter.TensorHandle((x.data.astype(np.uint32) << 16).view(np.float32),
+                                        tl.float32)
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return original(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)
+
+
+def split_inputs(seed, group, dtype, hkv=2, dim=24, page_size=4, pages=40, width=9):
+    """Rows: a full table, 13 tokens (4 pages: 5 splits leave one empty), a padded row with
+    no tokens, 2 tokens; sparse lists hold random ascending pages of each row, one row and
+    head listing none."""
+    gen = torch.Generator().manual_seed(seed)
+    batch = 4
+    k = torch.randn(pages, hkv, page_size, dim, generator=gen).to(dtype)
+    v = torch.randn(pages, hkv, page_size, dim, generator=gen).to(dtype)
+    q = torch.randn(batch, hkv * group, dim, generator=gen).to(dtype)
+    tables = torch.randint(0, pages, (batch, width), generator=gen, dtype=torch.int32)
+    num_tokens = torch.tensor([width * page_size - 1, 13, 0, 2], dtype=torch.int32)
+    lists = torch.zeros(batch, hkv, width, dtype=torch.int32)
+    counts = torch.zeros(batch, hkv, dtype=torch.int32)
+    for b in range(batch):
+        present = -(-int(num_tokens[b]) // page_size)
+        for h in range(hkv):
+            n = int(torch.randint(1, present + 1, (1,), generator=gen)) if present else 0
+            n = 0 if (b, h) == (0, 1) else n
+            chosen = torch.randperm(present, generator=gen)[:n].sort().values
+            lists[b, h, :n], counts[b, h] = chosen.int(), n
+    return q, k, v, tables, num_tokens, lists, counts
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("splits", [1, 2, 3, 5])
+@pytest.mark.parametrize("group", [1, 3])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_splits_and_their_combine_equal_the_reference(interpreted, bf16_dot, sparse, splits,
+                                                      group, dtype, tol):
+    q, k, v, tables, num_tokens, lists, counts = split_inputs(splits * 10 + group, group,
+                                                              dtype)
+    launch = dict(num_splits=splits, pages_per_block=1)
+    if sparse:
+        out = sparse_paged_decode_attention(q, k, v, tables, num_tokens, lists, counts,
+                                            **launch)
+        want = sparse_paged_decode_reference(q, k, v, tables, num_tokens, lists, counts)
+    else:
+        out = paged_decode_attention(q, k, v, tables, num_tokens, **launch)
+        want = paged_decode_reference(q, k, v, tables, num_tokens)
+    assert out.dtype == dtype and out.shape == q.shape
+    assert not out[2].any()  # the padded row is zero, not NaN
+    torch.testing.assert_close(out.float(), want.float(), atol=tol, rtol=tol)
 
 
 def test_combine_splits_equals_softmax_over_all_keys(interpreted):
