@@ -15,8 +15,7 @@ the fraction of pages both select (fp8_centroids_lists_equal, fp8_centroids_page
 our sparse attention alone over the same pages; torch SDPA dense over contiguous K/V
 (enable_gqa); FlashInfer dense and sparse attention alone over the same cache pages when it
 imports (benchmarks/peers.py). Each figure is the median of CUDA-graph replays after an L2
-flush. Also: a launch-configuration sweep at the target case
-(1.7B heads, batch 16, 32K) and the prefill choice (SDPA per sequence vs one masked call).
+flush. Also: a launch-configuration sweep at the target case (1.7B heads, batch 16, 32K).
 """
 
 from __future__ import annotations
@@ -37,8 +36,6 @@ from sparrow_core.kernels.page_scores import page_scores  # noqa: E402
 from sparrow_core.kernels.page_topk import page_topk, select_page_lists  # noqa: E402
 from sparrow_core.kernels.paged_decode import (paged_decode_attention,  # noqa: E402
                                                sparse_paged_decode_attention)
-from sparrow_core.kernels.prefill import (prefill_attention_packed_mask,  # noqa: E402
-                                          prefill_attention_sdpa)
 from sparrow_core.sparse.presets import get_preset  # noqa: E402
 
 HEADS = {"qwen3-1.7b": (16, 8), "qwen3-4b": (32, 8)}
@@ -210,23 +207,6 @@ def sweep_sparse(layer, lists, counts, centroids):
     return sorted(rows, key=lambda r: (r["kernel"], r["us"]))
 
 
-def prefill_choice(device, dtype=torch.bfloat16):
-    rows = []
-    for lens in ([1024] * 16, [8192]):
-        total = sum(lens)
-        gen = torch.Generator(device).manual_seed(0)
-        q = torch.randn(total, 16, DIM, generator=gen, device=device).to(dtype)
-        k = torch.randn(total, 8, DIM, generator=gen, device=device).to(dtype)
-        v = torch.randn(total, 8, DIM, generator=gen, device=device).to(dtype)
-        rows.append(dict(seq_lens=f"{len(lens)} x {lens[0]}",
-                         sdpa_per_sequence_us=time_graph(
-                             lambda: prefill_attention_sdpa(q, k, v, lens), reps=10, graph=False),
-                         sdpa_packed_mask_us=time_graph(
-                             lambda: prefill_attention_packed_mask(q, k, v, lens), reps=10,
-                             graph=False)))
-    return rows
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="write the JSON here too")
@@ -255,8 +235,7 @@ def main(argv=None) -> int:
                     target = layer
                 del layer
                 torch.cuda.empty_cache() if device == "cuda" else None
-    result = dict(benchmark="attention", facts=device_facts(), copy_bandwidth=copy, cases=rows,
-                  prefill=prefill_choice(device) if not args.smoke else [])
+    result = dict(benchmark="attention", facts=device_facts(), copy_bandwidth=copy, cases=rows)
     if not args.no_sweep and target is not None and not args.smoke:
         result["sweep_qwen3_1.7b_b16_32k"] = sweep(target, device)[:12]
         centroids = centroids_of(target)

@@ -105,13 +105,6 @@ class Rotary(nn.Module):
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
-def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x [T, H, D] rotated by the angles in cos/sin [T, 1, D]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
-
-
 class SelfAttention(FusableProjections):
     """Q/K/V projections, optional per-head q/k RMSNorm, RoPE; attention itself is injected."""
 
