@@ -7,7 +7,8 @@ attention) gives each generated token its dense logprob, the PPO "old" logprob, 
 acceptance rate against the actor's top-K with the leftover actor mass
 (PolicyTrainer.score). scores.parquet has one row per sample, in the rollout file's order:
 prompt_index, sample_index, and the lists dense_logprobs, acceptance, leftover_mass (float64,
-so the update reads back exactly what was computed).
+so the update reads back exactly what was computed). Step metrics: time/dense_forward_s (the
+scoring), time/dense_read_s (reading the rollout file), dense/tokens.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def write_scores(path: Path, records: Sequence[Any], scores: Sequence[Any]) -> N
     columns = {"prompt_index": pa.array([r.prompt_index for r in records], pa.int32()),
                "sample_index": pa.array([r.sample_index for r in records], pa.int32())}
     for name in SCORE_COLUMNS:
-        columns[name] = pa.array([list(getattr(s, name)) for s in scores], floats)
+        columns[name] = pa.array([getattr(s, name) for s in scores], floats)
     pq.write_table(pa.table(columns), path)
 
 
@@ -58,7 +59,9 @@ def read_scores(path: str | Path, records: Sequence[Any] | None = None) -> dict[
 
 
 def score_step(runtime: RunRuntime, step: int, rollouts_path: str, out: Path) -> StageWrite:
+    clock = time.perf_counter()
     records = read_rollouts(rollouts_path)
+    read_seconds = time.perf_counter() - clock
     trainer = runtime.trainer_before(step)
     with peak_memory() as peak:
         clock = time.perf_counter()
@@ -67,6 +70,7 @@ def score_step(runtime: RunRuntime, step: int, rollouts_path: str, out: Path) ->
     write_scores(out / SCORES_FILE, records, scores)
     tokens = sum(len(r.output_ids) for r in records)
     return StageWrite(metrics={"dense/tokens": float(tokens), "time/dense_forward_s": seconds,
+                               "time/dense_read_s": read_seconds,
                                **peak("memory/score_peak_gib")})
 
 

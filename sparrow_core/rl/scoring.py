@@ -14,6 +14,8 @@ update re-forms the very same micro-batches and its first-pass ratio is 1 up to 
 Logits are taken only at the positions that predict generated tokens, a chunk of tokens at a
 time (rl/logprobs.py: never [tokens, vocab] for a whole batch), the softmax in fp32. A
 micro-batch without padding runs without an attention mask, so SDPA takes its causal path.
+A record's actor top-K may be nested tuples (the engine's) or [n, K] arrays (read_rollouts'):
+either becomes one padded [b, L, K] array per micro-batch, with no Python loop over tokens.
 
 Temperature: the engine's logprobs describe the distribution it sampled from, softmax(logits /
 T) (sparrow_core/engine/sampler.py), so the dense side is scored at the same T: the acceptance
@@ -30,9 +32,10 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
+import numpy as np
 import torch
 
-from sparrow_core.data.rollouts import RolloutRecord
+from sparrow_core.data.rollouts import RolloutRecord, token_matrix
 from sparrow_core.mismatch import acceptance_lower_bound
 from sparrow_core.rl.checks import RLInputError
 from sparrow_core.rl.logprobs import chunked_logprobs
@@ -93,24 +96,25 @@ def micro_batches(records: Sequence[RolloutRecord], micro_batch_tokens: int) -> 
 def pad_batch(records: Sequence[RolloutRecord], device: torch.device | str) -> PaddedBatch:
     """Right-pad the records' prompt + output ids into one batch (see PaddedBatch)."""
     for r in records:
-        if not r.prompt_ids:
+        if len(r.prompt_ids) == 0:
             raise RLInputError(f"rollout ({r.prompt_index}, {r.sample_index}) has an empty prompt")
-    width = max(r.total_length for r in records)
-    gen_width = max(len(r.output_ids) for r in records)
-    input_ids = torch.zeros(len(records), width, dtype=torch.long)
-    attention_mask = torch.zeros(len(records), width, dtype=torch.long)
-    gather = torch.zeros(len(records), gen_width, dtype=torch.long)
-    targets = torch.zeros(len(records), gen_width, dtype=torch.long)
-    mask = torch.zeros(len(records), gen_width, dtype=torch.bool)
+    prompts = np.array([len(r.prompt_ids) for r in records], dtype=np.int64)[:, None]
+    outs = np.array([len(r.output_ids) for r in records], dtype=np.int64)[:, None]
+    ends = prompts + outs
+    input_ids = np.zeros((len(records), int(ends.max())), dtype=np.int64)
+    targets = np.zeros((len(records), int(outs.max())), dtype=np.int64)
     for row, r in enumerate(records):
-        prompt, out = len(r.prompt_ids), len(r.output_ids)
-        input_ids[row, :prompt + out] = torch.tensor(r.prompt_ids + r.output_ids)
-        attention_mask[row, :prompt + out] = 1
-        # padding columns read the last real position; they are masked out anyway
-        gather[row] = torch.clamp(torch.arange(gen_width) + prompt - 1, max=prompt + out - 1)
-        targets[row, :out] = torch.tensor(r.output_ids, dtype=torch.long)
-        mask[row, :out] = True
-    return PaddedBatch(*(t.to(device) for t in (input_ids, attention_mask, gather, targets, mask)))
+        prompt, end = int(prompts[row, 0]), int(ends[row, 0])
+        input_ids[row, :prompt] = r.prompt_ids
+        input_ids[row, prompt:end] = r.output_ids
+        targets[row, :end - prompt] = r.output_ids
+    attention_mask = (np.arange(input_ids.shape[1]) < ends).astype(np.int64)
+    steps = np.arange(targets.shape[1])
+    # padding columns read the last real position; they are masked out anyway
+    gather = np.minimum(steps + prompts - 1, ends - 1)
+    mask = steps < outs
+    return PaddedBatch(*(torch.from_numpy(t).to(device)
+                         for t in (input_ids, attention_mask, gather, targets, mask)))
 
 
 def output_hidden(model: torch.nn.Module, batch: PaddedBatch) -> torch.Tensor:
@@ -159,21 +163,31 @@ def logprobs_of(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 def _actor_topk(records: Sequence[RolloutRecord], width: int, vocab: int):
     """Padded actor top-K ids and logprobs [b, L, K]; padding has q = 0 (logprob -inf)."""
-    k = max((len(t) for r in records for t in r.topk_ids), default=0)
-    ids = torch.zeros(len(records), width, k, dtype=torch.long)
-    logprobs = torch.full((len(records), width, k), -math.inf, dtype=torch.float32)
-    for row, r in enumerate(records):
-        widths = {len(t) for t in r.topk_ids} | {len(t) for t in r.topk_logprobs}
-        if len(widths) > 1:
-            raise RLInputError(f"rollout ({r.prompt_index}, {r.sample_index}): top-K lists differ "
-                               f"in length across tokens ({sorted(widths)})")
-        if r.output_ids and widths != {0}:
-            n, kr = len(r.output_ids), widths.pop()
-            ids[row, :n, :kr] = torch.tensor(r.topk_ids, dtype=torch.long)
-            logprobs[row, :n, :kr] = torch.tensor(r.topk_logprobs, dtype=torch.float32)
-    if ids.numel() and not (0 <= int(ids.min()) and int(ids.max()) < vocab):
+    matrices = [_topk_matrices(r) for r in records]
+    k = max((ids.shape[1] for ids, _ in matrices if len(ids)), default=0)
+    ids = np.zeros((len(records), width, k), dtype=np.int64)
+    logprobs = np.full((len(records), width, k), -np.inf, dtype=np.float32)
+    for row, (record_ids, record_logprobs) in enumerate(matrices):
+        n, kr = record_ids.shape
+        ids[row, :n, :kr] = record_ids
+        logprobs[row, :n, :kr] = record_logprobs
+    if ids.size and not (0 <= ids.min() and ids.max() < vocab):
         raise RLInputError(f"actor top-K ids must lie in [0, {vocab}) (the dense model's "
                            f"vocabulary), got [{int(ids.min())}, {int(ids.max())}]")
+    return torch.from_numpy(ids), torch.from_numpy(logprobs)
+
+
+def _topk_matrices(r: RolloutRecord) -> tuple[np.ndarray, np.ndarray]:
+    """The record's top-K ids and logprobs as [n, K] arrays of one width."""
+    try:
+        ids = token_matrix(r.topk_ids, np.int64)
+        logprobs = token_matrix(r.topk_logprobs, np.float32)
+    except ValueError:
+        ids = logprobs = None
+    if ids is None or (len(ids) and ids.shape[1] != logprobs.shape[1]):
+        widths = {len(t) for t in r.topk_ids} | {len(t) for t in r.topk_logprobs}
+        raise RLInputError(f"rollout ({r.prompt_index}, {r.sample_index}): top-K lists differ "
+                           f"in length across tokens ({sorted(widths)})")
     return ids, logprobs
 
 
@@ -188,7 +202,7 @@ def score_rollouts(model: torch.nn.Module, records: Sequence[RolloutRecord],
     scores: list[TokenScores | None] = [None] * len(records)
     for indices in micro_batches(records, micro_batch_tokens):
         chunk = [records[i] for i in indices]
-        if all(not r.output_ids for r in chunk):
+        if all(len(r.output_ids) == 0 for r in chunk):
             for i in indices:
                 scores[i] = TokenScores((), (), ())
             continue
@@ -197,8 +211,9 @@ def score_rollouts(model: torch.nn.Module, records: Sequence[RolloutRecord],
         mask = batch.mask.cpu()
         dense, at_ids = token_logprobs(model, batch, temperature, chunk_tokens,
                                        topk_ids[mask].to(device))
-        lower, leftover = acceptance_lower_bound(at_ids.cpu(), topk_logprobs[mask])
-        dense, lower, leftover = dense.cpu().tolist(), lower.tolist(), leftover.tolist()
+        # on the model's device: [tokens, K] exps are the costly part on a CPU
+        lower, leftover = acceptance_lower_bound(at_ids, topk_logprobs[mask].to(device))
+        dense, lower, leftover = (t.cpu().tolist() for t in (dense, lower, leftover))
         start = 0
         for i in indices:
             n = len(records[i].output_ids)

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from sparrow_core.data.rollouts import RolloutRecord
+from sparrow_core.data.rollouts import RolloutRecord, read_rollouts, write_rollouts
 from sparrow_core.rl.checks import RLInputError
 from sparrow_core.rl.scoring import TokenScores, micro_batches, score_rollouts
 
@@ -113,6 +114,31 @@ def test_empty_outputs_and_order(hf_model):
     assert [len(s.dense_logprobs) for s in scores] == [len(r.output_ids) for r in records]
     alone = score_rollouts(hf_model, [records[3]], 16)[0]
     np.testing.assert_allclose(alone.dense_logprobs, scores[3].dense_logprobs, atol=2e-5)
+
+
+def test_records_read_back_as_arrays_score_like_tuples(hf_model, tmp_path):
+    # float32-exact logprobs: the file keeps float32, so both forms hold the same values
+    records = [dataclasses.replace(r, topk_logprobs=tuple(
+        tuple(float(np.float32(v)) for v in row) for row in r.topk_logprobs))
+        for r in random_records(6, seed=5)]
+    records.insert(2, record(7, 0, [4, 5], []))
+    back = read_rollouts(write_rollouts(tmp_path / "rollouts.parquet", records))
+    assert isinstance(back[0].topk_ids, np.ndarray) and back == records
+    for budget in (1, 40, 10_000):
+        want = score_rollouts(hf_model, records, budget, 0.7)
+        assert score_rollouts(hf_model, back, budget, 0.7) == want
+    # both forms within one micro-batch
+    mixed = [back[0], records[1], back[3]]
+    want = score_rollouts(hf_model, [records[0], records[1], records[3]], 10_000)
+    assert score_rollouts(hf_model, mixed, 10_000) == want
+    # array top-K out of the vocabulary, or wider than its logprobs, is named
+    shape = back[0].topk_ids.shape
+    outside = dataclasses.replace(back[0], topk_ids=np.full(shape, VOCAB, np.int32))
+    with pytest.raises(RLInputError, match=r"top-K ids must lie in \[0, 384\)"):
+        score_rollouts(hf_model, [outside], 64)
+    wider = dataclasses.replace(back[0], topk_ids=np.zeros((shape[0], 6), np.int32))
+    with pytest.raises(RLInputError, match=r"differ in length across tokens \(\[5, 6\]\)"):
+        score_rollouts(hf_model, [wider], 64)
 
 
 def test_micro_batches_keep_the_budget():
