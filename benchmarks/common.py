@@ -36,8 +36,9 @@ def device_facts() -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        # the project's switches (SPARROW_SKINNY_LINEAR, SPARROW_FOLD_NORMS, SPARROW_PDL...)
+        # the project's environment (SPARROW_CACHE_DIR...) and the kernel choices in force
         "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith("SPARROW_")},
+        "kernel_options": _options_record(),
     }
     try:
         import triton
@@ -113,6 +114,35 @@ def copy_bandwidth(gib: float = 2.0) -> dict[str, float]:
     del src, dst
     torch.cuda.empty_cache()
     return {"bytes": moved, "us": us, "bytes_per_s": moved / (us * 1e-6)}
+
+
+def _options_record() -> dict[str, Any]:
+    from sparrow_core.kernels.runtime import current_options
+
+    options = current_options()
+    return {"programmatic_launch": sorted(options.programmatic_launch),
+            "skinny_linear": options.skinny_linear, "fold_norms": options.fold_norms}
+
+
+def add_kernel_option_flags(parser) -> None:
+    """--programmatic-launch, --no-skinny-linear, --no-fold-norms: EngineConfig's kernel
+    choices, to compare a benchmark under another (kernel_options_from takes them back)."""
+    parser.add_argument("--programmatic-launch", default="all",
+                        choices=("all", "none", "linear", "attention"),
+                        help="kernel families launched with programmatic dependent launch")
+    parser.add_argument("--no-skinny-linear", action="store_true",
+                        help="decode projections through cuBLAS")
+    parser.add_argument("--no-fold-norms", action="store_true",
+                        help="norms and residual adds in the norm kernel")
+
+
+def kernel_options_from(args):
+    """The KernelOptions the flags of add_kernel_option_flags name."""
+    from sparrow_core.engine.config import EngineConfig
+
+    return EngineConfig(programmatic_launch=args.programmatic_launch,
+                        skinny_linear=not args.no_skinny_linear,
+                        fold_norms=not args.no_fold_norms).kernel_options()
 
 
 def target_case_args(description: str, argv=None,

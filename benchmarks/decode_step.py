@@ -5,6 +5,7 @@ Qwen3-4B shapes), dense vs each model's 0.86 preset, and the rollout-equivalent 
     python benchmarks/decode_step.py --out decode_step.json      # on a GPU
     python benchmarks/decode_step.py --smoke                     # tiny model, any device
     python benchmarks/decode_step.py --centroids float8_e4m3fn   # 8-bit page centroids
+    python benchmarks/decode_step.py --programmatic-launch none  # EngineConfig's kernel choices
 
 Per (model, batch 16 / 64, context): every sequence sits at that context; one step is one
 CUDA-graph replay (embedding, all layers with the KV write, attention, logits), median of
@@ -28,13 +29,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import (copy_bandwidth, device_facts, fill_random_,  # noqa: E402
-                               time_graph, write_json)
+from benchmarks.common import (add_kernel_option_flags, copy_bandwidth,  # noqa: E402
+                               device_facts, fill_random_, kernel_options_from, time_graph,
+                               write_json)
 from sparrow_core.costmodel import get_hardware, get_model, schedule_cost  # noqa: E402
 from sparrow_core.costmodel_presets import Hardware  # noqa: E402
 from sparrow_core.engine.cuda_graphs import (DecodeGraphs, batch_bucket,  # noqa: E402
                                              sparsity_key, width_bucket)
 from sparrow_core.engine.kv_cache import KVCache, bytes_per_page  # noqa: E402
+from sparrow_core.kernels.runtime import kernel_options  # noqa: E402
 from sparrow_core.model.config import ModelArch  # noqa: E402
 from sparrow_core.model.decoder import Decoder  # noqa: E402
 from sparrow_core.sparse.presets import get_preset  # noqa: E402
@@ -338,7 +341,14 @@ def main(argv=None) -> int:
                         help="only the per-kernel breakdown of steps at 1K and 32K")
     parser.add_argument("--centroids", default="bfloat16", choices=("bfloat16", "float8_e4m3fn"),
                         help="page centroid dtype of the cache (EngineConfig.centroid_dtype)")
+    add_kernel_option_flags(parser)
     args = parser.parse_args(argv)
+    # as the engine's runner does: every step launched and captured under these options
+    with kernel_options(kernel_options_from(args)):
+        return run(args)
+
+
+def run(args) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     copy = copy_bandwidth()
     bandwidth = copy["bytes_per_s"] if device == "cuda" else 1e12

@@ -14,8 +14,8 @@ the gate read in by the down projection (and with programmatic dependent launch)
 up to 16 rows, that chain with each layer's two RMSNorms and residual adds, in their own
 kernels or folded into the projections (`with_norms`). Bytes/s count the weights read; the copy
 bandwidth of the same run is the baseline. Figures whose name does not end in `_pdl` are
-taken without programmatic dependent launch, whatever SPARROW_PDL says (it is on by
-default); benchmarks/linear_pdl.py compares its forms.
+taken without programmatic dependent launch, whatever the kernel options say (it is on by
+default: EngineConfig.programmatic_launch); benchmarks/linear_pdl.py compares its forms.
 """
 
 from __future__ import annotations
@@ -197,7 +197,7 @@ def layer_chain(weights, t, fold_norm: bool, fold_add: bool, launch_of=None):
 
 def norm_chains(weights, shape, rows, device) -> dict:
     """The chain with a layer's two RMSNorms and residual adds, microseconds: in their own
-    kernels (`separate`, the model's form with SPARROW_FOLD_NORMS=0), folded into the
+    kernels (`separate`, the model's form with EngineConfig.fold_norms off), folded into the
     projections (`folded`: norm read in by q/k/v and gate/up, adds written by o and down),
     only the adds folded (`adds_folded`, norms in their kernels), only the norms folded
     (`norms_folded`, sums of squares precomputed), and folded with the norm-reading

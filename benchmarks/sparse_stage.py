@@ -87,8 +87,8 @@ def sweep(fn_of, launches, compare, reps):
 
 
 def with_pdl(fn, reps):
-    """fn timed with programmatic dependent launch on (captured that way). Since round 10 it
-    is on by default, so this equals the plain figure unless the run sets SPARROW_PDL=0."""
+    """fn timed with programmatic dependent launch on (captured that way). It is on by
+    default, so this equals the plain figure; it differs under another default."""
     with programmatic_launch(True):
         return time_graph(fn, reps=reps)
 

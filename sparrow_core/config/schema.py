@@ -58,6 +58,13 @@ class RolloutConfig:
     # page centroids' dtype: cache (the KV cache's) or float8_e4m3fn (half the bytes page
     # scoring reads; selection changes slightly, and calibration replays with this setting)
     centroid_dtype: str = "cache"
+    # GPU kernels launched with programmatic dependent launch (Hopper and later): all, none,
+    # linear (decode projections) or attention (norm + RoPE, scoring, top-k, attention)
+    programmatic_launch: str = "all"
+    # decode projections of up to 16 rows in the weight-streaming kernel; false uses cuBLAS
+    skinny_linear: bool = True
+    # a decode layer's RMSNorms and residual adds folded into its projections' kernels
+    fold_norms: bool = True
 
 
 @dataclass(frozen=True)
@@ -270,6 +277,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.dtype": ("auto", "float32", "bfloat16", "float16"),
     "rollout.backend": ("native",),
     "rollout.centroid_dtype": ("cache", "float8_e4m3fn"),
+    "rollout.programmatic_launch": ("all", "none", "linear", "attention"),
     "algo.loss_agg": ("token_mean", "sequence_mean"),
     "algo.distill.loss": ("k3", "full_kl"),
 }

@@ -3,10 +3,14 @@
     config = EngineConfig(max_batch_size=8, page_size=16, kv_cache_mib=64)
     config = EngineConfig(num_pages=40, page_size=4)      # tests: an exact page count
     config = EngineConfig(centroid_dtype="float8_e4m3fn") # page centroids in 8-bit float
+    config = EngineConfig(programmatic_launch="none")     # GPU kernels: compare a choice
     config = EngineConfig.from_rollout(cfg.rollout, page_size=schedule.page_size,
                                        max_context=cfg.model.max_context)
 
 The KV page is the sparse page, so `page_size` must equal the schedule's page size.
+programmatic_launch, skinny_linear and fold_norms choose among GPU kernels (the defaults are
+the measured best; kernels/runtime.py KernelOptions); the engine runs every forward pass
+under them, and off GPU they change nothing.
 """
 
 from __future__ import annotations
@@ -15,10 +19,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparrow_core.errors import SparrowError
-
+from sparrow_core.kernels.runtime import KernelOptions, pdl_families
 
 # the values of EngineConfig.centroid_dtype
 CENTROID_DTYPES = ("cache", "float8_e4m3fn")
+# the values of EngineConfig.programmatic_launch: every kernel family, none, or one family
+PROGRAMMATIC_LAUNCH = ("all", "none", "linear", "attention")
 
 
 class EngineError(SparrowError, ValueError):
@@ -56,6 +62,15 @@ class EngineConfig:
     # page centroids' dtype: "cache" (the KV cache's) or "float8_e4m3fn" (half the bytes page
     # scoring reads; selection changes slightly: calibrate with the same setting)
     centroid_dtype: str = "cache"
+    # GPU kernels launched with programmatic dependent launch (compute capability 9.0 and
+    # later): all, none, linear (decode projections) or attention (q/k norm + RoPE, page
+    # scoring, top-k, attention, split combine)
+    programmatic_launch: str = "all"
+    # decode projections of up to 16 rows in the weight-streaming kernel (false: cuBLAS)
+    skinny_linear: bool = True
+    # a decode layer's RMSNorms and residual adds folded into its projections' kernels
+    # (false: in the norm kernel)
+    fold_norms: bool = True
 
     def __post_init__(self) -> None:
         for key in ("max_batch_size", "page_size", "max_prefill_tokens"):
@@ -69,13 +84,17 @@ class EngineConfig:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise EngineError(f"EngineConfig.{key} must be an integer >= 0, got {value!r}")
-        for key in ("ignore_eos", "record_selection", "overlap"):
+        for key in ("ignore_eos", "record_selection", "overlap", "skinny_linear", "fold_norms"):
             if not isinstance(getattr(self, key), bool):
                 raise EngineError(f"EngineConfig.{key} must be true or false, "
                                   f"got {getattr(self, key)!r}")
         if self.centroid_dtype not in CENTROID_DTYPES:
             raise EngineError(f"EngineConfig.centroid_dtype must be one of "
                               f"{', '.join(CENTROID_DTYPES)}, got {self.centroid_dtype!r}")
+        if self.programmatic_launch not in PROGRAMMATIC_LAUNCH:
+            raise EngineError(f"EngineConfig.programmatic_launch must be one of "
+                              f"{', '.join(PROGRAMMATIC_LAUNCH)}, got "
+                              f"{self.programmatic_launch!r}")
         if not 0 <= self.memory_utilization < 1:
             raise EngineError(f"EngineConfig.memory_utilization must be in [0, 1), got "
                               f"{self.memory_utilization!r}")
@@ -83,16 +102,25 @@ class EngineConfig:
             raise EngineError(
                 f"EngineConfig.kv_cache_mib must be positive, got {self.kv_cache_mib}")
 
+    def kernel_options(self) -> KernelOptions:
+        """The kernel choices the engine's forward passes run under."""
+        return KernelOptions(programmatic_launch=pdl_families(self.programmatic_launch),
+                             skinny_linear=self.skinny_linear, fold_norms=self.fold_norms)
+
     @classmethod
     def from_rollout(cls, rollout: Any, page_size: int = 16, max_context: int = 0,
                      **overrides: Any) -> "EngineConfig":
         """From the typed `rollout` config group (kv_cache_mib, gpu_memory_utilization,
-        max_batch_size, seed, overlap, centroid_dtype, ignore_eos)."""
+        max_batch_size, seed, overlap, centroid_dtype, ignore_eos, programmatic_launch,
+        skinny_linear, fold_norms)."""
         values = dict(max_batch_size=rollout.max_batch_size,
                       kv_cache_mib=float(rollout.kv_cache_mib), seed=rollout.seed,
                       overlap=rollout.overlap, centroid_dtype=rollout.centroid_dtype,
                       page_size=page_size, max_context=max_context,
                       memory_utilization=float(rollout.gpu_memory_utilization),
-                      ignore_eos=bool(rollout.ignore_eos))
+                      ignore_eos=bool(rollout.ignore_eos),
+                      programmatic_launch=rollout.programmatic_launch,
+                      skinny_linear=bool(rollout.skinny_linear),
+                      fold_norms=bool(rollout.fold_norms))
         values.update(overrides)
         return cls(**values)

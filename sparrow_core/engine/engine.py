@@ -115,7 +115,8 @@ class Engine:
         self.cache = KVCache.allocate(self.model.arch, num_pages, self.config.page_size,
                                       weight.dtype, weight.device, centroids)
         self.block_manager = BlockManager(num_pages, self.config.page_size)
-        self.runner = ModelRunner(self.model, self.cache, self.block_manager)
+        self.runner = ModelRunner(self.model, self.cache, self.block_manager,
+                                  self.config.kernel_options())
 
     def sleep(self) -> None:
         """Free the KV cache and the decode graphs (the weights stay, so update_weights

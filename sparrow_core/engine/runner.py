@@ -1,6 +1,6 @@
 """ModelRunner: turns a batch of sequences into one forward pass and last-token logits.
 
-    runner = ModelRunner(model, cache, block_manager)
+    runner = ModelRunner(model, cache, block_manager, options)   # options: KernelOptions
     logits = runner.prefill(seqs)                          # [len(seqs), vocab] float32
     logits = runner.decode(seqs, schedule, on_selection)   # one new token per sequence
     logits = runner.decode(seqs, schedule, pending_ids=ids)  # the step after one in flight
@@ -16,7 +16,9 @@ engine/cuda_graphs.py instead: Triton kernels and one CUDA graph per batch-size 
 fed from numpy arrays (each sequence's page table is kept as an array and only grows);
 a selection hook (record_selection) keeps the eager PagedAttention path. StepOutputs moves a
 step's sampled outputs to the host in one packed copy (on CUDA: non_blocking into pinned
-memory, then an event), so the host can do other work until it reads them.
+memory, then an event), so the host can do other work until it reads them. Every forward
+pass, and so every kernel launch and CUDA-graph capture, runs under the runner's
+KernelOptions (EngineConfig.kernel_options()).
 """
 
 from __future__ import annotations
@@ -30,15 +32,17 @@ from sparrow_core.engine.kv_cache import KVCache
 from sparrow_core.engine.sampler import SampleOutput
 from sparrow_core.engine.sequence import Sequence
 from sparrow_core.engine.step_attention import PagedAttention, SelectionHook, StepMetadata
-from sparrow_core.kernels.runtime import HAS_TRITON
+from sparrow_core.kernels.runtime import HAS_TRITON, KernelOptions, kernel_options
 from sparrow_core.sparse.schedule import Schedule
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, cache: KVCache, block_manager: BlockManager):
+    def __init__(self, model: torch.nn.Module, cache: KVCache, block_manager: BlockManager,
+                 options: KernelOptions | None = None):
         self.model = model
         self.cache = cache
         self.block_manager = block_manager
+        self.options = options or KernelOptions()
         self.device = cache.k.device
         self.graphs = None
         if self.device.type == "cuda" and HAS_TRITON:
@@ -62,10 +66,11 @@ class ModelRunner:
             filled.extend(seq.page_table[: n // page_size])
             lens.append(n)
         meta = StepMetadata(self._tensor(slots), self._tensor(filled), prefill_lens=tuple(lens))
-        hidden = self.model(self._tensor(ids), self._tensor(positions),
-                            PagedAttention(self.cache, meta, None))
         last = torch.tensor(lens, device=self.device).cumsum(0) - 1
-        return self.model.compute_logits(hidden[last])
+        with kernel_options(self.options):
+            hidden = self.model(self._tensor(ids), self._tensor(positions),
+                                PagedAttention(self.cache, meta, None))
+            return self.model.compute_logits(hidden[last])
 
     @torch.inference_mode()
     def decode(self, seqs: list[Sequence], schedule: Schedule | None,
@@ -73,9 +78,16 @@ class ModelRunner:
                pending_ids: torch.Tensor | None = None) -> torch.Tensor:
         """One step for each sequence: its last token attends to its cached tokens.
         pending_ids [B] (device): the in-flight step's tokens, input at position num_tokens."""
+        with kernel_options(self.options):
+            if self.graphs is not None and on_selection is None:
+                return self._decode_graphed(seqs, schedule, pending_ids)
+            return self._decode_eager(seqs, schedule, on_selection, pending_ids)
+
+    def _decode_eager(self, seqs: list[Sequence], schedule: Schedule | None,
+                      on_selection: SelectionHook | None,
+                      pending_ids: torch.Tensor | None) -> torch.Tensor:
+        """decode() through PagedAttention (the CPU path, and a selection hook's)."""
         ahead = 0 if pending_ids is None else 1
-        if self.graphs is not None and on_selection is None:
-            return self._decode_graphed(seqs, schedule, pending_ids)
         page_size = self.block_manager.page_size
         width = max(len(seq.page_table) for seq in seqs)
         ids, positions, slots, filled, tables, topk = [], [], [], [], [], []

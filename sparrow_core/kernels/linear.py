@@ -19,14 +19,14 @@ later call's RowNorm uses to scale its sums, so a layer launches no norm kernel.
 
 Off GPU, under autograd, or for shapes it does not take (more than MAX_ROWS rows, K not a
 multiple of the K tile, 32-bit floats) the launcher runs the reference (`F.linear`, after
-silu_mul when gated, the norm kernel's reference with a RowNorm); SPARROW_SKINNY_LINEAR=0 makes it do so always (cuBLAS, to compare).
+silu_mul when gated, the norm kernel's reference with a RowNorm); KernelOptions.skinny_linear
+off (runtime.py) makes it do so always (cuBLAS, to compare).
 Tests: `python -m pytest tests/sparrow_core/kernels/test_linear.py -q`;
 benchmark: `python3 benchmarks/linear.py` (against cuBLAS in the same process).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -36,15 +36,14 @@ from sparrow_core.kernels.linear_launch import (LinearLaunch, default_launch, pi
                                                 prefetch_lines)
 from sparrow_core.kernels.rms_norm import needs_autograd, rms_norm_reference
 from sparrow_core.kernels.runtime import (
-    INTERPRETER, arrival_counters, check, gdc_launch_dependents,
-    gdc_wait, jit, multiprocessors, next_power_of_2, pdl_launch, tl, use_kernel)
+    INTERPRETER, arrival_counters, check, current_options, gdc_launch_dependents, gdc_wait, jit,
+    multiprocessors, next_power_of_2, pdl_launch, tl, use_kernel)
 from sparrow_core.kernels.silu_mul import silu_mul
 
 # decode batches up to this many rows take the kernel: at 64 rows cuBLAS is as fast per
 # projection and the gated down projection measured far slower (H100, benchmarks/linear.py)
 MAX_ROWS = 16
-# SPARROW_SKINNY_LINEAR=0 sends every projection to F.linear (cuBLAS), for comparisons
-ENABLED = os.environ.get("SPARROW_SKINNY_LINEAR", "1") not in ("", "0")
+
 @jit
 def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, rows, n_out,
                           k_len, k_per_split, s_xm, s_wn, s_om,
@@ -206,7 +205,8 @@ def takes(x: torch.Tensor, weight: torch.Tensor, launch: LinearLaunch, k_len: in
           norm: RowNorm | None = None, residual: torch.Tensor | None = None) -> bool:
     """Whether the kernel serves this call (else the reference does)."""
     rows = x.shape[0] if x.dim() == 2 else 0
-    return (ENABLED and use_kernel(x, weight) and x.dim() == 2 and 0 < rows <= MAX_ROWS
+    return (current_options().skinny_linear and use_kernel(x, weight) and x.dim() == 2
+            and 0 < rows <= MAX_ROWS
             and x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16)
             and k_len % (launch.block_k * launch.split) == 0 and x.stride(-1) == 1
             and weight.stride(-1) == 1 and not needs_autograd(x, weight)

@@ -13,23 +13,31 @@ Triton fixes compiled-or-interpreted when its own library functions are decorate
 kernels could not run there anyway. CPU tensors still take the reference path unless a
 caller opts in with `with cpu_interpreter():` (the CPU tests of the kernels do).
 
-Programmatic dependent launch (Hopper and later), on by default; SPARROW_PDL names the kernel
-families that use it: `attention` (q/k norm + RoPE, scoring, top-k, attention, split
-combine: each starts with `gdc_wait()`, which blocks until the kernel before it in the
-stream has finished and its writes are visible, and calls `gdc_launch_dependents()` once
-its main loop is done), `linear` (the skinny decode projections of linear.py first ask the
-L2 for their first K tile of weights, then wait, and let the next kernel in once they leave
-their K loop), `1`/`all` (the default) for both, `0` for none. A kernel launched this way
-is placed on the GPU while the one before still runs; waiting before any access to data
-another kernel writes keeps every read-after-write and write-after-read order of a plain
-launch. Measured on an H100 (docs/benchmarks.md, round 10): a Qwen3-1.7B B=16 step outside
-attention takes 1819 instead of 1887 us. Letting the next kernel in as soon as a kernel's
-programs start, with whole weight slices asked for (rounds 5-9), was slower than no PDL.
+KernelOptions say how launchers choose among their kernels; the defaults are the measured
+best, and `kernel_options(options)` sets others for a block (the engine runs each forward
+under its EngineConfig's: engine/runner.py):
+- programmatic_launch, the kernel families launched with programmatic dependent launch
+  (Hopper and later), by default both: `attention` (q/k norm + RoPE, scoring, top-k,
+  attention, split combine: each starts with `gdc_wait()`, which blocks until the kernel
+  before it in the stream has finished and its writes are visible, and calls
+  `gdc_launch_dependents()` once its main loop is done) and `linear` (the skinny decode
+  projections of linear.py first ask the L2 for their first K tile of weights, then wait,
+  and let the next kernel in once they leave their K loop). A kernel launched this way is
+  placed on the GPU while the one before still runs; waiting before any access to data
+  another kernel writes keeps every read-after-write and write-after-read order of a plain
+  launch. On an H100 a Qwen3-1.7B B=16 step outside attention took 1819 instead of 1887 us
+  with it. Letting the next kernel in as soon as a kernel's programs start, with whole
+  weight slices asked for, was slower than no programmatic launch at all.
+- skinny_linear: decode projections of up to 16 rows in linear.py's kernel (off: F.linear,
+  cuBLAS, to compare);
+- fold_norms: the RMSNorms and residual adds of a decode layer ride in those projections'
+  kernels (model/stream.py; off: in the norm kernel, to compare).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import os
 import sys
@@ -123,42 +131,75 @@ def jit(fn):
 PDL_FAMILIES = ("linear", "attention")
 
 
-def _pdl_families(setting: str) -> frozenset[str]:
-    """SPARROW_PDL: "0" or empty (none), "1" or "all", or a comma list of PDL_FAMILIES."""
+def pdl_families(setting: str) -> frozenset[str]:
+    """The families a programmatic_launch setting names: "none" (or "0", empty), "all" (or
+    "1"), or one family or a comma list of PDL_FAMILIES."""
     setting = setting.strip().lower()
-    if setting in ("", "0"):
+    if setting in ("", "0", "none"):
         return frozenset()
     if setting in ("1", "all"):
         return frozenset(PDL_FAMILIES)
     families = frozenset(part.strip() for part in setting.split(",") if part.strip())
     unknown = sorted(families - set(PDL_FAMILIES))
     if unknown:
-        raise SparrowError(f"SPARROW_PDL={setting!r}: unknown kernel families {unknown}; "
-                           f"use 0, 1, all or a comma list of {list(PDL_FAMILIES)}")
+        raise SparrowError(f"programmatic_launch={setting!r}: unknown kernel families "
+                           f"{unknown}; use none, all or a comma list of {list(PDL_FAMILIES)}")
     return families
 
 
-_PDL_SETTING = [_pdl_families(os.environ.get("SPARROW_PDL", "all"))]
+@dataclasses.dataclass(frozen=True)
+class KernelOptions:
+    """How launchers choose among their kernels (see the module docstring)."""
+
+    # kernel families launched with programmatic dependent launch (a subset of PDL_FAMILIES)
+    programmatic_launch: frozenset[str] = frozenset(PDL_FAMILIES)
+    # decode projections of up to 16 rows in linear.py's kernel (False: F.linear)
+    skinny_linear: bool = True
+    # a decode layer's RMSNorms and residual adds in its projections' kernels
+    fold_norms: bool = True
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.programmatic_launch) - set(PDL_FAMILIES))
+        if unknown:
+            raise SparrowError(f"KernelOptions.programmatic_launch: unknown kernel families "
+                               f"{unknown}; the families are {list(PDL_FAMILIES)}")
+
+
+_OPTIONS = [KernelOptions()]
+
+
+def current_options() -> KernelOptions:
+    """The KernelOptions in force (the defaults outside any kernel_options block)."""
+    return _OPTIONS[0]
+
+
+@contextlib.contextmanager
+def kernel_options(options: KernelOptions) -> Iterator[None]:
+    """Launchers choose their kernels by `options` inside this block. Set while kernels are
+    launched, or captured into a CUDA graph (a replay keeps what its capture chose)."""
+    previous = _OPTIONS[0]
+    _OPTIONS[0] = options
+    try:
+        yield
+    finally:
+        _OPTIONS[0] = previous
 
 
 @contextlib.contextmanager
 def programmatic_launch(enabled: bool | str) -> Iterator[None]:
-    """Programmatic dependent launch inside this block (benchmarks): True for every family,
-    False for none, or a SPARROW_PDL string ("linear", "attention,linear")."""
-    previous = _PDL_SETTING[0]
-    _PDL_SETTING[0] = _pdl_families(enabled if isinstance(enabled, str) else str(int(enabled)))
-    try:
+    """Programmatic dependent launch inside this block (benchmarks, tests): True for every
+    family, False for none, or a setting as pdl_families takes it ("linear", "none")."""
+    families = pdl_families(enabled if isinstance(enabled, str) else str(int(enabled)))
+    with kernel_options(dataclasses.replace(_OPTIONS[0], programmatic_launch=families)):
         yield
-    finally:
-        _PDL_SETTING[0] = previous
 
 
 def pdl_launch(device: torch.device, family: str = "attention") -> bool:
     """Whether a kernel of this family launches with programmatic dependent launch on this
     device: compiled CUDA on compute capability 9.0 or later, a triton that has it, and the
     family turned on."""
-    return (family in _PDL_SETTING[0] and device.type == "cuda" and not INTERPRETER
-            and HAS_TRITON and gdc_wait is not None
+    return (family in _OPTIONS[0].programmatic_launch and device.type == "cuda"
+            and not INTERPRETER and HAS_TRITON and gdc_wait is not None
             and torch.cuda.get_device_capability(device)[0] >= 9)
 
 

@@ -10,25 +10,23 @@ which can apply an RMSNorm to x as it reads it (given the sums of squares of x's
 add the residual as it writes its output (returning those sums for the next norm): the two
 RMSNorm launches of a layer vanish. Elsewhere (CPU, autograd, wider batches, LoRA-wrapped
 modules) the norm runs in its own kernel, which also does the pending residual add
-(kernels/rms_norm.py), as everywhere with SPARROW_FOLD_NORMS=0. Both give the same values
+(kernels/rms_norm.py), as everywhere with KernelOptions.fold_norms off (kernels/runtime.py,
+set through EngineConfig.fold_norms). Both give the same values
 to bf16 rounding, not bit for bit: the fused form rounds x times the norm's weight and scales
 the sums by 1 / rms, where the norm kernel rounds the normalised x first.
-Tests: `python -m pytest tests/sparrow_core/model/test_stream.py -q`.
+Tests: `python -m pytest tests/sparrow_core/model/test_residual_adds.py -q`.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from torch import Tensor, nn
 
 from sparrow_core.kernels.linear import RowNorm, serves, skinny_linear
 from sparrow_core.kernels.rms_norm import rms_norm
+from sparrow_core.kernels.runtime import current_options
 from sparrow_core.kernels.silu_mul import silu_mul
-
-# SPARROW_FOLD_NORMS=0 keeps the norms and adds in their own kernels (to compare)
-FOLD_NORMS = os.environ.get("SPARROW_FOLD_NORMS", "1") not in ("", "0")
 
 
 @dataclass
@@ -80,7 +78,7 @@ def add_linear(x: Tensor, a: Tensor, module: nn.Module, gated: bool = False) -> 
     add and the sums of squares in the skinny kernel's epilogue when it serves, else the
     sum left to the next norm's kernel."""
     plain = type(module) is nn.Linear
-    if plain and FOLD_NORMS and serves(a, module.weight, gated, residual=x):
+    if plain and current_options().fold_norms and serves(a, module.weight, gated, residual=x):
         summed, sumsq = skinny_linear(a, module.weight, module.bias, gated=gated, residual=x)
         return Stream(summed, sumsq=sumsq)
     if plain:
