@@ -15,7 +15,7 @@ up to 16 rows, that chain with each layer's two RMSNorms and residual adds, in t
 kernels or folded into the projections (`with_norms`). Bytes/s count the weights read; the copy
 bandwidth of the same run is the baseline. Figures whose name does not end in `_pdl` are
 taken without programmatic dependent launch, whatever the kernel options say (it is on by
-default: EngineConfig.programmatic_launch); benchmarks/linear_pdl.py compares its forms.
+default: EngineConfig.programmatic_launch); benchmarks/probes/linear_pdl.py compares its forms.
 """
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ def norm_chains(weights, shape, rows, device) -> dict:
     (`norms_folded`, sums of squares precomputed), and folded with the norm-reading
     launches' tiles turned over (`folded_x_major`: x on the tensor core's M side), and folded
     with programmatic dependent launch (`folded_pdl`: each kernel asks the L2 for its first
-    weight tile while the one before runs; benchmarks/linear_pdl.py varies that)."""
+    weight tile while the one before runs; benchmarks/probes/linear_pdl.py varies that)."""
     t = chain_tensors(weights, shape, rows, device)
     sms = multiprocessors(device)
     forms = {"separate": (False, False), "folded": (True, True),

@@ -1,4 +1,4 @@
-"""Round-5 probes of the sparse decode stage (scoring + top-k + attention) at the target case
+"""Probes of the sparse decode stage (scoring + top-k + attention) at the target case
 (Qwen3-1.7B heads, batch 16, 32K context, the 0.86 preset's budget), all in one process.
 
     python3 benchmarks/sparse_stage.py --out sparse_stage.json    # on a GPU
@@ -24,7 +24,7 @@ What it times, each against the default launch measured in the same run:
   attention over every page, beside torch SDPA (stage_parts_us, also under --quick);
 - FlashInfer dense and sparse attention alone when importable (benchmarks/peers.py).
 
-`--quick` skips the round-5 probes (scoring / top-k sweeps, layouts, flush and PDL
+`--quick` skips the launch sweeps and probes (scoring / top-k sweeps, layouts, flush and PDL
 variants) and times only the stages, the top-k alone, float8 centroids, the attention
 alone, SDPA and FlashInfer.
 """
@@ -106,7 +106,7 @@ def interleaved_pages(layer):
 def main(argv=None) -> int:
     args, device, batch, context = target_case_args(
         __doc__.splitlines()[0], argv,
-        flags=(("--quick", "skip the round-5 probes"),))
+        flags=(("--quick", "skip the launch sweeps and probes"),))
     model = "qwen3-1.7b"
     reps = 3 if args.smoke else 25
     hq, hkv = HEADS[model]

@@ -38,7 +38,7 @@ def default_launch(rows: int, n_out: int, k_len: int, sms: int) -> LinearLaunch:
     """The launch the H100 sweep of benchmarks/linear.py favours for decode shapes: about one
     program per SM or more, long K ranges split (down_proj), 128-wide tiles for lm_head;
     the K tile then shrinks (to 16) until it divides K (small models). Under PDL, the form
-    benchmarks/linear_pdl.py measured fastest."""
+    benchmarks/probes/linear_pdl.py measured fastest."""
     w_major = rows <= 16
     if n_out >= 256 * sms:  # lm_head: plenty of column blocks
         launch = LinearLaunch(128, 128, 1, 4, 4, w_major)
@@ -51,8 +51,9 @@ def default_launch(rows: int, n_out: int, k_len: int, sms: int) -> LinearLaunch:
     block_k = launch.block_k
     while k_len % (block_k * launch.split) and block_k > 16:
         block_k //= 2
-    # under PDL: the first K tile asked for early, the next kernel let in late (round 10,
-    # benchmarks/linear_pdl.py: the whole slice at once, let in early, was slower than no PDL)
+    # under PDL: the first K tile asked for early, the next kernel let in late (measured with
+    # benchmarks/probes/linear_pdl.py: the whole slice at once, let in early, was slower than
+    # no PDL; the prologue's reads then compete with the running kernel's stream)
     return replace(launch, block_k=block_k, prefetch_k=block_k, late_trigger=True)
 
 

@@ -83,7 +83,7 @@ def test_sparse_pipeline(dtype, tol, centroid_dtype):
     out = sparse_paged_decode_attention(q, k, v, tables, lengths, lists, counts)
     want = sparse_paged_decode_reference(q, k, v, tables, lengths, lists, counts)
     assert relative_error(out, want) < tol
-    # page ids loaded one block ahead (the round-4 variant, off by default) read the same pages
+    # page ids loaded one block ahead (prefetch_ids, off by default) read the same pages
     tuned = sparse_paged_decode_attention(q, k, v, tables, lengths, lists, counts,
                                           prefetch_ids=True)
     assert relative_error(tuned, want) < tol

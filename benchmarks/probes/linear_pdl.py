@@ -2,14 +2,16 @@
 chain of projections (norms and residual adds folded in) with and without PDL, by trigger
 point, prefetch depth and programs per SM.
 
-    python3 benchmarks/linear_pdl.py --out linear_pdl.json          # on a GPU
-    python3 benchmarks/linear_pdl.py --smoke                        # tiny layers, any device
+    python3 benchmarks/probes/linear_pdl.py --out linear_pdl.json   # on a GPU
+    python3 benchmarks/probes/linear_pdl.py --smoke                 # tiny layers, any device
 
-Round 10's question. Under PDL each projection asks the L2 for its weights before it waits
-for x; in round 9 that made the chain slower (1827 against 1453 us), the next kernel
-being launched as soon as every program of the one before had started. The variants:
-- `early` / `late`: the next kernel launches as soon as this one's programs start (round
-  9), or once they have left their K loop;
+A probe, kept to retune the projections' launch on another GPU or after a kernel change
+(it chose the defaults of LinearLaunch.prefetch_k and late_trigger). Under PDL each
+projection asks the L2 for its weights before it waits for x; with the whole slice asked
+for and the next kernel launched as soon as every program of the one before had started,
+the chain was slower than without PDL (1827 against 1453 us on an H100). The variants:
+- `early` / `late`: the next kernel launches as soon as this one's programs start, or once
+  they have left their K loop;
 - `all` / `tilesN`: each program asks for its whole slice of the weight, or for the first N
   K tiles of each row;
 - `one_per_sm`: as many pipeline stages as shared memory takes, so that no SM holds two
@@ -29,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.common import (copy_bandwidth, device_facts, target_case_args,  # noqa: E402
                                time_graph, write_json)
