@@ -18,13 +18,14 @@ held-out prompts with the project's engine and add that accuracy to training_inf
 
 Reproducibility: data, initial weights, curriculum and wrong hops follow from --seed (and the
 sizes) alone. On CPU the same arguments, torch build and --threads give the same bytes
-(tests/scripts/test_train_testbed_model.py). On GPU they do not: flash attention's and the
-embedding's backward add with atomics, so two runs differ in low bits (another sha256), and
+(tests/scripts/test_train_testbed_model.py). On GPU they do not: flash attention's backward,
+among other CUDA kernels, adds with atomics, so two runs differ in low bits (another sha256);
 --steps 0 sizes the run by measured speed (training_info.json records the steps; pass them as
 --steps to repeat the plan). --deterministic asks PyTorch for deterministic kernels (strict
 torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG=:4096:8), slower; the run is then
 bitwise repeatable if every kernel it uses has a deterministic form (PyTorch raises at the
-first that has none). A run stopped by the budget (stopped_at_budget) depends on timing.
+first that has none); the engine's evaluation after saving runs without it. A run stopped by
+the budget (stopped_at_budget) depends on timing.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 from sparrow_core.data.char_tokenizer import (  # noqa: E402
     EOS_TOKEN, PAD_TOKEN, build_char_tokenizer, char_vocab)
 from sparrow_core.testbed.budget import (  # noqa: E402
-    fit_steps, learning_rate, train_flops_per_token)
+    fit_steps, hop_noise_for, learning_rate, train_flops_per_token)
 from sparrow_core.testbed.data import (  # noqa: E402
     StepPlan, curriculum, derived_seed, held_out_examples, step_examples, with_wrong_hops)
 from sparrow_core.testbed.evaluate import sampled_accuracy, teacher_forced_accuracy  # noqa: E402
@@ -103,7 +104,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         for key, value in SMOKE.items():
             if key not in given:
                 setattr(args, key, value)
+    check_args(p, args)
     return args
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse, before anything runs, what would fail minutes into the run."""
+    if args.hop_noise != "auto":
+        try:
+            rate = float(args.hop_noise)
+        except ValueError:
+            rate = -1.0
+        if not 0 <= rate < 1:
+            parser.error(f"--hop-noise must be auto or a rate in [0, 1), got {args.hop_noise!r}")
+    if not 0 <= args.noise_share < 1 or not 0 < args.target_accuracy < 1:
+        parser.error("--noise-share must be in [0, 1) and --target-accuracy in (0, 1)")
+    if args.steps < 0 or args.heads % args.kv_heads:
+        parser.error("--steps must be >= 0 and --heads a multiple of --kv-heads")
 
 
 def build_model(args) -> Qwen3ForCausalLM:
@@ -148,16 +165,22 @@ def train_step(model, optimizer, plan: StepPlan, step: int, noise: float, args, 
     return loss, rows * forwards * stage.length
 
 
+def teacher_forced(model, examples) -> dict:
+    """teacher_forced_accuracy with the by-hops keys as text, as JSON will write them."""
+    result = teacher_forced_accuracy(model, examples)
+    result["sampled_estimate_by_hops"] = {
+        str(hops): value for hops, value in result["sampled_estimate_by_hops"].items()}
+    return result
+
+
 def auto_noise(model, held_out, args) -> tuple[float, dict]:
-    """The wrong-hop rate r with (1 - r) ** num_hops * a = target, a the model's teacher-forced
-    sampled accuracy now (0 when a is already at or below the target)."""
-    before = teacher_forced_accuracy(model, held_out[:16])
+    """(--hop-noise, or for auto the rate that brings the model's teacher-forced sampled
+    accuracy now to --target-accuracy; that accuracy, on 16 held-out prompts)."""
+    before = teacher_forced(model, held_out[:16])
     if args.hop_noise != "auto":
         return float(args.hop_noise), before
-    accuracy = before["sampled_estimate"]
-    if accuracy <= args.target_accuracy:
-        return 0.0, before
-    return 1.0 - (args.target_accuracy / accuracy) ** (1.0 / args.num_hops), before
+    rate = hop_noise_for(before["sampled_estimate"], args.target_accuracy, args.num_hops)
+    return rate, before
 
 
 def train(model, optimizer, plan: StepPlan, held_out, args, device, deadline: float) -> dict:
@@ -261,13 +284,16 @@ def run(args, device: torch.device, started: float, deadline: float) -> dict:
                                 started, deadline)
     info = describe(args, model, device, plan) | {"measured_step_seconds": measured}
     info |= train(model, optimizer, plan, held_out, args, device, deadline)
-    tf = teacher_forced_accuracy(model, held_out)
+    tf = teacher_forced(model, held_out)
     info |= {"held_out_prompts": len(held_out), "held_out_greedy_accuracy": tf["greedy"],
              "held_out_sampled_accuracy_estimate": tf["sampled_estimate"],
-             "held_out_hop_accuracy": tf["hop"]}
+             "held_out_hop_accuracy": tf["hop"],
+             "held_out_sampled_estimate_by_hops": tf["sampled_estimate_by_hops"]}
     info["tflops_per_s"] = round(info["flops"] / max(1e-9, info["train_seconds"]) / 1e12, 2)
     save(model, args, info)
     del model, optimizer
+    # --deterministic is for the weights; the engine's kernels need not have such forms
+    torch.use_deterministic_algorithms(False)
     sampled = sampled_accuracy(args.out, held_out[:args.sample_prompts], args.samples,
                                args.seed, device)
     info |= {"held_out_sampled_accuracy": sampled["accuracy"], "sampled_eval": sampled,

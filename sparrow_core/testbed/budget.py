@@ -1,9 +1,10 @@
 """The testbed run's arithmetic: steps that fit a wall-clock budget, the learning rate of a
-step, and the FLOPs a step costs.
+step, the FLOPs a step costs, and the wrong-hop rate that brings accuracy to a target.
 
     from sparrow_core.testbed.budget import fit_steps, learning_rate, train_flops_per_token
     steps = fit_steps(plan_shares, seconds_per_step, seconds=360.0)   # from measured steps
     lr = learning_rate(step, steps, peak=1e-3, warmup=90, min_ratio=0.1)
+    rate = hop_noise_for(accuracy=0.9, target=0.4, num_hops=600)
 
 Steps are fitted once, from one measured forward and backward per curriculum shape, so the
 schedule (curriculum, warmup, cosine) is a function of the step count alone: a rerun with
@@ -46,3 +47,12 @@ def train_flops_per_token(params: int, layers: int, q_width: int, length: int) -
     values: 4 * q_width per past token per layer, over length / 2 past tokens on average,
     times 3 for the backward)."""
     return 6.0 * params + 6.0 * layers * q_width * length
+
+
+def hop_noise_for(accuracy: float, target: float, num_hops: int) -> float:
+    """The wrong-hop rate r with (1 - r) ** num_hops * accuracy = target: a model sampling
+    right with probability `accuracy` that also errs at r per hop samples right at `target`;
+    0 when accuracy is already at or below the target."""
+    if accuracy <= target:
+        return 0.0
+    return 1.0 - (target / accuracy) ** (1.0 / num_hops)

@@ -37,12 +37,14 @@ def precision(device: torch.device):
 
 @torch.no_grad()
 def teacher_forced_accuracy(model: torch.nn.Module, examples: list[Example],
-                            rows: int = 8) -> dict[str, float]:
-    """{"greedy", "sampled_estimate", "hop"} over `examples` (all of one length)."""
+                            rows: int = 8) -> dict:
+    """{"greedy", "sampled_estimate", "hop", "sampled_estimate_by_hops"} over `examples` (all
+    of one length); the last maps k to the mean probability of sampling the first k hop lines
+    right: about the sampled accuracy of a k-hop chain (to pick a length RL can work at)."""
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    greedy, sampled, hop = [], [], []
+    greedy, lines = [], []
     for start in range(0, len(examples), rows):
         chunk = examples[start:start + rows]
         ids, mask = encode(chunk)
@@ -56,24 +58,29 @@ def teacher_forced_accuracy(model: torch.nn.Module, examples: list[Example],
         completion = mask[:, 1:].clone()
         completion[:, -1] = False
         for row, example in enumerate(chunk):
-            logp = token_logp[row][completion[row]]
             greedy.append(float(hit[row][completion[row]].all()))
-            sampled.append(math.exp(float(logp.sum())))
-            hop.append(_hop_probability(example.completion, logp))
+            lines.append(_line_logps(example.completion, token_logp[row][completion[row]]))
     model.train(was_training)
-    count = max(1, len(examples))
-    return {"greedy": sum(greedy) / count, "sampled_estimate": sum(sampled) / count,
-            "hop": sum(hop) / count}
+    per_line = torch.stack(lines) if lines else torch.zeros(0, 1, dtype=torch.float64)
+    hops = per_line.shape[1] - 1  # the last line is the answer
+    prefix = per_line[:, :-1].cumsum(1).exp()
+    marks = sorted({max(1, round(hops * share)) for share in (1 / 8, 1 / 4, 1 / 2, 3 / 4, 1)})
+    return {"greedy": _mean(greedy), "sampled_estimate": _mean(per_line.sum(1).exp().tolist()),
+            "hop": _mean(per_line[:, :-1].exp().mean(1).tolist()) if hops else 1.0,
+            "sampled_estimate_by_hops": {k: _mean(prefix[:, k - 1].tolist()) for k in marks
+                                         if hops}}
 
 
-def _hop_probability(completion: str, logp: torch.Tensor) -> float:
-    """Mean over the hop lines (all but the answer line) of exp(sum of the line's logp)."""
+def _mean(values: list[float]) -> float:
+    return sum(values) / max(1, len(values))
+
+
+def _line_logps(completion: str, logp: torch.Tensor) -> torch.Tensor:
+    """Sum of the token logps of each line of the completion (a line's "\n" belongs to it)."""
     newline = torch.tensor([c == "\n" for c in completion], dtype=torch.long)
-    line = torch.cumsum(newline, 0) - newline  # a line's "\n" belongs to it
+    line = torch.cumsum(newline, 0) - newline
     per_line = torch.zeros(int(line[-1]) + 1, dtype=torch.float64)
-    per_line.index_add_(0, line, logp.double())
-    hops = per_line[:-1]
-    return float(hops.exp().mean()) if len(hops) else 1.0
+    return per_line.index_add_(0, line, logp.double())
 
 
 def sampled_accuracy(model_dir: str | Path, examples: list[Example], samples: int, seed: int,

@@ -46,6 +46,9 @@ def test_smoke_run_writes_a_checkpoint_and_its_record(script, tmp_path):
                 "held_out_sampled_accuracy_estimate", "held_out_hop_accuracy"):
         assert 0.0 <= info[key] <= 1.0, key
     assert info["sampled_eval"]["prompts"] == 2 and info["sampled_eval"]["samples"] == 2
+    by_hops = info["held_out_sampled_estimate_by_hops"]
+    assert list(by_hops) == ["2", "3", "6", "9", "12"]
+    assert 0.0 <= by_hops["12"] <= by_hops["6"] <= by_hops["2"] <= 1.0  # longer, no likelier
     assert info["device"] == "cpu" and info["torch"] and info["transformers"]
     assert info["wall_seconds"] > 0 and info["stopped_at_budget"] is False
     config = json.loads((out / "config.json").read_text())

@@ -3,7 +3,7 @@
 import pytest
 
 from sparrow_core.testbed.budget import (
-    STEP_TIME_MARGIN, fit_steps, learning_rate, train_flops_per_token)
+    STEP_TIME_MARGIN, fit_steps, hop_noise_for, learning_rate, train_flops_per_token)
 from sparrow_core.testbed.data import StepPlan, curriculum
 
 
@@ -29,3 +29,10 @@ def test_flops_per_token_counts_weights_and_causal_attention():
     # 104M weights, 12 layers of 768 query width at the default 7,568-token sequence
     assert train_flops_per_token(104_000_000, 12, 768, 7568) == pytest.approx(
         6 * 104e6 + 6 * 12 * 768 * 7568)
+
+
+def test_hop_noise_brings_the_sampled_accuracy_to_the_target():
+    rate = hop_noise_for(accuracy=0.9, target=0.4, num_hops=600)
+    assert 0.0 < rate < 0.002
+    assert (1 - rate) ** 600 * 0.9 == pytest.approx(0.4)
+    assert hop_noise_for(accuracy=0.3, target=0.4, num_hops=600) == 0.0

@@ -29,7 +29,9 @@ class NextTokenModel(torch.nn.Module):
 def test_a_model_predicting_the_reference_is_right_greedy_and_sampled():
     examples = make_examples("pointer_chase_long", 3, seed=2, num_defs=10, num_hops=15)
     result = teacher_forced_accuracy(NextTokenModel(60.0), examples, rows=2)
+    by_hops = result.pop("sampled_estimate_by_hops")
     assert result == pytest.approx({"greedy": 1.0, "sampled_estimate": 1.0, "hop": 1.0})
+    assert by_hops == pytest.approx({2: 1.0, 4: 1.0, 8: 1.0, 11: 1.0, 15: 1.0})
 
 
 def test_sampled_estimate_is_the_product_of_reference_probabilities():
@@ -42,4 +44,6 @@ def test_sampled_estimate_is_the_product_of_reference_probabilities():
     assert result["greedy"] == 1.0
     assert result["sampled_estimate"] == pytest.approx(p ** completion, rel=1e-4)
     assert result["hop"] == pytest.approx(p ** line, rel=1e-4)
+    for hops, estimate in result["sampled_estimate_by_hops"].items():
+        assert estimate == pytest.approx(p ** (hops * line), rel=1e-4)
     assert teacher_forced_accuracy(NextTokenModel(0.0), examples)["greedy"] == 0.0
