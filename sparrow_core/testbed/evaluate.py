@@ -18,7 +18,6 @@ itself (exact_match on what the engine generates at temperature 1), on fewer pro
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from pathlib import Path
 
