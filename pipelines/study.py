@@ -1,7 +1,7 @@
 """The stability study flow: one train run per arm from the same start and seeds, resumable.
 
     sparrow study run s1 pipeline.steps=8                  # conf/study/default.yaml's arms
-    python -c "from pipelines.study import study_flow; study_flow('s1', overrides=['pipeline.steps=2'])"
+    python -c "from pipelines.study import study_flow; study_flow('s1', overrides=[])"
 
 study_flow plans the arms (tasks/study_arms.py: every arm's config checked, its schedule pinned,
 the study_arms rows written), then runs each arm that is not finished as the train flow, a

@@ -2,7 +2,7 @@
 
     from sparrow_core.sparse.target import get_statistic
     statistic = get_statistic("p5")                # schedule.target_statistic
-    statistic.column                               # the bin_stats / BinStats / AcceptanceTable field
+    statistic.column                               # its bin_stats / BinStats / table field
     statistic.misses(value, target)                # the bin is below its target
     statistic.oriented(values)                     # on the controller's higher-is-better axis
 
