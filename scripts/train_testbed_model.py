@@ -9,7 +9,10 @@ The run: build the model from --seed; time one forward and backward per curricul
 fit as many steps as the budget holds (--steps 0; a given --steps is used as it is); train
 (transformers Qwen3ForCausalLM, SDPA attention over rectangular batches, so causal flash
 attention; bf16 autocast over fp32 weights; fused AdamW; warmup then cosine) on short chains
-first and full-length chains last (sparrow_core/testbed/data.py); the last --noise-share of
+first and full-length chains last (sparrow_core/testbed/data.py), a stage ending early when its
+held-out hop accuracy reaches --advance-accuracy (sparrow_core/testbed/adaptive.py; checked every
+--stage-eval-every steps on --stage-eval-prompts prompts, and recorded with the full-length
+accuracy at each stage's end in training_info's stage_eval); the last --noise-share of
 the steps train on chains whose hops go wrong at --hop-noise ("auto": the rate that brings the
 teacher-forced sampled accuracy down to --target-accuracy), so that RL has room to improve;
 stop when --max-minutes less --eval-reserve-s have passed, whatever the plan; save
@@ -48,11 +51,13 @@ from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
 from sparrow_core.data.char_tokenizer import (  # noqa: E402
     EOS_TOKEN, PAD_TOKEN, build_char_tokenizer, char_vocab)
+from sparrow_core.testbed.adaptive import AdaptiveCurriculum  # noqa: E402
 from sparrow_core.testbed.budget import (  # noqa: E402
     fit_steps, hop_noise_for, learning_rate, train_flops_per_token)
 from sparrow_core.testbed.data import (  # noqa: E402
     StepPlan, curriculum, derived_seed, held_out_examples, step_examples, with_wrong_hops)
-from sparrow_core.testbed.evaluate import sampled_accuracy, teacher_forced_accuracy  # noqa: E402
+from sparrow_core.testbed.evaluate import (  # noqa: E402
+    sampled_accuracy, stage_hop_accuracy, stage_record, teacher_forced_accuracy)
 from sparrow_core.testbed.steps import (  # noqa: E402
     batch_shape, forward_backward, measure_step_seconds, sync, to_device)
 
@@ -60,7 +65,7 @@ from sparrow_core.testbed.steps import (  # noqa: E402
 SMOKE = dict(layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8, intermediate=64,
              max_positions=512, num_defs=8, num_hops=12, steps=8, batch_tokens=1024,
              micro_tokens=512, eval_prompts=4, sample_prompts=2, samples=2, hop_noise="0.05",
-             eval_reserve_s=0.0)
+             eval_reserve_s=0.0, stage_eval_every=2, stage_eval_prompts=2)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -75,6 +80,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--intermediate", type=int, default=3072, help="MLP width")
     p.add_argument("--max-positions", type=int, default=32768)
+    p.add_argument("--rope-theta", type=float, default=1_000_000.0)
     p.add_argument("--num-defs", type=int, default=256, help="names in the cycle (full size)")
     p.add_argument("--num-hops", type=int, default=600, help="hops of a full-length chain")
     p.add_argument("--steps", type=int, default=0, help="0: as many as fit the budget")
@@ -88,6 +94,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--target-accuracy", type=float, default=0.4,
                    help="auto hop noise: teacher-forced sampled accuracy to aim at")
     p.add_argument("--noise-share", type=float, default=0.15, help="share of steps with noise")
+    p.add_argument("--advance-accuracy", type=float, default=0.98,
+                   help="stage-length hop accuracy that ends a stage early; > 1: fixed shares")
+    p.add_argument("--stage-eval-every", type=int, default=50, help="steps between checks")
+    p.add_argument("--stage-eval-prompts", type=int, default=8, help="prompts a check")
     p.add_argument("--max-minutes", type=float, default=7.5, help="the whole run's wall clock")
     p.add_argument("--eval-reserve-s", type=float, default=60.0,
                    help="seconds kept after training for evaluation and saving")
@@ -121,6 +131,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error("--noise-share must be in [0, 1) and --target-accuracy in (0, 1)")
     if args.steps < 0 or args.heads % args.kv_heads:
         parser.error("--steps must be >= 0 and --heads a multiple of --kv-heads")
+    if args.stage_eval_every < 1 or args.stage_eval_prompts < 1:
+        parser.error("--stage-eval-every and --stage-eval-prompts must be >= 1")
 
 
 def build_model(args) -> Qwen3ForCausalLM:
@@ -129,24 +141,29 @@ def build_model(args) -> Qwen3ForCausalLM:
         vocab_size=len(vocab), hidden_size=args.hidden, num_hidden_layers=args.layers,
         num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
         head_dim=args.head_dim, intermediate_size=args.intermediate,
-        max_position_embeddings=args.max_positions, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+        max_position_embeddings=args.max_positions, rope_theta=args.rope_theta, rms_norm_eps=1e-6,
         tie_word_embeddings=True, eos_token_id=vocab[EOS_TOKEN], pad_token_id=vocab[PAD_TOKEN],
         bos_token_id=None, use_cache=True, attn_implementation="sdpa")
     return Qwen3ForCausalLM(config)
 
 
 def make_optimizer(model, args, device: torch.device) -> torch.optim.AdamW:
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    rest = [p for p in model.parameters() if p.ndim < 2]
+    """AdamW with weight decay on the block matrices only: the (tied) embedding of 43
+    characters is read at every position, and decaying it shrinks the very vectors the
+    lookup has to match and copy, for no regularising gain at this vocabulary."""
+    embedding = model.get_input_embeddings().weight
+    decay = [p for p in model.parameters() if p.ndim >= 2 and p is not embedding]
+    rest = [p for p in model.parameters() if p.ndim < 2 or p is embedding]
     groups = [{"params": decay, "weight_decay": args.weight_decay},
               {"params": rest, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
                              fused=device.type == "cuda")
 
 
-def train_step(model, optimizer, plan: StepPlan, step: int, noise: float, args, device):
-    """One optimizer step; returns (mean loss tensor, tokens read)."""
-    stage, noisy = plan.stage_at(step)
+def train_step(model, optimizer, plan: StepPlan, step: int, stage_noisy, noise: float, args,
+               device):
+    """One optimizer step on (stage, noisy); returns (mean loss tensor, tokens read)."""
+    stage, noisy = stage_noisy
     rows, forwards = batch_shape(stage, args.batch_tokens, args.micro_tokens)
     warmup = max(1, round(args.warmup_share * plan.steps))
     for group in optimizer.param_groups:
@@ -186,8 +203,13 @@ def auto_noise(model, held_out, args) -> tuple[float, dict]:
 def train(model, optimizer, plan: StepPlan, held_out, args, device, deadline: float) -> dict:
     """The step loop; stops at `deadline` (monotonic seconds) whatever the plan says."""
     log = {"steps_done": 0, "tokens_seen": 0, "flops": 0.0, "stopped_at_budget": False,
-           "hop_noise": 0.0, "before_noise": None, "final_loss": None}
+           "hop_noise": 0.0, "before_noise": None, "final_loss": None, "stage_eval": []}
     q_width, params = args.heads * args.head_dim, sum(p.numel() for p in model.parameters())
+    walk = AdaptiveCurriculum(plan, args.advance_accuracy, args.stage_eval_every)
+
+    def probe(stage) -> float:
+        return stage_hop_accuracy(model, stage, args.stage_eval_prompts, args.seed)
+
     recent, began = None, time.monotonic()
     for step in range(plan.steps):
         if time.monotonic() > deadline:
@@ -198,8 +220,10 @@ def train(model, optimizer, plan: StepPlan, held_out, args, device, deadline: fl
             log["hop_noise"], log["before_noise"] = auto_noise(model, held_out, args)
             print(f"step {step}: hop noise {log['hop_noise']:.5f} from {log['before_noise']}",
                   flush=True)
-        loss, tokens = train_step(model, optimizer, plan, step, log["hop_noise"], args, device)
-        stage = plan.stage_at(step)[0]
+        stage_noisy = walk.stage_at(step)
+        loss, tokens = train_step(model, optimizer, plan, step, stage_noisy, log["hop_noise"],
+                                  args, device)
+        stage = stage_noisy[0]
         log["tokens_seen"] += tokens
         log["flops"] += tokens * train_flops_per_token(params, args.layers, q_width, stage.length)
         log["steps_done"] = step + 1
@@ -207,7 +231,13 @@ def train(model, optimizer, plan: StepPlan, held_out, args, device, deadline: fl
         if step % 50 == 0 or step == plan.steps - 1:
             print(f"step {step} length {stage.length} loss {float(recent):.4f} "
                   f"{time.monotonic() - began:.0f}s", flush=True)
+        if ended := walk.after_step(step + 1, probe):
+            log["stage_eval"].append(stage_record(model, ended, step + 1, recent, plan.stages,
+                                                  args.stage_eval_prompts, args.seed))
     sync(device)
+    log["stage_eval"].append(stage_record(model, None, log["steps_done"], recent, plan.stages,
+                                          args.stage_eval_prompts, args.seed))
+    log["stage_checks"] = [check | {"stage": check["stage"] + 1} for check in walk.checks]
     log["final_loss"] = None if recent is None else float(recent)
     log["train_seconds"] = round(time.monotonic() - began, 1)
     return log
@@ -222,6 +252,8 @@ def plan_steps(model, stages, args, device, started: float,
     seconds = measure_step_seconds(model, stages, args.batch_tokens, args.micro_tokens,
                                    args.seed, device)
     shares = StepPlan(stages, 1_000_000, args.noise_share).step_shares()
+    if args.advance_accuracy <= 1:  # stages may end early: plan at the slowest step's time
+        shares = [(max(seconds, key=seconds.get), 1.0)]
     steps = fit_steps(shares, seconds, deadline - time.monotonic())
     measured = [round(value, 4) for value in seconds.values()]
     print(f"measured seconds per step {measured}: {steps} steps fit "

@@ -3,6 +3,7 @@ greedy, the expected value for sampling) and sampled with the project's rollout 
 
     from sparrow_core.testbed.evaluate import sampled_accuracy, teacher_forced_accuracy
     tf = teacher_forced_accuracy(hf_model, examples)    # greedy, sampled_estimate, hop
+    hop = stage_hop_accuracy(hf_model, stage, prompts=8, seed=0)   # the curriculum's check
     sampled = sampled_accuracy("/tmp/sparrow-testbed", examples, samples=4, seed=0)
 
 Teacher forcing reads each reference sequence once. A chain is a single path through one
@@ -20,11 +21,13 @@ from __future__ import annotations
 import contextlib
 import time
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
 from sparrow_core.data.synthetic import Example
-from sparrow_core.testbed.data import derived_seed, encode
+from sparrow_core.testbed.adaptive import StageEnd
+from sparrow_core.testbed.data import Stage, derived_seed, encode, held_out_examples
 
 
 def precision(device: torch.device):
@@ -68,6 +71,29 @@ def teacher_forced_accuracy(model: torch.nn.Module, examples: list[Example],
             "hop": _mean(per_line[:, :-1].exp().mean(1).tolist()) if hops else 1.0,
             "sampled_estimate_by_hops": {k: _mean(prefix[:, k - 1].tolist()) for k in marks
                                          if hops}}
+
+
+def stage_hop_accuracy(model: torch.nn.Module, stage: Stage, prompts: int, seed: int) -> float:
+    """Teacher-forced hop accuracy on `prompts` held-out prompts of the stage's sizes (the
+    "stage-eval" stream): the cheap check of the adaptive curriculum, one forward a prompt."""
+    examples = held_out_examples(stage.num_defs, stage.num_hops, prompts, seed, "stage-eval")
+    return teacher_forced_accuracy(model, examples)["hop"]
+
+
+def stage_record(model: torch.nn.Module, ended: StageEnd | None, steps_done: int, loss,
+                 stages: Sequence[Stage], prompts: int, seed: int) -> dict:
+    """One entry of training_info's stage_eval (stage numbered from 1, or "end" after the
+    last step): the stage-length hop accuracy of the check that ended the stage, the
+    full-length one measured now on `prompts` prompts, and the running loss."""
+    full = stage_hop_accuracy(model, stages[-1], prompts, seed)
+    record = {"stage": "end" if ended is None else ended.stage + 1,
+              "num_hops": stages[-1 if ended is None else ended.stage].num_hops,
+              "reason": "end" if ended is None else ended.reason, "steps_done": steps_done,
+              "hop_accuracy_stage_length": full if ended is None else ended.hop_accuracy,
+              "hop_accuracy_full_length": full,
+              "loss": None if loss is None else round(float(loss), 4)}
+    print(f"stage_eval {record}", flush=True)
+    return record
 
 
 def _mean(values: list[float]) -> float:

@@ -49,6 +49,20 @@ def test_smoke_run_writes_a_checkpoint_and_its_record(script, tmp_path):
     by_hops = info["held_out_sampled_estimate_by_hops"]
     assert list(by_hops) == ["2", "3", "6", "9", "12"]
     assert 0.0 <= by_hops["12"] <= by_hops["6"] <= by_hops["2"] <= 1.0  # longer, no likelier
+    # SMOKE stages of 2, 2, 1 and 2 of the 7 clean steps (caps at 30%, 55%, 75%, all), one
+    # record at each stage's end and one after the noisy tail
+    stage_eval = info["stage_eval"]
+    assert [(r["stage"], r["steps_done"], r["reason"]) for r in stage_eval] == [
+        (1, 2, "steps"), (2, 4, "steps"), (3, 5, "steps"), (4, 7, "steps"), ("end", 8, "end")]
+    assert [r["num_hops"] for r in stage_eval] == [1, 2, 6, 12, 12]
+    for record in stage_eval:
+        assert 0.0 <= record["hop_accuracy_stage_length"] <= 1.0
+        assert 0.0 <= record["hop_accuracy_full_length"] <= 1.0
+        assert math.isfinite(record["loss"])
+    assert stage_eval[-1]["loss"] == pytest.approx(info["final_loss"], abs=1e-4)
+    # the last stage is the full length: its two accuracies are one measurement
+    assert stage_eval[3]["hop_accuracy_stage_length"] == stage_eval[3]["hop_accuracy_full_length"]
+    assert [c["steps_done"] for c in info["stage_checks"]] == [2, 4, 5, 7]
     assert info["device"] == "cpu" and info["torch"] and info["transformers"]
     assert info["wall_seconds"] > 0 and info["stopped_at_budget"] is False
     config = json.loads((out / "config.json").read_text())
@@ -66,6 +80,20 @@ def test_same_seed_same_bytes_other_seed_other_bytes(script, tmp_path):
     assert runs["a"]["model_safetensors_sha256"] == runs["b"]["model_safetensors_sha256"]
     assert runs["a"]["model_safetensors_sha256"] != runs["c"]["model_safetensors_sha256"]
     assert runs["a"]["final_loss"] == runs["b"]["final_loss"]
+    assert runs["a"]["stage_eval"] == runs["b"]["stage_eval"]
+
+
+def test_the_embedding_is_not_decayed(script):
+    args = script.parse_args(["--out", "unused", "--smoke", "--device", "cpu"])
+    model = script.build_model(args)
+    optimizer = script.make_optimizer(model, args, script.torch.device("cpu"))
+    decayed, plain = optimizer.param_groups
+    embedding = model.get_input_embeddings().weight
+    assert decayed["weight_decay"] == 0.1 and plain["weight_decay"] == 0.0
+    assert any(p is embedding for p in plain["params"])
+    assert not any(p is embedding for p in decayed["params"])
+    assert all(p.ndim == 2 for p in decayed["params"]) and decayed["params"]
+    assert len(decayed["params"]) + len(plain["params"]) == len(list(model.parameters()))
 
 
 def test_steps_zero_fits_the_run_to_the_budget(script, tmp_path):

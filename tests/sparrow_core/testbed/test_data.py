@@ -27,11 +27,12 @@ def test_step_plan_walks_the_stages_then_the_noisy_tail():
     plan = StepPlan(stages, steps=100, noise_share=0.15)
     assert plan.clean_steps == 85
     seen = [plan.stage_at(step) for step in range(100)]
-    assert seen[0] == (stages[0], False) and seen[16] == (stages[0], False)
-    assert seen[17] == (stages[1], False) and seen[84] == (stages[3], False)
+    # the first stage's 30% of 85 clean steps: 25.5, rounded to even
+    assert seen[0] == (stages[0], False) and seen[25] == (stages[0], False)
+    assert seen[26] == (stages[1], False) and seen[84] == (stages[3], False)
     assert all(stage == stages[3] and noisy for stage, noisy in seen[85:])
     shares = dict((s.num_hops, share) for s, share in plan.step_shares())
-    assert shares[600] == pytest.approx(0.4 * 0.85 + 0.15)
+    assert shares[600] == pytest.approx(0.25 * 0.85 + 0.15)
     assert sum(shares.values()) == pytest.approx(1.0)
 
 
