@@ -24,7 +24,7 @@ from sparrow_core.engine import EngineConfig
 from sparrow_core.model import load_tokenizer, read_arch
 from sparrow_core.model.builtin import resolve_model_path
 from storage import Store
-from tasks.retention import repair_unsaved_policies
+from tasks.retention import repair_unsaved_policies, wait_for_deletions
 from tasks.rollout import max_new_tokens_for
 from tasks.rollout_actors import ActorPool, WorkerSpec, actor_resources, start_ray
 from tasks.run_record import finish_run, new_run_id, open_run
@@ -128,6 +128,7 @@ def close_run_runtime(runtime: RunRuntime, status: str) -> None:
     release(runtime)
     try:
         runtime.wait_for_saves()
+        wait_for_deletions()
         if runtime.pool is not None:
             runtime.pool.shutdown()
         if runtime.tracker is not None:

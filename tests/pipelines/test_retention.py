@@ -24,6 +24,8 @@ def test_old_policy_folders_are_pruned(flow_environment, small_overrides, tmp_pa
     assert kept == {1: False, 2: True, 3: True}
     marker = json.loads((folder / "step-1" / "policy_update" / "pruned.json").read_text())
     assert "model.safetensors" in marker["removed"] and "optimizer.pt" in marker["removed"]
+    # the worker deleted the renamed tensors before the run closed
+    assert not (folder / "step-1" / "policy_update" / ".pruned-tensors").exists()
     # the checkpoint at the end is its own copy (hard links), untouched by pruning
     assert (folder / "checkpoints" / "step-3" / "model.safetensors").exists()
 
@@ -55,3 +57,25 @@ def test_pruning_never_waits_for_a_background_save(tmp_path, monkeypatch):
     assert retention.prune_policy_folders(runtime, 3) == [done]
     assert not (done / "model.safetensors").exists()
     assert (writing / "model.safetensors").exists()
+    retention.wait_for_deletions()  # the tensors went to a worker thread, renamed at once
+    assert not (done / retention.TRASH).exists()
+    assert json.loads((done / retention.MARKER).read_text())["removed"] == ["model.safetensors"]
+
+
+def test_a_trash_left_by_a_dead_process_goes_on_resume(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    import tasks.retention as retention
+    from tasks.records import StageRecord
+
+    folder = tmp_path / "step-1"
+    (folder / retention.TRASH).mkdir(parents=True)
+    (folder / retention.TRASH / "optimizer.pt").write_text("x")
+    (folder / "config.json").write_text("{}")
+    (folder / retention.MARKER).write_text("{}")
+    monkeypatch.setattr(retention, "stage_records", lambda store, run_id: [
+        StageRecord("r", 1, "policy_update", 1.0, str(folder))])
+    runtime = SimpleNamespace(store=None, run_id="r",
+                              policy_state=lambda f, wait=True: type(folder)(f))
+    assert retention.repair_unsaved_policies(runtime) == []
+    assert not (folder / retention.TRASH).exists() and (folder / "config.json").exists()
