@@ -8,14 +8,17 @@ schedule.target_statistic (bin_stats; p5 by default, sparrow_core/sparse/target.
 schedule.target: a bin below target - calibrate.tolerance for calibrate.patience steps
 in a row is raised; every pipeline.reoptimize_every steps (0: never) bins whose p5 is at least
 target + calibrate.margin try fewer pages. The bins concerned are re-measured exactly on this
-step's own trajectories (rollouts.parquet), teacher-forced under the policy that sampled them,
-at the grid budgets above (raise) or below (lower) their current top-k (the grid is
-calibrate.budgets, else the one `sparrow calibrate` would use). A changed schedule is stored as
-the next version of the run's schedule name (schedules row with this step, reason and YAML
-path), so the rollout stage of the next step decodes with it (tasks/schedules.py), and MLflow
-gets the schedule, a tag `schedule.change.step<n>` and metrics reoptimize/raised and
-reoptimize/lowered. decision.json holds the decision, the measured p5 and the changes. With
-schedule.sparse=false the stage only records that nothing is to be done.
+step's own trajectories (rollouts.parquet; the calibrate.remeasure_samples longest, 0: all),
+teacher-forced under the policy that sampled them, at the grid budgets above (raise) or below
+(lower) their current top-k (the grid is calibrate.budgets, else the one `sparrow calibrate`
+would use), measuring only those sparrow_core/sparse/budget_search.py needs to find the
+smallest one meeting the target (the exhaustive pick when p5 is monotone in the budget). A
+changed schedule is stored as the next version of the run's schedule name (schedules row with
+this step, reason and YAML path), so the rollout stage of the next step decodes with it
+(tasks/schedules.py), and MLflow gets the schedule, a tag `schedule.change.step<n>` and metrics
+reoptimize/raised, reoptimize/lowered, reoptimize/budgets_measured and
+reoptimize/trajectories_replayed. decision.json holds the decision, the measured p5 and the
+changes. With schedule.sparse=false the stage only records that nothing is to be done.
 """
 
 from __future__ import annotations
@@ -29,13 +32,13 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from sparrow_core.data.rollouts import read_rollouts
+from sparrow_core.sparse.budget_search import search_budgets
 from sparrow_core.sparse.calibration import Trajectory, budget_grid, measure_budgets
 from sparrow_core.sparse.controller import (
     Change,
     ControlSettings,
     Decision,
     apply_measurement,
-    candidate_budgets,
     decide,
 )
 from sparrow_core.sparse.io import save_schedule_yaml
@@ -79,32 +82,49 @@ def step_trajectories(runtime: RunRuntime, step: int) -> list[Trajectory]:
             for r in records if r.output_ids]
 
 
+def longest(trajectories: list[Trajectory], count: int) -> list[Trajectory]:
+    """The `count` longest (0: all), ties in rollout order: a bin concerned is often a late
+    one that only long trajectories reach, and an empty bin could not be re-measured."""
+    if count < 0:
+        raise ValueError(f"calibrate.remeasure_samples must be >= 0, got {count}")
+    if not count or count >= len(trajectories):
+        return list(trajectories)
+    order = sorted(range(len(trajectories)), key=lambda i: -len(trajectories[i].ids))
+    return [trajectories[i] for i in sorted(order[:count])]
+
+
 def remeasure(runtime: RunRuntime, step: int, schedule: Schedule,
-              decision: Decision) -> tuple[list[int], np.ndarray, list[int]]:
-    """(budgets, p5[budget, bin], tokens per bin): the decision's bins, exact, on this step's
-    trajectories; "p5" is schedule.target_statistic, oriented as the controller reads it."""
+              decision: Decision) -> tuple[list[int], np.ndarray, list[int], int]:
+    """(budgets, p5[budget, bin], tokens per bin, trajectories replayed): the decision's bins,
+    exact, on the longest calibrate.remeasure_samples of this step's trajectories, at the
+    budgets budget_search needs; "p5" is schedule.target_statistic, oriented."""
     import torch
 
     from sparrow_core.model import load_model
 
     cfg = runtime.cfg
-    trajectories = step_trajectories(runtime, step)
+    trajectories = longest(step_trajectories(runtime, step), cfg.calibrate.remeasure_samples)
     grid = list(cfg.calibrate.budgets) or list(budget_grid(
         -(-max(len(t.ids) for t in trajectories) // schedule.page_size)))
-    budgets = sorted({b for kind, bins in (("raise", decision.raise_bins),
-                                           ("lower", decision.lower_bins))
-                      for bin_ in bins for b in candidate_budgets(schedule, bin_, grid, kind)})
-    if not budgets:
-        return [], np.zeros((0, schedule.num_bins)), []
-    device, dtype = device_and_dtype(cfg.model)
-    model = load_model(runtime.policy_folder_before(step), getattr(torch, dtype), device)
-    table = measure_budgets(model, trajectories, schedule, budgets,
-                            cfg.rollout.temperature or 1.0, num_bins=schedule.num_bins,
-                            bins=decision.raise_bins + decision.lower_bins,
-                            centroid_dtype=cfg.rollout.centroid_dtype)
-    measured = get_statistic(cfg.schedule.target_statistic).oriented(
-        table.statistic(cfg.schedule.target_statistic))
-    return budgets, measured[:, : schedule.num_bins], [int(n) for n in table.tokens]
+    statistic = get_statistic(cfg.schedule.target_statistic)
+    tokens: list[int] = []
+    models: list = []
+
+    def measure(budgets: list[int]) -> np.ndarray:
+        if not models:  # loaded on the first probe: a bin at the grid's end needs none
+            device, dtype = device_and_dtype(cfg.model)
+            models.append(load_model(runtime.policy_folder_before(step), getattr(torch, dtype),
+                                     device))
+        table = measure_budgets(models[0], trajectories, schedule, budgets,
+                                cfg.rollout.temperature or 1.0, num_bins=schedule.num_bins,
+                                bins=decision.raise_bins + decision.lower_bins,
+                                centroid_dtype=cfg.rollout.centroid_dtype)
+        tokens[:] = [int(n) for n in table.tokens]
+        return statistic.oriented(table.statistic(statistic.name))[:, : schedule.num_bins]
+
+    budgets, measured = search_budgets(schedule, decision, grid, measure,
+                                       settings_of(cfg).target)
+    return budgets, measured, tokens, len(trajectories) if budgets else 0
 
 
 def reoptimize(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
@@ -116,18 +136,21 @@ def reoptimize(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
     if cfg.schedule.sparse:
         decision = decide(p5_history(runtime, step), step, schedule, settings_of(cfg),
                           lowering_due=bool(every and step % every == 0))
-    budgets, p5, changes, new = [], np.zeros((0, 0)), [], schedule
+    budgets, p5, changes, new, replayed = [], np.zeros((0, 0)), [], schedule, 0
     if decision.any:
-        budgets, p5, tokens = remeasure(runtime, step, schedule, decision)
+        budgets, p5, tokens, replayed = remeasure(runtime, step, schedule, decision)
         new, changes = apply_measurement(schedule, decision, budgets, p5, settings_of(cfg),
                                          tokens)
     record = {"step": step, "schedule": schedule.name, "version": version,
               "decision": asdict(decision), "budgets": budgets,
               "p5": [[None if np.isnan(v) else float(v) for v in row] for row in p5],
-              "changes": [{**asdict(c), "p5": None if np.isnan(c.p5) else c.p5} for c in changes], "topk_pages": list(new.topk_pages)}
+              "changes": [{**asdict(c), "p5": None if np.isnan(c.p5) else c.p5} for c in changes],
+              "topk_pages": list(new.topk_pages), "trajectories_replayed": replayed}
     metrics = {"reoptimize/due": float(decision.any),
                "reoptimize/raised": float(sum(c.kind == "raise" for c in changes)),
-               "reoptimize/lowered": float(sum(c.kind == "lower" for c in changes))}
+               "reoptimize/lowered": float(sum(c.kind == "lower" for c in changes)),
+               "reoptimize/budgets_measured": float(len(budgets)),
+               "reoptimize/trajectories_replayed": float(replayed)}
     if not changes:
         (out / DECISION_FILE).write_text(json.dumps(record, indent=2))
         return StageWrite(metrics=metrics)

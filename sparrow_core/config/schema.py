@@ -249,6 +249,9 @@ class CalibrateConfig:
     # online control: on the pipeline.reoptimize_every timer, bins whose p5 >= target + margin
     # try a lower budget
     margin: float = 0.05
+    # online control: trajectories replayed per re-measurement, the longest of the step's
+    # (every bin they reach keeps tokens); 0 replays all
+    remeasure_samples: int = 4
 
 
 @dataclass(frozen=True)

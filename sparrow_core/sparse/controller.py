@@ -12,9 +12,10 @@ under target - tolerance at each of the last `patience` steps with statistics fo
 current one included. When lowering is due (the caller's timer), a bin whose p5 at this step
 is at least target + margin is a candidate to lower. The caller then re-measures those bins
 exactly, teacher-forced on the step's own trajectories, at the budgets of the grid above
-(raise) or below (lower) the bin's current top-k, and `apply_measurement` takes per bin the
-smallest measured budget meeting the target: for a raise the smallest larger one (the largest
-measured when none does), for a lower the smallest smaller one (none: the bin stays). The
+(raise) or below (lower) the bin's current top-k (only those budget_search.py needs), and
+`apply_measurement` takes per bin the smallest measured budget meeting the target: for a raise
+the smallest larger one (the largest measured when none does), for a lower the smallest
+smaller one (none: the bin stays). The
 result is made non-decreasing over bins: a raised bin lifts the bins after it, a lowered bin
 stops at the bin before it, unless that bin held no generated token in the re-measured
 trajectories (only prompts reach it), which then follows it down.

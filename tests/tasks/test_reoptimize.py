@@ -26,7 +26,7 @@ from sparrow_core.model.builtin import resolve_model_path
 from sparrow_core.sparse.calibration import Trajectory, flat_schedule, schedule_acceptance
 from sparrow_core.sparse.schedule import Schedule
 from storage import RunLayout, Store
-from tasks.reoptimize_schedule import DECISION_FILE, reoptimize
+from tasks.reoptimize_schedule import DECISION_FILE, longest, reoptimize
 from tasks.schedules import insert_schedule, schedule_in_force
 from tasks.stage import run_stage
 
@@ -144,3 +144,33 @@ def test_margin_on_the_timer_lowers_and_nothing_happens_off_the_timer(tmp_path, 
     # bins 0 and 1 hold only prompt tokens: they follow bin 2 down; bins 4.. keep 28
     assert new.topk_pages[:2] == (want2, want2) and new.topk_pages[4:] == (28,) * 4
     assert "schedule.change.step2" in runtime.tracker.tags
+
+
+def test_remeasure_samples_keeps_the_longest_in_rollout_order():
+    trajectories = [Trajectory((1,) * n, 1) for n in (5, 9, 3, 9, 7)]
+    picked = longest(trajectories, 3)
+    assert [len(t.ids) for t in picked] == [9, 9, 7]
+    assert picked[0] is trajectories[1] and picked[1] is trajectories[3]
+    assert longest(trajectories, 0) == trajectories == longest(trajectories, 9)
+    with pytest.raises(ValueError, match="remeasure_samples"):
+        longest(trajectories, -1)
+
+
+def test_a_raise_replays_the_capped_trajectories_at_the_budgets_the_search_needs(tmp_path, sampled):
+    runtime, schedule = make_runtime(tmp_path, sampled, (2,) * 8, "calibrate.remeasure_samples=2")
+    set_p5(runtime, 1, {3: 0.10})
+    try:
+        outcome = run(runtime, 1)
+        decision = json.loads(Path(outcome.output_dir, DECISION_FILE).read_text())
+    finally:
+        runtime.store.close()
+    model, _, records = sampled
+    kept = sorted(records, key=lambda r: -len(r.output_ids) - len(r.prompt_ids))[:2]
+    want = expected_topk(model, kept, schedule, 3, GRID) or GRID[-1]
+    assert decision["trajectories_replayed"] == 2 and decision["topk_pages"][3] == want
+    # galloping from the next notch: 4 alone when it meets, else 28 and perhaps 12
+    assert decision["budgets"] == ([4] if want == 4 else [4, 12, 28] if want == 12
+                                   else [b for b in GRID if b != 12 or b in decision["budgets"]])
+    [metrics] = [m for s, m in runtime.tracker.steps if s == 1]
+    assert metrics["reoptimize/trajectories_replayed"] == 2.0
+    assert metrics["reoptimize/budgets_measured"] == len(decision["budgets"])
