@@ -81,7 +81,7 @@ def plot_p5_per_bin(data: "StudyData", path: Path) -> Path:
     columns = min(count, 2)
     rows = math.ceil(count / columns)
     fig = Figure(figsize=(6.5 * columns, 3.8 * rows), layout="constrained")
-    axes = fig.subplots(rows, columns, squeeze=False, sharey=True).ravel()
+    axes = fig.subplots(rows, columns, squeeze=False).ravel()
     for ax, arm in zip(axes, data.arms):
         points = [b for b in arm.bins if b.get("p5") is not None]
         ax.set_title(f"{arm.name}" + ("" if arm.setting("schedule.sparse", True) else " (dense)"))
@@ -99,6 +99,7 @@ def plot_p5_per_bin(data: "StudyData", path: Path) -> Path:
             ax.axhline(float(target), **TARGET_STYLE, label=f"target {float(target):g}")
         ax.set_xlabel("step")
         ax.set_ylabel("acceptance p5")
+        ax.set_ylim(-0.02, 1.02)  # one scale for every arm (acceptance lies in [0, 1])
         _step_axis(ax)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, ncol=2 if len(bins) > 6 else 1)

@@ -161,7 +161,7 @@ def study_markdown(summary: dict[str, Any], files: list[str]) -> str:
                      "collapsed", "eval acc", "rollout s/step", "tok/s", "pages/token",
                      "pred. eFLOPs/step", "pred. speedup"],
                     [[a["arm"], a["run_id"], a["status"], a["steps"],
-                      a["target"] if a["sparse"] else "dense", a["first_reward"],
+                      "dense" if a["sparse"] is False else a["target"], a["first_reward"],
                       a["final_reward"], a["collapsed"], a["final_eval_accuracy"],
                       a["rollout_s_per_step"], a["tokens_per_s"], a["pages_per_token"],
                       a["predicted_eflops_per_step"], a["predicted_speedup"]]
