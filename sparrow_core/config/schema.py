@@ -157,6 +157,9 @@ class AlgoConfig:
     # with a compute dtype below fp32 (bf16 on GPU): the model holds bf16 parameters and
     # AdamW steps fp32 master copies; false keeps fp32 parameters under autocast
     master_weights: bool = True
+    # one torch.rms_norm kernel per RMSNorm instead of transformers' elementwise chain
+    # (sparrow_core/rl/fused_norms.py); off until measured on a GPU
+    fused_norms: bool = False
     # thresholds of the masking mismatch corrections (algo.loss mis_*, icepop, geo_mask)
     correction: CorrectionConfig = field(default_factory=CorrectionConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)

@@ -46,6 +46,7 @@ from sparrow_core.rl.checkpoint import (
 )
 from sparrow_core.rl.checks import RLInputError
 from sparrow_core.rl.losses import POLICY_LOSSES, PolicyLossConfig
+from sparrow_core.rl.fused_norms import fuse_rms_norms
 from sparrow_core.rl.master_weights import MasterWeights
 from sparrow_core.rl.scoring import (
     TokenScores,
@@ -113,6 +114,8 @@ class PolicyTrainer:
         self.model = load_hf_model(self.model_path, self.device)
         if algo.gradient_checkpointing:
             enable_checkpointing(self.model)
+        if algo.fused_norms:
+            fuse_rms_norms(self.model)
         self.masters = None
         if self.dtype != torch.float32 and algo.master_weights:
             self.masters = MasterWeights(self.model, self.dtype)

@@ -98,3 +98,13 @@ def test_offload_keeps_masters_and_moments(qwen3_checkpoint):
     assert all(p.is_cuda and p.dtype == torch.bfloat16 for p in trainer.model.parameters())
     again = trainer.score(records)  # the model still runs after the round trip
     assert all(len(a.dense_logprobs) == len(r.output_ids) for a, r in zip(again, records))
+
+
+def test_fused_norms_on_gpu_stay_close_to_fp32_cpu(qwen3_checkpoint):
+    records = make_records(seed=3)
+    cpu = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu").score(records)
+    fused = PolicyTrainer(qwen3_checkpoint, dataclasses.replace(ALGO, fused_norms=True),
+                          device="cuda", dtype="auto")
+    for a, b in zip(cpu, fused.score(records)):
+        np.testing.assert_allclose(b.dense_logprobs, a.dense_logprobs, atol=0.15)
+        np.testing.assert_allclose(b.acceptance, a.acceptance, atol=0.03)
