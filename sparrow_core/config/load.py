@@ -151,9 +151,16 @@ def _check_reward(name: str) -> None:
     from sparrow_core.data.reward_spec import RewardSpecError, load_reward
 
     try:
-        load_reward(name)
+        function = load_reward(name)
     except RewardSpecError as err:
         raise ConfigError(f"config key 'data.reward': {err}") from None
+    preflight = getattr(function, "preflight", None)
+    if callable(preflight):
+        try:
+            preflight()  # the code reward: bwrap must be installed before a run starts
+        except Exception as err:
+            raise ConfigError(f"config key 'data.reward': {name!r} cannot run here: {err}") \
+                from None
 
 
 def _registry_choices() -> dict[str, tuple[str, ...]]:

@@ -15,8 +15,9 @@ this: math-verify can spend minutes inside one C-level big-integer operation (e.
 outside (signal-based timeouts only work in a main thread).
 The function travels to the workers by reference (pickle), so it must be defined at module
 level in an importable module. The clock starts when a worker has loaded the function and
-run its optional warm_up(), not while the worker is still starting. POSIX only (the worker
-inherits its socket through pass_fds).
+run its optional warm_up(), not while the worker is still starting. A function's optional
+preflight() runs once in the caller first (the code reward checks for bwrap there). POSIX
+only (the worker inherits its socket through pass_fds).
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ def score_completions(
         function = load_reward(name)
     except RewardSpecError as err:
         raise RewardRunnerError(str(err)) from None
+    run_preflight(name, function)
     if len(completions) != len(answers):
         raise RewardRunnerError(
             f"{len(completions)} completions but {len(answers)} answers; they must pair up"
@@ -105,6 +107,18 @@ def score_completions(
     count = min(len(jobs), workers or min(os.cpu_count() or 1, MAX_DEFAULT_WORKERS))
     outcomes = _Pool(name, function_bytes, count).run(jobs, timeout_s)
     return _summarise(outcomes)
+
+
+def run_preflight(name: str, function: object) -> None:
+    """A function's optional `preflight()` (the code reward checks its sandbox is installed):
+    run once here, before any worker starts, its error is the batch's one clear error."""
+    preflight = getattr(function, "preflight", None)
+    if not callable(preflight):
+        return
+    try:
+        preflight()
+    except Exception as err:
+        raise RewardRunnerError(f"reward function {name!r} cannot run here: {err}") from None
 
 
 def _summarise(outcomes: list[tuple]) -> RewardBatch:

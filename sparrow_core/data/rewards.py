@@ -7,6 +7,8 @@
   with the ground truth by math-verify; no boxed answer scores 0.
 - "exact_match": the completion's final answer (text after the last "Answer:", else its last
   non-empty line), stripped, equals the stripped ground truth.
+- "code", "code_all": the completion's program run against the row's tests inside a bwrap
+  sandbox (code_reward.py, registered at the end of this module; docs/code_rl.md).
 
 These functions have no timeout of their own: math-verify's signal-based timeouts work only
 in a main thread, so they are switched off here and the batch runner (reward_runner.py) times
@@ -134,3 +136,7 @@ def final_answer(completion: str) -> str:
 def exact_match_reward(completion: str, answer: str) -> float:
     """1.0 when final_answer(completion) equals answer.strip() character for character."""
     return 1.0 if final_answer(completion) == answer.strip() else 0.0
+
+
+# registers "code" and "code_all" (it imports REWARD_FUNCTIONS from here, so it comes last)
+from sparrow_core.data import code_reward as _code_reward  # noqa: E402,F401

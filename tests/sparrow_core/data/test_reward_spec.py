@@ -93,7 +93,7 @@ def test_a_bad_file_spec_names_what_is_wrong(reward_file, suffix, message):
 
 
 def test_bad_names_name_the_choices():
-    with pytest.raises(RewardSpecError, match=r"valid: exact_match, math.*module:function"):
+    with pytest.raises(RewardSpecError, match=r"valid: code, code_all, exact_match, math.*module:function"):
         load_reward("exakt_match")
     with pytest.raises(RewardSpecError, match=r"cannot import 'no_such_module_here'"):
         load_reward("no_such_module_here:score")
@@ -113,7 +113,7 @@ def test_the_config_checks_the_spec(reward_file):
     assert cfg.data.reward == f"{reward_file}:length_match"
     with pytest.raises(ConfigError, match=r"'data.reward'.*has no 'nope'"):
         load_config([f"data.reward={reward_file}:nope"])
-    with pytest.raises(ConfigError, match=r"'data.reward'.*valid: exact_match"):
+    with pytest.raises(ConfigError, match=r"'data.reward'.*valid: code, code_all, exact_match"):
         load_config(["data.reward=exakt_match"])
     with pytest.raises(ConfigError, match="data.reward_max_error_share"):
         load_config(["data.reward_max_error_share=1.5"])
