@@ -11,7 +11,9 @@ the one the embedded model was trained on; "builtin:<task>" names any task there
 "builtin:pointer_chase_long:num_defs=512,num_hops=1450"; row r is made
 from its own seed, derived from (seed, split, r), so train and eval never share a seed and any
 row can be read without the ones before it; 2**62 rows), "<path>.parquet", "<path>.jsonl"
-(one JSON object per line). Answers are read as text (a number becomes its decimal string).
+(one JSON object per line), "code:<path>" (TACO / CodeContests code problems whose answers
+are their tests, for data.reward=code; sparrow_core/data/code_datasets.py). Answers are read
+as text (a number becomes its decimal string).
 A file is read and checked whole at load: every row needs a non-empty prompt and answer, and
 every prompt must tokenize to at most max_prompt_tokens, and, given the model's context
 (max_context), leave room in it for at least one generated token; the first bad row is one
@@ -203,8 +205,14 @@ def load_prompts(spec: str, prompt_key: str, answer_key: str, tokenizer: TextEnc
                                 max_context)
         dataset.row(0)  # a limit too small for the task fails now, not at step 0
         return dataset
-    path = Path(spec).expanduser()
-    prompts, answers = read_prompt_file(path, prompt_key, answer_key)
+    if spec.startswith("code:"):  # TACO / CodeContests rows; answers are tests (code_datasets.py)
+        from sparrow_core.data.code_datasets import parse_code_spec, read_code_file
+
+        path, time_limit_s = parse_code_spec(spec)
+        prompts, answers = read_code_file(path, time_limit_s)
+    else:
+        path = Path(spec).expanduser()
+        prompts, answers = read_prompt_file(path, prompt_key, answer_key)
     for row, prompt in enumerate(prompts):
         check_prompt_length(str(path), row, len(tokenizer.encode(prompt)), max_prompt_tokens,
                             max_context)
