@@ -1,0 +1,180 @@
+"""Import contracts: the layers of DESIGN.md and the order inside sparrow_core, read from source.
+
+Every module's imports (module level and inside functions alike) are parsed with ast, never
+executed, and checked against:
+- packages: pipelines -> tasks -> (sparrow_core, storage), with sparrow_cli on top; a package
+  imports only its own layer or those below it; storage takes from sparrow_core only
+  STORAGE_MAY_IMPORT;
+- sparrow_core imports no orchestrator or store (ORCHESTRATORS); storage imports no torch
+  (TENSOR_LIBRARIES);
+- inside sparrow_core, CORE_LAYERS lowest first: a module imports only its own layer or those
+  below. A new module falls in the layer of its longest listed prefix; a module that fits no
+  prefix fails until it is given a layer.
+Each failure names the file, the line and the import. Run: `python -m pytest tests/test_layers.py -q`.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# lowest first; sparrow_core and storage sit side by side at the bottom
+PACKAGE_LAYERS = (("sparrow_core", "storage"), ("tasks",), ("pipelines",), ("sparrow_cli",))
+STORAGE_MAY_IMPORT = ("sparrow_core.errors",)
+ORCHESTRATORS = ("prefect", "ray", "mlflow", "duckdb")
+TENSOR_LIBRARIES = ("torch", "triton", "transformers", "peft")
+
+# the order inside sparrow_core, lowest first (module prefixes; the longest listed prefix wins)
+CORE_LAYERS = (
+    ("base", ("sparrow_core.errors", "sparrow_core.registry", "sparrow_core.schedule_math",
+              "sparrow_core.config.schema")),
+    ("mismatch", ("sparrow_core.mismatch", "sparrow_core.mismatch_fit",
+                  "sparrow_core.mismatch_stats")),
+    ("data", ("sparrow_core.data",)),
+    # the schedule and the selection rule: below kernels, which launch the selection
+    ("schedule", ("sparrow_core.sparse",)),
+    ("costmodel", ("sparrow_core.costmodel", "sparrow_core.costmodel_presets",
+                   "sparrow_core.costmodel_segments")),
+    ("kernels", ("sparrow_core.kernels",)),
+    ("model", ("sparrow_core.model",)),
+    ("engine", ("sparrow_core.engine",)),
+    # calibration and control replay sequences on the engine (issue 21 item 5: own package)
+    ("calibration", ("sparrow_core.sparse.calibration", "sparrow_core.sparse.choose",
+                     "sparrow_core.sparse.controller", "sparrow_core.sparse.budget_search")),
+    ("rl", ("sparrow_core.rl",)),
+    # config.load checks loss and estimator names against rl's registries
+    ("top", ("sparrow_core.config", "sparrow_core.study", "sparrow_core.testbed")),
+)
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def source_files() -> list[Path]:
+    return sorted(p for top in {t for layer in PACKAGE_LAYERS for t in layer}
+                  for p in (ROOT / top).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+MODULES = {module_name(p): p for p in source_files()}
+
+
+def imports_of(path: Path) -> list[tuple[int, str]]:
+    return imports_in(path.read_text(), module_name(path), path.name == "__init__.py")
+
+
+def imports_in(source: str, name: str, is_package: bool = False) -> list[tuple[int, str]]:
+    """(line, module) for every import in a module's source; `from pkg import sub` names
+    pkg.sub when sub is a project module; relative imports are resolved."""
+    package = name.split(".") if is_package else name.split(".")[:-1]
+    out = []
+    for node in ast.walk(ast.parse(source, name)):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package[: len(package) - node.level + 1]
+                base = ".".join(parent + ([node.module] if node.module else []))
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                out.append((node.lineno, sub if sub in MODULES else base))
+    return out
+
+
+def top(module: str) -> str:
+    return module.split(".")[0]
+
+
+def within(module: str, prefixes) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def package_rank(package: str) -> int | None:
+    return next((i for i, layer in enumerate(PACKAGE_LAYERS) if package in layer), None)
+
+
+def core_layer(module: str) -> int | None:
+    if module == "sparrow_core":
+        return 0
+    best = None
+    for i, (_, prefixes) in enumerate(CORE_LAYERS):
+        for p in prefixes:
+            if within(module, [p]) and (best is None or len(p) > best[1]):
+                best = (i, len(p))
+    return None if best is None else best[0]
+
+
+def where(path: Path, line: int, imported: str) -> str:
+    return f"{path.relative_to(ROOT)}:{line} imports {imported}"
+
+
+def test_packages_import_only_their_layer_or_below():
+    bad = []
+    for name, path in MODULES.items():
+        rank = package_rank(top(name))
+        for line, imported in imports_of(path):
+            other = package_rank(top(imported))
+            if other is None or top(imported) == top(name):
+                continue
+            if other > rank:
+                bad.append(f"{where(path, line, imported)}: {top(name)} is below {top(imported)}")
+            elif other == rank:  # sparrow_core and storage: only storage's listed exceptions
+                if not (top(name) == "storage" and within(imported, STORAGE_MAY_IMPORT)):
+                    bad.append(f"{where(path, line, imported)}: {top(name)} and "
+                               f"{top(imported)} sit side by side")
+    assert not bad, "layer order pipelines -> tasks -> (sparrow_core, storage) broken:\n" + \
+        "\n".join(bad)
+
+
+@pytest.mark.parametrize("package, forbidden", [("sparrow_core", ORCHESTRATORS),
+                                                ("storage", TENSOR_LIBRARIES)])
+def test_library_and_storage_keep_out_of_each_others_dependencies(package, forbidden):
+    bad = [f"{where(path, line, imported)}: {package} must not import {top(imported)}"
+           for name, path in MODULES.items() if top(name) == package
+           for line, imported in imports_of(path) if top(imported) in forbidden]
+    assert not bad, "\n".join(bad)
+
+
+def test_sparrow_core_modules_import_only_their_layer_or_below():
+    names = [layer for layer, _ in CORE_LAYERS]
+    bad, unplaced = [], []
+    for name, path in MODULES.items():
+        if top(name) != "sparrow_core":
+            continue
+        mine = core_layer(name)
+        if mine is None:
+            unplaced.append(f"{path.relative_to(ROOT)}: give {name} a layer in CORE_LAYERS")
+            continue
+        for line, imported in imports_of(path):
+            theirs = core_layer(imported) if top(imported) == "sparrow_core" else None
+            if theirs is not None and theirs > mine:
+                bad.append(f"{where(path, line, imported)}: layer {names[mine]} is below "
+                           f"{names[theirs]}")
+    assert not unplaced, "\n".join(unplaced)
+    assert not bad, "order inside sparrow_core (" + " < ".join(names) + ") broken:\n" + \
+        "\n".join(bad)
+
+
+def test_the_checks_see_imports_and_catch_a_violation():
+    # the order the contracts encode, as DESIGN.md states it
+    assert core_layer("sparrow_core.sparse.schedule") < core_layer("sparrow_core.kernels.page_topk")
+    assert core_layer("sparrow_core.kernels.paged_decode") < core_layer("sparrow_core.model.layers")
+    assert core_layer("sparrow_core.model.decoder") < core_layer("sparrow_core.engine.engine")
+    assert core_layer("sparrow_core.engine.engine") < core_layer("sparrow_core.sparse.calibration")
+    assert core_layer("sparrow_core.engine.engine") < core_layer("sparrow_core.rl.trainer")
+    assert package_rank("storage") == package_rank("sparrow_core") < package_rank("tasks")
+    assert package_rank("tasks") < package_rank("pipelines")
+    # lazy and relative imports are seen, and an upward one lands above its importer
+    probe = "sparrow_core.engine.probe"
+    source = "def f():\n    from sparrow_core.rl import trainer\n    from .. import mismatch\n"
+    found = imports_in(source, probe)
+    assert found == [(2, "sparrow_core.rl.trainer"), (3, "sparrow_core.mismatch")]
+    assert core_layer(found[0][1]) > core_layer(probe) > core_layer(found[1][1])
+    assert imports_in("from . import engine, kv_cache", "sparrow_core.engine", is_package=True) == [
+        (1, "sparrow_core.engine.engine"), (1, "sparrow_core.engine.kv_cache")]
