@@ -220,7 +220,7 @@ def schedule_cost(schedule: Schedule, *, model: ModelShape, hardware: Hardware, 
         t1 = gen_len if last is None else min(gen_len, last - prompt_len)
         if t1 <= t0:
             continue
-        budget = (topk + schedule.reserved_pages()) * schedule.page_size
+        budget = schedule.pages_for_topk(topk) * schedule.page_size
         bins.append(BinCost(
             index=index,
             start_position=prompt_len + t0,

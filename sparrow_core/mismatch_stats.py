@@ -21,6 +21,7 @@ import math
 import numpy as np
 import torch
 
+from sparrow_core import schedule_math
 from sparrow_core.mismatch_fit import (
     MIN_TAIL,
     TAIL_THRESHOLD,
@@ -69,19 +70,17 @@ def _integer_positions(array: np.ndarray) -> np.ndarray:
 def bin_index(position: Any, bin_tokens: int = BIN_TOKENS, num_bins: int | None = None) -> Any:
     """Length bin of total positions: position // bin_tokens, clamped to num_bins - 1 if given.
 
-    Takes an int, a numpy array or a torch tensor and returns the same kind (int64 arrays).
+    Takes an int, a numpy array or a torch tensor and returns the same kind (int64 arrays);
+    the checked form of sparrow_core.schedule_math.bin_of (Schedule.bin_of with num_bins).
     """
     _check_bins(bin_tokens, num_bins)
     if isinstance(position, torch.Tensor):
         if position.is_floating_point() or bool((position < 0).any()):  # checked, with a message
             bins = torch.from_numpy(bin_index(to_numpy(position, "position"), bin_tokens, num_bins))
             return bins.to(position.device)
-        bins = torch.div(position.long(), bin_tokens, rounding_mode="floor")
-        return bins if num_bins is None else bins.clamp_(max=num_bins - 1)
+        return schedule_math.bin_of(position.long(), bin_tokens, num_bins)
     array = to_numpy(position, "position")
-    bins = _integer_positions(array) // bin_tokens
-    if num_bins is not None:
-        bins = np.minimum(bins, num_bins - 1)
+    bins = schedule_math.bin_of(_integer_positions(array), bin_tokens, num_bins)
     return int(bins) if array.ndim == 0 and not isinstance(position, np.ndarray) else bins
 
 

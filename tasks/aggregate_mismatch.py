@@ -4,8 +4,8 @@
 
 Writes, for the step:
 - tokens.parquet (RunLayout.token_file): one row per generated token with run_id, step,
-  sample, prompt, position (total position: prompt length + index in the completion), bin,
-  budget_pages (pages the actor read for it), acceptance, leftover_mass, actor_logprob,
+  sample, prompt, position (total position: prompt length + index in the completion), bin
+  (Schedule.bin_of: a position past the schedule's last bin is in the last bin), budget_pages (pages the actor read for it), acceptance, leftover_mass, actor_logprob,
   dense_logprob; DuckDB's token_mismatch view reads these files.
 - bin_stats rows: sparrow_core.mismatch.bin_statistics per length bin (bins of the schedule in
   force, schedule.json of the rollout stage), with that schedule's budget for the bin (NULL when
@@ -33,6 +33,7 @@ from prefect.cache_policies import NONE
 from sparrow_core.data.rollouts import read_rollouts
 from sparrow_core.mismatch import BinStats, bin_statistics, min_p5
 from sparrow_core.sparse.io import schedule_from_dict
+from sparrow_core.sparse.schedule import Schedule
 from sparrow_core.sparse.target import DEFAULT_STATISTIC, get_statistic
 from tasks.dense_score import read_scores
 from tasks.retry import INFRA_RETRIES
@@ -47,7 +48,7 @@ BIN_COLUMNS = ("run_id", "step", "bin", "n", "mean", "p1", "p5", "p10", "p50", "
                "share_below_half")
 
 
-def token_table(run_id: str, step: int, records, scores, bin_tokens: int):
+def token_table(run_id: str, step: int, records, scores, schedule: Schedule):
     """The per-token rows as a pyarrow table (columns of storage.schema.TOKEN_COLUMNS)."""
     import pyarrow as pa
 
@@ -60,7 +61,7 @@ def token_table(run_id: str, step: int, records, scores, bin_tokens: int):
         columns["sample"] += [record.sample_index] * n
         columns["prompt"] += [record.prompt_index] * n
         columns["position"] += positions
-        columns["bin"] += [p // bin_tokens for p in positions]
+        columns["bin"] += schedule.bin_of(np.arange(start, start + n)).tolist()
         columns["budget_pages"] += list(record.budget_pages)
         columns["acceptance"] += list(scores["acceptance"][i])
         columns["leftover_mass"] += list(scores["leftover_mass"][i])
@@ -139,14 +140,14 @@ def aggregate_step(runtime: RunRuntime, step: int, rollout_dir: str, scores_path
     schedule = schedule_from_dict(used["schedule"], source=f"{rollout_dir}/{SCHEDULE_FILE}")
     records = read_rollouts(Path(rollout_dir) / ROLLOUTS_FILE)
     table = token_table(runtime.run_id, step, records, read_scores(scores_path, records),
-                        schedule.bin_tokens)
+                        schedule)
     pq.write_table(table, out / runtime.layout.token_file(step).name)
     acceptance = table.column("acceptance").to_numpy()
     stats = bin_statistics(table.column("position").to_numpy(), acceptance,
-                           bin_tokens=schedule.bin_tokens)
+                           bin_tokens=schedule.bin_tokens, num_bins=schedule.num_bins)
     bins = StepBins(
         runtime.run_id, step, stats,
-        {s.bin: schedule.budget_pages(s.bin * schedule.bin_tokens) if used["sparse"] else None
+        {s.bin: schedule.pages_for_topk(schedule.topk_pages[s.bin]) if used["sparse"] else None
          for s in stats},
         schedule.name, used["version"], runtime.cfg.schedule.target,
         runtime.cfg.schedule.target_statistic)

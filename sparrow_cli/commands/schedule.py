@@ -46,7 +46,7 @@ def summary_row(schedule: Schedule) -> dict:
         "bin_tokens": schedule.bin_tokens,
         "first_topk": schedule.topk_pages[0],
         "last_topk": schedule.topk_pages[-1],
-        "last_pages_read": schedule.topk_pages[-1] + schedule.reserved_pages(),
+        "last_pages_read": schedule.pages_for_topk(schedule.topk_pages[-1]),
     }
 
 
@@ -55,7 +55,7 @@ def bin_rows(schedule: Schedule) -> list[dict]:
     rows = []
     for index, topk in enumerate(schedule.topk_pages):
         start, end = schedule.bin_bounds(index)
-        pages = topk + schedule.reserved_pages()
+        pages = schedule.pages_for_topk(topk)
         rows.append(
             {
                 "bin": index,

@@ -281,14 +281,14 @@ class Engine:
 
     def _decode_budgets(self, seqs: list[Sequence], ahead: int) -> list[int]:
         """Pages read per KV head in sparse layers at this step: min(n, top-k + reserved), all
-        n pages when dense (sparse.selection.pages_read, in plain integers: host work per
-        step); the input token sits at position num_tokens - 1 + ahead."""
+        n pages when dense (Schedule.pages_read, in plain integers: host work per step); the
+        input token sits at position num_tokens - 1 + ahead."""
         pages = self.block_manager.pages_for_tokens
         positions = [s.num_tokens - 1 + ahead for s in seqs]
         schedule = self.schedule
         if schedule is None or not self._sparse_layers:
             return [pages(p + 1) for p in positions]
-        return [min(pages(p + 1), schedule.budget_pages(p)) for p in positions]
+        return [schedule.pages_read(p, num_pages=pages(p + 1)) for p in positions]
 
     def _recorder(self, seqs: list[Sequence], step: int):
         def record(layer: int, page_mask: torch.Tensor) -> None:

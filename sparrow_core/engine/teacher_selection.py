@@ -92,7 +92,7 @@ def select_chunks(q: torch.Tensor, k: torch.Tensor, prompt_len: int, schedule: S
             continue
         scores = torch.einsum("thd,phd->thp", group_query_mean(q[first:last], kv_heads),
                               centroids[:width])
-        bins = (position // schedule.bin_tokens).clamp(max=schedule.num_bins - 1)
+        bins = schedule.bin_of(position)
         # a schedule is non-decreasing over bins: the chunk's last row has its largest k
         pages = select_by_threshold(scores, num_pages, topk_of_bin[bins], schedule.reserved_bos,
                                     schedule.reserved_eos, schedule.topk_for_position(last - 1))

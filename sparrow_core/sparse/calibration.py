@@ -41,7 +41,7 @@ import torch
 from sparrow_core.costmodel_presets import ModelShape
 from sparrow_core.engine import Engine, EngineConfig, SamplingParams, teacher_forced_logits
 from sparrow_core.errors import SparrowError
-from sparrow_core.mismatch import acceptance_from_logits
+from sparrow_core.mismatch import acceptance_from_logits, bin_index
 from sparrow_core.mismatch_stats import LOW_ACCEPTANCE
 from sparrow_core.sparse.schedule import Schedule
 from sparrow_core.sparse.target import get_statistic
@@ -238,7 +238,8 @@ def measure_on_policy(model: torch.nn.Module,
         [alpha] = replay_acceptance(model, trajectories, [flat_schedule(template, budget)],
                                     temperature, batch_tokens, centroid_dtype)
         measured.append((np.concatenate([t.positions for t in trajectories]), alpha))
-    width = max([int(num_bins)] + [int(pos.max()) // template.bin_tokens + 1 for pos, _ in measured])
+    width = max([int(num_bins)] + [bin_index(int(pos.max()), template.bin_tokens) + 1
+                                   for pos, _ in measured])
     tables = [table_from_tokens([b], pos, [alpha], template.bin_tokens, width)
               for b, (pos, alpha) in zip(grid, measured)]
     stats = {name: np.concatenate([getattr(t, name) for t in tables]) for name in STATISTICS}
@@ -250,9 +251,9 @@ def table_from_tokens(budgets: Sequence[int], positions: np.ndarray,
                       acceptance: Sequence[np.ndarray], bin_tokens: int, num_bins: int = 0,
                       bins: Sequence[int] | None = None) -> AcceptanceTable:
     """Per-bin percentiles of per-token acceptance (one array per budget, same positions)."""
-    token_bins = positions // bin_tokens
+    # the table widens to the last bin holding a token, so no token lies past its last bin
+    token_bins = bin_index(np.asarray(positions), bin_tokens)
     width = max(int(num_bins), int(token_bins.max()) + 1)
-    token_bins = np.minimum(token_bins, width - 1)  # past the last bin counts as the last
     tokens = np.bincount(token_bins, minlength=width)
     stats = {name: np.full((len(budgets), width), np.nan) for name in STATISTICS}
     wanted = range(width) if bins is None else [b for b in bins if 0 <= b < width]

@@ -166,7 +166,7 @@ def budget_cost_table(budgets: Sequence[int], num_bins: int, template: Schedule,
         if end <= start:
             continue
         for j, topk in enumerate(grid):
-            budget = (topk + template.reserved_pages()) * template.page_size
+            budget = template.pages_for_topk(topk) * template.page_size
             table[j, i] = segment_cost(model=model, hardware=hardware, prompt_len=prompt_len,
                                        start=start, end=end, samples=1, budget_tokens=budget,
                                        page_size=template.page_size, variant=variant).total

@@ -5,6 +5,15 @@ the always-read pages (reserved_bos at the start, reserved_eos most recent, the 
 among them), the dense layers (skip_layers), the acceptance target it was chosen for, and a
 name. A position past the last bin uses the last bin's budget (the reference schedules have
 20 bins, the last one covering everything from 38K tokens on).
+
+Schedule owns the rules every layer shares: bin_of (position -> length bin, clamped to the last
+bin) and pages_read (top-k plus the reserved pages, at most the cache's n); it delegates to
+sparrow_core/schedule_math.py, the pure copy that layers below sparse (mismatch, kernels) call.
+
+The target: `cfg.schedule.target` is the source of truth for a run; aggregate_mismatch, the
+controller and calibration hold every bin to it. `Schedule.target` records the target the
+schedule was chosen for (a preset's paper target, or cfg.schedule.target when calibrated) and
+is stored and shown with it; no control decision reads it.
 """
 
 from __future__ import annotations
@@ -12,6 +21,7 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass, field
 
+from sparrow_core import schedule_math
 from sparrow_core.errors import SparrowError
 
 
@@ -77,23 +87,33 @@ class Schedule:
     def num_bins(self) -> int:
         return len(self.topk_pages)
 
-    def bin_of(self, position: int) -> int:
-        """Bin index of a total position (prompt plus generated), clamped to the last bin."""
-        if position < 0:
+    def bin_of(self, position):
+        """Bin index of a total position (prompt plus generated), clamped to the last bin.
+
+        Takes an int (checked >= 0), a numpy array or a torch tensor (not checked: no device
+        sync on the decode path) and returns the same kind.
+        """
+        if isinstance(position, numbers.Real) and position < 0:
             raise ValueError(f"position must be >= 0, got {position}")
-        return min(position // self.bin_tokens, self.num_bins - 1)
+        return schedule_math.bin_of(position, self.bin_tokens, self.num_bins)
 
     def topk_for_position(self, position: int) -> int:
         """Top-k pages chosen by score at this total position (reserved pages not counted)."""
         return self.topk_pages[self.bin_of(position)]
 
-    def budget_pages(self, position: int) -> int:
-        """Pages read per step at this position: top-k plus the reserved pages."""
-        return self.topk_for_position(position) + self.reserved_bos + self.reserved_eos
+    def pages_read(self, position: int, num_pages: int | None = None) -> int:
+        """Pages read per step at this position: top-k plus the reserved pages, at most
+        num_pages (the cache's page count; no more than k eligible pages is a dense step)."""
+        return self.pages_for_topk(self.topk_for_position(position), num_pages)
+
+    def pages_for_topk(self, topk, num_pages=None):
+        """Pages read per step when `topk` pages are chosen (a bin's or a candidate budget's):
+        top-k plus this schedule's reserved pages, at most num_pages when given."""
+        return schedule_math.pages_read(topk, self.reserved_bos, self.reserved_eos, num_pages)
 
     def budget_tokens(self, position: int) -> int:
         """KV budget B in tokens at this position (pages read times page size)."""
-        return self.budget_pages(position) * self.page_size
+        return self.pages_read(position) * self.page_size
 
     def is_sparse_layer(self, layer: int) -> bool:
         return layer not in self.skip_layers

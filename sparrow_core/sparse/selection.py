@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from sparrow_core import schedule_math
+
 
 def group_query_mean(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
     """Mean of the query heads of each KV group: q [B, Hq, D] -> [B, Hkv, D] float32.
@@ -63,9 +65,10 @@ def select_from_scores(scores: torch.Tensor, num_pages: torch.Tensor, topk: torc
 
 def pages_read(num_pages: torch.Tensor | int, topk: torch.Tensor | int, reserved_bos: int,
                reserved_eos: int) -> torch.Tensor:
-    """Pages one sparse step reads per KV head: min(n, top-k + reserved), n when dense."""
-    num_pages = torch.as_tensor(num_pages)
-    return torch.minimum(num_pages, torch.as_tensor(topk) + reserved_bos + reserved_eos)
+    """Pages one sparse step reads per KV head: min(n, top-k + reserved), n when dense
+    (sparrow_core.schedule_math.pages_read on tensors)."""
+    return schedule_math.pages_read(torch.as_tensor(topk), reserved_bos, reserved_eos,
+                                    torch.as_tensor(num_pages))
 
 
 def token_mask(page_mask: torch.Tensor, page_size: int, num_tokens: torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,7 @@ import pytest
 
 from sparrow_core.data.rollouts import RolloutRecord
 from sparrow_core.mismatch import bin_statistics
+from sparrow_core.sparse import Schedule
 from storage import Store, query
 from tasks.aggregate_mismatch import StepBins, token_table
 
@@ -28,7 +29,8 @@ def test_token_rows_carry_total_positions_and_bins():
     scores = {"acceptance": [[0.9, 0.8, 0.7], [0.6, 0.5]],
               "leftover_mass": [[0.01, 0.02, 0.03], [0.04, 0.05]],
               "dense_logprobs": [[-1.0, -2.0, -3.0], [-4.0, -5.0]]}
-    table = token_table("r", 4, records, scores, bin_tokens=6).to_pydict()
+    schedule = Schedule("s", topk_pages=(1, 2, 3), page_size=2, bin_tokens=6)
+    table = token_table("r", 4, records, scores, schedule).to_pydict()
     assert table["position"] == [5, 6, 7, 9, 10]
     assert table["bin"] == [0, 1, 1, 1, 1]
     assert table["prompt"] == [0, 0, 0, 1, 1] and table["sample"] == [0, 0, 0, 1, 1]
@@ -36,6 +38,17 @@ def test_token_rows_carry_total_positions_and_bins():
     assert table["actor_logprob"] == pytest.approx([0.0, -0.1, -0.2, 0.0, -0.1])
     assert table["dense_logprob"] == [-1.0, -2.0, -3.0, -4.0, -5.0]
     assert set(table["run_id"]) == {"r"} and set(table["step"]) == {4}
+
+
+def test_positions_past_the_last_bin_are_in_the_last_bin():
+    # sparrow-method.md: the last bin covers everything from its start on; two bins of 4 tokens
+    records = [record(0, 0, 3, 9)]
+    scores = {"acceptance": [[0.9] * 9], "leftover_mass": [[0.0] * 9],
+              "dense_logprobs": [[-1.0] * 9]}
+    schedule = Schedule("s", topk_pages=(1, 2), page_size=2, bin_tokens=4)
+    table = token_table("r", 1, records, scores, schedule).to_pydict()
+    assert table["position"] == list(range(3, 12))
+    assert table["bin"] == [0, 1, 1, 1, 1, 1, 1, 1, 1]
 
 
 def bins_for(step: int, low_bin_acceptance: float) -> StepBins:

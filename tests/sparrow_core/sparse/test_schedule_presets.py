@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+import torch
 
 from sparrow_core.sparse.presets import PRESETS, get_preset
 from sparrow_core.sparse.schedule import Schedule, ScheduleError
@@ -75,11 +77,19 @@ def test_budget_by_position_reference():
     s = get_preset("qwen3-1.7b-0.86")
     # hand: position 1999 is bin 0 (29 pages), 2000 is bin 1 (61), 10_000 is bin 5 (157)
     assert s.bin_of(1999) == 0 and s.bin_of(2000) == 1
-    assert s.budget_pages(1999) == 29 + 3
+    assert s.pages_read(1999) == 29 + 3
+    assert s.pages_read(1999, num_pages=20) == 20  # no more than k eligible pages: dense
+    assert s.pages_for_topk(61) == 61 + 3
     assert s.budget_tokens(2000) == (61 + 3) * 16
     assert s.budget_tokens(10_000) == (157 + 3) * 16
     # past the last bin the last budget holds
     assert s.bin_of(10**6) == 19 and s.topk_for_position(10**6) == 253
+    # arrays and tensors bin the same way, clamped too
+    positions = [0, 1999, 2000, 38_000, 10**6]
+    assert s.bin_of(np.array(positions)).tolist() == [0, 0, 1, 19, 19]
+    assert s.bin_of(torch.tensor(positions)).tolist() == [0, 0, 1, 19, 19]
+    with pytest.raises(ValueError, match="position"):
+        s.bin_of(-1)
     assert s.bin_bounds(0) == (0, 2000) and s.bin_bounds(19) == (38_000, None)
     assert s.is_sparse_layer(2) and not s.is_sparse_layer(1)
 
