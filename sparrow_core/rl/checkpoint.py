@@ -66,16 +66,21 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(out_dir: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    tokenizer_source: str | Path, meta: dict[str, Any]) -> Path:
-    """Write the checkpoint folder (see the module doc); returns out_dir."""
+                    tokenizer_source: str | Path, meta: dict[str, Any], *,
+                    state_dict: dict[str, torch.Tensor] | None = None,
+                    optimizer_state: dict[str, Any] | None = None) -> Path:
+    """Write the checkpoint folder (see the module doc); returns out_dir. state_dict and
+    optimizer_state replace the model's and optimizer's own (rl/sharded.py: gathered ones)."""
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise TrainerCheckpointError(f"checkpoint folder {out} already exists and is not empty")
     out.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
-        model.save_pretrained(scratch, safe_serialization=True)
-        write_trainer_files(scratch, optimizer.state_dict(), rng_state(), tokenizer_source, meta)
+        model.save_pretrained(scratch, safe_serialization=True, state_dict=state_dict)
+        if optimizer_state is None:
+            optimizer_state = optimizer.state_dict()
+        write_trainer_files(scratch, optimizer_state, rng_state(), tokenizer_source, meta)
         os.replace(scratch, out)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

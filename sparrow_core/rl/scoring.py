@@ -194,9 +194,13 @@ def _topk_matrices(r: RolloutRecord) -> tuple[np.ndarray, np.ndarray]:
 @torch.no_grad()
 def score_rollouts(model: torch.nn.Module, records: Sequence[RolloutRecord],
                    micro_batch_tokens: int, temperature: float = 1.0,
-                   chunk_tokens: int = 4096) -> list[TokenScores]:
-    """TokenScores per record, in the order given (see the module doc)."""
+                   chunk_tokens: int = 4096, forward=None) -> list[TokenScores]:
+    """TokenScores per record, in the order given (see the module doc). `forward(batch,
+    extra_ids)` replaces token_logprobs(model, ...) (rl/sharded.py: the FSDP root's forward)."""
     effective_temperature(temperature)
+    if forward is None:
+        def forward(batch, extra_ids):
+            return token_logprobs(model, batch, temperature, chunk_tokens, extra_ids)
     device = next(model.parameters()).device
     vocab = model.get_output_embeddings().weight.shape[0]
     scores: list[TokenScores | None] = [None] * len(records)
@@ -209,8 +213,7 @@ def score_rollouts(model: torch.nn.Module, records: Sequence[RolloutRecord],
         batch = pad_batch(chunk, device)
         topk_ids, topk_logprobs = _actor_topk(chunk, batch.mask.shape[1], vocab)
         mask = batch.mask.cpu()
-        dense, at_ids = token_logprobs(model, batch, temperature, chunk_tokens,
-                                       topk_ids[mask].to(device))
+        dense, at_ids = forward(batch, topk_ids[mask].to(device))
         # on the model's device: [tokens, K] exps are the costly part on a CPU
         lower, leftover = acceptance_lower_bound(at_ids, topk_logprobs[mask].to(device))
         dense, lower, leftover = (t.cpu().tolist() for t in (dense, lower, leftover))

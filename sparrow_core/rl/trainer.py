@@ -143,7 +143,7 @@ class PolicyTrainer:
                old_logprobs: Sequence[Sequence[float]], group_size: int) -> dict[str, float]:
         """algo.ppo_epochs optimizer steps on these rollouts; returns "actor/..." metrics."""
         ordered, old, advantages = self._prepare(records, rewards, old_logprobs, group_size)
-        batches = micro_batches(ordered, self.algo.micro_batch_tokens)
+        batches = self._micro_batches(ordered)
         lengths = torch.tensor([len(r.output_ids) for r in ordered])
         full_mask = torch.arange(int(lengths.max()))[None, :] < lengths[:, None]
         # the whole batch's denominator, handed to every micro-batch (aggregate.py)
@@ -155,6 +155,15 @@ class PolicyTrainer:
         metrics["actor/lr"] = float(self.optimizer.param_groups[0]["lr"])
         metrics["actor/advantage_abs_mean"] = float(advantages.abs().mean())
         return metrics
+
+    def _micro_batches(self, ordered) -> list[list[int]]:
+        """Indices of `ordered` per micro-batch (rl/sharded.py takes this rank's share)."""
+        return micro_batches(ordered, self.algo.micro_batch_tokens)
+
+    def _token_logprobs(self, batch, extra_ids=None):
+        """scoring.token_logprobs on this trainer's model (rl/sharded.py calls its FSDP root)."""
+        return token_logprobs(self.model, batch, self.temperature,
+                              self.algo.logits_chunk_tokens, extra_ids)
 
     def _prepare(self, records, rewards, old_logprobs, group_size):
         """Records, old logprobs and per-sample advantages in (prompt, sample) order."""
@@ -210,8 +219,7 @@ class PolicyTrainer:
         chunk = [ordered[i] for i in indices]
         batch = pad_batch(chunk, self.device)
         with self._autocast():
-            flat = token_logprobs(self.model, batch, self.temperature,
-                                  self.algo.logits_chunk_tokens)
+            flat = self._token_logprobs(batch)
         logprobs = torch.zeros(batch.mask.shape, dtype=flat.dtype, device=flat.device)
         logprobs = logprobs.masked_scatter(batch.mask, flat)
         old_t = _padded([old[i] for i in indices], batch.mask.shape).to(self.device)
