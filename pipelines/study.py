@@ -9,7 +9,7 @@ subflow, with run id `<study_id>-<arm>`; at the end it writes the study report
 (tasks/study_report.py) into `<workdir>/studies/<study_id>/report/`. Running it again with the
 same study id skips the finished arms and resumes an unfinished one through the train flow's
 own resume (same run id: its recorded stages are not run again). An arm that fails stops the
-study; the arms after it run on the next call. Ray is started once for all arms.
+study; the arms after it run on the next call. Ray is started once for all arms that run.
 docs/study.md describes the arms, the report and how to read it.
 """
 
@@ -32,7 +32,8 @@ def study_flow(study_id: str, study: str = "default", overrides: list[str] | Non
                study_overrides: list[str] | None = None, show_table: bool = False) -> dict:
     """Run (or resume) every arm of a study; a small summary of what ran and where."""
     plans = plan_study_task(study_id, study, list(study_overrides or []), list(overrides or []))
-    started_ray = start_ray(plans[0]["ray_address"])
+    pending = [plan for plan in plans if not plan["finished"]]
+    started_ray = bool(pending) and start_ray(plans[0]["ray_address"])
     arms = []
     try:
         for plan in plans:
