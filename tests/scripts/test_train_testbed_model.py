@@ -49,11 +49,12 @@ def test_smoke_run_writes_a_checkpoint_and_its_record(script, tmp_path):
     by_hops = info["held_out_sampled_estimate_by_hops"]
     assert list(by_hops) == ["2", "3", "6", "9", "12"]
     assert 0.0 <= by_hops["12"] <= by_hops["6"] <= by_hops["2"] <= 1.0  # longer, no likelier
-    # SMOKE stages of 2, 2, 1 and 2 of the 7 clean steps (caps at 30%, 55%, 75%, all), one
+    # SMOKE stages of 4, 1, 1 and 1 of the 7 clean steps (the first two curriculum stages are
+    # one size at 8 names: caps at 60%, 75%, 85%, all), one
     # record at each stage's end and one after the noisy tail
     stage_eval = info["stage_eval"]
     assert [(r["stage"], r["steps_done"], r["reason"]) for r in stage_eval] == [
-        (1, 2, "steps"), (2, 4, "steps"), (3, 5, "steps"), (4, 7, "steps"), ("end", 8, "end")]
+        (1, 4, "steps"), (2, 5, "steps"), (3, 6, "steps"), (4, 7, "steps"), ("end", 8, "end")]
     assert [r["num_hops"] for r in stage_eval] == [1, 2, 6, 12, 12]
     for record in stage_eval:
         assert 0.0 <= record["hop_accuracy_stage_length"] <= 1.0
@@ -62,7 +63,7 @@ def test_smoke_run_writes_a_checkpoint_and_its_record(script, tmp_path):
     assert stage_eval[-1]["loss"] == pytest.approx(info["final_loss"], abs=1e-4)
     # the last stage is the full length: its two accuracies are one measurement
     assert stage_eval[3]["hop_accuracy_stage_length"] == stage_eval[3]["hop_accuracy_full_length"]
-    assert [c["steps_done"] for c in info["stage_checks"]] == [2, 4, 5, 7]
+    assert [c["steps_done"] for c in info["stage_checks"]] == [2, 4, 5, 6, 7]
     assert info["device"] == "cpu" and info["torch"] and info["transformers"]
     assert info["wall_seconds"] > 0 and info["stopped_at_budget"] is False
     config = json.loads((out / "config.json").read_text())
