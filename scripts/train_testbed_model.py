@@ -50,12 +50,13 @@ import transformers  # noqa: E402
 from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
 from sparrow_core.data.char_tokenizer import (  # noqa: E402
-    EOS_TOKEN, PAD_TOKEN, build_char_tokenizer, char_vocab)
+    EOS_TOKEN, PAD_TOKEN, build_char_tokenizer)
 from sparrow_core.testbed.adaptive import AdaptiveCurriculum  # noqa: E402
 from sparrow_core.testbed.budget import (  # noqa: E402
     fit_steps, hop_noise_for, learning_rate, train_flops_per_token)
 from sparrow_core.testbed.data import (  # noqa: E402
-    StepPlan, curriculum, derived_seed, held_out_examples, step_examples, with_wrong_hops)
+    LETTER_PAIRS, StepPlan, curriculum, derived_seed, held_out_examples, step_examples, vocab,
+    with_wrong_hops)
 from sparrow_core.testbed.evaluate import (  # noqa: E402
     sampled_accuracy, stage_hop_accuracy, stage_record, teacher_forced_accuracy)
 from sparrow_core.testbed.steps import (  # noqa: E402
@@ -136,20 +137,20 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
 
 
 def build_model(args) -> Qwen3ForCausalLM:
-    vocab = char_vocab()
+    ids = vocab()
     config = Qwen3Config(
-        vocab_size=len(vocab), hidden_size=args.hidden, num_hidden_layers=args.layers,
+        vocab_size=len(ids), hidden_size=args.hidden, num_hidden_layers=args.layers,
         num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
         head_dim=args.head_dim, intermediate_size=args.intermediate,
         max_position_embeddings=args.max_positions, rope_theta=args.rope_theta, rms_norm_eps=1e-6,
-        tie_word_embeddings=True, eos_token_id=vocab[EOS_TOKEN], pad_token_id=vocab[PAD_TOKEN],
+        tie_word_embeddings=True, eos_token_id=ids[EOS_TOKEN], pad_token_id=ids[PAD_TOKEN],
         bos_token_id=None, use_cache=True, attn_implementation="sdpa")
     return Qwen3ForCausalLM(config)
 
 
 def make_optimizer(model, args, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with weight decay on the block matrices only: the (tied) embedding of 43
-    characters is read at every position, and decaying it shrinks the very vectors the
+    """AdamW with weight decay on the block matrices only: the (tied) embedding of the
+    characters and names is read at every position, and decaying it shrinks the very vectors the
     lookup has to match and copy, for no regularising gain at this vocabulary."""
     embedding = model.get_input_embeddings().weight
     decay = [p for p in model.parameters() if p.ndim >= 2 and p is not embedding]
@@ -308,7 +309,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 def run(args, device: torch.device, started: float, deadline: float) -> dict:
     torch.manual_seed(args.seed)
-    build_char_tokenizer(args.out)
+    build_char_tokenizer(args.out, letter_pairs=LETTER_PAIRS)
     model = build_model(args).to(device).train()
     optimizer = make_optimizer(model, args, device)
     held_out = held_out_examples(args.num_defs, args.num_hops, args.eval_prompts, args.seed)

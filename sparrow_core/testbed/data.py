@@ -23,10 +23,13 @@ from functools import lru_cache
 
 import torch
 
-from sparrow_core.data.char_tokenizer import EOS_TOKEN, char_vocab
+from sparrow_core.data.char_tokenizer import EOS_TOKEN, char_tokenizer, char_vocab
 from sparrow_core.data.synthetic import Example, long_chase_lines, make_examples
 
 TASK = "pointer_chase_long"
+# the testbed's tokenizer: characters, and one token per two-letter name
+# (sparrow_core/data/char_tokenizer.py says why)
+LETTER_PAIRS = True
 # (share of the full num_defs, share of the full num_hops, share of the clean-phase steps):
 # the lookup is learnt on short chains among few names, where a step holds many lines, and
 # the last stage trains at the full length the model is evaluated and used at. The shares
@@ -59,7 +62,7 @@ class Stage:
 @lru_cache(maxsize=64)
 def _length(num_defs: int, num_hops: int) -> int:
     example = make_examples(TASK, 1, seed=0, num_defs=num_defs, num_hops=num_hops)[0]
-    return len(example.prompt) + len(example.completion) + 1
+    return len(token_ids(example.prompt)) + len(token_ids(example.completion)) + 1
 
 
 def curriculum(num_defs: int, num_hops: int) -> list[Stage]:
@@ -147,14 +150,24 @@ def with_wrong_hops(example: Example, rate: float, rng: random.Random) -> Exampl
     return Example(example.prompt, lines + f"Answer: {end}", end)
 
 
+def token_ids(text: str) -> list[int]:
+    """The testbed tokenizer's ids of `text` (what the model folder's tokenizer.json gives)."""
+    return char_tokenizer(LETTER_PAIRS).encode(text).ids
+
+
+def vocab() -> dict[str, int]:
+    return char_vocab(LETTER_PAIRS)
+
+
 def encode(examples: list[Example]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids, loss_mask) [rows, length]: character ids as the char tokenizer gives them, eos
-    last; loss_mask is True on the completion and eos (the tokens the model must produce)."""
-    vocab = char_vocab()
+    """(ids, loss_mask) [rows, length]: ids as the testbed tokenizer gives them (prompt and
+    completion apart: a prompt ends in a newline, which no merge crosses), eos last;
+    loss_mask is True on the completion and eos (the tokens the model must produce)."""
+    eos = vocab()[EOS_TOKEN]
     rows, masks = [], []
     for example in examples:
-        prompt = [vocab[c] for c in example.prompt]
-        completion = [vocab[c] for c in example.completion] + [vocab[EOS_TOKEN]]
+        prompt = token_ids(example.prompt)
+        completion = token_ids(example.completion) + [eos]
         rows.append(prompt + completion)
         masks.append([False] * len(prompt) + [True] * len(completion))
     lengths = sorted({len(row) for row in rows})

@@ -27,7 +27,7 @@ import torch
 
 from sparrow_core.data.synthetic import Example
 from sparrow_core.testbed.adaptive import StageEnd
-from sparrow_core.testbed.data import Stage, derived_seed, encode, held_out_examples
+from sparrow_core.testbed.data import Stage, derived_seed, encode, held_out_examples, vocab
 
 
 def precision(device: torch.device):
@@ -47,6 +47,7 @@ def teacher_forced_accuracy(model: torch.nn.Module, examples: list[Example],
     was_training = model.training
     model.eval()
     greedy, lines = [], []
+    newline = vocab()["\n"]
     for start in range(0, len(examples), rows):
         chunk = examples[start:start + rows]
         ids, mask = encode(chunk)
@@ -59,9 +60,10 @@ def teacher_forced_accuracy(model: torch.nn.Module, examples: list[Example],
         # the completion's characters: the eos after them decides nothing the reward reads
         completion = mask[:, 1:].clone()
         completion[:, -1] = False
-        for row, example in enumerate(chunk):
+        for row in range(len(chunk)):
             greedy.append(float(hit[row][completion[row]].all()))
-            lines.append(_line_logps(example.completion, token_logp[row][completion[row]]))
+            lines.append(_line_logps(target[row][completion[row]].cpu(), token_logp[row][completion[row]],
+                                     newline))
     model.train(was_training)
     per_line = torch.stack(lines) if lines else torch.zeros(0, 1, dtype=torch.float64)
     hops = per_line.shape[1] - 1  # the last line is the answer
@@ -100,10 +102,10 @@ def _mean(values: list[float]) -> float:
     return sum(values) / max(1, len(values))
 
 
-def _line_logps(completion: str, logp: torch.Tensor) -> torch.Tensor:
+def _line_logps(completion_ids: torch.Tensor, logp: torch.Tensor, newline: int) -> torch.Tensor:
     """Sum of the token logps of each line of the completion (a line's "\n" belongs to it)."""
-    newline = torch.tensor([c == "\n" for c in completion], dtype=torch.long)
-    line = torch.cumsum(newline, 0) - newline
+    ends = (completion_ids == newline).long()
+    line = torch.cumsum(ends, 0) - ends
     per_line = torch.zeros(int(line[-1]) + 1, dtype=torch.float64)
     return per_line.index_add_(0, line, logp.double())
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sparrow_core.data.char_tokenizer import char_vocab
+from sparrow_core.testbed.data import vocab
 from sparrow_core.model import load_tokenizer
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train_testbed_model.py"
@@ -70,8 +70,11 @@ def test_smoke_run_writes_a_checkpoint_and_its_record(script, tmp_path):
     assert config["model_type"] == "qwen3"
     assert config["num_attention_heads"] > config["num_key_value_heads"]
     text = "def ab=cd\nfrom ab hops 3\n"
-    vocab = char_vocab()
-    assert load_tokenizer(out).encode(text) == [vocab[c] for c in text]
+    ids = vocab()
+    tokens = ["de", "f", " ", "ab", "=", "cd", "\n", "fr", "om", " ", "ab", " ", "ho", "ps", " ",
+              "3", "\n"]
+    assert load_tokenizer(out).encode(text) == [ids[t] for t in tokens]
+    assert config["vocab_size"] == len(ids) == 43 + 26 * 26
 
 
 def test_same_seed_same_bytes_other_seed_other_bytes(script, tmp_path):

@@ -4,10 +4,9 @@ import random
 
 import pytest
 
-from sparrow_core.data.char_tokenizer import char_vocab
 from sparrow_core.data.synthetic import make_examples
 from sparrow_core.testbed.data import (
-    StepPlan, curriculum, derived_seed, encode, held_out_examples, step_examples,
+    StepPlan, curriculum, derived_seed, encode, held_out_examples, step_examples, vocab,
     with_wrong_hops)
 
 
@@ -17,7 +16,10 @@ def test_curriculum_grows_to_the_full_size_and_shares_sum_to_one():
                                                           (128, 300), (256, 600)]
     assert sum(s.share for s in stages) == pytest.approx(1.0)
     assert [s.length for s in stages] == sorted(s.length for s in stages)
-    assert stages[-1].length == 1557 + 6010 + 1
+    # in tokens: 'de' 'f' ' ', 256 x 'ab' '=' 'cd' ' ' (the last ' ' a newline), 'fr' 'om' ' ',
+    # name, ' ' 'ho' 'ps' ' ' '600' '\n'; 600 lines of '599' ' ' name '=' name '\n'; the answer
+    # 'A' 'ns' 'w' 'er' ':' ' ' name; eos
+    assert stages[-1].length == (3 + 256 * 4 + 3 + 1 + 4 + 3 + 1) + 600 * 8 + 7 + 1
     tiny = curriculum(2, 1)  # every stage the same size: one stage holding every share
     assert len(tiny) == 1 and tiny[0].share == pytest.approx(1.0)
 
@@ -67,16 +69,25 @@ def test_wrong_hops_keep_the_format_and_the_answer_follows_the_chain():
     assert some == with_wrong_hops(ex, 0.1, random.Random(5)) != ex
 
 
-def test_encode_gives_char_ids_and_marks_the_completion():
+def test_encode_gives_one_id_per_name_and_marks_the_completion():
     examples = make_examples("pointer_chase_long", 2, seed=0, num_defs=6, num_hops=5)
     ids, mask = encode(examples)
-    vocab = char_vocab()
-    length = len(examples[0].prompt) + len(examples[0].completion) + 1
-    assert ids.shape == mask.shape == (2, length)
-    assert ids[0, :4].tolist() == [vocab[c] for c in "def "]
-    assert ids[0, -1].item() == vocab["<|endoftext|>"]
-    assert mask[0].sum().item() == len(examples[0].completion) + 1
-    assert not mask[0, :len(examples[0].prompt)].any()
+    ids_of = vocab()
+    prompt, completion = examples[0].prompt, examples[0].completion
+    # every name is one token; the other characters one each (def: 'de' 'f')
+    names = prompt.split("\n")[0].split()[1:]
+    # 'de' 'f' ' ', 6 x (name '=' name ' '), 'fr' 'om' ' ' name ' ' 'ho' 'ps' ' ' '5' '\n'
+    prompt_tokens = 3 + 4 * 6 + 10
+    # 5 x ('4' ' ' name '=' name '\n'), then 'A' 'ns' 'w' 'er' ':' ' ' name
+    completion_tokens = 5 * 6 + 7
+    assert ids.shape == mask.shape == (2, prompt_tokens + completion_tokens + 1)
+    first = names[0].split("=")
+    assert ids[0, :6].tolist() == [ids_of["de"], ids_of["f"], ids_of[" "], ids_of[first[0]],
+                                   ids_of["="], ids_of[first[1]]]
+    assert ids[0, -1].item() == ids_of["<|endoftext|>"]
+    assert mask[0].sum().item() == completion_tokens + 1
+    assert not mask[0, :prompt_tokens].any()
+    assert len(completion) == 5 * 8 + 10  # the characters: both names are two of them
     with pytest.raises(ValueError, match="differ in length"):
         encode(examples[:1] + make_examples("pointer_chase_long", 1, seed=0, num_defs=7,
                                             num_hops=5))

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sparrow_core.data.char_tokenizer import char_vocab
 from sparrow_core.data.synthetic import make_examples
+from sparrow_core.testbed.data import encode, vocab
 from sparrow_core.testbed.evaluate import teacher_forced_accuracy
 
 
@@ -21,7 +21,7 @@ class NextTokenModel(torch.nn.Module):
         self.anchor = torch.nn.Parameter(torch.zeros(()))  # gives the model a device
 
     def forward(self, input_ids):
-        logits = torch.zeros(*input_ids.shape, len(char_vocab()))
+        logits = torch.zeros(*input_ids.shape, len(vocab()))
         logits[:, :-1].scatter_(-1, input_ids[:, 1:, None], self.margin)
         return SimpleNamespace(logits=logits)
 
@@ -36,11 +36,12 @@ def test_a_model_predicting_the_reference_is_right_greedy_and_sampled():
 
 def test_sampled_estimate_is_the_product_of_reference_probabilities():
     examples = make_examples("pointer_chase_long", 2, seed=2, num_defs=10, num_hops=15)
-    margin, vocab = 3.0, len(char_vocab())
-    p = math.exp(margin) / (math.exp(margin) + vocab - 1)
+    margin, size = 3.0, len(vocab())
+    p = math.exp(margin) / (math.exp(margin) + size - 1)
     result = teacher_forced_accuracy(NextTokenModel(margin), examples)
-    completion = len(examples[0].completion)
-    line = len(examples[0].completion.split("\n")[0]) + 1
+    _, mask = encode(examples[:1])
+    completion = int(mask.sum()) - 1  # tokens of the completion, eos not counted
+    line = 7  # '1' '4' ' ' name '=' name '\n': a name is one token
     assert result["greedy"] == 1.0
     assert result["sampled_estimate"] == pytest.approx(p ** completion, rel=1e-4)
     assert result["hop"] == pytest.approx(p ** line, rel=1e-4)

@@ -4,14 +4,13 @@ model as it was."""
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from sparrow_core.data.char_tokenizer import char_vocab
-from sparrow_core.testbed.data import Stage, encode, step_examples
+from sparrow_core.testbed.data import Stage, encode, step_examples, vocab
 from sparrow_core.testbed.steps import batch_shape, forward_backward, measure_step_seconds
 
 
 def _model() -> Qwen3ForCausalLM:
     torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=len(char_vocab()), hidden_size=32, num_hidden_layers=1,
+    config = Qwen3Config(vocab_size=len(vocab()), hidden_size=32, num_hidden_layers=1,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                          intermediate_size=64, max_position_embeddings=512,
                          attn_implementation="sdpa")
@@ -19,9 +18,10 @@ def _model() -> Qwen3ForCausalLM:
 
 
 def test_batch_shape_fills_the_token_budget_with_whole_rows():
-    stage = Stage(32, 30, 1.0)  # 493 tokens an example
-    assert batch_shape(stage, 32768, 32768) == (66, 1)
-    assert batch_shape(stage, 32768, 8192) == (16, 4)
+    stage = Stage(32, 30, 1.0)  # 360 tokens an example
+    assert stage.length == 360
+    assert batch_shape(stage, 32768, 32768) == (91, 1)
+    assert batch_shape(stage, 32768, 8192) == (22, 4)
     assert batch_shape(Stage(256, 600, 1.0), 1000, 1000) == (1, 1)  # one row at least
 
 
