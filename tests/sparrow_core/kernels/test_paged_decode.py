@@ -86,30 +86,6 @@ def test_sparse_reads_only_the_listed_pages(interpreted):
     torch.testing.assert_close(out[:2], ref, atol=1e-5, rtol=1e-5)
 
 
-@pytest.fixture
-def bf16_dot(monkeypatch):
-    """Triton 3.6's interpreter multiplies bfloat16 tl.dot operands as their uint16 bit
-    patterns (it stores bfloat16 as uint16); widen them to float32 first, which is exact,
-    as the tensor cores are."""
-    if not HAS_TRITON:
-        return
-    from triton.runtime import interpreter
-
-    tl = interpreter.tl
-    original = interpreter.InterpreterBuilder.create_dot
-
-    def widen(x):
-        if x.dtype.scalar != tl.bfloat16:
-            return x
-        return interpreter.TensorHandle((x.data.astype(np.uint32) << 16).view(np.float32),
-                                        tl.float32)
-
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        return original(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
-
-    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)
-
-
 def split_inputs(seed, group, dtype, hkv=2, dim=24, page_size=4, pages=40, width=9):
     """Rows: a full table, 13 tokens (4 pages: 5 splits leave one empty), a padded row with
     no tokens, 2 tokens; sparse lists hold random ascending pages of each row, one row and
