@@ -46,6 +46,15 @@ from sparrow_core.kernels.teacher_attention import teacher_sparse_attention  # n
 from sparrow_core.sparse.presets import get_preset  # noqa: E402
 
 SPARSE_LAYER = 5  # any layer outside skip_layers
+# launches of the attention kernel timed beside its default (kernels/teacher_attention.py)
+LAUNCHES = {
+    "default": {},
+    "no_tile_skip": {"skip_empty": False},
+    "m128_n128": {"block_m": 128, "block_n": 128},
+    "m64_n64": {"block_m": 64, "block_n": 64, "num_warps": 4},
+    "stages3": {"num_stages": 3},
+    "no_tile_skip_stages3": {"skip_empty": False, "num_stages": 3},
+}
 
 
 def sync() -> None:
@@ -82,8 +91,17 @@ def attention_case(length, count, prompt, schedule, backends, device, arch, reps
     with torch.no_grad():
         dense = timed(lambda: prefill_attention_sdpa(q, k, v, lens), reps)
         row["dense_layer_s"] = dense["s"]
+        outputs = {}
         for backend in backends:
             row.update(_path_case(backend, q, k, v, lens, prompts, schedule, reps))
+            outputs[backend] = TeacherForcedAttention(lens, prompts, schedule,
+                                                      backend=backend)(SPARSE_LAYER, q, k, v)
+        # the paths must agree on the same inputs (bf16 rounding apart)
+        names = list(outputs)
+        for other in names[1:]:
+            row[f"{names[0]}_vs_{other}_max_abs"] = float(
+                (outputs[names[0]].float() - outputs[other].float()).abs().max())
+        del outputs
     dense_layers = len([i for i in schedule.skip_layers if i < arch.num_layers])
     sparse_layers = arch.num_layers - dense_layers
     row["dense_attention_all_layers_s"] = arch.num_layers * dense["s"]
@@ -104,10 +122,17 @@ def _path_case(backend, q, k, v, lens, prompts, schedule, reps):
         bits = select()
         starts = torch.arange(count, dtype=torch.int32, device=q.device) * length
         seq_lens = torch.full((count,), length, dtype=torch.int32, device=q.device)
-        attend = timed(lambda: teacher_sparse_attention(q, k, v, bits, starts, seq_lens,
-                                                        schedule.page_size, max_len=length),
-                       reps)
-        out.update(triton_attention_s=attend["s"], triton_attention_first_s=attend["first_s"])
+        variants = {}
+        for name, launch in LAUNCHES.items():
+            attend = timed(lambda: teacher_sparse_attention(
+                q, k, v, bits, starts, seq_lens, schedule.page_size, max_len=length, **launch),
+                reps)
+            variants[name] = attend["s"]
+            if name == "default":
+                out.update(triton_attention_s=attend["s"],
+                           triton_attention_first_s=attend["first_s"])
+        out["triton_attention_launches_s"] = variants
+        out["triton_pages_read_share"] = _share_read(bits, lens, schedule.page_size)
         del bits
     else:
         rows = selection_rows(kv_heads, length, schedule.page_size)
@@ -124,6 +149,15 @@ def _path_case(backend, q, k, v, lens, prompts, schedule, reps):
                 f"{backend}_layer_first_s": layer["first_s"],
                 f"{backend}_layer_peak_gib": layer["peak_gib"]})
     return out
+
+
+def _share_read(bits, lens, page_size):
+    """Pages read over pages present, summed over positions and KV heads (1.0: dense)."""
+    shifts = torch.arange(32, device=bits.device, dtype=torch.int32)
+    read = sum(int(((words.unsqueeze(-1) >> shifts) & 1).sum())
+               for words in bits.split(4096, dim=1))
+    present = sum(sum(t // page_size + 1 for t in range(n)) for n in lens) * bits.shape[0]
+    return read / present
 
 
 def model_case(model, length, count, prompt, schedule, backends, device, vocab, reps):

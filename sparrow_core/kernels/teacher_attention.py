@@ -40,7 +40,8 @@ def _teacher_attention_kernel(
         q_ptr, k_ptr, v_ptr, bits_ptr, start_ptr, len_ptr, out_ptr,
         s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_bh, s_bt, s_ot, s_oh, dim, qk_scale,
         GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_D: tl.constexpr, PAGE: tl.constexpr, EVEN_D: tl.constexpr, IEEE: tl.constexpr):
+        BLOCK_D: tl.constexpr, PAGE: tl.constexpr, EVEN_D: tl.constexpr, IEEE: tl.constexpr,
+        SKIP_EMPTY: tl.constexpr):
     BLOCK_Q: tl.constexpr = BLOCK_M // GROUP
     PAGES_PER_TILE: tl.constexpr = BLOCK_N // PAGE
     TILE_MASK: tl.constexpr = (1 << PAGES_PER_TILE) - 1
@@ -68,9 +69,13 @@ def _teacher_attention_kernel(
     n = tl.arange(0, BLOCK_N)
     for j0 in range(0, key_end, BLOCK_N):
         page0 = j0 // PAGE
-        word = tl.load(bits_row + page0 // WORD, mask=row_ok, other=0)
-        tile_bits = (word >> (page0 % WORD)) & TILE_MASK  # >= 0: at most 16 pages a tile
-        if tl.max(tile_bits, axis=0) > 0:
+        # 32 pages a word (compiled Triton reads no plain Python global such as WORD)
+        word = tl.load(bits_row + page0 // 32, mask=row_ok, other=0)
+        tile_bits = (word >> (page0 % 32)) & TILE_MASK  # >= 0: at most 16 pages a tile
+        live = True  # a compile-time True: no branch at all without SKIP_EMPTY
+        if SKIP_EMPTY:
+            live = tl.max(tile_bits, axis=0) > 0
+        if live:
             key = j0 + n
             key_ok = key < length
             kv_mask = key_ok[:, None] & d_ok[None, :]
@@ -168,12 +173,14 @@ def _check(q, k, v, bits, seq_starts, seq_lens, page_size):
 def teacher_sparse_attention(q, k, v, bits, seq_starts, seq_lens, page_size: int, *,
                              max_len: int | None = None, block_m: int | None = None,
                              block_n: int | None = None, num_warps: int | None = None,
-                             num_stages: int = 2, out: torch.Tensor | None = None
-                             ) -> torch.Tensor:
+                             num_stages: int = 2, skip_empty: bool = True,
+                             out: torch.Tensor | None = None) -> torch.Tensor:
     """See the module docstring; into `out` when given (q's shape and dtype), whose rows
     outside every sequence are left as they were. max_len: the longest sequence, when the
     caller knows it (saves a device sync); block_m, block_n, num_warps, num_stages: the
-    launch (benchmarks and tests choose them; block_n holds at most 16 pages)."""
+    launch (benchmarks and tests choose them; block_n holds at most 16 pages); skip_empty:
+    test each KV tile for a selected page before loading it (False: mask only, which keeps
+    the loop free of branches for the compiler's pipelining; benchmarks compare)."""
     _check(q, k, v, bits, seq_starts, seq_lens, page_size)
     if max_len is None:
         max_len = max(seq_lens.tolist(), default=0)
@@ -208,6 +215,6 @@ def teacher_sparse_attention(q, k, v, bits, seq_starts, seq_lens, page_size: int
             bits.stride(0), bits.stride(1), out.stride(0), out.stride(1), dim,
             LOG2E / math.sqrt(dim), GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n,
             BLOCK_D=block_d, PAGE=page_size, EVEN_D=dim == block_d,
-            IEEE=q.dtype == torch.float32, num_warps=num_warps or (8 if block_m >= 128 else 4),
-            num_stages=num_stages)
+            IEEE=q.dtype == torch.float32, SKIP_EMPTY=bool(skip_empty),
+            num_warps=num_warps or (8 if block_m >= 128 else 4), num_stages=num_stages)
     return out
