@@ -59,8 +59,11 @@ def selection_bits(q: torch.Tensor, k: torch.Tensor, seq_lens: list[int],
                                  schedule.reserved_eos, words, out=out, kv_heads=kv_heads)
                 continue
             chunk_width = (last - 1) // size + 1
+            # the product select_chunks computes, so both paths rank the same floats
             scores = torch.einsum("thd,phd->thp", group_query_mean(seq_q[first:last], kv_heads),
                                   centroids[:chunk_width])
+            if scores.stride(-1) != 1:  # einsum may hand back a permuted layout
+                scores = scores.contiguous()
             select_page_bits(scores, first, prompt_len, topk, size, schedule.reserved_bos,
                              schedule.reserved_eos, words, out=out)
         start += length
