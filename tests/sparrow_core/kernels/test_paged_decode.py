@@ -12,7 +12,7 @@ from sparrow_core.engine.attention import dense_decode_attention, sparse_decode_
 from sparrow_core.kernels.paged_decode import (
     paged_decode_attention, paged_decode_reference, sparse_paged_decode_attention,
     sparse_paged_decode_reference)
-from sparrow_core.kernels.runtime import HAS_TRITON, KernelInputError
+from sparrow_core.kernels.runtime import KernelInputError
 from sparrow_core.kernels.split_combine import combine_splits
 
 
