@@ -34,7 +34,7 @@ import torch
 from sparrow_core.engine.attention import masked_attention
 from sparrow_core.engine.kv_cache import centroid_torch_dtype
 from sparrow_core.engine.teacher_flex import HAS_FLEX, selection_rows, sparse_flex_attention
-from sparrow_core.engine.teacher_kernel import kernel_sparse_attention
+from sparrow_core.engine.teacher_kernel import PackedIndex, kernel_sparse_attention
 from sparrow_core.engine.teacher_selection import gather_pages, select_chunks
 from sparrow_core.kernels.prefill import prefill_attention_sdpa
 from sparrow_core.kernels.runtime import HAS_TRITON
@@ -109,6 +109,7 @@ class TeacherForcedAttention:
         self.query_chunk = query_chunk
         self.on_selection = on_selection
         self.backend = backend
+        self._index: PackedIndex | None = None  # the kernels' device tensors, made once
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor) -> torch.Tensor:
@@ -117,8 +118,10 @@ class TeacherForcedAttention:
             hook = None
             if self.on_selection is not None:
                 hook = lambda index, pages: self.on_selection(layer, index, pages)  # noqa: E731
+            if self._index is None or self._index.seq_lens.device != q.device:
+                self._index = PackedIndex.build(self.seq_lens, self.schedule, q.device)
             return kernel_sparse_attention(q, k, v, self.seq_lens, self.prompt_lens,
-                                           self.schedule, self.centroid_dtype, hook)
+                                           self.schedule, self.centroid_dtype, hook, self._index)
         flex = self._use_flex(q)
         outputs, start = [], 0
         for index, (length, prompt_len) in enumerate(zip(self.seq_lens, self.prompt_lens)):

@@ -17,6 +17,7 @@ the same call works (slowly) on a laptop; TeacherForcedAttention takes it only w
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import torch
@@ -31,17 +32,37 @@ from sparrow_core.sparse.selection import group_query_mean
 SCORE_BUDGET = 1 << 26  # 256 MiB
 
 
+@dataclasses.dataclass(frozen=True)
+class PackedIndex:
+    """The device tensors every layer of one replay shares (built once: each is a host to
+    device copy, which would make the host wait for the GPU at every layer)."""
+
+    seq_starts: torch.Tensor  # [B] int32
+    seq_lens: torch.Tensor  # [B] int32
+    topk_of_bin: torch.Tensor  # [bins] the schedule's k per length bin
+
+    @classmethod
+    def build(cls, seq_lens: list[int], schedule: Schedule, device: torch.device):
+        starts = [sum(seq_lens[:i]) for i in range(len(seq_lens))]
+        as_int32 = lambda values: torch.tensor(values, dtype=torch.int32, device=device)  # noqa: E731
+        return cls(as_int32(starts), as_int32(seq_lens),
+                   torch.tensor(schedule.topk_pages, device=device))
+
+
 def selection_bits(q: torch.Tensor, k: torch.Tensor, seq_lens: list[int],
                    prompt_lens: list[int], schedule: Schedule, centroid_dtype: str,
-                   budget: int = SCORE_BUDGET) -> torch.Tensor:
-    """Bits [Hkv, N, words] int32 of every position of the packed sequences."""
+                   budget: int = SCORE_BUDGET,
+                   topk_of_bin: torch.Tensor | None = None) -> torch.Tensor:
+    """Bits [Hkv, N, words] int32 of every position of the packed sequences; topk_of_bin:
+    PackedIndex's, when the caller holds one."""
     q, k = q.detach(), k.detach()  # the selection is discrete: no graph through it
     kv_heads = k.shape[1]
     size = schedule.page_size
     pages = -(-max(seq_lens) // size)
     words = -(-pages // WORD)
     bits = torch.empty(kv_heads, q.shape[0], words, dtype=torch.int32, device=q.device)
-    topk_of_bin = torch.tensor(schedule.topk_pages, device=q.device)
+    if topk_of_bin is None:
+        topk_of_bin = torch.tensor(schedule.topk_pages, device=q.device)
     start = 0
     for length, prompt_len in zip(seq_lens, prompt_lens):
         seq_q, seq_k = q[start:start + length], k[start:start + length]
@@ -73,20 +94,20 @@ def selection_bits(q: torch.Tensor, k: torch.Tensor, seq_lens: list[int],
 def kernel_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             seq_lens: list[int], prompt_lens: list[int], schedule: Schedule,
                             centroid_dtype: str,
-                            on_pages: Callable[[int, torch.Tensor], None] | None = None
-                            ) -> torch.Tensor:
+                            on_pages: Callable[[int, torch.Tensor], None] | None = None,
+                            index: PackedIndex | None = None) -> torch.Tensor:
     """Attention of a sparse layer over packed sequences (see the module docstring);
-    on_pages(sequence index, page mask [T, Hkv, P]) for each sequence, if given (tests)."""
-    bits = selection_bits(q, k, seq_lens, prompt_lens, schedule, centroid_dtype)
-    starts, total = [], 0
-    for length in seq_lens:
-        starts.append(total)
-        total += length
+    on_pages(sequence index, page mask [T, Hkv, P]) for each sequence, if given (tests);
+    index: the replay's PackedIndex (built here when None)."""
+    if index is None:
+        index = PackedIndex.build(seq_lens, schedule, q.device)
+    bits = selection_bits(q, k, seq_lens, prompt_lens, schedule, centroid_dtype,
+                          topk_of_bin=index.topk_of_bin)
     if on_pages is not None:
-        for index, (start, length) in enumerate(zip(starts, seq_lens)):
+        start = 0
+        for number, length in enumerate(seq_lens):
             pages = -(-length // schedule.page_size)
-            on_pages(index, unpack_page_bits(bits[:, start:start + length], pages))
-    as_tensor = lambda values: torch.tensor(values, dtype=torch.int32, device=q.device)
-    return teacher_sparse_attention(q, k.to(q.dtype), v.to(q.dtype), bits, as_tensor(starts),
-                                    as_tensor(seq_lens), schedule.page_size,
-                                    max_len=max(seq_lens))
+            on_pages(number, unpack_page_bits(bits[:, start:start + length], pages))
+            start += length
+    return teacher_sparse_attention(q, k.to(q.dtype), v.to(q.dtype), bits, index.seq_starts,
+                                    index.seq_lens, schedule.page_size, max_len=max(seq_lens))
