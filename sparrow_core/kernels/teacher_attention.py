@@ -36,6 +36,38 @@ LOG2E = 1.4426950408889634
 
 
 @jit
+def _attend_tile(q, m, l_sum, acc, k_ptr, v_ptr, start, length, pos, tile_bits, j0, hk, s_kt,
+                 s_kh, s_vt, s_vh, d, d_ok, qk_scale, BLOCK_N: tl.constexpr,
+                 PAGE: tl.constexpr, IEEE: tl.constexpr):
+    """One KV tile of the online softmax: keys j0 .. j0 + BLOCK_N - 1, each row reading
+    those of its tile_bits' pages at or before its position."""
+    n = tl.arange(0, BLOCK_N)
+    key = j0 + n
+    kv_mask = (key < length)[:, None] & d_ok[None, :]
+    keys = tl.load(k_ptr + (start + key)[:, None] * s_kt + hk * s_kh + d[None, :],
+                   mask=kv_mask, other=0.0)
+    if IEEE:
+        qk = tl.dot(q, tl.trans(keys), input_precision="ieee")
+    else:
+        qk = tl.dot(q, tl.trans(keys))
+    page_bit = (tile_bits[:, None] >> (n // PAGE)[None, :]) & 1
+    read = (page_bit != 0) & (key[None, :] <= pos[:, None])
+    qk = tl.where(read, qk * qk_scale, float("-inf"))
+    m_new = tl.maximum(m, tl.max(qk, axis=1))
+    # rows that read nothing yet keep m at -inf: exponentiate against 0 instead
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(qk - m_safe[:, None])
+    alpha = tl.exp2(m - m_safe)
+    values = tl.load(v_ptr + (start + key)[:, None] * s_vt + hk * s_vh + d[None, :],
+                     mask=kv_mask, other=0.0)
+    if IEEE:
+        pv = tl.dot(p, values, input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(values.dtype), values)
+    return m_new, l_sum * alpha + tl.sum(p, axis=1), acc * alpha[:, None] + pv
+
+
+@jit
 def _teacher_attention_kernel(
         q_ptr, k_ptr, v_ptr, bits_ptr, start_ptr, len_ptr, out_ptr,
         s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_bh, s_bt, s_ot, s_oh, dim, qk_scale,
@@ -43,8 +75,7 @@ def _teacher_attention_kernel(
         BLOCK_D: tl.constexpr, PAGE: tl.constexpr, EVEN_D: tl.constexpr, IEEE: tl.constexpr,
         SKIP_EMPTY: tl.constexpr):
     BLOCK_Q: tl.constexpr = BLOCK_M // GROUP
-    PAGES_PER_TILE: tl.constexpr = BLOCK_N // PAGE
-    TILE_MASK: tl.constexpr = (1 << PAGES_PER_TILE) - 1
+    TILE_MASK: tl.constexpr = (1 << (BLOCK_N // PAGE)) - 1
     # the last query blocks hold the longest rows: start them first
     qb = tl.num_programs(0) - 1 - tl.program_id(0)
     hk = tl.program_id(1)
@@ -66,42 +97,20 @@ def _teacher_attention_kernel(
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_sum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    n = tl.arange(0, BLOCK_N)
     for j0 in range(0, key_end, BLOCK_N):
         page0 = j0 // PAGE
         # 32 pages a word (compiled Triton reads no plain Python global such as WORD)
         word = tl.load(bits_row + page0 // 32, mask=row_ok, other=0)
         tile_bits = (word >> (page0 % 32)) & TILE_MASK  # >= 0: at most 16 pages a tile
-        live = True  # a compile-time True: no branch at all without SKIP_EMPTY
         if SKIP_EMPTY:
-            live = tl.max(tile_bits, axis=0) > 0
-        if live:
-            key = j0 + n
-            key_ok = key < length
-            kv_mask = key_ok[:, None] & d_ok[None, :]
-            keys = tl.load(k_ptr + (start + key)[:, None] * s_kt + hk * s_kh + d[None, :],
-                           mask=kv_mask, other=0.0)
-            if IEEE:
-                qk = tl.dot(q, tl.trans(keys), input_precision="ieee")
-            else:
-                qk = tl.dot(q, tl.trans(keys))
-            page_bit = (tile_bits[:, None] >> (n // PAGE)[None, :]) & 1
-            read = (page_bit != 0) & (key[None, :] <= pos[:, None])
-            qk = tl.where(read, qk * qk_scale, float("-inf"))
-            m_new = tl.maximum(m, tl.max(qk, axis=1))
-            # rows that read nothing yet keep m at -inf: exponentiate against 0 instead
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp2(qk - m_safe[:, None])
-            alpha = tl.exp2(m - m_safe)
-            values = tl.load(v_ptr + (start + key)[:, None] * s_vt + hk * s_vh + d[None, :],
-                             mask=kv_mask, other=0.0)
-            if IEEE:
-                pv = tl.dot(p, values, input_precision="ieee")
-            else:
-                pv = tl.dot(p.to(values.dtype), values)
-            acc = acc * alpha[:, None] + pv
-            l_sum = l_sum * alpha + tl.sum(p, axis=1)
-            m = m_new
+            if tl.max(tile_bits, axis=0) > 0:
+                m, l_sum, acc = _attend_tile(q, m, l_sum, acc, k_ptr, v_ptr, start, length,
+                                             pos, tile_bits, j0, hk, s_kt, s_kh, s_vt, s_vh,
+                                             d, d_ok, qk_scale, BLOCK_N, PAGE, IEEE)
+        else:
+            m, l_sum, acc = _attend_tile(q, m, l_sum, acc, k_ptr, v_ptr, start, length, pos,
+                                         tile_bits, j0, hk, s_kt, s_kh, s_vt, s_vh, d, d_ok,
+                                         qk_scale, BLOCK_N, PAGE, IEEE)
     out = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]
     tl.store(out_ptr + (start + pos)[:, None] * s_ot + head[:, None] * s_oh + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
