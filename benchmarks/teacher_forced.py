@@ -2,18 +2,24 @@
 
     python benchmarks/teacher_forced.py --out results/teacher_forced.json   # GPU, 1.7B shape
     python benchmarks/teacher_forced.py --cases 8192x16 --skip-model        # attention only
+    python benchmarks/teacher_forced.py --backends triton --cases 8192x16  # one path
     python benchmarks/teacher_forced.py --smoke                             # CPU, seconds
 
 Per case (T tokens per sequence x sequences; a prompt of --prompt tokens, the rest replayed
-as generated): (1) the attention of one layer at Qwen3-1.7B heads (16 q / 8 kv, head dim 128,
-bf16, random q, k, v): the page selection alone, the sparse replay of a layer (selection plus
-FlexAttention, engine/teacher_flex.py), and dense causal SDPA, with the sums over the
-model's layers (1.7B: 2 dense skip_layers plus 26 sparse, against 28 dense); (2) the whole model (random weights,
-Qwen3-1.7B shapes, model/decoder.py) as teacher_forced_hidden: the dense forward (schedule
-None: SDPA per sequence) against the replay under --schedule, no grad, and their ratio
-(target: at most 2). Times are medians of wall-clock runs between device syncs, after a
-warm-up run (which compiles FlexAttention; its time is reported as *_first_s); peak memory
-per arm. --smoke runs tiny shapes on the CPU through the same code (FlexAttention eager).
+as generated), in one process, for each replay path of --backends ("triton": the kernels of
+engine/teacher_kernel.py; "flex": FlexAttention over a page bitmap, engine/teacher_flex.py):
+(1) the attention of one layer at Qwen3-1.7B heads (16 q / 8 kv, head dim 128, bf16, random
+q, k, v): the page selection alone (<path>_selection_s), the attention alone on those pages
+(triton_attention_s; Flex builds its bitmap inside its layer), the sparse replay of a layer
+(<path>_layer_s: selection plus attention), and dense causal SDPA, with the sums over the
+model's layers (1.7B: 2 dense skip_layers plus 26 sparse, against 28 dense); (2) the whole
+model (random weights, Qwen3-1.7B shapes, model/decoder.py) as teacher_forced_hidden: the
+dense forward (schedule None: SDPA per sequence) against the replay under --schedule through
+each path, no grad, and their ratio (target: at most 2). Times are medians of wall-clock
+runs between device syncs, after a warm-up run (which compiles FlexAttention and the Triton
+kernels; its time is reported as *_first_s); peak memory per arm. --smoke runs tiny shapes
+on the CPU through the same code (FlexAttention eager, the kernels' PyTorch references).
+Imports neither ray, prefect nor omegaconf: it runs with torch, triton and transformers.
 """
 
 from __future__ import annotations
@@ -31,13 +37,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import device_facts, write_json  # noqa: E402
 from benchmarks.decode_step import model_arch, random_model  # noqa: E402
 from sparrow_core.engine.teacher_flex import selection_rows  # noqa: E402
+from sparrow_core.engine.teacher_kernel import selection_bits  # noqa: E402
 from sparrow_core.engine.teacher_forced import (TeacherForcedAttention,  # noqa: E402
                                                 teacher_forced_hidden)
 from sparrow_core.engine.teacher_selection import select_chunks  # noqa: E402
 from sparrow_core.kernels.prefill import prefill_attention_sdpa  # noqa: E402
+from sparrow_core.kernels.teacher_attention import teacher_sparse_attention  # noqa: E402
 from sparrow_core.sparse.presets import get_preset  # noqa: E402
 
 SPARSE_LAYER = 5  # any layer outside skip_layers
+# launches of the attention kernel timed beside its default (kernels/teacher_attention.py)
+LAUNCHES = {
+    "default": {},
+    "no_tile_skip": {"skip_empty": False},
+    "m128_n128": {"block_m": 128, "block_n": 128},
+    "m64_n64": {"block_m": 64, "block_n": 64, "num_warps": 4},
+    "stages3": {"num_stages": 3},
+    "no_tile_skip_stages3": {"skip_empty": False, "num_stages": 3},
+}
 
 
 def sync() -> None:
@@ -61,50 +78,105 @@ def timed(fn, reps: int) -> dict[str, float]:
     return {"first_s": times[0], "s": statistics.median(times[1:]), "peak_gib": peak}
 
 
-def attention_case(length, count, prompt, schedule, backend, device, arch, reps):
-    """One layer's attention: selection, sparse replay, dense SDPA (and all-layer sums)."""
+def attention_case(length, count, prompt, schedule, backends, device, arch, reps):
+    """One layer's attention: per path selection, attention, the layer; dense SDPA; and
+    the sums over the model's layers."""
     q_heads, kv_heads, dim = arch.num_q_heads, arch.num_kv_heads, arch.head_dim
-    layers = arch.num_layers
     gen = torch.Generator(device).manual_seed(0)
     total = length * count
     q, k, v = (torch.randn(total, h, dim, generator=gen, device=device, dtype=torch.bfloat16)
                for h in (q_heads, kv_heads, kv_heads))
     lens, prompts = [length] * count, [prompt] * count
-    attention = TeacherForcedAttention(lens, prompts, schedule, backend=backend)
-    rows = selection_rows(kv_heads, length, schedule.page_size)
-
-    def select_only():
-        for index in range(count):
-            span = slice(index * length, (index + 1) * length)
-            for _ in select_chunks(q[span], k[span], prompt, schedule, "cache", rows):
-                pass
-
+    row = {}
     with torch.no_grad():
-        selection = timed(select_only, reps)
-        sparse = timed(lambda: attention(SPARSE_LAYER, q, k, v), reps)
         dense = timed(lambda: prefill_attention_sdpa(q, k, v, lens), reps)
-    dense_layers = len([i for i in schedule.skip_layers if i < layers])
-    replay_all = (layers - dense_layers) * sparse["s"] + dense_layers * dense["s"]
-    return {"selection_s": selection["s"], "sparse_layer_s": sparse["s"],
-            "sparse_layer_first_s": sparse["first_s"], "sparse_layer_peak_gib": sparse["peak_gib"],
-            "dense_layer_s": dense["s"], "replay_attention_all_layers_s": replay_all,
-            "dense_attention_all_layers_s": layers * dense["s"],
-            "attention_ratio": replay_all / (layers * dense["s"])}
+        row["dense_layer_s"] = dense["s"]
+        outputs = {}
+        for backend in backends:
+            row.update(_path_case(backend, q, k, v, lens, prompts, schedule, reps))
+            outputs[backend] = TeacherForcedAttention(lens, prompts, schedule,
+                                                      backend=backend)(SPARSE_LAYER, q, k, v)
+        # the paths must agree on the same inputs (bf16 rounding apart)
+        names = list(outputs)
+        for other in names[1:]:
+            row[f"{names[0]}_vs_{other}_max_abs"] = float(
+                (outputs[names[0]].float() - outputs[other].float()).abs().max())
+        del outputs
+    dense_layers = len([i for i in schedule.skip_layers if i < arch.num_layers])
+    sparse_layers = arch.num_layers - dense_layers
+    row["dense_attention_all_layers_s"] = arch.num_layers * dense["s"]
+    for backend in backends:
+        replay = sparse_layers * row[f"{backend}_layer_s"] + dense_layers * dense["s"]
+        row[f"{backend}_attention_all_layers_s"] = replay
+        row[f"{backend}_attention_ratio"] = replay / row["dense_attention_all_layers_s"]
+    return row
 
 
-def model_case(model, length, count, prompt, schedule, backend, device, vocab, reps):
+def _path_case(backend, q, k, v, lens, prompts, schedule, reps):
+    """Selection alone, attention alone (triton), selection plus attention, of one path."""
+    length, count, kv_heads = lens[0], len(lens), k.shape[1]
+    attention = TeacherForcedAttention(lens, prompts, schedule, backend=backend)
+    out = {}
+    if backend == "triton":
+        select = lambda: selection_bits(q, k, lens, prompts, schedule, "cache")  # noqa: E731
+        bits = select()
+        starts = torch.arange(count, dtype=torch.int32, device=q.device) * length
+        seq_lens = torch.full((count,), length, dtype=torch.int32, device=q.device)
+        variants = {}
+        for name, launch in LAUNCHES.items():
+            attend = timed(lambda: teacher_sparse_attention(
+                q, k, v, bits, starts, seq_lens, schedule.page_size, max_len=length, **launch),
+                reps)
+            variants[name] = attend["s"]
+            if name == "default":
+                out.update(triton_attention_s=attend["s"],
+                           triton_attention_first_s=attend["first_s"])
+        out["triton_attention_launches_s"] = variants
+        out["triton_pages_read_share"] = _share_read(bits, lens, schedule.page_size)
+        del bits
+    else:
+        rows = selection_rows(kv_heads, length, schedule.page_size)
+
+        def select():
+            for index in range(count):
+                span = slice(index * length, (index + 1) * length)
+                for _ in select_chunks(q[span], k[span], prompts[index], schedule, "cache",
+                                       rows):
+                    pass
+    selection = timed(select, reps)
+    layer = timed(lambda: attention(SPARSE_LAYER, q, k, v), reps)
+    out.update({f"{backend}_selection_s": selection["s"], f"{backend}_layer_s": layer["s"],
+                f"{backend}_layer_first_s": layer["first_s"],
+                f"{backend}_layer_peak_gib": layer["peak_gib"]})
+    return out
+
+
+def _share_read(bits, lens, page_size):
+    """Pages read over pages present, summed over positions and KV heads (1.0: dense)."""
+    shifts = torch.arange(32, device=bits.device, dtype=torch.int32)
+    read = sum(int(((words.unsqueeze(-1) >> shifts) & 1).sum())
+               for words in bits.split(4096, dim=1))
+    present = sum(sum(t // page_size + 1 for t in range(n)) for n in lens) * bits.shape[0]
+    return read / present
+
+
+def model_case(model, length, count, prompt, schedule, backends, device, vocab, reps):
     """The whole model: dense packed forward against the replay under the schedule."""
     gen = torch.Generator(device).manual_seed(1)
     sequences = [torch.randint(0, vocab, (length,), generator=gen, device=device)
                  for _ in range(count)]
     prompts = [prompt] * count
     with torch.no_grad():
-        dense = timed(lambda: teacher_forced_hidden(model, sequences, backend=backend), reps)
-        replay = timed(lambda: teacher_forced_hidden(model, sequences, prompts, schedule,
-                                                     backend=backend), reps)
-    return {"dense_forward_s": dense["s"], "dense_forward_peak_gib": dense["peak_gib"],
-            "replay_s": replay["s"], "replay_first_s": replay["first_s"],
-            "replay_peak_gib": replay["peak_gib"], "replay_over_dense": replay["s"] / dense["s"]}
+        dense = timed(lambda: teacher_forced_hidden(model, sequences), reps)
+        row = {"dense_forward_s": dense["s"], "dense_forward_peak_gib": dense["peak_gib"]}
+        for backend in backends:
+            replay = timed(lambda: teacher_forced_hidden(model, sequences, prompts, schedule,
+                                                         backend=backend), reps)
+            row.update({f"{backend}_replay_s": replay["s"],
+                        f"{backend}_replay_first_s": replay["first_s"],
+                        f"{backend}_replay_peak_gib": replay["peak_gib"],
+                        f"{backend}_replay_over_dense": replay["s"] / dense["s"]})
+    return row
 
 
 def parse_args(argv):
@@ -117,7 +189,8 @@ def parse_args(argv):
     parser.add_argument("--schedule", default="qwen3-1.7b-0.86")
     parser.add_argument("--reps", type=int, default=2, help="timed runs after the first")
     parser.add_argument("--skip-model", action="store_true", help="attention layer only")
-    parser.add_argument("--backend", default="auto", choices=("auto", "flex", "reference"))
+    parser.add_argument("--backends", default="triton,flex",
+                        help="comma-separated replay paths to time: triton, flex, reference")
     return parser.parse_args(argv)
 
 
@@ -126,10 +199,9 @@ def main(argv=None) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     schedule = get_preset(args.schedule)
     cases = [tuple(int(x) for x in case.split("x")) for case in args.cases.split(",")]
-    backend, prompt = args.backend, args.prompt
+    backends, prompt = args.backends.split(","), args.prompt
     if args.smoke:
         schedule, cases, prompt = get_preset("tiny-0.86"), [(320, 2)], 40
-        backend = "flex" if backend == "auto" and device == "cpu" else backend
     arch = model_arch("qwen3-1.7b", args.smoke)
     model = None if args.skip_model else random_model(arch, device)
     if model is not None and device == "cpu":
@@ -137,16 +209,16 @@ def main(argv=None) -> int:
     rows = []
     for length, count in cases:
         row = {"tokens_per_sequence": length, "sequences": count, "prompt": prompt}
-        row.update(attention_case(length, count, prompt, schedule, backend, device, arch,
+        row.update(attention_case(length, count, prompt, schedule, backends, device, arch,
                                   args.reps))
         if model is not None:
-            row.update(model_case(model, length, count, prompt, schedule, backend, device,
+            row.update(model_case(model, length, count, prompt, schedule, backends, device,
                                   arch.vocab_size, args.reps))
         print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()},
               flush=True)
         rows.append(row)
     write_json(args.out, dict(benchmark="teacher_forced", facts=device_facts(),
-                              schedule=schedule.name, backend=backend, rows=rows))
+                              schedule=schedule.name, backends=backends, rows=rows))
     return 0
 
 

@@ -14,11 +14,14 @@ top-k from the schedule at position t; reserved_bos and reserved_eos pages alway
 layers in skip_layers dense. With schedule=None every position is dense causal (the dense
 variant, equal to transformers' forward). No cache writes: gradients flow to q, k, v
 (DistillSparse); the page selection itself is discrete and computed without grad, chunk by
-chunk of positions (engine/teacher_selection.py). Two attention paths over those pages:
-on CUDA tensors FlexAttention over a page bitmap (engine/teacher_flex.py: a compiled Triton
+chunk of positions (engine/teacher_selection.py). Three attention paths over those pages:
+on CUDA tensors without gradients, the Triton kernels (engine/teacher_kernel.py: selection
+packed into bits, a flash-attention forward that reads them, one launch per layer); with
+gradients, FlexAttention over a page bitmap (engine/teacher_flex.py: a compiled Triton
 kernel that skips unread 128-token blocks, forward and backward; SDPA for dense layers and
 sequences); elsewhere the float32 masked reference, queries in chunks of `query_chunk` so
-memory is [Hq, chunk, T] per sequence and layer. backend="reference" / "flex" forces one.
+memory is [Hq, chunk, T] per sequence and layer. backend="triton" / "flex" / "reference"
+forces one.
 Run `python -m pytest tests/sparrow_core/engine/test_teacher_forced.py -q`.
 """
 
@@ -31,14 +34,17 @@ import torch
 from sparrow_core.engine.attention import masked_attention
 from sparrow_core.engine.kv_cache import centroid_torch_dtype
 from sparrow_core.engine.teacher_flex import HAS_FLEX, selection_rows, sparse_flex_attention
+from sparrow_core.engine.teacher_kernel import PackedIndex, kernel_sparse_attention
 from sparrow_core.engine.teacher_selection import gather_pages, select_chunks
 from sparrow_core.kernels.prefill import prefill_attention_sdpa
+from sparrow_core.kernels.runtime import HAS_TRITON
+from sparrow_core.kernels.teacher_attention import supported_page_size
 from sparrow_core.sparse.schedule import Schedule
 from sparrow_core.sparse.selection import token_mask
 
 # called with (layer, sequence index, page_mask [T, Hkv, P]) for each sparse layer (tests)
 TeacherSelectionHook = Callable[[int, int, torch.Tensor], None]
-BACKENDS = ("auto", "flex", "reference")
+BACKENDS = ("auto", "triton", "flex", "reference")
 
 
 def teacher_forced_logits(model: torch.nn.Module, sequences: Sequence[Sequence[int] | torch.Tensor],
@@ -83,8 +89,10 @@ def teacher_forced_hidden(model: torch.nn.Module, sequences: Sequence[Sequence[i
 class TeacherForcedAttention:
     """AttentionFn over packed whole sequences, each query with its own page selection.
 
-    backend: "auto" (FlexAttention on CUDA tensors, the reference otherwise), "flex" or
-    "reference"; both take their pages from teacher_selection.select_chunks."""
+    backend: "auto" (on CUDA tensors the Triton kernels of engine/teacher_kernel.py, or
+    FlexAttention when gradients are recorded, triton is missing or the page size is not a
+    power of two; the reference otherwise), "triton", "flex" or "reference"; all take the
+    pages of teacher_selection.select_chunks' rule."""
 
     def __init__(self, seq_lens: list[int], prompt_lens: list[int], schedule: Schedule | None,
                  query_chunk: int = 1024, on_selection: TeacherSelectionHook | None = None,
@@ -101,10 +109,19 @@ class TeacherForcedAttention:
         self.query_chunk = query_chunk
         self.on_selection = on_selection
         self.backend = backend
+        self._index: PackedIndex | None = None  # the kernels' device tensors, made once
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor) -> torch.Tensor:
         sparse = self.schedule is not None and self.schedule.is_sparse_layer(layer)
+        if sparse and self._use_kernels(q, k, v):
+            hook = None
+            if self.on_selection is not None:
+                hook = lambda index, pages: self.on_selection(layer, index, pages)  # noqa: E731
+            if self._index is None or self._index.seq_lens.device != q.device:
+                self._index = PackedIndex.build(self.seq_lens, self.schedule, q.device)
+            return kernel_sparse_attention(q, k, v, self.seq_lens, self.prompt_lens,
+                                           self.schedule, self.centroid_dtype, hook, self._index)
         flex = self._use_flex(q)
         outputs, start = [], 0
         for index, (length, prompt_len) in enumerate(zip(self.seq_lens, self.prompt_lens)):
@@ -133,6 +150,14 @@ class TeacherForcedAttention:
         if keep is not None:
             self.on_selection(layer, index, gather_pages(collected, -(-length // page_size)))
         return out
+
+    def _use_kernels(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+        if self.backend != "auto":
+            return self.backend == "triton"
+        # the kernel has no backward: a replay with gradients (DistillSparse) takes Flex
+        recording = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        return (q.is_cuda and HAS_TRITON and not recording
+                and supported_page_size(self.schedule.page_size))
 
     def _use_flex(self, q: torch.Tensor) -> bool:
         if self.backend == "auto":

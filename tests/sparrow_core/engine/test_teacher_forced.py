@@ -9,6 +9,7 @@ from sparrow_core.engine.config import EngineConfig
 from sparrow_core.engine.engine import Engine
 from sparrow_core.engine.sampler import SamplingParams
 from sparrow_core.engine.teacher_forced import teacher_forced_logits
+from sparrow_core.kernels.runtime import cpu_interpreter
 from sparrow_core.model import causal_attention, load_model
 from sparrow_core.sparse.schedule import Schedule
 
@@ -33,8 +34,9 @@ def test_dense_equals_transformers_forward(checkpoint, request):
             torch.testing.assert_close(logits, hf(ids[None]).logits[0], atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("centroid_dtype", ["cache", "float8_e4m3fn"])
-def test_sparse_equals_decode_path_position_by_position(qwen3_model, centroid_dtype):
+@pytest.mark.parametrize("centroid_dtype,backend", [("cache", "auto"), ("float8_e4m3fn", "auto"),
+                                                    ("cache", "triton")])
+def test_sparse_equals_decode_path_position_by_position(qwen3_model, centroid_dtype, backend):
     prompts = [[1, 2, 3, 4, 5, 6], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50], [7, 7]]
     config = EngineConfig(page_size=4, num_pages=64, centroid_dtype=centroid_dtype)
     engine = Engine(qwen3_model, config=config, schedule=SCHEDULE)
@@ -42,9 +44,10 @@ def test_sparse_equals_decode_path_position_by_position(qwen3_model, centroid_dt
     results = engine.generate(prompts, SamplingParams(temperature=0, max_new_tokens=36,
                                                       logprobs_topk=384))
     sequences = [p + list(r[0].output_ids) for p, r in zip(prompts, results)]
-    with torch.no_grad():
+    with torch.no_grad(), cpu_interpreter():  # backend "triton": the kernels, interpreted
         replay = teacher_forced_logits(qwen3_model, sequences, [len(p) for p in prompts],
-                                       SCHEDULE, query_chunk=7, centroid_dtype=centroid_dtype)
+                                       SCHEDULE, query_chunk=7, centroid_dtype=centroid_dtype,
+                                       backend=backend)
         dense = teacher_forced_logits(qwen3_model, sequences)
     for prompt, [sample], logits, dense_logits in zip(prompts, results, replay, dense):
         first, last = len(prompt) - 1, len(prompt) - 1 + len(sample.output_ids)
@@ -101,3 +104,34 @@ def test_bad_prompt_lengths_are_refused(qwen3_model):
         teacher_forced_logits(qwen3_model, [[1, 2, 3]], [4], SCHEDULE)
     with pytest.raises(ValueError, match="needs prompt_lens"):
         teacher_forced_logits(qwen3_model, [[1, 2, 3]], None, SCHEDULE)
+
+
+@pytest.mark.parametrize("centroid_dtype", ["cache", "float8_e4m3fn"])
+def test_triton_backend_equals_the_reference_backend_and_its_pages(qwen3_model, brute_force,
+                                                                   centroid_dtype):
+    """backend="triton" (the kernels in Triton's interpreter when triton is installed, their
+    PyTorch references otherwise) against the float32 reference path: the same pages at
+    every position and layer, the same logits; and the brute-force loop's pages."""
+    gen = torch.Generator().manual_seed(9)
+    sequences = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in (41, 6, 29)]
+    prompts = [9, 6, 3]  # the second is all prompt: dense through the same launch
+    picks = {}
+    logits = {}
+    for backend in ("triton", "reference"):
+        hook = lambda layer, index, pages, b=backend: picks.__setitem__((b, layer, index), pages)
+        with cpu_interpreter(), torch.no_grad():
+            logits[backend] = teacher_forced_logits(qwen3_model, sequences, prompts, SCHEDULE,
+                                                    on_selection=hook, backend=backend,
+                                                    centroid_dtype=centroid_dtype)
+    for got, want in zip(logits["triton"], logits["reference"]):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+    reference_keys = [key for key in picks if key[0] == "reference"]
+    assert reference_keys
+    for _, layer, index in reference_keys:
+        assert torch.equal(picks[("triton", layer, index)], picks[("reference", layer, index)])
+    if centroid_dtype == "cache":
+        _, want_picks = brute_force(qwen3_model, sequences[0], prompts[0], SCHEDULE)
+        for (layer, position), pages in want_picks.items():
+            got = tuple(tuple(torch.nonzero(head).flatten().tolist())
+                        for head in picks[("triton", layer, 0)][position])
+            assert got == pages, (layer, position)

@@ -85,3 +85,80 @@ def test_model_replay_and_gradients_equal_on_cuda(qwen3_checkpoint):
             assert relative_error(got, want) < 1e-3
             checked += 1
     assert checked > 4
+
+
+@pytest.mark.parametrize("dtype,heads", [(torch.bfloat16, (16, 8)), (torch.float16, (32, 8)),
+                                         (torch.float32, (16, 8))])
+def test_triton_kernels_equal_the_reference_at_model_heads(dtype, heads):
+    """The replay's Triton path (selection bits + attention kernel) against the float32
+    reference path, 0.86 preset, a sequence crossing bins, a short one, an all-prompt one;
+    the attention kernel over NaN-poisoned memory writes every row."""
+    from sparrow_core.engine.teacher_kernel import selection_bits
+    from sparrow_core.kernels.teacher_attention import (teacher_attention_reference,
+                                                        teacher_sparse_attention)
+    schedule = get_preset("qwen3-1.7b-0.86")
+    lens, prompts = [4500, 900, 130], [300, 100, 130]
+    gen = torch.Generator(CUDA).manual_seed(2)
+    q, k, v = (torch.randn(sum(lens), h, 128, generator=gen, device=CUDA, dtype=dtype)
+               for h in (heads[0], heads[1], heads[1]))
+    picks, results = {}, {}
+    for backend in ("auto", "reference"):
+        hook = lambda layer, index, pages, b=backend: picks.__setitem__((b, index), pages)
+        attention = TeacherForcedAttention(lens, prompts, schedule, backend=backend,
+                                           on_selection=hook)
+        with torch.no_grad():
+            results[backend] = attention(5, q, k, v)
+    for index in range(len(lens)):
+        assert torch.equal(picks[("auto", index)], picks[("reference", index)]), index
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(results["auto"], results["reference"], atol=tol, rtol=tol)
+    # sparse indeed: position 4499 (bin 2) reads 93 + 1 + 2 of its 282 pages
+    assert picks[("auto", 0)][-1].sum(-1).max() == 93 + 3
+    bits = selection_bits(q, k, lens, prompts, schedule, "cache")
+    starts = torch.tensor([0, lens[0], lens[0] + lens[1]], device=CUDA, dtype=torch.int32)
+    seq_lens = torch.tensor(lens, device=CUDA, dtype=torch.int32)
+    poisoned = torch.full_like(q, float("nan"))
+    launches = [(None, None), (64, 32)] + ([(128, 128)] if dtype != torch.float32 else [])
+    for block_m, block_n in launches:
+        out = teacher_sparse_attention(q, k, v, bits, starts, seq_lens, 16, block_m=block_m,
+                                       block_n=block_n, out=poisoned.clone())
+        assert torch.isfinite(out).all()
+        want = teacher_attention_reference(q, k, v, bits, starts, seq_lens, 16)
+        assert relative_error(out, want) < (1e-5 if dtype == torch.float32 else 1e-2)
+
+
+@pytest.mark.parametrize("levels", [None, 4])
+def test_page_bits_kernel_equals_the_stable_sort_on_cuda(levels):
+    from sparrow_core.kernels.teacher_pages import page_bits_reference, select_page_bits
+    gen = torch.Generator(CUDA).manual_seed(4)
+    rows, heads, first = 700, 8, 20000
+    width = (first + rows - 1) // 16 + 1
+    scores = torch.randn(rows, heads, width, generator=gen, device=CUDA)
+    if levels:
+        scores = torch.randint(0, levels, scores.shape, generator=gen, device=CUDA).float()
+    topk = torch.randint(0, 400, (rows,), generator=gen, device=CUDA)
+    words = -(-width // 32) + 1
+    got = select_page_bits(scores, first, first + 100, topk, 16, 1, 2, words,
+                           out=torch.full((heads, rows, words), -1, dtype=torch.int32,
+                                          device=CUDA))
+    want = page_bits_reference(scores, first, first + 100, topk, 16, 1, 2, words)
+    assert torch.equal(got, want)
+
+
+def test_model_replay_without_grad_takes_the_kernels_and_equals_the_reference(
+        qwen3_checkpoint):
+    model = load_model(qwen3_checkpoint, device="cuda")
+    gen = torch.Generator().manual_seed(5)
+    sequences = [torch.randint(0, 384, (n,), generator=gen) for n in (400, 170)]
+    schedule = Schedule("tight", (2, 3, 5), page_size=4, bin_tokens=64, reserved_bos=1,
+                        reserved_eos=1, skip_layers=(0,))
+    chosen = TeacherForcedAttention([400, 170], [20, 50], schedule)
+    leaf = torch.zeros(1, 1, 1, device=CUDA, requires_grad=True)
+    with torch.no_grad():
+        assert chosen._use_kernels(leaf, leaf, leaf)
+        kernels = teacher_forced_logits(model, sequences, [20, 50], schedule)
+        reference = teacher_forced_logits(model, sequences, [20, 50], schedule,
+                                          backend="reference")
+    assert not chosen._use_kernels(leaf, leaf, leaf)  # gradients recorded: FlexAttention
+    for got, want in zip(kernels, reference):
+        torch.testing.assert_close(got, want, atol=2e-3, rtol=0)

@@ -12,7 +12,7 @@ from sparrow_core.engine.attention import dense_decode_attention, sparse_decode_
 from sparrow_core.kernels.paged_decode import (
     paged_decode_attention, paged_decode_reference, sparse_paged_decode_attention,
     sparse_paged_decode_reference)
-from sparrow_core.kernels.runtime import HAS_TRITON, KernelInputError
+from sparrow_core.kernels.runtime import KernelInputError
 from sparrow_core.kernels.split_combine import combine_splits
 
 
@@ -84,30 +84,6 @@ def test_sparse_reads_only_the_listed_pages(interpreted):
             mask[b, g, read(b, g)] = True
     ref = sparse_decode_attention(q[:2], k, v, tables[:2].long(), num_tokens[:2].long(), mask)
     torch.testing.assert_close(out[:2], ref, atol=1e-5, rtol=1e-5)
-
-
-@pytest.fixture
-def bf16_dot(monkeypatch):
-    """Triton 3.6's interpreter multiplies bfloat16 tl.dot operands as their uint16 bit
-    patterns (it stores bfloat16 as uint16); widen them to float32 first, which is exact,
-    as the tensor cores are."""
-    if not HAS_TRITON:
-        return
-    from triton.runtime import interpreter
-
-    tl = interpreter.tl
-    original = interpreter.InterpreterBuilder.create_dot
-
-    def widen(x):
-        if x.dtype.scalar != tl.bfloat16:
-            return x
-        return interpreter.TensorHandle((x.data.astype(np.uint32) << 16).view(np.float32),
-                                        tl.float32)
-
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        return original(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
-
-    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)
 
 
 def split_inputs(seed, group, dtype, hkv=2, dim=24, page_size=4, pages=40, width=9):

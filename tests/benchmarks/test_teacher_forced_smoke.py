@@ -1,0 +1,45 @@
+"""benchmarks/teacher_forced.py --smoke: both replay paths (the Triton kernels' launchers,
+here their PyTorch references, and FlexAttention eager) on CPU, in a process where Ray,
+Prefect, MLflow, DuckDB and OmegaConf cannot be imported (the GPU image has none of them).
+
+    python -m pytest tests/benchmarks/test_teacher_forced_smoke.py -q     (about a minute)
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BLOCKED = ("omegaconf", "prefect", "ray", "mlflow", "duckdb")
+RUNNER = f"""
+import runpy, sys
+sys.modules.update(dict.fromkeys({BLOCKED!r}))
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+pytestmark = pytest.mark.slow
+
+
+def test_smoke_times_both_paths_and_they_agree(tmp_path):
+    out = tmp_path / "teacher_forced.json"
+    done = subprocess.run([sys.executable, "-c", RUNNER,
+                           str(ROOT / "benchmarks" / "teacher_forced.py"), "--smoke",
+                           "--reps", "1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    [row] = report["rows"]
+    for path in ("triton", "flex"):
+        for key in ("selection_s", "layer_s", "replay_s", "replay_over_dense"):
+            assert row[f"{path}_{key}"] > 0, (path, key)
+    assert set(row["triton_attention_launches_s"]) >= {"default", "no_tile_skip"}
+    # the same pages through two attention paths: equal to bf16 rounding
+    assert row["triton_vs_flex_max_abs"] < 5e-2
+    # the tiny schedule reads part of the pages, not all of them (nor none)
+    assert 0.2 < row["triton_pages_read_share"] < 1.0
