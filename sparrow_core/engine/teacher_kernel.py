@@ -105,9 +105,11 @@ def kernel_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           topk_of_bin=index.topk_of_bin)
     if on_pages is not None:
         start = 0
-        for number, length in enumerate(seq_lens):
-            pages = -(-length // schedule.page_size)
-            on_pages(number, unpack_page_bits(bits[:, start:start + length], pages))
+        for number, (length, prompt_len) in enumerate(zip(seq_lens, prompt_lens)):
+            # as the reference path: a sequence with no generated position selects nothing
+            if prompt_len < length:
+                pages = -(-length // schedule.page_size)
+                on_pages(number, unpack_page_bits(bits[:, start:start + length], pages))
             start += length
     return teacher_sparse_attention(q, k.to(q.dtype), v.to(q.dtype), bits, index.seq_starts,
                                     index.seq_lens, schedule.page_size, max_len=max(seq_lens))
