@@ -49,11 +49,11 @@ SPARSE_LAYER = 5  # any layer outside skip_layers
 # launches of the attention kernel timed beside its default (kernels/teacher_attention.py)
 LAUNCHES = {
     "default": {},
-    "no_tile_skip": {"skip_empty": False},
+    "tile_skip": {"skip_empty": True},
     "m128_n128": {"block_m": 128, "block_n": 128},
     "m64_n64": {"block_m": 64, "block_n": 64, "num_warps": 4},
-    "stages3": {"num_stages": 3},
-    "no_tile_skip_stages3": {"skip_empty": False, "num_stages": 3},
+    "stages2": {"num_stages": 2},
+    "tile_skip_stages2": {"skip_empty": True, "num_stages": 2},
 }
 
 
