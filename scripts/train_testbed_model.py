@@ -1,5 +1,5 @@
 """Train the GPU testbed model: a 104M-parameter Qwen3 (12 layers, 12 q / 4 KV heads of dim 64,
-the character tokenizer) on pointer_chase_long, in one run on one H100 in under 8 minutes.
+one token per character or two-letter name) on pointer_chase_long, in one run on one GPU in under 8 minutes.
 
     python scripts/train_testbed_model.py --out /tmp/sparrow-testbed           # H100, 7.5 min
     python scripts/train_testbed_model.py --out /tmp/testbed-smoke --smoke     # any CPU, seconds
