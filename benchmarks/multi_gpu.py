@@ -116,7 +116,7 @@ def run_arm(args, ranks: int) -> dict:
     model = build_model(args)
     use_gpu = not args.smoke
     ray.init(num_gpus=ranks if use_gpu else 0, include_dashboard=False, log_to_driver=False)
-    plan = plan_placement(ranks, "colocated", 0, use_gpu)
+    plan = plan_placement(ranks, "colocated", ranks, use_gpu)  # one engine per rank
     dtype = "bfloat16" if use_gpu else "float32"
     rollout = RolloutConfig(kv_cache_mib=args.kv_cache_mib, ignore_eos=True, max_batch_size=256)
     engine = EngineConfig.from_rollout(rollout, max_context=args.prompt_tokens + args.new_tokens)
