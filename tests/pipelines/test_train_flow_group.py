@@ -42,4 +42,5 @@ def test_group_of_two_then_resume_on_one(flow_environment, small_overrides, tmp_
     assert synced["modes"] == ["gloo"]
     first = load_file(step1 / "policy_update" / "model.safetensors")
     second = load_file(step2 / "policy_update" / "model.safetensors")
-    assert any(not (first[k] == second[k]).all() for k in first)  # step 2 updated
+    # step 2 updated (a tied lm_head.weight may be written by one and not the other)
+    assert any(not (first[k] == second[k]).all() for k in first.keys() & second.keys())
