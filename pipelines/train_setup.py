@@ -103,6 +103,14 @@ def start_pool(runtime: RunRuntime) -> ActorPool:
                                     runtime.schedule_start_version, 1)
     device, dtype = device_and_dtype(cfg.model)
     count, resources, device = actor_resources(cfg.rollout.num_actors, device.startswith("cuda"))
+    placement = None
+    if cfg.trainer.num_workers:  # a trainer group: its ranks and the engines placed together
+        from tasks.placement import plan_placement
+
+        runtime.placement = plan_placement(cfg.trainer.num_workers, cfg.rollout.placement,
+                                           cfg.rollout.num_actors, device.startswith("cuda"))
+        placement = runtime.placement.engines
+        count, resources = len(placement), placement[0]
     spec = WorkerSpec(
         model_path=str(runtime.model_path),
         weights_path=str(runtime.policy_folder_before(first)),
@@ -111,7 +119,7 @@ def start_pool(runtime: RunRuntime) -> ActorPool:
         engine=EngineConfig.from_rollout(cfg.rollout, page_size=schedule.page_size,
                                          max_context=cfg.model.max_context),
         device=device, dtype=dtype, threads=int(resources.get("num_cpus", 1)))
-    return ActorPool.start(spec, count, resources)
+    return ActorPool.start(spec, count, resources, placement, cfg.rollout.work_item_prompts)
 
 
 def _adapter_before(runtime: RunRuntime, step: int) -> str:
@@ -131,6 +139,9 @@ def close_run_runtime(runtime: RunRuntime, status: str) -> None:
         wait_for_deletions()
         if runtime.pool is not None:
             runtime.pool.shutdown()
+        runtime.shutdown_trainer_group()
+        if runtime.placement is not None:
+            runtime.placement.release()
         if runtime.tracker is not None:
             runtime.tracker.end(status)
         finish_run(runtime.store, runtime.run_id, status)

@@ -7,11 +7,13 @@
     pool.set_schedule(schedule_or_none); pool.shutdown()
 
 One actor per GPU (the engine on that GPU), or `rollout.num_actors` CPU actors (1 when it
-is 0) on a machine without GPU. Prompts are split into contiguous shards, one per actor;
-each request carries its own seed, so what a prompt gets does not depend on the sharding.
-An actor that dies (RayActorError) is replaced by a fresh one built from the current
-weights folder and schedule, and its shard is retried once; a second death is
-RolloutActorLost, an infrastructure fault that the rollout task may retry.
+is 0) on a machine without GPU. Prompts go out in work items of a few prompts to whichever
+actor is free (tasks/rollout_dispatch.py); each request carries its own seed, so what a
+prompt gets does not depend on which actor ran it. An actor that dies (RayActorError) is
+replaced by a fresh one built from the current weights folder and schedule, and its work
+item is retried once; a second death is RolloutActorLost, an infrastructure fault that the
+rollout task may retry. With a trainer group (tasks/trainer_group.py) the actors also join
+its weight-sync group (join_sync, receive_weights; tasks/weight_sync.py).
 Weights travel by path: an actor loads the safetensors of a folder, never tensors through
 the flow. With DistillSparse an adapter folder travels beside it and the engine loads
 merge(policy, LoRA) (sparrow_core/rl/lora.py), read one tensor at a time.
@@ -94,6 +96,26 @@ class RolloutWorker:
         self.weights_path = path
         return "ipc"
 
+    def device_uuid(self) -> str:
+        from sparrow_core.engine.weight_share import device_uuid
+
+        return device_uuid()
+
+    def join_sync(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
+        """Join the trainer's weight-sync group (rl/weight_broadcast.py) as `rank`."""
+        from sparrow_core.rl.weight_broadcast import SyncGroup
+
+        if getattr(self, "sync_group", None) is not None:
+            self.sync_group.close()
+        self.sync_group = SyncGroup.connect(host, port, rank, world_size, backend)
+
+    def receive_weights(self, path: str) -> int:
+        """The trainer's broadcast, bucket by bucket into the engine; `path` is the folder
+        the same weights are saved in (what a replacement actor would load)."""
+        count = self.sync_group.receive(lambda part: self.engine.update_weights(part, strict=False))
+        self.weights_path = path
+        return count
+
     def sleep(self) -> None:
         self.engine.sleep()
 
@@ -151,22 +173,29 @@ def actor_resources(num_actors: int, use_gpu: bool = True) -> tuple[int, dict[st
 class ActorPool:
     """Rollout actors plus what a replacement actor needs (current weights and schedule)."""
 
-    def __init__(self, spec: WorkerSpec, resources: dict[str, float], actors: list[Any]):
+    def __init__(self, spec: WorkerSpec, resources: dict[str, float], actors: list[Any],
+                 placement: Sequence[dict] | None = None, work_item_prompts: int = 0):
         self.spec, self.resources, self.actors = spec, resources, actors
+        # per actor: Ray options that replace `resources` (tasks/placement.py's GPU bundles)
+        self.placement = list(placement) if placement else None
+        self.work_item_prompts = work_item_prompts
         self.replaced = 0
 
     @classmethod
-    def start(cls, spec: WorkerSpec, num_actors: int, resources: dict[str, float]) -> "ActorPool":
-        pool = cls(spec, resources, [])
-        pool.actors = [pool._new_actor() for _ in range(num_actors)]
+    def start(cls, spec: WorkerSpec, num_actors: int, resources: dict[str, float],
+              placement: Sequence[dict] | None = None,
+              work_item_prompts: int = 0) -> "ActorPool":
+        pool = cls(spec, resources, [], placement, work_item_prompts)
+        pool.actors = [pool._new_actor(index) for index in range(num_actors)]
         pool._wait([actor.info.remote() for actor in pool.actors])
         return pool
 
-    def _new_actor(self):
+    def _new_actor(self, index: int):
         import ray
 
-        remote = ray.remote(max_restarts=0, max_task_retries=0, **self.resources)(RolloutWorker)
-        return remote.remote(self.spec)
+        options = self.placement[index] if self.placement else self.resources
+        remote = ray.remote(max_restarts=0, max_task_retries=0)(RolloutWorker)
+        return remote.options(**options).remote(self.spec)
 
     def _replace(self, index: int) -> None:
         import ray
@@ -175,7 +204,7 @@ class ActorPool:
             ray.kill(self.actors[index], no_restart=True)
         except Exception:  # noqa: BLE001 - the actor is already gone
             pass
-        self.actors[index] = self._new_actor()
+        self.actors[index] = self._new_actor(index)
         self.replaced += 1
 
     def _wait(self, futures: list[Any]) -> list[Any]:
@@ -206,31 +235,11 @@ class ActorPool:
         return results
 
     def generate(self, prompts: Sequence[Sequence[int]], params: Sequence[Any]) -> list[list[Any]]:
-        import ray.exceptions
+        """[prompt][sample] results in the prompts' order; prompts go out in work items to
+        whichever actor is free (tasks/rollout_dispatch.py)."""
+        from tasks.rollout_dispatch import generate_by_load
 
-        if len(prompts) != len(params):
-            raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
-        shards = _shards(len(prompts), len(self.actors))
-        futures = [self.actors[i].generate.remote([prompts[j] for j in shard],
-                                                  [params[j] for j in shard]) if shard else None
-                   for i, shard in enumerate(shards)]
-        results: list[list[Any]] = []
-        for index, (shard, future) in enumerate(zip(shards, futures)):
-            if not shard:
-                continue
-            try:
-                part = self._wait([future])[0]
-            except ray.exceptions.RayActorError:
-                self._replace(index)
-                try:
-                    part = self._wait([self.actors[index].generate.remote(
-                        [prompts[j] for j in shard], [params[j] for j in shard])])[0]
-                except ray.exceptions.RayActorError as err:
-                    raise RolloutActorLost(
-                        f"rollout actor {index} died twice on a shard of {len(shard)} prompts: "
-                        f"{err}") from None
-            results.extend(part)
-        return results
+        return generate_by_load(self, prompts, params, self.work_item_prompts)
 
     def load_weights(self, path: str, adapter_path: str = "") -> list[Any]:
         self.spec = replace(self.spec, weights_path=str(path), adapter_path=str(adapter_path))
@@ -268,13 +277,3 @@ class ActorPool:
                 pass
         self.actors = []
 
-
-def _shards(count: int, actors: int) -> list[list[int]]:
-    """Contiguous index blocks, as even as possible; an actor may get none."""
-    base, extra = divmod(count, actors)
-    shards, start = [], 0
-    for i in range(actors):
-        size = base + (1 if i < extra else 0)
-        shards.append(list(range(start, start + size)))
-        start += size
-    return shards

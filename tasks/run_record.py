@@ -7,8 +7,8 @@
 A run keeps its resolved configuration (YAML) and a hash of it. Running the flow again with
 the same pipeline.run_id resumes the run only if the configuration is the same, apart from the
 keys that cannot change its results (RESUMABLE_KEYS: where it fails on purpose, how many steps,
-where the workdir and the Ray cluster are, how many CPU actors); any other difference is
-ConfigMismatchError naming every key that differs, old and new value.
+where the workdir and the Ray cluster are, how many actors and trainer ranks); any other
+difference is ConfigMismatchError naming every key that differs, old and new value.
 """
 
 from __future__ import annotations
@@ -28,6 +28,9 @@ from storage import Store
 RESUMABLE_KEYS = frozenset({
     "pipeline.fail_at", "pipeline.kill_at", "pipeline.steps", "pipeline.run_id",
     "pipeline.workdir", "ray.address", "rollout.num_actors",
+    # how many GPUs train and generate: a sharded policy folder resumes on any number of ranks
+    "trainer.num_workers", "trainer.sync_bucket_mib", "rollout.placement",
+    "rollout.work_item_prompts",
 })
 
 

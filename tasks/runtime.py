@@ -71,6 +71,9 @@ class RunRuntime:
     _trainer_step: int = -1
     # trainers whose background save (policy_update on GPU) may still be writing
     _saving: list = field(default_factory=list)
+    # trainer.num_workers > 0: where ranks and engines go (tasks/placement.py), the group
+    placement: Any = None
+    _group: Any = None
 
     def __post_init__(self) -> None:
         self.layout = RunLayout(Path(self.cfg.pipeline.workdir), self.run_id)
@@ -115,13 +118,33 @@ class RunRuntime:
 
         device, dtype = device_and_dtype(self.cfg.model)
         folder = self.policy_folder_before(step)
-        if folder == self.model_path:
+        if self.cfg.trainer.num_workers:
+            trainer = self._start_trainer_group(folder, dtype)
+        elif folder == self.model_path:
             trainer = PolicyTrainer(self.model_path, self.cfg.algo, device, dtype,
                                     self.cfg.pipeline.seed)
         else:
             trainer = PolicyTrainer.load(folder, self.cfg.algo, device, dtype)
         self.set_trainer(trainer, step - 1)
         return trainer
+
+    def _start_trainer_group(self, folder: Path, dtype: str) -> Any:
+        """trainer.num_workers ranks on Ray (tasks/trainer_group.py), from `folder` (a saved
+        policy, any number of ranks) or the initial model; a previous group is stopped."""
+        from tasks.trainer_group import TrainerGroup, TrainerSpec
+
+        self.shutdown_trainer_group()
+        spec = TrainerSpec(str(self.model_path), self.cfg.algo, seed=self.cfg.pipeline.seed,
+                           dtype=dtype, device=self.placement.device)
+        resume = "" if folder == self.model_path else str(folder)
+        self._group = TrainerGroup.start(spec, self.cfg.trainer.num_workers,
+                                         self.placement.trainer, resume_from=resume)
+        return self._group
+
+    def shutdown_trainer_group(self) -> None:
+        if self._group is not None:
+            self._group.shutdown()
+            self._group = None
 
     def trainer_after(self, step: int) -> Any:
         """The in-memory trainer if it holds the policy after `step`, else None."""

@@ -94,7 +94,14 @@ def any_checkpoint(request) -> Path:
 
 
 def pytest_collection_modifyitems(config, items):
-    """GPU tests run on the device machine; on a CPU-only machine they are deselected, not skipped."""
+    """GPU tests run on the device machine; on a CPU-only machine they are deselected, not
+    skipped. Tests of several GPUs (marked multigpu) run only when asked for (`-m multigpu`),
+    and then fail on a machine with fewer GPUs than they need."""
+    if "multigpu" not in (config.getoption("markexpr", "") or ""):
+        several = [item for item in items if item.get_closest_marker("multigpu")]
+        if several:
+            config.hook.pytest_deselected(items=several)
+            items[:] = [item for item in items if not item.get_closest_marker("multigpu")]
     if torch.cuda.is_available():
         return
     gpu = [item for item in items if item.get_closest_marker("gpu")]

@@ -139,6 +139,10 @@ def validate(cfg: SparrowConfig) -> None:
         if not ok(_get(cfg, key)):
             raise ConfigError(f"config key {key!r} is {_get(cfg, key)!r}; it must be {rule}")
     _check_reward(cfg.data.reward)
+    if cfg.trainer.num_workers and cfg.algo.distill.enabled:
+        raise ConfigError("config key 'trainer.num_workers' is "
+                          f"{cfg.trainer.num_workers}: a trainer group does not run "
+                          "DistillSparse yet; set algo.distill.enabled=false or num_workers=0")
     for key in ("fail_at", "kill_at"):
         spec = getattr(cfg.pipeline, key)
         stage, sep, step = spec.partition("@")
@@ -187,6 +191,9 @@ _RANGES = [
     ("rollout.gpu_memory_utilization", lambda v: 0 <= v < 1, "in [0, 1) (0 uses kv_cache_mib)"),
     ("rollout.max_batch_size", lambda v: v >= 1, ">= 1"),
     ("rollout.num_actors", lambda v: v >= 0, ">= 0 (0 is automatic)"),
+    ("rollout.work_item_prompts", lambda v: v >= 0, ">= 0 (0 is automatic)"),
+    ("trainer.num_workers", lambda v: v >= 0, ">= 0 (0 trains in the flow's process)"),
+    ("trainer.sync_bucket_mib", lambda v: v >= 1, ">= 1"),
     ("schedule.target", lambda v: 0 < v <= 1, "in (0, 1]"),
     ("algo.eps_low", lambda v: 0 <= v < 1, "in [0, 1)"),
     ("algo.eps_high", lambda v: v >= 0, ">= 0"),

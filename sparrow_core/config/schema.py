@@ -53,6 +53,13 @@ class RolloutConfig:
     seed: int = 0
     # rollout actors; 0 means one per GPU, or one on a machine without GPU
     num_actors: int = 0
+    # with a trainer group (trainer.num_workers > 0) on GPUs: colocated puts one engine on
+    # each trainer rank's GPU (the KV cache released while the trainer works); separate gives
+    # the engines GPUs of their own
+    placement: str = "colocated"
+    # prompts per work item handed to whichever actor is free; 0 picks about four per actor
+    # (one item for a single actor)
+    work_item_prompts: int = 0
     # launch each decode step before the host has read the previous one's tokens (same results)
     overlap: bool = True
     # page centroids' dtype: cache (the KV cache's) or float8_e4m3fn (half the bytes page
@@ -258,6 +265,15 @@ class CalibrateConfig:
 
 
 @dataclass(frozen=True)
+class TrainerConfig:
+    # trainer ranks as Ray actors (FSDP2, one GPU each; gloo on CPU); 0 keeps the trainer in
+    # the flow's own process (one GPU shared with the engine)
+    num_workers: int = 0
+    # bucket size of the weight broadcast to the rollout engines, in MiB
+    sync_bucket_mib: int = 256
+
+
+@dataclass(frozen=True)
 class RayConfig:
     # Ray cluster address; empty starts a local Ray
     address: str = ""
@@ -273,6 +289,7 @@ class SparrowConfig:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     calibrate: CalibrateConfig = field(default_factory=CalibrateConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
 
 # groups whose YAML file is chosen by conf/config.yaml's defaults (or `group=name` overrides)
@@ -282,6 +299,7 @@ GROUPS = ("model", "rollout", "schedule", "algo", "data", "pipeline", "calibrate
 CHOICES: dict[str, tuple[str, ...]] = {
     "model.dtype": ("auto", "float32", "bfloat16", "float16"),
     "rollout.backend": ("native",),
+    "rollout.placement": ("colocated", "separate"),
     "rollout.centroid_dtype": ("cache", "float8_e4m3fn"),
     "rollout.programmatic_launch": ("all", "none", "linear", "attention"),
     "algo.loss_agg": ("token_mean", "sequence_mean"),

@@ -158,10 +158,11 @@ class Engine:
         self._sparse_layers = schedule is not None and any(
             schedule.is_sparse_layer(i) for i in range(self.model.arch.num_layers))
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], strict: bool = True) -> None:
         """Replace the model's weights in place (transformers names); the cache is unaffected
-        because generate() leaves no sequence behind."""
-        self.model.load_hf_state_dict(state_dict)
+        because generate() leaves no sequence behind. strict=False takes a part of them (one
+        bucket of rl/weight_broadcast.py)."""
+        self.model.load_hf_state_dict(state_dict, strict=strict)
 
     # generation
 

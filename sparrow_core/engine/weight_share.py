@@ -40,10 +40,14 @@ class SharedWeights:
 
     @classmethod
     @torch.no_grad()
-    def pack(cls, state: Mapping[str, torch.Tensor], dtype: torch.dtype) -> "SharedWeights":
+    def pack(cls, state: Mapping[str, torch.Tensor], dtype: torch.dtype,
+             device: torch.device | None = None) -> "SharedWeights":
+        """One buffer on `device` (default: the tensors' own, which must be CUDA); host
+        tensors (a sharded trainer's gathered state) are copied in directly."""
         first = next(iter(state.values()))
-        if not first.is_cuda:
-            raise ValueError("SharedWeights packs CUDA tensors only")
+        device = torch.device(device) if device is not None else first.device
+        if device.type != "cuda":
+            raise ValueError("SharedWeights packs into CUDA memory only")
         layout: dict[str, tuple[int, tuple[int, ...]]] = {}
         seen: dict[tuple[int, tuple[int, ...]], int] = {}
         total = 0
@@ -53,14 +57,14 @@ class SharedWeights:
                 seen[key] = total
                 total += tensor.numel()
             layout[name] = (seen[key], tuple(tensor.shape))
-        buffer = torch.empty(total, dtype=dtype, device=first.device)
+        buffer = torch.empty(total, dtype=dtype, device=device)
         done: set[int] = set()
         for name, tensor in state.items():
             offset, shape = layout[name]
             if offset not in done:
                 buffer[offset: offset + tensor.numel()].view(shape).copy_(tensor)
                 done.add(offset)
-        torch.cuda.synchronize(first.device)
+        torch.cuda.synchronize(device)
         return cls(buffer, layout)
 
     def message(self) -> dict[str, Any]:

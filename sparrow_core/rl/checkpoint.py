@@ -87,14 +87,17 @@ def save_checkpoint(out_dir: str | Path, model: torch.nn.Module, optimizer: torc
     return out
 
 
-def write_trainer_files(folder: Path, optimizer_state: dict[str, Any], rng: dict[str, Any],
-                        tokenizer_source: str | Path, meta: dict[str, Any]) -> None:
-    """Everything of a checkpoint folder but the model's weights and config."""
+def write_trainer_files(folder: Path, optimizer_state: dict[str, Any] | None,
+                        rng: dict[str, Any], tokenizer_source: str | Path,
+                        meta: dict[str, Any]) -> None:
+    """Everything of a checkpoint folder but the model's weights and config (optimizer_state
+    None: the optimizer is saved elsewhere, rl/sharded_checkpoint.py's shards)."""
     for name in TOKENIZER_FILES:
         source = Path(tokenizer_source) / name
         if source.is_file():
             shutil.copyfile(source, folder / name)
-    torch.save(optimizer_state, folder / OPTIMIZER_STATE)
+    if optimizer_state is not None:
+        torch.save(optimizer_state, folder / OPTIMIZER_STATE)
     torch.save(rng, folder / RNG_STATE)
     record = {"format_version": FORMAT_VERSION, **meta}
     (folder / TRAINER_STATE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")

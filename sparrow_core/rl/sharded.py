@@ -21,8 +21,9 @@ FSDP's counterpart of rl/master_weights.py. Each rank loads the whole checkpoint
 memory before sharding (no meta-device init yet). export() writes rl/checkpoint.py's folder
 (weights, the full optimizer state in single-process order, RNG, trainer_state.json), so the
 engine loads it and PolicyTrainer.load resumes from it on one process.
-Not here yet (issue 24): Ray actors, NCCL weight broadcast to engines, sharded checkpoints
-and resuming with another number of ranks. docs/trainer.md "Several GPUs";
+save() writes the weights as HF safetensors and each rank's optimizer shards
+(rl/sharded_checkpoint.py); load() resumes that, or an exported folder, on any number of ranks.
+The Ray actors that host the ranks are tasks/trainer_group.py. docs/trainer.md "Several GPUs";
 tests: `python -m pytest tests/sparrow_core/rl/test_sharded_trainer.py -q`.
 """
 
@@ -245,15 +246,28 @@ class ShardedPolicyTrainer(PolicyTrainer):
         return Path(folder)
 
     def save(self, folder: str | Path) -> Path:
-        return self.export(folder)
+        """The full weights as HF safetensors plus each rank's optimizer shards
+        (rl/sharded_checkpoint.py); load() resumes it on any number of ranks. A collective."""
+        from sparrow_core.rl.sharded_checkpoint import save_sharded
+
+        return save_sharded(self, folder)
 
     def save_in_background(self, folder: str | Path):
-        raise NotImplementedError("ShardedPolicyTrainer saves with export()")
+        raise NotImplementedError("ShardedPolicyTrainer saves with save() or export()")
 
     def offload(self) -> None:
         raise NotImplementedError("ShardedPolicyTrainer does not offload yet")
 
     @classmethod
-    def load(cls, folder, algo, device="auto", dtype="auto"):
-        raise NotImplementedError("a sharded resume is not there yet; PolicyTrainer.load "
-                                  "resumes an exported folder on one process")
+    def load(cls, folder: str | Path, algo, dtype: str | torch.dtype = "auto",
+             group=None) -> "ShardedPolicyTrainer":
+        """The trainer saved in `folder` (save(), export() or PolicyTrainer.save), on this
+        group's ranks, whatever number of ranks wrote it. lr and weight_decay come from
+        `algo`. A collective: every rank calls it."""
+        from sparrow_core.rl.sharded_checkpoint import read_meta, restore
+
+        meta = read_meta(folder)
+        trainer = cls(folder, algo, dtype, seed=int(meta.get("seed", 0)),
+                      temperature=float(meta.get("temperature", 1.0)), group=group)
+        restore(trainer, folder, meta)
+        return trainer

@@ -1,5 +1,6 @@
-"""Rollout actors on a local Ray: results independent of sharding, a dead actor replaced and
-its shard retried, weights loaded by path (also by replacements).
+"""Rollout actors on a local Ray: results independent of the number of actors and of the work
+items (continuous load), a dead actor replaced and its item retried, weights loaded by path
+(also by replacements).
 
 Marked slow: Ray and each actor process start in a few seconds on a 2-core machine.
 Run: `python -m pytest tests/tasks/test_rollout_actors.py -q`.
@@ -12,7 +13,8 @@ import torch
 
 from sparrow_core.engine import EngineConfig, SamplingParams
 from sparrow_core.sparse import Schedule
-from tasks.rollout_actors import ActorPool, RolloutWorker, WorkerSpec, _shards, start_ray
+from tasks.rollout_actors import ActorPool, RolloutWorker, WorkerSpec, start_ray
+from tasks.rollout_dispatch import work_items
 
 pytestmark = pytest.mark.slow
 
@@ -63,8 +65,9 @@ def test_results_do_not_depend_on_the_number_of_actors(ray_up, spec):
     assert max(max(s.budget_pages) for samples in expected for s in samples) == 3
     assert max(len(p) + len(s.output_ids) for p, samples in zip(PROMPTS, expected)
                for s in samples) > 4 * 4
-    for count in (1, 2):
-        pool = ActorPool.start(spec, count, {"num_cpus": 1})
+    # one actor, one item; two actors taking one-prompt items as each gets free
+    for count, item_prompts in ((1, 0), (2, 1)):
+        pool = ActorPool.start(spec, count, {"num_cpus": 1}, work_item_prompts=item_prompts)
         try:
             got = pool.generate(PROMPTS, params())
         finally:
@@ -76,7 +79,7 @@ def test_results_do_not_depend_on_the_number_of_actors(ray_up, spec):
                 assert a.budget_pages == b.budget_pages
 
 
-def test_dead_actor_is_replaced_and_its_shard_retried(ray_up, spec):
+def test_dead_actor_is_replaced_and_its_item_retried(ray_up, spec):
     import ray
 
     pool = ActorPool.start(spec, 1, {"num_cpus": 1})
@@ -124,10 +127,12 @@ def test_a_refused_request_is_the_engines_own_error(ray_up, spec):
         pool.shutdown()
 
 
-def test_shards_are_contiguous_and_cover_every_prompt():
-    assert _shards(5, 2) == [[0, 1, 2], [3, 4]]
-    assert _shards(1, 3) == [[0], [], []]
+def test_work_items_are_contiguous_and_cover_every_prompt():
+    assert work_items(5, 2, 2) == [range(0, 2), range(2, 4), range(4, 5)]
+    assert work_items(5, 1) == [range(0, 5)]  # one engine batches everything
+    assert work_items(17, 2) == [range(s, min(s + 3, 17)) for s in range(0, 17, 3)]
     for count in range(7):
         for actors in range(1, 4):
-            flat = [i for shard in _shards(count, actors) for i in shard]
-            assert flat == list(range(count))
+            for size in (0, 1, 2):
+                flat = [i for item in work_items(count, actors, size) for i in item]
+                assert flat == list(range(count))

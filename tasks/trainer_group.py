@@ -1,0 +1,248 @@
+"""The trainer as a group of Ray actors: ShardedPolicyTrainer (FSDP2) on N ranks, driven like
+one PolicyTrainer.
+
+    group = TrainerGroup.start(TrainerSpec(model_path, algo, seed=0), num_workers=2)
+    group = TrainerGroup.start(spec, 2, resume_from=folder)    # any number of ranks saved it
+    scores = group.score(records)                              # as PolicyTrainer.score
+    metrics = group.update(records, rewards, old, group_size=8)
+    group.save(folder)                 # HF safetensors + optimizer shards (rl/sharded_checkpoint.py)
+    modes = group.sync_to(pool, bucket_bytes)                  # tasks/weight_sync.py
+    group.shutdown()
+
+Each rank is an actor (one GPU each, or one CPU with gloo); rank 0's node and a free port there
+make the rendezvous of torch.distributed. Every call goes to all ranks at once with the same
+arguments (the records travel once, through Ray's object store); results come from rank 0,
+since ShardedPolicyTrainer gives every rank the same scores and metrics. `placement` gives
+each rank's Ray options (tasks/placement.py: a GPU bundle shared with a rollout engine).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from sparrow_core.errors import SparrowError
+
+
+class TrainerGroupError(SparrowError):
+    """The trainer group could not start (the message names the rank and the cause)."""
+
+
+@dataclass(frozen=True)
+class TrainerSpec:
+    """What each rank builds (plain values, pickled to Ray)."""
+
+    model_path: str
+    algo: Any  # AlgoConfig
+    seed: int = 0
+    temperature: float = 1.0
+    dtype: str = "auto"  # compute dtype: auto is bf16 on GPU, fp32 on CPU
+    device: str = "cpu"  # "cuda": one GPU per rank and NCCL; "cpu": gloo
+    threads: int = 1
+
+
+class TrainerRank:
+    """One rank: the body of a Ray actor (a plain class, so it can be read and tested alone)."""
+
+    def __init__(self, rank: int, world_size: int):
+        self.rank, self.world_size = rank, world_size
+        self.trainer = None
+        self._sync_state = None
+        self._shared = None
+        self._sync_group = None
+
+    def rendezvous(self) -> tuple[str, int]:
+        """This node's address and a free port on it (rank 0 hosts the group's store)."""
+        import socket
+
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def init(self, host: str, port: int, spec: TrainerSpec, resume_from: str = "") -> int:
+        import torch
+        import torch.distributed as dist
+
+        from sparrow_core.rl.sharded import ShardedPolicyTrainer
+
+        backend = "nccl" if spec.device == "cuda" else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(0)  # Ray shows each rank its own GPU as device 0
+        else:
+            torch.set_num_threads(max(1, spec.threads))
+        dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=self.rank,
+                                world_size=self.world_size)
+        if resume_from:
+            self.trainer = ShardedPolicyTrainer.load(resume_from, spec.algo, spec.dtype)
+        else:
+            self.trainer = ShardedPolicyTrainer(spec.model_path, spec.algo, spec.dtype,
+                                                seed=spec.seed, temperature=spec.temperature)
+        return self.trainer.step
+
+    def score(self, records) -> list | None:
+        scores = self.trainer.score(records)
+        return scores if self.rank == 0 else None
+
+    def update(self, records, rewards, old_logprobs, group_size: int) -> dict | None:
+        metrics = self.trainer.update(records, rewards, old_logprobs, group_size)
+        return metrics if self.rank == 0 else None
+
+    def free_gradients(self) -> None:
+        self.trainer.free_gradients()
+
+    def save(self, folder: str) -> str:
+        return str(self.trainer.save(folder))
+
+    def export(self, folder: str) -> str:
+        return str(self.trainer.export(folder))
+
+    def device_uuid(self) -> str:
+        from sparrow_core.engine.weight_share import device_uuid
+
+        return device_uuid()
+
+    # weight sync (tasks/weight_sync.py drives these)
+
+    def gather_for_sync(self, engine_dtype: str, share: bool) -> dict | None:
+        """All ranks gather the full weights onto rank 0 (a collective); rank 0 keeps them and,
+        when an engine shares its GPU, packs them for CUDA IPC and returns the message."""
+        import torch
+
+        from sparrow_core.engine.weight_share import SharedWeights
+
+        state = self.trainer.full_state_dict()
+        if self.rank != 0:
+            return None
+        if "lm_head.weight" not in state and self.trainer.model.config.tie_word_embeddings:
+            state["lm_head.weight"] = state["model.embed_tokens.weight"]
+        self._sync_state = state
+        if not share:
+            return None
+        self._shared = SharedWeights.pack(state, getattr(torch, engine_dtype),
+                                          device=self.trainer.device)
+        return self._shared.message()
+
+    def join_sync(self, host: str, port: int, world_size: int, backend: str) -> None:
+        from sparrow_core.rl.weight_broadcast import SyncGroup
+
+        if self._sync_group is not None:
+            self._sync_group.close()
+        self._sync_group = SyncGroup.connect(host, port, 0, world_size, backend)
+
+    def send_weights(self, engine_dtype: str, bucket_bytes: int) -> int:
+        import torch
+
+        sent = 0
+        if self._sync_group is not None and self._sync_group.world_size > 1:
+            sent = self._sync_group.send(self._sync_state, getattr(torch, engine_dtype),
+                                         bucket_bytes)
+        return sent
+
+    def release_sync(self) -> None:
+        self._sync_state = None
+        if self._shared is not None:
+            self._shared.close()
+            self._shared = None
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        if self._sync_group is not None:
+            self._sync_group.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class TrainerGroup:
+    """N TrainerRank actors (see the module doc)."""
+
+    def __init__(self, spec: TrainerSpec, actors: list[Any]):
+        import torch
+
+        self.spec, self.actors = spec, actors
+        self.device = torch.device(spec.device)
+        self.step = 0
+        self.sync_key: tuple = ()  # the engines the sync group was built for
+        self._saving: list = []
+
+    @classmethod
+    def start(cls, spec: TrainerSpec, num_workers: int, placement: Sequence[dict] | None = None,
+              resume_from: str = "") -> "TrainerGroup":
+        import ray
+        import ray.exceptions
+
+        default = {"num_gpus": 1, "num_cpus": 1} if spec.device == "cuda" \
+            else {"num_cpus": max(1, spec.threads)}
+        options = list(placement) if placement else [default] * num_workers
+        remote = ray.remote(max_restarts=0, max_task_retries=0)(TrainerRank)
+        actors = [remote.options(**options[rank]).remote(rank, num_workers)
+                  for rank in range(num_workers)]
+        group = cls(spec, actors)
+        host, port = ray.get(actors[0].rendezvous.remote())
+        try:
+            steps = ray.get([a.init.remote(host, port, spec, str(resume_from)) for a in actors])
+        except ray.exceptions.RayTaskError as err:
+            group.shutdown()
+            raise TrainerGroupError(f"the trainer group of {num_workers} ranks did not start: "
+                                    f"{err.cause!r}") from None
+        group.step = steps[0]
+        return group
+
+    def _all(self, method: str, *args: Any) -> list[Any]:
+        import ray
+
+        self.wait_for_save()
+        refs = [ray.put(a) if isinstance(a, (list, tuple)) else a for a in args]
+        return ray.get([getattr(actor, method).remote(*refs) for actor in self.actors])
+
+    def score(self, records):
+        return self._all("score", list(records))[0]
+
+    def update(self, records, rewards, old_logprobs, group_size: int) -> dict[str, float]:
+        metrics = self._all("update", list(records), list(rewards),
+                            [list(o) for o in old_logprobs], group_size)[0]
+        self.step += 1
+        return metrics
+
+    def free_gradients(self) -> None:
+        self._all("free_gradients")
+
+    def onload(self) -> None:
+        """Weights stay on the ranks' GPUs (FSDP offload is not there yet)."""
+
+    def offload(self) -> None:
+        """See onload()."""
+
+    def save(self, folder) -> str:
+        return self._all("save", str(folder))[0]
+
+    def save_in_background(self, folder):
+        """The ranks write while the driver goes on (the rollout runs on the engines); the
+        next call to the group waits for it first."""
+        self._saving = [actor.save.remote(str(folder)) for actor in self.actors]
+        return self._saving
+
+    def wait_for_save(self) -> None:
+        import ray
+
+        pending, self._saving = self._saving, []
+        if pending:
+            ray.get(pending)
+
+    def export(self, folder) -> str:
+        return self._all("export", str(folder))[0]
+
+    def shutdown(self) -> None:
+        import ray
+
+        for actor in self.actors:
+            try:
+                ray.get(actor.shutdown.remote(), timeout=30)
+            except Exception:  # noqa: BLE001 - an actor already gone
+                pass
+            ray.kill(actor, no_restart=True)
+        self.actors = []
+

@@ -1,0 +1,58 @@
+"""Two GPUs of one host (marked multigpu: `python -m pytest -m multigpu tests/sparrow_core/rl/
+test_multigpu.py -q`): the NCCL weight broadcast delivers the sender's exact weights, and an
+update of ShardedPolicyTrainer on 2 NCCL ranks equals one GPU's PolicyTrainer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from sparrow_core.model import load_model
+from sparrow_core.rl.trainer import PolicyTrainer
+from tests.sparrow_core.rl.broadcast_workers import one_member
+from tests.sparrow_core.rl.multigpu_workers import update_rank
+from tests.sparrow_core.rl.sharded_workers import free_port
+from tests.sparrow_core.rl.test_trainer import ALGO, make_records, weights, with_actor_logprobs
+
+pytestmark = pytest.mark.multigpu
+
+
+def test_two_gpus_are_there():
+    assert torch.cuda.device_count() >= 2, "the multigpu tests need 2 CUDA GPUs"
+
+
+def test_nccl_broadcast_gives_the_sender_weights(qwen3_checkpoint, qwen3_sharded_checkpoint,
+                                                 tmp_path):
+    assert torch.cuda.device_count() >= 2
+    want = load_model(qwen3_checkpoint).state_dict()
+    mp.spawn(one_member, args=(2, free_port(), "nccl", qwen3_checkpoint,
+                               qwen3_sharded_checkpoint, 64 << 10, tmp_path),
+             nprocs=2, join=True)
+    got = torch.load(tmp_path / "receiver1.pt")
+    assert len(got["buckets"]) > 3
+    for name, tensor in want.items():
+        assert torch.equal(got["state"][name], tensor), name
+
+
+def test_two_nccl_ranks_update_like_one_gpu(qwen3_checkpoint, tmp_path):
+    assert torch.cuda.device_count() >= 2
+    algo = dataclasses.replace(ALGO, micro_batch_tokens=1, grad_clip=0.05)
+    records = make_records(prompts=3, group=2, seed=12)
+    rewards = [0.0, 1.0, 1.0, 0.5, 0.2, 0.0]
+    single = PolicyTrainer(qwen3_checkpoint, algo, device="cuda", dtype="float32", seed=0)
+    scores = single.score(records)
+    update_records = with_actor_logprobs(records, scores, [0.1 * (i % 3) for i in range(6)])
+    old = [s.dense_logprobs for s in scores]
+    mp.spawn(update_rank, args=(2, free_port(), qwen3_checkpoint, algo, update_records,
+                                rewards, old, 2, tmp_path), nprocs=2, join=True)
+    expected = single.update(update_records, rewards, old, 2)
+    got = torch.load(tmp_path / "nccl_rank0.pt", weights_only=False)
+    for key, value in expected.items():
+        assert got["metrics"][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    want = {k: v.cpu() for k, v in weights(single).items()}
+    for name, tensor in got["weights"].items():
+        torch.testing.assert_close(tensor, want[name], rtol=0, atol=2e-5)

@@ -1,0 +1,148 @@
+"""The trainer as Ray actors (2 gloo ranks on CPU) equals one process's PolicyTrainer; its
+sharded checkpoint resumes on 1 rank, and a 1-rank one on 2; its weights reach every rollout
+actor through the bucketed broadcast.
+
+Marked slow: each rank is a process that loads torch and transformers (a few seconds each on a
+2-core machine). Run: `python -m pytest tests/tasks/test_trainer_group.py -q`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from sparrow_core.engine import EngineConfig
+from sparrow_core.rl.trainer import PolicyTrainer
+from tasks.rollout_actors import ActorPool, WorkerSpec, start_ray
+from tasks.trainer_group import TrainerGroup, TrainerSpec
+from tasks.weight_sync import sync_group_to_pool
+from tests.sparrow_core.rl.test_trainer import ALGO, make_records, weights, with_actor_logprobs
+
+pytestmark = pytest.mark.slow
+
+# one sequence per micro-batch, so the ranks hold different counts and one pads; a clip
+# that is active, so the global gradient norm matters
+GROUP_ALGO = dataclasses.replace(ALGO, micro_batch_tokens=1, grad_clip=0.05)
+REWARDS = ([0.0, 1.0, 1.0, 0.5, 0.2, 0.0], [1.0, 0.0, 0.0, 1.0, 0.5, 0.5],
+           [0.3, 0.9, 0.0, 0.1, 1.0, 0.0])
+
+
+@pytest.fixture(scope="module")
+def ray_up():
+    started = start_ray("")
+    yield
+    if started:
+        import ray
+
+        ray.shutdown()
+
+
+def batch(trainer):
+    records = make_records(prompts=3, group=2, seed=12)
+    scores = trainer.score(records)
+    update_records = with_actor_logprobs(records, scores, [0.1 * (i % 3) for i in range(6)])
+    return records, scores, update_records, [s.dense_logprobs for s in scores]
+
+
+def close(have: dict, want: dict, atol: float) -> None:
+    assert set(have) >= set(want) - {"lm_head.weight"}  # tied to the embeddings
+    for name, tensor in want.items():
+        if name in have:
+            torch.testing.assert_close(have[name], tensor, rtol=0, atol=atol, msg=name)
+
+
+def test_two_ranks_equal_one_process_and_resume_on_another_count(ray_up, qwen3_checkpoint,
+                                                                  tmp_path):
+    import ray
+
+    single = PolicyTrainer(qwen3_checkpoint, GROUP_ALGO, device="cpu", seed=0)
+    records, scores, update_records, old = batch(single)
+    spec = TrainerSpec(str(qwen3_checkpoint), GROUP_ALGO, seed=0)
+    two = TrainerGroup.start(spec, 2)
+    try:
+        got_scores = two.score(records)
+        metrics = two.update(update_records, REWARDS[0], old, 2)
+        two.save(tmp_path / "two")
+        # weights gathered on rank 0 while the other rank takes part (a collective)
+        got = ray.get([a.__ray_call__.remote(lambda r: r.trainer.full_state_dict())
+                       for a in two.actors])[0]
+    finally:
+        two.shutdown()
+    expected = single.update(update_records, REWARDS[0], old, 2)
+    for want, have in zip(scores, got_scores):
+        torch.testing.assert_close(torch.tensor(have.dense_logprobs),
+                                   torch.tensor(want.dense_logprobs), rtol=0, atol=1e-5)
+    assert expected["actor/grad_norm"] > GROUP_ALGO.grad_clip
+    assert set(metrics) == set(expected)
+    for key, value in expected.items():
+        assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+    close(got, weights(single), atol=1e-5)
+    assert (tmp_path / "two" / "model.safetensors").is_file()
+
+    # 2 ranks saved, 1 resumes: its second update lands where the single process's does
+    one = TrainerGroup.start(spec, 1, resume_from=str(tmp_path / "two"))
+    try:
+        assert one.step == 1
+        one.update(update_records, REWARDS[1], old, 2)
+        one.save(tmp_path / "one")
+    finally:
+        one.shutdown()
+    single.update(update_records, REWARDS[1], old, 2)
+    # 1 rank saved, 2 resume: the third update too (AdamW moments resharded both ways)
+    two = TrainerGroup.start(spec, 2, resume_from=str(tmp_path / "one"))
+    try:
+        two.update(update_records, REWARDS[2], old, 2)
+        got = ray.get([a.__ray_call__.remote(lambda r: r.trainer.full_state_dict())
+                       for a in two.actors])[0]
+    finally:
+        two.shutdown()
+    before = weights(single)
+    single.update(update_records, REWARDS[2], old, 2)
+    close(got, weights(single), atol=3e-5)
+    assert any(not torch.equal(before[k], got[k]) for k in got)  # the update moved them
+
+
+def test_sync_gives_every_actor_the_trainers_weights(ray_up, qwen3_checkpoint,
+                                                     qwen3_sharded_checkpoint, tmp_path):
+    import ray
+
+    # the actors start from other weights, so a sync that did nothing fails
+    engine = EngineConfig(max_batch_size=4, page_size=4, num_pages=64)
+    worker = WorkerSpec(model_path=str(qwen3_checkpoint),
+                        weights_path=str(qwen3_sharded_checkpoint), schedule=None, engine=engine)
+    # four processes on a Ray that counts the machine's CPUs (2 here): half a CPU each
+    pool = ActorPool.start(worker, 2, {"num_cpus": 0.5})
+    group = TrainerGroup.start(TrainerSpec(str(qwen3_checkpoint), GROUP_ALGO, seed=0), 2,
+                               placement=[{"num_cpus": 0.5}] * 2)
+    try:
+        single = PolicyTrainer(qwen3_checkpoint, GROUP_ALGO, device="cpu", seed=0)
+        records, _, update_records, old = batch(single)
+        group.update(update_records, REWARDS[0], old, 2)
+        # a bucket of 16 KiB: the tiny model goes in dozens of buckets
+        modes = sync_group_to_pool(group, pool, "unsaved", bucket_bytes=16 << 10)
+        assert modes == ["gloo", "gloo"]
+        want = ray.get([a.__ray_call__.remote(lambda r: r.trainer.full_state_dict())
+                        for a in group.actors])[0]
+        engines = ray.get([a.__ray_call__.remote(
+            lambda w: {k: v.clone() for k, v in w.engine.model.state_dict().items()})
+            for a in pool.actors])
+        reference = _decoder_state(want, qwen3_checkpoint)
+        for state in engines:
+            assert set(state) == set(reference)
+            for name, tensor in reference.items():
+                assert torch.equal(state[name], tensor), name
+        assert pool.spec.weights_path == "unsaved"
+    finally:
+        group.shutdown()
+        pool.shutdown()
+
+
+def _decoder_state(hf_state: dict, checkpoint) -> dict:
+    """The engine decoder's own names for transformers-named weights."""
+    from sparrow_core.model import load_model
+
+    decoder = load_model(checkpoint)
+    decoder.load_hf_state_dict(hf_state)
+    return decoder.state_dict()
