@@ -1,7 +1,9 @@
 """Teacher-forced attention backward: the kernels' dq, dk, dv (through the autograd Function)
 against autograd of the reference on the same bits, and the lse the forward stores against
 the reference's; GQA, ragged sequences, tiles no row reads, bf16. Runs in Triton's
-interpreter when triton is installed (`interpreted`), else through the PyTorch fallback."""
+interpreter when triton is installed (`interpreted`), else through the PyTorch fallback; the
+`gpu` test runs the compiled kernels:
+`python -m pytest -m gpu tests/sparrow_core/kernels/test_teacher_attention_backward.py -q`."""
 
 import numpy as np
 import pytest
@@ -103,3 +105,27 @@ def test_reference_gradient_of_a_row_reading_nothing_is_zero():
     dq, dk, dv = teacher_attention_reference_grad(q, k, v, bits, starts, seq_lens, 4, grad_out)
     assert torch.isfinite(dq).all() and not dq[:5].any() and dq[5:].abs().sum() > 0
     assert not dk[8:].any() and not dv[8:].any()  # page 2 is read by no row
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("launch", [{}, {"block_m": 32, "block_n": 64},
+                                    {"block_m": 128, "block_n": 32}])
+def test_gradients_equal_the_reference_on_cuda_at_model_heads(dtype, launch):
+    """Compiled kernels, Qwen3-1.7B heads (16 q, 8 kv, dim 128), pages of 16, a sequence of
+    several bit words, a short one, one of a single position."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    cuda = torch.device("cuda")
+    q, k, v, bits, starts, seq_lens, grad_out = (
+        t.to(cuda) for t in inputs((3000, 700, 1), 16, 8, 128, 16, 0.15, dtype, 7))
+    lse = torch.full(q.shape[:2], float("nan"), device=cuda)
+    out = teacher_sparse_attention(q, k, v, bits, starts, seq_lens, 16, lse=lse)
+    got = teacher_attention_backward(q, k, v, bits, starts, seq_lens, 16, out, lse, grad_out,
+                                     **launch)
+    want = teacher_attention_reference_grad(q.float(), k.float(), v.float(), bits, starts,
+                                            seq_lens, 16, grad_out.float())
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        error = float((g.float() - w).norm() / w.norm())
+        assert torch.isfinite(g).all() and error < (1e-4 if dtype == torch.float32 else 2e-2), \
+            (name, error)
