@@ -185,10 +185,12 @@ def _blocks(q, k, page_size, block_m, block_n):
 def teacher_attention_backward(q, k, v, bits, seq_starts, seq_lens, page_size: int, out, lse,
                                grad_out, *, max_len: int | None = None,
                                block_m: int | None = None, block_n: int | None = None,
-                               num_warps: int = 4, num_stages: int = 2):
+                               num_warps: int | None = None, num_stages: int = 2):
     """dq, dk, dv (q's and k's shapes and dtypes) of teacher_sparse_attention's `out`, given
     grad_out and the lse its forward stored; off GPU the reference gradient (out and lse
-    unused). block_m, block_n, num_warps, num_stages: both kernels' launch."""
+    unused). block_m, block_n, num_warps, num_stages: both kernels' launch (by default 8
+    warps from head dim 128 on: dK/dV hold two float32 [BLOCK_N, D] accumulators besides
+    their tiles)."""
     _check(q, k, v, bits, seq_starts, seq_lens, page_size)
     check(grad_out.shape == q.shape and out.shape == q.shape and lse.shape == q.shape[:2]
           and lse.dtype == torch.float32, f"out, grad_out must be like q {tuple(q.shape)} and "
@@ -212,7 +214,7 @@ def teacher_attention_backward(q, k, v, bits, seq_starts, seq_lens, page_size: i
     block_d = max(16, next_power_of_2(dim))
     common = dict(GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
                   PAGE=page_size, EVEN_D=dim == block_d, IEEE=q.dtype == torch.float32,
-                  num_warps=num_warps, num_stages=num_stages)
+                  num_warps=num_warps or (8 if block_d >= 128 else 4), num_stages=num_stages)
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), bits.stride(0),
                bits.stride(1), heads, dim, LOG2E / math.sqrt(dim), 1.0 / math.sqrt(dim))
     kv_heads = k.shape[1]
