@@ -36,9 +36,12 @@ from sparrow_core.kernels.teacher_attention import (
 
 @jit
 def _dot(a, b, IEEE: tl.constexpr):
+    """float32 operands in IEEE precision (tests compare at 1e-4), else the tensor cores'."""
     if IEEE:
-        return tl.dot(a, b, input_precision="ieee")
-    return tl.dot(a, b)
+        product = tl.dot(a, b, input_precision="ieee")
+    else:
+        product = tl.dot(a, b)
+    return product
 
 
 @jit
