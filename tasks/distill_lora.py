@@ -13,9 +13,9 @@ sync_weights hands the folder to the rollout engines, which load merge(base, LoR
 and the dense scorer never see the adapter. With algo.distill.switch_to_cheaper the step also
 measures the LoRA under a schedule one notch cheaper (cheaper.json, tasks/distill_switch.py),
 which reoptimize_schedule reads to decide a switch. Between steps the distiller stays in the
-runtime; while the engines roll out, its base weights are freed (release_during_rollout). Metrics ("distill/...": loss, divergences, exact
-acceptance mean / p5 / lowest per-bin p5 with and without the LoRA on the same tokens) go to
-DuckDB and MLflow as step metrics.
+runtime; while the engines roll out, its base weights are freed (release_during_rollout).
+Metrics ("distill/...": loss, divergences, exact acceptance mean / p5 / lowest per-bin p5
+with and without the LoRA on the same tokens) go to DuckDB and MLflow as step metrics.
 """
 
 from __future__ import annotations

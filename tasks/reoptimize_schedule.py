@@ -21,7 +21,8 @@ reoptimize/trajectories_replayed. decision.json holds the decision, the measured
 changes. With algo.distill.switch_to_cheaper, when no bin is to be raised, the DistillSparse
 rule (tasks/distill_switch.py) may instead switch every bin one notch cheaper, measured with
 the LoRA by earlier distill steps: kind "distill" changes, threshold_events rows of kind
-distill_switch, metric reoptimize/distill_switch, tag distill.switch.step<n>. With schedule.sparse=false the stage only records that nothing is to be done.
+distill_switch, metric reoptimize/distill_switch, tag distill.switch.step<n>. With
+schedule.sparse=false the stage only records that nothing is to be done.
 """
 
 from __future__ import annotations
