@@ -36,6 +36,8 @@ CASES = [  # lengths, Hq, Hkv, D, page_size, density, block_m, block_n, dtype
     ((64, 50), 4, 4, 16, 4, 0.0, 16, 32, torch.float32),  # own page only: most tiles skipped
     ((90,), 8, 2, 32, 8, 1.0, 32, 16, torch.float32),  # every page: dense causal
     ((45, 33), 4, 2, 32, 4, 0.5, None, None, torch.bfloat16),
+    # 38 pages: two bit words a row, tiles of 16 pages (the whole int32 half-word, sign bit)
+    ((150, 40), 4, 2, 16, 4, 0.2, 32, 64, torch.float32),
 ]
 
 
