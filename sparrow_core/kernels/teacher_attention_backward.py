@@ -174,10 +174,10 @@ def teacher_attention_reference_grad(q, k, v, bits, seq_starts, seq_lens, page_s
 
 # launchers
 
-def _blocks(q, k, page_size, block_m, block_n):
+def _blocks(q, k, page_size, block_m, block_n, default_m, default_n):
     group = q.shape[1] // k.shape[1]
-    block_m = block_m or max(64, next_power_of_2(group))
-    block_n = block_n or max(page_size, min(64, 16 * page_size))
+    block_m = block_m or max(default_m, next_power_of_2(group))
+    block_n = block_n or max(page_size, min(default_n, 16 * page_size))
     check(block_n % page_size == 0 and block_n // page_size <= 16 and block_n >= 16
           and block_m >= max(16, group), f"block_n {block_n} must be a multiple of "
           f"page_size {page_size} of at most 16 pages and >= 16, block_m {block_m} >= "
@@ -191,9 +191,9 @@ def teacher_attention_backward(q, k, v, bits, seq_starts, seq_lens, page_size: i
                                num_warps: int | None = None, num_stages: int = 2):
     """dq, dk, dv (q's and k's shapes and dtypes) of teacher_sparse_attention's `out`, given
     grad_out and the lse its forward stored; off GPU the reference gradient (out and lse
-    unused). block_m, block_n, num_warps, num_stages: both kernels' launch (by default 8
-    warps from head dim 128 on: dK/dV hold two float32 [BLOCK_N, D] accumulators besides
-    their tiles)."""
+    unused). block_m, block_n, num_warps, num_stages: both kernels' launch when given (by
+    default dK/dV 32 x 64 and dQ 64 x 32 rows x keys, 8 warps from head dim 128 on: dK/dV
+    hold two float32 [BLOCK_N, D] accumulators besides their tiles)."""
     _check(q, k, v, bits, seq_starts, seq_lens, page_size)
     check(grad_out.shape == q.shape and out.shape == q.shape and lse.shape == q.shape[:2]
           and lse.dtype == torch.float32, f"out, grad_out must be like q {tuple(q.shape)} and "
@@ -206,7 +206,10 @@ def teacher_attention_backward(q, k, v, bits, seq_starts, seq_lens, page_size: i
     q, k, v, grad_out, lse = (t.contiguous() for t in (q, k, v, grad_out, lse))
     if max_len is None:
         max_len = max(seq_lens.tolist(), default=0)
-    group, block_m, block_n = _blocks(q, k, page_size, block_m, block_n)
+    # default tiles as flash-attention-2's: few query rows against a wide KV tile for dK/dV,
+    # the other way round for dQ (at the 1.7B shape, 8 warps, sm_90: ptxas spills neither)
+    group, kv_m, kv_n = _blocks(q, k, page_size, block_m, block_n, 32, 64)
+    _, q_m, q_n = _blocks(q, k, page_size, block_m, block_n, 64, 32)
     delta = (grad_out.float() * out.float()).sum(-1)  # [N, Hq], rowsum(dO * O)
     dq = torch.zeros_like(q)
     dk, dv = torch.zeros_like(k), torch.zeros_like(v)
@@ -215,16 +218,18 @@ def teacher_attention_backward(q, k, v, bits, seq_starts, seq_lens, page_size: i
     if not (batch and total and max_len):
         return dq, dk, dv
     block_d = max(16, next_power_of_2(dim))
-    common = dict(GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-                  PAGE=page_size, EVEN_D=dim == block_d, IEEE=q.dtype == torch.float32,
-                  num_warps=num_warps or (8 if block_d >= 128 else 4), num_stages=num_stages)
+    common = dict(GROUP=group, BLOCK_D=block_d, PAGE=page_size, EVEN_D=dim == block_d,
+                  IEEE=q.dtype == torch.float32, num_stages=num_stages,
+                  num_warps=num_warps or (8 if block_d >= 128 else 4))
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), bits.stride(0),
                bits.stride(1), heads, dim, LOG2E / math.sqrt(dim), 1.0 / math.sqrt(dim))
     kv_heads = k.shape[1]
-    _dkdv_kernel[(-(-max_len // block_n), kv_heads, batch)](
-        q, k, v, grad_out, lse, delta, bits, seq_starts, seq_lens, dk, dv, *strides, **common)
-    _dq_kernel[(-(-max_len // (block_m // group)), kv_heads, batch)](
-        q, k, v, grad_out, lse, delta, bits, seq_starts, seq_lens, dq, *strides, **common)
+    _dkdv_kernel[(-(-max_len // kv_n), kv_heads, batch)](
+        q, k, v, grad_out, lse, delta, bits, seq_starts, seq_lens, dk, dv, *strides,
+        BLOCK_M=kv_m, BLOCK_N=kv_n, **common)
+    _dq_kernel[(-(-max_len // (q_m // group)), kv_heads, batch)](
+        q, k, v, grad_out, lse, delta, bits, seq_starts, seq_lens, dq, *strides,
+        BLOCK_M=q_m, BLOCK_N=q_n, **common)
     return dq, dk, dv
 
 
