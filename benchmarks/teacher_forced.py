@@ -4,6 +4,7 @@
     python benchmarks/teacher_forced.py --cases 8192x16 --skip-model        # attention only
     python benchmarks/teacher_forced.py --backends triton --cases 8192x16  # one path
     python benchmarks/teacher_forced.py --smoke                             # CPU, seconds
+    python benchmarks/teacher_forced.py --backward --skip-model --cases 8192x4   # with grads
 
 Per case (T tokens per sequence x sequences; a prompt of --prompt tokens, the rest replayed
 as generated), in one process, for each replay path of --backends ("triton": the kernels of
@@ -19,6 +20,9 @@ each path, no grad, and their ratio (target: at most 2). Times are medians of wa
 runs between device syncs, after a warm-up run (which compiles FlexAttention and the Triton
 kernels; its time is reported as *_first_s); peak memory per arm. --smoke runs tiny shapes
 on the CPU through the same code (FlexAttention eager, the kernels' PyTorch references).
+--backward adds (3): one sparse layer's forward and backward (DistillSparse's replay with
+gradients) per path, against dense SDPA's, with the largest relative difference of the
+paths' dq, dk, dv (<path>_fwd_bwd_layer_s, dense_fwd_bwd_layer_s, grad_rel_diff).
 Imports neither ray, prefect nor omegaconf: it runs with torch, triton and transformers.
 """
 
@@ -151,6 +155,40 @@ def _path_case(backend, q, k, v, lens, prompts, schedule, reps):
     return out
 
 
+def backward_case(length, count, prompt, schedule, backends, device, arch, reps):
+    """One sparse layer's forward and backward per path, dense SDPA's, and how far apart
+    the paths' gradients are."""
+    gen = torch.Generator(device).manual_seed(2)
+    total, lens, prompts = length * count, [length] * count, [prompt] * count
+    leaves = [torch.randn(total, h, arch.head_dim, generator=gen, device=device,
+                          dtype=torch.bfloat16).requires_grad_()
+              for h in (arch.num_q_heads, arch.num_kv_heads, arch.num_kv_heads)]
+    grad_out = torch.randn(total, arch.num_q_heads, arch.head_dim, generator=gen,
+                           device=device, dtype=torch.bfloat16)
+
+    def run(attend):
+        for leaf in leaves:
+            leaf.grad = None
+        attend().backward(grad_out)
+
+    row = {"dense_fwd_bwd_layer_s": timed(lambda: run(
+        lambda: prefill_attention_sdpa(*leaves, lens)), reps)["s"]}
+    grads = {}
+    # torch has no FlexAttention backward on CPU (a --smoke run times the others)
+    for backend in [b for b in backends if device == "cuda" or b != "flex"]:
+        attention = TeacherForcedAttention(lens, prompts, schedule, backend=backend)
+        result = timed(lambda: run(lambda: attention(SPARSE_LAYER, *leaves)), reps)
+        row.update({f"{backend}_fwd_bwd_layer_s": result["s"],
+                    f"{backend}_fwd_bwd_layer_first_s": result["first_s"],
+                    f"{backend}_fwd_bwd_peak_gib": result["peak_gib"]})
+        grads[backend] = [leaf.grad.float() for leaf in leaves]
+    names = list(grads)
+    for other in names[1:]:
+        row[f"{names[0]}_vs_{other}_grad_rel_diff"] = max(
+            float((a - b).norm() / b.norm()) for a, b in zip(grads[names[0]], grads[other]))
+    return row
+
+
 def _share_read(bits, lens, page_size):
     """Pages read over pages present, summed over positions and KV heads (1.0: dense)."""
     shifts = torch.arange(32, device=bits.device, dtype=torch.int32)
@@ -189,6 +227,8 @@ def parse_args(argv):
     parser.add_argument("--schedule", default="qwen3-1.7b-0.86")
     parser.add_argument("--reps", type=int, default=2, help="timed runs after the first")
     parser.add_argument("--skip-model", action="store_true", help="attention layer only")
+    parser.add_argument("--backward", action="store_true",
+                        help="also time one sparse layer's forward + backward per path")
     parser.add_argument("--backends", default="triton,flex",
                         help="comma-separated replay paths to time: triton, flex, reference")
     return parser.parse_args(argv)
@@ -211,6 +251,9 @@ def main(argv=None) -> int:
         row = {"tokens_per_sequence": length, "sequences": count, "prompt": prompt}
         row.update(attention_case(length, count, prompt, schedule, backends, device, arch,
                                   args.reps))
+        if args.backward:
+            row.update(backward_case(length, count, prompt, schedule, backends, device, arch,
+                                     args.reps))
         if model is not None:
             row.update(model_case(model, length, count, prompt, schedule, backends, device,
                                   arch.vocab_size, args.reps))

@@ -48,7 +48,7 @@ TABLES: dict[str, str] = {
     "threshold_events": """
         CREATE TABLE IF NOT EXISTS threshold_events (
             run_id VARCHAR, step INTEGER, bin INTEGER,
-            kind VARCHAR,                -- below_target | recovered
+            kind VARCHAR,                -- below_target | recovered | distill_switch
             p5 DOUBLE, target DOUBLE,
             created_at TIMESTAMP DEFAULT current_timestamp,
             PRIMARY KEY (run_id, step, bin, kind))""",

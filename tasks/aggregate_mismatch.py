@@ -112,8 +112,10 @@ class StepBins:
     def write_rows(self, conn) -> None:
         """Replace the step's bin_stats and threshold_events rows."""
         run_id, step, p5, below = self.run_id, self.step, self.p5, self.below
-        for table_name in ("bin_stats", "threshold_events"):
-            conn.execute(f"DELETE FROM {table_name} WHERE run_id = ? AND step = ?", [run_id, step])
+        conn.execute("DELETE FROM bin_stats WHERE run_id = ? AND step = ?", [run_id, step])
+        # only this stage's kinds: reoptimize_schedule records distill_switch events
+        conn.execute("DELETE FROM threshold_events WHERE run_id = ? AND step = ? AND kind IN "
+                     "('below_target', 'recovered')", [run_id, step])
         for s in self.stats:
             conn.execute(
                 f"INSERT INTO bin_stats ({', '.join(BIN_COLUMNS)}) VALUES "

@@ -10,9 +10,12 @@ the rollout used (its schedule.json). Every step's folder holds the adapter and 
 state, so it is the resume point: a resumed run loads the distiller from the newest recorded
 distill_lora folder before the step (or starts a fresh adapter, seeded by pipeline.seed), and
 sync_weights hands the folder to the rollout engines, which load merge(base, LoRA). The trainer
-and the dense scorer never see the adapter. Metrics ("distill/...": loss, divergences, exact
-acceptance mean / p5 / lowest per-bin p5 with and without the LoRA on the same tokens) go to
-DuckDB and MLflow as step metrics.
+and the dense scorer never see the adapter. With algo.distill.switch_to_cheaper the step also
+measures the LoRA under a schedule one notch cheaper (cheaper.json, tasks/distill_switch.py),
+which reoptimize_schedule reads to decide a switch. Between steps the distiller stays in the
+runtime; while the engines roll out, its base weights are freed (release_during_rollout).
+Metrics ("distill/...": loss, divergences, exact acceptance mean / p5 / lowest per-bin p5
+with and without the LoRA on the same tokens) go to DuckDB and MLflow as step metrics.
 """
 
 from __future__ import annotations
@@ -24,15 +27,14 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from sparrow_core.errors import SparrowError
+from tasks.distill_switch import cheaper_candidate, write_measurement
 from tasks.records import stage_records
 from tasks.retry import INFRA_RETRIES
+from tasks.runtime import DISTILL_CACHE as _CACHE
 from tasks.runtime import RunRuntime, device_and_dtype, lookup, peak_memory
 from tasks.stage import StageInputError, StageOutcome, StageWrite, run_stage
 
 STAGE = "distill_lora"
-# the runtime's attribute holding (step the adapter is after, distiller) between steps; it
-# lives and dies with the flow's runtime
-_CACHE = "_distill_cache"
 
 
 class DistillNeedsSparseError(SparrowError):
@@ -105,13 +107,18 @@ def distill_step(runtime: RunRuntime, step: int, rollout_dir: str, rewards_path:
     records, schedule, advantages = _inputs(rollout_dir, rewards_path, runtime)
     distiller = _distiller_before(runtime, step)  # out of the cache: mid-update from here on
     metrics: dict[str, float] = {"distill/due": float(due)}
+    cheaper = (cheaper_candidate(runtime.cfg, schedule)
+               if due and settings.switch_to_cheaper else None)
     if due:
         with peak_memory() as peak:
             clock = time.perf_counter()
             distiller.set_base(_base_weights(runtime, step, policy_dir))
-            metrics.update(distiller.distill(records, schedule, advantages))
+            metrics.update(distiller.distill(records, schedule, advantages, cheaper=cheaper))
             metrics["time/distill_compute_s"] = time.perf_counter() - clock
         metrics.update(peak("memory/distill_peak_gib"))
+    if cheaper is not None and "cheaper" in distiller.bin_stats:
+        write_measurement(out, step, schedule, cheaper, distiller.bin_stats["cheaper"],
+                          runtime.cfg.schedule.target_statistic)
     distiller.save(out)
 
     def after_commit(final: Path) -> None:

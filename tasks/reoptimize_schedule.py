@@ -18,7 +18,11 @@ this step, reason and YAML path), so the rollout stage of the next step decodes 
 (tasks/schedules.py), and MLflow gets the schedule, a tag `schedule.change.step<n>` and metrics
 reoptimize/raised, reoptimize/lowered, reoptimize/budgets_measured and
 reoptimize/trajectories_replayed. decision.json holds the decision, the measured p5 and the
-changes. With schedule.sparse=false the stage only records that nothing is to be done.
+changes. With algo.distill.switch_to_cheaper, when no bin is to be raised, the DistillSparse
+rule (tasks/distill_switch.py) may instead switch every bin one notch cheaper, measured with
+the LoRA by earlier distill steps: kind "distill" changes, threshold_events rows of kind
+distill_switch, metric reoptimize/distill_switch, tag distill.switch.step<n>. With
+schedule.sparse=false the stage only records that nothing is to be done.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from sparrow_core.sparse.controller import (
 from sparrow_core.sparse.io import save_schedule_yaml
 from sparrow_core.sparse.schedule import Schedule
 from sparrow_core.sparse.target import get_statistic
+from tasks.distill_switch import EVENT_KIND, switch_for
 from tasks.retry import INFRA_RETRIES
 from tasks.rollout import ROLLOUTS_FILE
 from tasks.runtime import RunRuntime, device_and_dtype, lookup
@@ -132,12 +137,18 @@ def reoptimize(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
     schedule, version = schedule_in_force(runtime.store, runtime.run_id, runtime.schedule_name,
                                           runtime.schedule_start_version, step)
     every = cfg.pipeline.reoptimize_every
-    decision = Decision(step)
+    decision, switch = Decision(step), None
     if cfg.schedule.sparse:
         decision = decide(p5_history(runtime, step), step, schedule, settings_of(cfg),
                           lowering_due=bool(every and step % every == 0))
+        if not decision.raise_bins:  # a bin below target comes first
+            switch = switch_for(runtime, step, schedule, settings_of(cfg))
     budgets, p5, changes, new, replayed = [], np.zeros((0, 0)), [], schedule, 0
-    if decision.any:
+    if switch is not None:
+        new, changes = switch
+        decision = Decision(step, reasons=("distill: the LoRA held the target on the cheaper "
+                                           "schedule",))
+    elif decision.any:
         budgets, p5, tokens, replayed = remeasure(runtime, step, schedule, decision)
         new, changes = apply_measurement(schedule, decision, budgets, p5, settings_of(cfg),
                                          tokens)
@@ -150,7 +161,8 @@ def reoptimize(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
                "reoptimize/raised": float(sum(c.kind == "raise" for c in changes)),
                "reoptimize/lowered": float(sum(c.kind == "lower" for c in changes)),
                "reoptimize/budgets_measured": float(len(budgets)),
-               "reoptimize/trajectories_replayed": float(replayed)}
+               "reoptimize/trajectories_replayed": float(replayed),
+               "reoptimize/distill_switch": float(switch is not None)}
     if not changes:
         (out / DECISION_FILE).write_text(json.dumps(record, indent=2))
         return StageWrite(metrics=metrics)
@@ -169,8 +181,15 @@ def _new_version(runtime: RunRuntime, step: int, out: Path, new: Schedule, chang
     record.update(new_version=version, reason=reason)
     (out / DECISION_FILE).write_text(json.dumps(record, indent=2))
 
+    switched = [c for c in changes if c.kind == "distill"]
+    target = settings_of(runtime.cfg).target
+
     def db(conn) -> None:
         insert_schedule(conn, new, version, runtime.run_id, step, reason, str(final_yaml))
+        for c in switched:  # one event per bin, as the threshold crossings are recorded
+            conn.execute("INSERT INTO threshold_events (run_id, step, bin, kind, p5, target) "
+                         "VALUES (?, ?, ?, ?, ?, ?)", [runtime.run_id, step, c.bin, EVENT_KIND,
+                                                       None if np.isnan(c.p5) else c.p5, target])
 
     def after_commit(final: Path) -> None:
         tracker = runtime.tracker
@@ -179,6 +198,9 @@ def _new_version(runtime: RunRuntime, step: int, out: Path, new: Schedule, chang
         tracker.log_schedule(new, version, step)
         tracker.client.set_tag(tracker.mlflow_run_id, f"schedule.change.step{step}",
                                f"v{version}: {reason}")
+        if switched:
+            tracker.client.set_tag(tracker.mlflow_run_id, f"distill.switch.step{step}",
+                                   f"v{version}: {list(new.topk_pages)}")
 
     metrics["reoptimize/new_version"] = float(version)
     return StageWrite(metrics=metrics, db=db, after_commit=after_commit)

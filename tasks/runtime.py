@@ -29,6 +29,9 @@ from tasks.stage import parse_fail_at
 
 # a policy_update folder whose checkpoint is written in the background points to it here
 STATE_POINTER = "state.json"
+# the runtime's attribute holding the distill_lora stage's (step, SparseDistiller) between
+# steps (tasks/distill_lora.py); it lives and dies with the flow's runtime
+DISTILL_CACHE = "_distill_cache"
 
 _RUNTIMES: dict[tuple[str, str], "RunRuntime"] = {}
 
@@ -154,7 +157,8 @@ class RunRuntime:
 
     def before_rollout(self) -> None:
         """Give the rollout engines the GPU: the trainer drops its gradients (and, with
-        algo.offload_during_rollout, moves its weights and moments to host memory), this
+        algo.offload_during_rollout, moves its weights and moments to host memory), the
+        DistillSparse distiller frees its base weights (algo.distill.release_during_rollout), this
         process returns its cached blocks to the device, the engines allocate their caches."""
         import gc
 
@@ -164,6 +168,9 @@ class RunRuntime:
             self._trainer.free_gradients()
             if self.cfg.algo.offload_during_rollout:
                 self._trainer.offload()
+        cached = getattr(self, DISTILL_CACHE, None)
+        if cached is not None and self.cfg.algo.distill.release_during_rollout:
+            cached[1].release_base()  # rebuilt from the trainer by the next distill step
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

@@ -208,6 +208,8 @@ _RANGES = [
     ("algo.distill.ppo_coef", lambda v: v >= 0, ">= 0 (0 turns the PPO term off)"),
     ("algo.distill.lr_scale", lambda v: v > 0, "> 0"),
     ("algo.distill.every", lambda v: v >= 1, ">= 1"),
+    ("algo.distill.switch_patience", lambda v: v >= 1, ">= 1"),
+    ("algo.distill.switch_margin", lambda v: 0 <= v < 1, "in [0, 1)"),
     ("algo.distill.targets", lambda v: len(v) > 0 and set(v) <= {
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"},
      "a non-empty list of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj"),

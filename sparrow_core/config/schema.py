@@ -111,6 +111,17 @@ class DistillConfig:
     every: int = 1
     # also measure acceptance without the LoRA on the same tokens (one more sparse forward)
     measure: bool = True
+    # measure the LoRA on a schedule one notch cheaper (each bin one budget of the controller's
+    # grid lower; one more sparse forward) and let the controller switch to it once it holds
+    # schedule.target (sparrow-method.md section 8: 0.80 with the LoRA reaches 0.86's p5)
+    switch_to_cheaper: bool = False
+    # distill measurements in a row the cheaper schedule must hold the target before a switch
+    switch_patience: int = 2
+    # the cheaper schedule must reach target + this margin (the target statistic's axis)
+    switch_margin: float = 0.0
+    # free the distiller's base weights (the policy in the compute dtype) while the engines
+    # roll out; the next distill step rebuilds them from the trainer's weights, as it would
+    release_during_rollout: bool = True
 
 
 @dataclass(frozen=True)

@@ -15,13 +15,15 @@ layers in skip_layers dense. With schedule=None every position is dense causal (
 variant, equal to transformers' forward). No cache writes: gradients flow to q, k, v
 (DistillSparse); the page selection itself is discrete and computed without grad, chunk by
 chunk of positions (engine/teacher_selection.py). Three attention paths over those pages:
-on CUDA tensors without gradients, the Triton kernels (engine/teacher_kernel.py: selection
-packed into bits, a flash-attention forward that reads them, one launch per layer); with
-gradients, FlexAttention over a page bitmap (engine/teacher_flex.py: a compiled Triton
-kernel that skips unread 128-token blocks, forward and backward; SDPA for dense layers and
-sequences); elsewhere the float32 masked reference, queries in chunks of `query_chunk` so
-memory is [Hq, chunk, T] per sequence and layer. backend="triton" / "flex" / "reference"
-forces one.
+on CUDA tensors, the Triton kernels (engine/teacher_kernel.py: selection packed into bits, a
+flash-attention forward that reads them, one launch per layer, and its flash-attention-2
+backward, kernels/teacher_attention_backward.py, taken with gradients only when asked: it has
+not run on a GPU yet); FlexAttention over a page
+bitmap (engine/teacher_flex.py: a compiled Triton kernel that skips unread 128-token blocks,
+forward and backward; SDPA for dense layers and sequences), taken on CUDA when triton is
+missing or the page size is not a power of two, or when asked; elsewhere the float32 masked
+reference, queries in chunks of `query_chunk` so memory is [Hq, chunk, T] per sequence and
+layer. backend="triton" / "flex" / "reference" forces one.
 Run `python -m pytest tests/sparrow_core/engine/test_teacher_forced.py -q`.
 """
 
@@ -89,9 +91,9 @@ def teacher_forced_hidden(model: torch.nn.Module, sequences: Sequence[Sequence[i
 class TeacherForcedAttention:
     """AttentionFn over packed whole sequences, each query with its own page selection.
 
-    backend: "auto" (on CUDA tensors the Triton kernels of engine/teacher_kernel.py, or
-    FlexAttention when gradients are recorded, triton is missing or the page size is not a
-    power of two; the reference otherwise), "triton", "flex" or "reference"; all take the
+    backend: "auto" (on CUDA tensors the Triton kernels of engine/teacher_kernel.py without
+    gradients, FlexAttention with gradients or when triton is missing or the page size is
+    not a power of two; the reference otherwise), "triton", "flex" or "reference"; all take the
     pages of teacher_selection.select_chunks' rule."""
 
     def __init__(self, seq_lens: list[int], prompt_lens: list[int], schedule: Schedule | None,
@@ -154,10 +156,11 @@ class TeacherForcedAttention:
     def _use_kernels(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
         if self.backend != "auto":
             return self.backend == "triton"
-        # the kernel has no backward: a replay with gradients (DistillSparse) takes Flex
-        recording = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-        return (q.is_cuda and HAS_TRITON and not recording
-                and supported_page_size(self.schedule.page_size))
+        # auto keeps FlexAttention where gradients are recorded until the kernels' backward
+        # has run on a GPU (it has been checked in the interpreter only); "triton" opts in
+        recording = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+        return (q.is_cuda and HAS_TRITON and supported_page_size(self.schedule.page_size)
+                and not recording)
 
     def _use_flex(self, q: torch.Tensor) -> bool:
         if self.backend == "auto":

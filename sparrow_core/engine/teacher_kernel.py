@@ -9,8 +9,9 @@ positions dense): centroids of the full pages rounded as the engine's cache stor
 scores q_mean . centroid as one float32 product per chunk (the tensor cores' work, as
 select_chunks does it), then kernels/teacher_pages.py finds each row's top k and packs it
 into bits [Hkv, N, words] (4 MiB per 8K-token sequence at 8 KV heads). kernels/
-teacher_attention.py reads them. Forward only: TeacherForcedAttention sends a replay that
-records gradients to FlexAttention. Off GPU both launchers run their PyTorch references, so
+teacher_attention.py reads them; when q, k or v record gradients (DistillSparse), its
+autograd Function (kernels/teacher_attention_backward.py) saves what the backward kernels
+need. Off GPU both launchers run their PyTorch references, so
 the same call works (slowly) on a laptop; TeacherForcedAttention takes it only when asked
 (backend="triton") there.
 """
@@ -24,6 +25,7 @@ import torch
 
 from sparrow_core.engine.teacher_selection import page_centroids
 from sparrow_core.kernels.teacher_attention import teacher_sparse_attention
+from sparrow_core.kernels.teacher_attention_backward import teacher_sparse_attention_trainable
 from sparrow_core.kernels.teacher_pages import WORD, select_page_bits, unpack_page_bits
 from sparrow_core.sparse.schedule import Schedule
 from sparrow_core.sparse.selection import group_query_mean
@@ -111,5 +113,7 @@ def kernel_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 pages = -(-length // schedule.page_size)
                 on_pages(number, unpack_page_bits(bits[:, start:start + length], pages))
             start += length
-    return teacher_sparse_attention(q, k.to(q.dtype), v.to(q.dtype), bits, index.seq_starts,
-                                    index.seq_lens, schedule.page_size, max_len=max(seq_lens))
+    recording = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    attend = teacher_sparse_attention_trainable if recording else teacher_sparse_attention
+    return attend(q, k.to(q.dtype), v.to(q.dtype), bits, index.seq_starts, index.seq_lens,
+                  schedule.page_size, max_len=max(seq_lens))

@@ -16,8 +16,9 @@ group's query heads share the positions' bits, so they ride in the M dimension o
 row's bits are loaded once per tile, one int32 word, and expanded to the tile's [BLOCK_M,
 BLOCK_N] mask by a shift per page. A KV tile that no row of the block selects is skipped
 before its K and V are loaded (the block's OR of those words). Programs take query blocks
-from the last, so the longest rows start first. No backward: the replay with gradients
-(DistillSparse) stays on FlexAttention (engine/teacher_flex.py). Off GPU the launcher runs
+from the last, so the longest rows start first. Given `lse`, it also stores each row's
+log2-sum-exp2, from which kernels/teacher_attention_backward.py (dQ, dK, dV and the
+autograd Function around both) rebuilds the softmax. Off GPU the launcher runs
 `teacher_attention_reference`.
 Tests: `python -m pytest tests/sparrow_core/kernels/test_teacher_attention.py -q`.
 """
@@ -69,11 +70,11 @@ def _attend_tile(q, m, l_sum, acc, k_ptr, v_ptr, start, length, pos, tile_bits, 
 
 @jit
 def _teacher_attention_kernel(
-        q_ptr, k_ptr, v_ptr, bits_ptr, start_ptr, len_ptr, out_ptr,
-        s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_bh, s_bt, s_ot, s_oh, dim, qk_scale,
+        q_ptr, k_ptr, v_ptr, bits_ptr, start_ptr, len_ptr, out_ptr, lse_ptr,
+        s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_bh, s_bt, s_ot, s_oh, s_lt, dim, qk_scale,
         GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_D: tl.constexpr, PAGE: tl.constexpr, EVEN_D: tl.constexpr, IEEE: tl.constexpr,
-        SKIP_EMPTY: tl.constexpr):
+        SKIP_EMPTY: tl.constexpr, STORE_LSE: tl.constexpr):
     BLOCK_Q: tl.constexpr = BLOCK_M // GROUP
     TILE_MASK: tl.constexpr = (1 << (BLOCK_N // PAGE)) - 1
     # the last query blocks hold the longest rows: start them first
@@ -111,17 +112,24 @@ def _teacher_attention_kernel(
             m, l_sum, acc = _attend_tile(q, m, l_sum, acc, k_ptr, v_ptr, start, length, pos,
                                          tile_bits, j0, hk, s_kt, s_kh, s_vt, s_vh, d, d_ok,
                                          qk_scale, BLOCK_N, PAGE, IEEE)
-    out = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]
+    read_any = l_sum > 0
+    out = acc / tl.where(read_any, l_sum, 1.0)[:, None]
     tl.store(out_ptr + (start + pos)[:, None] * s_ot + head[:, None] * s_oh + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    if STORE_LSE:
+        # log2 of the row's softmax denominator, for the backward to rebuild p without the
+        # running max; 0 for a row that reads nothing (its scores are all -inf, so p is 0)
+        lse = tl.where(read_any, m + tl.log2(tl.where(read_any, l_sum, 1.0)), 0.0)
+        tl.store(lse_ptr + (start + pos) * s_lt + head, lse, mask=row_ok)
 
 
 # reference
 
 def teacher_attention_reference(q, k, v, bits, seq_starts, seq_lens, page_size,
-                                query_chunk: int = 1024):
+                                query_chunk: int = 1024, lse: torch.Tensor | None = None):
     """The same attention by masked float32 softmax, per sequence and chunk of positions;
-    rows outside every sequence are 0."""
+    rows outside every sequence are 0; differentiable in q, k, v (its autograd is the
+    reference gradient); lse as the launcher's."""
     out = torch.zeros_like(q)
     kv_heads, dim = k.shape[1], k.shape[2]
     group = q.shape[1] // kv_heads
@@ -138,11 +146,17 @@ def teacher_attention_reference(q, k, v, bits, seq_starts, seq_lens, page_size,
             read = read & (key.view(1, 1, -1) <= position)  # [R, Hkv, L]
             qg = q[rows].float().view(last - first, kv_heads, group, dim)
             scores = torch.einsum("rhgd,lhd->rhgl", qg, keys) / math.sqrt(dim)
-            scores = scores.masked_fill(~read.unsqueeze(2), float("-inf"))
-            # a row reading nothing is 0, as in the kernel (a softmax over nothing is NaN)
-            weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+            read = read.unsqueeze(2)
+            # a row reading nothing is 0 with a zero gradient, as in the kernel: its softmax
+            # runs over zeros (a softmax over nothing is NaN, and so is its gradient)
+            some = read.any(-1, keepdim=True)
+            scores = scores.masked_fill(~read & some, float("-inf")).masked_fill(~some, 0.0)
+            weights = torch.softmax(scores, dim=-1) * some
             result = torch.einsum("rhgl,lhd->rhgd", weights, values)
             out[rows] = result.reshape(last - first, -1, dim).to(q.dtype)
+            if lse is not None:
+                log2 = (scores.logsumexp(-1) * LOG2E).masked_fill(~some.squeeze(-1), 0.0)
+                lse[rows] = log2.reshape(last - first, -1).detach()
     return out
 
 
@@ -183,7 +197,8 @@ def teacher_sparse_attention(q, k, v, bits, seq_starts, seq_lens, page_size: int
                              max_len: int | None = None, block_m: int | None = None,
                              block_n: int | None = None, num_warps: int | None = None,
                              num_stages: int = 3, skip_empty: bool = False,
-                             out: torch.Tensor | None = None) -> torch.Tensor:
+                             out: torch.Tensor | None = None,
+                             lse: torch.Tensor | None = None) -> torch.Tensor:
     """See the module docstring; into `out` when given (q's shape and dtype), whose rows
     outside every sequence are left as they were. max_len: the longest sequence, when the
     caller knows it (saves a device sync); block_m, block_n, num_warps, num_stages: the
@@ -192,7 +207,10 @@ def teacher_sparse_attention(q, k, v, bits, seq_starts, seq_lens, page_size: int
     the loop free of branches for the compiler's pipelining). The defaults are the fastest
     launch measured (H200, 16 x 8K, 0.86 preset, benchmarks/teacher_forced.py): masking
     only with 3 stages 12.5 ms a layer, against 19.9 ms with the tile test and 2 stages;
-    neighbouring queries choose different pages, so few whole tiles can be skipped."""
+    neighbouring queries choose different pages, so few whole tiles can be skipped. lse: a
+    float32 [N, Hq] tensor that receives each row's log2-sum-exp2 of its scaled scores (the
+    backward's saved statistic, kernels/teacher_attention_backward.py; 0 for a row reading
+    nothing, rows outside every sequence left as they were)."""
     _check(q, k, v, bits, seq_starts, seq_lens, page_size)
     if max_len is None:
         max_len = max(seq_lens.tolist(), default=0)
@@ -213,8 +231,13 @@ def teacher_sparse_attention(q, k, v, bits, seq_starts, seq_lens, page_size: int
     check(out.shape == q.shape and out.dtype == q.dtype and out.device == q.device
           and out.stride(-1) == 1, f"out must be like q {tuple(q.shape)} {q.dtype}, got "
           f"{tuple(out.shape)} {out.dtype}")
+    if lse is not None:
+        check(lse.shape == q.shape[:2] and lse.dtype == torch.float32 and lse.is_contiguous()
+              and lse.device == q.device, f"lse must be float32 [{total}, {heads}] "
+              f"contiguous, got {tuple(lse.shape)} {lse.dtype}")
     if not use_kernel(q, k, v, bits, seq_starts, seq_lens):
-        out.copy_(teacher_attention_reference(q, k, v, bits, seq_starts, seq_lens, page_size))
+        out.copy_(teacher_attention_reference(q, k, v, bits, seq_starts, seq_lens, page_size,
+                                              lse=lse))
         return out
     block_q = block_m // group
     batch = seq_lens.shape[0]
@@ -222,11 +245,12 @@ def teacher_sparse_attention(q, k, v, bits, seq_starts, seq_lens, page_size: int
         block_d = max(16, next_power_of_2(dim))
         grid = (-(-max_len // block_q), kv_heads, batch)
         _teacher_attention_kernel[grid](
-            q, k, v, bits, seq_starts, seq_lens, out,
+            q, k, v, bits, seq_starts, seq_lens, out, out if lse is None else lse,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            bits.stride(0), bits.stride(1), out.stride(0), out.stride(1), dim,
+            bits.stride(0), bits.stride(1), out.stride(0), out.stride(1), heads, dim,
             LOG2E / math.sqrt(dim), GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n,
             BLOCK_D=block_d, PAGE=page_size, EVEN_D=dim == block_d,
             IEEE=q.dtype == torch.float32, SKIP_EMPTY=bool(skip_empty),
+            STORE_LSE=lse is not None,
             num_warps=num_warps or (8 if block_m >= 128 else 4), num_stages=num_stages)
     return out

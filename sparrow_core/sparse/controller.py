@@ -19,6 +19,11 @@ smaller one (none: the bin stays). The
 result is made non-decreasing over bins: a raised bin lifts the bins after it, a lowered bin
 stops at the bin before it, unless that bin held no generated token in the re-measured
 trajectories (only prompts reach it), which then follows it down.
+
+DistillSparse (sparrow-method.md section 8): `one_notch_cheaper` lowers every bin one grid
+budget; the distill stage measures the sparse actor with its LoRA under it (CheaperMeasurement)
+and `distill_switch` allows the switch once the last `patience` measurements, all taken while
+rolling out the schedule in force, held every measured bin at target + margin.
 """
 
 from __future__ import annotations
@@ -81,7 +86,9 @@ class Change:
     """One bin's budget before and after, with the p5 measured at the new budget."""
 
     bin: int
-    kind: str  # raise | lower | follow (moved to keep the schedule non-decreasing)
+    # raise | lower | follow (moved to keep the schedule non-decreasing) | distill (a switch
+    # to the cheaper schedule the LoRA holds)
+    kind: str
     old_topk: int
     new_topk: int
     p5: float
@@ -178,3 +185,55 @@ def apply_measurement(schedule: Schedule, decision: Decision, budgets: Sequence[
     changes = [Change(b, kinds.get(b, "follow"), old[b], topk[b], measured.get(b, math.nan))
                for b in range(width) if topk[b] != old[b]]
     return replace(schedule, topk_pages=tuple(topk)), changes
+
+
+# DistillSparse: switch to a cheaper schedule the LoRA holds at target
+
+@dataclass(frozen=True)
+class CheaperMeasurement:
+    """One distill step's target statistic per bin (oriented: higher is better) of the sparse
+    actor with its LoRA under `cheaper_topk`, on trajectories rolled out with `schedule_topk`."""
+
+    step: int
+    schedule_topk: tuple[int, ...]
+    cheaper_topk: tuple[int, ...]
+    values: Mapping[int, float]
+
+
+def one_notch_cheaper(schedule: Schedule, grid: Sequence[int]) -> Schedule:
+    """Every bin's top-k down to the largest grid budget below it (kept where none is); the
+    floor is monotone, so the schedule stays non-decreasing."""
+    topk = [max((b for b in grid if b < k), default=k) for k in schedule.topk_pages]
+    for b in range(1, len(topk)):
+        topk[b] = max(topk[b], topk[b - 1])
+    return replace(schedule, topk_pages=tuple(topk))
+
+
+def distill_switch(measurements: Sequence[CheaperMeasurement], schedule: Schedule,
+                   settings: ControlSettings, patience: int,
+                   margin: float = 0.0) -> tuple[Schedule, list[Change]] | None:
+    """The cheaper schedule and its changes (kind "distill", p5: the lowest measured value
+    of the bin), or None: a switch needs the last `patience` measurements (by step) all of
+    `schedule` and one cheaper schedule, each with a bin measured and every measured bin
+    (bins past the last count in it) at target + margin or above. A bin no measurement
+    reached moves with the others; the raise rule watches it from the next step on."""
+    if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
+        raise ControllerError(f"patience must be an integer >= 1, got {patience!r}")
+    recent = sorted(measurements, key=lambda m: m.step)[-patience:]
+    if len(recent) < patience:
+        return None
+    cheaper = tuple(recent[-1].cheaper_topk)
+    if len(cheaper) != schedule.num_bins or cheaper == schedule.topk_pages:
+        return None
+    floor = settings.target + margin
+    seen: dict[int, float] = {}
+    for m in recent:
+        values = _clamped(m.values, schedule.num_bins)
+        if (tuple(m.schedule_topk) != schedule.topk_pages or tuple(m.cheaper_topk) != cheaper
+                or not values or min(values.values()) < floor):
+            return None
+        for b, value in values.items():
+            seen[b] = min(seen.get(b, math.inf), value)
+    changes = [Change(b, "distill", old, new, seen.get(b, math.nan))
+               for b, (old, new) in enumerate(zip(schedule.topk_pages, cheaper)) if old != new]
+    return replace(schedule, topk_pages=cheaper), changes

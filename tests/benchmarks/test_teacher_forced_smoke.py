@@ -43,3 +43,20 @@ def test_smoke_times_both_paths_and_they_agree(tmp_path):
     assert row["triton_vs_flex_max_abs"] < 5e-2
     # the tiny schedule reads part of the pages, not all of them (nor none)
     assert 0.2 < row["triton_pages_read_share"] < 1.0
+
+
+def test_smoke_backward_times_forward_and_backward_per_path(tmp_path):
+    """--backward on CPU: the triton path (its launchers' references here) against the
+    reference path, forward and backward of one layer; FlexAttention has no CPU backward."""
+    out = tmp_path / "teacher_forced_backward.json"
+    done = subprocess.run([sys.executable, "-c", RUNNER,
+                           str(ROOT / "benchmarks" / "teacher_forced.py"), "--smoke",
+                           "--skip-model", "--backward", "--backends", "triton,flex,reference",
+                           "--reps", "1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [row] = json.loads(out.read_text())["rows"]
+    for key in ("dense_fwd_bwd_layer_s", "triton_fwd_bwd_layer_s", "reference_fwd_bwd_layer_s"):
+        assert row[key] > 0, key
+    assert "flex_fwd_bwd_layer_s" not in row
+    assert row["triton_vs_reference_grad_rel_diff"] < 1e-3

@@ -26,7 +26,8 @@ pytestmark = [
 ]
 
 DISTILL = ("algo.distill.enabled=true", "algo.lr=1e-6", "algo.distill.lr_scale=1000",
-           "pipeline.eval_every=0")
+           "pipeline.eval_every=0", "algo.distill.switch_to_cheaper=true",
+           "algo.distill.switch_patience=1")
 TIMING = ("time/", "rollout/tokens_per_s")
 
 
@@ -62,6 +63,18 @@ def test_stage_runs_and_records_its_metrics(reference):
         assert 0 <= metrics[(step, "distill/p5_lora")] <= 1
     # a fresh adapter is the base: with and without it, the same acceptance at step 1
     assert metrics[(1, "distill/p5_lora")] == pytest.approx(metrics[(1, "distill/p5_base")])
+    # the switch: step 1 measured the LoRA one notch cheaper; step 2's controller decided
+    measured = json.loads((stage_dir(workdir, "ref", 1, "distill_lora") / "cheaper.json")
+                          .read_text())
+    assert measured["values"] and measured["cheaper_topk"] != measured["schedule_topk"]
+    assert min(measured["values"].values()) == pytest.approx(
+        metrics[(1, "distill/min_bin_p5_cheaper")])
+    switched = metrics[(2, "reoptimize/distill_switch")]
+    if metrics[(2, "mismatch/bins_below")] == 0:  # no raise due: the rule alone decides
+        assert switched == float(min(measured["values"].values()) >= 0.86)
+    events = query(workdir, "SELECT count(*) AS n FROM threshold_events WHERE kind = "
+                   "'distill_switch' AND step = 2", []).as_dicts()[0]["n"]
+    assert (events > 0) == (switched == 1.0)
     client = MlflowClient(tracking_uri=f"sqlite:///{workdir.resolve()}/mlflow.db")
     history = client.get_metric_history(summary["mlflow_run_id"], "distill/loss")
     assert [(m.step, m.value) for m in history] == [

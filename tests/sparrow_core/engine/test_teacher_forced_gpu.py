@@ -1,6 +1,7 @@
-"""GPU twins of the teacher-forced tests: on CUDA the replay goes through FlexAttention
-(compiled) and must equal the float32 reference path on the same pages, forward and
-gradients, at bf16 tolerances; the threshold selection equals the stable sort on CUDA.
+"""GPU twins of the teacher-forced tests: on CUDA the replay goes through the Triton kernels
+(auto, forward and backward) or FlexAttention (compiled, backend="flex") and must equal the
+float32 reference path on the same pages, forward and gradients, at bf16 tolerances; the
+threshold selection equals the stable sort on CUDA.
 Run on the device: `python -m pytest -m gpu tests/sparrow_core/engine/test_teacher_forced_gpu.py -q`
 (the first test compiles FlexAttention's kernels: a few minutes in all)."""
 
@@ -35,9 +36,11 @@ def test_threshold_rule_equals_the_stable_sort_on_cuda(levels):
     assert torch.equal(select_by_threshold(scores, num_pages, topk, 1, 2), want)
 
 
-def test_flex_equals_reference_forward_and_gradients_at_1p7b_heads():
-    """Qwen3-1.7B heads (16 q, 8 kv, dim 128), bf16, the 0.86 preset (pages of 16, bins of
-    2,000 tokens), a sequence crossing a bin and one shorter, each with a prompt."""
+@pytest.mark.parametrize("path", ["flex", "triton"])
+def test_sparse_paths_equal_reference_forward_and_gradients_at_1p7b_heads(path):
+    """FlexAttention and the Triton kernels (forward and backward) against the
+    reference: Qwen3-1.7B heads (16 q, 8 kv, dim 128), bf16, the 0.86 preset (pages of 16,
+    bins of 2,000 tokens), a sequence crossing a bin and one shorter, each with a prompt."""
     torch._dynamo.reset()
     schedule = get_preset("qwen3-1.7b-0.86")
     lens, prompts = [2600, 900], [300, 100]
@@ -47,24 +50,26 @@ def test_flex_equals_reference_forward_and_gradients_at_1p7b_heads():
               .requires_grad_() for heads in (16, 8, 8)]
     grad_out = torch.randn(total, 16, 128, generator=gen, device=CUDA, dtype=torch.bfloat16)
     picks, results = {}, {}
-    for backend in ("auto", "reference"):
-        hook = lambda layer, index, pages: picks.__setitem__((backend, index), pages)
+    for backend in (path, "reference"):
+        hook = lambda layer, index, pages, b=backend: picks.__setitem__((b, index), pages)
         attention = TeacherForcedAttention(lens, prompts, schedule, query_chunk=512,
                                            backend=backend, on_selection=hook)
-        assert attention._use_flex(leaves[0]) == (backend == "auto")
+        # with gradients recorded only an explicit "triton" takes the kernels' backward
+        assert attention._use_kernels(*leaves) == (backend == "triton")
         out = attention(5, *leaves)
         results[backend] = (out.detach(), *torch.autograd.grad(out, leaves, grad_out))
     for index in range(len(lens)):
-        assert torch.equal(picks[("auto", index)], picks[("reference", index)])
-    flex, reference = results["auto"], results["reference"]
-    torch.testing.assert_close(flex[0], reference[0], atol=2e-2, rtol=2e-2)
-    for name, got, want in zip(("out", "dq", "dk", "dv"), flex, reference):
+        assert torch.equal(picks[(path, index)], picks[("reference", index)])
+    fast, reference = results[path], results["reference"]
+    torch.testing.assert_close(fast[0], reference[0], atol=2e-2, rtol=2e-2)
+    for name, got, want in zip(("out", "dq", "dk", "dv"), fast, reference):
         assert relative_error(got, want) < 2e-2, name
     # sparse indeed: the last position reads 61 + 1 + 2 of its 163 pages
-    assert picks[("auto", 0)][-1].sum(-1).max() == 61 + 3
+    assert picks[(path, 0)][-1].sum(-1).max() == 61 + 3
 
 
-def test_model_replay_and_gradients_equal_on_cuda(qwen3_checkpoint):
+@pytest.mark.parametrize("path", ["triton", "flex", "auto"])
+def test_model_replay_and_gradients_equal_on_cuda(qwen3_checkpoint, path):
     model = load_model(qwen3_checkpoint, device="cuda")
     gen = torch.Generator().manual_seed(3)
     sequences = [torch.randint(0, 384, (n,), generator=gen) for n in (400, 170)]
@@ -72,15 +77,15 @@ def test_model_replay_and_gradients_equal_on_cuda(qwen3_checkpoint):
                         reserved_eos=1, skip_layers=(0,))
     params = [p for p in model.parameters() if p.requires_grad]
     grads = {}
-    for backend in ("auto", "reference"):
+    for backend in (path, "reference"):
         logits = teacher_forced_logits(model, sequences, [20, 50], schedule, backend=backend)
         loss = sum(x.logsumexp(-1).sum() for x in logits)
         grads[backend] = ([x.detach() for x in logits],
                           torch.autograd.grad(loss, params, allow_unused=True))
-    for got, want in zip(grads["auto"][0], grads["reference"][0]):
+    for got, want in zip(grads[path][0], grads["reference"][0]):
         torch.testing.assert_close(got, want, atol=2e-3, rtol=0)
     checked = 0
-    for got, want in zip(grads["auto"][1], grads["reference"][1]):
+    for got, want in zip(grads[path][1], grads["reference"][1]):
         if want is not None:
             assert relative_error(got, want) < 1e-3
             checked += 1
@@ -147,7 +152,7 @@ def test_page_bits_kernel_equals_the_stable_sort_on_cuda(levels):
     assert torch.equal(got, want)
 
 
-def test_model_replay_without_grad_takes_the_kernels_and_equals_the_reference(
+def test_model_replay_takes_the_kernels_and_equals_the_reference(
         qwen3_checkpoint):
     model = load_model(qwen3_checkpoint, device="cuda")
     gen = torch.Generator().manual_seed(5)
@@ -161,6 +166,8 @@ def test_model_replay_without_grad_takes_the_kernels_and_equals_the_reference(
         kernels = teacher_forced_logits(model, sequences, [20, 50], schedule)
         reference = teacher_forced_logits(model, sequences, [20, 50], schedule,
                                           backend="reference")
-    assert not chosen._use_kernels(leaf, leaf, leaf)  # gradients recorded: FlexAttention
+    assert chosen._use_kernels(leaf, leaf, leaf)  # gradients recorded too: their backward
+    assert not TeacherForcedAttention([400, 170], [20, 50], schedule,
+                                      backend="flex")._use_kernels(leaf, leaf, leaf)
     for got, want in zip(kernels, reference):
         torch.testing.assert_close(got, want, atol=2e-3, rtol=0)

@@ -127,3 +127,50 @@ def test_k3_value_is_the_sampled_estimate(path, records):
     assert metrics["distill/k3"] >= 0 and "distill/p5_base" not in metrics
     assert 0 <= metrics["distill/min_bin_p5_lora"] <= 1 and 0 <= metrics["distill/p5_lora"] <= 1
     assert dataclasses.asdict(d.settings)["loss"] == "k3"
+
+
+def test_released_base_is_rebuilt_exactly_by_set_base(path, records):
+    """release_base frees every base weight while the engines roll out; set_base from the
+    same policy gives back the same state, bit for bit, and the same metrics."""
+    d = distiller(path, loss="full_kl")
+    d.distill(records, SCHEDULE)  # an adapter and AdamW moments that are not fresh
+    before = named(d)
+    moments = {k: {n: t.clone() for n, t in v.items()} for k, v in d.optimizer.state.items()}
+    want = d.distill(records, SCHEDULE, update=False)
+    d.release_base()
+    assert d.base_released
+    for name, param in d.model.named_parameters():
+        if ".lora_" in name:
+            assert torch.equal(param.detach(), before[name]), name
+        else:
+            assert param.numel() == 0, name
+    with pytest.raises(RuntimeError, match="set_base"):
+        d.distill(records, SCHEDULE)
+    d.set_base(SafetensorsCheckpoint(path))
+    assert not d.base_released
+    after = named(d)
+    assert after.keys() == before.keys()
+    for name, value in after.items():
+        assert value.dtype == before[name].dtype and torch.equal(value, before[name]), name
+    for param, state in d.optimizer.state.items():
+        for key, value in state.items():
+            assert torch.equal(value, moments[param][key]), key
+    assert d.distill(records, SCHEDULE, update=False) == want
+
+
+def test_cheaper_schedule_is_measured_with_the_lora(path, records):
+    from sparrow_core.sparse.controller import one_notch_cheaper
+
+    d = distiller(path, loss="full_kl")
+    d.distill(records, SCHEDULE)
+    same = d.distill(records, SCHEDULE, update=False, cheaper=SCHEDULE)
+    # the same schedule: the same forward, so the same numbers as "lora"
+    for stat in ("acceptance_mean", "p5", "min_bin_p5"):
+        assert same[f"distill/{stat}_cheaper"] == same[f"distill/{stat}_lora"], stat
+    cheaper = one_notch_cheaper(SCHEDULE, (1, 2, 3, 4, 6, 8, 12, 16))
+    assert cheaper.topk_pages != SCHEDULE.topk_pages
+    metrics = d.distill(records, SCHEDULE, update=False, cheaper=cheaper)
+    assert metrics["distill/acceptance_mean_cheaper"] != metrics["distill/acceptance_mean_lora"]
+    assert metrics["distill/acceptance_mean_lora"] == same["distill/acceptance_mean_lora"]
+    assert [s.bin for s in d.bin_stats["cheaper"]] == [s.bin for s in d.bin_stats["lora"]]
+    assert min(s.p5 for s in d.bin_stats["cheaper"]) == metrics["distill/min_bin_p5_cheaper"]
