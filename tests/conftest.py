@@ -17,12 +17,22 @@ ones that cover every supported family and shape corner, for parametrised tests.
 
 Flows run in this process report to the Prefect test API; a `sparrow train` subprocess joins
 both with that environment and `ray.address=<ray_address>`, so it starts neither.
+
+    def test_run(base_run):                          # one finished `sparrow train`, shared
+        assert base_run.done.returncode == 0
+
+base_run is BASE_RUN_ARGS run once per session as a user on a fresh machine runs it; the
+tests that check what it printed and the ones that compare a resumed run with an
+uninterrupted one all read this one run.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -179,3 +189,34 @@ def _last_flow_test(session) -> object | None:
 def pytest_runtest_teardown(item, nextitem):
     if nextitem is None or item is _last_flow_test(item.session):
         FLOW_ENVIRONMENT.stop()
+
+
+# `sparrow train` of the session's base run: 2 test-size steps; hot sampling (temperature 2)
+# so that the samples of a prompt differ and the update changes the weights
+BASE_RUN_ARGS = ("pipeline.steps=2", "data.prompts_per_step=2", "rollout.samples_per_prompt=2",
+                 "rollout.max_new_tokens=16", "rollout.temperature=2.0",
+                 "pipeline.keep_checkpoints=0")
+
+
+@dataclass(frozen=True)
+class BaseRun:
+    workdir: Path
+    run_id: str
+    args: tuple[str, ...]  # BASE_RUN_ARGS: a run of the same configuration passes them too
+    env: dict[str, str]  # a fresh machine's: its own PREFECT_HOME, no server, no Ray address
+    done: subprocess.CompletedProcess
+
+
+@pytest.fixture(scope="session")
+def base_run(tmp_path_factory) -> BaseRun:
+    """BASE_RUN_ARGS run to the end by `sparrow train` in a fresh Prefect home (Prefect's
+    temporary server and a local Ray of its own); the caller checks its exit status."""
+    root = tmp_path_factory.mktemp("base-run")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "RAY_"))}
+    env["PREFECT_HOME"] = str(root / "prefect-home")
+    workdir = root / "work"
+    done = subprocess.run(
+        [sys.executable, "-m", "sparrow_cli.main", "train", f"pipeline.workdir={workdir}",
+         "pipeline.run_id=base", *BASE_RUN_ARGS],
+        env=env, capture_output=True, text=True, timeout=600)
+    return BaseRun(workdir, "base", BASE_RUN_ARGS, env, done)
