@@ -10,10 +10,29 @@ Every checkpoint holds config.json, safetensors weights and the byte-level token
 sparrow_core.model.random_checkpoint (ids 0..255 are bytes, 256 <|endoftext|> = eos,
 257 <|bos|>, 258 <|im_start|>, 259 <|im_end|>; vocab 384). CHECKPOINT_FIXTURES names the
 ones that cover every supported family and shape corner, for parametrised tests.
+
+    def test_flow(flow_environment):                 # one Prefect test API and one Ray
+        flow_environment.start()
+        env, ray_address = flow_environment.subprocess_env(tmp_path / "prefect-home")
+
+Flows run in this process report to the Prefect test API; a `sparrow train` subprocess joins
+both with that environment and `ray.address=<ray_address>`, so it starts neither.
+
+    def test_run(base_run):                          # one finished `sparrow train`, shared
+        assert base_run.done.returncode == 0
+
+base_run is BASE_RUN_ARGS run once per session as a user on a fresh machine runs it; the
+tests that check what it printed and the ones that compare a resumed run with an
+uninterrupted one all read this one run.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -108,3 +127,103 @@ def pytest_collection_modifyitems(config, items):
     if gpu:
         config.hook.pytest_deselected(items=gpu)
         items[:] = [item for item in items if not item.get_closest_marker("gpu")]
+
+
+class FlowEnvironment:
+    """A Prefect test API and a local Ray, started on first use and stopped right after the last
+    test that asks for them (not at the session's end: later tests count their own child
+    processes, and Ray's and Prefect's would be among them). Starting them costs ~30 s on a
+    2-core machine, and so does each `sparrow train` subprocess that starts its own."""
+
+    def __init__(self):
+        self.stack: contextlib.ExitStack | None = None
+        self.api_url = ""
+        self.ray_address = ""
+
+    def start(self) -> None:
+        if self.stack is not None:
+            return
+        from pipelines.prefect_env import quiet_prefect
+
+        quiet_prefect()
+        import prefect.settings
+        import ray
+        from prefect.testing.utilities import prefect_test_harness
+
+        from tasks.rollout_actors import start_ray
+
+        stack = contextlib.ExitStack()
+        if start_ray(""):
+            stack.callback(ray.shutdown)
+        stack.enter_context(prefect_test_harness(server_startup_timeout=180))
+        self.api_url = prefect.settings.PREFECT_API_URL.value()
+        self.ray_address = ray.get_runtime_context().gcs_address
+        self.stack = stack
+
+    def subprocess_env(self, prefect_home: Path) -> tuple[dict[str, str], str]:
+        """(environment, ray address) of a subprocess that reports to this Prefect API and
+        joins this Ray (with `ray.address=<address>`): none of this process's PREFECT_ and RAY_
+        settings but the Ray auth mode (a local Ray asks for its token)."""
+        self.start()
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "RAY_"))}
+        env.update(PREFECT_HOME=str(prefect_home), PREFECT_API_URL=self.api_url)
+        if "RAY_AUTH_MODE" in os.environ:
+            env["RAY_AUTH_MODE"] = os.environ["RAY_AUTH_MODE"]
+        return env, self.ray_address
+
+    def stop(self) -> None:
+        if self.stack is not None:
+            stack, self.stack = self.stack, None
+            stack.close()
+
+
+FLOW_ENVIRONMENT = FlowEnvironment()
+
+
+@pytest.fixture(scope="session")
+def flow_environment() -> FlowEnvironment:
+    """The session's FlowEnvironment; call .start() (or .subprocess_env) before using it."""
+    return FLOW_ENVIRONMENT
+
+
+def _last_flow_test(session) -> object | None:
+    if not hasattr(session, "_last_flow_test"):
+        users = [item for item in session.items if "flow_environment" in item.fixturenames]
+        session._last_flow_test = users[-1] if users else None
+    return session._last_flow_test
+
+
+def pytest_runtest_teardown(item, nextitem):
+    if nextitem is None or item is _last_flow_test(item.session):
+        FLOW_ENVIRONMENT.stop()
+
+
+# `sparrow train` of the session's base run: 2 test-size steps; hot sampling (temperature 2)
+# so that the samples of a prompt differ and the update changes the weights
+BASE_RUN_ARGS = ("pipeline.steps=2", "data.prompts_per_step=2", "rollout.samples_per_prompt=2",
+                 "rollout.max_new_tokens=16", "rollout.temperature=2.0",
+                 "pipeline.keep_checkpoints=0")
+
+
+@dataclass(frozen=True)
+class BaseRun:
+    workdir: Path
+    run_id: str
+    args: tuple[str, ...]  # BASE_RUN_ARGS: a run of the same configuration passes them too
+    env: dict[str, str]  # a fresh machine's: its own PREFECT_HOME, no server, no Ray address
+    done: subprocess.CompletedProcess
+
+
+@pytest.fixture(scope="session")
+def base_run(tmp_path_factory) -> BaseRun:
+    """BASE_RUN_ARGS run to the end by `sparrow train` in a fresh Prefect home (Prefect's
+    temporary server and a local Ray of its own); the caller checks its exit status."""
+    root = tmp_path_factory.mktemp("base-run")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "RAY_"))}
+    env["PREFECT_HOME"] = str(root / "prefect-home")
+    workdir = root / "work"
+    done = subprocess.run(
+        [sys.executable, "-m", "sparrow_cli.main", "train", f"pipeline.workdir={workdir}",
+         "pipeline.run_id=base", *BASE_RUN_ARGS],
+        env=env, capture_output=True, text=True, timeout=600)
+    return BaseRun(workdir, "base", BASE_RUN_ARGS, env, done)

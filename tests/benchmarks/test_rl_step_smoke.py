@@ -1,6 +1,9 @@
 """benchmarks/rl_step.py --smoke: the whole-step benchmark's code on CPU with the tiny model.
 
     python -m pytest tests/benchmarks/test_rl_step_smoke.py -q     (about a minute)
+
+Its arms' processes report to the session's Prefect test API and join its Ray
+(tests/conftest.py, FlowEnvironment) instead of starting their own.
 """
 
 from __future__ import annotations
@@ -13,11 +16,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_smoke_run_reports_every_case_key(tmp_path):
+def test_smoke_run_reports_every_case_key(tmp_path, flow_environment):
     out = tmp_path / "rl_step.json"
+    env, ray_address = flow_environment.subprocess_env(tmp_path / "prefect-home")
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "rl_step.py"), "--smoke",
-                           "--workdir", str(tmp_path / "work"), "--out", str(out)],
-                          capture_output=True, text=True, timeout=600)
+                           "--workdir", str(tmp_path / "work"), "--out", str(out),
+                           "--set", f"ray.address={ray_address}"],
+                          env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     payload = json.loads(out.read_text())
     (case,) = payload["cases"]

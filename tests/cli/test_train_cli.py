@@ -46,15 +46,9 @@ def test_missing_model_directory_is_one_line(capsys, tmp_path, no_flow):
 
 
 @pytest.mark.slow
-def test_real_run_prints_the_table_and_where_to_look(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "RAY_"))}
-    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")  # a fresh machine: no server, no db
-    workdir = tmp_path / "work"
-    done = subprocess.run(
-        [sys.executable, "-m", "sparrow_cli.main", "train", f"pipeline.workdir={workdir}",
-         "pipeline.run_id=cli", "pipeline.steps=2", "data.prompts_per_step=2",
-         "rollout.samples_per_prompt=2", "rollout.max_new_tokens=16"],
-        env=env, capture_output=True, text=True, timeout=540)
+def test_real_run_prints_the_table_and_where_to_look(base_run):
+    """The session's base run (tests/conftest.py): `sparrow train` on a fresh Prefect home."""
+    done, workdir, env = base_run.done, base_run.workdir, base_run.env
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["step", "reward"])
@@ -68,8 +62,8 @@ def test_real_run_prints_the_table_and_where_to_look(tmp_path):
     listed = subprocess.run([sys.executable, "-m", "sparrow_cli.main", "runs", "--workdir",
                              str(workdir), "--json"], capture_output=True, text=True, env=env)
     [run] = json.loads(listed.stdout)
-    assert (run["run_id"], run["status"], run["steps_done"], run["steps"]) == ("cli", "finished",
-                                                                             2, 2)
+    assert (run["run_id"], run["status"], run["steps_done"], run["steps"]) == (
+        base_run.run_id, "finished", 2, 2)
 
 
 def _server_children(pid: int) -> list[int]:

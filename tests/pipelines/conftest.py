@@ -1,16 +1,15 @@
-"""Fixtures of the flow tests: one Prefect test API and one local Ray for this folder's tests.
+"""Fixtures of the flow tests: test-size overrides and test reward functions, on top of the
+session's one Prefect test API and one local Ray (FlowEnvironment, tests/conftest.py).
 
     def test_x(flow_env, small_overrides, tmp_path):     # Prefect harness + Ray are up
         train_flow(small_overrides(tmp_path / "work", "r1"))
 
-Starting them costs ~30 s on a 2-core machine, so the folder's tests share them; the flow
-leaves a Ray it did not start running. Test reward functions are registered while they are up
-(the reward runner's workers import them from this module by name).
+The test rewards are registered while this folder's tests run (the reward runner's workers
+import them from this module by name).
 """
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 import pytest
@@ -58,46 +57,14 @@ def reward_fn():
     return char_code_reward
 
 
-class FlowEnvironment:
-    """A Prefect test API and a local Ray, started on first use and stopped as soon as the
-    last test of this folder is done (not at the session's end: later tests in other folders
-    count their own child processes, and Ray's and Prefect's would be among them)."""
-
-    def __init__(self):
-        self.stack: contextlib.ExitStack | None = None
-
-    def start(self) -> None:
-        if self.stack is not None:
-            return
-        from prefect.testing.utilities import prefect_test_harness
-
-        from sparrow_core.data.rewards import REWARD_FUNCTIONS
-        from tasks.rollout_actors import start_ray
-
-        stack = contextlib.ExitStack()
-        for name, function in TEST_REWARDS.items():
-            REWARD_FUNCTIONS._entries[name] = function
-            stack.callback(REWARD_FUNCTIONS._entries.pop, name, None)
-        if start_ray(""):
-            import ray
-
-            stack.callback(ray.shutdown)
-        stack.enter_context(prefect_test_harness(server_startup_timeout=180))
-        self.stack = stack
-
-    def stop(self) -> None:
-        if self.stack is not None:
-            stack, self.stack = self.stack, None
-            stack.close()
-
-
-ENVIRONMENT = FlowEnvironment()
-
-
 @pytest.fixture(scope="session")
-def flow_environment() -> FlowEnvironment:
-    """For module-scoped fixtures: call .start() before running a flow."""
-    return ENVIRONMENT
+def flow_environment(flow_environment):
+    """The session's Prefect test API and Ray (tests/conftest.py), with TEST_REWARDS
+    registered: call .start() in module-scoped fixtures before running a flow."""
+    from sparrow_core.data.rewards import REWARD_FUNCTIONS
+
+    REWARD_FUNCTIONS._entries.update(TEST_REWARDS)
+    return flow_environment
 
 
 @pytest.fixture
@@ -106,5 +73,10 @@ def flow_env(flow_environment):
 
 
 def pytest_runtest_teardown(item, nextitem):
+    """The test rewards leave the registry with this folder's last test (later tests list the
+    registered names)."""
     if nextitem is None or Path(nextitem.path).parent != Path(__file__).parent:
-        ENVIRONMENT.stop()
+        from sparrow_core.data.rewards import REWARD_FUNCTIONS
+
+        for name in TEST_REWARDS:
+            REWARD_FUNCTIONS._entries.pop(name, None)

@@ -8,12 +8,14 @@ written, not yet renamed or recorded: pipeline.kill_at), the next resumes and is
 reward stage, and so on through every stage of step 2; the last resumes to the end. Against a
 run of the same configuration that was never interrupted: no stage recorded twice or lost, the
 same step metrics (wall-clock ones aside), the same final weights, no scratch folder left, and
-the run marked finished.
+the run marked finished. The uninterrupted run is the session's base run (tests/conftest.py);
+the chain's processes report to the session's Prefect test API and join its Ray: a process
+killed in a stage leaves its flow run unfinished there and its actor to Ray, which stops an
+actor whose owner died.
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,12 +29,10 @@ STEP2_STAGES = ("rollout", "reward", "dense_score", "aggregate_mismatch", "reopt
 VARYING = ("time/", "rollout/tokens_per_s")
 
 
-def _train(workdir: Path, run_id: str, env: dict, *extra: str) -> subprocess.CompletedProcess:
+def _train(workdir: Path, run_id: str, env: dict, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "sparrow_cli.main", "train", f"pipeline.workdir={workdir}",
-         f"pipeline.run_id={run_id}", "pipeline.steps=2", "data.prompts_per_step=2",
-         "rollout.samples_per_prompt=2", "rollout.max_new_tokens=16", "rollout.temperature=2.0",
-         "pipeline.keep_checkpoints=0", *extra],
+         f"pipeline.run_id={run_id}", *args],
         env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -44,18 +44,19 @@ def _rows(workdir: Path, sql: str) -> list[tuple]:
 
 
 @pytest.mark.slow
-def test_kill_in_every_stage_of_step_2_then_resume_ends_equal(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "RAY_"))}
-    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
-    reference, chained = tmp_path / "reference", tmp_path / "chained"
-    done = _train(reference, "k", env)
-    assert done.returncode == 0, done.stderr[-3000:]
+def test_kill_in_every_stage_of_step_2_then_resume_ends_equal(tmp_path, flow_environment,
+                                                              base_run):
+    env, ray_address = flow_environment.subprocess_env(tmp_path / "prefect-home")
+    args = (*base_run.args, f"ray.address={ray_address}")
+    # the uninterrupted run: the session's base run of the same arguments (tests/conftest.py)
+    reference, chained, run_id = base_run.workdir, tmp_path / "chained", base_run.run_id
+    assert base_run.done.returncode == 0, base_run.done.stderr[-3000:]
     for stage in STEP2_STAGES:
-        killed = _train(chained, "k", env, f"pipeline.kill_at={stage}@2")
+        killed = _train(chained, run_id, env, *args, f"pipeline.kill_at={stage}@2")
         assert killed.returncode == -9, (stage, killed.returncode, killed.stderr[-3000:])
         # the killed stage wrote its scratch folder and recorded nothing
         assert not _rows(chained, f"SELECT 1 FROM stage_runs WHERE step = 2 AND stage = '{stage}'")
-    done = _train(chained, "k", env)
+    done = _train(chained, run_id, env, *args)
     assert done.returncode == 0, done.stderr[-3000:]
 
     stages = "SELECT step, stage, count(*) FROM stage_runs GROUP BY ALL ORDER BY ALL"
@@ -69,7 +70,7 @@ def test_kill_in_every_stage_of_step_2_then_resume_ends_equal(tmp_path):
         count = f"SELECT count(*) FROM {table}"
         assert _rows(chained, count) == _rows(reference, count)
     assert _rows(chained, "SELECT status FROM runs") == [("finished",)]
-    final = "runs/k/step-2/policy_update/model.safetensors"
+    final = f"runs/{run_id}/step-2/policy_update/model.safetensors"
     want_w, got_w = load_file(str(reference / final)), load_file(str(chained / final))
     assert want_w.keys() == got_w.keys()
     assert all(bool((want_w[k] == got_w[k]).all()) for k in want_w)

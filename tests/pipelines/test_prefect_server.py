@@ -3,7 +3,9 @@
 
 Everything goes through the CLI as a user types it (docs/pipeline.md, Prefect section), in
 subprocesses with their own PREFECT_HOME, each in its own process group so that stopping it
-leaves no process behind. Run: `python -m pytest tests/pipelines/test_prefect_server.py -q`.
+leaves no process behind. The train run joins the Ray of this folder's tests
+(tests/pipelines/conftest.py, `ray.address`) rather than start one of its own, as a run on a
+cluster does. Run: `python -m pytest tests/pipelines/test_prefect_server.py -q`.
 """
 
 from __future__ import annotations
@@ -82,11 +84,12 @@ def prefect(env: dict, *args: str, timeout: float = 300) -> str:
 
 
 @pytest.fixture
-def server_env(tmp_path):
-    """A Prefect server on a free port of 127.0.0.1; the environment that points at it."""
+def server_env(tmp_path, flow_environment):
+    """A Prefect server on a free port of 127.0.0.1: (the environment that points at it, the
+    address of the shared Ray)."""
     api_url = f"http://127.0.0.1:{free_port()}/api"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_API_URL=api_url,
+    env, ray_address = flow_environment.subprocess_env(tmp_path / "prefect-home")
+    env.update(PREFECT_API_URL=api_url,
                PREFECT_SERVER_ANALYTICS_ENABLED="false", SPARROW_REPO=str(REPO),
                COLUMNS="200")
     port = api_url.rsplit(":", 1)[1].removesuffix("/api")
@@ -95,14 +98,14 @@ def server_env(tmp_path):
                    env, log)
     try:
         wait_healthy(api_url, server, log)
-        yield env
+        yield env, ray_address
     finally:
         stop(server)
     assert not group_alive(server.pid), "the Prefect server left a process behind"
 
 
 def test_deploy_all_and_run_both_flows_on_a_local_server(server_env, tmp_path):
-    env, workdir = server_env, tmp_path / "work"
+    (env, ray_address), workdir = server_env, tmp_path / "work"
     prefect(env, "work-pool", "create", "sparrow", "--type", "process")
     prefect(env, "--no-prompt", "deploy", "--all")
     listed = prefect(env, "deployment", "ls")
@@ -113,6 +116,7 @@ def test_deploy_all_and_run_both_flows_on_a_local_server(server_env, tmp_path):
     try:
         # the smallest run of the embedded default: 1 step of 2 prompts x 2 samples
         overrides = [f"pipeline.workdir={workdir}", "pipeline.run_id=served", "pipeline.steps=1",
+                     f"ray.address={ray_address}",
                      "data.prompts_per_step=2", "rollout.samples_per_prompt=2",
                      "rollout.max_new_tokens=24"]
         run = prefect(env, "deployment", "run", "train/sparrow-train",
