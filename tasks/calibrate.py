@@ -7,7 +7,7 @@
 
 Everything lands under `<workdir>/calibrations/<calibration_id>/` by write-then-rename; each
 task reads its inputs from the previous task's file, so it can be re-run alone. The library
-does the work (sparrow_core/sparse/calibration.py, choose.py); tasks/calibrate_store.py
+does the work (sparrow_core/control/calibration.py, choose.py); tasks/calibrate_store.py
 writes DuckDB and MLflow, tasks/calibrate_plot.py draws the figure. Tasks take plain values
 (config overrides, ids, paths), as Prefect's rules ask, and are never cached.
 """
@@ -28,7 +28,7 @@ from sparrow_core.config import SparrowConfig, load_config
 from sparrow_core.data.datasets import load_prompts
 from sparrow_core.engine import EngineConfig, SamplingParams
 from sparrow_core.model.builtin import resolve_model_path
-from sparrow_core.sparse.calibration import (
+from sparrow_core.control.calibration import (
     STATISTICS,
     AcceptanceTable,
     Trajectory,

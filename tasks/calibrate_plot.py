@@ -18,8 +18,8 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
-from sparrow_core.sparse.calibration import AcceptanceTable
-from sparrow_core.sparse.choose import Choice
+from sparrow_core.control.calibration import AcceptanceTable
+from sparrow_core.control.choose import Choice
 
 
 def plot_calibration(table: AcceptanceTable, choice: Choice, target: float,

@@ -5,7 +5,7 @@
 Prices every (budget, bin) with the cost model (model shape from the checkpoint's config.json,
 calibrate.hardware, the calibration prompts' median length), chooses the cheapest monotone
 schedule meeting schedule.target on schedule.target_statistic, p5 by default
-(sparrow_core/sparse/choose.py), then writes: the schedule YAML
+(sparrow_core/control/choose.py), then writes: the schedule YAML
 `<workdir>/schedules/<name>-v<version>.yaml`; in DuckDB one transaction with the
 `calibration` rows (p1, p5, p10, mean and tokens per budget and bin) and a new `schedules` version;
 the plot and summary.json under `<workdir>/calibrations/<id>/`; and an MLflow run tagged
@@ -24,8 +24,8 @@ from prefect.cache_policies import NONE
 
 from sparrow_core.config import SparrowConfig, load_config
 from sparrow_core.costmodel import get_hardware
-from sparrow_core.sparse.calibration import AcceptanceTable, model_shape
-from sparrow_core.sparse.choose import Choice, budget_cost_table, choose_budgets
+from sparrow_core.control.calibration import AcceptanceTable, model_shape
+from sparrow_core.control.choose import Choice, budget_cost_table, choose_budgets
 from sparrow_core.sparse.io import save_schedule_yaml
 from sparrow_core.sparse.schedule import Schedule
 from sparrow_core.sparse.target import get_statistic

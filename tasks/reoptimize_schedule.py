@@ -3,7 +3,7 @@ lower bins with margin on a timer, each change a new schedule version.
 
     outcome = reoptimize_schedule_task(workdir, run_id, step)   # .../reoptimize_schedule/decision.json
 
-Each step, sparrow_core/sparse/controller.py reads the run's per-bin history of
+Each step, sparrow_core/control/controller.py reads the run's per-bin history of
 schedule.target_statistic (bin_stats; p5 by default, sparrow_core/sparse/target.py) against
 schedule.target: a bin below target - calibrate.tolerance for calibrate.patience steps
 in a row is raised; every pipeline.reoptimize_every steps (0: never) bins whose p5 is at least
@@ -11,7 +11,7 @@ target + calibrate.margin try fewer pages. The bins concerned are re-measured ex
 step's own trajectories (rollouts.parquet; the calibrate.remeasure_samples longest, 0: all),
 teacher-forced under the policy that sampled them, at the grid budgets above (raise) or below
 (lower) their current top-k (the grid is calibrate.budgets, else the one `sparrow calibrate`
-would use), measuring only those sparrow_core/sparse/budget_search.py needs to find the
+would use), measuring only those sparrow_core/control/budget_search.py needs to find the
 smallest one meeting the target (the exhaustive pick when p5 is monotone in the budget). A
 changed schedule is stored as the next version of the run's schedule name (schedules row with
 this step, reason and YAML path), so the rollout stage of the next step decodes with it
@@ -32,9 +32,9 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from sparrow_core.data.rollouts import read_rollouts
-from sparrow_core.sparse.budget_search import search_budgets
-from sparrow_core.sparse.calibration import Trajectory, budget_grid, measure_budgets
-from sparrow_core.sparse.controller import (
+from sparrow_core.control.budget_search import search_budgets
+from sparrow_core.control.calibration import Trajectory, budget_grid, measure_budgets
+from sparrow_core.control.controller import (
     Change,
     ControlSettings,
     Decision,

@@ -66,7 +66,7 @@ def _mean(values) -> float | None:
 
 def model_shape_of(data: StudyData) -> tuple[Any, str]:
     """(the cost model's shape of the study's model, or None, and why not)."""
-    from sparrow_core.sparse.calibration import model_shape
+    from sparrow_core.control.calibration import model_shape
 
     paths = {a.run.get("model_path") for a in data.arms if a.run.get("model_path")}
     if not paths:

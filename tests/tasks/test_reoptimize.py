@@ -23,7 +23,7 @@ from sparrow_core.data.rollouts import RolloutRecord, write_rollouts
 from sparrow_core.engine import Engine, EngineConfig, SamplingParams
 from sparrow_core.model import load_model, load_tokenizer
 from sparrow_core.model.builtin import resolve_model_path
-from sparrow_core.sparse.calibration import Trajectory, flat_schedule, schedule_acceptance
+from sparrow_core.control.calibration import Trajectory, flat_schedule, schedule_acceptance
 from sparrow_core.sparse.schedule import Schedule
 from storage import RunLayout, Store
 from tasks.reoptimize_schedule import DECISION_FILE, longest, reoptimize

@@ -14,8 +14,8 @@ import pytest
 
 from sparrow_core.config import ConfigError, load_config
 from sparrow_core.model.builtin import resolve_model_path
-from sparrow_core.sparse.calibration import AcceptanceTable
-from sparrow_core.sparse.controller import decide
+from sparrow_core.control.calibration import AcceptanceTable
+from sparrow_core.control.controller import decide
 from sparrow_core.sparse.schedule import Schedule
 from sparrow_core.sparse.target import TARGET_STATISTICS, get_statistic
 from storage import Store

@@ -9,7 +9,7 @@ import pytest
 
 from sparrow_core.costmodel import get_hardware, get_model
 from sparrow_core.costmodel_segments import segment_cost
-from sparrow_core.sparse.choose import ChooseError, budget_cost_table, choose_budgets
+from sparrow_core.control.choose import ChooseError, budget_cost_table, choose_budgets
 from sparrow_core.sparse.presets import get_preset
 
 

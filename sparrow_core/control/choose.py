@@ -1,6 +1,6 @@
 """Choosing a schedule from a calibration table: per bin the cheapest budget meeting the target.
 
-    from sparrow_core.sparse.choose import choose_budgets, budget_cost_table
+    from sparrow_core.control.choose import choose_budgets, budget_cost_table
     cost = budget_cost_table(budgets, num_bins, template, model=shape, hardware=hw, prompt_len=40)
     choice = choose_budgets(budgets, p5, counts, cost, target=0.86, min_tokens=200)
     choice.topk_pages, choice.notes()

@@ -1,7 +1,7 @@
 """Calibration: sample trajectories, replay them teacher-forced under a grid of budgets, and
 measure the exact acceptance per token and its p5 per (budget, bin).
 
-    from sparrow_core.sparse.calibration import (sample_trajectories, measure_budgets,
+    from sparrow_core.control.calibration import (sample_trajectories, measure_budgets,
                                                  budget_grid)
     trajectories = sample_trajectories(model, tokenizer, prompt_ids, params)   # dense sampling
     grid = budget_grid(max_pages=36)                # fits the tiny model: 1, 2, 3, 4, 8, ... 32

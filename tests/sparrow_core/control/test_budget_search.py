@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sparrow_core.sparse.budget_search import search_budgets
-from sparrow_core.sparse.controller import (
+from sparrow_core.control.budget_search import search_budgets
+from sparrow_core.control.controller import (
     ControlSettings,
     Decision,
     apply_measurement,

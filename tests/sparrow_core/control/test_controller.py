@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from sparrow_core.sparse.controller import (
+from sparrow_core.control.controller import (
     ControllerError,
     ControlSettings,
     Decision,

@@ -30,7 +30,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from sparrow_core.sparse.controller import Decision, candidate_budgets
+from sparrow_core.control.controller import Decision, candidate_budgets
 from sparrow_core.sparse.schedule import Schedule
 
 Measure = Callable[[list[int]], np.ndarray]

@@ -12,7 +12,7 @@ from sparrow_core.data.datasets import load_prompts
 from sparrow_core.engine import SamplingParams
 from sparrow_core.model import load_model, load_tokenizer
 from sparrow_core.model.builtin import resolve_model_path
-from sparrow_core.sparse.calibration import (
+from sparrow_core.control.calibration import (
     PAPER_BUDGETS,
     CalibrationError,
     Trajectory,
@@ -26,7 +26,7 @@ from sparrow_core.sparse.calibration import (
     schedule_acceptance,
     table_from_tokens,
 )
-from sparrow_core.sparse.choose import budget_cost_table, choose_budgets
+from sparrow_core.control.choose import budget_cost_table, choose_budgets
 from sparrow_core.sparse.presets import get_preset
 from sparrow_core.sparse.schedule import Schedule
 
@@ -171,7 +171,7 @@ def test_embedded_model_calibrates_and_holds_its_target_on_held_out_prompts(tiny
 def test_replay_selects_with_the_rollout_engines_centroid_dtype(qwen3_checkpoint, monkeypatch):
     """measure_budgets and schedule_acceptance hand centroid_dtype to every sparse replay (the
     dense one needs none), and the replay's acceptance follows it."""
-    from sparrow_core.sparse import calibration
+    from sparrow_core.control import calibration
 
     model = load_model(qwen3_checkpoint)
     template = Schedule("t", (2,), page_size=4, bin_tokens=16, reserved_bos=1, reserved_eos=1,
