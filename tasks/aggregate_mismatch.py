@@ -35,6 +35,7 @@ from sparrow_core.mismatch import BinStats, bin_statistics, min_p5
 from sparrow_core.sparse.io import schedule_from_dict
 from sparrow_core.sparse.schedule import Schedule
 from sparrow_core.sparse.target import DEFAULT_STATISTIC, get_statistic
+from storage import mismatch_rows
 from tasks.dense_score import read_scores
 from tasks.retry import INFRA_RETRIES
 from tasks.rollout import ROLLOUTS_FILE, SCHEDULE_FILE
@@ -42,12 +43,6 @@ from tasks.runtime import RunRuntime, lookup
 from tasks.stage import StageOutcome, StageWrite, run_stage
 
 BIN_STATS_FILE = "bin_stats.json"
-# bin_stats columns in the order write_rows gives them
-BIN_COLUMNS = ("run_id", "step", "bin", "n", "mean", "p1", "p5", "p10", "p50", "beta_a", "beta_b",
-               "beta_var", "ks", "budget_pages", "schedule_name", "schedule_version", "min",
-               "share_below_half")
-
-
 def token_table(run_id: str, step: int, records, scores, schedule: Schedule):
     """The per-token rows as a pyarrow table (columns of storage.schema.TOKEN_COLUMNS)."""
     import pyarrow as pa
@@ -112,24 +107,15 @@ class StepBins:
     def write_rows(self, conn) -> None:
         """Replace the step's bin_stats and threshold_events rows."""
         run_id, step, p5, below = self.run_id, self.step, self.p5, self.below
-        for table_name in ("bin_stats", "threshold_events"):
-            conn.execute(f"DELETE FROM {table_name} WHERE run_id = ? AND step = ?", [run_id, step])
-        for s in self.stats:
-            conn.execute(
-                f"INSERT INTO bin_stats ({', '.join(BIN_COLUMNS)}) VALUES "
-                f"({', '.join('?' * len(BIN_COLUMNS))})",
-                [run_id, step, s.bin, s.n, s.mean, s.p1, s.p5, s.p10, s.p50, _finite(s.beta_a),
-                 _finite(s.beta_b), _finite(s.beta_var), _finite(s.ks), self.budget[s.bin],
-                 self.schedule_name, self.schedule_version, _finite(s.min),
-                 _finite(s.share_below_half)])
-        previous = {b for (b,) in conn.execute(
-            "SELECT bin FROM threshold_events WHERE run_id = ? AND step = ? AND kind = "
-            "'below_target'", [run_id, step - 1]).fetchall()}
+        mismatch_rows.replace_bin_stats(conn, run_id, step, [
+            {**{k: _finite(v) if isinstance(v, float) else v for k, v in s.as_dict().items()},
+             "budget_pages": self.budget[s.bin], "schedule_name": self.schedule_name,
+             "schedule_version": self.schedule_version} for s in self.stats])
+        previous = mismatch_rows.below_target_bins(conn, run_id, step - 1)
         events = [(b, "below_target") for b in below]
         events += [(b, "recovered") for b in sorted(previous) if b in p5 and b not in below]
-        for b, kind in events:
-            conn.execute("INSERT INTO threshold_events (run_id, step, bin, kind, p5, target) "
-                         "VALUES (?, ?, ?, ?, ?, ?)", [run_id, step, b, kind, p5[b], self.target])
+        mismatch_rows.replace_threshold_events(
+            conn, run_id, step, [(b, kind, p5[b], self.target) for b, kind in events])
 
 
 def aggregate_step(runtime: RunRuntime, step: int, rollout_dir: str, scores_path: str,

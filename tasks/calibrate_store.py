@@ -30,6 +30,7 @@ from sparrow_core.sparse.io import save_schedule_yaml
 from sparrow_core.sparse.schedule import Schedule
 from sparrow_core.sparse.target import get_statistic
 from storage import Store
+from storage.schedule_rows import newest_version, replace_calibration
 from tasks.calibrate import (
     base_schedule,
     calibration_dir,
@@ -66,17 +67,10 @@ def store_calibration(cfg: SparrowConfig, calibration_id: str, table: Acceptance
     """(version, yaml path): calibration rows and the new schedules version, in one transaction."""
     workdir = Path(cfg.pipeline.workdir)
     with Store.open_writer(workdir) as store, store.connect() as conn:
-        row = conn.execute("SELECT max(version) FROM schedules WHERE name = ?",
-                           [schedule.name]).fetchone()
-        version = (row[0] or 0) + 1
+        version = (newest_version(conn, schedule.name) or 0) + 1
         yaml_path = save_schedule_yaml(schedule, workdir / "schedules" /
                                        f"{schedule.name}-v{version}.yaml")
-        conn.execute("DELETE FROM calibration WHERE calibration_id = ?", [calibration_id])
-        conn.executemany(
-            "INSERT INTO calibration (calibration_id, model_path, budget_pages, bin, n, p5, mean, "
-            "p1, p10) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [[calibration_id, str(model_dir), r["budget_pages"], r["bin"], r["n"], r["p5"],
-              r["mean"], r["p1"], r["p10"]] for r in table.rows()])
+        replace_calibration(conn, calibration_id, str(model_dir), table.rows())
         insert_schedule(conn, schedule, version, calibration_id, 0,
                         f"calibration {calibration_id}", str(yaml_path))
     return version, yaml_path

@@ -31,7 +31,6 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NONE
 
-from sparrow_core.data.rollouts import read_rollouts
 from sparrow_core.control.budget_search import search_budgets
 from sparrow_core.control.calibration import Trajectory, budget_grid, measure_budgets
 from sparrow_core.control.controller import (
@@ -41,9 +40,12 @@ from sparrow_core.control.controller import (
     apply_measurement,
     decide,
 )
+from sparrow_core.data.rollouts import read_rollouts
 from sparrow_core.sparse.io import save_schedule_yaml
 from sparrow_core.sparse.schedule import Schedule
 from sparrow_core.sparse.target import get_statistic
+from storage.mismatch_rows import statistic_history
+from storage.schedule_rows import newest_version
 from tasks.retry import INFRA_RETRIES
 from tasks.rollout import ROLLOUTS_FILE
 from tasks.runtime import RunRuntime, device_and_dtype, lookup
@@ -65,11 +67,9 @@ def settings_of(cfg) -> ControlSettings:
 def p5_history(runtime: RunRuntime, step: int) -> dict[int, dict[int, float]]:
     """step -> {bin: value} of schedule.target_statistic (p5 by default), oriented."""
     statistic = get_statistic(runtime.cfg.schedule.target_statistic)
-    column = statistic.column  # a registry entry's column, never user text
+    column = statistic.column  # a registry entry's column (storage checks it too)
     with runtime.store.connect() as conn:
-        rows = conn.execute(f"SELECT step, bin, {column} FROM bin_stats WHERE run_id = ? AND "
-                            f"step <= ? AND {column} IS NOT NULL",
-                            [runtime.run_id, step]).fetchall()
+        rows = statistic_history(conn, runtime.run_id, column, step)
     history: dict[int, dict[int, float]] = {}
     for s, b, value in rows:
         history.setdefault(int(s), {})[int(b)] = float(statistic.oriented(value))
@@ -160,9 +160,7 @@ def reoptimize(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
 def _new_version(runtime: RunRuntime, step: int, out: Path, new: Schedule, changes: list[Change],
                  record: dict, metrics: dict) -> StageWrite:
     with runtime.store.connect() as conn:
-        newest = conn.execute("SELECT max(version) FROM schedules WHERE name = ?",
-                              [new.name]).fetchone()[0]
-    version = int(newest or 0) + 1
+        version = (newest_version(conn, new.name) or 0) + 1
     save_schedule_yaml(new, out / SCHEDULE_FILE)
     final_yaml = runtime.layout.stage_dir(step, STAGE) / SCHEDULE_FILE
     reason = "; ".join(f"bin {c.bin} {c.kind} {c.old_topk}->{c.new_topk}" for c in changes)
