@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 
 # bin_stats columns after (run_id, step), as a step's rows give them
 BIN_COLUMNS = ("bin", "n", "mean", "p1", "p5", "p10", "p50", "beta_a", "beta_b", "beta_var",
-               "ks", "budget_pages", "schedule_name", "schedule_version", "min",
+               "ks", "pages_read", "schedule_name", "schedule_version", "min",
                "share_below_half")
 # statistics a caller may ask the history of (a column name is put into SQL: never user text)
 STATISTIC_COLUMNS = ("mean", "p1", "p5", "p10", "p50", "min", "share_below_half")

@@ -15,6 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from storage.query import query
+from storage.schema import renamed_row
+
+# the bin_stats columns a report reads
+BIN_REPORT_COLUMNS = ("step", "bin", "n", "mean", "p5", "pages_read", "schedule_name",
+                      "schedule_version")
 
 
 def _rows(workdir, sql: str, params: list | None = None) -> list[dict[str, Any]]:
@@ -35,9 +40,8 @@ def run_tables(workdir: str | Path, run_id: str) -> dict[str, list[dict[str, Any
         "runs": _rows(workdir, "SELECT * FROM runs WHERE run_id = ?", [run_id]),
         "step_metrics": _rows(workdir, "SELECT step, name, value FROM step_metrics "
                                        "WHERE run_id = ? ORDER BY name, step", [run_id]),
-        "bin_stats": _rows(workdir, "SELECT step, bin, n, mean, p5, budget_pages, schedule_name, "
-                                    "schedule_version FROM bin_stats WHERE run_id = ? "
-                                    "ORDER BY step, bin", [run_id]),
+        "bin_stats": [_bin_row(r) for r in _rows(
+            workdir, "SELECT * FROM bin_stats WHERE run_id = ? ORDER BY step, bin", [run_id])],
         "threshold_events": _rows(workdir, "SELECT step, bin, kind, p5, target FROM "
                                            "threshold_events WHERE run_id = ? "
                                            "ORDER BY step, bin, kind", [run_id]),
@@ -51,6 +55,11 @@ def run_tables(workdir: str | Path, run_id: str) -> dict[str, list[dict[str, Any
             FROM stage_runs WHERE run_id = ? GROUP BY stage ORDER BY min(started_at), stage""",
                         [run_id]),
     }
+
+
+def _bin_row(row: dict[str, Any]) -> dict[str, Any]:
+    row = renamed_row("bin_stats", row)  # a file from before schema version 4
+    return {k: row.get(k) for k in BIN_REPORT_COLUMNS}
 
 
 def step_metric_rows(workdir: str | Path, run_id: str) -> list[dict[str, Any]]:

@@ -20,7 +20,7 @@ from storage.query import query
 SCHEDULE_COLUMNS = ("name", "page_size", "bin_tokens", "topk_pages", "reserved_bos",
                     "reserved_eos", "skip_layers", "target")
 # the calibration table's per (topk_pages, bin) columns, as AcceptanceTable.rows() gives them
-CALIBRATION_COLUMNS = ("budget_pages", "bin", "n", "p5", "mean", "p1", "p10")
+CALIBRATION_COLUMNS = ("topk_pages", "bin", "n", "p5", "mean", "p1", "p10")
 
 
 def newest_version(conn, name: str) -> int | None:

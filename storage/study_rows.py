@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 from storage.errors import StorageError
 from storage.query import query
 from storage.schedule_rows import SCHEDULE_COLUMNS
+from storage.schema import renamed_row
 
 # the runs of one study's arms (one parameter: the study id)
 _MINE = "run_id IN (SELECT run_id FROM study_arms WHERE study_id = ?)"
@@ -52,8 +53,9 @@ def study_tables(workdir: str | Path, study_id: str) -> dict[str, list[dict[str,
         "runs": _rows(workdir, f"SELECT * FROM runs WHERE {_MINE}", [study_id]),
         "step_metrics": _rows(workdir, f"SELECT run_id, step, name, value FROM step_metrics "
                                        f"WHERE {_MINE}", [study_id]),
-        "bin_stats": _rows(workdir, f"SELECT * FROM bin_stats WHERE {_MINE} ORDER BY step, bin",
-                           [study_id]),
+        # a file from before schema version 4 gives its rows under the new column names
+        "bin_stats": [renamed_row("bin_stats", r) for r in _rows(
+            workdir, f"SELECT * FROM bin_stats WHERE {_MINE} ORDER BY step, bin", [study_id])],
         "schedules": _rows(workdir, f"""
             SELECT version, {', '.join(SCHEDULE_COLUMNS)} FROM schedules s WHERE EXISTS (
                 SELECT 1 FROM bin_stats b WHERE b.{_MINE} AND b.schedule_name = s.name

@@ -5,7 +5,7 @@
 Writes, for the step:
 - tokens.parquet (RunLayout.token_file): one row per generated token with run_id, step,
   sample, prompt, position (total position: prompt length + index in the completion), bin
-  (Schedule.bin_of: a position past the schedule's last bin is in the last bin), budget_pages (pages the actor read for it), acceptance, leftover_mass, actor_logprob,
+  (Schedule.bin_of: a position past the schedule's last bin is in the last bin), pages_read (pages the actor read for it), acceptance, leftover_mass, actor_logprob,
   dense_logprob; DuckDB's token_mismatch view reads these files.
 - bin_stats rows: sparrow_core.mismatch.bin_statistics per length bin (bins of the schedule in
   force, schedule.json of the rollout stage), with that schedule's budget for the bin (NULL when
@@ -48,7 +48,7 @@ def token_table(run_id: str, step: int, records, scores, schedule: Schedule):
     import pyarrow as pa
 
     columns: dict[str, list] = {k: [] for k in (
-        "sample", "prompt", "position", "bin", "budget_pages", "acceptance", "leftover_mass",
+        "sample", "prompt", "position", "bin", "pages_read", "acceptance", "leftover_mass",
         "actor_logprob", "dense_logprob")}
     for i, record in enumerate(records):
         n, start = len(record.output_ids), len(record.prompt_ids)
@@ -57,13 +57,13 @@ def token_table(run_id: str, step: int, records, scores, schedule: Schedule):
         columns["prompt"] += [record.prompt_index] * n
         columns["position"] += positions
         columns["bin"] += schedule.bin_of(np.arange(start, start + n)).tolist()
-        columns["budget_pages"] += list(record.budget_pages)
+        columns["pages_read"] += list(record.pages_read)
         columns["acceptance"] += list(scores["acceptance"][i])
         columns["leftover_mass"] += list(scores["leftover_mass"][i])
         columns["actor_logprob"] += list(record.actor_logprobs)
         columns["dense_logprob"] += list(scores["dense_logprobs"][i])
     count = len(columns["sample"])
-    ints = {"sample", "prompt", "position", "bin", "budget_pages"}
+    ints = {"sample", "prompt", "position", "bin", "pages_read"}
     arrays = {"run_id": pa.array([run_id] * count, pa.string()),
               "step": pa.array([step] * count, pa.int32())}
     for name, values in columns.items():
@@ -82,7 +82,7 @@ class StepBins:
     run_id: str
     step: int
     stats: list[BinStats]
-    budget: dict[int, int | None]  # bin -> pages per step under the schedule (None: dense)
+    pages_read: dict[int, int | None]  # bin -> pages per step under the schedule (None: dense)
     schedule_name: str
     schedule_version: int
     target: float
@@ -102,14 +102,14 @@ class StepBins:
     def as_json(self) -> str:
         return json.dumps([{**{k: _finite(v) if isinstance(v, float) else v
                                for k, v in s.as_dict().items()},
-                            "budget_pages": self.budget[s.bin]} for s in self.stats], indent=2)
+                            "pages_read": self.pages_read[s.bin]} for s in self.stats], indent=2)
 
     def write_rows(self, conn) -> None:
         """Replace the step's bin_stats and threshold_events rows."""
         run_id, step, p5, below = self.run_id, self.step, self.p5, self.below
         mismatch_rows.replace_bin_stats(conn, run_id, step, [
             {**{k: _finite(v) if isinstance(v, float) else v for k, v in s.as_dict().items()},
-             "budget_pages": self.budget[s.bin], "schedule_name": self.schedule_name,
+             "pages_read": self.pages_read[s.bin], "schedule_name": self.schedule_name,
              "schedule_version": self.schedule_version} for s in self.stats])
         previous = mismatch_rows.below_target_bins(conn, run_id, step - 1)
         events = [(b, "below_target") for b in below]

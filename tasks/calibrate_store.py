@@ -25,7 +25,7 @@ from prefect.cache_policies import NONE
 from sparrow_core.config import SparrowConfig, load_config
 from sparrow_core.costmodel import get_hardware
 from sparrow_core.control.calibration import AcceptanceTable, model_shape
-from sparrow_core.control.choose import Choice, budget_cost_table, choose_budgets
+from sparrow_core.control.choose import Choice, topk_cost_table, choose_topk_pages
 from sparrow_core.sparse.io import save_schedule_yaml
 from sparrow_core.sparse.schedule import Schedule
 from sparrow_core.sparse.target import get_statistic
@@ -52,12 +52,12 @@ def schedule_name(cfg: SparrowConfig, model_dir: Path) -> str:
 def choose(cfg: SparrowConfig, table: AcceptanceTable, prompt_len: int,
            model_dir: Path) -> Choice:
     template = base_schedule(cfg)
-    cost = budget_cost_table(table.budgets, table.num_bins, template,
+    cost = topk_cost_table(table.topk_pages, table.num_bins, template,
                              model=model_shape(model_dir),
                              hardware=get_hardware(cfg.calibrate.hardware), prompt_len=prompt_len)
     # schedule.target_statistic (p5 by default) on its higher-is-better axis, as the chooser reads it
     statistic = get_statistic(cfg.schedule.target_statistic)
-    return choose_budgets(table.budgets, statistic.oriented(table.statistic(statistic.name)),
+    return choose_topk_pages(table.topk_pages, statistic.oriented(table.statistic(statistic.name)),
                           table.tokens, cost, statistic.oriented(cfg.schedule.target),
                           cfg.calibrate.min_tokens)
 
@@ -114,7 +114,7 @@ def choose_and_store(overrides: list[str], calibration_id: str, trajectories_pat
     summary = {
         "calibration_id": calibration_id, "schedule": name, "version": version,
         "topk_pages": list(choice.topk_pages), "target": cfg.schedule.target,
-        "budgets": list(table.budgets), "tokens_per_bin": [int(n) for n in table.tokens],
+        "topk_grid": list(table.topk_pages), "tokens_per_bin": [int(n) for n in table.tokens],
         "notes": notes, "yaml": str(yaml_path), "plot": str(plot),
         "trajectories": len(trajectories), "sample_s": sampled["sample_s"],
         "replay_s": table_data["replay_s"], "calibration_s": calibration_s,

@@ -10,13 +10,13 @@ in a row is raised; every pipeline.reoptimize_every steps (0: never) bins whose 
 target + calibrate.margin try fewer pages. The bins concerned are re-measured exactly on this
 step's own trajectories (rollouts.parquet; the calibrate.remeasure_samples longest, 0: all),
 teacher-forced under the policy that sampled them, at the grid budgets above (raise) or below
-(lower) their current top-k (the grid is calibrate.budgets, else the one `sparrow calibrate`
-would use), measuring only those sparrow_core/control/budget_search.py needs to find the
+(lower) their current top-k (the grid is calibrate.topk_pages, else the one `sparrow calibrate`
+would use), measuring only those sparrow_core/control/grid_search.py needs to find the
 smallest one meeting the target (the exhaustive pick when p5 is monotone in the budget). A
 changed schedule is stored as the next version of the run's schedule name (schedules row with
 this step, reason and YAML path), so the rollout stage of the next step decodes with it
 (tasks/schedules.py), and MLflow gets the schedule, a tag `schedule.change.step<n>` and metrics
-reoptimize/raised, reoptimize/lowered, reoptimize/budgets_measured and
+reoptimize/raised, reoptimize/lowered, reoptimize/topk_measured and
 reoptimize/trajectories_replayed. decision.json holds the decision, the measured p5 and the
 changes. With schedule.sparse=false the stage only records that nothing is to be done.
 """
@@ -31,8 +31,8 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NONE
 
-from sparrow_core.control.budget_search import search_budgets
-from sparrow_core.control.calibration import Trajectory, budget_grid, measure_budgets
+from sparrow_core.control.grid_search import search_topk_pages
+from sparrow_core.control.calibration import Trajectory, topk_grid, measure_topk_pages
 from sparrow_core.control.controller import (
     Change,
     ControlSettings,
@@ -97,34 +97,34 @@ def remeasure(runtime: RunRuntime, step: int, schedule: Schedule,
               decision: Decision) -> tuple[list[int], np.ndarray, list[int], int]:
     """(budgets, p5[budget, bin], tokens per bin, trajectories replayed): the decision's bins,
     exact, on the longest calibrate.remeasure_samples of this step's trajectories, at the
-    budgets budget_search needs; "p5" is schedule.target_statistic, oriented."""
+    top-k values grid_search needs; "p5" is schedule.target_statistic, oriented."""
     import torch
 
     from sparrow_core.model import load_model
 
     cfg = runtime.cfg
     trajectories = longest(step_trajectories(runtime, step), cfg.calibrate.remeasure_samples)
-    grid = list(cfg.calibrate.budgets) or list(budget_grid(
+    grid = list(cfg.calibrate.topk_pages) or list(topk_grid(
         -(-max(len(t.ids) for t in trajectories) // schedule.page_size)))
     statistic = get_statistic(cfg.schedule.target_statistic)
     tokens: list[int] = []
     models: list = []
 
-    def measure(budgets: list[int]) -> np.ndarray:
+    def measure(topk_pages: list[int]) -> np.ndarray:
         if not models:  # loaded on the first probe: a bin at the grid's end needs none
             device, dtype = device_and_dtype(cfg.model)
             models.append(load_model(runtime.policy_folder_before(step), getattr(torch, dtype),
                                      device))
-        table = measure_budgets(models[0], trajectories, schedule, budgets,
+        table = measure_topk_pages(models[0], trajectories, schedule, topk_pages,
                                 cfg.rollout.temperature or 1.0, num_bins=schedule.num_bins,
                                 bins=decision.raise_bins + decision.lower_bins,
                                 centroid_dtype=cfg.rollout.centroid_dtype)
         tokens[:] = [int(n) for n in table.tokens]
         return statistic.oriented(table.statistic(statistic.name))[:, : schedule.num_bins]
 
-    budgets, measured = search_budgets(schedule, decision, grid, measure,
+    topk_pages, measured = search_topk_pages(schedule, decision, grid, measure,
                                        settings_of(cfg).target)
-    return budgets, measured, tokens, len(trajectories) if budgets else 0
+    return topk_pages, measured, tokens, len(trajectories) if topk_pages else 0
 
 
 def reoptimize(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
@@ -136,20 +136,20 @@ def reoptimize(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
     if cfg.schedule.sparse:
         decision = decide(p5_history(runtime, step), step, schedule, settings_of(cfg),
                           lowering_due=bool(every and step % every == 0))
-    budgets, p5, changes, new, replayed = [], np.zeros((0, 0)), [], schedule, 0
+    topk_pages, p5, changes, new, replayed = [], np.zeros((0, 0)), [], schedule, 0
     if decision.any:
-        budgets, p5, tokens, replayed = remeasure(runtime, step, schedule, decision)
-        new, changes = apply_measurement(schedule, decision, budgets, p5, settings_of(cfg),
+        topk_pages, p5, tokens, replayed = remeasure(runtime, step, schedule, decision)
+        new, changes = apply_measurement(schedule, decision, topk_pages, p5, settings_of(cfg),
                                          tokens)
     record = {"step": step, "schedule": schedule.name, "version": version,
-              "decision": asdict(decision), "budgets": budgets,
+              "decision": asdict(decision), "topk_pages": topk_pages,
               "p5": [[None if np.isnan(v) else float(v) for v in row] for row in p5],
               "changes": [{**asdict(c), "p5": None if np.isnan(c.p5) else c.p5} for c in changes],
               "topk_pages": list(new.topk_pages), "trajectories_replayed": replayed}
     metrics = {"reoptimize/due": float(decision.any),
                "reoptimize/raised": float(sum(c.kind == "raise" for c in changes)),
                "reoptimize/lowered": float(sum(c.kind == "lower" for c in changes)),
-               "reoptimize/budgets_measured": float(len(budgets)),
+               "reoptimize/topk_measured": float(len(topk_pages)),
                "reoptimize/trajectories_replayed": float(replayed)}
     if not changes:
         (out / DECISION_FILE).write_text(json.dumps(record, indent=2))

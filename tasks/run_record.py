@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 
 from sparrow_core.config import SparrowConfig, to_yaml
+from sparrow_core.config.renamed import CONFIG_RENAMES, rename_keys
 from sparrow_core.errors import SparrowError
 from storage import Store
 from storage.run_rows import insert_run, run_config_yaml, set_run_status
@@ -60,7 +61,9 @@ def config_hash(cfg: SparrowConfig) -> str:
 def config_differences(stored_yaml: str, cfg: SparrowConfig) -> list[str]:
     """'key: old -> new' for every key outside RESUMABLE_KEYS whose value changed. A key the
     stored config lacks (added to the schema since) counts as unchanged at its default."""
-    old = flat_config(yaml.safe_load(stored_yaml) or {})
+    # a run stored before a key was renamed holds the old name: compare it under the new one
+    old = flat_config(rename_keys(yaml.safe_load(stored_yaml) or {}, CONFIG_RENAMES,
+                                  source="run config", warn=False))
     new = flat_config(yaml.safe_load(to_yaml(cfg)) or {})
     default = flat_config(yaml.safe_load(to_yaml(SparrowConfig())) or {})
     old.update({k: v for k, v in default.items() if k not in old and new.get(k) == v})

@@ -12,7 +12,7 @@ common config (a study compares arms from the same start).
 Schedules in one workdir are versioned by name, and a run starts from the newest version of
 its schedule, which another arm's controller may have just made. So each arm decodes with a
 copy of its schedule as it stood when the study first planned the arm (for a `fixed_budget` arm:
-flat, `fixed_budget_pages` in every bin), renamed `<study_id>-<arm>` and written to
+flat, `fixed_topk_pages` in every bin), renamed `<study_id>-<arm>` and written to
 `<workdir>/studies/<study_id>/schedules/<arm>.yaml`; a rerun reuses that file, so a resumed
 arm keeps its configuration. An arm is finished when its run is marked finished and has
 recorded sync_weights for every step up to pipeline.steps.
@@ -70,8 +70,8 @@ def pin_schedule(conn, study: StudyConfig, study_id: str, arm: StudyArm,
                     (resolve_schedule(cfg.schedule.name), cfg.schedule.name))
     topk = base.topk_pages
     if arm.fixed_budget:
-        topk = (study.fixed_budget_pages,) * base.num_bins
-        source += f", flat at {study.fixed_budget_pages} pages"
+        topk = (study.fixed_topk_pages,) * base.num_bins
+        source += f", flat at {study.fixed_topk_pages} pages"
     pinned = dataclasses.replace(base, name=f"{study_id}-{arm.name}", topk_pages=topk,
                                  target=cfg.schedule.target,
                                  description=f"study {study_id}, arm {arm.name}: {source}")

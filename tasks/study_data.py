@@ -26,6 +26,10 @@ from storage.schedule_rows import SCHEDULE_COLUMNS
 from storage.study_rows import study_ids, study_tables
 from tasks.report import config_value
 
+# metrics renamed since a run could have written them (docs/glossary.md): old -> new
+RENAMED_METRICS = {"schedule/budget_pages_mean": "schedule/pages_read_mean"}
+
+
 class StudyReportError(SparrowError):
     """A study report that cannot be made; the message names what is missing."""
 
@@ -88,7 +92,8 @@ def load_study_data(workdir: str | Path, study_id: str) -> StudyData:
     runs = {r["run_id"]: r for r in tables["runs"]}
     metrics: dict[str, dict[str, dict[int, float]]] = {}
     for r in tables["step_metrics"]:
-        metrics.setdefault(r["run_id"], {}).setdefault(r["name"], {})[r["step"]] = r["value"]
+        name = RENAMED_METRICS.get(r["name"], r["name"])
+        metrics.setdefault(r["run_id"], {}).setdefault(name, {})[r["step"]] = r["value"]
     bins: dict[str, list[dict]] = {}
     for r in tables["bin_stats"]:
         bins.setdefault(r["run_id"], []).append(r)

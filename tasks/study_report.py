@@ -43,7 +43,7 @@ REWARD = "reward/mean"
 EVAL = "eval/accuracy"
 ROLLOUT_S = "time/rollout_generate_s"
 TOKENS_PER_S = "rollout/tokens_per_s"
-PAGES = "schedule/budget_pages_mean"
+PAGES = "schedule/pages_read_mean"
 # every target statistic (sparrow_core/sparse/target.py), in the order the report lists them
 STATISTICS = tuple(get_statistic(n) for n in ("p1", "p5", "p10", "mean", "min", "share_below_half"))
 

@@ -167,8 +167,10 @@ def test_older_bin_stats_stays_readable_and_gains_min_and_share(tmp_path):
     rows = query(tmp_path, "SELECT run_id, p5, min, share_below_half FROM bin_stats "
                            "ORDER BY run_id").rows
     assert rows == [("new", 0.8, 0.25, 0.1), ("old", 0.8, None, None)]
+    pages = query(tmp_path, "SELECT run_id, pages_read FROM bin_stats ORDER BY run_id").rows
+    assert pages == [("new", 4), ("old", 4)]
     version = query(tmp_path, "SELECT value FROM meta WHERE key = 'schema_version'").rows
-    assert version == [("3",)]
+    assert version == [("4",)]
 
 
 def test_the_next_writer_removes_a_dead_writers_scratch(tmp_path):

@@ -54,7 +54,7 @@ def build(workdir, old_columns: bool = False) -> None:
             for step, (reward, p5) in enumerate(zip(rewards, p5s), start=1):
                 metrics = {"reward/mean": reward, "time/rollout_generate_s": 2.0 + index,
                            "rollout/prompt_tokens_mean": 40.0, "response/length_mean": 200.0,
-                           "rollout/samples": 16.0, "schedule/budget_pages_mean": 10.0}
+                           "rollout/samples": 16.0, "schedule/pages_read_mean": 10.0}
                 if step % 2 == 0:
                     metrics["eval/accuracy"] = reward / 2
                 for name, value in metrics.items():
