@@ -135,7 +135,7 @@ def sample(engine, tokenizer, rows, samples, args, seed, device) -> tuple[list, 
     seconds = time.perf_counter() - clock
     records = [RolloutRecord(p, s.sample_index, rows[p].row, tuple(ids[p]), tuple(s.output_ids),
                              tuple(s.logprobs), tuple(s.topk_ids), tuple(s.topk_logprobs),
-                             tuple(s.budget_pages), s.finish_reason, rows[p].answer,
+                             tuple(s.pages_read), s.finish_reason, rows[p].answer,
                              tokenizer.decode(s.output_ids, skip_special_tokens=True))
                for p, group in enumerate(results) for s in group]
     return records, seconds, sum(len(r.output_ids) for r in records)

@@ -117,10 +117,9 @@ def run_arm(args, arm: str, new_tokens: int, path: str) -> dict[str, Any]:
 
 
 def arm_metrics(workdir: str, run_id: str, steps: int) -> dict[str, Any]:
-    from storage.query import query
+    from storage.report_rows import step_metric_rows
 
-    rows = query(workdir, "SELECT step, name, value FROM step_metrics WHERE run_id = ?",
-                 [run_id]).as_dicts()
+    rows = step_metric_rows(workdir, run_id)
     timed = [s for s in range(2, steps + 1)] or [1]
     def mean(name: str) -> float | None:
         values = [r["value"] for r in rows if r["name"] == name and r["step"] in timed

@@ -72,7 +72,7 @@ def legacy_read(path: Path):
 
     records = []
     for row in pq.read_table(path).select(list(COLUMNS)).to_pylist():
-        for key in ("prompt_ids", "output_ids", "actor_logprobs", "budget_pages"):
+        for key in ("prompt_ids", "output_ids", "actor_logprobs", "pages_read"):
             row[key] = tuple(row[key])
         row["topk_ids"] = tuple(tuple(t) for t in row["topk_ids"])
         row["topk_logprobs"] = tuple(tuple(t) for t in row["topk_logprobs"])

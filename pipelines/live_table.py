@@ -23,7 +23,7 @@ COLUMNS = (
     ("rw errors", "reward/errors", "{:.0f}"),
     ("length", "response/length_mean", "{:.1f}"),
     ("min p5", "mismatch/min_p5", "{:.3f}"),
-    ("pages", "schedule/budget_pages_mean", "{:.2f}"),
+    ("pages", "schedule/pages_read_mean", "{:.2f}"),
     ("tok/s", "rollout/tokens_per_s", "{:.0f}"),
     ("rollout s", "time/rollout_s", "{:.1f}"),
     ("reward s", "time/reward_s", "{:.1f}"),

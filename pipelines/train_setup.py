@@ -153,7 +153,7 @@ def where_to_look(runtime: RunRuntime) -> list[str]:
     """Lines printed at the end of a run: the DuckDB file, a query, the MLflow UI."""
     workdir = Path(runtime.cfg.pipeline.workdir)
     uri = runtime.cfg.pipeline.mlflow_uri or f"sqlite:///{workdir.resolve()}/mlflow.db"
-    query = (f"SELECT step, bin, p5, budget_pages FROM bin_stats WHERE run_id = "
+    query = (f"SELECT step, bin, p5, pages_read FROM bin_stats WHERE run_id = "
              f"'{runtime.run_id}' ORDER BY step, bin")
     return [
         f"run {runtime.run_id}: files under {runtime.layout.run_dir}",

@@ -105,7 +105,8 @@ def _open_sandboxed(workdir: str | Path) -> tuple[duckdb.DuckDBPyConnection, tup
     files = find_token_files(workdir)
     conn = _connect_with_retry(path, read_only=True)
     try:
-        conn.execute(token_view_sql([str(p) for p in files.readable]))
+        conn.execute(token_view_sql([str(p) for p in files.readable],
+                                    frozenset(str(p) for p in files.old_columns)))
         # allowed_directories can only be set once the database is open, before access is cut
         runs = str(Path(workdir).resolve() / "runs") + "/"
         conn.execute("SET allowed_directories = ?", [[runs]])

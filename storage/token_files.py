@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from sparrow_core.errors import SparrowWarning
-from storage.schema import TOKEN_FILE_GLOB
+from storage.schema import OLD_TOKEN_COLUMNS, TOKEN_FILE_GLOB
 
 _STEP_DIR = re.compile(r"step-(\d+)$")
 
@@ -46,6 +46,8 @@ class Damaged:
 class TokenFiles:
     readable: list[Path] = field(default_factory=list)
     damaged: list[Damaged] = field(default_factory=list)
+    # readable files written before a column was renamed (OLD_TOKEN_COLUMNS)
+    old_columns: list[Path] = field(default_factory=list)
 
 
 def find_token_files(workdir: str | Path, warn: bool = True) -> TokenFiles:
@@ -53,7 +55,7 @@ def find_token_files(workdir: str | Path, warn: bool = True) -> TokenFiles:
     files = TokenFiles()
     for path in sorted(Path(workdir).resolve().glob(TOKEN_FILE_GLOB)):
         try:
-            pq.read_metadata(path)
+            names = pq.read_metadata(path).schema.names
         except Exception as err:  # pyarrow raises ArrowInvalid, OSError, ... for a bad file
             reason = str(err).splitlines()[0] if str(err) else type(err).__name__
             files.damaged.append(Damaged(path, reason))
@@ -63,4 +65,6 @@ def find_token_files(workdir: str | Path, warn: bool = True) -> TokenFiles:
                     f"missing from token_mismatch"), stacklevel=2)
         else:
             files.readable.append(path)
+            if any(old in names for old in OLD_TOKEN_COLUMNS):
+                files.old_columns.append(path)
     return files

@@ -5,7 +5,7 @@
 Writes, for the step:
 - tokens.parquet (RunLayout.token_file): one row per generated token with run_id, step,
   sample, prompt, position (total position: prompt length + index in the completion), bin
-  (Schedule.bin_of: a position past the schedule's last bin is in the last bin), budget_pages (pages the actor read for it), acceptance, leftover_mass, actor_logprob,
+  (Schedule.bin_of: a position past the schedule's last bin is in the last bin), pages_read (pages the actor read for it), acceptance, leftover_mass, actor_logprob,
   dense_logprob; DuckDB's token_mismatch view reads these files.
 - bin_stats rows: sparrow_core.mismatch.bin_statistics per length bin (bins of the schedule in
   force, schedule.json of the rollout stage), with that schedule's budget for the bin (NULL when
@@ -35,6 +35,7 @@ from sparrow_core.mismatch import BinStats, bin_statistics, min_p5
 from sparrow_core.sparse.io import schedule_from_dict
 from sparrow_core.sparse.schedule import Schedule
 from sparrow_core.sparse.target import DEFAULT_STATISTIC, get_statistic
+from storage import mismatch_rows
 from tasks.dense_score import read_scores
 from tasks.retry import INFRA_RETRIES
 from tasks.rollout import ROLLOUTS_FILE, SCHEDULE_FILE
@@ -42,18 +43,12 @@ from tasks.runtime import RunRuntime, lookup
 from tasks.stage import StageOutcome, StageWrite, run_stage
 
 BIN_STATS_FILE = "bin_stats.json"
-# bin_stats columns in the order write_rows gives them
-BIN_COLUMNS = ("run_id", "step", "bin", "n", "mean", "p1", "p5", "p10", "p50", "beta_a", "beta_b",
-               "beta_var", "ks", "budget_pages", "schedule_name", "schedule_version", "min",
-               "share_below_half")
-
-
 def token_table(run_id: str, step: int, records, scores, schedule: Schedule):
     """The per-token rows as a pyarrow table (columns of storage.schema.TOKEN_COLUMNS)."""
     import pyarrow as pa
 
     columns: dict[str, list] = {k: [] for k in (
-        "sample", "prompt", "position", "bin", "budget_pages", "acceptance", "leftover_mass",
+        "sample", "prompt", "position", "bin", "pages_read", "acceptance", "leftover_mass",
         "actor_logprob", "dense_logprob")}
     for i, record in enumerate(records):
         n, start = len(record.output_ids), len(record.prompt_ids)
@@ -62,13 +57,13 @@ def token_table(run_id: str, step: int, records, scores, schedule: Schedule):
         columns["prompt"] += [record.prompt_index] * n
         columns["position"] += positions
         columns["bin"] += schedule.bin_of(np.arange(start, start + n)).tolist()
-        columns["budget_pages"] += list(record.budget_pages)
+        columns["pages_read"] += list(record.pages_read)
         columns["acceptance"] += list(scores["acceptance"][i])
         columns["leftover_mass"] += list(scores["leftover_mass"][i])
         columns["actor_logprob"] += list(record.actor_logprobs)
         columns["dense_logprob"] += list(scores["dense_logprobs"][i])
     count = len(columns["sample"])
-    ints = {"sample", "prompt", "position", "bin", "budget_pages"}
+    ints = {"sample", "prompt", "position", "bin", "pages_read"}
     arrays = {"run_id": pa.array([run_id] * count, pa.string()),
               "step": pa.array([step] * count, pa.int32())}
     for name, values in columns.items():
@@ -87,7 +82,7 @@ class StepBins:
     run_id: str
     step: int
     stats: list[BinStats]
-    budget: dict[int, int | None]  # bin -> pages per step under the schedule (None: dense)
+    pages_read: dict[int, int | None]  # bin -> pages per step under the schedule (None: dense)
     schedule_name: str
     schedule_version: int
     target: float
@@ -107,31 +102,20 @@ class StepBins:
     def as_json(self) -> str:
         return json.dumps([{**{k: _finite(v) if isinstance(v, float) else v
                                for k, v in s.as_dict().items()},
-                            "budget_pages": self.budget[s.bin]} for s in self.stats], indent=2)
+                            "pages_read": self.pages_read[s.bin]} for s in self.stats], indent=2)
 
     def write_rows(self, conn) -> None:
         """Replace the step's bin_stats and threshold_events rows."""
         run_id, step, p5, below = self.run_id, self.step, self.p5, self.below
-        conn.execute("DELETE FROM bin_stats WHERE run_id = ? AND step = ?", [run_id, step])
-        # only this stage's kinds: reoptimize_schedule records distill_switch events
-        conn.execute("DELETE FROM threshold_events WHERE run_id = ? AND step = ? AND kind IN "
-                     "('below_target', 'recovered')", [run_id, step])
-        for s in self.stats:
-            conn.execute(
-                f"INSERT INTO bin_stats ({', '.join(BIN_COLUMNS)}) VALUES "
-                f"({', '.join('?' * len(BIN_COLUMNS))})",
-                [run_id, step, s.bin, s.n, s.mean, s.p1, s.p5, s.p10, s.p50, _finite(s.beta_a),
-                 _finite(s.beta_b), _finite(s.beta_var), _finite(s.ks), self.budget[s.bin],
-                 self.schedule_name, self.schedule_version, _finite(s.min),
-                 _finite(s.share_below_half)])
-        previous = {b for (b,) in conn.execute(
-            "SELECT bin FROM threshold_events WHERE run_id = ? AND step = ? AND kind = "
-            "'below_target'", [run_id, step - 1]).fetchall()}
+        mismatch_rows.replace_bin_stats(conn, run_id, step, [
+            {**{k: _finite(v) if isinstance(v, float) else v for k, v in s.as_dict().items()},
+             "pages_read": self.pages_read[s.bin], "schedule_name": self.schedule_name,
+             "schedule_version": self.schedule_version} for s in self.stats])
+        previous = mismatch_rows.below_target_bins(conn, run_id, step - 1)
         events = [(b, "below_target") for b in below]
         events += [(b, "recovered") for b in sorted(previous) if b in p5 and b not in below]
-        for b, kind in events:
-            conn.execute("INSERT INTO threshold_events (run_id, step, bin, kind, p5, target) "
-                         "VALUES (?, ?, ?, ?, ?, ?)", [run_id, step, b, kind, p5[b], self.target])
+        mismatch_rows.replace_threshold_events(
+            conn, run_id, step, [(b, kind, p5[b], self.target) for b, kind in events])
 
 
 def aggregate_step(runtime: RunRuntime, step: int, rollout_dir: str, scores_path: str,

@@ -7,7 +7,7 @@
 
 Everything lands under `<workdir>/calibrations/<calibration_id>/` by write-then-rename; each
 task reads its inputs from the previous task's file, so it can be re-run alone. The library
-does the work (sparrow_core/sparse/calibration.py, choose.py); tasks/calibrate_store.py
+does the work (sparrow_core/control/calibration.py, choose.py); tasks/calibrate_store.py
 writes DuckDB and MLflow, tasks/calibrate_plot.py draws the figure. Tasks take plain values
 (config overrides, ids, paths), as Prefect's rules ask, and are never cached.
 """
@@ -28,13 +28,13 @@ from sparrow_core.config import SparrowConfig, load_config
 from sparrow_core.data.datasets import load_prompts
 from sparrow_core.engine import EngineConfig, SamplingParams
 from sparrow_core.model.builtin import resolve_model_path
-from sparrow_core.sparse.calibration import (
+from sparrow_core.control.calibration import (
     STATISTICS,
     AcceptanceTable,
     Trajectory,
-    budget_grid,
+    topk_grid,
     flat_schedule,
-    measure_budgets,
+    measure_topk_pages,
     measure_on_policy,
     sample_trajectories,
 )
@@ -104,8 +104,8 @@ def engine_config(cfg: SparrowConfig, schedule: Schedule) -> EngineConfig:
 
 
 def sample(overrides: list[str], calibration_id: str) -> str:
-    """Trajectories to replay: dense ones (they fix the budget grid when calibrate.budgets is
-    empty), and with calibrate.sample_sparse, the sparse actor's own under every budget."""
+    """Trajectories to replay: dense ones (they fix the top-k grid when calibrate.topk_pages is
+    empty), and with calibrate.sample_sparse, the sparse actor's own under every top-k of the grid."""
     cfg = load_config(overrides)
     model, tokenizer, _ = policy(cfg)
     template = base_schedule(cfg)
@@ -115,16 +115,16 @@ def sample(overrides: list[str], calibration_id: str) -> str:
     clock = time.perf_counter()
     trajectories = sample_trajectories(model, tokenizer, prompts, params, engine_config=engine)
     grid = grid_for(cfg, trajectories, template)
-    by_budget = {}
+    by_topk = {}
     if cfg.calibrate.sample_sparse:
-        by_budget = {str(b): [as_dict(t) for t in sample_trajectories(
+        by_topk = {str(b): [as_dict(t) for t in sample_trajectories(
             model, tokenizer, prompts, params, schedule=flat_schedule(template, b),
             engine_config=engine)] for b in grid}
     seconds = time.perf_counter() - clock
     out = calibration_dir(cfg.pipeline.workdir, calibration_id) / TRAJECTORIES_FILE
     data = {"sample_s": seconds, "sparse": cfg.calibrate.sample_sparse, "prompts": len(prompts),
-            "budgets": list(grid), "trajectories": [as_dict(t) for t in trajectories],
-            "by_budget": by_budget}
+            "topk_pages": list(grid), "trajectories": [as_dict(t) for t in trajectories],
+            "by_topk": by_topk}
     return str(write_json(out, data))
 
 
@@ -142,10 +142,10 @@ def read_trajectories(path: str | Path) -> tuple[list[Trajectory], dict]:
 
 
 def grid_for(cfg: SparrowConfig, trajectories: list[Trajectory], template: Schedule) -> tuple:
-    if cfg.calibrate.budgets:
-        return tuple(cfg.calibrate.budgets)
+    if cfg.calibrate.topk_pages:
+        return tuple(cfg.calibrate.topk_pages)
     longest = max(len(t.ids) for t in trajectories)
-    return budget_grid(-(-longest // template.page_size))
+    return topk_grid(-(-longest // template.page_size))
 
 
 def replay(overrides: list[str], calibration_id: str, trajectories_path: str) -> str:
@@ -155,16 +155,19 @@ def replay(overrides: list[str], calibration_id: str, trajectories_path: str) ->
     model, _, _ = policy(cfg)
     template = base_schedule(cfg)
     trajectories, data = read_trajectories(trajectories_path)
-    grid = tuple(data.get("budgets") or grid_for(cfg, trajectories, template))
+    # a file written before the rename holds "budgets" and "by_budget"
+    grid = tuple(data.get("topk_pages") or data.get("budgets")
+                 or grid_for(cfg, trajectories, template))
+    by_topk = data.get("by_topk") or data.get("by_budget")
     num_bins = cfg.calibrate.num_bins or template.num_bins
     temperature = cfg.rollout.temperature or 1.0
     clock = time.perf_counter()
-    if data.get("by_budget"):
+    if by_topk:
         table = measure_on_policy(model, {int(b): as_trajectories(rows) for b, rows in
-                                          data["by_budget"].items()}, template, temperature,
+                                          by_topk.items()}, template, temperature,
                                   num_bins=num_bins, centroid_dtype=cfg.rollout.centroid_dtype)
     else:
-        table = measure_budgets(model, trajectories, template, grid, temperature,
+        table = measure_topk_pages(model, trajectories, template, grid, temperature,
                                 num_bins=num_bins, centroid_dtype=cfg.rollout.centroid_dtype)
     seconds = time.perf_counter() - clock
     out = calibration_dir(cfg.pipeline.workdir, calibration_id) / TABLE_FILE
@@ -175,7 +178,7 @@ def table_to_dict(table: AcceptanceTable) -> dict:
     def listed(array: np.ndarray) -> list:
         return [[None if np.isnan(v) else float(v) for v in row] for row in array]
 
-    return {"budgets": list(table.budgets), "bin_tokens": table.bin_tokens,
+    return {"topk_pages": list(table.topk_pages), "bin_tokens": table.bin_tokens,
             "tokens": [int(n) for n in table.tokens],
             **{name: listed(getattr(table, name)) for name in STATISTICS
                if getattr(table, name) is not None}}
@@ -187,9 +190,14 @@ def table_from_dict(data: dict) -> AcceptanceTable:
                         dtype=np.float64)
 
     # a table written before min and share_below_half existed has neither
-    return AcceptanceTable(tuple(data["budgets"]), data["bin_tokens"],
+    return AcceptanceTable(tuple(_grid_of(data)), data["bin_tokens"],
                            np.array(data["tokens"], dtype=np.int64),
                            **{name: array(name) for name in STATISTICS if name in data})
+
+
+def _grid_of(table: dict) -> list[int]:
+    """The top-k grid of a table file (one written before the rename calls it "budgets")."""
+    return table["topk_pages"] if "topk_pages" in table else table["budgets"]
 
 
 def time_generation(overrides: list[str], calibration_id: str, table_path: str) -> dict:
@@ -199,15 +207,15 @@ def time_generation(overrides: list[str], calibration_id: str, table_path: str) 
     template = base_schedule(cfg)
     prompts, params = calibration_requests(cfg, tokenizer,
                                            model.arch.max_position_embeddings)
-    budgets = json.loads(Path(table_path).read_text())["budgets"]
+    topk_pages = _grid_of(json.loads(Path(table_path).read_text()))
     seconds = {}
-    for budget in budgets:
+    for budget in topk_pages:
         schedule = flat_schedule(template, budget)
         clock = time.perf_counter()
         sample_trajectories(model, tokenizer, prompts, params, schedule=schedule,
                             engine_config=engine_config(cfg, template))
         seconds[int(budget)] = time.perf_counter() - clock
-    return {"generation_s_per_budget": seconds, "generation_s": sum(seconds.values())}
+    return {"generation_s_per_topk": seconds, "generation_s": sum(seconds.values())}
 
 
 @task(name="calibrate-sample", cache_policy=NONE, **INFRA_RETRIES)

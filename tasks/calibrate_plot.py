@@ -18,8 +18,8 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
-from sparrow_core.sparse.calibration import AcceptanceTable
-from sparrow_core.sparse.choose import Choice
+from sparrow_core.control.calibration import AcceptanceTable
+from sparrow_core.control.choose import Choice
 
 
 def plot_calibration(table: AcceptanceTable, choice: Choice, target: float,
@@ -27,11 +27,11 @@ def plot_calibration(table: AcceptanceTable, choice: Choice, target: float,
     figure = Figure(figsize=(8, 6.5), layout="constrained")
     top, bottom = figure.subplots(2, 1, sharex=True, height_ratios=(3, 1))
     starts = np.arange(table.num_bins) * table.bin_tokens
-    colours = colormaps["viridis"](np.linspace(0, 1, len(table.budgets)))
-    for j, budget in enumerate(table.budgets):
+    colours = colormaps["viridis"](np.linspace(0, 1, len(table.topk_pages)))
+    for j, budget in enumerate(table.topk_pages):
         top.plot(starts, table.p5[j], marker=".", color=colours[j], label=f"{budget} pages")
     top.axhline(target, color="crimson", linestyle="--", label=f"target {target}")
-    chosen = [table.budgets.index(b.topk_pages) for b in choice.bins]
+    chosen = [table.topk_pages.index(b.topk_pages) for b in choice.bins]
     p5 = np.array([table.p5[j, i] for i, j in enumerate(chosen)])
     own = np.array([not b.note.startswith(f"{b.tokens} tokens") for b in choice.bins])
     top.plot(starts[own], p5[own], "ks", markersize=8, label="chosen", zorder=5)

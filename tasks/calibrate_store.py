@@ -5,7 +5,7 @@
 Prices every (budget, bin) with the cost model (model shape from the checkpoint's config.json,
 calibrate.hardware, the calibration prompts' median length), chooses the cheapest monotone
 schedule meeting schedule.target on schedule.target_statistic, p5 by default
-(sparrow_core/sparse/choose.py), then writes: the schedule YAML
+(sparrow_core/control/choose.py), then writes: the schedule YAML
 `<workdir>/schedules/<name>-v<version>.yaml`; in DuckDB one transaction with the
 `calibration` rows (p1, p5, p10, mean and tokens per budget and bin) and a new `schedules` version;
 the plot and summary.json under `<workdir>/calibrations/<id>/`; and an MLflow run tagged
@@ -24,12 +24,13 @@ from prefect.cache_policies import NONE
 
 from sparrow_core.config import SparrowConfig, load_config
 from sparrow_core.costmodel import get_hardware
-from sparrow_core.sparse.calibration import AcceptanceTable, model_shape
-from sparrow_core.sparse.choose import Choice, budget_cost_table, choose_budgets
+from sparrow_core.control.calibration import AcceptanceTable, model_shape
+from sparrow_core.control.choose import Choice, topk_cost_table, choose_topk_pages
 from sparrow_core.sparse.io import save_schedule_yaml
 from sparrow_core.sparse.schedule import Schedule
 from sparrow_core.sparse.target import get_statistic
 from storage import Store
+from storage.schedule_rows import newest_version, replace_calibration
 from tasks.calibrate import (
     base_schedule,
     calibration_dir,
@@ -51,12 +52,12 @@ def schedule_name(cfg: SparrowConfig, model_dir: Path) -> str:
 def choose(cfg: SparrowConfig, table: AcceptanceTable, prompt_len: int,
            model_dir: Path) -> Choice:
     template = base_schedule(cfg)
-    cost = budget_cost_table(table.budgets, table.num_bins, template,
+    cost = topk_cost_table(table.topk_pages, table.num_bins, template,
                              model=model_shape(model_dir),
                              hardware=get_hardware(cfg.calibrate.hardware), prompt_len=prompt_len)
     # schedule.target_statistic (p5 by default) on its higher-is-better axis, as the chooser reads it
     statistic = get_statistic(cfg.schedule.target_statistic)
-    return choose_budgets(table.budgets, statistic.oriented(table.statistic(statistic.name)),
+    return choose_topk_pages(table.topk_pages, statistic.oriented(table.statistic(statistic.name)),
                           table.tokens, cost, statistic.oriented(cfg.schedule.target),
                           cfg.calibrate.min_tokens)
 
@@ -66,17 +67,10 @@ def store_calibration(cfg: SparrowConfig, calibration_id: str, table: Acceptance
     """(version, yaml path): calibration rows and the new schedules version, in one transaction."""
     workdir = Path(cfg.pipeline.workdir)
     with Store.open_writer(workdir) as store, store.connect() as conn:
-        row = conn.execute("SELECT max(version) FROM schedules WHERE name = ?",
-                           [schedule.name]).fetchone()
-        version = (row[0] or 0) + 1
+        version = (newest_version(conn, schedule.name) or 0) + 1
         yaml_path = save_schedule_yaml(schedule, workdir / "schedules" /
                                        f"{schedule.name}-v{version}.yaml")
-        conn.execute("DELETE FROM calibration WHERE calibration_id = ?", [calibration_id])
-        conn.executemany(
-            "INSERT INTO calibration (calibration_id, model_path, budget_pages, bin, n, p5, mean, "
-            "p1, p10) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [[calibration_id, str(model_dir), r["budget_pages"], r["bin"], r["n"], r["p5"],
-              r["mean"], r["p1"], r["p10"]] for r in table.rows()])
+        replace_calibration(conn, calibration_id, str(model_dir), table.rows())
         insert_schedule(conn, schedule, version, calibration_id, 0,
                         f"calibration {calibration_id}", str(yaml_path))
     return version, yaml_path
@@ -120,7 +114,7 @@ def choose_and_store(overrides: list[str], calibration_id: str, trajectories_pat
     summary = {
         "calibration_id": calibration_id, "schedule": name, "version": version,
         "topk_pages": list(choice.topk_pages), "target": cfg.schedule.target,
-        "budgets": list(table.budgets), "tokens_per_bin": [int(n) for n in table.tokens],
+        "topk_grid": list(table.topk_pages), "tokens_per_bin": [int(n) for n in table.tokens],
         "notes": notes, "yaml": str(yaml_path), "plot": str(plot),
         "trajectories": len(trajectories), "sample_s": sampled["sample_s"],
         "replay_s": table_data["replay_s"], "calibration_s": calibration_s,

@@ -7,12 +7,12 @@ distill_lora stage measures and what reoptimize_schedule reads to decide.
     new, changes = switch                                      # (schedule, changes)
 
 The candidate is the schedule the step rolled out with, every bin one budget of the
-controller's grid lower (calibrate.budgets, else calibration's grid for the schedule's
+controller's grid lower (calibrate.topk_pages, else calibration's grid for the schedule's
 largest budget, so it does not move from step to step). The distill stage replays the
 step's trajectories with the LoRA under it (SparseDistiller.distill(cheaper=...)) and writes
 the per-bin target statistic (schedule.target_statistic, oriented) to cheaper.json in its
 folder. reoptimize_schedule reads the recorded distill_lora folders before its step and asks
-sparrow_core/sparse/controller.distill_switch whether the last algo.distill.switch_patience
+sparrow_core/control/controller.distill_switch whether the last algo.distill.switch_patience
 of them, all of the schedule in force and of one candidate, held it at schedule.target +
 algo.distill.switch_margin. A switch is a new schedule version like any other change, with
 one threshold_events row per changed bin (kind distill_switch, p5 column: the lowest value
@@ -24,8 +24,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sparrow_core.sparse.calibration import budget_grid
-from sparrow_core.sparse.controller import (CheaperMeasurement, ControlSettings, distill_switch,
+from sparrow_core.control.calibration import topk_grid
+from sparrow_core.control.controller import (CheaperMeasurement, ControlSettings, distill_switch,
                                             one_notch_cheaper)
 from sparrow_core.sparse.schedule import Schedule
 from sparrow_core.sparse.target import get_statistic
@@ -38,7 +38,7 @@ EVENT_KIND = "distill_switch"
 
 def cheaper_candidate(cfg, schedule: Schedule) -> Schedule | None:
     """One notch cheaper than `schedule` (None when no bin can go lower)."""
-    grid = list(cfg.calibrate.budgets) or budget_grid(max(2, max(schedule.topk_pages) + 1))
+    grid = list(cfg.calibrate.topk_pages) or topk_grid(max(2, max(schedule.topk_pages) + 1))
     cheaper = one_notch_cheaper(schedule, grid)
     return None if cheaper.topk_pages == schedule.topk_pages else cheaper
 

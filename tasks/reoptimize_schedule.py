@@ -3,20 +3,20 @@ lower bins with margin on a timer, each change a new schedule version.
 
     outcome = reoptimize_schedule_task(workdir, run_id, step)   # .../reoptimize_schedule/decision.json
 
-Each step, sparrow_core/sparse/controller.py reads the run's per-bin history of
+Each step, sparrow_core/control/controller.py reads the run's per-bin history of
 schedule.target_statistic (bin_stats; p5 by default, sparrow_core/sparse/target.py) against
 schedule.target: a bin below target - calibrate.tolerance for calibrate.patience steps
 in a row is raised; every pipeline.reoptimize_every steps (0: never) bins whose p5 is at least
 target + calibrate.margin try fewer pages. The bins concerned are re-measured exactly on this
 step's own trajectories (rollouts.parquet; the calibrate.remeasure_samples longest, 0: all),
 teacher-forced under the policy that sampled them, at the grid budgets above (raise) or below
-(lower) their current top-k (the grid is calibrate.budgets, else the one `sparrow calibrate`
-would use), measuring only those sparrow_core/sparse/budget_search.py needs to find the
+(lower) their current top-k (the grid is calibrate.topk_pages, else the one `sparrow calibrate`
+would use), measuring only those sparrow_core/control/grid_search.py needs to find the
 smallest one meeting the target (the exhaustive pick when p5 is monotone in the budget). A
 changed schedule is stored as the next version of the run's schedule name (schedules row with
 this step, reason and YAML path), so the rollout stage of the next step decodes with it
 (tasks/schedules.py), and MLflow gets the schedule, a tag `schedule.change.step<n>` and metrics
-reoptimize/raised, reoptimize/lowered, reoptimize/budgets_measured and
+reoptimize/raised, reoptimize/lowered, reoptimize/topk_measured and
 reoptimize/trajectories_replayed. decision.json holds the decision, the measured p5 and the
 changes. With algo.distill.switch_to_cheaper, when no bin is to be raised, the DistillSparse
 rule (tasks/distill_switch.py) may instead switch every bin one notch cheaper, measured with
@@ -35,20 +35,22 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NONE
 
-from sparrow_core.data.rollouts import read_rollouts
-from sparrow_core.sparse.budget_search import search_budgets
-from sparrow_core.sparse.calibration import Trajectory, budget_grid, measure_budgets
-from sparrow_core.sparse.controller import (
+from sparrow_core.control.grid_search import search_topk_pages
+from sparrow_core.control.calibration import Trajectory, topk_grid, measure_topk_pages
+from sparrow_core.control.controller import (
     Change,
     ControlSettings,
     Decision,
     apply_measurement,
     decide,
 )
+from sparrow_core.data.rollouts import read_rollouts
 from sparrow_core.sparse.io import save_schedule_yaml
 from sparrow_core.sparse.schedule import Schedule
 from sparrow_core.sparse.target import get_statistic
 from tasks.distill_switch import EVENT_KIND, switch_for
+from storage.mismatch_rows import add_threshold_events, statistic_history
+from storage.schedule_rows import newest_version
 from tasks.retry import INFRA_RETRIES
 from tasks.rollout import ROLLOUTS_FILE
 from tasks.runtime import RunRuntime, device_and_dtype, lookup
@@ -70,11 +72,9 @@ def settings_of(cfg) -> ControlSettings:
 def p5_history(runtime: RunRuntime, step: int) -> dict[int, dict[int, float]]:
     """step -> {bin: value} of schedule.target_statistic (p5 by default), oriented."""
     statistic = get_statistic(runtime.cfg.schedule.target_statistic)
-    column = statistic.column  # a registry entry's column, never user text
+    column = statistic.column  # a registry entry's column (storage checks it too)
     with runtime.store.connect() as conn:
-        rows = conn.execute(f"SELECT step, bin, {column} FROM bin_stats WHERE run_id = ? AND "
-                            f"step <= ? AND {column} IS NOT NULL",
-                            [runtime.run_id, step]).fetchall()
+        rows = statistic_history(conn, runtime.run_id, column, step)
     history: dict[int, dict[int, float]] = {}
     for s, b, value in rows:
         history.setdefault(int(s), {})[int(b)] = float(statistic.oriented(value))
@@ -102,34 +102,34 @@ def remeasure(runtime: RunRuntime, step: int, schedule: Schedule,
               decision: Decision) -> tuple[list[int], np.ndarray, list[int], int]:
     """(budgets, p5[budget, bin], tokens per bin, trajectories replayed): the decision's bins,
     exact, on the longest calibrate.remeasure_samples of this step's trajectories, at the
-    budgets budget_search needs; "p5" is schedule.target_statistic, oriented."""
+    top-k values grid_search needs; "p5" is schedule.target_statistic, oriented."""
     import torch
 
     from sparrow_core.model import load_model
 
     cfg = runtime.cfg
     trajectories = longest(step_trajectories(runtime, step), cfg.calibrate.remeasure_samples)
-    grid = list(cfg.calibrate.budgets) or list(budget_grid(
+    grid = list(cfg.calibrate.topk_pages) or list(topk_grid(
         -(-max(len(t.ids) for t in trajectories) // schedule.page_size)))
     statistic = get_statistic(cfg.schedule.target_statistic)
     tokens: list[int] = []
     models: list = []
 
-    def measure(budgets: list[int]) -> np.ndarray:
+    def measure(topk_pages: list[int]) -> np.ndarray:
         if not models:  # loaded on the first probe: a bin at the grid's end needs none
             device, dtype = device_and_dtype(cfg.model)
             models.append(load_model(runtime.policy_folder_before(step), getattr(torch, dtype),
                                      device))
-        table = measure_budgets(models[0], trajectories, schedule, budgets,
+        table = measure_topk_pages(models[0], trajectories, schedule, topk_pages,
                                 cfg.rollout.temperature or 1.0, num_bins=schedule.num_bins,
                                 bins=decision.raise_bins + decision.lower_bins,
                                 centroid_dtype=cfg.rollout.centroid_dtype)
         tokens[:] = [int(n) for n in table.tokens]
         return statistic.oriented(table.statistic(statistic.name))[:, : schedule.num_bins]
 
-    budgets, measured = search_budgets(schedule, decision, grid, measure,
+    topk_pages, measured = search_topk_pages(schedule, decision, grid, measure,
                                        settings_of(cfg).target)
-    return budgets, measured, tokens, len(trajectories) if budgets else 0
+    return topk_pages, measured, tokens, len(trajectories) if topk_pages else 0
 
 
 def reoptimize(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
@@ -143,24 +143,24 @@ def reoptimize(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
                           lowering_due=bool(every and step % every == 0))
         if not decision.raise_bins:  # a bin below target comes first
             switch = switch_for(runtime, step, schedule, settings_of(cfg))
-    budgets, p5, changes, new, replayed = [], np.zeros((0, 0)), [], schedule, 0
+    topk_pages, p5, changes, new, replayed = [], np.zeros((0, 0)), [], schedule, 0
     if switch is not None:
         new, changes = switch
         decision = Decision(step, reasons=("distill: the LoRA held the target on the cheaper "
                                            "schedule",))
     elif decision.any:
-        budgets, p5, tokens, replayed = remeasure(runtime, step, schedule, decision)
-        new, changes = apply_measurement(schedule, decision, budgets, p5, settings_of(cfg),
+        topk_pages, p5, tokens, replayed = remeasure(runtime, step, schedule, decision)
+        new, changes = apply_measurement(schedule, decision, topk_pages, p5, settings_of(cfg),
                                          tokens)
     record = {"step": step, "schedule": schedule.name, "version": version,
-              "decision": asdict(decision), "budgets": budgets,
+              "decision": asdict(decision), "topk_pages": topk_pages,
               "p5": [[None if np.isnan(v) else float(v) for v in row] for row in p5],
               "changes": [{**asdict(c), "p5": None if np.isnan(c.p5) else c.p5} for c in changes],
               "topk_pages": list(new.topk_pages), "trajectories_replayed": replayed}
     metrics = {"reoptimize/due": float(decision.any),
                "reoptimize/raised": float(sum(c.kind == "raise" for c in changes)),
                "reoptimize/lowered": float(sum(c.kind == "lower" for c in changes)),
-               "reoptimize/budgets_measured": float(len(budgets)),
+               "reoptimize/topk_measured": float(len(topk_pages)),
                "reoptimize/trajectories_replayed": float(replayed),
                "reoptimize/distill_switch": float(switch is not None)}
     if not changes:
@@ -172,9 +172,7 @@ def reoptimize(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
 def _new_version(runtime: RunRuntime, step: int, out: Path, new: Schedule, changes: list[Change],
                  record: dict, metrics: dict) -> StageWrite:
     with runtime.store.connect() as conn:
-        newest = conn.execute("SELECT max(version) FROM schedules WHERE name = ?",
-                              [new.name]).fetchone()[0]
-    version = int(newest or 0) + 1
+        version = (newest_version(conn, new.name) or 0) + 1
     save_schedule_yaml(new, out / SCHEDULE_FILE)
     final_yaml = runtime.layout.stage_dir(step, STAGE) / SCHEDULE_FILE
     reason = "; ".join(f"bin {c.bin} {c.kind} {c.old_topk}->{c.new_topk}" for c in changes)
@@ -186,10 +184,9 @@ def _new_version(runtime: RunRuntime, step: int, out: Path, new: Schedule, chang
 
     def db(conn) -> None:
         insert_schedule(conn, new, version, runtime.run_id, step, reason, str(final_yaml))
-        for c in switched:  # one event per bin, as the threshold crossings are recorded
-            conn.execute("INSERT INTO threshold_events (run_id, step, bin, kind, p5, target) "
-                         "VALUES (?, ?, ?, ?, ?, ?)", [runtime.run_id, step, c.bin, EVENT_KIND,
-                                                       None if np.isnan(c.p5) else c.p5, target])
+        # one event per bin, as the threshold crossings are recorded
+        add_threshold_events(conn, runtime.run_id, step, [
+            (c.bin, EVENT_KIND, None if np.isnan(c.p5) else c.p5, target) for c in switched])
 
     def after_commit(final: Path) -> None:
         tracker = runtime.tracker

@@ -5,8 +5,8 @@
     paths, summary = write_report(...)        # the same, plus the summary's numbers
     # sparrow report RUN_ID [--workdir DIR] [--out DIR] [--step N] [--json]
 
-Everything is read through storage.query (read-only, so a report can be made while the run
-is still writing): runs, stage_runs, schedules, bin_stats, threshold_events and step_metrics,
+Everything is read through storage.report_rows (read-only, so a report can be made while
+the run is still writing): runs, stage_runs, schedules, bin_stats, threshold_events and step_metrics,
 and the token_mismatch view for the acceptance histogram. The names of the step metrics read
 are the constants below; the train flow writes them. Plots are drawn by tasks/report_plots.py:
 p5 per bin over steps against the target (threshold events marked), reward and response
@@ -25,7 +25,7 @@ import yaml
 
 from sparrow_core.errors import SparrowError
 from sparrow_core.mismatch_fit import TAIL_THRESHOLD, BetaFit, fit_beta_tail
-from storage import query
+from storage.report_rows import acceptance_of_step, report_run_ids, run_tables, token_steps
 
 # step_metrics names the report reads (the train flow writes them every step)
 REWARD_METRIC = "reward/mean"
@@ -87,14 +87,8 @@ class AcceptanceHistogram:
             raise ReportError(f"histogram of step {self.step}: counts do not add up to n={self.n}")
 
 
-def _rows(workdir, sql: str, params: list | None = None) -> list[dict[str, Any]]:
-    return query(workdir, sql, params).as_dicts()
-
-
 def run_ids(workdir: str | Path) -> list[str]:
-    sql = """SELECT run_id FROM (SELECT run_id FROM runs UNION SELECT run_id FROM step_metrics
-             UNION SELECT run_id FROM bin_stats) ORDER BY run_id"""
-    return [r["run_id"] for r in _rows(workdir, sql)]
+    return report_run_ids(workdir)
 
 
 def load_run(workdir: str | Path, run_id: str) -> RunData:
@@ -103,27 +97,15 @@ def load_run(workdir: str | Path, run_id: str) -> RunData:
     if run_id not in present:
         listed = ", ".join(present) if present else "none yet"
         raise ReportError(f"no run {run_id!r} in {Path(workdir) / 'sparrow.duckdb'}; runs: {listed}")
-    runs = _rows(workdir, "SELECT * FROM runs WHERE run_id = ?", [run_id])
+    tables = run_tables(workdir, run_id)
+    runs, bins = tables["runs"], tables["bin_stats"]
+    events, schedules, stages = (tables["threshold_events"], tables["schedules"],
+                                 tables["stages"])
     run = runs[0] if runs else {"run_id": run_id}
     config = _parse_config(run.get("config_yaml"))
     metrics: dict[str, list[tuple[int, float]]] = {}
-    for row in _rows(workdir, "SELECT step, name, value FROM step_metrics WHERE run_id = ? "
-                              "ORDER BY name, step", [run_id]):
+    for row in tables["step_metrics"]:
         metrics.setdefault(row["name"], []).append((row["step"], row["value"]))
-    bins = _rows(workdir, "SELECT step, bin, n, mean, p5, budget_pages, schedule_name, "
-                          "schedule_version FROM bin_stats WHERE run_id = ? ORDER BY step, bin",
-                 [run_id])
-    events = _rows(workdir, "SELECT step, bin, kind, p5, target FROM threshold_events "
-                            "WHERE run_id = ? ORDER BY step, bin, kind", [run_id])
-    schedules = _rows(workdir, """
-        SELECT name, version, step, reason, topk_pages, target FROM schedules s
-        WHERE run_id = ? OR EXISTS (SELECT 1 FROM bin_stats b WHERE b.run_id = ?
-              AND b.schedule_name = s.name AND b.schedule_version = s.version)
-        ORDER BY coalesce(step, -1), version""", [run_id, run_id])
-    stages = _rows(workdir, """
-        SELECT stage, count(*) AS steps, sum(duration_s) AS total_s, avg(duration_s) AS mean_s
-        FROM stage_runs WHERE run_id = ? GROUP BY stage ORDER BY min(started_at), stage""",
-                   [run_id])
     # RL steps are the ones that produced a reward or bin statistics (step 0 holds only the
     # starting schedule's record)
     trained = {s for name in (REWARD_METRIC, LENGTH_METRIC) for s, _ in metrics.get(name, [])}
@@ -165,31 +147,23 @@ def load_acceptance(workdir: str | Path, run_id: str, step: int | None = None) -
 
     None when the run has no token rows at all; ReportError when `step` has none.
     """
-    token_steps = [r["step"] for r in _rows(
-        workdir, "SELECT DISTINCT step FROM token_mismatch WHERE run_id = ? ORDER BY step", [run_id])]
-    if not token_steps:
+    steps_with_rows = token_steps(workdir, run_id)
+    if not steps_with_rows:
         if step is None:
             return None
         raise ReportError(f"run {run_id!r} has no per-token rows (token_mismatch) for any step")
     if step is None:
-        step = token_steps[-1]
-    elif step not in token_steps:
+        step = steps_with_rows[-1]
+    elif step not in steps_with_rows:
         raise ReportError(f"run {run_id!r} has no per-token rows for step {step}; "
-                          f"steps with rows: {', '.join(map(str, token_steps))}")
-    where = "FROM token_mismatch WHERE run_id = ? AND step = ?"
-    totals = _rows(workdir, f"""SELECT count(*) AS n, avg(acceptance) AS mean,
-        quantile_cont(acceptance, 0.05) AS p5,
-        count(*) FILTER (WHERE acceptance < {TAIL_THRESHOLD}) AS tail_n {where}""",
-                   [run_id, step])[0]
-    last = HISTOGRAM_BINS - 1
+                          f"steps with rows: {', '.join(map(str, steps_with_rows))}")
+    totals, by_bin, sampled = acceptance_of_step(workdir, run_id, step, bins=HISTOGRAM_BINS,
+                                                 below=TAIL_THRESHOLD, sample=TAIL_SAMPLE,
+                                                 seed=_SAMPLE_SEED)
     counts = np.zeros(HISTOGRAM_BINS, dtype=np.int64)
-    for row in _rows(workdir, f"""SELECT least(CAST(floor(acceptance * {HISTOGRAM_BINS}) AS INTEGER),
-                                  {last}) AS b, count(*) AS n {where} GROUP BY b""", [run_id, step]):
-        counts[row["b"]] = row["n"]
-    tail = np.array([r["acceptance"] for r in _rows(workdir, f"""
-        SELECT acceptance FROM (SELECT acceptance {where} AND acceptance < {TAIL_THRESHOLD})
-        USING SAMPLE reservoir({TAIL_SAMPLE} ROWS) REPEATABLE ({_SAMPLE_SEED})""",
-                                                     [run_id, step])], dtype=np.float64)
+    for b, n in by_bin.items():
+        counts[b] = n
+    tail = np.array(sampled, dtype=np.float64)
     return AcceptanceHistogram(
         step=int(step), n=int(totals["n"]), mean=float(totals["mean"]), p5=float(totals["p5"]),
         edges=np.linspace(0.0, 1.0, HISTOGRAM_BINS + 1), counts=counts, tail=tail,

@@ -97,14 +97,14 @@ def _label_ends(ax: "Axes", rows: list[dict], bins: list[int], colors: dict, tar
 
 
 def draw_budget(ax: "Axes", data: "RunData") -> None:
-    rows = [b for b in data.bins if b["budget_pages"] is not None]
+    rows = [b for b in data.bins if b["pages_read"] is not None]
     if not rows:
         _empty(ax, "budgets")
         return
     bins = sorted({b["bin"] for b in rows})
     colors = _bin_colors(bins)
     for b in bins:
-        points = [(r["step"], r["budget_pages"]) for r in rows if r["bin"] == b]
+        points = [(r["step"], r["pages_read"]) for r in rows if r["bin"] == b]
         ax.step(*zip(*points), where="post", color=colors[b], linewidth=1.4)
     ax.set_xlabel("step")
     ax.set_ylabel("budget (KV pages)")

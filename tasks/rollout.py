@@ -73,7 +73,7 @@ def to_records(rows: Sequence[Any], results: Sequence[Sequence[Any]]) -> list[Ro
             prompt_index=p, sample_index=s.sample_index, dataset_row=row.row,
             prompt_ids=tuple(row.prompt_ids), output_ids=tuple(s.output_ids),
             actor_logprobs=tuple(s.logprobs), topk_ids=tuple(s.topk_ids),
-            topk_logprobs=tuple(s.topk_logprobs), budget_pages=tuple(s.budget_pages),
+            topk_logprobs=tuple(s.topk_logprobs), pages_read=tuple(s.pages_read),
             finish_reason=s.finish_reason, answer=row.answer, text=s.text or "")
         for p, (row, samples) in enumerate(zip(rows, results)) for s in samples
     ]
@@ -103,7 +103,7 @@ def generate_rollouts(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
         {"schedule": schedule_to_dict(schedule), "version": version, "sparse": cfg.schedule.sparse},
         indent=2))
     lengths = np.array([len(r.output_ids) for r in records], dtype=np.float64)
-    budgets = np.concatenate([np.asarray(r.budget_pages, dtype=np.float64) for r in records])
+    pages_read = np.concatenate([np.asarray(r.pages_read, dtype=np.float64) for r in records])
     return StageWrite(metrics={
         "response/length_mean": float(lengths.mean()),
         "response/length_max": float(lengths.max()),
@@ -118,7 +118,7 @@ def generate_rollouts(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
         **({"memory/rollout_peak_gib": max(m["peak_gib"] for m in memory)} if memory else {}),
         **({"memory/engine_after_release_gib": max(m["reserved_gib"] for m in released)}
            if released else {}),
-        "schedule/budget_pages_mean": float(budgets.mean()),
+        "schedule/pages_read_mean": float(pages_read.mean()),
         "schedule/version": float(version),
     })
 

@@ -22,8 +22,10 @@ from pathlib import Path
 import yaml
 
 from sparrow_core.config import SparrowConfig, to_yaml
+from sparrow_core.config.renamed import CONFIG_RENAMES, rename_keys
 from sparrow_core.errors import SparrowError
 from storage import Store
+from storage.run_rows import insert_run, run_config_yaml, set_run_status
 
 RESUMABLE_KEYS = frozenset({
     "pipeline.fail_at", "pipeline.kill_at", "pipeline.steps", "pipeline.run_id",
@@ -62,7 +64,9 @@ def config_hash(cfg: SparrowConfig) -> str:
 def config_differences(stored_yaml: str, cfg: SparrowConfig) -> list[str]:
     """'key: old -> new' for every key outside RESUMABLE_KEYS whose value changed. A key the
     stored config lacks (added to the schema since) counts as unchanged at its default."""
-    old = flat_config(yaml.safe_load(stored_yaml) or {})
+    # a run stored before a key was renamed holds the old name: compare it under the new one
+    old = flat_config(rename_keys(yaml.safe_load(stored_yaml) or {}, CONFIG_RENAMES,
+                                  source="run config", warn=False))
     new = flat_config(yaml.safe_load(to_yaml(cfg)) or {})
     default = flat_config(yaml.safe_load(to_yaml(SparrowConfig())) or {})
     old.update({k: v for k, v in default.items() if k not in old and new.get(k) == v})
@@ -74,24 +78,20 @@ def config_differences(stored_yaml: str, cfg: SparrowConfig) -> list[str]:
 def open_run(store: Store, cfg: SparrowConfig, run_id: str, model_path: Path) -> bool:
     """Create the run's row, or check and reopen it; True when the run already existed."""
     with store.connect() as conn:
-        row = conn.execute("SELECT config_yaml FROM runs WHERE run_id = ?", [run_id]).fetchone()
-        if row is None:
-            conn.execute(
-                "INSERT INTO runs (run_id, model_path, config_yaml, config_hash, status) "
-                "VALUES (?, ?, ?, ?, 'running')",
-                [run_id, str(model_path), to_yaml(cfg), config_hash(cfg)])
+        stored_yaml = run_config_yaml(conn, run_id)
+        if stored_yaml is None:
+            insert_run(conn, run_id, str(model_path), to_yaml(cfg), config_hash(cfg))
             return False
-        differences = config_differences(row[0], cfg)
+        differences = config_differences(stored_yaml, cfg)
         if differences:
             raise ConfigMismatchError(
                 f"run {run_id} was started with another configuration; differing keys: "
                 + "; ".join(differences)
                 + " (use the original values to resume, or a new pipeline.run_id)")
-        conn.execute("UPDATE runs SET status = 'running' WHERE run_id = ?", [run_id])
+        set_run_status(conn, run_id, "running")
     return True
 
 
 def finish_run(store: Store, run_id: str, status: str, mlflow_run_id: str | None = None) -> None:
     with store.connect() as conn:
-        conn.execute("UPDATE runs SET status = ?, mlflow_run_id = coalesce(?, mlflow_run_id) "
-                     "WHERE run_id = ?", [status, mlflow_run_id, run_id])
+        set_run_status(conn, run_id, status, mlflow_run_id)

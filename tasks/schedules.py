@@ -15,24 +15,21 @@ from __future__ import annotations
 
 from sparrow_core.sparse import Schedule, resolve_schedule
 from sparrow_core.sparse.io import schedule_from_dict
-from storage import Store
-from tasks.records import replace_step_metrics
+from storage import Store, schedule_rows
+from storage.run_rows import replace_step_metrics, step_metric
 
 START_METRIC = "schedule/version"
-_COLUMNS = ("name", "page_size", "bin_tokens", "topk_pages", "reserved_bos", "reserved_eos",
-            "skip_layers", "target")
 
 
 def start_schedule(store: Store, run_id: str, spec: str) -> tuple[str, int]:
     """(name, version) the run starts with; chosen once per run, read back on resume."""
     with store.connect() as conn:
-        name = spec if _newest(conn, spec) is not None else resolve_schedule(spec).name
-        started = conn.execute(
-            "SELECT value FROM step_metrics WHERE run_id = ? AND step = 0 AND name = ?",
-            [run_id, START_METRIC]).fetchone()
+        newest = schedule_rows.newest_version
+        name = spec if newest(conn, spec) is not None else resolve_schedule(spec).name
+        started = step_metric(conn, run_id, 0, START_METRIC)
         if started is not None:
-            return name, int(started[0])
-        version = _newest(conn, name)
+            return name, int(started)
+        version = newest(conn, name)
         if version is None:
             version = 1
             insert_schedule(conn, resolve_schedule(spec), version, run_id, 0, "initial")
@@ -43,29 +40,15 @@ def start_schedule(store: Store, run_id: str, spec: str) -> tuple[str, int]:
 def schedule_in_force(store: Store, run_id: str, name: str, start_version: int,
                       step: int) -> tuple[Schedule, int]:
     with store.connect() as conn:
-        row = conn.execute(
-            f"SELECT version, {', '.join(_COLUMNS)} FROM schedules WHERE name = ? AND "
-            "((run_id = ? AND step < ? AND version > ?) OR version = ?) "
-            "ORDER BY version DESC LIMIT 1",
-            [name, run_id, step, start_version, start_version]).fetchone()
-    if row is None:
+        found = schedule_rows.schedule_in_force(conn, name, run_id, start_version, step)
+    if found is None:
         raise LookupError(f"schedule {name!r} version {start_version} is not in the schedules table")
-    data = dict(zip(_COLUMNS, row[1:]))
-    return schedule_from_dict(data, source=f"schedules row ({name}, v{row[0]})"), int(row[0])
+    data, version = found
+    return schedule_from_dict(data, source=f"schedules row ({name}, v{version})"), version
 
 
 def insert_schedule(conn, schedule: Schedule, version: int, run_id: str, step: int,
                     reason: str, yaml_path: str | None = None) -> None:
-    conn.execute("DELETE FROM schedules WHERE name = ? AND version = ?", [schedule.name, version])
-    conn.execute(
-        "INSERT INTO schedules (name, version, run_id, step, reason, page_size, bin_tokens, "
-        "topk_pages, reserved_bos, reserved_eos, skip_layers, target, yaml_path) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        [schedule.name, version, run_id, step, reason, schedule.page_size, schedule.bin_tokens,
-         list(schedule.topk_pages), schedule.reserved_bos, schedule.reserved_eos,
-         list(schedule.skip_layers), schedule.target, yaml_path])
-
-
-def _newest(conn, name: str) -> int | None:
-    row = conn.execute("SELECT max(version) FROM schedules WHERE name = ?", [name]).fetchone()
-    return None if row is None or row[0] is None else int(row[0])
+    """Store one version of `schedule` inside the caller's transaction."""
+    row = {c: getattr(schedule, c) for c in schedule_rows.SCHEDULE_COLUMNS}
+    schedule_rows.insert_schedule(conn, row, version, run_id, step, reason, yaml_path)

@@ -12,7 +12,7 @@ common config (a study compares arms from the same start).
 Schedules in one workdir are versioned by name, and a run starts from the newest version of
 its schedule, which another arm's controller may have just made. So each arm decodes with a
 copy of its schedule as it stood when the study first planned the arm (for a `fixed_budget` arm:
-flat, `fixed_budget_pages` in every bin), renamed `<study_id>-<arm>` and written to
+flat, `fixed_topk_pages` in every bin), renamed `<study_id>-<arm>` and written to
 `<workdir>/studies/<study_id>/schedules/<arm>.yaml`; a rerun reuses that file, so a resumed
 arm keeps its configuration. An arm is finished when its run is marked finished and has
 recorded sync_weights for every step up to pipeline.steps.
@@ -31,12 +31,13 @@ from sparrow_core.config.study import StudyArm, StudyConfig, check_study_id, loa
 from sparrow_core.sparse import Schedule, resolve_schedule, save_schedule_yaml
 from sparrow_core.sparse.io import schedule_from_dict
 from storage import Store
+from storage.run_rows import last_step_of_stage, run_status
+from storage.schedule_rows import newest_schedule
+from storage.study_rows import replace_study_arms
 
 # what every arm of a study shares (checked on the resolved configs)
 SHARED_KEYS = ("model.path", "pipeline.workdir", "pipeline.seed", "rollout.seed", "data.train",
                "ray.address")
-_SCHEDULE_COLUMNS = ("name", "page_size", "bin_tokens", "topk_pages", "reserved_bos",
-                     "reserved_eos", "skip_layers", "target")
 
 
 def study_dir(workdir: str | Path, study_id: str) -> Path:
@@ -51,12 +52,11 @@ def _value(cfg: SparrowConfig, dotted: str):
 
 
 def _stored_schedule(conn, name: str) -> tuple[Schedule, int] | None:
-    row = conn.execute(f"SELECT version, {', '.join(_SCHEDULE_COLUMNS)} FROM schedules "
-                       "WHERE name = ? ORDER BY version DESC LIMIT 1", [name]).fetchone()
-    if row is None:
+    stored = newest_schedule(conn, name)
+    if stored is None:
         return None
-    data = dict(zip(_SCHEDULE_COLUMNS, row[1:]))
-    return schedule_from_dict(data, source=f"schedules row ({name}, v{row[0]})"), int(row[0])
+    data, version = stored
+    return schedule_from_dict(data, source=f"schedules row ({name}, v{version})"), version
 
 
 def pin_schedule(conn, study: StudyConfig, study_id: str, arm: StudyArm,
@@ -70,8 +70,8 @@ def pin_schedule(conn, study: StudyConfig, study_id: str, arm: StudyArm,
                     (resolve_schedule(cfg.schedule.name), cfg.schedule.name))
     topk = base.topk_pages
     if arm.fixed_budget:
-        topk = (study.fixed_budget_pages,) * base.num_bins
-        source += f", flat at {study.fixed_budget_pages} pages"
+        topk = (study.fixed_topk_pages,) * base.num_bins
+        source += f", flat at {study.fixed_topk_pages} pages"
     pinned = dataclasses.replace(base, name=f"{study_id}-{arm.name}", topk_pages=topk,
                                  target=cfg.schedule.target,
                                  description=f"study {study_id}, arm {arm.name}: {source}")
@@ -79,10 +79,8 @@ def pin_schedule(conn, study: StudyConfig, study_id: str, arm: StudyArm,
 
 
 def arm_finished(conn, run_id: str, steps: int) -> bool:
-    status = conn.execute("SELECT status FROM runs WHERE run_id = ?", [run_id]).fetchone()
-    last = conn.execute("SELECT max(step) FROM stage_runs WHERE run_id = ? AND "
-                        "stage = 'sync_weights'", [run_id]).fetchone()[0]
-    return status is not None and status[0] == "finished" and (last or 0) >= steps
+    last = last_step_of_stage(conn, run_id, "sync_weights")
+    return run_status(conn, run_id) == "finished" and (last or 0) >= steps
 
 
 def arm_config(study: StudyConfig, arm: StudyArm, overrides: list[str],
@@ -127,12 +125,7 @@ def plan_study(study_id: str, study_spec: str, study_overrides: list[str],
 
 def record_arms(conn, study_id: str, plans: list[dict], definition: str) -> None:
     """The study's study_arms rows, replaced by the arms as planned now."""
-    conn.execute("DELETE FROM study_arms WHERE study_id = ?", [study_id])
-    for plan in plans:
-        conn.execute("INSERT INTO study_arms (study_id, arm, arm_index, run_id, overrides, "
-                     "study_yaml) VALUES (?, ?, ?, ?, ?, ?)",
-                     [study_id, plan["arm"], plan["index"], plan["run_id"], plan["overrides"],
-                      definition])
+    replace_study_arms(conn, study_id, plans, definition)
 
 
 @task(name="plan_study", cache_policy=NONE)

@@ -22,11 +22,12 @@ from sparrow_core.config.study import StudyConfig, study_from_yaml
 from sparrow_core.errors import SparrowError
 from sparrow_core.sparse import Schedule
 from sparrow_core.sparse.io import schedule_from_dict
-from storage import StorageError, query
+from storage.schedule_rows import SCHEDULE_COLUMNS
+from storage.study_rows import study_ids, study_tables
 from tasks.report import config_value
 
-_SCHEDULE_COLUMNS = ("name", "page_size", "bin_tokens", "topk_pages", "reserved_bos",
-                     "reserved_eos", "skip_layers", "target")
+# metrics renamed since a run could have written them (docs/glossary.md): old -> new
+RENAMED_METRICS = {"schedule/budget_pages_mean": "schedule/pages_read_mean"}
 
 
 class StudyReportError(SparrowError):
@@ -80,35 +81,21 @@ def _config(text: str | None) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _rows(workdir, sql: str, params: list | None = None) -> list[dict[str, Any]]:
-    return query(workdir, sql, params).as_dicts()
-
-
-def study_ids(workdir: str | Path) -> list[str]:
-    try:
-        rows = _rows(workdir, "SELECT DISTINCT study_id FROM study_arms ORDER BY study_id")
-    except StorageError:  # a workdir no study has written to (or from before the table)
-        return []
-    return [r["study_id"] for r in rows]
-
-
 def load_study_data(workdir: str | Path, study_id: str) -> StudyData:
     present = study_ids(workdir)
     if study_id not in present:
         listed = ", ".join(present) if present else "none yet"
         raise StudyReportError(f"no study {study_id!r} in {Path(workdir) / 'sparrow.duckdb'}; "
                                f"studies: {listed}")
-    arms_rows = _rows(workdir, "SELECT arm, run_id, overrides, study_yaml FROM study_arms "
-                               "WHERE study_id = ? ORDER BY arm_index", [study_id])
-    mine = "run_id IN (SELECT run_id FROM study_arms WHERE study_id = ?)"
-    runs = {r["run_id"]: r for r in _rows(workdir, f"SELECT * FROM runs WHERE {mine}", [study_id])}
+    tables = study_tables(workdir, study_id)
+    arms_rows = tables["arms"]
+    runs = {r["run_id"]: r for r in tables["runs"]}
     metrics: dict[str, dict[str, dict[int, float]]] = {}
-    for r in _rows(workdir, f"SELECT run_id, step, name, value FROM step_metrics WHERE {mine}",
-                   [study_id]):
-        metrics.setdefault(r["run_id"], {}).setdefault(r["name"], {})[r["step"]] = r["value"]
+    for r in tables["step_metrics"]:
+        name = RENAMED_METRICS.get(r["name"], r["name"])
+        metrics.setdefault(r["run_id"], {}).setdefault(name, {})[r["step"]] = r["value"]
     bins: dict[str, list[dict]] = {}
-    for r in _rows(workdir, f"SELECT * FROM bin_stats WHERE {mine} ORDER BY step, bin",
-                   [study_id]):
+    for r in tables["bin_stats"]:
         bins.setdefault(r["run_id"], []).append(r)
     arms = [ArmData(r["arm"], r["run_id"], list(r["overrides"] or []),
                     runs.get(r["run_id"], {"run_id": r["run_id"]}),
@@ -116,16 +103,12 @@ def load_study_data(workdir: str | Path, study_id: str) -> StudyData:
                     metrics.get(r["run_id"], {}), bins.get(r["run_id"], []))
             for r in arms_rows]
     return StudyData(study_id, str(workdir), study_from_yaml(arms_rows[0]["study_yaml"]), arms,
-                     _schedules(workdir, study_id, mine))
+                     _schedules(tables["schedules"]))
 
 
-def _schedules(workdir, study_id: str, mine: str) -> dict[tuple[str, int], Schedule]:
-    rows = _rows(workdir, f"""
-        SELECT version, {', '.join(_SCHEDULE_COLUMNS)} FROM schedules s WHERE EXISTS (
-            SELECT 1 FROM bin_stats b WHERE b.{mine} AND b.schedule_name = s.name
-            AND b.schedule_version = s.version)""", [study_id])
+def _schedules(rows: list[dict]) -> dict[tuple[str, int], Schedule]:
     out = {}
     for row in rows:
-        data = {k: row[k] for k in _SCHEDULE_COLUMNS}
+        data = {k: row[k] for k in SCHEDULE_COLUMNS}
         out[(row["name"], int(row["version"]))] = schedule_from_dict(data, "schedules row")
     return out

@@ -132,7 +132,7 @@ def plot_rollout_cost(data: "StudyData", costs: Mapping[str, Mapping[int, tuple[
     else:
         _empty(predicted, "cost model prices")
     predicted.set_title("predicted rollout cost (cost model)")
-    _series_panel(pages, data, "schedule/budget_pages_mean", "KV pages", {})
+    _series_panel(pages, data, "schedule/pages_read_mean", "KV pages", {})
     pages.set_title("pages read per generated token")
     fig.suptitle(f"Study {data.study_id}: rollout cost")
     return _save(fig, path)

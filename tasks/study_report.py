@@ -43,7 +43,7 @@ REWARD = "reward/mean"
 EVAL = "eval/accuracy"
 ROLLOUT_S = "time/rollout_generate_s"
 TOKENS_PER_S = "rollout/tokens_per_s"
-PAGES = "schedule/budget_pages_mean"
+PAGES = "schedule/pages_read_mean"
 # every target statistic (sparrow_core/sparse/target.py), in the order the report lists them
 STATISTICS = tuple(get_statistic(n) for n in ("p1", "p5", "p10", "mean", "min", "share_below_half"))
 
@@ -66,7 +66,7 @@ def _mean(values) -> float | None:
 
 def model_shape_of(data: StudyData) -> tuple[Any, str]:
     """(the cost model's shape of the study's model, or None, and why not)."""
-    from sparrow_core.sparse.calibration import model_shape
+    from sparrow_core.control.calibration import model_shape
 
     paths = {a.run.get("model_path") for a in data.arms if a.run.get("model_path")}
     if not paths:

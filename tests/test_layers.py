@@ -42,9 +42,8 @@ CORE_LAYERS = (
     ("kernels", ("sparrow_core.kernels",)),
     ("model", ("sparrow_core.model",)),
     ("engine", ("sparrow_core.engine",)),
-    # calibration and control replay sequences on the engine (issue 21 item 5: own package)
-    ("calibration", ("sparrow_core.sparse.calibration", "sparrow_core.sparse.choose",
-                     "sparrow_core.sparse.controller", "sparrow_core.sparse.budget_search")),
+    # calibration and the online controller replay sequences on the engine
+    ("control", ("sparrow_core.control",)),
     ("rl", ("sparrow_core.rl",)),
     # config.load checks loss and estimator names against rl's registries
     ("top", ("sparrow_core.config", "sparrow_core.study", "sparrow_core.testbed")),
@@ -166,7 +165,7 @@ def test_the_checks_see_imports_and_catch_a_violation():
     assert core_layer("sparrow_core.sparse.schedule") < core_layer("sparrow_core.kernels.page_topk")
     assert core_layer("sparrow_core.kernels.paged_decode") < core_layer("sparrow_core.model.layers")
     assert core_layer("sparrow_core.model.decoder") < core_layer("sparrow_core.engine.engine")
-    assert core_layer("sparrow_core.engine.engine") < core_layer("sparrow_core.sparse.calibration")
+    assert core_layer("sparrow_core.engine.engine") < core_layer("sparrow_core.control.calibration")
     assert core_layer("sparrow_core.engine.engine") < core_layer("sparrow_core.rl.trainer")
     assert package_rank("storage") == package_rank("sparrow_core") < package_rank("tasks")
     assert package_rank("tasks") < package_rank("pipelines")

@@ -2,7 +2,7 @@
 calibrate flow).
 
     sparrow calibrate                                   # the embedded tiny model, CPU, about a minute
-    sparrow calibrate calibrate.num_prompts=2 calibrate.repeats=2 calibrate.budgets=[2,4,6,12]
+    sparrow calibrate calibrate.num_prompts=2 calibrate.repeats=2 calibrate.topk_pages=[2,4,6,12]
     sparrow calibrate model.path=/models/Qwen3-1.7B schedule.name=qwen3-1.7b-0.86 \
         data.train=/data/aime.parquet schedule.target=0.86 calibrate.repeats=8
     sparrow calibrate --json
@@ -65,7 +65,7 @@ def print_summary(summary: dict) -> None:
     for note in summary["notes"]:
         print(f"note: {note}")
     line = (f"calibration took {summary['calibration_s']:.1f} s (sampling "
-            f"{summary['sample_s']:.1f} s, replaying {len(summary['budgets'])} budgets "
+            f"{summary['sample_s']:.1f} s, replaying {len(summary['topk_grid'])} top-k values "
             f"{summary['replay_s']:.1f} s)")
     if "generation_s" in summary:
         line += (f"; generating every budget took {summary['generation_s']:.1f} s "

@@ -8,7 +8,7 @@
 --schedule takes a preset name or a schedule file (sparrow schedule list); without it every
 decode step is dense. The KV page size follows the schedule (16 without one). JSON prints
 one object per sample: output_ids, text (when the model directory has a tokenizer),
-logprobs, budget_pages (pages read per KV head at each step), finish_reason, and top-K ids
+logprobs, pages_read (pages read per KV head at each step), finish_reason, and top-K ids
 and logprobs when --logprobs-topk K > 0. A progress bar goes to stderr on long generations.
 """
 
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     for row in rows:
         shown = row["text"] if row["text"] is not None else " ".join(map(str, row["output_ids"]))
-        budget = row["budget_pages"]
+        budget = row["pages_read"]
         print(f"[sample {row['sample_index']}] {len(row['output_ids'])} tokens, "
               f"finish_reason={row['finish_reason']}, pages read per step "
               f"{min(budget)}-{max(budget)}")

@@ -26,20 +26,6 @@ from sparrow_core.config.schema import PipelineConfig
 from sparrow_core.errors import SparrowError
 from storage.layout import process_alive
 
-RUNS_SQL = """
-SELECT r.run_id, r.status, r.created_at, r.model_path, r.config_yaml, r.mlflow_run_id,
-       (SELECT count(*) FROM stage_runs s WHERE s.run_id = r.run_id) AS stages,
-       (SELECT count(*) FROM stage_runs s WHERE s.run_id = r.run_id
-          AND s.stage = 'sync_weights') AS steps_done,
-       (SELECT 'step-' || s.step || '/' || s.stage FROM stage_runs s WHERE s.run_id = r.run_id
-          ORDER BY s.finished_at DESC LIMIT 1) AS last_stage
-FROM runs r ORDER BY r.created_at, r.run_id"""
-
-STAGES_SQL = """
-SELECT step, stage, started_at, finished_at, round(duration_s, 3) AS duration_s, output_dir
-FROM stage_runs WHERE run_id = ? ORDER BY step, finished_at"""
-
-
 class UnknownRunError(SparrowError):
     """A run id that the workdir does not hold."""
 
@@ -81,10 +67,10 @@ def _pid_alive(lock: Path) -> bool:
 
 
 def run_rows(workdir: str) -> list[dict]:
-    from storage import query
+    from storage.run_rows import runs_listing
 
     alive = writer_alive(workdir)
-    result = query(workdir, RUNS_SQL)
+    result = runs_listing(workdir)
     rows = []
     for row in result.as_dicts():
         config = yaml.safe_load(row.pop("config_yaml") or "") or {}
@@ -109,14 +95,13 @@ def _damaged_steps(result, run_id: str) -> str:
 
 
 def stage_rows(workdir: str, run_id: str) -> list[dict]:
-    from storage import query
+    from storage.run_rows import recorded_run_ids, stages_listing
 
-    known = query(workdir, "SELECT run_id FROM runs WHERE run_id = ?", [run_id]).rows
-    if not known:
-        runs = [r[0] for r in query(workdir, "SELECT run_id FROM runs ORDER BY run_id").rows]
+    runs = recorded_run_ids(workdir)
+    if run_id not in runs:
         raise UnknownRunError(f"workdir {workdir} has no run {run_id!r}; runs: "
                               f"{', '.join(runs) or '(none)'}")
-    result = query(workdir, STAGES_SQL, [run_id])
+    result = stages_listing(workdir, run_id)
     damaged = {d.step: d for d in result.damaged if d.run_id == run_id}
     rows = result.as_dicts()
     for row in rows:

@@ -100,26 +100,19 @@ def stored_schedule(workdir: str, spec: str) -> Schedule | None:
     """NAME or NAME@VERSION from the workdir's schedules table; None when it has no such name."""
     from sparrow_core.sparse.io import schedule_from_dict
     from sparrow_core.sparse.schedule import ScheduleError
-    from storage.query import query
+    from storage.schedule_rows import stored_schedule as stored_row
 
     name, sep, version = spec.rpartition("@") if "@" in spec else (spec, "", "")
     if sep and not version.isdigit():
         raise ScheduleError(f"schedule {spec!r}: the version after @ must be a whole number")
-    columns = ("name", "page_size", "bin_tokens", "topk_pages", "reserved_bos",
-               "reserved_eos", "skip_layers", "target")
-    where, params = "name = ?", [name]
-    if sep:
-        where, params = where + " AND version = ?", params + [int(version)]
-    result = query(workdir, f"SELECT version, reason, {', '.join(columns)} FROM schedules "
-                            f"WHERE {where} ORDER BY version DESC LIMIT 1", params)
-    if not result.rows:
+    found = stored_row(workdir, name, int(version) if sep else None)
+    if found is None:
         if sep:
             raise ScheduleError(f"schedule {name!r} has no version {version} in {workdir}")
         return None
-    row = result.rows[0]
-    data = dict(zip(columns, row[2:]))
-    data["description"] = f"version {row[0]} from {workdir} ({row[1]})"
-    return schedule_from_dict(data, source=f"schedules row ({name}, v{row[0]})")
+    data, number, reason = found
+    data["description"] = f"version {number} from {workdir} ({reason})"
+    return schedule_from_dict(data, source=f"schedules row ({name}, v{number})")
 
 
 def run_show(args: argparse.Namespace) -> int:

@@ -1,7 +1,7 @@
 """`sparrow study`: run (or resume) a stability study, and report on one from DuckDB.
 
     sparrow study run s1 pipeline.steps=8                       # conf/study/default.yaml's arms
-    sparrow study run s1 --study my_study.yaml study.fixed_budget_pages=4 pipeline.steps=2
+    sparrow study run s1 --study my_study.yaml study.fixed_topk_pages=4 pipeline.steps=2
     sparrow study run s1 pipeline.steps=8                       # again: finished arms skipped,
                                                                 # an unfinished one resumed
     sparrow study report s1 [--workdir DIR] [--out DIR] [--json] [--collapse-window N]

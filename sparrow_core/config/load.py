@@ -19,6 +19,7 @@ from typing import Iterable
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from sparrow_core.config.renamed import CONFIG_RENAMES, rename_keys, rename_overrides
 from sparrow_core.config.schema import CHOICES, GROUPS, SparrowConfig
 from sparrow_core.errors import SparrowError
 
@@ -47,7 +48,9 @@ def load_config(overrides: Iterable[str] = (), root: Path | None = None) -> Spar
     merged = OmegaConf.structured(SparrowConfig)
     for group in GROUPS:
         path = root / group / f"{choices[group]}.yaml"
-        merged = _merge(merged, {group: _read_yaml(path)}, source=str(path))
+        data = rename_keys({group: _read_yaml(path)}, CONFIG_RENAMES, source=str(path))
+        merged = _merge(merged, data, source=str(path))
+    dotlist = rename_overrides(dotlist, CONFIG_RENAMES)
     merged = _merge(merged, OmegaConf.from_dotlist(dotlist), source="command line")
     cfg = OmegaConf.to_object(merged)
     assert isinstance(cfg, SparrowConfig)
@@ -223,7 +226,7 @@ _RANGES = [
     ("calibrate.num_prompts", lambda v: v >= 1, ">= 1"),
     ("calibrate.repeats", lambda v: v >= 1, ">= 1"),
     ("calibrate.max_new_tokens", lambda v: v >= 0, ">= 0 (0 takes rollout.max_new_tokens)"),
-    ("calibrate.budgets", lambda v: all(b >= 1 for b in v) and list(v) == sorted(set(v)),
+    ("calibrate.topk_pages", lambda v: all(b >= 1 for b in v) and list(v) == sorted(set(v)),
      "a strictly increasing list of page counts >= 1 (empty picks a grid)"),
     ("calibrate.min_tokens", lambda v: v >= 1, ">= 1"),
     ("calibrate.num_bins", lambda v: v >= 0, ">= 0 (0 keeps the schedule's)"),

@@ -246,12 +246,12 @@ class CalibrateConfig:
     repeats: int = 4
     # new tokens per sample; 0 takes rollout.max_new_tokens
     max_new_tokens: int = 0
-    # true: each budget is measured on the sparse actor's own samples under that budget
+    # true: each top-k of the grid is measured on the sparse actor's own samples under it
     # (on-policy; predicts a train step's p5); false: on dense samples (one sampling run)
     sample_sparse: bool = True
-    # top-k page budgets replayed; empty: the paper's steps 29..1149 below the longest
-    # trajectory, or a small grid (1..64) when fewer than 4 of them fit
-    budgets: list[int] = field(default_factory=list)
+    # the grid of top-k pages replayed (was `budgets`); empty: the paper's steps 29..1149
+    # below the longest trajectory, or a small grid (1..64) when fewer than 4 of them fit
+    topk_pages: list[int] = field(default_factory=list)
     # fewest tokens a bin needs for a stable p5; a thinner bin takes its neighbour's decision
     min_tokens: int = 100
     # bins of the calibrated schedule; 0 keeps schedule.name's count (more if trajectories

@@ -1,13 +1,13 @@
 """The stability study's definition: its arms (name + train overrides) and the collapse rule.
 
     from sparrow_core.config.study import load_study, study_yaml
-    study = load_study("default", ["fixed_budget_pages=29"])   # conf/study/default.yaml
+    study = load_study("default", ["fixed_topk_pages=29"])   # conf/study/default.yaml
     study = load_study("my_study.yaml")                         # or a file of the same form
     [(arm.name, arm.overrides) for arm in study.arms]
 
 A study (pipelines/study.py, docs/study.md) runs one train run per arm, `<study_id>-<arm>`,
 from the same model, data and seeds; each arm differs only by its overrides (and, with
-`fixed_budget: true`, by a flat schedule of `fixed_budget_pages` pages in every bin). The
+`fixed_budget: true`, by a flat schedule of `fixed_topk_pages` pages in every bin). The
 YAML holds the fields below, each with a comment line above it; `key=value` overrides set
 them (`sparrow study run ... study.KEY=VALUE`). The collapse rule is what the study report
 labels an arm with: collapsed when the mean reward of its last `collapse_window` steps is below
@@ -24,6 +24,7 @@ from typing import Iterable
 from omegaconf import OmegaConf
 
 from sparrow_core.config.load import ConfigError, _merge, _read_yaml, conf_dir
+from sparrow_core.config.renamed import STUDY_RENAMES, rename_keys, rename_overrides
 
 # arm names and study ids become run ids and folder names
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -35,7 +36,7 @@ class StudyArm:
     name: str = ""
     # train overrides of this arm (key=value or group=name), applied after the common ones
     overrides: list[str] = field(default_factory=list)
-    # true: decode with a flat schedule of fixed_budget_pages top-k pages in every bin
+    # true: decode with a flat schedule of fixed_topk_pages top-k pages in every bin
     fixed_budget: bool = False
 
 
@@ -45,8 +46,9 @@ class StudyConfig:
     common: list[str] = field(default_factory=list)
     # the arms, run one after the other in this order
     arms: list[StudyArm] = field(default_factory=list)
-    # top-k pages per bin of the arms marked fixed_budget (cheap enough to fall below target)
-    fixed_budget_pages: int = 2
+    # top-k pages per bin of the arms marked fixed_budget, cheap enough to fall below target
+    # (was `fixed_budget_pages`)
+    fixed_topk_pages: int = 2
     # the arm the collapse rule compares with (dense rollout)
     reference_arm: str = "dense"
     # collapse rule: how many final steps of each arm's reward are averaged
@@ -70,11 +72,13 @@ def load_study(spec: str = "default", overrides: Iterable[str] = (),
         options = sorted(p.stem for p in ((root or conf_dir()) / "study").glob("*.yaml"))
         raise ConfigError(f"study {spec!r}: no file {path}; studies: {', '.join(options)} "
                           f"(or a .yaml path)")
-    merged = _merge(OmegaConf.structured(StudyConfig), _read_yaml(path), source=str(path))
+    data = rename_keys(_read_yaml(path), STUDY_RENAMES, source=str(path))
+    merged = _merge(OmegaConf.structured(StudyConfig), data, source=str(path))
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"study override {item!r} is not of the form key=value")
-    merged = _merge(merged, OmegaConf.from_dotlist(list(overrides)), source="command line")
+    overrides = rename_overrides(overrides, STUDY_RENAMES)
+    merged = _merge(merged, OmegaConf.from_dotlist(overrides), source="command line")
     study = OmegaConf.to_object(merged)
     assert isinstance(study, StudyConfig)
     check_study(study, str(path))
@@ -93,8 +97,8 @@ def check_study(study: StudyConfig, source: str = "study") -> None:
     if study.reference_arm not in names:
         raise ConfigError(f"{source}: reference_arm {study.reference_arm!r} is not an arm; "
                           f"arms: {', '.join(names)}")
-    if study.fixed_budget_pages < 1 or study.collapse_window < 1:
-        raise ConfigError(f"{source}: fixed_budget_pages and collapse_window must be >= 1")
+    if study.fixed_topk_pages < 1 or study.collapse_window < 1:
+        raise ConfigError(f"{source}: fixed_topk_pages and collapse_window must be >= 1")
     if not 0.0 < study.collapse_ratio <= 1.0:
         raise ConfigError(f"{source}: collapse_ratio must be in (0, 1], got {study.collapse_ratio}")
 
@@ -112,6 +116,8 @@ def study_yaml(study: StudyConfig) -> str:
 
 def study_from_yaml(text: str) -> StudyConfig:
     """A study as study_yaml wrote it (the report reads it back from DuckDB)."""
-    merged = _merge(OmegaConf.structured(StudyConfig), OmegaConf.create(text or "{}"),
-                    source="study_arms.study_yaml")
+    # a study stored before a key was renamed holds the old name: read it quietly
+    data = rename_keys(OmegaConf.to_container(OmegaConf.create(text or "{}")), STUDY_RENAMES,
+                       source="study_arms.study_yaml", warn=False)
+    merged = _merge(OmegaConf.structured(StudyConfig), data, source="study_arms.study_yaml")
     return OmegaConf.to_object(merged)

@@ -46,7 +46,7 @@ class RolloutRecord:
     actor_logprobs: Sequence[float]  # logprob of each sampled token under the actor
     topk_ids: Any  # the actor's top-K ids per token: nested tuples or an [n, K] array
     topk_logprobs: Any  # the same, for their logprobs
-    budget_pages: Sequence[int]  # pages read per KV head at the step of each token
+    pages_read: Sequence[int]  # pages read per KV head at the step of each token
     finish_reason: str  # "stop" or "length"
     answer: str  # ground truth, for the reward
     text: str = ""  # decoded completion
@@ -54,7 +54,7 @@ class RolloutRecord:
     def __post_init__(self) -> None:
         n = len(self.output_ids)
         lengths = {len(self.actor_logprobs), len(self.topk_ids), len(self.topk_logprobs),
-                   len(self.budget_pages)}
+                   len(self.pages_read)}
         if lengths != {n}:
             raise ValueError(f"rollout ({self.prompt_index}, {self.sample_index}): per-token "
                              f"fields disagree in length ({n} ids vs {sorted(lengths)})")
@@ -193,6 +193,10 @@ def read_rollouts(path: str | Path) -> list[RolloutRecord]:
         table = pq.read_table(path)
     except (pa.ArrowInvalid, OSError) as err:
         raise RolloutFileError(f"rollout file {path} is not a readable Parquet file: {err}") from None
+    if "budget_pages" in table.column_names and "pages_read" not in table.column_names:
+        # a file written before the rename (docs/glossary.md): the same numbers
+        table = table.rename_columns(["pages_read" if c == "budget_pages" else c
+                                      for c in table.column_names])
     missing = [c for c in COLUMNS if c not in table.column_names]
     if missing:
         raise RolloutFileError(f"rollout file {path} lacks column(s) {', '.join(missing)}")
@@ -255,6 +259,6 @@ def _schema():
         ("prompt_index", pa.int32()), ("sample_index", pa.int32()), ("dataset_row", pa.int64()),
         ("prompt_ids", ints), ("output_ids", ints), ("actor_logprobs", floats),
         ("topk_ids", pa.list_(ints)), ("topk_logprobs", pa.list_(floats)),
-        ("budget_pages", ints), ("finish_reason", pa.string()), ("answer", pa.string()),
+        ("pages_read", ints), ("finish_reason", pa.string()), ("answer", pa.string()),
         ("text", pa.string()),
     ])

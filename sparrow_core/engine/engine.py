@@ -2,7 +2,7 @@
 
     engine = Engine(load_model(path), load_tokenizer(path), EngineConfig(), schedule)
     results = engine.generate([[1, 2, 3], [4, 5]], SamplingParams(max_new_tokens=64, n=8))
-    results[prompt][sample].output_ids / .logprobs / .topk_ids / .budget_pages / .finish_reason
+    results[prompt][sample].output_ids / .logprobs / .topk_ids / .pages_read / .finish_reason
     engine.update_weights(state_dict); engine.set_schedule(other_schedule or None)
 
 With schedule=None every decode step is dense; with a Schedule, decode is block-sparse in
@@ -61,7 +61,7 @@ class LaunchedStep:
     """A step whose forward pass and draw are queued on the device; outputs not yet read."""
 
     seqs: list[Sequence]
-    budgets: list[int]
+    pages_read: list[int]
     sampling: SamplingBatch
     token_ids: torch.Tensor  # [B] on the device: the input of a step launched ahead
     outputs: StepOutputs
@@ -225,10 +225,10 @@ class Engine:
         counts = torch.tensor([len(g.samples) for g in batch.groups], device=logits.device)
         logits = logits.repeat_interleave(counts, dim=0, output_size=len(seqs))
         # the first token comes from the dense prefill: every prompt page was read
-        budgets = [self.block_manager.pages_for_tokens(s.prompt_len) for s in seqs]
+        pages_read = [self.block_manager.pages_for_tokens(s.prompt_len) for s in seqs]
         sampling = SamplingBatch.build([s.params for s in seqs], [s.seed for s in seqs],
                                        logits.device)
-        return self._launch(seqs, logits, budgets, sampling, [0] * len(seqs))
+        return self._launch(seqs, logits, pages_read, sampling, [0] * len(seqs))
 
     def _decode(self, seqs: list[Sequence], step: int) -> "LaunchedStep":
         """A decode step of the running batch from the host's tokens (synchronous entry)."""
@@ -238,7 +238,7 @@ class Engine:
         if self._sampling is None or self._sampling.seqs != seqs:
             self._sampling = CachedSampling(list(seqs), SamplingBatch.build(
                 [s.params for s in seqs], [s.seed for s in seqs], logits.device))
-        return self._launch(seqs, logits, self._decode_budgets(seqs, 0), self._sampling.batch,
+        return self._launch(seqs, logits, self._decode_pages_read(seqs, 0), self._sampling.batch,
                             [s.num_generated for s in seqs])
 
     def _decode_ahead(self, scheduler: Scheduler, launched: "LaunchedStep"):
@@ -255,13 +255,13 @@ class Engine:
         self.stats["overlapped_steps"] += 1
         scheduler.reserve_ahead(seqs)
         logits = self.runner.decode(seqs, self.schedule, pending_ids=launched.token_ids)
-        return self._launch(seqs, logits, self._decode_budgets(seqs, 1), launched.sampling,
+        return self._launch(seqs, logits, self._decode_pages_read(seqs, 1), launched.sampling,
                             [s.num_generated + 1 for s in seqs])
 
-    def _launch(self, seqs, logits, budgets, sampling, counters) -> "LaunchedStep":
+    def _launch(self, seqs, logits, pages_read, sampling, counters) -> "LaunchedStep":
         """Draw (counters: each row's draw number) and start the outputs' copy to the host."""
         out = sample(logits, sampling, counters)
-        return LaunchedStep(list(seqs), budgets, sampling, out.token_ids, StepOutputs(out))
+        return LaunchedStep(list(seqs), pages_read, sampling, out.token_ids, StepOutputs(out))
 
     # host work of a step
 
@@ -273,14 +273,14 @@ class Engine:
         for i, seq in enumerate(launched.seqs):
             k = seq.params.logprobs_topk
             seq.append(ids[i], logprobs[i], tuple(topk_ids[i][:k]),
-                       tuple(topk_logprobs[i][:k]), launched.budgets[i])
+                       tuple(topk_logprobs[i][:k]), launched.pages_read[i])
             progress += 1
             if seq.finish_reason is not None:
                 scheduler.finish(seq)
                 progress += seq.params.max_new_tokens - seq.num_generated
         return progress
 
-    def _decode_budgets(self, seqs: list[Sequence], ahead: int) -> list[int]:
+    def _decode_pages_read(self, seqs: list[Sequence], ahead: int) -> list[int]:
         """Pages read per KV head in sparse layers at this step: min(n, top-k + reserved), all
         n pages when dense (Schedule.pages_read, in plain integers: host work per step); the
         input token sits at position num_tokens - 1 + ahead."""

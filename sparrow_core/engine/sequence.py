@@ -36,14 +36,14 @@ class SampleResult:
     topk_ids: tuple[tuple[int, ...], ...]
     topk_logprobs: tuple[tuple[float, ...], ...]
     # pages read per KV head in sparse layers at the step that produced each token
-    budget_pages: tuple[int, ...]
+    pages_read: tuple[int, ...]
     finish_reason: str
     text: str | None = None
 
     def __post_init__(self) -> None:
         n = len(self.output_ids)
         lengths = (len(self.logprobs), len(self.topk_ids), len(self.topk_logprobs),
-                   len(self.budget_pages))
+                   len(self.pages_read))
         if any(length != n for length in lengths):
             raise ValueError(f"SampleResult fields disagree in length: {n} ids vs {lengths}")
         if self.finish_reason not in FINISH_REASONS:
@@ -59,7 +59,7 @@ class SampleResult:
             "logprobs": list(self.logprobs),
             "topk_ids": [list(row) for row in self.topk_ids],
             "topk_logprobs": [list(row) for row in self.topk_logprobs],
-            "budget_pages": list(self.budget_pages),
+            "pages_read": list(self.pages_read),
             "finish_reason": self.finish_reason,
         }
 
@@ -79,7 +79,7 @@ class Sequence:
     logprobs: list[float] = field(default_factory=list)
     topk_ids: list[tuple[int, ...]] = field(default_factory=list)
     topk_logprobs: list[tuple[float, ...]] = field(default_factory=list)
-    budget_pages: list[int] = field(default_factory=list)
+    pages_read: list[int] = field(default_factory=list)
     finish_reason: str | None = None
 
     @property
@@ -96,13 +96,13 @@ class Sequence:
         return self.prompt_len + self.params.max_new_tokens
 
     def append(self, token: int, logprob: float, topk_ids: tuple[int, ...],
-               topk_logprobs: tuple[float, ...], budget_pages: int) -> None:
+               topk_logprobs: tuple[float, ...], pages_read: int) -> None:
         """Record a sampled token; set the finish reason when it stops or reaches the cutoff."""
         self.token_ids.append(token)
         self.logprobs.append(logprob)
         self.topk_ids.append(topk_ids)
         self.topk_logprobs.append(topk_logprobs)
-        self.budget_pages.append(budget_pages)
+        self.pages_read.append(pages_read)
         if token in self.stop_ids:
             self.finish_reason = "stop"
         elif self.num_generated >= self.params.max_new_tokens:
@@ -125,7 +125,7 @@ class Sequence:
             logprobs=tuple(self.logprobs),
             topk_ids=tuple(self.topk_ids),
             topk_logprobs=tuple(self.topk_logprobs),
-            budget_pages=tuple(self.budget_pages),
+            pages_read=tuple(self.pages_read),
             finish_reason=self.finish_reason,
             text=text,
         )

@@ -1,4 +1,4 @@
-"""Block-sparse selection: schedules and presets, page selection, calibration."""
+"""Block-sparse selection: schedules and presets, page selection (calibration: control/)."""
 
 from sparrow_core.sparse.io import load_schedule_yaml, resolve_schedule, save_schedule_yaml
 from sparrow_core.sparse.presets import PRESETS, get_preset

@@ -25,15 +25,15 @@ def test_a_bad_key_is_one_line_and_exit_2():
     assert result.stderr.strip().count("\n") == 0 and "calibrate.repeets" in result.stderr
 
 
-def test_a_bad_budget_grid_names_the_key():
-    result = run_cli("calibrate", "calibrate.budgets=[8,4]")
-    assert result.returncode == 2 and "calibrate.budgets" in result.stderr
+def test_a_bad_topk_grid_names_the_key():
+    result = run_cli("calibrate", "calibrate.topk_pages=[8,4]")
+    assert result.returncode == 2 and "calibrate.topk_pages" in result.stderr
 
 
 def test_summary_names_times_notes_and_how_to_train(capsys):
     summary = {"schedule": "tiny-cal", "version": 2, "target": 0.86, "topk_pages": [6, 12],
                "tokens_per_bin": [0, 300], "notes": ["bin 0: 0 tokens; takes bin 1's decision"],
-               "calibration_s": 30.0, "sample_s": 20.0, "replay_s": 10.0, "budgets": [2, 6, 12],
+               "calibration_s": 30.0, "sample_s": 20.0, "replay_s": 10.0, "topk_grid": [2, 6, 12],
                "generation_s": 90.0, "generation_over_calibration": 3.0, "yaml": "/w/s.yaml",
                "plot": "/w/p.png"}
     print_summary(summary)

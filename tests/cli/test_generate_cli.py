@@ -44,7 +44,7 @@ def test_greedy_json_equals_transformers(qwen3_checkpoint, capsys):
     assert [row[0] for row in sample["topk_ids"]] == want  # greedy: the top-1 is the token
     # dense pages read: every 16-token page holding the prompt and the i tokens before
     prompt_len = len(out["prompt_ids"])
-    assert sample["budget_pages"] == [-(-(prompt_len + i) // 16) for i in range(len(want))]
+    assert sample["pages_read"] == [-(-(prompt_len + i) // 16) for i in range(len(want))]
 
 
 def test_seeded_samples_repeat_and_a_schedule_file_bounds_the_budget(qwen3_checkpoint, capsys,
@@ -60,7 +60,7 @@ def test_seeded_samples_repeat_and_a_schedule_file_bounds_the_budget(qwen3_check
                               tmp_path / "tight.yaml")
     sparse = generate_json(capsys, *args, "--schedule", str(path))
     assert sparse["schedule"] == "cli-test"
-    budgets = [b for s in sparse["samples"] for b in s["budget_pages"][1:]]
+    budgets = [b for s in sparse["samples"] for b in s["pages_read"][1:]]
     assert max(budgets) == 3 and min(budgets) >= 2  # top-1 + bos + newest, once 3+ pages
 
 

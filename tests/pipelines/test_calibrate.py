@@ -27,7 +27,7 @@ def calibrated(flow_environment, tmp_path_factory):
 
     workdir = tmp_path_factory.mktemp("cal") / "work"
     overrides = [f"pipeline.workdir={workdir}", "calibrate.num_prompts=2", "calibrate.repeats=2",
-                 f"calibrate.budgets=[{','.join(map(str, GRID))}]", "calibrate.min_tokens=20",
+                 f"calibrate.topk_pages=[{','.join(map(str, GRID))}]", "calibrate.min_tokens=20",
                  "calibrate.max_new_tokens=200", "calibrate.name=tiny-cal"]
     summary = calibrate_flow(overrides, calibration_id="cal-test")
     return workdir, summary
@@ -36,7 +36,7 @@ def calibrated(flow_environment, tmp_path_factory):
 def test_the_chosen_schedule_meets_the_target_in_every_measured_bin(calibrated):
     workdir, summary = calibrated
     table = json.loads((workdir / "calibrations/cal-test/table.json").read_text())
-    assert table["budgets"] == GRID
+    assert table["topk_pages"] == GRID
     chosen = summary["topk_pages"]
     assert chosen == sorted(chosen) and len(chosen) == 8  # tiny-0.86 has 8 bins
     measured = [i for i, n in enumerate(table["tokens"]) if n >= 20]
@@ -59,7 +59,7 @@ def test_duckdb_yaml_and_mlflow_hold_the_same_schedule(calibrated):
     with duckdb.connect(str(workdir / "sparrow.duckdb"), read_only=True) as conn:
         row = conn.execute("SELECT version, topk_pages, yaml_path, run_id FROM schedules "
                            "WHERE name = 'tiny-cal'").fetchall()
-        cal = conn.execute("SELECT budget_pages, bin, n, p5, p1, p10 FROM calibration "
+        cal = conn.execute("SELECT topk_pages, bin, n, p5, p1, p10 FROM calibration "
                            "WHERE calibration_id = 'cal-test'").fetchall()
     assert row == [(1, summary["topk_pages"], summary["yaml"], "cal-test")]
     measured = [i for i, n in enumerate(table["tokens"]) if n]

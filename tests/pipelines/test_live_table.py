@@ -16,7 +16,7 @@ def test_rows_show_the_step_metrics_and_the_header_once():
     out = io.StringIO()
     table = LiveTable(Console(file=out, width=200))
     metrics = {"reward/mean": 0.25, "response/length_mean": 103.26, "mismatch/min_p5": 0.8571,
-               "schedule/budget_pages_mean": 5.5, "rollout/tokens_per_s": 1234.4,
+               "schedule/pages_read_mean": 5.5, "rollout/tokens_per_s": 1234.4,
                "time/rollout_s": 12.04, "reward/errors": 3.0}
     first = table.row(1, metrics, resumed=True)
     assert first == ["1", "0.250", "3", "103.3", "0.857", "5.50", "1234", "12.0", "-", "-", "-",

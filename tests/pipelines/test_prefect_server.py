@@ -124,7 +124,7 @@ def test_deploy_all_and_run_both_flows_on_a_local_server(server_env, tmp_path):
                       "--watch", "--watch-timeout", "480", timeout=540)
         # and the calibration flow, as small: 1 prompt x 2 samples, two budgets
         calibrate = [f"pipeline.workdir={workdir}", "calibrate.num_prompts=1",
-                     "calibrate.repeats=2", "calibrate.budgets=[2,4]", "calibrate.min_tokens=5",
+                     "calibrate.repeats=2", "calibrate.topk_pages=[2,4]", "calibrate.min_tokens=5",
                      "calibrate.max_new_tokens=48", "calibrate.name=served-cal"]
         calibrated = prefect(env, "deployment", "run", "calibrate/sparrow-calibrate",
                              "-p", f"overrides={json.dumps(calibrate)}",

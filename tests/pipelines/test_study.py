@@ -21,7 +21,7 @@ from pipelines.study import study_flow
 from sparrow_core.costmodel import get_hardware, schedule_cost
 from sparrow_core.model.builtin import resolve_model_path
 from sparrow_core.sparse import load_schedule_yaml
-from sparrow_core.sparse.calibration import model_shape
+from sparrow_core.control.calibration import model_shape
 from sparrow_cli.main import main
 from storage import query
 from tasks.stage import StageFailedOnPurpose
@@ -40,7 +40,7 @@ def study_file(path: Path, fail: bool) -> str:
     path.write_text(yaml.safe_dump({
         "arms": [{"name": "dense", "overrides": ["schedule.sparse=false"]},
                  {"name": "fixed", "overrides": fixed, "fixed_budget": True}],
-        "fixed_budget_pages": 1, "reference_arm": "dense", "collapse_window": 2}))
+        "fixed_topk_pages": 1, "reference_arm": "dense", "collapse_window": 2}))
     return str(path)
 
 
@@ -95,7 +95,7 @@ def test_arms_are_recorded_with_their_pinned_schedules(resumed):
     assert f"schedule.name={pinned}" in arms[1][2] and "pipeline.run_id=st-fixed" in arms[1][2]
     schedule = yaml.safe_load(pinned.read_text())
     assert schedule["name"] == "st-fixed" and set(schedule["topk_pages"]) == {1}
-    budgets = query(workdir, "SELECT run_id, list(DISTINCT budget_pages) FROM bin_stats "
+    budgets = query(workdir, "SELECT run_id, list(DISTINCT pages_read) FROM bin_stats "
                              "GROUP BY run_id ORDER BY run_id").rows
     assert budgets == [("st-dense", [None]), ("st-fixed", [1 + 3])]  # + reserved_bos, _eos
     names = query(workdir, "SELECT DISTINCT run_id, schedule_name FROM bin_stats ORDER BY 1").rows

@@ -137,7 +137,7 @@ def test_bin_stats_and_events_match_the_token_file(reference):
             in_bin = acceptance[token_bins == s["bin"]]
             assert s["n"] == in_bin.size
             assert s["p5"] == pytest.approx(np.percentile(in_bin, 5))
-            assert s["budget_pages"] == schedule.topk_pages[s["bin"]] + 3  # reserved 1 + 2
+            assert s["pages_read"] == schedule.topk_pages[s["bin"]] + 3  # reserved 1 + 2
             assert (s["schedule_name"], s["schedule_version"]) == ("tiny-0.86", 1)
         assert metrics[(step, "mismatch/min_p5")] == pytest.approx(min(s["p5"] for s in stats))
         events = rows(workdir, "SELECT bin, p5 FROM threshold_events WHERE run_id = 'ref' AND "

@@ -96,10 +96,10 @@ def test_step_rollout_cost_is_the_cost_models():
 
 
 def test_the_default_study_loads_and_round_trips():
-    study = load_study("default", ["fixed_budget_pages=29", "collapse_ratio=0.7"])
+    study = load_study("default", ["fixed_topk_pages=29", "collapse_ratio=0.7"])
     assert [a.name for a in study.arms] == ["dense", "fixed", "target-0.86", "target-0.90"]
     assert study.arms[0].overrides == ["schedule.sparse=false"] and study.arms[1].fixed_budget
-    assert (study.fixed_budget_pages, study.collapse_ratio) == (29, 0.7)
+    assert (study.fixed_topk_pages, study.collapse_ratio) == (29, 0.7)
     assert study_from_yaml(study_yaml(study)) == study
 
 
@@ -113,7 +113,7 @@ def test_every_key_of_the_default_study_has_a_comment():
 @pytest.mark.parametrize("override, message", [
     (["reference_arm=nope"], "reference_arm 'nope' is not an arm"),
     (["collapse_ratio=1.5"], "collapse_ratio must be in"),
-    (["fixed_budget_pages=0"], "must be >= 1"),
+    (["fixed_topk_pages=0"], "must be >= 1"),
     (["no_such_key=1"], "unknown config key 'no_such_key'"),
     (["arms"], "not of the form key=value"),
 ])

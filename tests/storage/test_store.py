@@ -147,7 +147,7 @@ def test_older_calibration_table_gains_the_new_columns(tmp_path):
 def test_older_bin_stats_stays_readable_and_gains_min_and_share(tmp_path):
     import duckdb
 
-    from tasks.aggregate_mismatch import BIN_COLUMNS
+    from storage.mismatch_rows import BIN_COLUMNS, replace_bin_stats
 
     # bin_stats as schema version 2 wrote it
     conn = duckdb.connect(str(tmp_path / "sparrow.duckdb"))
@@ -162,15 +162,15 @@ def test_older_bin_stats_stays_readable_and_gains_min_and_share(tmp_path):
     # a reader before any writer opened it: the old columns, as they were
     assert query(tmp_path, "SELECT run_id, p5 FROM bin_stats").rows == [("old", 0.8)]
     with Store.open_writer(tmp_path) as store, store.connect() as conn:
-        conn.execute(f"INSERT INTO bin_stats ({', '.join(BIN_COLUMNS)}) VALUES "
-                     f"({', '.join('?' * len(BIN_COLUMNS))})",
-                     ["new", 1, 0, 10, 0.99, 0.5, 0.8, 0.9, 1.0, None, None, None, None, 4, "s",
-                      1, 0.25, 0.1])
+        replace_bin_stats(conn, "new", 1, [dict(zip(BIN_COLUMNS, [
+            0, 10, 0.99, 0.5, 0.8, 0.9, 1.0, None, None, None, None, 4, "s", 1, 0.25, 0.1]))])
     rows = query(tmp_path, "SELECT run_id, p5, min, share_below_half FROM bin_stats "
                            "ORDER BY run_id").rows
     assert rows == [("new", 0.8, 0.25, 0.1), ("old", 0.8, None, None)]
+    pages = query(tmp_path, "SELECT run_id, pages_read FROM bin_stats ORDER BY run_id").rows
+    assert pages == [("new", 4), ("old", 4)]
     version = query(tmp_path, "SELECT value FROM meta WHERE key = 'schema_version'").rows
-    assert version == [("3",)]
+    assert version == [("4",)]
 
 
 def test_the_next_writer_removes_a_dead_writers_scratch(tmp_path):

@@ -21,7 +21,7 @@ def record(prompt: int, sample: int, prompt_len: int, out_len: int) -> RolloutRe
         prompt_index=prompt, sample_index=sample, dataset_row=7, prompt_ids=(1,) * prompt_len,
         output_ids=tuple(range(out_len)), actor_logprobs=tuple(-0.1 * i for i in range(out_len)),
         topk_ids=((0,),) * out_len, topk_logprobs=((0.0,),) * out_len,
-        budget_pages=tuple(3 + i for i in range(out_len)), finish_reason="stop", answer="1")
+        pages_read=tuple(3 + i for i in range(out_len)), finish_reason="stop", answer="1")
 
 
 def test_token_rows_carry_total_positions_and_bins():
@@ -34,7 +34,7 @@ def test_token_rows_carry_total_positions_and_bins():
     assert table["position"] == [5, 6, 7, 9, 10]
     assert table["bin"] == [0, 1, 1, 1, 1]
     assert table["prompt"] == [0, 0, 0, 1, 1] and table["sample"] == [0, 0, 0, 1, 1]
-    assert table["budget_pages"] == [3, 4, 5, 3, 4]
+    assert table["pages_read"] == [3, 4, 5, 3, 4]
     assert table["actor_logprob"] == pytest.approx([0.0, -0.1, -0.2, 0.0, -0.1])
     assert table["dense_logprob"] == [-1.0, -2.0, -3.0, -4.0, -5.0]
     assert set(table["run_id"]) == {"r"} and set(table["step"]) == {4}
@@ -70,7 +70,7 @@ def test_events_below_then_recovered_and_rows_replaced(tmp_path):
         store.close()
     events = query(tmp_path, "SELECT step, bin, kind FROM threshold_events ORDER BY step").rows
     assert events == [(1, 1, "below_target"), (2, 1, "recovered")]
-    stats = query(tmp_path, "SELECT step, bin, n, p5, budget_pages FROM bin_stats "
+    stats = query(tmp_path, "SELECT step, bin, n, p5, pages_read FROM bin_stats "
                             "WHERE step = 1 ORDER BY bin").rows
     assert [(s[1], s[2], s[4]) for s in stats] == [(0, 100, 4), (1, 100, 5), (2, 100, 6)]
     assert stats[1][3] == pytest.approx(0.5)

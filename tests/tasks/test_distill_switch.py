@@ -44,7 +44,7 @@ class Tracker:
 
 def runtime_for(tmp_path, *overrides):
     cfg = load_config([f"pipeline.workdir={tmp_path}", "schedule.name=tiny-ctl",
-                       f"calibrate.budgets={GRID}", "algo.distill.enabled=true",
+                       f"calibrate.topk_pages={GRID}", "algo.distill.enabled=true",
                        "algo.distill.switch_to_cheaper=true", "algo.distill.switch_patience=2",
                        *overrides])
     store = Store.open_writer(tmp_path)

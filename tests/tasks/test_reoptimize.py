@@ -23,7 +23,7 @@ from sparrow_core.data.rollouts import RolloutRecord, write_rollouts
 from sparrow_core.engine import Engine, EngineConfig, SamplingParams
 from sparrow_core.model import load_model, load_tokenizer
 from sparrow_core.model.builtin import resolve_model_path
-from sparrow_core.sparse.calibration import Trajectory, flat_schedule, schedule_acceptance
+from sparrow_core.control.calibration import Trajectory, flat_schedule, schedule_acceptance
 from sparrow_core.sparse.schedule import Schedule
 from storage import RunLayout, Store
 from tasks.reoptimize_schedule import DECISION_FILE, longest, reoptimize
@@ -60,7 +60,7 @@ def sampled():
     params = [SamplingParams(temperature=1.0, max_new_tokens=120, n=2, seed=7 + i) for i in range(2)]
     results = engine.generate([list(r.prompt_ids) for r in rows], params)
     records = [RolloutRecord(p, s.sample_index, row.row, tuple(row.prompt_ids), s.output_ids,
-                             s.logprobs, s.topk_ids, s.topk_logprobs, s.budget_pages,
+                             s.logprobs, s.topk_ids, s.topk_logprobs, s.pages_read,
                              s.finish_reason, row.answer)
                for p, (row, samples) in enumerate(zip(rows, results)) for s in samples]
     return model, path, records
@@ -69,7 +69,7 @@ def sampled():
 def make_runtime(tmp_path: Path, sampled, topk, *overrides):
     model, path, records = sampled
     cfg = load_config([f"pipeline.workdir={tmp_path}", "schedule.name=tiny-ctl",
-                       f"calibrate.budgets=[{','.join(map(str, GRID))}]", *overrides])
+                       f"calibrate.topk_pages=[{','.join(map(str, GRID))}]", *overrides])
     store = Store.open_writer(tmp_path)
     schedule = Schedule("tiny-ctl", topk, page_size=8, bin_tokens=64, skip_layers=(0,))
     with store.connect() as conn:
@@ -91,10 +91,10 @@ def set_p5(runtime, step, p5_by_bin):
                          [RUN, step, b, p5])
 
 
-def expected_topk(model, records, schedule, bin_, budgets, target=0.86):
+def expected_topk(model, records, schedule, bin_, topk_pages, target=0.86):
     """Smallest budget whose exact p5 in the bin meets the target, computed bin by bin here."""
     trajectories = [Trajectory(r.prompt_ids + r.output_ids, len(r.prompt_ids)) for r in records]
-    for budget in budgets:
+    for budget in topk_pages:
         positions, alpha = schedule_acceptance(model, trajectories, flat_schedule(schedule, budget))
         in_bin = np.minimum(positions // 64, schedule.num_bins - 1) == bin_
         if np.percentile(alpha[in_bin], 5) >= target:
@@ -169,8 +169,8 @@ def test_a_raise_replays_the_capped_trajectories_at_the_budgets_the_search_needs
     want = expected_topk(model, kept, schedule, 3, GRID) or GRID[-1]
     assert decision["trajectories_replayed"] == 2 and decision["topk_pages"][3] == want
     # galloping from the next notch: 4 alone when it meets, else 28 and perhaps 12
-    assert decision["budgets"] == ([4] if want == 4 else [4, 12, 28] if want == 12
-                                   else [b for b in GRID if b != 12 or b in decision["budgets"]])
+    assert decision["topk_pages"] == ([4] if want == 4 else [4, 12, 28] if want == 12
+                                   else [b for b in GRID if b != 12 or b in decision["topk_pages"]])
     [metrics] = [m for s, m in runtime.tracker.steps if s == 1]
     assert metrics["reoptimize/trajectories_replayed"] == 2.0
-    assert metrics["reoptimize/budgets_measured"] == len(decision["budgets"])
+    assert metrics["reoptimize/topk_measured"] == len(decision["topk_pages"])

@@ -59,7 +59,7 @@ def build_workdir(root, run_id="r1", target=0.86):
                 (run_id, step, "mismatch/min_p5", min(p5s)),
             ])
             conn.executemany(
-                "INSERT INTO bin_stats (run_id, step, bin, n, p5, budget_pages, schedule_name, "
+                "INSERT INTO bin_stats (run_id, step, bin, n, p5, pages_read, schedule_name, "
                 "schedule_version) VALUES (?, ?, ?, 100, ?, ?, 'tiny-0.86', ?)",
                 [(run_id, step, b, p5s[b], budgets[b], 0 if step < 3 else 1) for b in range(BINS)])
             conn.executemany("INSERT INTO stage_runs (run_id, step, stage, duration_s) VALUES (?, ?, ?, ?)",
@@ -81,7 +81,7 @@ def build_workdir(root, run_id="r1", target=0.86):
             "run_id": [run_id] * n, "step": np.full(n, step, np.int32),
             "sample": np.arange(n, dtype=np.int32) // 500, "prompt": np.zeros(n, np.int32),
             "position": np.arange(n, dtype=np.int32), "bin": (np.arange(n) // 1000).astype(np.int32),
-            "budget_pages": np.full(n, 6, np.int32), "acceptance": acceptance,
+            "pages_read": np.full(n, 6, np.int32), "acceptance": acceptance,
             "leftover_mass": np.zeros(n), "actor_logprob": np.zeros(n), "dense_logprob": np.zeros(n),
         }), path)
     return {"rewards": rewards, "lengths": lengths}

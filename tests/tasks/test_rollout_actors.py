@@ -62,7 +62,7 @@ def test_results_do_not_depend_on_the_number_of_actors(ray_up, spec):
     expected = in_process(spec)
     assert len(expected) == 3 and all(len(s) == 2 for s in expected)
     # sparse decode: at most 1 + 1 reserved + 1 top-k pages read, of up to 6 held
-    assert max(max(s.budget_pages) for samples in expected for s in samples) == 3
+    assert max(max(s.pages_read) for samples in expected for s in samples) == 3
     assert max(len(p) + len(s.output_ids) for p, samples in zip(PROMPTS, expected)
                for s in samples) > 4 * 4
     # one actor, one item; two actors taking one-prompt items as each gets free
@@ -76,7 +76,7 @@ def test_results_do_not_depend_on_the_number_of_actors(ray_up, spec):
         for got_samples, want_samples in zip(got, expected):
             for a, b in zip(got_samples, want_samples):
                 assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
-                assert a.budget_pages == b.budget_pages
+                assert a.pages_read == b.pages_read
 
 
 def test_dead_actor_is_replaced_and_its_item_retried(ray_up, spec):

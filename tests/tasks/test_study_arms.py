@@ -37,7 +37,7 @@ def test_plans_pin_each_arm_its_schedule_as_it_stood(tmp_path):
         insert_schedule(conn, get_preset("tiny-0.86"), 1, "other", 0, "initial")
         insert_schedule(conn, raised, 2, "other", 3, "bin 0 raise 4->8")
     common = [f"pipeline.workdir={workdir}", "pipeline.steps=2"]
-    plans = plan_study("s1", study(tmp_path, ARMS, fixed_budget_pages=3), [], common)
+    plans = plan_study("s1", study(tmp_path, ARMS, fixed_topk_pages=3), [], common)
     assert [(p["arm"], p["run_id"], p["finished"]) for p in plans] == [
         ("dense", "s1-dense", False), ("fixed", "s1-fixed", False), ("ctl", "s1-ctl", False)]
     folder = workdir / "studies" / "s1" / "schedules"
@@ -56,7 +56,7 @@ def test_plans_pin_each_arm_its_schedule_as_it_stood(tmp_path):
     # a later version of the schedule does not move an arm already planned
     with Store.open_writer(workdir) as store, store.connect() as conn:
         insert_schedule(conn, replace(raised, topk_pages=(30,) * 8), 3, "other", 4, "raise")
-    plan_study("s1", study(tmp_path, ARMS, fixed_budget_pages=3), [], common)
+    plan_study("s1", study(tmp_path, ARMS, fixed_topk_pages=3), [], common)
     assert load_schedule_yaml(folder / "ctl.yaml") == pinned["ctl"]
 
 

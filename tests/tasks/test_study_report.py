@@ -18,7 +18,7 @@ from sparrow_core.config.study import StudyArm, StudyConfig, study_yaml
 from sparrow_core.costmodel import get_hardware, schedule_cost
 from sparrow_core.model.builtin import resolve_model_path
 from sparrow_core.sparse import get_preset
-from sparrow_core.sparse.calibration import model_shape
+from sparrow_core.control.calibration import model_shape
 from storage import Store
 from tasks.schedules import insert_schedule
 from tasks.study_report import write_study_report
@@ -54,7 +54,7 @@ def build(workdir, old_columns: bool = False) -> None:
             for step, (reward, p5) in enumerate(zip(rewards, p5s), start=1):
                 metrics = {"reward/mean": reward, "time/rollout_generate_s": 2.0 + index,
                            "rollout/prompt_tokens_mean": 40.0, "response/length_mean": 200.0,
-                           "rollout/samples": 16.0, "schedule/budget_pages_mean": 10.0}
+                           "rollout/samples": 16.0, "schedule/pages_read_mean": 10.0}
                 if step % 2 == 0:
                     metrics["eval/accuracy"] = reward / 2
                 for name, value in metrics.items():

@@ -14,8 +14,8 @@ import pytest
 
 from sparrow_core.config import ConfigError, load_config
 from sparrow_core.model.builtin import resolve_model_path
-from sparrow_core.sparse.calibration import AcceptanceTable
-from sparrow_core.sparse.controller import decide
+from sparrow_core.control.calibration import AcceptanceTable
+from sparrow_core.control.controller import decide
 from sparrow_core.sparse.schedule import Schedule
 from sparrow_core.sparse.target import TARGET_STATISTICS, get_statistic
 from storage import Store
@@ -96,11 +96,11 @@ def test_unknown_statistic_lists_the_valid_ones():
 
 
 def test_calibration_chooses_on_the_target_statistic():
-    budgets, bins = (1, 2, 4), 3
+    topk_pages, bins = (1, 2, 4), 3
     tokens = np.full(bins, 500)
     p5 = np.full((3, bins), 0.95)             # every budget meets 0.86 on p5
     lowest = np.array([[0.2] * bins, [0.4] * bins, [0.7] * bins])  # min meets 0.5 at 4 pages
-    table = AcceptanceTable(budgets, 64, tokens, p1=p5 - 0.1, p5=p5, p10=p5, mean=p5,
+    table = AcceptanceTable(topk_pages, 64, tokens, p1=p5 - 0.1, p5=p5, p10=p5, mean=p5,
                             min=lowest, share_below_half=np.zeros((3, bins)))
     model_dir = resolve_model_path("builtin:tiny")
     common = ["calibrate.min_tokens=10", "schedule.name=tiny-0.86"]
@@ -109,6 +109,6 @@ def test_calibration_chooses_on_the_target_statistic():
                                  "schedule.target=0.5"]), table, 40, model_dir)
     assert by_p5.topk_pages == (1, 1, 1)
     assert by_min.topk_pages == (4, 4, 4)
-    old = AcceptanceTable(budgets, 64, tokens, p1=p5, p5=p5, p10=p5, mean=p5)  # an older table
+    old = AcceptanceTable(topk_pages, 64, tokens, p1=p5, p5=p5, p10=p5, mean=p5)  # an older table
     with pytest.raises(Exception, match="no 'min'"):
         old.statistic("min")

@@ -21,7 +21,7 @@ def _record(i, n):
         prompt_index=i, sample_index=1, dataset_row=10 + i, prompt_ids=(1, 2, 3),
         output_ids=tuple(range(n)), actor_logprobs=tuple(-0.5 * k for k in range(n)),
         topk_ids=tuple((k, k + 1) for k in range(n)),
-        topk_logprobs=tuple((-0.25, -1.5) for _ in range(n)), budget_pages=tuple([5] * n),
+        topk_logprobs=tuple((-0.25, -1.5) for _ in range(n)), pages_read=tuple([5] * n),
         finish_reason="stop", answer="7", text="abc",
     )
 
@@ -76,6 +76,18 @@ def test_ragged_top_k_survives_the_round_trip(tmp_path):
     assert back[0].topk_ids == ((0, 1), (5,)) and back[0].topk_logprobs == ((-0.25, -1.5), (-0.5,))
     assert isinstance(back[1].topk_ids, np.ndarray)
     assert back == [ragged, _record(1, 2)]
+
+
+def test_a_file_from_before_the_rename_reads_its_pages_read(tmp_path):
+    import pyarrow.parquet as pq
+
+    records = [_record(i, 3 + i) for i in range(2)]
+    path = write_rollouts(tmp_path / "r.parquet", records)
+    table = pq.read_table(path)
+    old = table.rename_columns(["budget_pages" if c == "pages_read" else c
+                                for c in table.column_names])
+    pq.write_table(old, tmp_path / "old.parquet")
+    assert read_rollouts(tmp_path / "old.parquet") == records
 
 
 def test_no_records(tmp_path):

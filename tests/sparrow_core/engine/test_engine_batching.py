@@ -36,7 +36,7 @@ def test_more_prompts_than_slots_equals_one_at_a_time(qwen3_model, schedule):
         assert sample.output_ids == alone.output_ids
         torch.testing.assert_close(torch.tensor(sample.logprobs), torch.tensor(alone.logprobs),
                                    atol=1e-5, rtol=0)
-        assert sample.budget_pages == alone.budget_pages
+        assert sample.pages_read == alone.pages_read
 
 
 def test_n_samples_share_the_prefill_and_free_every_page(qwen3_model):

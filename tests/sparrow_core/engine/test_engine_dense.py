@@ -57,7 +57,7 @@ def test_greedy_dense_equals_transformers(checkpoint, request):
         for step in (0, steps - 1):
             assert list(sample.topk_ids[step]) == hf_logprobs[step].topk(20).indices.tolist()
         # dense decode reads every page: ceil(tokens cached / page size)
-        assert list(sample.budget_pages) == [-(-(len(prompt) + i) // 4) for i in range(steps)]
+        assert list(sample.pages_read) == [-(-(len(prompt) + i) // 4) for i in range(steps)]
     assert engine.block_manager.num_free == 64
 
 
@@ -117,6 +117,6 @@ def test_update_weights_and_set_schedule(qwen3_checkpoint, qwen3_sharded_checkpo
     tight = Schedule("t", (1,), page_size=4, bin_tokens=64, reserved_bos=1, reserved_eos=1,
                      skip_layers=())
     engine.set_schedule(tight)
-    assert max(engine.generate(prompt, params)[0][0].budget_pages) == 3
+    assert max(engine.generate(prompt, params)[0][0].pages_read) == 3
     engine.set_schedule(None)
     assert engine.generate(prompt, params)[0][0].output_ids == after[0][0].output_ids

@@ -88,7 +88,7 @@ def test_sparse_schedule_with_engine_seeds(qwen3_model):
     want, got, engine = both(qwen3_model, prompts(4, seed=3), params, schedule=SCHEDULE,
                              seed=17)
     assert_same(want, got)
-    assert max(b for group in want for s in group for b in s.budget_pages) < 12
+    assert max(b for group in want for s in group for b in s.pages_read) < 12
     assert engine.stats["overlapped_steps"] > 20
 
 

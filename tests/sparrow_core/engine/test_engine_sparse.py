@@ -36,7 +36,7 @@ def test_budget_covering_every_page_is_exactly_dense(qwen3_model):
     for [d], [s] in zip(dense, sparse):
         assert s.output_ids == d.output_ids
         assert s.topk_logprobs == d.topk_logprobs  # the same arithmetic: bitwise equal
-        assert s.budget_pages == d.budget_pages
+        assert s.pages_read == d.pages_read
 
 
 def test_tight_budget_changes_the_output(qwen3_model):
@@ -45,7 +45,7 @@ def test_tight_budget_changes_the_output(qwen3_model):
     changed = [d.output_ids != s.output_ids for [d], [s] in zip(dense, sparse)]
     assert sum(changed) >= 2
     # from 6 + 40 tokens (12 pages) the tight schedule reads at most 3 + 2 pages
-    assert max(sparse[0][0].budget_pages) == 5 and max(dense[0][0].budget_pages) == 12
+    assert max(sparse[0][0].pages_read) == 5 and max(dense[0][0].pages_read) == 12
 
 
 @pytest.mark.parametrize("skip_layers", [(), (0,)])
@@ -71,7 +71,7 @@ def test_selected_pages_match_brute_force(qwen3_model, brute_force, skip_layers)
         got_ids = torch.tensor(sample.topk_ids)
         torch.testing.assert_close(got, want.gather(1, got_ids), atol=1e-4, rtol=0)
         # pages read per step: min(pages cached, top-k + reserved); prefill reads them all
-        for step, budget in enumerate(sample.budget_pages):
+        for step, budget in enumerate(sample.pages_read):
             cached = len(prompt) + step
             pages = -(-cached // 4)
             expect = pages if step == 0 else min(pages, schedule.topk_for_position(cached - 1) + 2)

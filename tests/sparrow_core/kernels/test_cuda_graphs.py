@@ -46,7 +46,7 @@ def assert_same(got, want, atol):
     for got_group, want_group in zip(got, want):
         for a, b in zip(got_group, want_group):
             assert a.output_ids == b.output_ids
-            assert a.budget_pages == b.budget_pages
+            assert a.pages_read == b.pages_read
             assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < atol
 
 

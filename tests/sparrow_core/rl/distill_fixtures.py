@@ -23,5 +23,5 @@ def sparse_rollouts(model_path, schedule, prompts=2, samples=2, new_tokens=40, s
                                                   temperature=1.5, seed=seed, logprobs_topk=4))
     return [RolloutRecord(p, s.sample_index, 0, tuple(ids[p]), tuple(s.output_ids),
                           tuple(s.logprobs), tuple(s.topk_ids), tuple(s.topk_logprobs),
-                          tuple(s.budget_pages), s.finish_reason, "")
+                          tuple(s.pages_read), s.finish_reason, "")
             for p, group in enumerate(results) for s in group]

@@ -203,7 +203,7 @@ def test_nothing_generated_leaves_the_weights(qwen3_checkpoint):
     usual = rollout_step(trainer, make_records(seed=9), [0, 1, 0, 1, 1, 0], group=3)
     before = weights(trainer)
     empty = [dataclasses.replace(r, output_ids=(), actor_logprobs=(), topk_ids=(),
-                                 topk_logprobs=(), budget_pages=()) for r in make_records(seed=9)]
+                                 topk_logprobs=(), pages_read=()) for r in make_records(seed=9)]
     metrics = trainer.update(empty, [0, 1, 0, 1, 1, 0], [()] * 6, 3)
     assert set(metrics) == set(usual)  # the same keys every step, for the step tables
     assert metrics["actor/tokens"] == 0 and metrics["actor/loss"] == 0

@@ -9,11 +9,11 @@ import pytest
 
 from sparrow_core.costmodel import get_hardware, get_model
 from sparrow_core.costmodel_segments import segment_cost
-from sparrow_core.sparse.choose import ChooseError, budget_cost_table, choose_budgets
+from sparrow_core.control.choose import ChooseError, topk_cost_table, choose_topk_pages
 from sparrow_core.sparse.presets import get_preset
 
 
-def brute_force(budgets, p5, tokens, cost, target, min_tokens):
+def brute_force(topk_pages, p5, tokens, cost, target, min_tokens):
     """Every non-decreasing assignment; the constraint of each bin written out plainly."""
     num_budgets, num_bins = p5.shape
     measured = [i for i in range(num_bins) if tokens[i] >= min_tokens]
@@ -42,7 +42,7 @@ def brute_force(budgets, p5, tokens, cost, target, min_tokens):
 def test_chooser_matches_brute_force(seed):
     rng = np.random.default_rng(seed)
     num_budgets, num_bins = rng.integers(2, 5), rng.integers(1, 6)
-    budgets = sorted(rng.choice(np.arange(1, 40), size=num_budgets, replace=False).tolist())
+    topk_pages = sorted(rng.choice(np.arange(1, 40), size=num_budgets, replace=False).tolist())
     p5 = rng.uniform(0.6, 1.0, size=(num_budgets, num_bins))
     p5[rng.random(p5.shape) < 0.1] = np.nan
     # costs not monotone in budget on purpose: the search must not assume it
@@ -50,20 +50,20 @@ def test_chooser_matches_brute_force(seed):
     tokens = rng.integers(0, 30, size=num_bins)
     tokens[rng.integers(num_bins)] = 50  # at least one measured bin
     target, min_tokens = 0.8, 10
-    choice = choose_budgets(budgets, p5, tokens, cost, target, min_tokens)
-    picks, best_cost = brute_force(budgets, p5, tokens, cost, target, min_tokens)
+    choice = choose_topk_pages(topk_pages, p5, tokens, cost, target, min_tokens)
+    picks, best_cost = brute_force(topk_pages, p5, tokens, cost, target, min_tokens)
     assert choice.cost == pytest.approx(best_cost)
     assert list(choice.topk_pages) == sorted(choice.topk_pages)
 
 
 def test_hand_worked_table():
-    budgets = [2, 4, 8]
+    topk_pages = [2, 4, 8]
     # bin 0 meets 0.86 at 2 pages, bin 1 at 4, bin 2 only at 8, bin 3 has too few tokens
     p5 = np.array([[0.90, 0.70, 0.50, 0.99],
                    [0.95, 0.88, 0.80, 0.99],
                    [0.99, 0.93, 0.87, 0.99]])
     cost = np.array([[1.0, 1.0, 1.0, 1.0], [2.0, 2.0, 2.0, 2.0], [4.0, 4.0, 4.0, 4.0]])
-    choice = choose_budgets(budgets, p5, [500, 500, 500, 3], cost, 0.86, min_tokens=100)
+    choice = choose_topk_pages(topk_pages, p5, [500, 500, 500, 3], cost, 0.86, min_tokens=100)
     assert choice.topk_pages == (2, 4, 8, 8)
     assert choice.cost == 1 + 2 + 4 + 4
     assert "takes bin 2's decision" in choice.bins[3].note
@@ -73,42 +73,42 @@ def test_hand_worked_table():
 def test_monotone_forces_a_dearer_later_bin():
     # bin 1 alone would take 2 pages, but bin 0 needs 8 and the schedule may not fall
     p5 = np.array([[0.5, 0.99], [0.5, 0.99], [0.9, 0.99]])
-    choice = choose_budgets([2, 4, 8], p5, [100, 100], np.ones((3, 2)), 0.86)
+    choice = choose_topk_pages([2, 4, 8], p5, [100, 100], np.ones((3, 2)), 0.86)
     assert choice.topk_pages == (8, 8)
 
 
 def test_unreachable_bin_takes_the_largest_budget_and_says_so():
     p5 = np.array([[0.9, 0.1], [0.95, 0.2]])
-    choice = choose_budgets([4, 8], p5, [100, 100], np.ones((2, 2)), 0.86)
+    choice = choose_topk_pages([4, 8], p5, [100, 100], np.ones((2, 2)), 0.86)
     assert choice.topk_pages == (4, 8)
     assert "no budget" in choice.bins[1].note
 
 
 def test_leading_thin_bin_takes_the_next_bins_decision():
     p5 = np.array([[0.99, 0.5], [0.99, 0.9]])
-    choice = choose_budgets([4, 8], p5, [2, 100], np.ones((2, 2)), 0.86, min_tokens=50)
+    choice = choose_topk_pages([4, 8], p5, [2, 100], np.ones((2, 2)), 0.86, min_tokens=50)
     assert choice.topk_pages == (8, 8)
     assert "takes bin 1's decision" in choice.bins[0].note
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(budgets=[4, 4]), "strictly increasing"),
+    (dict(topk_pages=[4, 4]), "strictly increasing"),
     (dict(tokens=[1, 1]), "min_tokens"),
     (dict(p5=np.ones((3, 2))), "shape"),
     (dict(target=1.5), "target"),
 ])
 def test_bad_input_is_one_clear_error(kwargs, match):
-    args = dict(budgets=[4, 8], p5=np.ones((2, 2)), tokens=[100, 100], cost=np.ones((2, 2)),
+    args = dict(topk_pages=[4, 8], p5=np.ones((2, 2)), tokens=[100, 100], cost=np.ones((2, 2)),
                 target=0.86, min_tokens=10)
     args.update(kwargs)
     with pytest.raises(ChooseError, match=match):
-        choose_budgets(**args)
+        choose_topk_pages(**args)
 
 
 def test_cost_table_is_segment_cost_per_bin():
     template = get_preset("qwen3-1.7b-0.86")
     model, hardware = get_model("qwen3-1.7b"), get_hardware("h200")
-    table = budget_cost_table([29, 61], 3, template, model=model, hardware=hardware,
+    table = topk_cost_table([29, 61], 3, template, model=model, hardware=hardware,
                               prompt_len=1000)
     # bin 0 holds generated tokens [0, 1000), bin 2 holds [3000, 5000)
     expected = segment_cost(model=model, hardware=hardware, prompt_len=1000, start=3000,

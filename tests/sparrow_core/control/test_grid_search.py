@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sparrow_core.sparse.budget_search import search_budgets
-from sparrow_core.sparse.controller import (
+from sparrow_core.control.grid_search import search_topk_pages
+from sparrow_core.control.controller import (
     ControlSettings,
     Decision,
     apply_measurement,
-    candidate_budgets,
+    candidate_topk_pages,
 )
 from sparrow_core.sparse.schedule import Schedule
 
@@ -23,27 +23,27 @@ class FakeMeasure:
     """statistic[budget, bin] from a table over GRID; counts budgets and replays."""
 
     def __init__(self, table: np.ndarray) -> None:
-        self.table, self.budgets, self.calls = table, [], 0
+        self.table, self.topk_pages, self.calls = table, [], 0
 
-    def __call__(self, budgets):
+    def __call__(self, topk_pages):
         self.calls += 1
-        self.budgets += budgets
-        return self.table[[GRID.index(b) for b in budgets]]
+        self.topk_pages += topk_pages
+        return self.table[[GRID.index(b) for b in topk_pages]]
 
 
 def exhaustive(schedule, decision, table):
-    budgets = sorted({b for kind, bins in (("raise", decision.raise_bins),
+    topk_pages = sorted({b for kind, bins in (("raise", decision.raise_bins),
                                            ("lower", decision.lower_bins))
-                      for bin_ in bins for b in candidate_budgets(schedule, bin_, GRID, kind)})
-    rows = table[[GRID.index(b) for b in budgets]].reshape(len(budgets), table.shape[1])
-    return apply_measurement(schedule, decision, budgets, rows, SETTINGS)
+                      for bin_ in bins for b in candidate_topk_pages(schedule, bin_, GRID, kind)})
+    rows = table[[GRID.index(b) for b in topk_pages]].reshape(len(topk_pages), table.shape[1])
+    return apply_measurement(schedule, decision, topk_pages, rows, SETTINGS)
 
 
 def searched(schedule, decision, table):
     measure = FakeMeasure(table)
-    budgets, rows = search_budgets(schedule, decision, GRID, measure, SETTINGS.target)
-    assert budgets == sorted(set(measure.budgets)) and len(measure.budgets) == len(budgets)
-    return apply_measurement(schedule, decision, budgets, rows, SETTINGS), measure
+    topk_pages, rows = search_topk_pages(schedule, decision, GRID, measure, SETTINGS.target)
+    assert topk_pages == sorted(set(measure.topk_pages)) and len(measure.topk_pages) == len(topk_pages)
+    return apply_measurement(schedule, decision, topk_pages, rows, SETTINGS), measure
 
 
 def case(rng, monotone: bool):
@@ -84,11 +84,11 @@ def test_next_notch_meeting_costs_one_budget_and_nothing_meeting_costs_a_gallop(
     decision = Decision(1, raise_bins=(0, 1, 2, 3))
     table = np.full((len(GRID), 4), 0.9)
     (new, _), measure = searched(schedule, decision, table)
-    assert new.topk_pages == (45,) * 4 and measure.budgets == [45] and measure.calls == 1
+    assert new.topk_pages == (45,) * 4 and measure.topk_pages == [45] and measure.calls == 1
     table[:, 3] = 0.04  # random weights: no budget meets; 13 candidates above 29
     (new, _), measure = searched(schedule, decision, table)
     # probes at candidate indices 0, 2, 6, 12 (the last): 4 budgets, not 13
-    assert new.topk_pages == (45, 45, 45, 509) and sorted(measure.budgets) == [45, 77, 189, 509]
+    assert new.topk_pages == (45, 45, 45, 509) and sorted(measure.topk_pages) == [45, 77, 189, 509]
 
 
 def test_a_lower_probes_from_the_notch_below_and_an_empty_bin_stays():
@@ -98,6 +98,6 @@ def test_a_lower_probes_from_the_notch_below_and_an_empty_bin_stays():
     table[:, 1] = np.nan  # no generated token in bin 1
     decision = Decision(1, lower_bins=(0, 1))
     (new, changes), measure = searched(schedule, decision, table)
-    assert new.topk_pages == (125, 253) and measure.budgets[0] == 221
+    assert new.topk_pages == (125, 253) and measure.topk_pages[0] == 221
     assert [c.bin for c in changes] == [0]
-    assert len(measure.budgets) < len(candidate_budgets(schedule, 0, GRID, "lower"))
+    assert len(measure.topk_pages) < len(candidate_topk_pages(schedule, 0, GRID, "lower"))

@@ -4,7 +4,7 @@ build the new schedule from a re-measurement. Pure logic: no storage, no orchest
     control = ControlSettings(target=0.86, tolerance=0.01, patience=2, margin=0.05)
     decision = decide(history, step=7, schedule=s, settings=control, lowering_due=False)
     decision.raise_bins, decision.lower_bins
-    new, changes = apply_measurement(s, decision, budgets, p5_table, control)
+    new, changes = apply_measurement(s, decision, topk_pages, p5_table, control)
 
 `history` maps step -> {bin: p5} (bin_stats of a run); bins past the schedule's last count as
 the last (the lowest p5 of them). A bin crosses below when its p5 is
@@ -12,7 +12,7 @@ under target - tolerance at each of the last `patience` steps with statistics fo
 current one included. When lowering is due (the caller's timer), a bin whose p5 at this step
 is at least target + margin is a candidate to lower. The caller then re-measures those bins
 exactly, teacher-forced on the step's own trajectories, at the budgets of the grid above
-(raise) or below (lower) the bin's current top-k (only those budget_search.py needs), and
+(raise) or below (lower) the bin's current top-k (only those grid_search.py needs), and
 `apply_measurement` takes per bin the smallest measured budget meeting the target: for a raise
 the smallest larger one (the largest measured when none does), for a lower the smallest
 smaller one (none: the bin stays). The
@@ -128,7 +128,7 @@ def _clamped(bins: Mapping[int, float], num_bins: int) -> dict[int, float]:
     return out
 
 
-def candidate_budgets(schedule: Schedule, bin_: int, grid: Sequence[int], kind: str) -> list[int]:
+def candidate_topk_pages(schedule: Schedule, bin_: int, grid: Sequence[int], kind: str) -> list[int]:
     """Grid budgets above (raise) or below (lower) the bin's current top-k."""
     current = schedule.topk_pages[min(bin_, schedule.num_bins - 1)]
     if kind == "raise":
@@ -138,10 +138,10 @@ def candidate_budgets(schedule: Schedule, bin_: int, grid: Sequence[int], kind: 
     raise ControllerError(f"kind must be raise or lower, got {kind!r}")
 
 
-def _pick(budgets: Sequence[int], p5: np.ndarray, bin_: int, current: int, target: float,
+def _pick(topk_pages: Sequence[int], p5: np.ndarray, bin_: int, current: int, target: float,
           kind: str) -> tuple[int, float] | None:
     side = (lambda b: b > current) if kind == "raise" else (lambda b: b < current)
-    measured = [(b, float(p5[j, bin_])) for j, b in enumerate(budgets)
+    measured = [(b, float(p5[j, bin_])) for j, b in enumerate(topk_pages)
                 if side(b) and not math.isnan(p5[j, bin_])]
     meeting = [(b, v) for b, v in measured if v >= target]
     if meeting:
@@ -151,7 +151,7 @@ def _pick(budgets: Sequence[int], p5: np.ndarray, bin_: int, current: int, targe
     return None
 
 
-def apply_measurement(schedule: Schedule, decision: Decision, budgets: Sequence[int], p5,
+def apply_measurement(schedule: Schedule, decision: Decision, topk_pages: Sequence[int], p5,
                       settings: ControlSettings,
                       tokens: Sequence[int] | None = None) -> tuple[Schedule, list[Change]]:
     """The new schedule from p5[budget, bin] re-measured at `budgets`, and what changed.
@@ -160,8 +160,8 @@ def apply_measurement(schedule: Schedule, decision: Decision, budgets: Sequence[
     only prompts reach) follows a lowered bin after it down instead of blocking it.
     """
     p5 = np.asarray(p5, dtype=np.float64)
-    if p5.ndim != 2 or p5.shape[0] != len(budgets):
-        raise ControllerError(f"p5 must be [budgets={len(budgets)}, bins], got {p5.shape}")
+    if p5.ndim != 2 or p5.shape[0] != len(topk_pages):
+        raise ControllerError(f"p5 must be [topk_pages={len(topk_pages)}, bins], got {p5.shape}")
     width = schedule.num_bins
     if any(not 0 <= b < width for b in decision.raise_bins + decision.lower_bins):
         raise ControllerError(f"decision names bins outside the schedule's {width}")
@@ -171,7 +171,7 @@ def apply_measurement(schedule: Schedule, decision: Decision, budgets: Sequence[
         for b in bins:
             picked = None
             if b < p5.shape[1]:
-                picked = _pick(budgets, p5, b, topk[b], settings.target, kind)
+                picked = _pick(topk_pages, p5, b, topk[b], settings.target, kind)
             if picked is not None:
                 topk[b], kinds[b], measured[b] = picked[0], kind, picked[1]
     empty = [tokens is not None and (b >= len(tokens) or tokens[b] == 0) for b in range(width)]

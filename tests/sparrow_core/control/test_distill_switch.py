@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from sparrow_core.sparse.controller import (CheaperMeasurement, ControllerError,
+from sparrow_core.control.controller import (CheaperMeasurement, ControllerError,
                                             ControlSettings, distill_switch, one_notch_cheaper)
 from sparrow_core.sparse.schedule import Schedule
 

@@ -1,11 +1,11 @@
 """Calibration: sample trajectories, replay them teacher-forced under a grid of budgets, and
 measure the exact acceptance per token and its p5 per (budget, bin).
 
-    from sparrow_core.sparse.calibration import (sample_trajectories, measure_budgets,
-                                                 budget_grid)
+    from sparrow_core.control.calibration import (sample_trajectories, measure_topk_pages,
+                                                 topk_grid)
     trajectories = sample_trajectories(model, tokenizer, prompt_ids, params)   # dense sampling
-    grid = budget_grid(max_pages=36)                # fits the tiny model: 1, 2, 3, 4, 8, ... 32
-    table = measure_budgets(model, trajectories, template, grid, temperature=1.0,
+    grid = topk_grid(max_pages=36)                # fits the tiny model: 1, 2, 3, 4, 8, ... 32
+    table = measure_topk_pages(model, trajectories, template, grid, temperature=1.0,
                             centroid_dtype=cfg.rollout.centroid_dtype)  # as the rollout engine
     table.p5[budget_index, bin], table.tokens[bin]
     # on-policy: each budget's own sparse samples, replayed under that budget only
@@ -82,7 +82,7 @@ class Trajectory:
 class AcceptanceTable:
     """Per (budget, bin) acceptance statistics of one calibration; NaN where a bin is empty."""
 
-    budgets: tuple[int, ...]
+    topk_pages: tuple[int, ...]
     bin_tokens: int
     # generated tokens per bin (the same tokens under every budget)
     tokens: np.ndarray
@@ -95,7 +95,7 @@ class AcceptanceTable:
     share_below_half: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        shape = (len(self.budgets), self.tokens.size)
+        shape = (len(self.topk_pages), self.tokens.size)
         for name in STATISTICS:
             value = getattr(self, name)
             if value is not None and value.shape != shape:
@@ -115,14 +115,14 @@ class AcceptanceTable:
     def rows(self) -> list[dict[str, Any]]:
         """One plain row per (budget, bin) holding tokens (the `calibration` table's columns)."""
         return [
-            {"budget_pages": b, "bin": i, "n": int(self.tokens[i]), "p1": float(self.p1[j, i]),
+            {"topk_pages": b, "bin": i, "n": int(self.tokens[i]), "p1": float(self.p1[j, i]),
              "p5": float(self.p5[j, i]), "p10": float(self.p10[j, i]),
              "mean": float(self.mean[j, i])}
-            for j, b in enumerate(self.budgets) for i in range(self.num_bins) if self.tokens[i]
+            for j, b in enumerate(self.topk_pages) for i in range(self.num_bins) if self.tokens[i]
         ]
 
 
-def budget_grid(max_pages: int, paper: Sequence[int] = PAPER_BUDGETS,
+def topk_grid(max_pages: int, paper: Sequence[int] = PAPER_BUDGETS,
                 small: Sequence[int] = SMALL_BUDGETS) -> tuple[int, ...]:
     """The paper's grid below max_pages, or the small grid when fewer than 4 of its steps fit."""
     if max_pages < 2:
@@ -200,8 +200,8 @@ def replay_acceptance(model: torch.nn.Module, trajectories: Sequence[Trajectory]
     return [np.concatenate(parts) for parts in out]
 
 
-def measure_budgets(model: torch.nn.Module, trajectories: Sequence[Trajectory],
-                    template: Schedule, budgets: Sequence[int], temperature: float = 1.0,
+def measure_topk_pages(model: torch.nn.Module, trajectories: Sequence[Trajectory],
+                    template: Schedule, topk_pages: Sequence[int], temperature: float = 1.0,
                     num_bins: int = 0, bins: Sequence[int] | None = None,
                     batch_tokens: int = 4096, centroid_dtype: str = "cache") -> AcceptanceTable:
     """Replay every trajectory under a flat schedule of each budget; statistics per (budget, bin).
@@ -212,9 +212,9 @@ def measure_budgets(model: torch.nn.Module, trajectories: Sequence[Trajectory],
     """
     if not trajectories:
         raise CalibrationError("calibration needs at least one trajectory with generated tokens")
-    grid = tuple(int(b) for b in budgets)
+    grid = tuple(int(b) for b in topk_pages)
     if not grid or any(b < 1 for b in grid) or list(grid) != sorted(set(grid)):
-        raise CalibrationError(f"budgets must be positive and strictly increasing, got {list(budgets)}")
+        raise CalibrationError(f"topk_pages must be positive and strictly increasing, got {list(topk_pages)}")
     schedules = [flat_schedule(template, b) for b in grid]
     acceptance = replay_acceptance(model, trajectories, schedules, temperature, batch_tokens,
                                    centroid_dtype)
@@ -223,18 +223,18 @@ def measure_budgets(model: torch.nn.Module, trajectories: Sequence[Trajectory],
 
 
 def measure_on_policy(model: torch.nn.Module,
-                      trajectories_by_budget: Mapping[int, Sequence[Trajectory]],
+                      trajectories_by_topk: Mapping[int, Sequence[Trajectory]],
                       template: Schedule, temperature: float = 1.0, num_bins: int = 0,
                       batch_tokens: int = 4096, centroid_dtype: str = "cache") -> AcceptanceTable:
     """Each budget's own trajectories (sampled by the sparse actor under its flat schedule)
     replayed under that budget only: the acceptance the actor meets on the paths it takes, as a
     train step measures it. A bin's `tokens` is the fewest that any budget's paths put there."""
-    grid = tuple(sorted(int(b) for b in trajectories_by_budget))
-    if not grid or grid[0] < 1 or any(not trajectories_by_budget[b] for b in grid):
+    grid = tuple(sorted(int(b) for b in trajectories_by_topk))
+    if not grid or grid[0] < 1 or any(not trajectories_by_topk[b] for b in grid):
         raise CalibrationError(f"every budget needs trajectories, got budgets {list(grid)}")
     measured = []
     for budget in grid:
-        trajectories = trajectories_by_budget[budget]
+        trajectories = trajectories_by_topk[budget]
         [alpha] = replay_acceptance(model, trajectories, [flat_schedule(template, budget)],
                                     temperature, batch_tokens, centroid_dtype)
         measured.append((np.concatenate([t.positions for t in trajectories]), alpha))
@@ -247,7 +247,7 @@ def measure_on_policy(model: torch.nn.Module,
     return AcceptanceTable(grid, template.bin_tokens, tokens, **stats)
 
 
-def table_from_tokens(budgets: Sequence[int], positions: np.ndarray,
+def table_from_tokens(topk_pages: Sequence[int], positions: np.ndarray,
                       acceptance: Sequence[np.ndarray], bin_tokens: int, num_bins: int = 0,
                       bins: Sequence[int] | None = None) -> AcceptanceTable:
     """Per-bin percentiles of per-token acceptance (one array per budget, same positions)."""
@@ -255,7 +255,7 @@ def table_from_tokens(budgets: Sequence[int], positions: np.ndarray,
     token_bins = bin_index(np.asarray(positions), bin_tokens)
     width = max(int(num_bins), int(token_bins.max()) + 1)
     tokens = np.bincount(token_bins, minlength=width)
-    stats = {name: np.full((len(budgets), width), np.nan) for name in STATISTICS}
+    stats = {name: np.full((len(topk_pages), width), np.nan) for name in STATISTICS}
     wanted = range(width) if bins is None else [b for b in bins if 0 <= b < width]
     for j, alpha in enumerate(acceptance):
         for i in wanted:
@@ -267,7 +267,7 @@ def table_from_tokens(budgets: Sequence[int], positions: np.ndarray,
                 stats["min"][j, i] = values.min()
                 below = np.count_nonzero(values < LOW_ACCEPTANCE)
                 stats["share_below_half"][j, i] = below / values.size
-    return AcceptanceTable(tuple(int(b) for b in budgets), bin_tokens, tokens, **stats)
+    return AcceptanceTable(tuple(int(b) for b in topk_pages), bin_tokens, tokens, **stats)
 
 
 def schedule_acceptance(model: torch.nn.Module, trajectories: Sequence[Trajectory],

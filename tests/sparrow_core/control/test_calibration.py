@@ -12,13 +12,13 @@ from sparrow_core.data.datasets import load_prompts
 from sparrow_core.engine import SamplingParams
 from sparrow_core.model import load_model, load_tokenizer
 from sparrow_core.model.builtin import resolve_model_path
-from sparrow_core.sparse.calibration import (
+from sparrow_core.control.calibration import (
     PAPER_BUDGETS,
     CalibrationError,
     Trajectory,
-    budget_grid,
+    topk_grid,
     flat_schedule,
-    measure_budgets,
+    measure_topk_pages,
     measure_on_policy,
     model_shape,
     replay_acceptance,
@@ -26,7 +26,7 @@ from sparrow_core.sparse.calibration import (
     schedule_acceptance,
     table_from_tokens,
 )
-from sparrow_core.sparse.choose import budget_cost_table, choose_budgets
+from sparrow_core.control.choose import topk_cost_table, choose_topk_pages
 from sparrow_core.sparse.presets import get_preset
 from sparrow_core.sparse.schedule import Schedule
 
@@ -47,7 +47,7 @@ def test_table_matches_a_plain_loop():
             else:
                 assert np.isnan(table.p5[j, i])
     rows = table.rows()
-    assert {(r["budget_pages"], r["bin"]) for r in rows} == {(b, i) for b in (4, 8)
+    assert {(r["topk_pages"], r["bin"]) for r in rows} == {(b, i) for b in (4, 8)
                                                              for i in range(6) if table.tokens[i]}
 
 
@@ -59,12 +59,12 @@ def test_table_restricted_to_some_bins_keeps_counts():
     assert np.isnan(table.p5[0, 0]) and table.p5[0, 1] == pytest.approx(0.3 + 0.05 * 0.1)
 
 
-def test_budget_grid():
-    assert budget_grid(200) == tuple(b for b in PAPER_BUDGETS if b < 200)
-    assert budget_grid(2400)[-1] == 1149
-    assert budget_grid(31) == (1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 28)
+def test_topk_grid():
+    assert topk_grid(200) == tuple(b for b in PAPER_BUDGETS if b < 200)
+    assert topk_grid(2400)[-1] == 1149
+    assert topk_grid(31) == (1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 28)
     with pytest.raises(CalibrationError, match="2 pages"):
-        budget_grid(1)
+        topk_grid(1)
 
 
 def test_trajectory_checks_its_split():
@@ -101,13 +101,13 @@ def test_on_policy_table_replays_each_budget_on_its_own_trajectories(qwen3_check
         return [Trajectory(tuple(torch.randint(0, 256, (n,), generator=generator).tolist()), 6)
                 for n in lengths]
 
-    by_budget = {1: paths(40, 33), 3: paths(20, 52, 30)}
-    table = measure_on_policy(model, by_budget, template, num_bins=5)
-    assert table.budgets == (1, 3) and table.p5.shape == (2, 5)
+    by_topk = {1: paths(40, 33), 3: paths(20, 52, 30)}
+    table = measure_on_policy(model, by_topk, template, num_bins=5)
+    assert table.topk_pages == (1, 3) and table.p5.shape == (2, 5)
     counts = []
     for j, budget in enumerate((1, 3)):
-        [alpha] = replay_acceptance(model, by_budget[budget], [flat_schedule(template, budget)])
-        bins = np.minimum(np.concatenate([t.positions for t in by_budget[budget]]) // 16, 4)
+        [alpha] = replay_acceptance(model, by_topk[budget], [flat_schedule(template, budget)])
+        bins = np.minimum(np.concatenate([t.positions for t in by_topk[budget]]) // 16, 4)
         counts.append(np.bincount(bins, minlength=5))
         for i in range(5):
             if counts[-1][i]:
@@ -150,9 +150,9 @@ def test_embedded_model_calibrates_and_holds_its_target_on_held_out_prompts(tiny
         model, tokenizer, prompts, params, schedule=flat_schedule(template, b)) for b in grid},
         template, num_bins=template.num_bins)
     shape = model_shape(resolve_model_path("builtin:tiny"))
-    cost = budget_cost_table(grid, table.num_bins, template, model=shape,
+    cost = topk_cost_table(grid, table.num_bins, template, model=shape,
                              hardware=get_hardware("h200"), prompt_len=len(prompts[0]))
-    choice = choose_budgets(grid, table.p5, table.tokens, cost, target, min_tokens=50)
+    choice = choose_topk_pages(grid, table.p5, table.tokens, cost, target, min_tokens=50)
     schedule = Schedule("tiny-calibrated", choice.topk_pages, page_size=8, bin_tokens=64,
                         reserved_bos=1, reserved_eos=2, skip_layers=template.skip_layers,
                         target=target)
@@ -169,9 +169,9 @@ def test_embedded_model_calibrates_and_holds_its_target_on_held_out_prompts(tiny
 
 
 def test_replay_selects_with_the_rollout_engines_centroid_dtype(qwen3_checkpoint, monkeypatch):
-    """measure_budgets and schedule_acceptance hand centroid_dtype to every sparse replay (the
+    """measure_topk_pages and schedule_acceptance hand centroid_dtype to every sparse replay (the
     dense one needs none), and the replay's acceptance follows it."""
-    from sparrow_core.sparse import calibration
+    from sparrow_core.control import calibration
 
     model = load_model(qwen3_checkpoint)
     template = Schedule("t", (2,), page_size=4, bin_tokens=16, reserved_bos=1, reserved_eos=1,
@@ -187,12 +187,12 @@ def test_replay_selects_with_the_rollout_engines_centroid_dtype(qwen3_checkpoint
         return replay(*args, **kwargs)
 
     monkeypatch.setattr(calibration, "teacher_forced_logits", recording)
-    measure_budgets(model, trajectories, template, [1, 2], centroid_dtype="float8_e4m3fn")
+    measure_topk_pages(model, trajectories, template, [1, 2], centroid_dtype="float8_e4m3fn")
     schedule_acceptance(model, trajectories, template, centroid_dtype="float8_e4m3fn")
     assert seen == [(False, None), (True, "float8_e4m3fn"), (True, "float8_e4m3fn"),
                     (False, None), (True, "float8_e4m3fn")]
     seen.clear()
-    measure_budgets(model, trajectories, template, [1])
+    measure_topk_pages(model, trajectories, template, [1])
     assert seen == [(False, None), (True, "cache")]
     float8, = replay_acceptance(model, trajectories, [flat_schedule(template, 1)],
                                 centroid_dtype="float8_e4m3fn")

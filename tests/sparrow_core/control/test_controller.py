@@ -8,12 +8,12 @@ import math
 import numpy as np
 import pytest
 
-from sparrow_core.sparse.controller import (
+from sparrow_core.control.controller import (
     ControllerError,
     ControlSettings,
     Decision,
     apply_measurement,
-    candidate_budgets,
+    candidate_topk_pages,
     decide,
 )
 from sparrow_core.sparse.schedule import Schedule
@@ -52,11 +52,11 @@ def test_bins_past_the_schedule_count_as_its_last():
 def test_raise_takes_the_smallest_larger_budget_meeting_target_and_lifts_later_bins():
     settings = ControlSettings(target=0.86)
     decision = Decision(step=2, raise_bins=(1,))
-    budgets = candidate_budgets(SCHEDULE, 1, [2, 4, 6, 8, 12, 16], "raise")
-    assert budgets == [8, 12, 16]
+    topk_pages = candidate_topk_pages(SCHEDULE, 1, [2, 4, 6, 8, 12, 16], "raise")
+    assert topk_pages == [8, 12, 16]
     p5 = np.full((3, 4), np.nan)
     p5[:, 1] = [0.80, 0.90, 0.95]
-    new, changes = apply_measurement(SCHEDULE, decision, budgets, p5, settings)
+    new, changes = apply_measurement(SCHEDULE, decision, topk_pages, p5, settings)
     assert new.topk_pages == (4, 12, 12, 12)
     assert [(c.bin, c.kind, c.old_topk, c.new_topk) for c in changes] == [
         (1, "raise", 6, 12), (2, "follow", 8, 12), (3, "follow", 8, 12)]
@@ -73,11 +73,11 @@ def test_raise_with_no_budget_meeting_target_takes_the_largest_measured():
 def test_lower_takes_the_smallest_budget_meeting_target_but_never_below_the_bin_before():
     settings = ControlSettings(target=0.86)
     decision = Decision(step=5, lower_bins=(0, 2))
-    budgets = [1, 2, 3, 4, 6]
+    topk_pages = [1, 2, 3, 4, 6]
     p5 = np.full((5, 4), np.nan)
     p5[:, 0] = [0.2, 0.87, 0.9, 0.95, 0.99]   # bin 0: 4 -> 2
     p5[:, 2] = [0.5, 0.6, 0.7, 0.88, 0.99]    # bin 2: 8 -> 4, then up to bin 1's 6
-    new, changes = apply_measurement(SCHEDULE, decision, budgets, p5, settings)
+    new, changes = apply_measurement(SCHEDULE, decision, topk_pages, p5, settings)
     assert new.topk_pages == (2, 6, 6, 8)
     assert [(c.bin, c.kind, c.new_topk) for c in changes] == [(0, "lower", 2), (2, "lower", 6)]
 

@@ -1,8 +1,8 @@
 """Choosing a schedule from a calibration table: per bin the cheapest budget meeting the target.
 
-    from sparrow_core.sparse.choose import choose_budgets, budget_cost_table
-    cost = budget_cost_table(budgets, num_bins, template, model=shape, hardware=hw, prompt_len=40)
-    choice = choose_budgets(budgets, p5, counts, cost, target=0.86, min_tokens=200)
+    from sparrow_core.control.choose import choose_topk_pages, topk_cost_table
+    cost = topk_cost_table(topk_pages, num_bins, template, model=shape, hardware=hw, prompt_len=40)
+    choice = choose_topk_pages(topk_pages, p5, counts, cost, target=0.86, min_tokens=200)
     choice.topk_pages, choice.notes()
 
 Inputs are a grid of top-k page budgets (strictly increasing), the p5 of acceptance per
@@ -77,10 +77,10 @@ def _as_table(name: str, values, shape: tuple[int, int]) -> np.ndarray:
     return array
 
 
-def _check_grid(budgets: Sequence[int]) -> list[int]:
-    grid = [int(b) for b in budgets]
+def _check_grid(topk_pages: Sequence[int]) -> list[int]:
+    grid = [int(b) for b in topk_pages]
     if not grid or any(b < 1 for b in grid) or any(b >= c for b, c in zip(grid, grid[1:])):
-        raise ChooseError(f"budgets must be positive and strictly increasing, got {list(budgets)}")
+        raise ChooseError(f"topk_pages must be positive and strictly increasing, got {list(topk_pages)}")
     return grid
 
 
@@ -115,10 +115,10 @@ def _constraints(p5: np.ndarray, tokens: np.ndarray, target: float,
     return allowed, notes
 
 
-def choose_budgets(budgets: Sequence[int], p5, tokens, cost, target: float,
+def choose_topk_pages(topk_pages: Sequence[int], p5, tokens, cost, target: float,
                    min_tokens: int = 1) -> Choice:
     """The cheapest non-decreasing schedule over the grid that meets every bin's constraint."""
-    grid = _check_grid(budgets)
+    grid = _check_grid(topk_pages)
     tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
     shape = (len(grid), tokens.size)
     p5, cost = _as_table("p5", p5, shape), _as_table("cost", cost, shape)
@@ -147,7 +147,7 @@ def choose_budgets(budgets: Sequence[int], p5, tokens, cost, target: float,
     return Choice(tuple(grid[j] for j in picks), bins, total)
 
 
-def budget_cost_table(budgets: Sequence[int], num_bins: int, template: Schedule, *,
+def topk_cost_table(topk_pages: Sequence[int], num_bins: int, template: Schedule, *,
                       model: ModelShape, hardware: Hardware, prompt_len: int,
                       variant: str = "paper") -> np.ndarray:
     """eFLOPs of decoding each bin's generated tokens under each budget, [budgets, bins].
@@ -156,7 +156,7 @@ def budget_cost_table(budgets: Sequence[int], num_bins: int, template: Schedule,
     last bin too, so that it is priced like the others); pages read are top-k plus the
     template's reserved pages, times its page size.
     """
-    grid = _check_grid(budgets)
+    grid = _check_grid(topk_pages)
     if num_bins < 1:
         raise ChooseError(f"num_bins must be >= 1, got {num_bins}")
     width = template.bin_tokens

@@ -1,12 +1,12 @@
-"""Budget search for the online controller: measure only the grid budgets needed to find, per
+"""Top-k grid search for the online controller: measure only the grid budgets needed to find, per
 bin, the budget that measuring every candidate would pick. Pure logic: `measure` is passed in.
 
-    budgets, p5 = search_budgets(schedule, decision, grid, measure, target=0.86)
-    new, changes = apply_measurement(schedule, decision, budgets, p5, settings)
+    topk_pages, p5 = search_topk_pages(schedule, decision, grid, measure, target=0.86)
+    new, changes = apply_measurement(schedule, decision, topk_pages, p5, settings)
 
-`measure(budgets)` returns the statistic (oriented, higher is better) as [len(budgets), bins];
-each call is one teacher-forced replay of the trajectories at those budgets. Per bin the
-candidates are controller.candidate_budgets (above the current top-k for a raise, below it for
+`measure(topk_pages)` returns the statistic (oriented, higher is better) as
+[len(topk_pages), bins]; each call is one teacher-forced replay of the trajectories at those budgets. Per bin the
+candidates are controller.candidate_topk_pages (above the current top-k for a raise, below it for
 a lower), and the budget wanted is the smallest candidate meeting the target. Assuming the
 statistic is non-decreasing in the budget, this is a lower-bound search over the sorted
 candidates that gallops from the end where the answer usually is - a raise from the next notch
@@ -30,7 +30,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from sparrow_core.sparse.controller import Decision, candidate_budgets
+from sparrow_core.control.controller import Decision, candidate_topk_pages
 from sparrow_core.sparse.schedule import Schedule
 
 Measure = Callable[[list[int]], np.ndarray]
@@ -66,10 +66,10 @@ class _Search:
             self.lo = self.candidates.index(budget) + 1
 
 
-def search_budgets(schedule: Schedule, decision: Decision, grid: Sequence[int],
+def search_topk_pages(schedule: Schedule, decision: Decision, grid: Sequence[int],
                    measure: Measure, target: float) -> tuple[list[int], np.ndarray]:
     """(sorted budgets measured, statistic[budget, bin]) for apply_measurement (module doc)."""
-    searches = [_Search(b, candidate_budgets(schedule, b, grid, kind), kind == "lower")
+    searches = [_Search(b, candidate_topk_pages(schedule, b, grid, kind), kind == "lower")
                 for kind, bins in (("raise", decision.raise_bins), ("lower", decision.lower_bins))
                 for b in bins]
     rows: dict[int, np.ndarray] = {}
@@ -87,9 +87,9 @@ def search_budgets(schedule: Schedule, decision: Decision, grid: Sequence[int],
         table = np.asarray(measure(batch), dtype=np.float64)
         for budget, row in zip(batch, table):
             rows[budget] = row
-    budgets = sorted(rows)
-    width = max((rows[b].size for b in budgets), default=schedule.num_bins)
-    return budgets, np.array([rows[b] for b in budgets]).reshape(len(budgets), width)
+    topk_pages = sorted(rows)
+    width = max((rows[b].size for b in topk_pages), default=schedule.num_bins)
+    return topk_pages, np.array([rows[b] for b in topk_pages]).reshape(len(topk_pages), width)
 
 
 def _value(row: np.ndarray, bin_: int) -> float:
