@@ -153,7 +153,7 @@ def reoptimize(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
         new, changes = apply_measurement(schedule, decision, topk_pages, p5, settings_of(cfg),
                                          tokens)
     record = {"step": step, "schedule": schedule.name, "version": version,
-              "decision": asdict(decision), "measured_topk_pages": topk_pages,
+              "decision": asdict(decision), "topk_measured": topk_pages,
               "p5": [[None if np.isnan(v) else float(v) for v in row] for row in p5],
               "changes": [{**asdict(c), "p5": None if np.isnan(c.p5) else c.p5} for c in changes],
               "topk_pages": list(new.topk_pages), "trajectories_replayed": replayed}

@@ -169,7 +169,7 @@ def test_a_raise_replays_the_capped_trajectories_at_the_budgets_the_search_needs
     want = expected_topk(model, kept, schedule, 3, GRID) or GRID[-1]
     assert decision["trajectories_replayed"] == 2 and decision["topk_pages"][3] == want
     # galloping from the next notch: 4 alone when it meets, else 28 and perhaps 12
-    measured = decision["measured_topk_pages"]
+    measured = decision["topk_measured"]
     assert measured == ([4] if want == 4 else [4, 12, 28] if want == 12
                         else [b for b in GRID if b != 12 or b in measured])
     [metrics] = [m for s, m in runtime.tracker.steps if s == 1]

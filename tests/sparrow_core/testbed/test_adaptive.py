@@ -28,29 +28,28 @@ def test_a_threshold_above_one_walks_the_fixed_plan():
                                                                          range(100))]
     assert seen == fixed
     assert [(e.stage, e.steps_done, e.reason) for e in ends] == [
-        (0, 26, "steps"), (1, 51, "steps"), (2, 64, "steps"), (3, 72, "steps"),
-        (4, 85, "steps")]
+        (0, 8, "steps"), (1, 17, "steps"), (2, 26, "steps"), (3, 34, "steps"),
+        (4, 42, "steps"), (5, 55, "steps"), (6, 68, "steps"), (7, 85, "steps")]
     # a check every 5 steps of a stage and one at each stage's end
-    assert [c["steps_done"] for c in walk.checks if c["stage"] == 0] == [5, 10, 15, 20, 25, 26]
+    assert [c["steps_done"] for c in walk.checks if c["stage"] == 0] == [5, 8]
 
 
 def test_a_stage_that_reaches_the_threshold_hands_its_steps_to_the_next():
     plan = StepPlan(curriculum(256, 600), steps=100, noise_share=0.15)
     calls = []
 
-    def evaluate(stage):  # stage 0 learns by its 10th step, stage 1 never
+    def evaluate(stage):  # stage 5 (100 hops) learns by its 10th step, the others never
         calls.append(stage.num_hops)
-        return 0.99 if stage.num_hops == 15 and len(calls) >= 2 else 0.5
+        return 0.99 if stage.num_hops == 100 and calls.count(100) >= 2 else 0.5
 
     seen, ends, _ = _walk(plan, evaluate)
     assert [(e.stage, e.steps_done, e.reason) for e in ends] == [
-        (0, 10, "accuracy"), (1, 51, "steps"), (2, 64, "steps"), (3, 72, "steps"),
-        (4, 85, "steps")]
-    assert ends[0].hop_accuracy == pytest.approx(0.99) and ends[1].hop_accuracy == 0.5
-    # stage 1 runs from step 10 to its cap at 51: its own 25 steps and stage 0's spare 16
-    assert seen[:10] == [0] * 10 and seen[10:51] == [1] * 41
-    assert seen[51:64] == [2] * 13 and seen[64:72] == [3] * 8 and seen[72:85] == [4] * 13
-    assert seen[85:] == ["noisy"] * 15
+        (0, 8, "steps"), (1, 17, "steps"), (2, 26, "steps"), (3, 34, "steps"),
+        (4, 42, "steps"), (5, 52, "accuracy"), (6, 68, "steps"), (7, 85, "steps")]
+    assert ends[5].hop_accuracy == pytest.approx(0.99) and ends[6].hop_accuracy == 0.5
+    # stage 6 runs from step 52 to its cap at 68: its own 13 steps and stage 5's spare 3
+    assert seen[:8] == [0] * 8 and seen[42:52] == [5] * 10 and seen[52:68] == [6] * 16
+    assert seen[68:85] == [7] * 17 and seen[85:] == ["noisy"] * 15
 
 
 def test_every_stage_learning_at_once_leaves_the_steps_to_the_full_length():
@@ -58,7 +57,7 @@ def test_every_stage_learning_at_once_leaves_the_steps_to_the_full_length():
     seen, ends, _ = _walk(plan, lambda stage: 1.0, eval_every=3)
     assert [(e.stage, e.steps_done, e.reason) for e in ends] == [
         (0, 3, "accuracy"), (1, 6, "accuracy"), (2, 9, "accuracy"), (3, 12, "accuracy"),
-        (4, 100, "steps")]
-    assert seen.count(4) == 88
+        (4, 15, "accuracy"), (5, 18, "accuracy"), (6, 21, "accuracy"), (7, 100, "steps")]
+    assert seen.count(7) == 79
     with pytest.raises(ValueError, match="eval_every"):
         AdaptiveCurriculum(plan, 0.98, 0)

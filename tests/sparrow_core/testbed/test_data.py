@@ -12,8 +12,8 @@ from sparrow_core.testbed.data import (
 
 def test_curriculum_grows_to_the_full_size_and_shares_sum_to_one():
     stages = curriculum(256, 600)
-    assert [(s.num_defs, s.num_hops) for s in stages] == [(16, 15), (32, 30), (64, 100),
-                                                          (128, 300), (256, 600)]
+    assert [(s.num_defs, s.num_hops) for s in stages] == [
+        (2, 1), (4, 2), (8, 5), (16, 15), (32, 30), (64, 100), (128, 300), (256, 600)]
     assert sum(s.share for s in stages) == pytest.approx(1.0)
     assert [s.length for s in stages] == sorted(s.length for s in stages)
     # in tokens: 'de' 'f' ' ', 256 x 'ab' '=' 'cd' ' ' (the last ' ' a newline), 'fr' 'om' ' ',
@@ -29,12 +29,12 @@ def test_step_plan_walks_the_stages_then_the_noisy_tail():
     plan = StepPlan(stages, steps=100, noise_share=0.15)
     assert plan.clean_steps == 85
     seen = [plan.stage_at(step) for step in range(100)]
-    # the first stage's 30% of 85 clean steps: 25.5, rounded to even
-    assert seen[0] == (stages[0], False) and seen[25] == (stages[0], False)
-    assert seen[26] == (stages[1], False) and seen[84] == (stages[4], False)
-    assert all(stage == stages[4] and noisy for stage, noisy in seen[85:])
+    # the first stage's 10% of 85 clean steps: 8.5, rounded to even
+    assert seen[0] == (stages[0], False) and seen[7] == (stages[0], False)
+    assert seen[8] == (stages[1], False) and seen[84] == (stages[7], False)
+    assert all(stage == stages[7] and noisy for stage, noisy in seen[85:])
     shares = dict((s.num_hops, share) for s, share in plan.step_shares())
-    assert shares[600] == pytest.approx(0.15 * 0.85 + 0.15)
+    assert shares[600] == pytest.approx(0.2 * 0.85 + 0.15)
     assert sum(shares.values()) == pytest.approx(1.0)
 
 
