@@ -70,7 +70,9 @@ def setup(tmp_path):
     adapter.save(adapter_dir)
     spec = WorkerSpec(model_path=str(model_dir), weights_path=str(model_dir),
                       schedule=get_preset("tiny-0.86"), engine=EngineConfig(page_size=8))
-    runtime = SimpleNamespace(trainer_after=lambda step: trainer, pool_on_gpu=False,
+    # one trainer process (trainer.num_workers=0): the group's broadcast is test_trainer_group's
+    runtime = SimpleNamespace(cfg=SimpleNamespace(trainer=SimpleNamespace(num_workers=0)),
+                              trainer_after=lambda step: trainer, pool_on_gpu=False,
                               pool=InProcessPool(spec),
                               policy_state=lambda folder, wait=True: Path(folder))
     return runtime, trainer, Path(policy), adapter_dir, adapter

@@ -159,7 +159,7 @@ def test_released_base_is_rebuilt_exactly_by_set_base(path, records):
 
 
 def test_cheaper_schedule_is_measured_with_the_lora(path, records):
-    from sparrow_core.sparse.controller import one_notch_cheaper
+    from sparrow_core.control.controller import one_notch_cheaper
 
     d = distiller(path, loss="full_kl")
     d.distill(records, SCHEDULE)
