@@ -116,8 +116,7 @@ def test_reference_gradient_of_a_row_reading_nothing_is_zero():
 def test_gradients_equal_the_reference_on_cuda_at_model_heads(dtype, launch):
     """Compiled kernels, Qwen3-1.7B heads (16 q, 8 kv, dim 128), pages of 16, a sequence of
     several bit words, a short one, one of a single position."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
+    assert torch.cuda.is_available(), "a gpu test: run it where CUDA is (pytest -m gpu)"
     cuda = torch.device("cuda")
     q, k, v, bits, starts, seq_lens, grad_out = (
         t.to(cuda) for t in inputs((3000, 700, 1), 16, 8, 128, 16, 0.15, dtype, 7))
