@@ -35,6 +35,7 @@ def char_vocab(letter_pairs: bool = False) -> dict[str, int]:
     return {token: i for i, token in enumerate(tokens)}
 
 
+@lru_cache(maxsize=2)
 def char_tokenizer(letter_pairs: bool = False):
     """The tokenizers.Tokenizer that build_char_tokenizer saves (one per setting, cached).
 
@@ -45,11 +46,6 @@ def char_tokenizer(letter_pairs: bool = False):
     worse the more names shared a letter). Runs of letters in the task's words (def, from,
     hops, Answer) split into pairs by merge rank, the same way every time.
     """
-    return _char_tokenizer(bool(letter_pairs))
-
-
-@lru_cache(maxsize=2)
-def _char_tokenizer(letter_pairs: bool):
     from tokenizers import Tokenizer, decoders, models
 
     merges = [(name[0], name[1]) for name in NAMES] if letter_pairs else []

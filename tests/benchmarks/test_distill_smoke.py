@@ -8,30 +8,17 @@ image has none of them).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-BLOCKED = ("omegaconf", "prefect", "ray", "mlflow", "duckdb")
-# a None in sys.modules makes `import x` fail and importlib.util.find_spec(x) say "absent"
-RUNNER = f"""
-import runpy, sys
-sys.modules.update(dict.fromkeys({BLOCKED!r}))
-sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
+from tests.benchmarks.device_runner import run_benchmark
 
 pytestmark = pytest.mark.slow
 
 
 def test_smoke_reports_p5_before_after_and_timings(tmp_path):
     out, plot = tmp_path / "distill.json", tmp_path / "distill.png"
-    done = subprocess.run([sys.executable, "-c", RUNNER, str(ROOT / "benchmarks" / "distill.py"),
-                           "--smoke", "--out", str(out), "--plot", str(plot)],
-                          capture_output=True, text=True, timeout=900)
+    done = run_benchmark("distill.py", "--smoke", "--out", str(out), "--plot", str(plot))
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
     assert len(report["steps"]) == 2 and plot.stat().st_size > 0

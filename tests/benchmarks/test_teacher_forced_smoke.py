@@ -8,30 +8,17 @@ Prefect, MLflow, DuckDB and OmegaConf cannot be imported (the GPU image has none
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-BLOCKED = ("omegaconf", "prefect", "ray", "mlflow", "duckdb")
-RUNNER = f"""
-import runpy, sys
-sys.modules.update(dict.fromkeys({BLOCKED!r}))
-sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
+from tests.benchmarks.device_runner import run_benchmark
 
 pytestmark = pytest.mark.slow
 
 
 def test_smoke_times_both_paths_and_they_agree(tmp_path):
     out = tmp_path / "teacher_forced.json"
-    done = subprocess.run([sys.executable, "-c", RUNNER,
-                           str(ROOT / "benchmarks" / "teacher_forced.py"), "--smoke",
-                           "--reps", "1", "--out", str(out)],
-                          capture_output=True, text=True, timeout=900)
+    done = run_benchmark("teacher_forced.py", "--smoke", "--reps", "1", "--out", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
     [row] = report["rows"]
@@ -49,11 +36,8 @@ def test_smoke_backward_times_forward_and_backward_per_path(tmp_path):
     """--backward on CPU: the triton path (its launchers' references here) against the
     reference path, forward and backward of one layer; FlexAttention has no CPU backward."""
     out = tmp_path / "teacher_forced_backward.json"
-    done = subprocess.run([sys.executable, "-c", RUNNER,
-                           str(ROOT / "benchmarks" / "teacher_forced.py"), "--smoke",
-                           "--skip-model", "--backward", "--backends", "triton,flex,reference",
-                           "--reps", "1", "--out", str(out)],
-                          capture_output=True, text=True, timeout=900)
+    done = run_benchmark("teacher_forced.py", "--smoke", "--skip-model", "--backward",
+                         "--backends", "triton,flex,reference", "--reps", "1", "--out", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
     [row] = json.loads(out.read_text())["rows"]
     for key in ("dense_fwd_bwd_layer_s", "triton_fwd_bwd_layer_s", "reference_fwd_bwd_layer_s"):
