@@ -47,9 +47,21 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
 _default_show_warning = warnings.showwarning
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The parsed command line; key=value overrides may also follow options
+    (`sparrow study run s1 --gpus 0,1 pipeline.steps=8`), in the order given."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if not hasattr(args, "overrides") or any(e.startswith("-") or "=" not in e
+                                                 for e in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = [*args.overrides, *extra]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     warnings.showwarning = _show_warning
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     try:
         return int(args.func(args) or 0)
     except SparrowError as err:

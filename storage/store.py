@@ -36,14 +36,22 @@ class Store:
             create_tables(conn)
 
     @classmethod
-    def open_writer(cls, workdir: str | Path) -> "Store":
+    def open_writer(cls, workdir: str | Path, wait_s: float = 0.0) -> "Store":
+        """Take the workdir; a busy one is tried again for up to `wait_s` seconds (for short
+        writers such as a study's planning, which its arms' processes do at once)."""
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
         lock_path = workdir / LOCK_FILENAME
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(0.2)
+                    continue
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             raise WorkdirBusyError(

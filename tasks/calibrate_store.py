@@ -66,7 +66,8 @@ def store_calibration(cfg: SparrowConfig, calibration_id: str, table: Acceptance
                       schedule: Schedule, model_dir: Path) -> tuple[int, Path]:
     """(version, yaml path): calibration rows and the new schedules version, in one transaction."""
     workdir = Path(cfg.pipeline.workdir)
-    with Store.open_writer(workdir) as store, store.connect() as conn:
+    # a few seconds' write: wait out another calibration (or a study's planning) doing its own
+    with Store.open_writer(workdir, wait_s=120.0) as store, store.connect() as conn:
         version = (newest_version(conn, schedule.name) or 0) + 1
         yaml_path = save_schedule_yaml(schedule, workdir / "schedules" /
                                        f"{schedule.name}-v{version}.yaml")

@@ -16,6 +16,11 @@ flat, `fixed_topk_pages` in every bin), renamed `<study_id>-<arm>` and written t
 `<workdir>/studies/<study_id>/schedules/<arm>.yaml`; a rerun reuses that file, so a resumed
 arm keeps its configuration. An arm is finished when its run is marked finished and has
 recorded sync_weights for every step up to pipeline.steps.
+
+With `own_workdirs: true` each arm's run writes `<workdir>/studies/<study_id>/arms/<arm>/`
+(the last override of its list, `pipeline.workdir=...`), so arms can run at once in separate
+processes; the study's workdir keeps the study_arms rows and the pinned schedules, and the
+report reads each arm's rows from its own DuckDB file.
 """
 
 from __future__ import annotations
@@ -27,21 +32,35 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from sparrow_core.config import ConfigError, SparrowConfig, load_config
-from sparrow_core.config.study import StudyArm, StudyConfig, check_study_id, load_study, study_yaml
+from sparrow_core.config.study import (
+    StudyArm,
+    StudyConfig,
+    arm_workdir,
+    check_study_id,
+    load_study,
+    study_yaml,
+)
 from sparrow_core.sparse import Schedule, resolve_schedule, save_schedule_yaml
 from sparrow_core.sparse.io import schedule_from_dict
 from storage import Store
 from storage.run_rows import last_step_of_stage, run_status
 from storage.schedule_rows import newest_schedule
-from storage.study_rows import replace_study_arms
+from storage.study_rows import replace_study_arms, run_finished_through
 
 # what every arm of a study shares (checked on the resolved configs)
 SHARED_KEYS = ("model.path", "pipeline.workdir", "pipeline.seed", "rollout.seed", "data.train",
                "ray.address")
+# how long planning waits for the study's workdir while another arm's process plans
+PLAN_WAIT_S = 120.0
 
 
 def study_dir(workdir: str | Path, study_id: str) -> Path:
     return Path(workdir) / "studies" / study_id
+
+
+def own_workdir(workdir: str | Path, study_id: str, arm: str) -> Path:
+    """Where an arm of a study with own_workdirs writes its run."""
+    return study_dir(workdir, study_id) / "arms" / arm
 
 
 def _value(cfg: SparrowConfig, dotted: str):
@@ -100,12 +119,13 @@ def arm_config(study: StudyConfig, arm: StudyArm, overrides: list[str],
 
 def plan_study(study_id: str, study_spec: str, study_overrides: list[str],
                overrides: list[str]) -> list[dict]:
-    """One plan per arm: {arm, run_id, overrides, finished, workdir, ray_address}."""
+    """One plan per arm: {arm, index, run_id, overrides, finished, workdir, arm_workdir,
+    ray_address}."""
     check_study_id(study_id)
     study = load_study(study_spec, study_overrides)
     base = load_config([*study.common, *overrides])
     configs = [arm_config(study, arm, overrides, base) for arm in study.arms]
-    store = Store.open_writer(base.pipeline.workdir)
+    store = Store.open_writer(base.pipeline.workdir, wait_s=PLAN_WAIT_S)
     try:
         with store.connect() as conn:
             plans = []
@@ -113,10 +133,16 @@ def plan_study(study_id: str, study_spec: str, study_overrides: list[str],
                 run_id = f"{study_id}-{arm.name}"
                 schedule = pin_schedule(conn, study, study_id, arm, cfg)
                 full = [*arm_overrides, f"schedule.name={schedule}", f"pipeline.run_id={run_id}"]
+                if study.own_workdirs:
+                    own = own_workdir(base.pipeline.workdir, study_id, arm.name)
+                    full.append(f"pipeline.workdir={own}")
+                    finished = run_finished_through(own, run_id, cfg.pipeline.steps)
+                else:
+                    finished = arm_finished(conn, run_id, cfg.pipeline.steps)
                 plans.append({"arm": arm.name, "index": index, "run_id": run_id,
                               "overrides": full, "workdir": base.pipeline.workdir,
-                              "ray_address": base.ray.address,
-                              "finished": arm_finished(conn, run_id, cfg.pipeline.steps)})
+                              "arm_workdir": str(arm_workdir(full, base.pipeline.workdir)),
+                              "ray_address": base.ray.address, "finished": finished})
             record_arms(conn, study_id, plans, study_yaml(study))
     finally:
         store.close()

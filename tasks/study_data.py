@@ -18,12 +18,12 @@ from typing import Any
 
 import yaml
 
-from sparrow_core.config.study import StudyConfig, study_from_yaml
+from sparrow_core.config.study import StudyConfig, arm_workdir, study_from_yaml
 from sparrow_core.errors import SparrowError
 from sparrow_core.sparse import Schedule
 from sparrow_core.sparse.io import schedule_from_dict
 from storage.schedule_rows import SCHEDULE_COLUMNS
-from storage.study_rows import study_ids, study_tables
+from storage.study_rows import run_tables, study_arm_rows, study_ids
 from tasks.report import config_value
 
 # metrics renamed since a run could have written them (docs/glossary.md): old -> new
@@ -87,8 +87,8 @@ def load_study_data(workdir: str | Path, study_id: str) -> StudyData:
         listed = ", ".join(present) if present else "none yet"
         raise StudyReportError(f"no study {study_id!r} in {Path(workdir) / 'sparrow.duckdb'}; "
                                f"studies: {listed}")
-    tables = study_tables(workdir, study_id)
-    arms_rows = tables["arms"]
+    arms_rows = study_arm_rows(workdir, study_id)
+    tables = _arm_tables(workdir, arms_rows)
     runs = {r["run_id"]: r for r in tables["runs"]}
     metrics: dict[str, dict[str, dict[int, float]]] = {}
     for r in tables["step_metrics"]:
@@ -104,6 +104,21 @@ def load_study_data(workdir: str | Path, study_id: str) -> StudyData:
             for r in arms_rows]
     return StudyData(study_id, str(workdir), study_from_yaml(arms_rows[0]["study_yaml"]), arms,
                      _schedules(tables["schedules"]))
+
+
+def _arm_tables(workdir: str | Path, arms_rows: list[dict]) -> dict[str, list[dict]]:
+    """The arms' runs tables, each read from the workdir its run wrote (study.own_workdirs: its
+    own; otherwise the study's)."""
+    by_workdir: dict[Path, list[str]] = {}
+    for row in arms_rows:
+        where = arm_workdir(list(row["overrides"] or []), workdir)
+        by_workdir.setdefault(where, []).append(row["run_id"])
+    tables: dict[str, list[dict]] = {"runs": [], "step_metrics": [], "bin_stats": [],
+                                     "schedules": []}
+    for where, run_ids in by_workdir.items():
+        for name, rows in run_tables(where, run_ids).items():
+            tables[name].extend(rows)
+    return tables
 
 
 def _schedules(rows: list[dict]) -> dict[tuple[str, int], Schedule]:

@@ -4,11 +4,16 @@
     sparrow study run s1 --study my_study.yaml study.fixed_topk_pages=4 pipeline.steps=2
     sparrow study run s1 pipeline.steps=8                       # again: finished arms skipped,
                                                                 # an unfinished one resumed
+    sparrow study run s1 --arm dense pipeline.steps=8           # only this arm (--arm again: more)
+    sparrow study run s1 --gpus 0,1,2,3 study.own_workdirs=true pipeline.steps=8
+                                                                # the arms at once, one per GPU
     sparrow study report s1 [--workdir DIR] [--out DIR] [--json] [--collapse-window N]
 
 `run` takes train overrides (key=value, group=name) that every arm gets, and `study.KEY=VALUE`
 for a field of the study's YAML (sparrow_core/config/study.py); each arm is the train flow with
 run id <study_id>-<arm>, and the report is written into <workdir>/studies/<study_id>/report/.
+`--arm` runs the named arms only and writes no report; `--gpus` runs every unfinished arm at
+once, one process per GPU (pipelines/study.py, study_at_once), each arm in its own workdir.
 `report` reads the workdir's DuckDB file read-only and writes plots, summary.json and
 summary.md into --out (default the same folder); --collapse-window and --collapse-ratio
 replace the study's collapse rule for this report. docs/study.md explains both.
@@ -17,6 +22,7 @@ replace the study's collapse rule for this report. docs/study.md explains both.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from sparrow_cli.output import int_at_least, print_json, print_table
@@ -33,6 +39,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                             help="train overrides for every arm; study.KEY=VALUE sets the study")
     run_parser.add_argument("--study", default="default",
                             help="a study of conf/study/ or a YAML file (default: default)")
+    run_parser.add_argument("--arm", action="append", default=None, metavar="ARM",
+                            help="run this arm only (repeat for more); no report is written")
+    run_parser.add_argument("--gpus", default=None, type=_gpu_list, metavar="0,1,...",
+                            help="run the arms at once, one process per GPU listed (an index "
+                                 "twice: two arms there); needs study.own_workdirs=true")
     run_parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     run_parser.set_defaults(func=run_study)
     report = actions.add_parser("report", help="plots and a summary of a study, from DuckDB")
@@ -46,6 +57,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="collapsed below this x the reference arm's (default: study's)")
     report.add_argument("--json", action="store_true", help="print the paths and summary as JSON")
     report.set_defaults(func=run_report)
+
+
+def _gpu_list(text: str) -> list[str]:
+    gpus = [item.strip() for item in text.split(",") if item.strip()]
+    if not gpus or not all(g.isdigit() for g in gpus):
+        raise argparse.ArgumentTypeError(f"expected GPU indices like 0,1,2,3 (one repeated "
+                                         f"runs two arms on that GPU), got {text!r}")
+    return gpus
 
 
 def _ratio(text: str) -> float:
@@ -68,6 +87,7 @@ def run_study(args: argparse.Namespace) -> int:
     from pipelines.prefect_env import quiet_prefect
 
     quiet_prefect()
+    from sparrow_core.config import ConfigError
     from sparrow_core.config.study import check_study_id, load_study
 
     overrides, study_overrides = split_overrides(args.overrides)
@@ -78,16 +98,28 @@ def run_study(args: argparse.Namespace) -> int:
 
     guard_local_server()
     install_sigint()
-    from pipelines.study import study_flow
+    from pipelines.study import study_at_once, study_flow
 
-    summary = study_flow(args.study_id, args.study, overrides, study_overrides,
-                         show_table=not args.json)
+    if args.gpus and args.arm:
+        raise ConfigError("--gpus runs every unfinished arm; leave out --arm")
+    if args.gpus:
+        summary = study_at_once(args.study_id, args.study, overrides, study_overrides, args.gpus)
+    else:
+        summary = study_flow(args.study_id, args.study, overrides, study_overrides,
+                             show_table=not args.json, arms=args.arm)
     if args.json:
         print_json(summary)
     else:
         print_table(summary["arms"], title=f"study {args.study_id}")
-        print(f"report: {summary['report']}")
-    return 0
+        if summary["report"]:
+            print(f"report: {summary['report']}")
+        else:
+            print(f"report: sparrow study report {args.study_id} once every arm has run")
+    failed = [a for a in summary["arms"] if a["status"] != "finished"]
+    for arm in failed:
+        print(f"arm {arm['arm']} {arm['status']}" + (f": see {arm['log']}" if arm.get("log") else ""),
+              file=sys.stderr)
+    return 1 if failed else 0
 
 
 def run_report(args: argparse.Namespace) -> int:

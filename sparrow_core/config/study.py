@@ -44,7 +44,7 @@ class StudyArm:
 class StudyConfig:
     # train overrides every arm gets first (model, data, steps); the command line's come after
     common: list[str] = field(default_factory=list)
-    # the arms, run one after the other in this order
+    # the arms, run one after the other in this order (or at once with own_workdirs)
     arms: list[StudyArm] = field(default_factory=list)
     # top-k pages per bin of the arms marked fixed_budget, cheap enough to fall below target
     # (was `fixed_budget_pages`)
@@ -55,6 +55,15 @@ class StudyConfig:
     collapse_window: int = 5
     # collapse rule: collapsed when that mean < collapse_ratio x the reference arm's
     collapse_ratio: float = 0.8
+    # true: each arm writes its own workdir, <workdir>/studies/<study_id>/arms/<arm>, so arms
+    # can run at once in separate processes (sparrow study run ID --gpus 0,1,2,3)
+    own_workdirs: bool = False
+
+
+def arm_workdir(overrides: list[str], default: str | Path) -> Path:
+    """The workdir an arm's run writes: the last pipeline.workdir= of its overrides."""
+    found = [o.split("=", 1)[1] for o in overrides if o.startswith("pipeline.workdir=")]
+    return Path(found[-1]) if found else Path(default)
 
 
 def study_path(spec: str, root: Path | None = None) -> Path:

@@ -133,3 +133,50 @@ def test_the_report_is_written_from_duckdb(resumed, tmp_path, capsys):
     printed = json.loads(capsys.readouterr().out)
     assert printed["summary"]["arms"] == json.loads(json.dumps(written["arms"]))
     assert (tmp_path / "summary.md").read_text().startswith("# Stability study `st`")
+
+
+def test_arms_at_once_write_their_own_workdirs_and_one_report(tmp_path, capsys):
+    """`--gpus` runs the two arms as two processes at once, each in its own workdir; the report
+    reads both; a second call finds both finished and starts nothing."""
+    workdir = tmp_path / "work"
+    spec = str(tmp_path / "study.yaml")
+    Path(spec).write_text(yaml.safe_dump({
+        "arms": [{"name": "dense", "overrides": ["schedule.sparse=false"]},
+                 {"name": "fixed", "overrides": ["calibrate.patience=1000000"],
+                  "fixed_budget": True}],
+        "fixed_topk_pages": 1, "reference_arm": "dense", "collapse_window": 1}))
+    items = ["st2", "--study", spec, "--gpus", "0,1", "--json", "study.own_workdirs=true",
+             f"pipeline.workdir={workdir}", "pipeline.steps=1", "data.prompts_per_step=2",
+             "rollout.samples_per_prompt=2", "rollout.max_new_tokens=8"]
+    assert main(["study", "run", *items]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert [(a["arm"], a["status"], a["skipped"]) for a in summary["arms"]] == [
+        ("dense", "finished", False), ("fixed", "finished", False)]
+    assert sorted(a["gpu"] for a in summary["arms"]) == ["0", "1"]
+    arms_dir = workdir / "studies" / "st2" / "arms"
+    for arm in ("dense", "fixed"):
+        assert query(arms_dir / arm, "SELECT run_id, status FROM runs").rows == [
+            (f"st2-{arm}", "finished")]
+        assert (arms_dir / f"{arm}.log").is_file()
+    # the study's own workdir holds the arms' rows, not their runs
+    assert query(workdir, "SELECT count(*) FROM runs").rows == [(0,)]
+    assert query(workdir, "SELECT arm FROM study_arms ORDER BY arm_index").rows == [
+        ("dense",), ("fixed",)]
+    report = json.loads((Path(summary["report"]) / "summary.json").read_text())
+    assert {a["arm"]: a["steps"] for a in report["arms"]} == {"dense": 1, "fixed": 1}
+    pages = query(arms_dir / "fixed", "SELECT DISTINCT pages_read FROM bin_stats").rows
+    assert pages == [(1 + 3,)]  # the pinned flat schedule, + reserved_bos, _eos
+    # again: both finished, nothing started
+    assert main(["study", "run", *items]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert [(a["arm"], a["skipped"]) for a in again["arms"]] == [("dense", True),
+                                                                 ("fixed", True)]
+
+
+def test_arms_at_once_need_their_own_workdirs(tmp_path, capsys):
+    assert main(["study", "run", "st3", "--gpus", "0,1",
+                 f"pipeline.workdir={tmp_path}"]) != 0
+    assert "study.own_workdirs=true" in capsys.readouterr().err
+    assert main(["study", "run", "st3", "--arm", "nosuch", f"pipeline.workdir={tmp_path}"]) != 0
+    assert "no arm 'nosuch' in the study; arms: dense, fixed, target-0.86" in \
+        capsys.readouterr().err
