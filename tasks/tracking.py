@@ -21,11 +21,14 @@ import this module: sparrow_core never imports MLflow.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import logging
 import numbers
+import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import yaml
 
@@ -66,6 +69,22 @@ def artifact_root(workdir: str | Path) -> Path:
     return Path(workdir).resolve() / "mlartifacts"
 
 
+@contextmanager
+def _first_use_lock(uri: str, workdir: str | Path) -> Iterator[None]:
+    """Serialize opening a local store: MLflow creates its SQLite tables on first use, and two
+    processes doing that at once (two calibrations in one workdir) fail with "table already
+    exists". A server store needs no lock."""
+    if _is_server(uri):
+        yield
+        return
+    fd = os.open(Path(workdir) / "mlflow.db.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
 def flatten_config(cfg: SparrowConfig) -> dict[str, str]:
     """Dotted keys to string values ("algo.lr" -> "1e-06"), the form MLflow params take."""
     flat: dict[str, str] = {}
@@ -103,8 +122,10 @@ class Tracker:
         uri = cfg.pipeline.mlflow_uri or default_tracking_uri(workdir)
         Path(workdir).mkdir(parents=True, exist_ok=True)
         try:
-            client = MlflowClient(tracking_uri=uri)
-            experiment_id = _experiment(client, None if _is_server(uri) else artifact_root(workdir))
+            with _first_use_lock(uri, workdir):
+                client = MlflowClient(tracking_uri=uri)
+                experiment_id = _experiment(client,
+                                            None if _is_server(uri) else artifact_root(workdir))
             existing = client.search_runs(
                 [experiment_id], f"tags.`{RUN_ID_TAG}` = '{run_id}'", max_results=2
             )

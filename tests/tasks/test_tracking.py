@@ -189,3 +189,33 @@ def test_sparrow_core_never_imports_mlflow():
     offenders = [str(p.relative_to(root)) for p in root.rglob("*.py") if pattern.search(p.read_text())]
     assert offenders == []
     assert pattern.search((Path(__file__).parents[2] / "tasks" / "tracking.py").read_text())
+
+
+def _start_in_child(workdir: str, run_id: str, barrier_dir: str) -> str:
+    import time as _time
+    from pathlib import Path as _Path
+
+    # both children import MLflow first, then start together, to meet at the store's creation
+    _Path(barrier_dir, run_id).touch()
+    while len(list(_Path(barrier_dir).iterdir())) < 2:
+        _time.sleep(0.01)
+    tracker = Tracker.start(load_config([]), run_id, workdir)
+    return tracker.mlflow_run_id
+
+
+def test_two_processes_open_a_new_store_at_once(tmp_path):
+    """Two calibrations in one fresh workdir: both make their MLflow runs (MLflow creates its
+    tables on first use; without the lock one of them fails with "table already exists")."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(_start_in_child, str(tmp_path / "work"), name, str(barrier))
+                   for name in ("cal-a", "cal-b")]
+        ids = [f.result(timeout=300) for f in futures]
+    assert len(set(ids)) == 2
+    tags = {r.data.tags["sparrow.run_id"] for r in _client(tmp_path / "work").search_runs(
+        [e.experiment_id for e in _client(tmp_path / "work").search_experiments()])}
+    assert tags == {"cal-a", "cal-b"}
