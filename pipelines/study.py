@@ -22,7 +22,7 @@ quiet_prefect()
 from prefect import flow  # noqa: E402
 
 from pipelines.train import train_flow  # noqa: E402
-from tasks.rollout_actors import start_ray  # noqa: E402
+from runtime.rollout_actors import start_ray  # noqa: E402
 from tasks.study_arms import plan_study_task  # noqa: E402
 from tasks.study_report import study_report_task  # noqa: E402
 

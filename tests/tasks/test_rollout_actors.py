@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from runtime.rollout_actors import ActorPool, RolloutWorker, WorkerSpec, start_ray
+from runtime.rollout_dispatch import work_items
 from sparrow_core.engine import EngineConfig, SamplingParams
 from sparrow_core.sparse import Schedule
-from tasks.rollout_actors import ActorPool, RolloutWorker, WorkerSpec, start_ray
-from tasks.rollout_dispatch import work_items
 
 pytestmark = pytest.mark.slow
 

@@ -11,14 +11,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from storage import RunLayout, Store, query
-from tasks.stage import (
+from runtime.stage import (
     STAGES,
     StageFailedOnPurpose,
     StageWrite,
     parse_fail_at,
     run_stage,
 )
+from storage import RunLayout, Store, query
 
 
 class FakeTracker:

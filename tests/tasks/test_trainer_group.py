@@ -13,11 +13,11 @@ import dataclasses
 import pytest
 import torch
 
+from runtime.rollout_actors import ActorPool, WorkerSpec, start_ray
+from runtime.trainer_group import TrainerGroup, TrainerSpec
+from runtime.weight_sync import sync_group_to_pool
 from sparrow_core.engine import EngineConfig
 from sparrow_core.rl.trainer import PolicyTrainer
-from tasks.rollout_actors import ActorPool, WorkerSpec, start_ray
-from tasks.trainer_group import TrainerGroup, TrainerSpec
-from tasks.weight_sync import sync_group_to_pool
 from tests.sparrow_core.rl.test_trainer import ALGO, make_records, weights, with_actor_logprobs
 
 pytestmark = pytest.mark.slow

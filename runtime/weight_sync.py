@@ -1,4 +1,4 @@
-"""Weights from a trainer group (tasks/trainer_group.py) to every rollout actor.
+"""Weights from a trainer group (runtime/trainer_group.py) to every rollout actor.
 
     modes = sync_group_to_pool(group, pool, weights_path, bucket_bytes)   # per actor:
                                                                           # "ipc", "nccl", "gloo"
