@@ -3,7 +3,7 @@ sharded checkpoint resumes on 1 rank, and a 1-rank one on 2; its weights reach e
 actor through the bucketed broadcast.
 
 Marked slow: each rank is a process that loads torch and transformers (a few seconds each on a
-2-core machine). Run: `python -m pytest tests/tasks/test_trainer_group.py -q`.
+2-core machine). Run: `python -m pytest tests/runtime/test_trainer_group.py -q`.
 """
 
 from __future__ import annotations

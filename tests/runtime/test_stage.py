@@ -1,7 +1,7 @@
 """The stage mechanism: skip when recorded, fail on purpose before writing, atomic output,
 metrics replaced (never duplicated) on a re-run. No Prefect or Ray needed.
 
-Run: `python -m pytest tests/tasks/test_stage.py -q`.
+Run: `python -m pytest tests/runtime/test_stage.py -q`.
 """
 
 from __future__ import annotations

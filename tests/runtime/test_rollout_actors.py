@@ -3,7 +3,7 @@ items (continuous load), a dead actor replaced and its item retried, weights loa
 (also by replacements).
 
 Marked slow: Ray and each actor process start in a few seconds on a 2-core machine.
-Run: `python -m pytest tests/tasks/test_rollout_actors.py -q`.
+Run: `python -m pytest tests/runtime/test_rollout_actors.py -q`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Run rows and versioned schedules: what a run starts with, what is in force at a step, and
 the configuration check of a resume. No Prefect or Ray needed.
 
-Run: `python -m pytest tests/tasks/test_run_state.py -q`.
+Run: `python -m pytest tests/runtime/test_run_state.py -q`.
 """
 
 from __future__ import annotations
