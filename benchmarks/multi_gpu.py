@@ -77,7 +77,7 @@ def records_of(prompts, results):
 
 
 def one_step(group, pool, prompts, params, args) -> dict[str, float]:
-    from tasks.weight_sync import sync_group_to_pool
+    from runtime.weight_sync import sync_group_to_pool
 
     times: dict[str, float] = {}
     clock = time.perf_counter()
@@ -107,11 +107,11 @@ def one_step(group, pool, prompts, params, args) -> dict[str, float]:
 def run_arm(args, ranks: int) -> dict:
     import ray
 
+    from runtime.placement import plan_placement
+    from runtime.rollout_actors import ActorPool, WorkerSpec
+    from runtime.trainer_group import TrainerGroup, TrainerSpec
     from sparrow_core.config.schema import AlgoConfig, RolloutConfig
     from sparrow_core.engine import EngineConfig, SamplingParams
-    from tasks.placement import plan_placement
-    from tasks.rollout_actors import ActorPool, WorkerSpec
-    from tasks.trainer_group import TrainerGroup, TrainerSpec
 
     model = build_model(args)
     use_gpu = not args.smoke

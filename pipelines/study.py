@@ -41,7 +41,7 @@ from prefect import flow  # noqa: E402
 from pipelines.train import train_flow  # noqa: E402
 from sparrow_core.config import ConfigError  # noqa: E402
 from sparrow_core.config.study import load_study  # noqa: E402
-from tasks.rollout_actors import start_ray  # noqa: E402
+from runtime.rollout_actors import start_ray  # noqa: E402
 from tasks.study_arms import own_workdir, plan_study, plan_study_task, study_dir  # noqa: E402
 from tasks.study_report import default_out, study_report_task, write_study_report  # noqa: E402
 

@@ -29,13 +29,13 @@ from rich.console import Console  # noqa: E402
 from pipelines.live_table import LiveTable  # noqa: E402
 from pipelines.train_setup import close_run_runtime, open_run_runtime, where_to_look, with_run_id  # noqa: E402
 from sparrow_core.config import load_config  # noqa: E402
+from storage.run_rows import stage_records, step_metrics  # noqa: E402
 from tasks.aggregate_mismatch import aggregate_mismatch_task  # noqa: E402
 from tasks.checkpoint import checkpoint_task  # noqa: E402
 from tasks.dense_score import SCORES_FILE, dense_score_task  # noqa: E402
 from tasks.distill_lora import distill_lora_task  # noqa: E402
 from tasks.evaluate import evaluate_task  # noqa: E402
 from tasks.policy_update import policy_update_task  # noqa: E402
-from tasks.records import stage_records, step_metrics  # noqa: E402
 from tasks.reoptimize_schedule import reoptimize_schedule_task  # noqa: E402
 from tasks.reward import REWARDS_FILE, reward_task  # noqa: E402
 from tasks.rollout import ROLLOUTS_FILE, rollout_task  # noqa: E402

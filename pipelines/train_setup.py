@@ -18,18 +18,18 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from runtime.retention import repair_unsaved_policies, wait_for_deletions
+from runtime.rollout_actors import ActorPool, WorkerSpec, actor_resources, start_ray
+from runtime.run_record import finish_run, new_run_id, open_run
+from runtime.run_runtime import RunRuntime, device_and_dtype, register, release
+from runtime.schedules import schedule_in_force, start_schedule
 from sparrow_core.config import SparrowConfig
 from sparrow_core.data.datasets import load_prompts
 from sparrow_core.engine import EngineConfig
 from sparrow_core.model import load_tokenizer, read_arch
 from sparrow_core.model.builtin import resolve_model_path
 from storage import Store
-from tasks.retention import repair_unsaved_policies, wait_for_deletions
 from tasks.rollout import max_new_tokens_for
-from tasks.rollout_actors import ActorPool, WorkerSpec, actor_resources, start_ray
-from tasks.run_record import finish_run, new_run_id, open_run
-from tasks.runtime import RunRuntime, device_and_dtype, register, release
-from tasks.schedules import schedule_in_force, start_schedule
 
 
 def with_run_id(cfg: SparrowConfig) -> SparrowConfig:
@@ -76,7 +76,7 @@ def open_run_runtime(cfg: SparrowConfig) -> tuple[RunRuntime, bool, bool]:
             max_new_tokens_for(runtime, row, cfg.data.train)
         runtime.schedule_name, runtime.schedule_start_version = start_schedule(
             store, runtime.run_id, cfg.schedule.name)
-        from tasks.tracking import Tracker
+        from runtime.tracking import Tracker
 
         runtime.tracker = Tracker.start(cfg, runtime.run_id, cfg.pipeline.workdir)
         if not runtime.tracker.resumed:
@@ -105,7 +105,7 @@ def start_pool(runtime: RunRuntime) -> ActorPool:
     count, resources, device = actor_resources(cfg.rollout.num_actors, device.startswith("cuda"))
     placement = None
     if cfg.trainer.num_workers:  # a trainer group: its ranks and the engines placed together
-        from tasks.placement import plan_placement
+        from runtime.placement import plan_placement
 
         runtime.placement = plan_placement(cfg.trainer.num_workers, cfg.rollout.placement,
                                            cfg.rollout.num_actors, device.startswith("cuda"))

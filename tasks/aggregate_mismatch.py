@@ -30,6 +30,9 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NONE
 
+from runtime.retry import INFRA_RETRIES
+from runtime.run_runtime import RunRuntime, lookup
+from runtime.stage import StageOutcome, StageWrite, run_stage
 from sparrow_core.data.rollouts import read_rollouts
 from sparrow_core.mismatch import BinStats, bin_statistics, min_p5
 from sparrow_core.sparse.io import schedule_from_dict
@@ -37,10 +40,7 @@ from sparrow_core.sparse.schedule import Schedule
 from sparrow_core.sparse.target import DEFAULT_STATISTIC, get_statistic
 from storage import mismatch_rows
 from tasks.dense_score import read_scores
-from tasks.retry import INFRA_RETRIES
 from tasks.rollout import ROLLOUTS_FILE, SCHEDULE_FILE
-from tasks.runtime import RunRuntime, lookup
-from tasks.stage import StageOutcome, StageWrite, run_stage
 
 BIN_STATS_FILE = "bin_stats.json"
 def token_table(run_id: str, step: int, records, scores, schedule: Schedule):

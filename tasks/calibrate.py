@@ -24,10 +24,9 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NONE
 
+from runtime.retry import INFRA_RETRIES
+from runtime.run_runtime import device_and_dtype
 from sparrow_core.config import SparrowConfig, load_config
-from sparrow_core.data.datasets import load_prompts
-from sparrow_core.engine import EngineConfig, SamplingParams
-from sparrow_core.model.builtin import resolve_model_path
 from sparrow_core.control.calibration import (
     STATISTICS,
     AcceptanceTable,
@@ -38,11 +37,12 @@ from sparrow_core.control.calibration import (
     measure_on_policy,
     sample_trajectories,
 )
+from sparrow_core.data.datasets import load_prompts
+from sparrow_core.engine import EngineConfig, SamplingParams
+from sparrow_core.model.builtin import resolve_model_path
 from sparrow_core.sparse.io import resolve_schedule
 from sparrow_core.sparse.schedule import Schedule
 from storage import atomic_file
-from tasks.retry import INFRA_RETRIES
-from tasks.runtime import device_and_dtype
 
 TRAJECTORIES_FILE = "trajectories.json"
 TABLE_FILE = "table.json"

@@ -22,10 +22,11 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NONE
 
+from runtime.schedules import insert_schedule
 from sparrow_core.config import SparrowConfig, load_config
-from sparrow_core.costmodel import get_hardware
 from sparrow_core.control.calibration import AcceptanceTable, model_shape
 from sparrow_core.control.choose import Choice, topk_cost_table, choose_topk_pages
+from sparrow_core.costmodel import get_hardware
 from sparrow_core.sparse.io import save_schedule_yaml
 from sparrow_core.sparse.schedule import Schedule
 from sparrow_core.sparse.target import get_statistic
@@ -39,7 +40,6 @@ from tasks.calibrate import (
     write_json,
 )
 from tasks.calibrate_plot import plot_calibration
-from tasks.schedules import insert_schedule
 
 SUMMARY_FILE = "summary.json"
 PLOT_FILE = "calibration.png"
@@ -79,7 +79,7 @@ def store_calibration(cfg: SparrowConfig, calibration_id: str, table: Acceptance
 
 def track(cfg: SparrowConfig, calibration_id: str, schedule: Schedule, version: int,
           files: list[Path], metrics: dict) -> str:
-    from tasks.tracking import Tracker
+    from runtime.tracking import Tracker
 
     tracker = Tracker.start(cfg, calibration_id, cfg.pipeline.workdir)
     tracker.log_schedule(schedule, version, step=0)

@@ -22,10 +22,10 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NONE
 
+from runtime.retry import INFRA_RETRIES
+from runtime.run_runtime import RunRuntime, lookup
+from runtime.stage import StageInputError, StageOutcome, StageWrite, run_stage
 from storage import atomic_dir
-from tasks.retry import INFRA_RETRIES
-from tasks.runtime import RunRuntime, lookup
-from tasks.stage import StageInputError, StageOutcome, StageWrite, run_stage
 
 CHECKPOINT_FILE = "checkpoint.json"
 

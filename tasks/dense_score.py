@@ -20,10 +20,10 @@ from typing import Any, Sequence
 from prefect import task
 from prefect.cache_policies import NONE
 
+from runtime.retry import INFRA_RETRIES
+from runtime.run_runtime import RunRuntime, lookup, peak_memory
+from runtime.stage import StageInputError, StageOutcome, StageWrite, run_stage
 from sparrow_core.data.rollouts import read_rollouts
-from tasks.retry import INFRA_RETRIES
-from tasks.runtime import RunRuntime, lookup, peak_memory
-from tasks.stage import StageInputError, StageOutcome, StageWrite, run_stage
 
 SCORES_FILE = "scores.parquet"
 SCORE_COLUMNS = ("dense_logprobs", "acceptance", "leftover_mass")

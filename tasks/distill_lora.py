@@ -26,13 +26,13 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NONE
 
+from runtime.retry import INFRA_RETRIES
+from runtime.run_runtime import DISTILL_CACHE as _CACHE
+from runtime.run_runtime import RunRuntime, device_and_dtype, lookup, peak_memory
+from runtime.stage import StageInputError, StageOutcome, StageWrite, run_stage
 from sparrow_core.errors import SparrowError
+from storage.run_rows import stage_records
 from tasks.distill_switch import cheaper_candidate, write_measurement
-from tasks.records import stage_records
-from tasks.retry import INFRA_RETRIES
-from tasks.runtime import DISTILL_CACHE as _CACHE
-from tasks.runtime import RunRuntime, device_and_dtype, lookup, peak_memory
-from tasks.stage import StageInputError, StageOutcome, StageWrite, run_stage
 
 STAGE = "distill_lora"
 

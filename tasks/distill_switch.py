@@ -29,7 +29,7 @@ from sparrow_core.control.controller import (CheaperMeasurement, ControlSettings
                                             one_notch_cheaper)
 from sparrow_core.sparse.schedule import Schedule
 from sparrow_core.sparse.target import get_statistic
-from tasks.records import stage_records
+from storage.run_rows import stage_records
 
 CHEAPER_FILE = "cheaper.json"
 DISTILL_STAGE = "distill_lora"

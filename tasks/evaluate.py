@@ -19,11 +19,11 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NONE
 
+from runtime.retry import INFRA_RETRIES
+from runtime.run_runtime import RunRuntime, lookup
+from runtime.stage import StageOutcome, StageWrite, run_stage
 from sparrow_core.data.reward_runner import score_completions
-from tasks.retry import INFRA_RETRIES
 from tasks.rollout import sampling_params
-from tasks.runtime import RunRuntime, lookup
-from tasks.stage import StageOutcome, StageWrite, run_stage
 
 EVAL_FILE = "eval.json"
 

@@ -22,16 +22,16 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NONE
 
+from runtime.retention import prune_policy_folders
+from runtime.retry import INFRA_RETRIES
+from runtime.run_runtime import STATE_POINTER, RunRuntime, lookup, peak_memory
 from sparrow_core.data.rollouts import read_rollouts
 from tasks.dense_score import read_scores
-from tasks.retention import prune_policy_folders
-from tasks.retry import INFRA_RETRIES
 from tasks.reward import read_rewards
-from tasks.runtime import STATE_POINTER, RunRuntime, lookup, peak_memory
 
 # the folder (beside the step's stage folders) a background save writes the trainer into
 POLICY_STATE = "policy_state"
-from tasks.stage import StageInputError, StageOutcome, StageWrite, run_stage
+from runtime.stage import StageInputError, StageOutcome, StageWrite, run_stage
 
 
 def numeric_metrics(metrics: dict) -> dict[str, float]:

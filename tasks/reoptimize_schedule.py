@@ -15,7 +15,7 @@ would use), measuring only those sparrow_core/control/grid_search.py needs to fi
 smallest one meeting the target (the exhaustive pick when p5 is monotone in the budget). A
 changed schedule is stored as the next version of the run's schedule name (schedules row with
 this step, reason and YAML path), so the rollout stage of the next step decodes with it
-(tasks/schedules.py), and MLflow gets the schedule, a tag `schedule.change.step<n>` and metrics
+(runtime/schedules.py), and MLflow gets the schedule, a tag `schedule.change.step<n>` and metrics
 reoptimize/raised, reoptimize/lowered, reoptimize/topk_measured and
 reoptimize/trajectories_replayed. decision.json holds the decision, the measured p5 and the
 changes. With algo.distill.switch_to_cheaper, when no bin is to be raised, the DistillSparse
@@ -35,7 +35,10 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NONE
 
-from sparrow_core.control.grid_search import search_topk_pages
+from runtime.retry import INFRA_RETRIES
+from runtime.run_runtime import RunRuntime, device_and_dtype, lookup
+from runtime.schedules import insert_schedule, schedule_in_force
+from runtime.stage import StageOutcome, StageWrite, run_stage
 from sparrow_core.control.calibration import Trajectory, topk_grid, measure_topk_pages
 from sparrow_core.control.controller import (
     Change,
@@ -44,18 +47,15 @@ from sparrow_core.control.controller import (
     apply_measurement,
     decide,
 )
+from sparrow_core.control.grid_search import search_topk_pages
 from sparrow_core.data.rollouts import read_rollouts
 from sparrow_core.sparse.io import save_schedule_yaml
 from sparrow_core.sparse.schedule import Schedule
 from sparrow_core.sparse.target import get_statistic
-from tasks.distill_switch import EVENT_KIND, switch_for
 from storage.mismatch_rows import add_threshold_events, statistic_history
 from storage.schedule_rows import newest_version
-from tasks.retry import INFRA_RETRIES
+from tasks.distill_switch import EVENT_KIND, switch_for
 from tasks.rollout import ROLLOUTS_FILE
-from tasks.runtime import RunRuntime, device_and_dtype, lookup
-from tasks.schedules import insert_schedule, schedule_in_force
-from tasks.stage import StageOutcome, StageWrite, run_stage
 
 DECISION_FILE = "decision.json"
 SCHEDULE_FILE = "schedule.yaml"

@@ -23,12 +23,12 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NONE
 
+from runtime.retry import INFRA_RETRIES
+from runtime.run_runtime import RunRuntime, lookup
+from runtime.stage import StageOutcome, StageWrite, run_stage
 from sparrow_core.data.reward_runner import score_completions
 from sparrow_core.data.rollouts import read_rollouts
 from sparrow_core.errors import SparrowError
-from tasks.retry import INFRA_RETRIES
-from tasks.runtime import RunRuntime, lookup
-from tasks.stage import StageOutcome, StageWrite, run_stage
 
 REWARDS_FILE = "rewards.parquet"
 SUMMARY_FILE = "summary.json"

@@ -3,7 +3,7 @@
     outcome = rollout_task(workdir, run_id, step)     # step-<n>/rollout/rollouts.parquet
 
 Prompts: `data.prompts_per_step` rows of the training set for this step (the same rows on a
-re-run). Sampling: `rollout.*`, with the schedule in force at this step (tasks/schedules.py;
+re-run). Sampling: `rollout.*`, with the schedule in force at this step (runtime/schedules.py;
 dense decode when schedule.sparse=false). Each prompt's request carries a seed derived from
 (pipeline.seed, rollout.seed, step, prompt); the engine derives each sample's seed from
 it and the sample index, so results do not depend on how prompts are sharded across actors.
@@ -24,14 +24,14 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NONE
 
+from runtime.retry import INFRA_RETRIES
+from runtime.run_runtime import RunRuntime, lookup
+from runtime.schedules import schedule_in_force
+from runtime.stage import StageOutcome, StageWrite, run_stage
 from sparrow_core.data.datasets import PromptTooLongError, context_error  # noqa: F401 (re-export)
 from sparrow_core.data.rollouts import RolloutRecord, write_rollouts
 from sparrow_core.engine import SamplingParams
 from sparrow_core.sparse.io import schedule_to_dict
-from tasks.retry import INFRA_RETRIES
-from tasks.runtime import RunRuntime, lookup
-from tasks.schedules import schedule_in_force
-from tasks.stage import StageOutcome, StageWrite, run_stage
 
 ROLLOUTS_FILE = "rollouts.parquet"
 SCHEDULE_FILE = "schedule.json"

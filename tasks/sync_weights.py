@@ -21,9 +21,9 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NONE
 
-from tasks.retry import INFRA_RETRIES
-from tasks.runtime import RunRuntime, lookup
-from tasks.stage import StageInputError, StageOutcome, StageWrite, run_stage
+from runtime.retry import INFRA_RETRIES
+from runtime.run_runtime import RunRuntime, lookup
+from runtime.stage import StageInputError, StageOutcome, StageWrite, run_stage
 
 SYNCED_FILE = "synced.json"
 
@@ -62,8 +62,8 @@ def sync(runtime: RunRuntime, step: int, policy_dir: str, out: Path,
 def _sync_group(runtime: RunRuntime, group, policy_dir: str, out: Path,
                 clock: float) -> StageWrite:
     """A trainer group's weights to every actor: CUDA IPC on rank 0's GPU, a bucketed
-    broadcast to the others (tasks/weight_sync.py); the folder is what replacements load."""
-    from tasks.weight_sync import sync_group_to_pool
+    broadcast to the others (runtime/weight_sync.py); the folder is what replacements load."""
+    from runtime.weight_sync import sync_group_to_pool
 
     policy_dir = str(runtime.policy_state(policy_dir, wait=False))
     modes = sync_group_to_pool(group, runtime.pool, policy_dir,

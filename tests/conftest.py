@@ -150,7 +150,7 @@ class FlowEnvironment:
         import ray
         from prefect.testing.utilities import prefect_test_harness
 
-        from tasks.rollout_actors import start_ray
+        from runtime.rollout_actors import start_ray
 
         stack = contextlib.ExitStack()
         if start_ray(""):

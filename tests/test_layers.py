@@ -2,11 +2,11 @@
 
 Every module's imports (module level and inside functions alike) are parsed with ast, never
 executed, and checked against:
-- packages: pipelines -> tasks -> (sparrow_core, storage), with sparrow_cli on top; a package
-  imports only its own layer or those below it; storage takes from sparrow_core only
+- packages: pipelines -> tasks -> runtime -> (sparrow_core, storage), with sparrow_cli on top;
+  a package imports only its own layer or those below it; storage takes from sparrow_core only
   STORAGE_MAY_IMPORT;
 - sparrow_core imports no orchestrator or store (ORCHESTRATORS); storage imports no torch
-  (TENSOR_LIBRARIES);
+  (TENSOR_LIBRARIES); runtime imports no Prefect (the stage tasks and flows are Prefect's);
 - inside sparrow_core, CORE_LAYERS lowest first: a module imports only its own layer or those
   below. A new module falls in the layer of its longest listed prefix; a module that fits no
   prefix fails until it is given a layer.
@@ -23,10 +23,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 # lowest first; sparrow_core and storage sit side by side at the bottom
-PACKAGE_LAYERS = (("sparrow_core", "storage"), ("tasks",), ("pipelines",), ("sparrow_cli",))
+PACKAGE_LAYERS = (("sparrow_core", "storage"), ("runtime",), ("tasks",), ("pipelines",),
+                  ("sparrow_cli",))
 STORAGE_MAY_IMPORT = ("sparrow_core.errors",)
 ORCHESTRATORS = ("prefect", "ray", "mlflow", "duckdb")
 TENSOR_LIBRARIES = ("torch", "triton", "transformers", "peft")
+FLOW_ENGINES = ("prefect",)
 
 # the order inside sparrow_core, lowest first (module prefixes; the longest listed prefix wins)
 CORE_LAYERS = (
@@ -127,13 +129,14 @@ def test_packages_import_only_their_layer_or_below():
                 if not (top(name) == "storage" and within(imported, STORAGE_MAY_IMPORT)):
                     bad.append(f"{where(path, line, imported)}: {top(name)} and "
                                f"{top(imported)} sit side by side")
-    assert not bad, "layer order pipelines -> tasks -> (sparrow_core, storage) broken:\n" + \
-        "\n".join(bad)
+    assert not bad, "layer order pipelines -> tasks -> runtime -> (sparrow_core, storage) " \
+        "broken:\n" + "\n".join(bad)
 
 
 @pytest.mark.parametrize("package, forbidden", [("sparrow_core", ORCHESTRATORS),
-                                                ("storage", TENSOR_LIBRARIES)])
-def test_library_and_storage_keep_out_of_each_others_dependencies(package, forbidden):
+                                                ("storage", TENSOR_LIBRARIES),
+                                                ("runtime", FLOW_ENGINES)])
+def test_packages_keep_out_of_the_dependencies_above_them(package, forbidden):
     bad = [f"{where(path, line, imported)}: {package} must not import {top(imported)}"
            for name, path in MODULES.items() if top(name) == package
            for line, imported in imports_of(path) if top(imported) in forbidden]
@@ -167,8 +170,8 @@ def test_the_checks_see_imports_and_catch_a_violation():
     assert core_layer("sparrow_core.model.decoder") < core_layer("sparrow_core.engine.engine")
     assert core_layer("sparrow_core.engine.engine") < core_layer("sparrow_core.control.calibration")
     assert core_layer("sparrow_core.engine.engine") < core_layer("sparrow_core.rl.trainer")
-    assert package_rank("storage") == package_rank("sparrow_core") < package_rank("tasks")
-    assert package_rank("tasks") < package_rank("pipelines")
+    assert package_rank("storage") == package_rank("sparrow_core") < package_rank("runtime")
+    assert package_rank("runtime") < package_rank("tasks") < package_rank("pipelines")
     # lazy and relative imports are seen, and an upward one lands above its importer
     probe = "sparrow_core.engine.probe"
     source = "def f():\n    from sparrow_core.rl import trainer\n    from .. import mismatch\n"

@@ -94,7 +94,7 @@ def run_study(args: argparse.Namespace) -> int:
     check_study_id(args.study_id)
     load_study(args.study, study_overrides)  # a bad study is one error line, before Prefect
     from pipelines.server_guard import guard_local_server
-    from tasks.interrupt import install_sigint
+    from runtime.interrupt import install_sigint
 
     guard_local_server()
     install_sigint()

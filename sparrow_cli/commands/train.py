@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     resolve_model_path(cfg.model.path)
     # a kill -9 of this process must not leave Prefect's temporary API server behind
     guard_local_server()
-    from tasks.interrupt import install_sigint
+    from runtime.interrupt import install_sigint
 
     install_sigint()
 

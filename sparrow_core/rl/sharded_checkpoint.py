@@ -21,7 +21,7 @@ or ShardedPolicyTrainer.export: optimizer.pt numbered as one process's) resumes 
 rank reads the whole optimizer state and keeps its shards. The folder is written in a scratch
 folder that rank 0 renames into place; the ranks must share a filesystem (one machine, or a
 network filesystem across machines).
-Tests: tests/tasks/test_trainer_group.py (2 ranks saved, 1 resumes, and 1 saved, 2 resume).
+Tests: tests/runtime/test_trainer_group.py (2 ranks saved, 1 resumes, and 1 saved, 2 resume).
 """
 
 from __future__ import annotations

@@ -46,9 +46,9 @@ def test_summary_names_times_notes_and_how_to_train(capsys):
 def test_schedule_show_reads_stored_versions_from_a_workdir(tmp_path):
     import json
 
+    from runtime.schedules import insert_schedule
     from sparrow_core.sparse.presets import get_preset
     from storage import Store
-    from tasks.schedules import insert_schedule
 
     base = get_preset("tiny-0.86")
     first = base.__class__(**{**base.__dict__, "name": "cal-x", "topk_pages": (6,) * 8})

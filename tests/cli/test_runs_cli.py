@@ -13,11 +13,11 @@ from datetime import datetime, timedelta
 
 import pytest
 
+from runtime.run_record import finish_run, open_run
 from sparrow_cli.main import main
 from sparrow_core.config import load_config
 from storage import Store
-from tasks.records import record_stage
-from tasks.run_record import finish_run, open_run
+from storage.run_rows import record_stage
 
 
 def record(conn, run_id: str, step: int, stage: str, minute: int) -> None:

@@ -16,8 +16,8 @@ import torch
 from safetensors.torch import load_file
 
 from pipelines.train import train_flow
+from runtime.stage import StageFailedOnPurpose
 from storage import query
-from tasks.stage import StageFailedOnPurpose
 
 pytestmark = [
     pytest.mark.slow,

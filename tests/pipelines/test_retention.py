@@ -35,8 +35,8 @@ def test_pruning_never_waits_for_a_background_save(tmp_path, monkeypatch):
     it (the write overlaps the next rollout), and it leaves a state not yet written alone."""
     from types import SimpleNamespace
 
-    import tasks.retention as retention
-    from tasks.records import StageRecord
+    import runtime.retention as retention
+    from storage.run_rows import StageRecord
 
     done, writing = tmp_path / "step-1", tmp_path / "step-2"
     for folder in (done, writing):
@@ -65,8 +65,8 @@ def test_pruning_never_waits_for_a_background_save(tmp_path, monkeypatch):
 def test_a_trash_left_by_a_dead_process_goes_on_resume(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    import tasks.retention as retention
-    from tasks.records import StageRecord
+    import runtime.retention as retention
+    from storage.run_rows import StageRecord
 
     folder = tmp_path / "step-1"
     (folder / retention.TRASH).mkdir(parents=True)

@@ -11,10 +11,10 @@ import pytest
 from prefect import task
 from prefect.cache_policies import NONE
 
+from runtime.retry import INFRA_RETRIES, is_infrastructure_fault
+from runtime.rollout_actors import RolloutActorLost
+from runtime.stage import StageFailedOnPurpose
 from sparrow_core.model import CheckpointError
-from tasks.retry import INFRA_RETRIES, is_infrastructure_fault
-from tasks.rollout_actors import RolloutActorLost
-from tasks.stage import StageFailedOnPurpose
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("flow_env"),
               pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")]

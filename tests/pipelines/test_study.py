@@ -18,13 +18,13 @@ import pytest
 import yaml
 
 from pipelines.study import study_flow
+from runtime.stage import StageFailedOnPurpose
+from sparrow_cli.main import main
+from sparrow_core.control.calibration import model_shape
 from sparrow_core.costmodel import get_hardware, schedule_cost
 from sparrow_core.model.builtin import resolve_model_path
 from sparrow_core.sparse import load_schedule_yaml
-from sparrow_core.control.calibration import model_shape
-from sparrow_cli.main import main
 from storage import query
-from tasks.stage import StageFailedOnPurpose
 
 pytestmark = [
     pytest.mark.slow,

@@ -18,10 +18,10 @@ import pytest
 from safetensors.torch import load_file
 
 from pipelines.train import train_flow
+from runtime.stage import StageFailedOnPurpose
 from sparrow_core.data.rollouts import read_rollouts
 from sparrow_core.sparse import get_preset
 from storage import query
-from tasks.stage import StageFailedOnPurpose
 
 pytestmark = [
     pytest.mark.slow,

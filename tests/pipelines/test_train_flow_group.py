@@ -14,8 +14,8 @@ import pytest
 from safetensors.torch import load_file
 
 from pipelines.train import train_flow
+from runtime.stage import StageFailedOnPurpose
 from sparrow_core.rl.sharded_checkpoint import SHARDED_STATE
-from tasks.stage import StageFailedOnPurpose
 
 pytestmark = pytest.mark.slow
 

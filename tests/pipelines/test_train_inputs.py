@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.train import train_flow
+from runtime.run_record import ConfigMismatchError
 from sparrow_core.config import ConfigError
 from sparrow_core.data.datasets import DatasetError
 from sparrow_core.model import read_arch
@@ -25,7 +26,6 @@ from sparrow_core.model.builtin import ModelPathError, resolve_model_path
 from storage import WorkdirBusyError, query
 from tasks.reward import RewardErrorsError
 from tasks.rollout import PromptTooLongError
-from tasks.run_record import ConfigMismatchError
 
 pytestmark = [
     pytest.mark.slow,

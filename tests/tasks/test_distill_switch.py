@@ -14,16 +14,16 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from runtime.schedules import insert_schedule, schedule_in_force
+from runtime.stage import run_stage
 from sparrow_core.config import load_config
 from sparrow_core.mismatch import bin_statistics
 from sparrow_core.sparse.schedule import Schedule
 from storage import RunLayout, Store
+from storage.run_rows import record_stage
 from tasks.aggregate_mismatch import StepBins
 from tasks.distill_switch import cheaper_candidate, write_measurement
-from tasks.records import record_stage
 from tasks.reoptimize_schedule import DECISION_FILE, reoptimize
-from tasks.schedules import insert_schedule, schedule_in_force
-from tasks.stage import run_stage
 
 RUN = "r1"
 TOPK = (4, 12, 28, 28)

@@ -17,13 +17,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from runtime.rollout_actors import RolloutWorker, WorkerSpec
 from sparrow_core.config.schema import AlgoConfig
 from sparrow_core.engine import EngineConfig
 from sparrow_core.model.builtin import resolve_model_path
 from sparrow_core.rl.lora import Adapter, LoraSpec, PROJECTIONS
 from sparrow_core.rl.trainer import PolicyTrainer
 from sparrow_core.sparse import get_preset
-from tasks.rollout_actors import RolloutWorker, WorkerSpec
 from tasks.sync_weights import sync
 
 

@@ -17,18 +17,18 @@ import numpy as np
 import pytest
 import torch
 
+from runtime.schedules import insert_schedule, schedule_in_force
+from runtime.stage import run_stage
 from sparrow_core.config import load_config
+from sparrow_core.control.calibration import Trajectory, flat_schedule, schedule_acceptance
 from sparrow_core.data.datasets import load_prompts
 from sparrow_core.data.rollouts import RolloutRecord, write_rollouts
 from sparrow_core.engine import Engine, EngineConfig, SamplingParams
 from sparrow_core.model import load_model, load_tokenizer
 from sparrow_core.model.builtin import resolve_model_path
-from sparrow_core.control.calibration import Trajectory, flat_schedule, schedule_acceptance
 from sparrow_core.sparse.schedule import Schedule
 from storage import RunLayout, Store
 from tasks.reoptimize_schedule import DECISION_FILE, longest, reoptimize
-from tasks.schedules import insert_schedule, schedule_in_force
-from tasks.stage import run_stage
 
 pytestmark = pytest.mark.slow
 

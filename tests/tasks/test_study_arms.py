@@ -11,10 +11,10 @@ from dataclasses import replace
 import pytest
 import yaml
 
+from runtime.schedules import insert_schedule
 from sparrow_core.config import ConfigError
 from sparrow_core.sparse import get_preset, load_schedule_yaml
 from storage import Store, query
-from tasks.schedules import insert_schedule
 from tasks.study_arms import plan_study
 
 

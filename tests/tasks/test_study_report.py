@@ -12,15 +12,15 @@ import json
 import duckdb
 import pytest
 
+from runtime.schedules import insert_schedule
 from sparrow_cli.main import main
 from sparrow_core.config import load_config, to_yaml
 from sparrow_core.config.study import StudyArm, StudyConfig, study_yaml
+from sparrow_core.control.calibration import model_shape
 from sparrow_core.costmodel import get_hardware, schedule_cost
 from sparrow_core.model.builtin import resolve_model_path
 from sparrow_core.sparse import get_preset
-from sparrow_core.control.calibration import model_shape
 from storage import Store
-from tasks.schedules import insert_schedule
 from tasks.study_report import write_study_report
 
 ARMS = {  # arm -> (overrides, rewards per step, p5 of bin 1 per step)

@@ -52,7 +52,7 @@ def test_old_study_key_warns_and_a_stored_study_reads_quietly():
 
 
 def test_a_run_stored_with_the_old_key_resumes_with_the_new_one():
-    from tasks.run_record import config_differences
+    from runtime.run_record import config_differences
 
     cfg = load_config(["calibrate.topk_pages=[2,4]"])
     assert to_yaml(cfg).count("topk_pages:") == 1

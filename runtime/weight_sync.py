@@ -1,4 +1,4 @@
-"""Weights from a trainer group (tasks/trainer_group.py) to every rollout actor.
+"""Weights from a trainer group (runtime/trainer_group.py) to every rollout actor.
 
     modes = sync_group_to_pool(group, pool, weights_path, bucket_bytes)   # per actor:
                                                                           # "ipc", "nccl", "gloo"
@@ -9,7 +9,7 @@ actor receives rank 0's bucketed broadcast (rl/weight_broadcast.py: NCCL between
 CPU). The sync group (rank 0 plus those actors) is built on the first sync and again whenever
 the actors change (a replaced actor). `weights_path` is the folder the same weights are saved
 in: what a replacement actor starts from.
-Tests: tests/tasks/test_trainer_group.py (gloo); tests/sparrow_core/rl/test_multigpu.py (NCCL).
+Tests: tests/runtime/test_trainer_group.py (gloo); tests/sparrow_core/rl/test_multigpu.py (NCCL).
 """
 
 from __future__ import annotations

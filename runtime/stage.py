@@ -13,7 +13,7 @@ insert by key). Only after that commit are metrics and events sent to MLflow.
 - `pipeline.fail_at=STAGE@STEP` raises StageFailedOnPurpose in that stage at that step, before
   it writes anything; `pipeline.kill_at=STAGE@STEP` kills the process (SIGKILL) after the
   stage wrote its files and before it is renamed and recorded (fault-injection tests).
-- Retries (tasks/retry.py) re-run a stage from its inputs; the rename and the delete-then-
+- Retries (runtime/retry.py) re-run a stage from its inputs; the rename and the delete-then-
   insert make that safe.
 """
 
@@ -27,13 +27,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
 
+from runtime import interrupt
 from sparrow_core.errors import SparrowError
 from storage import atomic_dir
-from tasks import interrupt
-from tasks.records import record_stage, replace_step_metrics, stage_record
+from storage.run_rows import record_stage, replace_step_metrics, stage_record
 
 if TYPE_CHECKING:
-    from tasks.runtime import RunRuntime
+    from runtime.run_runtime import RunRuntime
 
 # the stages of one RL step, in the order the train flow runs them (DESIGN.md "One RL step")
 STAGES = (

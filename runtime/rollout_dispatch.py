@@ -10,7 +10,7 @@ on a fixed shard. Each request carries its own seed, so a prompt's samples do no
 which actor ran it or what else was in its batch; results come back in the prompts' order.
 An actor that dies is replaced (ActorPool._replace) and its item is run again once; a second
 death on the same item is RolloutActorLost.
-Tests: tests/tasks/test_rollout_dispatch.py.
+Tests: tests/runtime/test_rollout_actors.py (work_items, dispatch by load).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def generate_by_load(pool, prompts: Sequence[Sequence[int]], params: Sequence[An
     import ray
     import ray.exceptions
 
-    from tasks.rollout_actors import RolloutActorLost
+    from runtime.rollout_actors import RolloutActorLost
 
     if len(prompts) != len(params):
         raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")

@@ -3,7 +3,7 @@ sharded checkpoint resumes on 1 rank, and a 1-rank one on 2; its weights reach e
 actor through the bucketed broadcast.
 
 Marked slow: each rank is a process that loads torch and transformers (a few seconds each on a
-2-core machine). Run: `python -m pytest tests/tasks/test_trainer_group.py -q`.
+2-core machine). Run: `python -m pytest tests/runtime/test_trainer_group.py -q`.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import dataclasses
 import pytest
 import torch
 
+from runtime.rollout_actors import ActorPool, WorkerSpec, start_ray
+from runtime.trainer_group import TrainerGroup, TrainerSpec
+from runtime.weight_sync import sync_group_to_pool
 from sparrow_core.engine import EngineConfig
 from sparrow_core.rl.trainer import PolicyTrainer
-from tasks.rollout_actors import ActorPool, WorkerSpec, start_ray
-from tasks.trainer_group import TrainerGroup, TrainerSpec
-from tasks.weight_sync import sync_group_to_pool
 from tests.sparrow_core.rl.test_trainer import ALGO, make_records, weights, with_actor_logprobs
 
 pytestmark = pytest.mark.slow

@@ -27,8 +27,8 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from tasks.records import stage_records
-from tasks.runtime import RunRuntime
+from runtime.run_runtime import RunRuntime
+from storage.run_rows import stage_records
 
 HEAVY = ("*.safetensors", "optimizer.pt", "rng_state.pt", "*.safetensors.index.json")
 MARKER = "pruned.json"
@@ -92,7 +92,7 @@ def repair_unsaved_policies(runtime: RunRuntime) -> list[int]:
     reached the disk (the process died first): their policy_update, sync_weights and
     checkpoint records are dropped so the resumed flow runs them again (same inputs, same
     update). Returns those steps."""
-    from tasks.records import forget_stages
+    from storage.run_rows import forget_stages
 
     lost = []
     for record in stage_records(runtime.store, runtime.run_id):

@@ -1,7 +1,7 @@
 """The stage mechanism: skip when recorded, fail on purpose before writing, atomic output,
 metrics replaced (never duplicated) on a re-run. No Prefect or Ray needed.
 
-Run: `python -m pytest tests/tasks/test_stage.py -q`.
+Run: `python -m pytest tests/runtime/test_stage.py -q`.
 """
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from storage import RunLayout, Store, query
-from tasks.stage import (
+from runtime.stage import (
     STAGES,
     StageFailedOnPurpose,
     StageWrite,
     parse_fail_at,
     run_stage,
 )
+from storage import RunLayout, Store, query
 
 
 class FakeTracker:

@@ -14,8 +14,8 @@ server, which then chooses. Look at it with
 `sparrow.run_id`, so a flow started again with the same run id logs into the same MLflow run.
 The resolved config is logged once, when the MLflow run is made (config.yaml and flattened
 params); a resumed flow whose config differs adds it as config-resume-<k>.yaml. MLflow's own
-INFO logging (database set-up banners) is turned down to warnings. Only tasks/ and pipelines/
-import this module: sparrow_core never imports MLflow.
+INFO logging (database set-up banners) is turned down to warnings. Only runtime/ and the
+layers above (tasks/, pipelines/) import MLflow: sparrow_core never does.
 """
 
 from __future__ import annotations

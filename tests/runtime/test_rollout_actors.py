@@ -3,7 +3,7 @@ items (continuous load), a dead actor replaced and its item retried, weights loa
 (also by replacements).
 
 Marked slow: Ray and each actor process start in a few seconds on a 2-core machine.
-Run: `python -m pytest tests/tasks/test_rollout_actors.py -q`.
+Run: `python -m pytest tests/runtime/test_rollout_actors.py -q`.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from runtime.rollout_actors import ActorPool, RolloutWorker, WorkerSpec, start_ray
+from runtime.rollout_dispatch import work_items
 from sparrow_core.engine import EngineConfig, SamplingParams
 from sparrow_core.sparse import Schedule
-from tasks.rollout_actors import ActorPool, RolloutWorker, WorkerSpec, start_ray
-from tasks.rollout_dispatch import work_items
 
 pytestmark = pytest.mark.slow
 

@@ -6,14 +6,14 @@ one PolicyTrainer.
     scores = group.score(records)                              # as PolicyTrainer.score
     metrics = group.update(records, rewards, old, group_size=8)
     group.save(folder)                 # HF safetensors + optimizer shards (rl/sharded_checkpoint.py)
-    modes = group.sync_to(pool, bucket_bytes)                  # tasks/weight_sync.py
+    modes = group.sync_to(pool, bucket_bytes)                  # runtime/weight_sync.py
     group.shutdown()
 
 Each rank is an actor (one GPU each, or one CPU with gloo); rank 0's node and a free port there
 make the rendezvous of torch.distributed. Every call goes to all ranks at once with the same
 arguments (the records travel once, through Ray's object store); results come from rank 0,
 since ShardedPolicyTrainer gives every rank the same scores and metrics. `placement` gives
-each rank's Ray options (tasks/placement.py: a GPU bundle shared with a rollout engine).
+each rank's Ray options (runtime/placement.py: a GPU bundle shared with a rollout engine).
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ class TrainerRank:
 
         return device_uuid()
 
-    # weight sync (tasks/weight_sync.py drives these)
+    # weight sync (runtime/weight_sync.py drives these)
 
     def gather_for_sync(self, engine_dtype: str, share: bool) -> dict | None:
         """All ranks gather the full weights onto rank 0 (a collective); rank 0 keeps them and,

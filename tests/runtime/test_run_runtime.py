@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from runtime.run_runtime import DISTILL_CACHE, RunRuntime
 from sparrow_core.config import load_config
 from storage import Store
-from tasks.runtime import DISTILL_CACHE, RunRuntime
 
 
 class Distiller:

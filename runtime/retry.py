@@ -7,15 +7,15 @@ A stage may be retried when it failed on an OSError (a full disk, a flaky networ
 system), a lost Ray actor or node, or a DuckDB file briefly locked; never when it failed on a
 SparrowError (a bad config, dataset or checkpoint: the message names it and a retry would only
 repeat it), a shape error, an assertion or StageFailedOnPurpose. Stages are idempotent
-(tasks/stage.py), so a retry simply runs the stage again from its inputs.
+(runtime/stage.py), so a retry simply runs the stage again from its inputs.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from runtime.rollout_actors import RolloutActorLost
 from sparrow_core.errors import SparrowError
-from tasks.rollout_actors import RolloutActorLost
 
 
 def is_infrastructure_fault(error: BaseException | None) -> bool:

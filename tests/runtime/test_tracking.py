@@ -11,9 +11,9 @@ import math
 import pytest
 import yaml
 
+from runtime.tracking import Tracker, TrackingError, flatten_config
 from sparrow_core.config import load_config, to_yaml
 from sparrow_core.sparse.schedule import Schedule
-from tasks.tracking import Tracker, TrackingError, flatten_config
 
 mlflow = pytest.importorskip("mlflow")
 
@@ -188,7 +188,7 @@ def test_sparrow_core_never_imports_mlflow():
     root = Path(sparrow_core.__file__).parent
     offenders = [str(p.relative_to(root)) for p in root.rglob("*.py") if pattern.search(p.read_text())]
     assert offenders == []
-    assert pattern.search((Path(__file__).parents[2] / "tasks" / "tracking.py").read_text())
+    assert pattern.search((Path(__file__).parents[2] / "runtime" / "tracking.py").read_text())
 
 
 def _start_in_child(workdir: str, run_id: str, barrier_dir: str) -> str:

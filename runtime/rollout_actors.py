@@ -8,12 +8,12 @@
 
 One actor per GPU (the engine on that GPU), or `rollout.num_actors` CPU actors (1 when it
 is 0) on a machine without GPU. Prompts go out in work items of a few prompts to whichever
-actor is free (tasks/rollout_dispatch.py); each request carries its own seed, so what a
+actor is free (runtime/rollout_dispatch.py); each request carries its own seed, so what a
 prompt gets does not depend on which actor ran it. An actor that dies (RayActorError) is
 replaced by a fresh one built from the current weights folder and schedule, and its work
 item is retried once; a second death is RolloutActorLost, an infrastructure fault that the
-rollout task may retry. With a trainer group (tasks/trainer_group.py) the actors also join
-its weight-sync group (join_sync, receive_weights; tasks/weight_sync.py).
+rollout task may retry. With a trainer group (runtime/trainer_group.py) the actors also join
+its weight-sync group (join_sync, receive_weights; runtime/weight_sync.py).
 Weights travel by path: an actor loads the safetensors of a folder, never tensors through
 the flow. With DistillSparse an adapter folder travels beside it and the engine loads
 merge(policy, LoRA) (sparrow_core/rl/lora.py), read one tensor at a time.
@@ -176,7 +176,7 @@ class ActorPool:
     def __init__(self, spec: WorkerSpec, resources: dict[str, float], actors: list[Any],
                  placement: Sequence[dict] | None = None, work_item_prompts: int = 0):
         self.spec, self.resources, self.actors = spec, resources, actors
-        # per actor: Ray options that replace `resources` (tasks/placement.py's GPU bundles)
+        # per actor: Ray options that replace `resources` (runtime/placement.py's GPU bundles)
         self.placement = list(placement) if placement else None
         self.work_item_prompts = work_item_prompts
         self.replaced = 0
@@ -236,8 +236,8 @@ class ActorPool:
 
     def generate(self, prompts: Sequence[Sequence[int]], params: Sequence[Any]) -> list[list[Any]]:
         """[prompt][sample] results in the prompts' order; prompts go out in work items to
-        whichever actor is free (tasks/rollout_dispatch.py)."""
-        from tasks.rollout_dispatch import generate_by_load
+        whichever actor is free (runtime/rollout_dispatch.py)."""
+        from runtime.rollout_dispatch import generate_by_load
 
         return generate_by_load(self, prompts, params, self.work_item_prompts)
 

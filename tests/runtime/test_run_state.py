@@ -1,7 +1,7 @@
 """Run rows and versioned schedules: what a run starts with, what is in force at a step, and
 the configuration check of a resume. No Prefect or Ray needed.
 
-Run: `python -m pytest tests/tasks/test_run_state.py -q`.
+Run: `python -m pytest tests/runtime/test_run_state.py -q`.
 """
 
 from __future__ import annotations
@@ -10,17 +10,17 @@ import dataclasses
 
 import pytest
 
-from sparrow_core.config import load_config
-from sparrow_core.sparse import Schedule, get_preset
-from storage import Store, query
-from tasks.run_record import (
+from runtime.run_record import (
     ConfigMismatchError,
     config_differences,
     config_hash,
     finish_run,
     open_run,
 )
-from tasks.schedules import insert_schedule, schedule_in_force, start_schedule
+from runtime.schedules import insert_schedule, schedule_in_force, start_schedule
+from sparrow_core.config import load_config
+from sparrow_core.sparse import Schedule, get_preset
+from storage import Store, query
 
 
 @pytest.fixture

@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runtime.stage import parse_fail_at
 from sparrow_core.config import SparrowConfig
 from sparrow_core.errors import SparrowError
 from storage import RunLayout, Store
-from tasks.records import stage_records
-from tasks.stage import parse_fail_at
+from storage.run_rows import stage_records
 
 # a policy_update folder whose checkpoint is written in the background points to it here
 STATE_POINTER = "state.json"
@@ -74,7 +74,7 @@ class RunRuntime:
     _trainer_step: int = -1
     # trainers whose background save (policy_update on GPU) may still be writing
     _saving: list = field(default_factory=list)
-    # trainer.num_workers > 0: where ranks and engines go (tasks/placement.py), the group
+    # trainer.num_workers > 0: where ranks and engines go (runtime/placement.py), the group
     placement: Any = None
     _group: Any = None
 
@@ -132,9 +132,9 @@ class RunRuntime:
         return trainer
 
     def _start_trainer_group(self, folder: Path, dtype: str) -> Any:
-        """trainer.num_workers ranks on Ray (tasks/trainer_group.py), from `folder` (a saved
+        """trainer.num_workers ranks on Ray (runtime/trainer_group.py), from `folder` (a saved
         policy, any number of ranks) or the initial model; a previous group is stopped."""
-        from tasks.trainer_group import TrainerGroup, TrainerSpec
+        from runtime.trainer_group import TrainerGroup, TrainerSpec
 
         self.shutdown_trainer_group()
         spec = TrainerSpec(str(self.model_path), self.cfg.algo, seed=self.cfg.pipeline.seed,
