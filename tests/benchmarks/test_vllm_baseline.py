@@ -172,4 +172,9 @@ def test_merge_puts_runs_of_separate_calls_in_one_table(tmp_path):
     [case] = merged["cases"]
     assert case["native_sparse_over_vllm_dense"] == pytest.approx(2.5)
     assert case["native_dense_over_vllm_dense"] == pytest.approx(0.75)
-    assert merged["same_gpu"] is True and merged["merged_from"] == [str(first), str(second)]
+    assert merged["same_gpu_model"] is True and merged["merged_from"] == [str(first), str(second)]
+    other = json.loads(second.read_text())
+    other["prompt_len"] = 512
+    second.write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match="different prompt lengths"):
+        vllm_baseline.main(["--merge", str(first), str(second)])
