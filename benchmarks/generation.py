@@ -40,6 +40,13 @@ def predicted_us(bench, batch, prompt, new, schedule, contexts):
     return float(np.interp(positions, contexts, steps).sum()), steps
 
 
+def random_prompts(batch: int, prompt_len: int, vocab_size: int,
+                   seed: int = 0) -> list[list[int]]:
+    """The rollout workload's prompts: batch distinct prompts of uniform random token ids."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab_size, prompt_len).tolist() for _ in range(batch)]
+
+
 def timed_generate(engine, prompts, new):
     params = SamplingParams(max_new_tokens=new, temperature=1.0, seed=0)
     before = engine.runner.graphs.capture_seconds if engine.runner.graphs else 0.0
@@ -51,8 +58,9 @@ def timed_generate(engine, prompts, new):
         torch.cuda.synchronize()
     wall = time.perf_counter() - start
     capture = (engine.runner.graphs.capture_seconds if engine.runner.graphs else 0.0) - before
-    lengths = {len(s.output_ids) for group in results for s in group}
-    return dict(wall_s=wall, capture_s=capture, generated_per_sample=sorted(lengths))
+    lengths = [len(s.output_ids) for group in results for s in group]
+    return dict(wall_s=wall, capture_s=capture, generated_per_sample=sorted(set(lengths)),
+                tokens=sum(lengths))
 
 
 def main(argv=None) -> int:
@@ -79,8 +87,7 @@ def main(argv=None) -> int:
     mib = pages * bytes_per_page(arch, PAGE, torch.bfloat16) / 2**20
     engine = Engine(model, None, EngineConfig(max_batch_size=batch, kv_cache_mib=mib,
                                               ignore_eos=True, max_context=prompt + new + 16))
-    rng = np.random.default_rng(0)
-    prompts = [rng.integers(0, arch.vocab_size, prompt).tolist() for _ in range(batch)]
+    prompts = random_prompts(batch, prompt, arch.vocab_size)
     engine.generate(prompts, SamplingParams(max_new_tokens=8, seed=0))  # warm-up
     dense = timed_generate(engine, prompts, new)
     engine.set_schedule(schedule)
