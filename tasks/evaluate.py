@@ -5,13 +5,16 @@
 Runs every `pipeline.eval_every` steps when `data.eval` is set (the flow decides), after
 sync_weights, so the rollout actors hold the step's policy. The prompts are the first
 data.prompts_per_step x rollout.samples_per_prompt rows of the evaluation set (fewer if it is
-smaller): the same number of sequences as a rollout step. Each is decoded greedily and densely
-(the policy's own accuracy, not the sparse actor's), and scored by data.reward; eval/accuracy
-is the mean reward (the fraction correct for 0/1 rewards such as exact_match).
+smaller): the same number of sequences as a rollout step. Each is decoded densely (the
+policy's own accuracy, not the sparse actor's): greedily, or with pipeline.eval_temperature > 0
+one sample at that temperature (where greedy is already right, as on the GPU testbed, the
+sampled accuracy is what RL moves); scored by data.reward, eval/accuracy is the mean reward
+(the fraction correct for 0/1 rewards such as exact_match).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -37,6 +40,9 @@ def eval_rows(runtime: RunRuntime) -> list:
 def evaluate_step(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
     rows = eval_rows(runtime)
     params = sampling_params(runtime, rows, step, greedy=True, source=runtime.cfg.data.eval)
+    temperature = runtime.cfg.pipeline.eval_temperature
+    if temperature > 0:  # one sample a prompt, seeded per (run, step, prompt) as rollouts are
+        params = [dataclasses.replace(p, temperature=temperature) for p in params]
     runtime.pool.set_schedule(None)  # the next rollout sets the schedule in force again
     results = runtime.pool.generate([list(row.prompt_ids) for row in rows], params)
     texts = [samples[0].text or "" for samples in results]
@@ -45,11 +51,13 @@ def evaluate_step(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
                               timeout_s=data.reward_timeout_s)
     accuracy = float(np.mean(batch.rewards))
     (out / EVAL_FILE).write_text(json.dumps({
-        "step": step, "dataset": data.eval, "accuracy": accuracy, "errors": batch.errors,
+        "step": step, "dataset": data.eval, "temperature": temperature, "accuracy": accuracy,
+        "errors": batch.errors,
         "rows": [{"row": row.row, "prompt": row.prompt, "answer": row.answer,
                   "completion": text, "reward": reward}
                  for row, text, reward in zip(rows, texts, batch.rewards)]}, indent=2))
-    return StageWrite(metrics={"eval/accuracy": accuracy, "eval/prompts": float(len(rows))})
+    return StageWrite(metrics={"eval/accuracy": accuracy, "eval/prompts": float(len(rows)),
+                               "eval/temperature": float(temperature)})
 
 
 @task(name="evaluate", cache_policy=NONE, **INFRA_RETRIES)

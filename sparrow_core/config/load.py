@@ -187,6 +187,7 @@ _RANGES = [
     ("rollout.samples_per_prompt", lambda v: v >= 1, ">= 1"),
     ("rollout.max_new_tokens", lambda v: v >= 1, ">= 1"),
     ("rollout.temperature", lambda v: v >= 0, ">= 0 (0 is greedy)"),
+    ("pipeline.eval_temperature", lambda v: v >= 0, ">= 0 (0 is greedy)"),
     ("rollout.top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
     ("rollout.top_k", lambda v: v >= 0, ">= 0 (0 keeps all)"),
     ("rollout.logprobs_topk", lambda v: v >= 1, ">= 1"),

@@ -228,6 +228,9 @@ class PipelineConfig:
     background_save: bool = True
     # evaluate every K steps; 0 never
     eval_every: int = 0
+    # 0: evaluate greedily (the policy's best answer); > 0: one sample per eval prompt at this
+    # temperature (the policy's sampled accuracy, which RL raises once greedy is right); dense
+    eval_temperature: float = 0.0
     # re-optimize the schedule every K steps even without a threshold event; 0 never
     reoptimize_every: int = 0
     # MLflow tracking URI; empty means sqlite:///<workdir>/mlflow.db

@@ -113,6 +113,35 @@ def test_evaluation_is_greedy_dense_decoding_of_the_step_policy(reference, rewar
     assert metrics_of(workdir, "ref")[(2, "eval/accuracy")] == pytest.approx(np.mean(rewards))
 
 
+def test_evaluation_at_a_temperature_samples_the_step_policy_once_per_prompt(
+        tmp_path, small_overrides, reward_fn):
+    """pipeline.eval_temperature > 0: each eval prompt one dense sample at that temperature,
+    seeded as a rollout request is (the same engine call gives the same completions)."""
+    from sparrow_core.engine import Engine, EngineConfig, SamplingParams
+    from sparrow_core.model import load_model, load_tokenizer
+    from tasks.rollout import request_seed
+
+    workdir = tmp_path / "work"
+    train_flow(small_overrides(workdir, "hot", "pipeline.steps=1", "pipeline.eval_every=1",
+                               "pipeline.eval_temperature=3.0"), show_table=False)
+    result = json.loads((step_dir(workdir, "hot", 1, "evaluate") / "eval.json").read_text())
+    assert result["temperature"] == 3.0 and len(result["rows"]) == 4
+    policy = step_dir(workdir, "hot", 1, "policy_update")
+    tokenizer = load_tokenizer(policy)
+    prompts = [tokenizer.encode(r["prompt"]) for r in result["rows"]]
+    engine = Engine(load_model(policy), tokenizer, EngineConfig(max_batch_size=4), None)
+    sampled = [engine.generate([prompt], SamplingParams(
+        temperature=3.0, max_new_tokens=24, seed=request_seed(0, 0, 1, index)))[0][0].text
+        for index, prompt in enumerate(prompts)]
+    assert sampled == [r["completion"] for r in result["rows"]]
+    greedy = engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=24))
+    assert [g[0].text for g in greedy] != sampled  # not the greedy answers
+    metrics = metrics_of(workdir, "hot")
+    assert metrics[(1, "eval/temperature")] == 3.0
+    assert metrics[(1, "eval/accuracy")] == pytest.approx(
+        np.mean([reward_fn(r["completion"], r["answer"]) for r in result["rows"]]))
+
+
 def test_bin_stats_and_events_match_the_token_file(reference):
     workdir, _ = reference
     schedule = get_preset("tiny-0.86")
