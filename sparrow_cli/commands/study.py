@@ -41,9 +41,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                             help="a study of conf/study/ or a YAML file (default: default)")
     run_parser.add_argument("--arm", action="append", default=None, metavar="ARM",
                             help="run this arm only (repeat for more); no report is written")
-    run_parser.add_argument("--gpus", default=None, type=_gpu_list, metavar="0,1,...",
+    run_parser.add_argument("--gpus", default=None, type=_gpu_list, metavar="0,1,...|all",
                             help="run the arms at once, one process per GPU listed (an index "
-                                 "twice: two arms there); needs study.own_workdirs=true")
+                                 "twice: two arms there; all: every visible GPU); needs "
+                                 "study.own_workdirs=true")
     run_parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     run_parser.set_defaults(func=run_study)
     report = actions.add_parser("report", help="plots and a summary of a study, from DuckDB")
@@ -60,11 +61,28 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _gpu_list(text: str) -> list[str]:
+    if text.strip() == "all":
+        return _visible_gpus()
     gpus = [item.strip() for item in text.split(",") if item.strip()]
     if not gpus or not all(g.isdigit() for g in gpus):
         raise argparse.ArgumentTypeError(f"expected GPU indices like 0,1,2,3 (one repeated "
                                          f"runs two arms on that GPU), got {text!r}")
     return gpus
+
+
+def _visible_gpus() -> list[str]:
+    """`--gpus all`: the GPUs this process sees (CUDA_VISIBLE_DEVICES's, else every one)."""
+    import os
+
+    import torch
+
+    count = torch.cuda.device_count()
+    if count == 0:
+        raise argparse.ArgumentTypeError("--gpus all: this machine has no GPU that torch sees")
+    listed = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+              if d.strip()]
+    # a child's CUDA_VISIBLE_DEVICES names the parent's own numbering, as the list gave it
+    return listed[:count] if listed else [str(i) for i in range(count)]
 
 
 def _ratio(text: str) -> float:
