@@ -8,7 +8,7 @@
 Everything lands under `<workdir>/calibrations/<calibration_id>/` by write-then-rename; each
 task reads its inputs from the previous task's file, so it can be re-run alone. The library
 does the work (sparrow_core/control/calibration.py, choose.py); tasks/calibrate_store.py
-writes DuckDB and MLflow, tasks/calibrate_plot.py draws the figure. Tasks take plain values
+writes DuckDB and MLflow, reports/calibration_plot.py draws the figure. Tasks take plain values
 (config overrides, ids, paths), as Prefect's rules ask, and are never cached.
 """
 
