@@ -2,8 +2,9 @@
 
 Read from source with ast, never executed: a call of `.execute(...)`, `.executemany(...)` or
 `.sql(...)` in sparrow_core, runtime, reports, tasks, pipelines, sparrow_cli or benchmarks fails
-naming the file and line; such a statement belongs in a storage/*_rows.py function. (`sparrow query`
-passes the user's SQL to storage.query_all, which is not a statement of the project's own.)
+naming the file and line; such a statement belongs in a storage/*_rows.py function.
+(`sparrow query` passes the user's SQL to storage.query_all, which is not a statement of the
+project's own.)
 """
 
 from __future__ import annotations
