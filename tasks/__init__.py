@@ -10,7 +10,7 @@ the study's.
 - the study (pipelines/study.py): study_arms.py (plan the arms), study_report.py (the report,
   a thin task over reports/study.py).
 
-Layers: pipelines -> tasks -> (runtime, reports) -> (sparrow_core, storage). The machinery a
-stage runs on is runtime/'s, the reports are reports/'s; tasks take plain values (ids,
-paths, overrides) and return references (tests/test_layers.py).
+Layers (tests/test_layers.py): pipelines -> tasks -> (runtime, reports) -> (sparrow_core,
+storage). The machinery a stage runs on is runtime/'s, the reports are reports/'s; tasks take
+plain values (ids, paths, overrides) and return references.
 """
