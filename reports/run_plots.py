@@ -96,7 +96,8 @@ def _label_ends(ax: "Axes", rows: list[dict], bins: list[int], colors: dict, tar
                     xytext=(3, 3), textcoords="offset points", fontsize=7, color="crimson")
 
 
-def draw_budget(ax: "Axes", data: "RunData") -> None:
+def draw_pages_read(ax: "Axes", data: "RunData") -> None:
+    """Pages read per step in each bin (bin_stats.pages_read) over steps, as steps."""
     rows = [b for b in data.bins if b["pages_read"] is not None]
     if not rows:
         _empty(ax, "budgets")
@@ -119,7 +120,7 @@ def plot_p5(data: "RunData", path: Path) -> Path:
     draw_p5(top, data)
     top.set_title(f"Acceptance p5 per length bin: run {data.run_id}")
     top.set_xlabel("")
-    draw_budget(bottom, data)
+    draw_pages_read(bottom, data)
     return _save(fig, path)
 
 
