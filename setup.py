@@ -2,7 +2,7 @@
 
 from setuptools import find_packages, setup
 
-CODE = ["sparrow_core*", "storage*", "runtime*", "tasks*", "pipelines*", "sparrow_cli*"]
+CODE = ["sparrow_core*", "storage*", "runtime*", "reports*", "tasks*", "pipelines*", "sparrow_cli*"]
 
 setup(
     packages=find_packages(include=CODE) + ["sparrow_conf"],

@@ -8,7 +8,7 @@
 study_flow plans the arms (tasks/study_arms.py: every arm's config checked, its schedule pinned,
 the study_arms rows written), then runs each arm that is not finished (or, given `arms`, each
 of those) as the train flow, a subflow, with run id `<study_id>-<arm>`; at the end it writes
-the study report (tasks/study_report.py) into `<workdir>/studies/<study_id>/report/`. Running
+the study report (reports/study.py) into `<workdir>/studies/<study_id>/report/`. Running
 it again with the same study id skips the finished arms and resumes an unfinished one through
 the train flow's own resume (same run id: its recorded stages are not run again). An arm that
 fails stops the study; the arms after it run on the next call. Ray is started once for all
@@ -39,11 +39,12 @@ quiet_prefect()
 from prefect import flow  # noqa: E402
 
 from pipelines.train import train_flow  # noqa: E402
+from reports.study import default_out, write_study_report  # noqa: E402
+from runtime.rollout_actors import start_ray  # noqa: E402
 from sparrow_core.config import ConfigError  # noqa: E402
 from sparrow_core.config.study import load_study  # noqa: E402
-from runtime.rollout_actors import start_ray  # noqa: E402
 from tasks.study_arms import own_workdir, plan_study, plan_study_task, study_dir  # noqa: E402
-from tasks.study_report import default_out, study_report_task, write_study_report  # noqa: E402
+from tasks.study_report import study_report_task  # noqa: E402
 
 
 def _selected(plans: list[dict], arms: list[str] | None) -> list[dict]:

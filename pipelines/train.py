@@ -76,7 +76,7 @@ def _due(step: int, every: int, last: int, at_end: bool) -> bool:
 
 def _log_report(runtime, workdir: str, run_id: str) -> None:
     """The run's plots and one-page summary, into the run folder and the MLflow run."""
-    from tasks.report import make_report
+    from reports.run import make_report
 
     for path in make_report(workdir, run_id, runtime.layout.run_dir / "report"):
         runtime.tracker.log_artifact(path, subdir="plots")

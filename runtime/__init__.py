@@ -16,7 +16,7 @@
   trainer_group.py, placement.py, weight_sync.py: the trainer as Ray actors on several GPUs,
   where ranks and engines go, and the weights from ranks to engines.
 
-Layers: pipelines -> tasks -> runtime -> (sparrow_core, storage). Nothing here imports tasks/,
-pipelines/ or Prefect (tests/test_layers.py): the stage tasks are Prefect tasks built on these
-pieces, and the flows compose the tasks.
+Layers: pipelines -> tasks -> (runtime, reports) -> (sparrow_core, storage). Nothing here
+imports tasks/, reports/, pipelines/ or Prefect (tests/test_layers.py): the stage tasks are
+Prefect tasks built on these pieces, and the flows compose the tasks.
 """

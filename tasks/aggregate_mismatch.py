@@ -8,8 +8,9 @@ Writes, for the step:
   (Schedule.bin_of: a position past the schedule's last bin is in the last bin), pages_read (pages the actor read for it), acceptance, leftover_mass, actor_logprob,
   dense_logprob; DuckDB's token_mismatch view reads these files.
 - bin_stats rows: sparrow_core.mismatch.bin_statistics per length bin (bins of the schedule in
-  force, schedule.json of the rollout stage), with that schedule's budget for the bin (NULL when
-  decoding densely), its name and version; bin_stats.json beside tokens.parquet.
+  force, schedule.json of the rollout stage), with the pages that schedule reads in the bin
+  (pages_read; NULL when decoding densely), its name and version; bin_stats.json beside
+  tokens.parquet.
 - threshold_events: `below_target` for every bin whose schedule.target_statistic (p5 by
   default; sparrow_core/sparse/target.py) misses schedule.target, `recovered` for a bin that
   was below at the previous step and is not now; the event's p5 column holds the bin's p5.

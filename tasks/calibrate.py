@@ -8,7 +8,7 @@
 Everything lands under `<workdir>/calibrations/<calibration_id>/` by write-then-rename; each
 task reads its inputs from the previous task's file, so it can be re-run alone. The library
 does the work (sparrow_core/control/calibration.py, choose.py); tasks/calibrate_store.py
-writes DuckDB and MLflow, tasks/calibrate_plot.py draws the figure. Tasks take plain values
+writes DuckDB and MLflow, reports/calibration_plot.py draws the figure. Tasks take plain values
 (config overrides, ids, paths), as Prefect's rules ask, and are never cached.
 """
 
@@ -149,8 +149,8 @@ def grid_for(cfg: SparrowConfig, trajectories: list[Trajectory], template: Sched
 
 
 def replay(overrides: list[str], calibration_id: str, trajectories_path: str) -> str:
-    """The (budget, bin) table: every budget's own sparse trajectories replayed under it when
-    they were sampled (calibrate.sample_sparse), else the dense ones under every budget."""
+    """The (topk_pages, bin) table: every top-k's own sparse trajectories replayed under it
+    when they were sampled (calibrate.sample_sparse), else the dense ones under every top-k."""
     cfg = load_config(overrides)
     model, _, _ = policy(cfg)
     template = base_schedule(cfg)
@@ -201,20 +201,20 @@ def _grid_of(table: dict) -> list[int]:
 
 
 def time_generation(overrides: list[str], calibration_id: str, table_path: str) -> dict:
-    """Seconds to generate the calibration requests under every budget of the grid."""
+    """Seconds to generate the calibration requests under every top-k of the grid."""
     cfg = load_config(overrides)
     model, tokenizer, _ = policy(cfg)
     template = base_schedule(cfg)
     prompts, params = calibration_requests(cfg, tokenizer,
                                            model.arch.max_position_embeddings)
-    topk_pages = _grid_of(json.loads(Path(table_path).read_text()))
+    grid = _grid_of(json.loads(Path(table_path).read_text()))
     seconds = {}
-    for budget in topk_pages:
-        schedule = flat_schedule(template, budget)
+    for topk_pages in grid:
+        schedule = flat_schedule(template, topk_pages)
         clock = time.perf_counter()
         sample_trajectories(model, tokenizer, prompts, params, schedule=schedule,
                             engine_config=engine_config(cfg, template))
-        seconds[int(budget)] = time.perf_counter() - clock
+        seconds[int(topk_pages)] = time.perf_counter() - clock
     return {"generation_s_per_topk": seconds, "generation_s": sum(seconds.values())}
 
 

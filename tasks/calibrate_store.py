@@ -22,6 +22,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NONE
 
+from reports.calibration_plot import plot_calibration
 from runtime.schedules import insert_schedule
 from sparrow_core.config import SparrowConfig, load_config
 from sparrow_core.control.calibration import AcceptanceTable, model_shape
@@ -39,7 +40,6 @@ from tasks.calibrate import (
     table_from_dict,
     write_json,
 )
-from tasks.calibrate_plot import plot_calibration
 
 SUMMARY_FILE = "summary.json"
 PLOT_FILE = "calibration.png"

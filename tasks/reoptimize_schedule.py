@@ -100,9 +100,10 @@ def longest(trajectories: list[Trajectory], count: int) -> list[Trajectory]:
 
 def remeasure(runtime: RunRuntime, step: int, schedule: Schedule,
               decision: Decision) -> tuple[list[int], np.ndarray, list[int], int]:
-    """(budgets, p5[budget, bin], tokens per bin, trajectories replayed): the decision's bins,
-    exact, on the longest calibrate.remeasure_samples of this step's trajectories, at the
-    top-k values grid_search needs; "p5" is schedule.target_statistic, oriented."""
+    """(topk_pages, p5[topk index, bin], tokens per bin, trajectories replayed): the
+    decision's bins, exact, on the longest calibrate.remeasure_samples of this step's
+    trajectories, at the top-k values grid_search needs; "p5" is schedule.target_statistic,
+    oriented."""
     import torch
 
     from sparrow_core.model import load_model

@@ -10,7 +10,7 @@ it and the sample index, so results do not depend on how prompts are sharded acr
 Generation stops at the model's context: max_new_tokens is cut to what is left after the
 prompt, and a prompt that leaves no room is PromptTooLongError naming its dataset row.
 Outputs: rollouts.parquet (sparrow_core/data/rollouts.py) and schedule.json (the schedule
-used, which aggregate_mismatch reads for its bins and budgets).
+used, which aggregate_mismatch reads for its bins and pages read).
 """
 
 from __future__ import annotations

@@ -87,11 +87,11 @@ def pin_schedule(conn, study: StudyConfig, study_id: str, arm: StudyArm,
     stored = _stored_schedule(conn, cfg.schedule.name)
     base, source = ((stored[0], f"{stored[0].name} v{stored[1]}") if stored else
                     (resolve_schedule(cfg.schedule.name), cfg.schedule.name))
-    topk = base.topk_pages
+    topk_pages = base.topk_pages
     if arm.fixed_budget:
-        topk = (study.fixed_topk_pages,) * base.num_bins
+        topk_pages = (study.fixed_topk_pages,) * base.num_bins
         source += f", flat at {study.fixed_topk_pages} pages"
-    pinned = dataclasses.replace(base, name=f"{study_id}-{arm.name}", topk_pages=topk,
+    pinned = dataclasses.replace(base, name=f"{study_id}-{arm.name}", topk_pages=topk_pages,
                                  target=cfg.schedule.target,
                                  description=f"study {study_id}, arm {arm.name}: {source}")
     return save_schedule_yaml(pinned, path)

@@ -2,11 +2,14 @@
 
 Every module's imports (module level and inside functions alike) are parsed with ast, never
 executed, and checked against:
-- packages: pipelines -> tasks -> runtime -> (sparrow_core, storage), with sparrow_cli on top;
-  a package imports only its own layer or those below it; storage takes from sparrow_core only
+- packages: pipelines -> tasks -> (runtime, reports) -> (sparrow_core, storage), with
+  sparrow_cli on top; a package imports only its own layer or those below it, never one beside
+  it (runtime and reports know nothing of each other); storage takes from sparrow_core only
   STORAGE_MAY_IMPORT;
 - sparrow_core imports no orchestrator or store (ORCHESTRATORS); storage imports no torch
   (TENSOR_LIBRARIES); runtime imports no Prefect (the stage tasks and flows are Prefect's);
+  reports imports no orchestrator either (it reads DuckDB through storage, draws with
+  matplotlib, and the tasks that call it are Prefect's);
 - inside sparrow_core, CORE_LAYERS lowest first: a module imports only its own layer or those
   below. A new module falls in the layer of its longest listed prefix; a module that fits no
   prefix fails until it is given a layer.
@@ -22,9 +25,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# lowest first; sparrow_core and storage sit side by side at the bottom
-PACKAGE_LAYERS = (("sparrow_core", "storage"), ("runtime",), ("tasks",), ("pipelines",),
-                  ("sparrow_cli",))
+# lowest first; sparrow_core and storage sit side by side at the bottom, runtime and reports
+# side by side above them
+PACKAGE_LAYERS = (("sparrow_core", "storage"), ("runtime", "reports"), ("tasks",),
+                  ("pipelines",), ("sparrow_cli",))
 STORAGE_MAY_IMPORT = ("sparrow_core.errors",)
 ORCHESTRATORS = ("prefect", "ray", "mlflow", "duckdb")
 TENSOR_LIBRARIES = ("torch", "triton", "transformers", "peft")
@@ -115,31 +119,41 @@ def where(path: Path, line: int, imported: str) -> str:
     return f"{path.relative_to(ROOT)}:{line} imports {imported}"
 
 
+def layer_breaks(name: str, imports: list[tuple[int, str]]) -> list[tuple[int, str, str]]:
+    """(line, module, why) for every import of module `name` that breaks the package order."""
+    rank, out = package_rank(top(name)), []
+    for line, imported in imports:
+        other = package_rank(top(imported))
+        if other is None or top(imported) == top(name):
+            continue
+        if other > rank:
+            out.append((line, imported, f"{top(name)} is below {top(imported)}"))
+        elif other == rank and not (top(name) == "storage"
+                                    and within(imported, STORAGE_MAY_IMPORT)):
+            # side by side: only storage's listed exceptions
+            out.append((line, imported, f"{top(name)} and {top(imported)} sit side by side"))
+    return out
+
+
+def forbidden_in(imports: list[tuple[int, str]], forbidden) -> list[tuple[int, str]]:
+    return [(line, imported) for line, imported in imports if top(imported) in forbidden]
+
+
 def test_packages_import_only_their_layer_or_below():
-    bad = []
-    for name, path in MODULES.items():
-        rank = package_rank(top(name))
-        for line, imported in imports_of(path):
-            other = package_rank(top(imported))
-            if other is None or top(imported) == top(name):
-                continue
-            if other > rank:
-                bad.append(f"{where(path, line, imported)}: {top(name)} is below {top(imported)}")
-            elif other == rank:  # sparrow_core and storage: only storage's listed exceptions
-                if not (top(name) == "storage" and within(imported, STORAGE_MAY_IMPORT)):
-                    bad.append(f"{where(path, line, imported)}: {top(name)} and "
-                               f"{top(imported)} sit side by side")
-    assert not bad, "layer order pipelines -> tasks -> runtime -> (sparrow_core, storage) " \
-        "broken:\n" + "\n".join(bad)
+    bad = [f"{where(path, line, imported)}: {why}" for name, path in MODULES.items()
+           for line, imported, why in layer_breaks(name, imports_of(path))]
+    assert not bad, "layer order pipelines -> tasks -> (runtime, reports) -> " \
+        "(sparrow_core, storage) broken:\n" + "\n".join(bad)
 
 
 @pytest.mark.parametrize("package, forbidden", [("sparrow_core", ORCHESTRATORS),
                                                 ("storage", TENSOR_LIBRARIES),
-                                                ("runtime", FLOW_ENGINES)])
+                                                ("runtime", FLOW_ENGINES),
+                                                ("reports", ORCHESTRATORS)])
 def test_packages_keep_out_of_the_dependencies_above_them(package, forbidden):
     bad = [f"{where(path, line, imported)}: {package} must not import {top(imported)}"
            for name, path in MODULES.items() if top(name) == package
-           for line, imported in imports_of(path) if top(imported) in forbidden]
+           for line, imported in forbidden_in(imports_of(path), forbidden)]
     assert not bad, "\n".join(bad)
 
 
@@ -172,6 +186,8 @@ def test_the_checks_see_imports_and_catch_a_violation():
     assert core_layer("sparrow_core.engine.engine") < core_layer("sparrow_core.rl.trainer")
     assert package_rank("storage") == package_rank("sparrow_core") < package_rank("runtime")
     assert package_rank("runtime") < package_rank("tasks") < package_rank("pipelines")
+    assert package_rank("storage") < package_rank("reports") == package_rank("runtime")
+    assert package_rank("reports") < package_rank("tasks")
     # lazy and relative imports are seen, and an upward one lands above its importer
     probe = "sparrow_core.engine.probe"
     source = "def f():\n    from sparrow_core.rl import trainer\n    from .. import mismatch\n"
@@ -180,3 +196,19 @@ def test_the_checks_see_imports_and_catch_a_violation():
     assert core_layer(found[0][1]) > core_layer(probe) > core_layer(found[1][1])
     assert imports_in("from . import engine, kv_cache", "sparrow_core.engine", is_package=True) == [
         (1, "sparrow_core.engine.engine"), (1, "sparrow_core.engine.kv_cache")]
+
+
+def test_reports_take_only_storage_and_sparrow_core():
+    assert any(top(name) == "reports" for name in MODULES), "reports/ is not read"
+    source = ("import prefect\nfrom tasks.calibrate import policy\nfrom runtime import stage\n"
+              "from storage.report_rows import run_tables\nfrom sparrow_core import mismatch_fit\n"
+              "from pipelines.train import train_flow\nimport matplotlib\n")
+    found = imports_in(source, "reports.probe")
+    assert [(line, why) for line, _, why in layer_breaks("reports.probe", found)] == [
+        (2, "reports is below tasks"), (3, "reports and runtime sit side by side"),
+        (6, "reports is below pipelines")]
+    assert forbidden_in(found, ORCHESTRATORS) == [(1, "prefect")]
+    # nor does runtime take from reports; tasks and the CLI may
+    assert layer_breaks("runtime.probe", imports_in("from reports import run", "runtime.probe")) \
+        == [(1, "reports.run", "runtime and reports sit side by side")]
+    assert layer_breaks("tasks.probe", imports_in("from reports import study", "tasks.probe")) == []

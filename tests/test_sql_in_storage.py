@@ -1,9 +1,10 @@
 """Storage owns its SQL: outside storage/, no module runs a statement on a connection.
 
 Read from source with ast, never executed: a call of `.execute(...)`, `.executemany(...)` or
-`.sql(...)` in sparrow_core, runtime, tasks, pipelines, sparrow_cli or benchmarks fails naming
-the file and line; such a statement belongs in a storage/*_rows.py function. (`sparrow query`
-passes the user's SQL to storage.query_all, which is not a statement of the project's own.)
+`.sql(...)` in sparrow_core, runtime, reports, tasks, pipelines, sparrow_cli or benchmarks fails
+naming the file and line; such a statement belongs in a storage/*_rows.py function.
+(`sparrow query` passes the user's SQL to storage.query_all, which is not a statement of the
+project's own.)
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-OUTSIDE_STORAGE = ("sparrow_core", "runtime", "tasks", "pipelines", "sparrow_cli",
+OUTSIDE_STORAGE = ("sparrow_core", "runtime", "reports", "tasks", "pipelines", "sparrow_cli",
                    "benchmarks")
 STATEMENT_CALLS = {"execute", "executemany", "sql"}
 

@@ -31,7 +31,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tasks.report import write_report
+    from reports.run import write_report
 
     out = Path(args.out) if args.out else Path(args.workdir) / "reports" / args.run_id
     paths, summary = write_report(args.workdir, args.run_id, out, step=args.step)

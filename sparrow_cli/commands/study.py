@@ -141,7 +141,7 @@ def run_study(args: argparse.Namespace) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from tasks.study_report import default_out, write_study_report
+    from reports.study import default_out, write_study_report
 
     out = Path(args.out) if args.out else default_out(args.workdir, args.study_id)
     paths, summary = write_study_report(args.workdir, args.study_id, out,

@@ -7,7 +7,7 @@ measure the exact acceptance per token and its p5 per (budget, bin).
     grid = topk_grid(max_pages=36)                # fits the tiny model: 1, 2, 3, 4, 8, ... 32
     table = measure_topk_pages(model, trajectories, template, grid, temperature=1.0,
                             centroid_dtype=cfg.rollout.centroid_dtype)  # as the rollout engine
-    table.p5[budget_index, bin], table.tokens[bin]
+    table.p5[topk_index, bin], table.tokens[bin]
     # on-policy: each budget's own sparse samples, replayed under that budget only
     table = measure_on_policy(model, {b: sample_trajectories(model, tokenizer, prompt_ids, params,
                                                              flat_schedule(template, b))
@@ -47,10 +47,10 @@ from sparrow_core.sparse.schedule import Schedule
 from sparrow_core.sparse.target import get_statistic
 
 # the paper's page counts per bin (top-k pages, page size 16): the steps of its schedules
-PAPER_BUDGETS = (29, 45, 61, 77, 93, 125, 157, 189, 221, 253, 317, 381, 445, 509, 637, 765,
+PAPER_TOPK_PAGES = (29, 45, 61, 77, 93, 125, 157, 189, 221, 253, 317, 381, 445, 509, 637, 765,
                  893, 1021, 1149)
 # a grid for models whose trajectories hold only tens of pages (the embedded tiny model)
-SMALL_BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64)
+SMALL_TOPK_PAGES = (1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64)
 PERCENTILES = (1, 5, 10)
 # per (budget, bin) statistics of an AcceptanceTable (min and share_below_half: see target.py)
 STATISTICS = ("p1", "p5", "p10", "mean", "min", "share_below_half")
@@ -122,8 +122,8 @@ class AcceptanceTable:
         ]
 
 
-def topk_grid(max_pages: int, paper: Sequence[int] = PAPER_BUDGETS,
-                small: Sequence[int] = SMALL_BUDGETS) -> tuple[int, ...]:
+def topk_grid(max_pages: int, paper: Sequence[int] = PAPER_TOPK_PAGES,
+              small: Sequence[int] = SMALL_TOPK_PAGES) -> tuple[int, ...]:
     """The paper's grid below max_pages, or the small grid when fewer than 4 of its steps fit."""
     if max_pages < 2:
         raise CalibrationError(f"trajectories must span at least 2 pages, got {max_pages}")
@@ -141,9 +141,10 @@ def model_shape(path: str | Path) -> ModelShape:
     return ModelShape.from_hf_config(config, name=Path(path).name)
 
 
-def flat_schedule(template: Schedule, topk: int) -> Schedule:
-    """The template with one bin of `topk` pages: every position reads the same budget."""
-    return dataclasses.replace(template, name=f"{template.name}-flat-{topk}", topk_pages=(topk,))
+def flat_schedule(template: Schedule, topk_pages: int) -> Schedule:
+    """The template with one bin of `topk_pages`: every position reads the same pages."""
+    return dataclasses.replace(template, name=f"{template.name}-flat-{topk_pages}",
+                               topk_pages=(topk_pages,))
 
 
 def sample_trajectories(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[Sequence[int]],
@@ -231,11 +232,11 @@ def measure_on_policy(model: torch.nn.Module,
     train step measures it. A bin's `tokens` is the fewest that any budget's paths put there."""
     grid = tuple(sorted(int(b) for b in trajectories_by_topk))
     if not grid or grid[0] < 1 or any(not trajectories_by_topk[b] for b in grid):
-        raise CalibrationError(f"every budget needs trajectories, got budgets {list(grid)}")
+        raise CalibrationError(f"every top-k needs trajectories, got topk_pages {list(grid)}")
     measured = []
-    for budget in grid:
-        trajectories = trajectories_by_topk[budget]
-        [alpha] = replay_acceptance(model, trajectories, [flat_schedule(template, budget)],
+    for topk_pages in grid:
+        trajectories = trajectories_by_topk[topk_pages]
+        [alpha] = replay_acceptance(model, trajectories, [flat_schedule(template, topk_pages)],
                                     temperature, batch_tokens, centroid_dtype)
         measured.append((np.concatenate([t.positions for t in trajectories]), alpha))
     width = max([int(num_bins)] + [bin_index(int(pos.max()), template.bin_tokens) + 1

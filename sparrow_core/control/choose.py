@@ -73,7 +73,8 @@ class Choice:
 def _as_table(name: str, values, shape: tuple[int, int]) -> np.ndarray:
     array = np.asarray(values, dtype=np.float64)
     if array.shape != shape:
-        raise ChooseError(f"{name} must have shape (budgets, bins) = {shape}, got {array.shape}")
+        raise ChooseError(f"{name} must have shape (topk_pages, bins) = {shape}, "
+                          f"got {array.shape}")
     return array
 
 
@@ -86,8 +87,8 @@ def _check_grid(topk_pages: Sequence[int]) -> list[int]:
 
 def _constraints(p5: np.ndarray, tokens: np.ndarray, target: float,
                  min_tokens: int) -> tuple[np.ndarray, list[str]]:
-    """allowed[budget, bin] and a note per bin (see the module doc)."""
-    num_budgets, num_bins = p5.shape
+    """allowed[topk index, bin] and a note per bin (see the module doc)."""
+    num_bins = p5.shape[1]
     measured = [i for i in range(num_bins) if tokens[i] >= min_tokens]
     if not measured:
         raise ChooseError(f"no bin holds min_tokens={min_tokens} tokens (most: "
@@ -127,13 +128,13 @@ def choose_topk_pages(topk_pages: Sequence[int], p5, tokens, cost, target: float
     if not np.isfinite(cost).all() or (cost < 0).any():
         raise ChooseError("cost must be finite and >= 0 everywhere")
     allowed, notes = _constraints(p5, tokens, target, min_tokens)
-    num_budgets, num_bins = shape
+    grid_size, num_bins = shape
     best = np.where(allowed[:, 0], cost[:, 0], np.inf)
     back = np.zeros(shape, dtype=np.int64)
     for i in range(1, num_bins):
         # the cheapest way to reach bin i-1 with a budget no larger than j
-        arg = np.zeros(num_budgets, dtype=np.int64)
-        for j in range(1, num_budgets):
+        arg = np.zeros(grid_size, dtype=np.int64)
+        for j in range(1, grid_size):
             arg[j] = j if best[j] < best[arg[j - 1]] else arg[j - 1]
         back[:, i] = arg
         best = np.where(allowed[:, i], cost[:, i] + best[arg], np.inf)
@@ -150,7 +151,7 @@ def choose_topk_pages(topk_pages: Sequence[int], p5, tokens, cost, target: float
 def topk_cost_table(topk_pages: Sequence[int], num_bins: int, template: Schedule, *,
                       model: ModelShape, hardware: Hardware, prompt_len: int,
                       variant: str = "paper") -> np.ndarray:
-    """eFLOPs of decoding each bin's generated tokens under each budget, [budgets, bins].
+    """eFLOPs of decoding each bin's generated tokens under each top-k, [topk_pages, bins].
 
     One sample after a `prompt_len` prompt; bin i holds total positions [i W, (i + 1) W) (the
     last bin too, so that it is priced like the others); pages read are top-k plus the
@@ -166,9 +167,10 @@ def topk_cost_table(topk_pages: Sequence[int], num_bins: int, template: Schedule
         if end <= start:
             continue
         for j, topk in enumerate(grid):
-            budget = template.pages_for_topk(topk) * template.page_size
+            budget_tokens = template.pages_for_topk(topk) * template.page_size
             table[j, i] = segment_cost(model=model, hardware=hardware, prompt_len=prompt_len,
-                                       start=start, end=end, samples=1, budget_tokens=budget,
+                                       start=start, end=end, samples=1,
+                                       budget_tokens=budget_tokens,
                                        page_size=template.page_size, variant=variant).total
     if not math.isfinite(float(table.sum())):
         raise ChooseError("the cost model gave a non-finite cost")

@@ -111,8 +111,8 @@ def decide(history: Mapping[int, Mapping[int, float]], step: int, schedule: Sche
     lower_bins = []
     if lowering_due:
         for b, p5 in sorted(history[step].items()):
-            topk = schedule.topk_pages[b]
-            if b not in raise_bins and p5 >= settings.target + settings.margin and topk > 1:
+            topk_pages = schedule.topk_pages[b]
+            if b not in raise_bins and p5 >= settings.target + settings.margin and topk_pages > 1:
                 lower_bins.append(b)
                 reasons.append(f"bin {b}: p5 {p5:.4f} >= target + margin "
                                f"{settings.target + settings.margin:.4f}; try fewer pages")
@@ -129,12 +129,12 @@ def _clamped(bins: Mapping[int, float], num_bins: int) -> dict[int, float]:
 
 
 def candidate_topk_pages(schedule: Schedule, bin_: int, grid: Sequence[int], kind: str) -> list[int]:
-    """Grid budgets above (raise) or below (lower) the bin's current top-k."""
+    """Grid values above (raise) or below (lower) the bin's current top-k pages."""
     current = schedule.topk_pages[min(bin_, schedule.num_bins - 1)]
     if kind == "raise":
-        return [b for b in grid if b > current]
+        return [g for g in grid if g > current]
     if kind == "lower":
-        return [b for b in grid if b < current]
+        return [g for g in grid if g < current]
     raise ControllerError(f"kind must be raise or lower, got {kind!r}")
 
 
@@ -154,7 +154,8 @@ def _pick(topk_pages: Sequence[int], p5: np.ndarray, bin_: int, current: int, ta
 def apply_measurement(schedule: Schedule, decision: Decision, topk_pages: Sequence[int], p5,
                       settings: ControlSettings,
                       tokens: Sequence[int] | None = None) -> tuple[Schedule, list[Change]]:
-    """The new schedule from p5[budget, bin] re-measured at `budgets`, and what changed.
+    """The new schedule from p5[topk index, bin] re-measured at the grid values `topk_pages`,
+    and what changed.
 
     tokens: generated tokens per bin in the re-measured trajectories; a bin with none (a bin
     only prompts reach) follows a lowered bin after it down instead of blocking it.
@@ -165,26 +166,27 @@ def apply_measurement(schedule: Schedule, decision: Decision, topk_pages: Sequen
     width = schedule.num_bins
     if any(not 0 <= b < width for b in decision.raise_bins + decision.lower_bins):
         raise ControllerError(f"decision names bins outside the schedule's {width}")
-    topk = list(schedule.topk_pages)
-    old, kinds, measured = list(topk), {}, {}
+    new_topk = list(schedule.topk_pages)
+    old_topk, kinds, measured = list(new_topk), {}, {}
     for kind, bins in (("raise", decision.raise_bins), ("lower", decision.lower_bins)):
         for b in bins:
             picked = None
             if b < p5.shape[1]:
-                picked = _pick(topk_pages, p5, b, topk[b], settings.target, kind)
+                picked = _pick(topk_pages, p5, b, new_topk[b], settings.target, kind)
             if picked is not None:
-                topk[b], kinds[b], measured[b] = picked[0], kind, picked[1]
+                new_topk[b], kinds[b], measured[b] = picked[0], kind, picked[1]
     empty = [tokens is not None and (b >= len(tokens) or tokens[b] == 0) for b in range(width)]
     for b in range(width - 2, -1, -1):
-        if empty[b] and topk[b] > topk[b + 1] and kinds.get(b + 1) in ("lower", "follow"):
-            topk[b], kinds[b] = topk[b + 1], "follow"
+        if empty[b] and new_topk[b] > new_topk[b + 1] and kinds.get(b + 1) in ("lower", "follow"):
+            new_topk[b], kinds[b] = new_topk[b + 1], "follow"
     for b in range(1, width):  # non-decreasing: raises lift later bins, lowers stop at earlier
-        if topk[b] < topk[b - 1]:
-            topk[b] = topk[b - 1]
+        if new_topk[b] < new_topk[b - 1]:
+            new_topk[b] = new_topk[b - 1]
             kinds.setdefault(b, "follow")
-    changes = [Change(b, kinds.get(b, "follow"), old[b], topk[b], measured.get(b, math.nan))
-               for b in range(width) if topk[b] != old[b]]
-    return replace(schedule, topk_pages=tuple(topk)), changes
+    changes = [Change(b, kinds.get(b, "follow"), old_topk[b], new_topk[b],
+                      measured.get(b, math.nan))
+               for b in range(width) if new_topk[b] != old_topk[b]]
+    return replace(schedule, topk_pages=tuple(new_topk)), changes
 
 
 # DistillSparse: switch to a cheaper schedule the LoRA holds at target
@@ -203,10 +205,11 @@ class CheaperMeasurement:
 def one_notch_cheaper(schedule: Schedule, grid: Sequence[int]) -> Schedule:
     """Every bin's top-k down to the largest grid budget below it (kept where none is); the
     floor is monotone, so the schedule stays non-decreasing."""
-    topk = [max((b for b in grid if b < k), default=k) for k in schedule.topk_pages]
-    for b in range(1, len(topk)):
-        topk[b] = max(topk[b], topk[b - 1])
-    return replace(schedule, topk_pages=tuple(topk))
+    cheaper = [max((g for g in grid if g < current), default=current)
+               for current in schedule.topk_pages]
+    for b in range(1, len(cheaper)):
+        cheaper[b] = max(cheaper[b], cheaper[b - 1])
+    return replace(schedule, topk_pages=tuple(cheaper))
 
 
 def distill_switch(measurements: Sequence[CheaperMeasurement], schedule: Schedule,

@@ -57,18 +57,19 @@ class _Search:
             index = (self.lo + self.hi) // 2
         return self.candidates[index]
 
-    def update(self, budget: int, value: float, target: float) -> None:
+    def update(self, candidate: int, value: float, target: float) -> None:
         if math.isnan(value):
             self.empty = True
         elif value >= target:
-            self.hi = self.candidates.index(budget)
+            self.hi = self.candidates.index(candidate)
         else:
-            self.lo = self.candidates.index(budget) + 1
+            self.lo = self.candidates.index(candidate) + 1
 
 
 def search_topk_pages(schedule: Schedule, decision: Decision, grid: Sequence[int],
                    measure: Measure, target: float) -> tuple[list[int], np.ndarray]:
-    """(sorted budgets measured, statistic[budget, bin]) for apply_measurement (module doc)."""
+    """(the top-k pages measured, sorted; statistic[topk index, bin]) for apply_measurement
+    (module doc)."""
     searches = [_Search(b, candidate_topk_pages(schedule, b, grid, kind), kind == "lower")
                 for kind, bins in (("raise", decision.raise_bins), ("lower", decision.lower_bins))
                 for b in bins]
@@ -77,16 +78,16 @@ def search_topk_pages(schedule: Schedule, decision: Decision, grid: Sequence[int
         wanted = set()
         for search in searches:
             while not search.done and search.probe() in rows:  # measured for another bin
-                budget = search.probe()
-                search.update(budget, _value(rows[budget], search.bin), target)
+                candidate = search.probe()
+                search.update(candidate, _value(rows[candidate], search.bin), target)
             if not search.done:
                 wanted.add(search.probe())
         if not wanted:
             break
         batch = sorted(wanted)
         table = np.asarray(measure(batch), dtype=np.float64)
-        for budget, row in zip(batch, table):
-            rows[budget] = row
+        for candidate, row in zip(batch, table):
+            rows[candidate] = row
     topk_pages = sorted(rows)
     width = max((rows[b].size for b in topk_pages), default=schedule.num_bins)
     return topk_pages, np.array([rows[b] for b in topk_pages]).reshape(len(topk_pages), width)

@@ -49,11 +49,11 @@ _REFERENCE_TOPK: dict[str, str] = {
 }
 
 
-def _reference(name: str, topk: str) -> Schedule:
+def _reference(name: str, topk_pages: str) -> Schedule:
     model, target = name.rsplit("-", 1)
     return Schedule(
         name=name,
-        topk_pages=tuple(int(k) for k in topk.split()),
+        topk_pages=tuple(int(pages) for pages in topk_pages.split()),
         page_size=16,
         bin_tokens=2000,
         reserved_bos=1,
@@ -85,7 +85,7 @@ def _tiny() -> list[Schedule]:
 
 
 PRESETS: dict[str, Schedule] = {
-    **{name: _reference(name, topk) for name, topk in _REFERENCE_TOPK.items()},
+    **{name: _reference(name, topk_pages) for name, topk_pages in _REFERENCE_TOPK.items()},
     **{s.name: s for s in _tiny()},
 }
 

@@ -65,7 +65,7 @@ class Schedule:
             raise ScheduleError(f"{where}: bin_tokens must be positive, got {self.bin_tokens}")
         if not self.topk_pages:
             raise ScheduleError(f"{where}: topk_pages must list at least one bin")
-        if any(k < 1 for k in self.topk_pages):
+        if any(pages < 1 for pages in self.topk_pages):
             raise ScheduleError(f"{where}: topk_pages must be positive, got {list(self.topk_pages)}")
         for i, (a, b) in enumerate(zip(self.topk_pages, self.topk_pages[1:])):
             if b < a:
@@ -106,10 +106,11 @@ class Schedule:
         num_pages (the cache's page count; no more than k eligible pages is a dense step)."""
         return self.pages_for_topk(self.topk_for_position(position), num_pages)
 
-    def pages_for_topk(self, topk, num_pages=None):
-        """Pages read per step when `topk` pages are chosen (a bin's or a candidate budget's):
+    def pages_for_topk(self, topk_pages, num_pages=None):
+        """Pages read per step when `topk_pages` are chosen (a bin's or a grid candidate's):
         top-k plus this schedule's reserved pages, at most num_pages when given."""
-        return schedule_math.pages_read(topk, self.reserved_bos, self.reserved_eos, num_pages)
+        return schedule_math.pages_read(topk_pages, self.reserved_bos, self.reserved_eos,
+                                        num_pages)
 
     def budget_tokens(self, position: int) -> int:
         """KV budget B in tokens at this position (pages read times page size)."""

@@ -13,7 +13,7 @@ from sparrow_core.engine import SamplingParams
 from sparrow_core.model import load_model, load_tokenizer
 from sparrow_core.model.builtin import resolve_model_path
 from sparrow_core.control.calibration import (
-    PAPER_BUDGETS,
+    PAPER_TOPK_PAGES,
     CalibrationError,
     Trajectory,
     topk_grid,
@@ -60,7 +60,7 @@ def test_table_restricted_to_some_bins_keeps_counts():
 
 
 def test_topk_grid():
-    assert topk_grid(200) == tuple(b for b in PAPER_BUDGETS if b < 200)
+    assert topk_grid(200) == tuple(b for b in PAPER_TOPK_PAGES if b < 200)
     assert topk_grid(2400)[-1] == 1149
     assert topk_grid(31) == (1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 28)
     with pytest.raises(CalibrationError, match="2 pages"):
@@ -105,9 +105,10 @@ def test_on_policy_table_replays_each_budget_on_its_own_trajectories(qwen3_check
     table = measure_on_policy(model, by_topk, template, num_bins=5)
     assert table.topk_pages == (1, 3) and table.p5.shape == (2, 5)
     counts = []
-    for j, budget in enumerate((1, 3)):
-        [alpha] = replay_acceptance(model, by_topk[budget], [flat_schedule(template, budget)])
-        bins = np.minimum(np.concatenate([t.positions for t in by_topk[budget]]) // 16, 4)
+    for j, topk_pages in enumerate((1, 3)):
+        [alpha] = replay_acceptance(model, by_topk[topk_pages],
+                                    [flat_schedule(template, topk_pages)])
+        bins = np.minimum(np.concatenate([t.positions for t in by_topk[topk_pages]]) // 16, 4)
         counts.append(np.bincount(bins, minlength=5))
         for i in range(5):
             if counts[-1][i]:
@@ -115,7 +116,7 @@ def test_on_policy_table_replays_each_budget_on_its_own_trajectories(qwen3_check
             else:
                 assert np.isnan(table.p5[j, i])
     assert list(table.tokens) == list(np.minimum(*counts))
-    with pytest.raises(CalibrationError, match="every budget"):
+    with pytest.raises(CalibrationError, match="every top-k"):
         measure_on_policy(model, {2: []}, template)
 
 

@@ -1,12 +1,12 @@
 """The report's figures (matplotlib, Agg through Figure objects: no pyplot, no global backend).
 
-    from tasks.report import load_run, load_acceptance
-    from tasks.report_plots import plot_p5
+    from reports.run import load_run, load_acceptance
+    from reports.run_plots import plot_p5
     plot_p5(load_run(workdir, run_id), Path("p5_per_bin.png"))
 
 Each plot_* writes one PNG and returns its path; the draw_* helpers fill one Axes, so the
 summary page reuses them at a smaller size. A figure with nothing to show yet (a run that
-just started) says so instead of failing. Called by tasks/report.py's make_report.
+just started) says so instead of failing. Called by reports/run.py's make_report.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from sparrow_core.mismatch_fit import TAIL_THRESHOLD
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-    from tasks.report import AcceptanceHistogram, RunData
+    from reports.run import AcceptanceHistogram, RunData
 
 DPI = 120
 TARGET_STYLE = dict(color="crimson", linestyle="--", linewidth=1.2)
@@ -96,7 +96,8 @@ def _label_ends(ax: "Axes", rows: list[dict], bins: list[int], colors: dict, tar
                     xytext=(3, 3), textcoords="offset points", fontsize=7, color="crimson")
 
 
-def draw_budget(ax: "Axes", data: "RunData") -> None:
+def draw_pages_read(ax: "Axes", data: "RunData") -> None:
+    """Pages read per step in each bin (bin_stats.pages_read) over steps, as steps."""
     rows = [b for b in data.bins if b["pages_read"] is not None]
     if not rows:
         _empty(ax, "budgets")
@@ -119,7 +120,7 @@ def plot_p5(data: "RunData", path: Path) -> Path:
     draw_p5(top, data)
     top.set_title(f"Acceptance p5 per length bin: run {data.run_id}")
     top.set_xlabel("")
-    draw_budget(bottom, data)
+    draw_pages_read(bottom, data)
     return _save(fig, path)
 
 
@@ -136,7 +137,7 @@ def draw_metric(ax: "Axes", data: "RunData", name: str, label: str, color: str) 
 
 
 def plot_reward_length(data: "RunData", path: Path) -> Path:
-    from tasks.report import LENGTH_METRIC, REWARD_METRIC
+    from reports.run import LENGTH_METRIC, REWARD_METRIC
 
     fig = Figure(figsize=(8, 6), layout="constrained")
     top, bottom = fig.subplots(2, 1, sharex=True)
@@ -200,7 +201,7 @@ def plot_acceptance(hist: "AcceptanceHistogram", target: float | None, path: Pat
 
 
 def _summary_lines(summary: dict[str, Any]) -> list[str]:
-    from tasks.report import fmt
+    from reports.run import fmt
 
     def point(p: dict | None) -> str:
         return "-" if p is None else f"bin {p['bin']} at step {p['step']} (p5 {fmt(p['p5'])})"
@@ -228,7 +229,7 @@ def _wrap(text: str, width: int) -> list[str]:
 def plot_summary_page(data: "RunData", hist: "AcceptanceHistogram | None", summary: dict,
                       path: Path) -> Path:
     """One page: the key numbers on top, then p5, reward, length and the acceptance tail."""
-    from tasks.report import LENGTH_METRIC, REWARD_METRIC
+    from reports.run import LENGTH_METRIC, REWARD_METRIC
 
     fig = Figure(figsize=(11, 11.5), layout="constrained")
     text_fig, plots_fig = fig.subfigures(2, 1, height_ratios=[1, 5])

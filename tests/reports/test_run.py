@@ -14,7 +14,7 @@ import pytest
 from sparrow_core.config import load_config, to_yaml
 from sparrow_core.mismatch_fit import fit_beta_tail
 from storage import RunLayout, Store
-from tasks.report import (
+from reports.run import (
     HISTOGRAM_BINS,
     ReportError,
     load_acceptance,

@@ -7,7 +7,7 @@ Top panel: one line per budget of the grid (p5 per length bin, coloured from the
 budget to the largest), the target as a dashed line, and the chosen schedule as black
 markers at the p5 of its budget in each measured bin. Bottom panel: the chosen top-k pages
 per bin, hollow where a bin had too few tokens and took its neighbour's decision. Matplotlib through Figure objects
-(no pyplot, no global backend), as in tasks/report_plots.py.
+(no pyplot, no global backend), as in reports/run_plots.py.
 """
 
 from __future__ import annotations

@@ -18,13 +18,13 @@ from typing import Any
 
 import yaml
 
+from reports.run import config_value
 from sparrow_core.config.study import StudyConfig, arm_workdir, study_from_yaml
 from sparrow_core.errors import SparrowError
 from sparrow_core.sparse import Schedule
 from sparrow_core.sparse.io import schedule_from_dict
 from storage.schedule_rows import SCHEDULE_COLUMNS
 from storage.study_rows import run_tables, study_arm_rows, study_ids
-from tasks.report import config_value
 
 # metrics renamed since a run could have written them (docs/glossary.md): old -> new
 RENAMED_METRICS = {"schedule/budget_pages_mean": "schedule/pages_read_mean"}

@@ -2,7 +2,7 @@
 (collapse, AUC per statistic by a plain loop, the cost model's price), its files, an older
 file without the newer bin_stats columns, and `sparrow study report --workdir`.
 
-Run: `python -m pytest tests/tasks/test_study_report.py -q`.
+Run: `python -m pytest tests/reports/test_study.py -q`.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import json
 import duckdb
 import pytest
 
+from reports.study import write_study_report
 from runtime.schedules import insert_schedule
 from sparrow_cli.main import main
 from sparrow_core.config import load_config, to_yaml
@@ -21,7 +22,6 @@ from sparrow_core.costmodel import get_hardware, schedule_cost
 from sparrow_core.model.builtin import resolve_model_path
 from sparrow_core.sparse import get_preset
 from storage import Store
-from tasks.study_report import write_study_report
 
 ARMS = {  # arm -> (overrides, rewards per step, p5 of bin 1 per step)
     "dense": (["schedule.sparse=false"], [0.5, 0.6, 0.7, 0.8], [0.99, 0.99, 0.98, 0.99]),

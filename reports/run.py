@@ -1,6 +1,6 @@
 """The report of one run: PNG plots and a one-page summary, from the workdir's DuckDB history.
 
-    from tasks.report import make_report
+    from reports.run import make_report
     paths = make_report("./sparrow-work", "run-20260101-abc", "./report")   # or step=N
     paths, summary = write_report(...)        # the same, plus the summary's numbers
     # sparrow report RUN_ID [--workdir DIR] [--out DIR] [--step N] [--json]
@@ -8,7 +8,7 @@
 Everything is read through storage.report_rows (read-only, so a report can be made while
 the run is still writing): runs, stage_runs, schedules, bin_stats, threshold_events and step_metrics,
 and the token_mismatch view for the acceptance histogram. The names of the step metrics read
-are the constants below; the train flow writes them. Plots are drawn by tasks/report_plots.py:
+are the constants below; the train flow writes them. Plots are drawn by reports/run_plots.py:
 p5 per bin over steps against the target (threshold events marked), reward and response
 length over steps, the acceptance histogram of one step with the Beta fit of its tail, and a
 summary page (summary.png) beside summary.md.
@@ -267,18 +267,18 @@ def make_report(workdir: str | Path, run_id: str, out_dir: str | Path,
 def write_report(workdir: str | Path, run_id: str, out_dir: str | Path,
                  step: int | None = None) -> tuple[list[Path], dict[str, Any]]:
     """make_report, also returning the summary's numbers (what `sparrow report --json` prints)."""
-    from tasks import report_plots
+    from reports import run_plots
 
     data = load_run(workdir, run_id)
     hist = load_acceptance(workdir, run_id, step)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = [report_plots.plot_p5(data, out / "p5_per_bin.png"),
-             report_plots.plot_reward_length(data, out / "reward_length.png")]
+    paths = [run_plots.plot_p5(data, out / "p5_per_bin.png"),
+             run_plots.plot_reward_length(data, out / "reward_length.png")]
     if hist is not None:
-        paths.append(report_plots.plot_acceptance(hist, data.target, out / f"acceptance_step{hist.step}.png"))
+        paths.append(run_plots.plot_acceptance(hist, data.target, out / f"acceptance_step{hist.step}.png"))
     summary = summarize(data, hist)
-    paths.append(report_plots.plot_summary_page(data, hist, summary, out / "summary.png"))
+    paths.append(run_plots.plot_summary_page(data, hist, summary, out / "summary.png"))
     md = out / "summary.md"
     md.write_text(summary_markdown(data, summary, [p.name for p in paths]))
     return paths + [md], summary

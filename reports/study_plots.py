@@ -1,11 +1,11 @@
 """The study report's figures (matplotlib Figure objects, Agg: no pyplot, no global backend).
 
-    from tasks.study_data import load_study_data
-    from tasks.study_plots import plot_reward
+    from reports.study_data import load_study_data
+    from reports.study_plots import plot_reward
     plot_reward(load_study_data(workdir, "s1"), {"dense": False, "fixed": True}, Path("reward.png"))
 
 One colour per arm throughout; collapsed arms are drawn dashed. Each plot_* writes one PNG and
-returns its path; a panel with nothing recorded says so. Called by tasks/study_report.py.
+returns its path; a panel with nothing recorded says so. Called by reports/study.py.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Mapping
 
 from matplotlib.figure import Figure
 
-from tasks.report_plots import TARGET_STYLE, _bin_colors, _empty, _step_axis
+from reports.run_plots import TARGET_STYLE, _bin_colors, _empty, _step_axis
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-    from tasks.study_data import StudyData
+    from reports.study_data import StudyData
 
 
 # lower than a run report's: a study draws many panels, and this keeps them quick to render
@@ -141,7 +141,7 @@ def plot_rollout_cost(data: "StudyData", costs: Mapping[str, Mapping[int, tuple[
 def plot_statistics(data: "StudyData", labels: Mapping[str, bool | None], path: Path) -> Path:
     """Per statistic, its worst length bin at every step, one line per arm."""
     from sparrow_core.study import worst_per_step
-    from tasks.study_report import STATISTICS
+    from reports.study import STATISTICS
 
     fig = Figure(figsize=(13, 7), layout="constrained")
     axes = fig.subplots(2, 3).ravel()
