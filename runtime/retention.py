@@ -6,10 +6,11 @@
 Every step's policy_update folder holds the full trainer (fp32 weights and AdamW moments:
 about 20 GB at Qwen3-1.7B), and a run of hundreds of steps cannot keep them all. After step n
 is recorded, the folders of steps m <= n - pipeline.keep_checkpoints lose their tensor files
-(model*.safetensors, optimizer.pt, rng_state.pt), unless m is a multiple of
-pipeline.keep_every; the small JSON files stay, with pruned.json saying what went. A resume
-reads the newest recorded folder, which is never pruned (keep_checkpoints >= 1); the
-checkpoint stage's folders are hard links, so they keep their own copy.
+(model*.safetensors, optimizer.pt or a trainer group's sharded_state/, rng_state.pt), unless
+m is a multiple of pipeline.keep_every; the small JSON files stay, with pruned.json saying
+what went. A resume reads the newest recorded folder, which is never pruned
+(keep_checkpoints >= 1); the checkpoint stage's folders are hard links, so they keep their
+own copy.
 The tensor files are renamed into the folder's TRASH subfolder (a rename, at once) and a
 worker thread deletes them: freeing 20 GB of extents while the next background save writes
 20 GB to the same disk is seconds of I/O that would otherwise sit between policy_update and
@@ -30,7 +31,8 @@ from pathlib import Path
 from runtime.run_runtime import RunRuntime
 from storage.run_rows import stage_records
 
-HEAVY = ("*.safetensors", "optimizer.pt", "rng_state.pt", "*.safetensors.index.json")
+HEAVY = ("*.safetensors", "optimizer.pt", "rng_state.pt", "*.safetensors.index.json",
+         "sharded_state")
 MARKER = "pruned.json"
 TRASH = ".pruned-tensors"
 

@@ -9,7 +9,9 @@ Tasks take plain values (workdir, run id, step, paths) as Prefect's rules ask; t
 that cannot travel as values (the DuckDB writer, the MLflow tracker, the Ray actor pool, the
 trainer with its optimizer state) live here for the life of the flow run. Nothing here is
 state that a resume needs: the trainer is loaded back from the last recorded policy_update
-folder whenever the one in memory is not at the right step.
+folder whenever the one in memory is not at the right step. That folder loads whatever
+trainer.num_workers wrote it: a group's (optimizer shards) into PolicyTrainer.load with
+num_workers=0, one process's (optimizer.pt) into a group, a group's into any number of ranks.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 one PolicyTrainer.
 
     group = TrainerGroup.start(TrainerSpec(model_path, algo, seed=0), num_workers=2)
-    group = TrainerGroup.start(spec, 2, resume_from=folder)    # any number of ranks saved it
+    group = TrainerGroup.start(spec, 2, resume_from=folder)    # saved by any N, or one process
     scores = group.score(records)                              # as PolicyTrainer.score
     metrics = group.update(records, rewards, old, group_size=8)
     group.save(folder)                 # HF safetensors + optimizer shards (rl/sharded_checkpoint.py)
@@ -14,6 +14,8 @@ make the rendezvous of torch.distributed. Every call goes to all ranks at once w
 arguments (the records travel once, through Ray's object store); results come from rank 0,
 since ShardedPolicyTrainer gives every rank the same scores and metrics. `placement` gives
 each rank's Ray options (runtime/placement.py: a GPU bundle shared with a rollout engine).
+A folder the group saved also resumes in one process (PolicyTrainer.load, the train flow's
+trainer.num_workers=0).
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@
 Layout of a checkpoint folder:
     config.json, generation_config.json, model.safetensors   (model.save_pretrained)
     tokenizer.json, tokenizer_config.json, ...                (copied from the source model)
-    optimizer.pt        torch.save of the optimizer's state_dict
+    optimizer.pt        torch.save of the optimizer's state_dict (a trainer group's folder
+                        has sharded_state/ instead: rl/sharded_checkpoint.py)
     rng_state.pt        torch CPU (and CUDA) generator states
     trainer_state.json  step, optimizer steps, seed, algo settings, dtype
 
@@ -34,6 +35,7 @@ from sparrow_core.errors import SparrowError
 
 TRAINER_STATE = "trainer_state.json"
 OPTIMIZER_STATE = "optimizer.pt"
+SHARDED_STATE = "sharded_state"  # a trainer group's AdamW shards (rl/sharded_checkpoint.py)
 RNG_STATE = "rng_state.pt"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model",
@@ -48,7 +50,8 @@ class TrainerCheckpointError(SparrowError):
 @dataclass(frozen=True)
 class CheckpointState:
     meta: dict[str, Any]  # the trainer_state.json contents
-    optimizer: dict[str, Any]  # the optimizer's state_dict
+    # the optimizer's state_dict; None: the folder holds SHARDED_STATE/ instead
+    optimizer: dict[str, Any] | None
     rng: dict[str, Any]  # generator states (see rng_state)
 
 
@@ -104,18 +107,25 @@ def write_trainer_files(folder: Path, optimizer_state: dict[str, Any] | None,
 
 
 def read_checkpoint_state(folder: str | Path) -> CheckpointState:
-    """The optimizer, RNG and trainer state of a checkpoint folder (weights load separately)."""
+    """The optimizer, RNG and trainer state of a checkpoint folder (weights load separately).
+    A trainer group's folder gives optimizer None: its shards need the model's parameter
+    names (rl/sharded_checkpoint.py's read_full_optimizer)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise TrainerCheckpointError(f"checkpoint folder {folder} does not exist")
-    for name in (TRAINER_STATE, OPTIMIZER_STATE, RNG_STATE, "config.json"):
+    for name in (TRAINER_STATE, RNG_STATE, "config.json"):
         if not (folder / name).is_file():
             raise TrainerCheckpointError(
                 f"checkpoint folder {folder} has no {name} (not a trainer checkpoint?)"
             )
+    sharded = (folder / SHARDED_STATE).is_dir()
+    if not sharded and not (folder / OPTIMIZER_STATE).is_file():
+        raise TrainerCheckpointError(
+            f"checkpoint folder {folder} has neither {OPTIMIZER_STATE} nor {SHARDED_STATE}/")
     try:
         meta = json.loads((folder / TRAINER_STATE).read_text())
-        optimizer = torch.load(folder / OPTIMIZER_STATE, map_location="cpu", weights_only=True)
+        optimizer = None if sharded else torch.load(folder / OPTIMIZER_STATE, map_location="cpu",
+                                                    weights_only=True)
         rng = torch.load(folder / RNG_STATE, map_location="cpu", weights_only=True)
     except (json.JSONDecodeError, pickle.UnpicklingError, RuntimeError, ValueError, OSError,
             EOFError) as err:

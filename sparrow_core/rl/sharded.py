@@ -22,7 +22,8 @@ memory before sharding (no meta-device init yet). export() writes rl/checkpoint.
 (weights, the full optimizer state in single-process order, RNG, trainer_state.json), so the
 engine loads it and PolicyTrainer.load resumes from it on one process.
 save() writes the weights as HF safetensors and each rank's optimizer shards
-(rl/sharded_checkpoint.py); load() resumes that, or an exported folder, on any number of ranks.
+(rl/sharded_checkpoint.py); load() resumes that, or an exported folder, on any number of ranks,
+and PolicyTrainer.load resumes it in one process without a process group.
 The Ray actors that host the ranks are runtime/trainer_group.py. docs/trainer.md "Several GPUs";
 tests: `python -m pytest tests/sparrow_core/rl/test_sharded_trainer.py -q`.
 """

@@ -1,8 +1,9 @@
 """Checkpoints of ShardedPolicyTrainer: each rank writes its own optimizer shards, and any
-number of ranks resumes from them.
+number of ranks, or one process without a process group, resumes from them.
 
     save_sharded(trainer, folder)                          # a collective: every rank calls it
     trainer = ShardedPolicyTrainer.load(folder, algo)      # every rank of the new group
+    trainer = PolicyTrainer.load(folder, algo)             # one process (read_full_optimizer)
 
 A folder holds:
     config.json, generation_config.json, model.safetensors   the full fp32 weights, gathered
@@ -16,12 +17,16 @@ A folder holds:
 
 So no rank gathers the optimizer (twice the weights' size in fp32). Resuming builds the
 trainer from model.safetensors, then DCP reads the optimizer shards into the new group's
-own sharding, whatever its number of ranks. A folder without sharded_state/ (PolicyTrainer.save,
-or ShardedPolicyTrainer.export: optimizer.pt numbered as one process's) resumes too: every
-rank reads the whole optimizer state and keeps its shards. The folder is written in a scratch
-folder that rank 0 renames into place; the ranks must share a filesystem (one machine, or a
-network filesystem across machines).
-Tests: tests/runtime/test_trainer_group.py (2 ranks saved, 1 resumes, and 1 saved, 2 resume).
+own sharding, whatever its number of ranks. PolicyTrainer.load (trainer.num_workers=0) reads
+them whole in its one process with DCP's no_dist load (no process group) and numbers the
+parameters in the model's order, as ShardedPolicyTrainer.full_optimizer_state does. A folder
+without sharded_state/ (PolicyTrainer.save, or ShardedPolicyTrainer.export: optimizer.pt
+numbered as one process's) resumes on a group too: every rank reads the whole optimizer state
+and keeps its shards. The folder is written in a scratch folder that rank 0 renames into
+place; the ranks must share a filesystem (one machine, or a network filesystem across
+machines).
+Tests: tests/runtime/test_trainer_group.py (2 ranks saved, 1 resumes, and 1 saved, 2 resume),
+tests/sparrow_core/rl/test_sharded_checkpoint.py (2 ranks saved, one process resumes).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +45,13 @@ import torch.distributed as dist
 from sparrow_core.rl.checkpoint import (
     OPTIMIZER_STATE,
     RNG_STATE,
+    SHARDED_STATE,
     TRAINER_STATE,
     TrainerCheckpointError,
     restore_rng_state,
     rng_state,
     write_trainer_files,
 )
-
-SHARDED_STATE = "sharded_state"
 
 
 def _broadcast_path(trainer, path: Path | None) -> Path:
@@ -138,3 +143,43 @@ def _restore_full(trainer, numbered: dict[str, Any]) -> None:
                               for g in numbered["param_groups"]]}
     set_optimizer_state_dict(trainer.model, trainer.optimizer, state,
                              options=StateDictOptions(full_state_dict=True))
+
+
+def read_full_optimizer(path: str | Path, model: torch.nn.Module,
+                        optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The shards under `path` (a folder's sharded_state/) read whole in this process, with no
+    process group, as `optimizer`'s state_dict: parameters numbered in `model`'s order (the
+    names ShardedPolicyTrainer keys them by), the param groups `optimizer`'s own."""
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        metadata = dcp.FileSystemReader(str(path)).read_metadata()
+    except (OSError, RuntimeError, ValueError, EOFError) as err:
+        raise TrainerCheckpointError(f"optimizer shards {path} are unreadable: {err}") from None
+    # save_sharded's keys flatten ("optimizer", "state", parameter name, "exp_avg"), ...;
+    # planner_data keeps those paths (a parameter name has dots of its own)
+    template: dict[str, dict[str, torch.Tensor]] = {}
+    for key, where in (metadata.planner_data or {}).items():
+        if tuple(where[:2]) == ("optimizer", "state"):
+            entry = metadata.state_dict_metadata[key]
+            template.setdefault(where[2], {})[where[3]] = torch.empty(
+                entry.size, dtype=entry.properties.dtype)
+    parameters = dict(model.named_parameters())
+    misfits = sorted(name for name, state in template.items()
+                     if name not in parameters or any(
+                         t.dim() and t.shape != parameters[name].shape for t in state.values()))
+    if not template or misfits:
+        raise TrainerCheckpointError(
+            f"optimizer shards {path} do not fit this model: " + (
+                f"parameters {misfits[:3]} are not the model's or have other shapes"
+                if misfits else "they hold no parameter's state"))
+    try:
+        with warnings.catch_warnings():  # the intent is one process; torch warns it assumes so
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load({"optimizer": {"state": template}}, checkpoint_id=str(path), no_dist=True)
+    except dcp.CheckpointException as err:  # a BaseException: one (exception, trace) per rank
+        causes = "; ".join(f"{type(c).__name__}: {c}" for c, _ in err.failures.values())
+        raise TrainerCheckpointError(f"optimizer shards {path} are unreadable: {causes}") from None
+    number = {name: i for i, name in enumerate(parameters)}
+    return {"state": {number[name]: state for name, state in template.items()},
+            "param_groups": optimizer.state_dict()["param_groups"]}

@@ -6,6 +6,7 @@
     metrics = trainer.update(records, rewards, old, group_size=8)   # {"actor/loss": ..., ...}
     engine.update_weights(trainer.state_dict_for_sync())
     trainer.save(folder); trainer = PolicyTrainer.load(folder, config.algo, "cpu", "auto")
+    # load() also resumes a trainer group's folder (rl/sharded_checkpoint.py), in this process
 
 The model is the checkpoint's AutoModelForCausalLM with SDPA attention. `dtype` is the compute
 dtype: fp32 ("auto" on CPU) runs plainly. bf16 ("auto" on GPU) holds the model's parameters in
@@ -40,6 +41,7 @@ from sparrow_core.model.builtin import resolve_model_path
 from sparrow_core.rl.advantages import ADVANTAGE_ESTIMATORS, per_token_advantages
 from sparrow_core.rl.aggregate import count_for
 from sparrow_core.rl.checkpoint import (
+    SHARDED_STATE,
     read_checkpoint_state,
     restore_rng_state,
     save_checkpoint,
@@ -62,6 +64,7 @@ from sparrow_core.rl.scoring import (
     score_rollouts,
     token_logprobs,
 )
+from sparrow_core.rl.sharded_checkpoint import read_full_optimizer
 
 if TYPE_CHECKING:  # the library's config types, without importing the config loader
     from sparrow_core.config.schema import AlgoConfig
@@ -283,12 +286,17 @@ class PolicyTrainer:
     @classmethod
     def load(cls, folder: str | Path, algo: AlgoConfig, device: str | torch.device = "auto",
              dtype: str | torch.dtype = "auto") -> "PolicyTrainer":
-        """The trainer saved in `folder`, ready for its next update. lr and weight_decay come
-        from `algo` (a resumed run may change them); the moments and step counts from disk."""
+        """The trainer saved in `folder` (save(), or a trainer group's save() or export()),
+        ready for its next update. lr and weight_decay come from `algo` (a resumed run may
+        change them); the moments and step counts from disk."""
         state = read_checkpoint_state(folder)
         trainer = cls(folder, algo, device, dtype, seed=int(state.meta.get("seed", 0)),
                       temperature=float(state.meta.get("temperature", 1.0)))
-        trainer.optimizer.load_state_dict(state.optimizer)
+        optimizer_state = state.optimizer
+        if optimizer_state is None:  # a group's shards, read whole without a process group
+            optimizer_state = read_full_optimizer(Path(folder) / SHARDED_STATE, trainer.model,
+                                                  trainer.optimizer)
+        trainer.optimizer.load_state_dict(optimizer_state)
         for group in trainer.optimizer.param_groups:
             group["lr"], group["weight_decay"] = algo.lr, algo.weight_decay
         trainer.step = int(state.meta["step"])

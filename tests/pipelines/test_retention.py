@@ -43,6 +43,8 @@ def test_pruning_never_waits_for_a_background_save(tmp_path, monkeypatch):
         folder.mkdir()
         (folder / "model.safetensors").write_text("x")
     (done / "config.json").write_text("{}")  # step 2's save has not reached its config yet
+    (done / "sharded_state").mkdir()  # a trainer group's optimizer shards go too
+    (done / "sharded_state" / "__0_0.distcp").write_text("x")
     records = [StageRecord("r", s, "policy_update", 1.0, str(f)) for s, f in ((1, done),
                                                                              (2, writing))]
     monkeypatch.setattr(retention, "stage_records", lambda store, run_id: records)
@@ -55,11 +57,12 @@ def test_pruning_never_waits_for_a_background_save(tmp_path, monkeypatch):
                               cfg=SimpleNamespace(pipeline=SimpleNamespace(keep_checkpoints=1,
                                                                            keep_every=0)))
     assert retention.prune_policy_folders(runtime, 3) == [done]
-    assert not (done / "model.safetensors").exists()
+    assert not (done / "model.safetensors").exists() and not (done / "sharded_state").exists()
     assert (writing / "model.safetensors").exists()
     retention.wait_for_deletions()  # the tensors went to a worker thread, renamed at once
     assert not (done / retention.TRASH).exists()
-    assert json.loads((done / retention.MARKER).read_text())["removed"] == ["model.safetensors"]
+    assert json.loads((done / retention.MARKER).read_text())["removed"] == ["model.safetensors",
+                                                                           "sharded_state"]
 
 
 def test_a_trash_left_by_a_dead_process_goes_on_resume(tmp_path, monkeypatch):

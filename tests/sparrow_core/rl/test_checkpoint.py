@@ -68,6 +68,11 @@ def test_read_errors_name_the_folder_and_file(model_and_optimizer, qwen3_checkpo
     (folder / "optimizer.pt").write_bytes(b"garbage")
     with pytest.raises(TrainerCheckpointError, match=f"{folder} is unreadable"):
         read_checkpoint_state(folder)
+    (folder / "optimizer.pt").unlink()
+    with pytest.raises(TrainerCheckpointError, match="has neither optimizer.pt nor sharded_state/"):
+        read_checkpoint_state(folder)
+    (folder / "sharded_state").mkdir()  # a trainer group's: its shards load with the model
+    assert read_checkpoint_state(folder).optimizer is None
     folder2 = save_checkpoint(tmp_path / "ck2", model, optimizer, qwen3_checkpoint, {"step": 1})
     (folder2 / "trainer_state.json").write_text(json.dumps({"format_version": 99, "step": 1}))
     with pytest.raises(TrainerCheckpointError, match="format_version 99"):
