@@ -191,31 +191,35 @@ def test_sparrow_core_never_imports_mlflow():
     assert pattern.search((Path(__file__).parents[2] / "runtime" / "tracking.py").read_text())
 
 
-def _start_in_child(workdir: str, run_id: str, barrier_dir: str) -> str:
-    import time as _time
-    from pathlib import Path as _Path
-
-    # both children import MLflow first, then start together, to meet at the store's creation
-    _Path(barrier_dir, run_id).touch()
-    while len(list(_Path(barrier_dir).iterdir())) < 2:
-        _time.sleep(0.01)
-    tracker = Tracker.start(load_config([]), run_id, workdir)
-    return tracker.mlflow_run_id
+# one process of the two-process test: waits until both have imported MLflow, then starts
+_CHILD = """
+import sys, time
+from pathlib import Path
+from sparrow_core.config import load_config
+from runtime.tracking import Tracker
+import mlflow.tracking
+workdir, run_id, barrier = sys.argv[1:4]
+Path(barrier, run_id).touch()
+while len(list(Path(barrier).iterdir())) < 2:
+    time.sleep(0.01)
+print(Tracker.start(load_config([]), run_id, workdir).mlflow_run_id)
+"""
 
 
 def test_two_processes_open_a_new_store_at_once(tmp_path):
     """Two calibrations in one fresh workdir: both make their MLflow runs (MLflow creates its
     tables on first use; without the lock one of them fails with "table already exists")."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    import subprocess
+    import sys
 
     barrier = tmp_path / "barrier"
     barrier.mkdir()
-    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(_start_in_child, str(tmp_path / "work"), name, str(barrier))
-                   for name in ("cal-a", "cal-b")]
-        ids = [f.result(timeout=300) for f in futures]
-    assert len(set(ids)) == 2
+    procs = [subprocess.Popen([sys.executable, "-c", _CHILD, str(tmp_path / "work"), name,
+                               str(barrier)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for name in ("cal-a", "cal-b")]
+    outputs = [proc.communicate(timeout=300) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], [err[-2000:] for _, err in outputs]
+    assert len({out.strip() for out, _ in outputs}) == 2
     tags = {r.data.tags["sparrow.run_id"] for r in _client(tmp_path / "work").search_runs(
         [e.experiment_id for e in _client(tmp_path / "work").search_experiments()])}
     assert tags == {"cal-a", "cal-b"}
