@@ -64,10 +64,17 @@ while True:
 """
 
 
+_WATCHDOG: dict[int, subprocess.Popen] = {}  # this process's watchdog, by pid (a fork has none)
+
+
 def guard_local_server() -> subprocess.Popen | None:
-    """Start the watchdog (module doc); None where it does not apply."""
+    """Start the watchdog (module doc), once per process; None where it does not apply."""
     if not sys.platform.startswith("linux") or os.environ.get("PREFECT_API_URL"):
         return None
-    return subprocess.Popen([sys.executable, "-c", _WATCH, str(os.getpid()), SERVER_MARK],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    running = _WATCHDOG.get(os.getpid())
+    if running is not None and running.poll() is None:
+        return running
+    _WATCHDOG[os.getpid()] = subprocess.Popen(
+        [sys.executable, "-c", _WATCH, str(os.getpid()), SERVER_MARK], stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    return _WATCHDOG[os.getpid()]

@@ -110,7 +110,18 @@ def run_study(args: argparse.Namespace) -> int:
 
     overrides, study_overrides = split_overrides(args.overrides)
     check_study_id(args.study_id)
-    load_study(args.study, study_overrides)  # a bad study is one error line, before Prefect
+    study = load_study(args.study, study_overrides)  # a bad study is one error line, before Prefect
+    names = [arm.name for arm in study.arms]
+    unknown = [arm for arm in args.arm or [] if arm not in names]
+    if unknown:
+        raise ConfigError(f"no arm {', '.join(map(repr, unknown))} in the study; "
+                          f"arms: {', '.join(names)}")
+    if args.gpus and args.arm:
+        raise ConfigError("--gpus runs every unfinished arm; leave out --arm")
+    if args.gpus and not study.own_workdirs:
+        raise ConfigError("arms that run at once write their own workdirs: add "
+                          "study.own_workdirs=true (a study's arms share their settings "
+                          "from its first run on, so set it from the start)")
     from pipelines.server_guard import guard_local_server
     from runtime.interrupt import install_sigint
 
@@ -118,8 +129,6 @@ def run_study(args: argparse.Namespace) -> int:
     install_sigint()
     from pipelines.study import study_at_once, study_flow
 
-    if args.gpus and args.arm:
-        raise ConfigError("--gpus runs every unfinished arm; leave out --arm")
     if args.gpus:
         summary = study_at_once(args.study_id, args.study, overrides, study_overrides, args.gpus)
     else:

@@ -12,6 +12,8 @@ fixed's step-1 stages again, and must end with both runs finished and the report
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -135,9 +137,16 @@ def test_the_report_is_written_from_duckdb(resumed, tmp_path, capsys):
     assert (tmp_path / "summary.md").read_text().startswith("# Stability study `st`")
 
 
-def test_arms_at_once_write_their_own_workdirs_and_one_report(tmp_path, capsys):
+def _sparrow(env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sparrow_cli.main", *args], env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_arms_at_once_write_their_own_workdirs_and_one_report(tmp_path, flow_environment):
     """`--gpus` runs the two arms as two processes at once, each in its own workdir; the report
-    reads both; a second call finds both finished and starts nothing."""
+    reads both; a second call finds both finished and starts nothing. The command itself is a
+    process of its own, reporting to the session's Prefect API as its arms do."""
+    env, _ = flow_environment.subprocess_env(tmp_path / "prefect-home")
     workdir = tmp_path / "work"
     spec = str(tmp_path / "study.yaml")
     Path(spec).write_text(yaml.safe_dump({
@@ -148,8 +157,9 @@ def test_arms_at_once_write_their_own_workdirs_and_one_report(tmp_path, capsys):
     items = ["st2", "--study", spec, "--gpus", "0,1", "--json", "study.own_workdirs=true",
              f"pipeline.workdir={workdir}", "pipeline.steps=1", "data.prompts_per_step=2",
              "rollout.samples_per_prompt=2", "rollout.max_new_tokens=8"]
-    assert main(["study", "run", *items]) == 0
-    summary = json.loads(capsys.readouterr().out)
+    done = _sparrow(env, "study", "run", *items)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
     assert [(a["arm"], a["status"], a["skipped"]) for a in summary["arms"]] == [
         ("dense", "finished", False), ("fixed", "finished", False)]
     assert sorted(a["gpu"] for a in summary["arms"]) == ["0", "1"]
@@ -167,10 +177,10 @@ def test_arms_at_once_write_their_own_workdirs_and_one_report(tmp_path, capsys):
     pages = query(arms_dir / "fixed", "SELECT DISTINCT pages_read FROM bin_stats").rows
     assert pages == [(1 + 3,)]  # the pinned flat schedule, + reserved_bos, _eos
     # again: both finished, nothing started
-    assert main(["study", "run", *items]) == 0
-    again = json.loads(capsys.readouterr().out)
-    assert [(a["arm"], a["skipped"]) for a in again["arms"]] == [("dense", True),
-                                                                 ("fixed", True)]
+    again = _sparrow(env, "study", "run", *items)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert [(a["arm"], a["skipped"]) for a in json.loads(again.stdout)["arms"]] == [
+        ("dense", True), ("fixed", True)]
 
 
 def test_arms_at_once_need_their_own_workdirs(tmp_path, capsys):
@@ -180,3 +190,4 @@ def test_arms_at_once_need_their_own_workdirs(tmp_path, capsys):
     assert main(["study", "run", "st3", "--arm", "nosuch", f"pipeline.workdir={tmp_path}"]) != 0
     assert "no arm 'nosuch' in the study; arms: dense, fixed, target-0.86" in \
         capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # refused before any workdir was made or process started

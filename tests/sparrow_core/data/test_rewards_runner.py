@@ -50,6 +50,14 @@ def children_of_this_process() -> list[int]:
     return pids
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")[:200]
+    except OSError:
+        return f"{pid} (gone)"
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="counts child processes through /proc")
 def test_failures_and_timeouts_score_zero_and_are_counted(register):
     register("test_flaky", flaky_reward)
@@ -61,7 +69,8 @@ def test_failures_and_timeouts_score_zero_and_are_counted(register):
     assert (batch.errors, batch.timeouts) == (3, 2)  # raise, crash, nan / sleep, hang
     assert batch.first_error == "sample 1: ValueError: bad sample"
     assert elapsed < 20  # the sleeping and hanging calls were cut off, not waited for
-    assert children_of_this_process() == []  # killed workers are gone, the rest shut down
+    # killed workers are gone, the rest shut down
+    assert children_of_this_process() == [], [_cmdline(p) for p in children_of_this_process()]
 
 
 def test_results_keep_input_order_across_workers():
