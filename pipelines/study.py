@@ -42,19 +42,16 @@ from pipelines.train import train_flow  # noqa: E402
 from reports.study import default_out, write_study_report  # noqa: E402
 from runtime.rollout_actors import start_ray  # noqa: E402
 from sparrow_core.config import ConfigError  # noqa: E402
-from sparrow_core.config.study import load_study  # noqa: E402
+from sparrow_core.config.study import check_arm_names, check_at_once, load_study  # noqa: E402
 from tasks.study_arms import own_workdir, plan_study, plan_study_task, study_dir  # noqa: E402
 from tasks.study_report import study_report_task  # noqa: E402
 
 
-def _selected(plans: list[dict], arms: list[str] | None) -> list[dict]:
+def _selected(study: str, study_overrides: list[str] | None, plans: list[dict],
+              arms: list[str] | None) -> list[dict]:
     if not arms:
         return plans
-    names = [plan["arm"] for plan in plans]
-    unknown = [a for a in arms if a not in names]
-    if unknown:
-        raise ConfigError(f"no arm {', '.join(map(repr, unknown))} in the study; "
-                          f"arms: {', '.join(names)}")
+    check_arm_names(load_study(study, study_overrides or []), arms)
     return [plan for plan in plans if plan["arm"] in arms]
 
 
@@ -65,7 +62,7 @@ def study_flow(study_id: str, study: str = "default", overrides: list[str] | Non
     """Run (or resume) every arm of a study, or the named `arms` alone (then no report); a
     small summary of what ran and where."""
     plans = plan_study_task(study_id, study, list(study_overrides or []), list(overrides or []))
-    chosen = _selected(plans, arms)
+    chosen = _selected(study, study_overrides, plans, arms)
     pending = [plan for plan in chosen if not plan["finished"]]
     started_ray = bool(pending) and start_ray(plans[0]["ray_address"])
     ran = []
@@ -109,10 +106,7 @@ def study_at_once(study_id: str, study: str, overrides: list[str], study_overrid
     summary like study_flow's, with each arm's exit code and log."""
     if not gpus:
         raise ConfigError("--gpus names no GPU")
-    if not load_study(study, study_overrides).own_workdirs:
-        raise ConfigError("arms that run at once write their own workdirs: add "
-                          "study.own_workdirs=true (a study's arms share their settings "
-                          "from its first run on, so set it from the start)")
+    check_at_once(load_study(study, study_overrides))
     plans = plan_study(study_id, study, study_overrides, overrides)
     workdir = plans[0]["workdir"]
     items = [*overrides, *(f"study.{item}" for item in study_overrides)]

@@ -106,22 +106,16 @@ def run_study(args: argparse.Namespace) -> int:
 
     quiet_prefect()
     from sparrow_core.config import ConfigError
-    from sparrow_core.config.study import check_study_id, load_study
+    from sparrow_core.config.study import check_arm_names, check_at_once, check_study_id, load_study
 
     overrides, study_overrides = split_overrides(args.overrides)
     check_study_id(args.study_id)
     study = load_study(args.study, study_overrides)  # a bad study is one error line, before Prefect
-    names = [arm.name for arm in study.arms]
-    unknown = [arm for arm in args.arm or [] if arm not in names]
-    if unknown:
-        raise ConfigError(f"no arm {', '.join(map(repr, unknown))} in the study; "
-                          f"arms: {', '.join(names)}")
+    check_arm_names(study, args.arm or [])
     if args.gpus and args.arm:
         raise ConfigError("--gpus runs every unfinished arm; leave out --arm")
-    if args.gpus and not study.own_workdirs:
-        raise ConfigError("arms that run at once write their own workdirs: add "
-                          "study.own_workdirs=true (a study's arms share their settings "
-                          "from its first run on, so set it from the start)")
+    if args.gpus:
+        check_at_once(study)
     from pipelines.server_guard import guard_local_server
     from runtime.interrupt import install_sigint
 

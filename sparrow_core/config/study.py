@@ -60,6 +60,23 @@ class StudyConfig:
     own_workdirs: bool = False
 
 
+def check_arm_names(study: StudyConfig, names: Iterable[str]) -> None:
+    """Refuse arm names the study does not have (`sparrow study run --arm`)."""
+    known = [arm.name for arm in study.arms]
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ConfigError(f"no arm {', '.join(map(repr, unknown))} in the study; "
+                          f"arms: {', '.join(known)}")
+
+
+def check_at_once(study: StudyConfig) -> None:
+    """Arms that run at once need their own workdirs (a workdir has one writer)."""
+    if not study.own_workdirs:
+        raise ConfigError("arms that run at once write their own workdirs: add "
+                          "study.own_workdirs=true (a study's arms share their settings "
+                          "from its first run on, so set it from the start)")
+
+
 def arm_workdir(overrides: list[str], default: str | Path) -> Path:
     """The workdir an arm's run writes: the last pipeline.workdir= of its overrides."""
     found = [o.split("=", 1)[1] for o in overrides if o.startswith("pipeline.workdir=")]
