@@ -32,6 +32,7 @@ from sparrow_core.sparse.target import get_statistic
 from sparrow_core.study import (
     collapse_labels,
     last_mean,
+    passes_at_target,
     separation,
     step_rollout_cost,
     worst_per_step,
@@ -115,6 +116,9 @@ def summarize_study(data: StudyData, window: int | None = None, ratio: float | N
                                               rule.collapse_ratio)
     priced, why = costs or study_costs(data)
     worst = {s.name: {a.name: worst_per_step(a.bins, s) for a in data.arms} for s in STATISTICS}
+    # each sparse arm's own target (a dense arm has none)
+    targets = {a.name: (None if a.setting("schedule.sparse") is False
+                        else a.setting("schedule.target")) for a in data.arms}
     arms = []
     for a in data.arms:
         costs = priced[a.name]
@@ -140,6 +144,8 @@ def summarize_study(data: StudyData, window: int | None = None, ratio: float | N
                           "ratio": rule.collapse_ratio, "reference_final_reward": reference_final},
         "arms": arms,
         "separation": [separation(worst[s.name], labels, s) for s in STATISTICS],
+        "passes_at_target": [passes_at_target(worst[s.name], labels, targets, s)
+                             for s in STATISTICS if s.higher_is_better],
         "cost_model": {"priced": not why, "why_not": why},
     }
 
@@ -180,6 +186,19 @@ def study_markdown(summary: dict[str, Any], files: list[str]) -> str:
                       f"{len(s['stable_arms'])} / {s['stable_steps']}",
                       f"{len(s['collapsed_arms'])} / {s['collapsed_steps']}"]
                      for s in summary["separation"]])
+    dense = {a["arm"] for a in summary["arms"] if a["sparse"] is False}
+    stable = set(summary["separation"][0]["stable_arms"]) if summary["separation"] else set()
+    if stable and stable <= dense:
+        lines += ["", "Every stable arm decodes densely, so these AUCs compare sparse with dense "
+                  "decoding, not a threshold; the table below is the test."]
+    lines += ["", "## Held at each arm's target: how often the statistic calls a step fine", "",
+              "Share of steps whose worst bin meets the arm's own target, for the sparse arms "
+              "(a dense arm has no target). On collapsed arms a pass is a false pass: held at "
+              "that target, the statistic would not have warned.", ""]
+    lines += _table(["statistic", "collapsed arms' steps passing", "collapsed steps",
+                     "stable arms' steps passing", "stable steps"],
+                    [[s["statistic"], s["collapsed_pass"], s["collapsed_steps"], s["stable_pass"],
+                      s["stable_steps"]] for s in summary["passes_at_target"]])
     lines += ["", "## Plots", ""] + [f"![{name}]({name})" for name in files]
     return "\n".join(lines) + "\n"
 

@@ -4,6 +4,7 @@ from stable ones, and the cost model's price of one step's rollout. Pure: no sto
     labels = collapse_labels({"dense": [...], "fixed": [...]}, "dense", window=5, ratio=0.8)
     auc([stable step values], [collapsed step values])            # 1.0: every stable step better
     separation({"dense": {1: 0.9, ...}, ...}, labels, get_statistic("p5"))
+    passes_at_target(per_arm, labels, {"p5-0.86": 0.86}, get_statistic("p5"))   # false passes
     step_rollout_cost(schedule, model=shape, hardware=hw, prompt_len=40, gen_len=200,
                       samples_per_prompt=8, prompts=4)               # (eFLOPs, dense eFLOPs)
 
@@ -16,7 +17,11 @@ auc is the Mann-Whitney probability that a step of a stable arm shows a better v
 step of a collapsed arm (ties count a half): 1.0 separates perfectly, 0.5 is chance, below
 0.5 is backwards. It is given over steps (every step of every labelled arm) and over arms
 (each arm's mean over its steps); with few arms the arm-level value is coarse (1 collapsed arm
-against 3 stable ones can only give 0, 1/3, 2/3 or 1).
+against 3 stable ones can only give 0, 1/3, 2/3 or 1). When the only stable arm decodes
+densely, every statistic separates it (dense acceptance is about 1) and the AUC tests
+nothing; passes_at_target then says more: how often a collapsed sparse arm met its own
+target on the statistic, i.e. how often the statistic held at that target would have called
+a collapsing run fine.
 """
 
 from __future__ import annotations
@@ -93,6 +98,32 @@ def separation(per_arm: Mapping[str, Mapping[int, float]], labels: Mapping[str, 
         "stable_steps": sum(len(per_arm[a]) for a in sides[False]),
         "collapsed_steps": sum(len(per_arm[a]) for a in sides[True]),
     }
+
+
+def passes_at_target(per_arm: Mapping[str, Mapping[int, float]],
+                     labels: Mapping[str, bool | None], targets: Mapping[str, float | None],
+                     statistic: TargetStatistic) -> dict:
+    """How often the statistic, held at each arm's own target, calls a step fine: the share of
+    steps whose worst bin meets the target, over the collapsed arms (a false pass: the
+    statistic would not have warned) and over the stable ones. Only arms with a target take
+    part (a dense arm has none); None where a side has no steps. Meaningful for statistics on
+    the acceptance scale (p1, p5, p10, mean, min), whose target is an acceptance level."""
+    counts = {True: [0, 0], False: [0, 0]}  # label -> [steps meeting the target, steps]
+    for arm, label in labels.items():
+        target = targets.get(arm)
+        if label is None or target is None:
+            continue
+        for value in per_arm.get(arm, {}).values():
+            counts[label][0] += not statistic.misses(value, target)
+            counts[label][1] += 1
+
+    def share(label: bool) -> float | None:
+        met, steps = counts[label]
+        return met / steps if steps else None
+
+    return {"statistic": statistic.name, "collapsed_pass": share(True),
+            "collapsed_steps": counts[True][1], "stable_pass": share(False),
+            "stable_steps": counts[False][1]}
 
 
 def step_rollout_cost(schedule: Schedule | None, *, model: ModelShape, hardware: Hardware,

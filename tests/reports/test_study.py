@@ -125,6 +125,34 @@ def test_separation_per_statistic_equals_a_plain_loop(report):
     assert by_name["p5"]["step_auc"] == 1.0
 
 
+def test_passes_at_each_arms_target_equal_a_plain_loop(report):
+    _, out, _, summary = report
+    by_name = {s["statistic"]: s for s in summary["passes_at_target"]}
+    assert sorted(by_name) == sorted(s for s in STATS if s != "share_below_half")
+    for name in by_name:
+        def passing(arm, target):  # worst of the two bins meeting the arm's target
+            return [min(bin_row(0.99)[name], bin_row(p)[name]) >= target for p in ARMS[arm][2]]
+
+        cheap, ctl = passing("cheap", 0.86), passing("ctl", 0.9)
+        assert by_name[name]["collapsed_pass"] == pytest.approx(sum(cheap) / 4), name
+        assert by_name[name]["stable_pass"] == pytest.approx(sum(ctl) / 4), name
+        assert (by_name[name]["collapsed_steps"], by_name[name]["stable_steps"]) == (4, 4)
+    assert by_name["p5"]["stable_pass"] == 0.5  # ctl's p5 0.90 and 0.91 meet 0.9
+    text = (out / "summary.md").read_text()
+    assert "how often the statistic calls a step fine" in text
+    assert "Every stable arm decodes densely" not in text  # ctl is a stable sparse arm
+
+
+def test_a_note_when_the_only_stable_arm_is_dense(report, tmp_path):
+    workdir = report[0]
+    # a stricter rule collapses ctl too (0.725 < 0.99 x 0.75): dense alone is stable
+    _, summary = write_study_report(workdir, "s", tmp_path / "strict", ratio=0.99)
+    assert summary["separation"][0]["stable_arms"] == ["dense"]
+    assert "Every stable arm decodes densely" in (tmp_path / "strict" / "summary.md").read_text()
+    p5 = {s["statistic"]: s for s in summary["passes_at_target"]}["p5"]
+    assert p5["stable_steps"] == 0 and p5["stable_pass"] is None
+
+
 def test_predicted_cost_is_the_cost_models(report):
     _, _, _, summary = report
     arms = {a["arm"]: a for a in summary["arms"]}

@@ -23,6 +23,7 @@ from sparrow_core.study import (
     auc,
     collapse_labels,
     last_mean,
+    passes_at_target,
     separation,
     step_rollout_cost,
     worst_per_step,
@@ -81,6 +82,20 @@ def test_worst_bin_per_step_and_separation():
     flipped = separation(shares, {"dense": False, "cheap": True}, get_statistic("share_below_half"))
     assert flipped["step_auc"] == 1.0 and not flipped["higher_is_better"]
     assert separation(per_arm, {"dense": False}, get_statistic("p5"))["step_auc"] is None
+
+
+def test_passes_at_target_counts_steps_meeting_each_arms_own_target():
+    per_arm = {"dense": {1: 0.99, 2: 0.99}, "p86": {1: 0.9, 2: 0.8, 3: 0.86},
+               "p90": {1: 0.88, 2: 0.95}, "ok": {1: 0.5, 2: 0.95}, "unlabelled": {1: 0.99}}
+    labels = {"dense": False, "p86": True, "p90": True, "ok": False, "unlabelled": None}
+    targets = {"dense": None, "p86": 0.86, "p90": 0.90, "ok": 0.86, "unlabelled": 0.86}
+    result = passes_at_target(per_arm, labels, targets, get_statistic("p5"))
+    # collapsed: p86 meets 0.86 at steps 1 and 3, p90 meets 0.90 at step 2 -> 3 of 5
+    assert result["collapsed_pass"] == pytest.approx(3 / 5) and result["collapsed_steps"] == 5
+    # stable: the dense arm has no target; ok meets 0.86 at step 2 -> 1 of 2
+    assert result["stable_pass"] == pytest.approx(1 / 2) and result["stable_steps"] == 2
+    none = passes_at_target(per_arm, {"dense": False}, targets, get_statistic("p5"))
+    assert none["collapsed_pass"] is None and none["stable_pass"] is None
 
 
 def test_step_rollout_cost_is_the_cost_models():
