@@ -178,6 +178,9 @@ class AlgoConfig:
     # one torch.rms_norm kernel per RMSNorm instead of transformers' elementwise chain
     # (sparrow_core/rl/fused_norms.py); off until measured on a GPU
     fused_norms: bool = False
+    # torch.compile each decoder layer (sparrow_core/rl/compiled_layers.py): fused elementwise
+    # work and less host overhead; off until measured on a GPU
+    compile_layers: bool = False
     # thresholds of the masking mismatch corrections (algo.loss mis_*, icepop, geo_mask)
     correction: CorrectionConfig = field(default_factory=CorrectionConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)

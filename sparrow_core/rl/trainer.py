@@ -48,6 +48,7 @@ from sparrow_core.rl.checkpoint import (
 )
 from sparrow_core.rl.checks import RLInputError
 from sparrow_core.rl.losses import POLICY_LOSSES, PolicyLossConfig
+from sparrow_core.rl.compiled_layers import compile_layers
 from sparrow_core.rl.fused_norms import fuse_rms_norms
 from sparrow_core.rl.hf_model import (  # noqa: F401  (resolve_* and load_hf_model: public here too)
     enable_checkpointing,
@@ -92,6 +93,8 @@ class PolicyTrainer:
             enable_checkpointing(self.model)
         if algo.fused_norms:
             fuse_rms_norms(self.model)
+        if algo.compile_layers:
+            compile_layers(self.model)
         self.masters = None
         if self.dtype != torch.float32 and algo.master_weights:
             self.masters = MasterWeights(self.model, self.dtype)

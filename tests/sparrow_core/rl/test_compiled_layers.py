@@ -1,0 +1,77 @@
+"""compile_layers: every decoder layer of the trainer's model compiled in place, with the
+eager model's numbers (the numeric test needs a GPU: a CPU compile takes about a minute).
+
+    python -m pytest tests/sparrow_core/rl/test_compiled_layers.py -q          # CPU part
+    python -m pytest tests/sparrow_core/rl/test_compiled_layers.py -q -m gpu   # on a GPU
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from sparrow_core.config.schema import AlgoConfig
+from sparrow_core.rl.compiled_layers import compile_layers, decoder_layers, is_compiled
+from sparrow_core.rl.trainer import PolicyTrainer, load_hf_model
+from tests.sparrow_core.rl.test_trainer_gpu import make_records
+
+ALGO = AlgoConfig(lr=1e-3, micro_batch_tokens=64, grad_clip=1.0)
+
+
+def test_every_layer_is_compiled_in_place_keeping_its_parameters(qwen3_checkpoint):
+    model = load_hf_model(qwen3_checkpoint, torch.device("cpu"))
+    before = {name: p for name, p in model.named_parameters()}
+    assert not any(is_compiled(layer) for layer in decoder_layers(model))
+    assert compile_layers(model) == model.config.num_hidden_layers
+    assert all(is_compiled(layer) for layer in decoder_layers(model))
+    # nothing replaced: the optimizer, master weights and checkpoints see the same tensors
+    assert all(p is before[name] for name, p in model.named_parameters())
+
+
+def test_the_trainer_compiles_only_when_asked(qwen3_checkpoint):
+    plain = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu")
+    asked = PolicyTrainer(qwen3_checkpoint, dataclasses.replace(ALGO, compile_layers=True),
+                          device="cpu")
+    assert not any(is_compiled(layer) for layer in decoder_layers(plain.model))
+    assert all(is_compiled(layer) for layer in decoder_layers(asked.model))
+
+
+def test_a_model_without_decoder_layers_is_refused():
+    class NoLayers(torch.nn.Module):
+        def get_decoder(self):
+            return torch.nn.Linear(2, 2)
+
+    with pytest.raises(ValueError, match="no `layers`"):
+        compile_layers(NoLayers())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_compiled_layers_score_and_update_like_eager_on_gpu(qwen3_checkpoint, checkpointing):
+    algo = dataclasses.replace(ALGO, gradient_checkpointing=checkpointing)
+    eager = PolicyTrainer(qwen3_checkpoint, algo, device="cuda", dtype="auto")
+    compiled = PolicyTrainer(qwen3_checkpoint, dataclasses.replace(algo, compile_layers=True),
+                             device="cuda", dtype="auto")
+    records = make_records(seed=4)
+    for a, b in zip(eager.score(records), compiled.score(records)):
+        np.testing.assert_allclose(b.dense_logprobs, a.dense_logprobs, atol=0.05)
+        np.testing.assert_allclose(b.acceptance, a.acceptance, atol=0.01)
+    records = [dataclasses.replace(r, actor_logprobs=s.dense_logprobs)
+               for r, s in zip(records, eager.score(records))]
+    rewards = [1.0, 0.0, 0.0, 1.0]
+    old = [s.dense_logprobs for s in eager.score(records)]
+    want = eager.update(records, rewards, old, group_size=2)
+    got = compiled.update(records, rewards, old, group_size=2)
+    # the same step: loss and gradient norm (before clipping) agree up to bf16 rounding
+    assert got["actor/loss"] == pytest.approx(want["actor/loss"], rel=0.05, abs=1e-4)
+    assert got["actor/grad_norm"] == pytest.approx(want["actor/grad_norm"], rel=0.05)
+    for a, b in zip(eager.score(records), compiled.score(records)):  # after the step
+        np.testing.assert_allclose(b.dense_logprobs, a.dense_logprobs, atol=0.05)
+    # a second length compiles nothing new that fails, and scoring still agrees
+    longer = make_records(seed=9, prompts=3)
+    for a, b in zip(eager.score(longer), compiled.score(longer)):
+        np.testing.assert_allclose(b.dense_logprobs, a.dense_logprobs, atol=0.05)
