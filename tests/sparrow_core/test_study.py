@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from sparrow_core.config import ConfigError
+from sparrow_core.config import ConfigError, load_config
 from sparrow_core.config.load import conf_dir
 from sparrow_core.config.study import (
     StudyConfig,
@@ -148,3 +148,12 @@ def test_arm_names_must_be_unique_and_usable(tmp_path):
     with pytest.raises(ConfigError, match="studies: default"):
         load_study("missing")
     assert StudyConfig().reference_arm == "dense"
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (conf_dir() / "study").glob("*.yaml")))
+def test_every_shipped_study_loads_and_each_arm_config_resolves(name):
+    """A typo in conf/study/*.yaml (a key, an override) fails here, not on a GPU machine."""
+    study = load_study(name)
+    for arm in study.arms:
+        cfg = load_config([*study.common, *arm.overrides])
+        assert cfg.pipeline.steps >= 1, (name, arm.name)
