@@ -118,7 +118,8 @@ def start_pool(runtime: RunRuntime) -> ActorPool:
         schedule=schedule if cfg.schedule.sparse else None,
         engine=EngineConfig.from_rollout(cfg.rollout, page_size=schedule.page_size,
                                          max_context=cfg.model.max_context),
-        device=device, dtype=dtype, threads=int(resources.get("num_cpus", 1)))
+        device=device, dtype=dtype, threads=int(resources.get("num_cpus", 1)),
+        backend=cfg.rollout.backend)
     return ActorPool.start(spec, count, resources, placement, cfg.rollout.work_item_prompts)
 
 

@@ -7,7 +7,9 @@
     pool.set_schedule(schedule_or_none); pool.shutdown()
 
 One actor per GPU (the engine on that GPU), or `rollout.num_actors` CPU actors (1 when it
-is 0) on a machine without GPU. Prompts go out in work items of a few prompts to whichever
+is 0) on a machine without GPU. `WorkerSpec.backend` picks the engine (`rollout.backend`):
+native (sparrow_core/engine) or vllm (sparrow_core/vllm: dense decode, GPU only); both
+answer the same calls, so the pool, the dispatch and the weight sync do not tell them apart. Prompts go out in work items of a few prompts to whichever
 actor is free (runtime/rollout_dispatch.py); each request carries its own seed, so what a
 prompt gets does not depend on which actor ran it. An actor that dies (RayActorError) is
 replaced by a fresh one built from the current weights folder and schedule, and its work
@@ -49,21 +51,14 @@ class WorkerSpec:
     dtype: str = "float32"
     threads: int = 1
     adapter_path: str = ""  # a DistillSparse LoRA folder merged into the weights; "" none
+    backend: str = "native"  # rollout.backend: native or vllm
 
 
 class RolloutWorker:
     """One engine; the body of a Ray actor (plain class, so tests may run it in-process)."""
 
     def __init__(self, spec: WorkerSpec):
-        import torch
-
-        from sparrow_core.engine import Engine
-        from sparrow_core.model import load_model, load_tokenizer
-
-        if spec.device == "cpu":
-            torch.set_num_threads(max(1, spec.threads))
-        model = load_model(spec.weights_path, dtype=getattr(torch, spec.dtype), device=spec.device)
-        self.engine = Engine(model, load_tokenizer(spec.model_path), spec.engine, spec.schedule)
+        self.engine = build_engine(spec)
         self.weights_path = spec.weights_path
         if spec.adapter_path:
             self.load_weights(spec.weights_path, spec.adapter_path)
@@ -139,6 +134,26 @@ class RolloutWorker:
     def info(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "weights_path": self.weights_path,
                 "schedule": None if self.engine.schedule is None else self.engine.schedule.name}
+
+
+def build_engine(spec: WorkerSpec) -> Any:
+    """The spec's engine: the native Engine, or VllmEngine for backend "vllm"."""
+    import torch
+
+    from sparrow_core.model import load_model, load_tokenizer
+
+    if spec.device == "cpu":
+        torch.set_num_threads(max(1, spec.threads))
+    tokenizer = load_tokenizer(spec.model_path)
+    if spec.backend == "vllm":
+        from sparrow_core.vllm import VllmEngine
+
+        return VllmEngine(spec.weights_path, spec.engine, tokenizer, spec.schedule,
+                          dtype=spec.dtype, device=spec.device)
+    from sparrow_core.engine import Engine
+
+    model = load_model(spec.weights_path, dtype=getattr(torch, spec.dtype), device=spec.device)
+    return Engine(model, tokenizer, spec.engine, spec.schedule)
 
 
 def start_ray(address: str) -> bool:

@@ -142,6 +142,7 @@ def validate(cfg: SparrowConfig) -> None:
         if not ok(_get(cfg, key)):
             raise ConfigError(f"config key {key!r} is {_get(cfg, key)!r}; it must be {rule}")
     _check_reward(cfg.data.reward)
+    _check_backend(cfg)
     if cfg.trainer.num_workers and cfg.algo.distill.enabled:
         raise ConfigError("config key 'trainer.num_workers' is "
                           f"{cfg.trainer.num_workers}: a trainer group does not run "
@@ -168,6 +169,22 @@ def _check_reward(name: str) -> None:
         except Exception as err:
             raise ConfigError(f"config key 'data.reward': {name!r} cannot run here: {err}") \
                 from None
+
+
+def _check_backend(cfg: SparrowConfig) -> None:
+    """rollout.backend=vllm: dense decode only, and vllm importable here (not imported)."""
+    if cfg.rollout.backend != "vllm":
+        return
+    if cfg.schedule.sparse:
+        raise ConfigError("config keys 'rollout.backend' and 'schedule.sparse': "
+                          "rollout.backend=vllm decodes densely (the block-sparse vLLM plugin is "
+                          "not built yet); set schedule.sparse=false, or rollout.backend=native "
+                          "for sparse rollouts")
+    from sparrow_core.vllm import INSTALL_HINT, vllm_available
+
+    if not vllm_available():
+        raise ConfigError(f"config key 'rollout.backend' is 'vllm' but the package 'vllm' is not "
+                          f"importable here; {INSTALL_HINT}, or set rollout.backend=native")
 
 
 def _registry_choices() -> dict[str, tuple[str, ...]]:

@@ -24,7 +24,8 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    # rollout engine: native (the project's engine) is the only one built so far
+    # rollout engine: native (the project's engine) or vllm (dense decode on GPUs through
+    # vLLM 0.23, with schedule.sparse=false; docs/backends.md)
     backend: str = "native"
     # samples generated per prompt (the GRPO group size)
     samples_per_prompt: int = 8
@@ -315,7 +316,7 @@ GROUPS = ("model", "rollout", "schedule", "algo", "data", "pipeline", "calibrate
 # fields with a closed set of values; names from registries are checked in load.py
 CHOICES: dict[str, tuple[str, ...]] = {
     "model.dtype": ("auto", "float32", "bfloat16", "float16"),
-    "rollout.backend": ("native",),
+    "rollout.backend": ("native", "vllm"),
     "rollout.placement": ("colocated", "separate"),
     "rollout.centroid_dtype": ("cache", "float8_e4m3fn"),
     "rollout.programmatic_launch": ("all", "none", "linear", "attention"),

@@ -120,3 +120,36 @@ def test_every_yaml_key_has_a_comment_and_every_field_is_listed(group):
     schema_type = {f.name: f.default_factory for f in fields(SparrowConfig)}[group]
     expected = set(_leaf_paths(type(schema_type())))
     assert expected <= keys, f"conf/{group}/default.yaml misses {sorted(expected - keys)}"
+
+
+def test_vllm_backend_with_sparse_schedule_names_both_keys():
+    with pytest.raises(ConfigError) as err:
+        load_config(["rollout.backend=vllm"])  # schedule.sparse is true by default
+    message = str(err.value)
+    assert "'rollout.backend'" in message and "'schedule.sparse'" in message
+    assert "schedule.sparse=false" in message
+
+
+def test_vllm_backend_without_vllm_names_the_package_and_the_install(monkeypatch):
+    import sparrow_core.vllm as backend
+
+    monkeypatch.setattr(backend.importlib.util, "find_spec",
+                        lambda name, *rest: None if name == "vllm" else object())
+    with pytest.raises(ConfigError) as err:
+        load_config(["rollout.backend=vllm", "schedule.sparse=false"])
+    message = str(err.value)
+    assert "'vllm'" in message and "not importable" in message
+    assert "docs/backends.md" in message and "scripts/pack_vllm.sh" in message
+
+
+def test_vllm_backend_dense_loads_where_vllm_is_importable(monkeypatch):
+    import sparrow_core.vllm as backend
+
+    monkeypatch.setattr(backend, "vllm_available", lambda: True)
+    cfg = load_config(["rollout.backend=vllm", "schedule.sparse=false"])
+    assert (cfg.rollout.backend, cfg.schedule.sparse) == ("vllm", False)
+
+
+def test_unknown_backend_lists_native_and_vllm():
+    with pytest.raises(ConfigError, match="allowed: native, vllm"):
+        load_config(["rollout.backend=sglang"])

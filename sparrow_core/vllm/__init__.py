@@ -1,0 +1,50 @@
+"""vLLM as a rollout backend (`rollout.backend=vllm`): dense decode through vLLM 0.23.0.
+
+    from sparrow_core.vllm import VllmEngine, vllm_available
+    engine = VllmEngine(weights_path, EngineConfig(...), tokenizer=tokenizer)  # a CUDA device
+    results = engine.generate(prompt_ids, sampling_params)    # [prompt][sample] SampleResult
+    engine.update_weights(state_dict); engine.sleep(); engine.wake()
+
+`VllmEngine` (engine.py) answers the native Engine's calls that the rollout actors make, so
+runtime/rollout_actors.py holds one actor class for both backends. `outputs.py` turns vLLM's
+RequestOutput into the project's SampleResult (pure; tested on CPU with objects of vLLM's
+shape); `worker_extension.py` is the method vLLM's worker runs to load weights in place.
+Only engine.py and worker_extension.py import vllm. The block-sparse vLLM plugin is not
+built: this backend decodes densely and refuses a sparse schedule. Install: docs/backends.md.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import TYPE_CHECKING
+
+from sparrow_core.errors import SparrowError
+
+if TYPE_CHECKING:
+    from sparrow_core.vllm.engine import VllmEngine
+
+INSTALL_HINT = ("install vLLM 0.23.0 on the GPU machine (docs/backends.md, 'Installing vLLM "
+                "on the GPU machine': scripts/pack_vllm.sh packs it with its requirements)")
+
+
+class VllmBackendError(SparrowError):
+    """vLLM is missing, cannot run here, or was asked for what the dense backend lacks."""
+
+
+def vllm_available() -> bool:
+    """Whether `import vllm` would find the package (the module is not imported)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def require_vllm() -> None:
+    if not vllm_available():
+        raise VllmBackendError(f"rollout.backend=vllm needs the package 'vllm', which is not "
+                               f"importable here; {INSTALL_HINT}")
+
+
+def __getattr__(name: str):
+    if name == "VllmEngine":  # imported on use: it needs vllm and CUDA
+        from sparrow_core.vllm.engine import VllmEngine
+
+        return VllmEngine
+    raise AttributeError(name)

@@ -1,0 +1,140 @@
+"""VllmEngine's own logic on CPU, around a stand-in for vLLM's LLM (no vllm, no GPU): one
+request per sample with the native engine's per-sample seed, results back per prompt,
+sleep / wake / weight loads in the order vLLM's sleep mode needs, sparse schedules refused,
+and the rollout actor's errors on a machine that cannot run the backend. The real backend
+is held against the native engine by test_vllm_engine_gpu.py.
+Run: `python -m pytest tests/sparrow_core/vllm/test_vllm_engine.py -q`.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from types import SimpleNamespace
+
+import pytest
+
+import sparrow_core.vllm as backend
+from runtime.rollout_actors import RolloutWorker, WorkerSpec
+from sparrow_core.engine import EngineConfig, SamplingParams
+from sparrow_core.engine.validate import sample_seed
+from sparrow_core.model.builtin import resolve_model_path
+from sparrow_core.sparse import Schedule
+from sparrow_core.sparse.presets import get_preset
+from sparrow_core.vllm import VllmBackendError
+from sparrow_core.vllm import engine as engine_module
+
+TINY = str(resolve_model_path("builtin:tiny"))  # 4 layers, eos 1
+
+
+class FakeLLM:
+    """Records the calls; generate answers each request with tokens drawn from its seed."""
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+        cache = SimpleNamespace(num_gpu_blocks=100, block_size=16)
+        self.llm_engine = SimpleNamespace(vllm_config=SimpleNamespace(cache_config=cache))
+
+    def generate(self, requests, params, use_tqdm=False):
+        self.calls.append(("generate", len(requests)))
+        outputs = []
+        for request, p in zip(requests, params):
+            ids = [(p.seed + j) % 40 + 2 for j in range(p.max_tokens)]
+            positions = [{t: SimpleNamespace(logprob=-0.5, rank=1)} for t in ids]
+            completion = SimpleNamespace(token_ids=ids, logprobs=positions,
+                                         finish_reason="length")
+            outputs.append(SimpleNamespace(prompt_token_ids=request["prompt_token_ids"],
+                                           outputs=[completion], params=p))
+        self.last = outputs
+        return outputs
+
+    def __getattr__(self, name):  # sleep, wake_up, collective_rpc, reset_prefix_cache
+        return lambda *args, **kwargs: self.calls.append((name, args, kwargs))
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    module = types.ModuleType("vllm")
+    module.SamplingParams = lambda **kwargs: SimpleNamespace(**kwargs)
+    monkeypatch.setitem(sys.modules, "vllm", module)
+    monkeypatch.setattr(backend, "vllm_available", lambda: True)
+    monkeypatch.setattr(engine_module, "_start_llm", lambda *args: FakeLLM())
+
+
+class Tokenizer:
+    def decode(self, ids, skip_special_tokens=False):
+        return ",".join(map(str, ids))
+
+
+def make_engine(**config):
+    return engine_module.VllmEngine(TINY, EngineConfig(page_size=8, **config), Tokenizer())
+
+
+def test_generate_sends_one_request_per_sample_with_its_seed(fake_vllm):
+    engine = make_engine(max_batch_size=8)
+    prompts = [[5, 6, 7], [9, 10]]
+    params = [SamplingParams(temperature=1.0, max_new_tokens=4, n=2, seed=11, logprobs_topk=1,
+                             stop_token_ids=(7,)),
+              SamplingParams(temperature=0.0, max_new_tokens=3, n=1, seed=None, logprobs_topk=1)]
+    results = engine.generate(prompts, params)
+    sent = [output.params for output in engine.llm.last]
+    assert [p.seed for p in sent] == [sample_seed(params[0], 0, ()), sample_seed(params[0], 1, ()),
+                                      sample_seed(params[1], 0, (0, 1, 1))]
+    assert sent[0].stop_token_ids == [1, 7] and sent[2].stop_token_ids == [1]  # + the eos
+    assert [[(s.prompt_index, s.sample_index) for s in row] for row in results] == \
+        [[(0, 0), (0, 1)], [(1, 0)]]
+    first = results[0][1]
+    assert first.output_ids == tuple((sent[1].seed + j) % 40 + 2 for j in range(4))
+    assert first.pages_read == (1, 1, 1, 1)  # 3..6 tokens in pages of 8
+    assert first.text == ",".join(map(str, first.output_ids))
+    assert results[1][0].topk_ids == tuple((t,) for t in results[1][0].output_ids)
+
+
+def test_generate_checks_requests_like_the_native_engine(fake_vllm):
+    with pytest.raises(Exception, match="exceed the context of 1024 tokens"):
+        make_engine().generate([[3] * 1000], SamplingParams(max_new_tokens=100))
+
+
+def test_sleep_update_and_wake_follow_vllm_sleep_mode(fake_vllm):
+    engine = make_engine()
+    llm = engine.llm
+    assert engine.cache == engine_module.KVCapacity(100, 16)
+    engine.sleep()
+    assert llm.calls[-1] == ("sleep", (), {"level": 1}) and engine.cache is None
+    engine.update_weights({"w": 1}, strict=False)  # asleep: the weights come back first
+    assert [c[0] for c in llm.calls[-3:]] == ["wake_up", "collective_rpc", "reset_prefix_cache"]
+    assert llm.calls[-3][2] == {"tags": ["weights"]}
+    assert llm.calls[-2][1] == ("sparrow_load_weights",) and \
+        llm.calls[-2][2] == {"args": ({"w": 1}, False)}
+    engine.wake()
+    assert llm.calls[-2] == ("wake_up", (), {"tags": ["kv_cache"]})
+    assert engine.cache is not None
+    count = len(llm.calls)
+    engine.wake()  # awake: nothing to do
+    assert len(llm.calls) == count
+    engine.sleep()
+    engine.sleep()  # asleep: nothing to do
+    assert [c[0] for c in llm.calls[count:]] == ["sleep"]
+
+
+def test_sparse_schedule_is_refused_dense_accepted(fake_vllm):
+    engine = make_engine()
+    engine.set_schedule(None)
+    with pytest.raises(VllmBackendError, match="schedule.sparse=false"):
+        engine.set_schedule(get_preset("tiny-0.86"))
+    every_layer_dense = Schedule("dense-all", topk_pages=(1,), page_size=8, bin_tokens=64,
+                                 skip_layers=(0, 1, 2, 3))
+    engine.set_schedule(every_layer_dense)
+    assert engine.schedule is None
+    with pytest.raises(VllmBackendError, match="decodes densely"):
+        engine_module.VllmEngine(TINY, EngineConfig(page_size=8), None, get_preset("tiny-0.86"))
+
+
+def test_rollout_actor_on_cpu_or_without_vllm_says_why(monkeypatch):
+    spec = WorkerSpec(TINY, TINY, None, EngineConfig(page_size=8), backend="vllm")
+    monkeypatch.setattr(backend, "vllm_available", lambda: False)
+    with pytest.raises(VllmBackendError, match="package 'vllm'.*docs/backends.md"):
+        RolloutWorker(spec)
+    monkeypatch.setattr(backend, "vllm_available", lambda: True)
+    with pytest.raises(VllmBackendError, match="needs a CUDA GPU"):
+        RolloutWorker(spec)
