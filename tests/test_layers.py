@@ -47,7 +47,8 @@ CORE_LAYERS = (
                    "sparrow_core.costmodel_segments")),
     ("kernels", ("sparrow_core.kernels",)),
     ("model", ("sparrow_core.model",)),
-    ("engine", ("sparrow_core.engine",)),
+    # the project's engine and the vLLM backend behind the same interface
+    ("engine", ("sparrow_core.engine", "sparrow_core.vllm")),
     # calibration and the online controller replay sequences on the engine
     ("control", ("sparrow_core.control",)),
     ("rl", ("sparrow_core.rl",)),
