@@ -85,10 +85,12 @@ class TrainerRank:
         return self.trainer.step
 
     def score(self, records) -> list | None:
+        self.trainer.onload()
         scores = self.trainer.score(records)
         return scores if self.rank == 0 else None
 
     def update(self, records, rewards, old_logprobs, group_size: int) -> dict | None:
+        self.trainer.onload()
         metrics = self.trainer.update(records, rewards, old_logprobs, group_size)
         return metrics if self.rank == 0 else None
 
@@ -96,10 +98,18 @@ class TrainerRank:
         self.trainer.free_gradients()
 
     def save(self, folder: str) -> str:
+        self.trainer.onload()
         return str(self.trainer.save(folder))
 
     def export(self, folder: str) -> str:
+        self.trainer.onload()
         return str(self.trainer.export(folder))
+
+    def offload(self) -> None:
+        self.trainer.offload()
+
+    def onload(self) -> None:
+        self.trainer.onload()
 
     def device_uuid(self) -> str:
         from sparrow_core.engine.weight_share import device_uuid
@@ -115,6 +125,7 @@ class TrainerRank:
 
         from sparrow_core.engine.weight_share import SharedWeights
 
+        self.trainer.onload()
         state = self.trainer.full_state_dict()
         if self.rank != 0:
             return None
@@ -212,11 +223,16 @@ class TrainerGroup:
     def free_gradients(self) -> None:
         self._all("free_gradients")
 
-    def onload(self) -> None:
-        """Weights stay on the ranks' GPUs (FSDP offload is not there yet)."""
-
     def offload(self) -> None:
-        """See onload()."""
+        """Each rank moves its weight shards and AdamW moments to host memory
+        (algo.offload_during_rollout; ShardedPolicyTrainer.offload). A save still being
+        written is waited for first, so the engines see the freed memory when they wake."""
+        self._all("offload")
+
+    def onload(self) -> None:
+        """The shards back on the ranks' devices (each rank also does this itself before any
+        call that needs them)."""
+        self._all("onload")
 
     def save(self, folder) -> str:
         return self._all("save", str(folder))[0]
