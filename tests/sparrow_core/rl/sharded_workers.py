@@ -128,3 +128,31 @@ def _local_pointers(trainer) -> list[int]:
 
 def _allocated() -> int:
     return torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
+
+
+def distill_rank(rank, world_size, port, model_path, algo, records, schedule, out_dir):
+    """ShardedDistiller over a ShardedPolicyTrainer's base: one step, save, then a second step
+    by a distiller loaded from the folder. Rank 0 saves metrics and LoRA after each step; every
+    rank saves its LoRA after the first (they must agree)."""
+    from sparrow_core.rl.lora import adapter_state
+    from sparrow_core.rl.sharded import ShardedPolicyTrainer
+    from sparrow_core.rl.sharded_distill import ShardedDistiller
+
+    _join(rank, world_size, port)
+    try:
+        trainer = ShardedPolicyTrainer(model_path, algo, seed=0)
+        distiller = ShardedDistiller(model_path, algo, "cpu", "float32", 0)
+        distiller.set_base_from(trainer)
+        first = distiller.distill(records, schedule)
+        torch.save(adapter_state(distiller.model), out_dir / f"lora{rank}.pt")
+        distiller.save(out_dir / "distill")
+        dist.barrier()
+        distiller.release_base()
+        resumed = ShardedDistiller.load(out_dir / "distill", model_path, algo, "cpu", "float32")
+        resumed.set_base_from(trainer)
+        second = resumed.distill(records, schedule)
+        if rank == 0:
+            torch.save({"first": first, "second": second, "bin_stats": resumed.bin_stats,
+                        "lora": adapter_state(resumed.model)}, out_dir / "distill0.pt")
+    finally:
+        dist.destroy_process_group()
