@@ -76,7 +76,7 @@ def test_distill_and_offload_with_a_group_then_resume_in_one_process(flow_enviro
     assert synced["modes"] == ["gloo", "gloo"] and synced["adapter_path"] == str(step1)
 
     # the flow's own distiller resumes from the folder rank 0 wrote
-    summary = train_flow(small_overrides(workdir, "d", *group[4:], "trainer.num_workers=0"),
+    summary = train_flow(small_overrides(workdir, "d", *group[1:], "trainer.num_workers=0"),
                          show_table=False)
     assert summary["resumed"] and summary["status"] == "finished"
     assert summary["stages_run"]["distill_lora"] == 1
