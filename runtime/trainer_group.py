@@ -122,7 +122,8 @@ class TrainerRank(DistillRank):
 
     # weight sync (runtime/weight_sync.py drives these)
 
-    def gather_for_sync(self, engine_dtype: str, share: bool, adapter_path: str = "") -> dict | None:
+    def gather_for_sync(self, engine_dtype: str, share: bool,
+                        adapter_path: str = "") -> dict | None:
         """All ranks gather the full weights onto rank 0 (a collective); rank 0 keeps them
         (with a DistillSparse adapter folder: merge(policy, LoRA) in fp32, in a copy: the
         trainer's shards stay the plain policy) and, when an engine shares its GPU, packs

@@ -57,5 +57,6 @@ def sync_group_to_pool(group, pool, weights_path: str, bucket_bytes: int,
         ray.get(futures)
     finally:
         ray.get(group.actors[0].release_sync.remote())
-    pool.spec = replace(pool.spec, weights_path=str(weights_path), adapter_path=str(adapter_path))
+    pool.spec = replace(pool.spec, weights_path=str(weights_path),
+                        adapter_path=str(adapter_path))
     return ["ipc" if i in shared else backend for i in range(len(pool.actors))]

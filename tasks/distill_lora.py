@@ -56,7 +56,9 @@ def _distiller_before(runtime: RunRuntime, step: int):
     cached = getattr(runtime, _CACHE, None)
     setattr(runtime, _CACHE, None)
     group = runtime.trainer_before(step + 1) if runtime.cfg.trainer.num_workers else None
-    if cached is not None and cached[0] == step - 1 and getattr(cached[1], "group", None) is group:
+    # a group's distiller lives on its ranks: a restarted group starts one from the folder
+    if cached is not None and cached[0] == step - 1 \
+            and getattr(cached[1], "group", None) is group:
         return cached[1]
     cfg = runtime.cfg
     device, dtype = device_and_dtype(cfg.model)

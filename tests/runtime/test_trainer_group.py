@@ -157,7 +157,8 @@ def test_distill_on_the_ranks_and_sync_the_merged_weights(ray_up, tmp_path):
     from sparrow_core.rl.distill import SparseDistiller
     from sparrow_core.rl.lora import Adapter, adapter_state, merged_for_engine
     from tests.sparrow_core.rl.distill_fixtures import sparse_rollouts
-    from tests.sparrow_core.rl.test_sharded_distill import ALGO, SCHEDULE, close_lora, close_metrics
+    from tests.sparrow_core.rl.test_sharded_distill import (
+        ALGO, SCHEDULE, close_lora, close_metrics)
 
     path = resolve_model_path("builtin:tiny")
     records = sparse_rollouts(path, SCHEDULE, prompts=3, samples=2, new_tokens=24)

@@ -60,7 +60,8 @@ def test_two_nccl_ranks_update_like_one_gpu(qwen3_checkpoint, tmp_path):
 
 
 def test_nccl_ranks_offload_their_shards_and_update_alike(qwen3_checkpoint, tmp_path):
-    from tests.sparrow_core.rl.test_sharded_offload import REWARDS, check_round_trip, update_batch
+    from tests.sparrow_core.rl.test_sharded_offload import (
+        REWARDS, check_round_trip, update_batch)
 
     assert torch.cuda.device_count() >= 2
     algo, update_records, old = update_batch(qwen3_checkpoint)
