@@ -139,6 +139,7 @@ class RunRuntime:
         from runtime.trainer_group import TrainerGroup, TrainerSpec
 
         self.shutdown_trainer_group()
+        setattr(self, DISTILL_CACHE, None)  # its distiller lived on the old group's ranks
         spec = TrainerSpec(str(self.model_path), self.cfg.algo, seed=self.cfg.pipeline.seed,
                            dtype=dtype, device=self.placement.device)
         resume = "" if folder == self.model_path else str(folder)

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from runtime.group_distill import DistillRank
 from sparrow_core.errors import SparrowError
 
 
@@ -43,8 +44,10 @@ class TrainerSpec:
     threads: int = 1
 
 
-class TrainerRank:
-    """One rank: the body of a Ray actor (a plain class, so it can be read and tested alone)."""
+
+class TrainerRank(DistillRank):
+    """One rank: the body of a Ray actor (a plain class, so it can be read and tested alone);
+    DistillSparse's methods come from DistillRank (runtime/group_distill.py)."""
 
     def __init__(self, rank: int, world_size: int):
         self.rank, self.world_size = rank, world_size
@@ -52,6 +55,7 @@ class TrainerRank:
         self._sync_state = None
         self._shared = None
         self._sync_group = None
+        self.distiller = None
 
     def rendezvous(self) -> tuple[str, int]:
         """This node's address and a free port on it (rank 0 hosts the group's store)."""
@@ -85,10 +89,12 @@ class TrainerRank:
         return self.trainer.step
 
     def score(self, records) -> list | None:
+        self.trainer.onload()
         scores = self.trainer.score(records)
         return scores if self.rank == 0 else None
 
     def update(self, records, rewards, old_logprobs, group_size: int) -> dict | None:
+        self.trainer.onload()
         metrics = self.trainer.update(records, rewards, old_logprobs, group_size)
         return metrics if self.rank == 0 else None
 
@@ -96,10 +102,18 @@ class TrainerRank:
         self.trainer.free_gradients()
 
     def save(self, folder: str) -> str:
+        self.trainer.onload()
         return str(self.trainer.save(folder))
 
     def export(self, folder: str) -> str:
+        self.trainer.onload()
         return str(self.trainer.export(folder))
+
+    def offload(self) -> None:
+        self.trainer.offload()
+
+    def onload(self) -> None:
+        self.trainer.onload()
 
     def device_uuid(self) -> str:
         from sparrow_core.engine.weight_share import device_uuid
@@ -108,18 +122,25 @@ class TrainerRank:
 
     # weight sync (runtime/weight_sync.py drives these)
 
-    def gather_for_sync(self, engine_dtype: str, share: bool) -> dict | None:
-        """All ranks gather the full weights onto rank 0 (a collective); rank 0 keeps them and,
-        when an engine shares its GPU, packs them for CUDA IPC and returns the message."""
+    def gather_for_sync(self, engine_dtype: str, share: bool,
+                        adapter_path: str = "") -> dict | None:
+        """All ranks gather the full weights onto rank 0 (a collective); rank 0 keeps them
+        (with a DistillSparse adapter folder: merge(policy, LoRA) in fp32, in a copy: the
+        trainer's shards stay the plain policy) and, when an engine shares its GPU, packs
+        them for CUDA IPC and returns the message."""
         import torch
 
         from sparrow_core.engine.weight_share import SharedWeights
+        from sparrow_core.rl.lora import Adapter, merged_for_engine
 
+        self.trainer.onload()
         state = self.trainer.full_state_dict()
         if self.rank != 0:
             return None
         if "lm_head.weight" not in state and self.trainer.model.config.tie_word_embeddings:
             state["lm_head.weight"] = state["model.embed_tokens.weight"]
+        if adapter_path:
+            state = merged_for_engine(state, Adapter.read(adapter_path), torch.float32)
         self._sync_state = state
         if not share:
             return None
@@ -212,11 +233,16 @@ class TrainerGroup:
     def free_gradients(self) -> None:
         self._all("free_gradients")
 
-    def onload(self) -> None:
-        """Weights stay on the ranks' GPUs (FSDP offload is not there yet)."""
-
     def offload(self) -> None:
-        """See onload()."""
+        """Each rank moves its weight shards and AdamW moments to host memory
+        (algo.offload_during_rollout; ShardedPolicyTrainer.offload). A save still being
+        written is waited for first, so the engines see the freed memory when they wake."""
+        self._all("offload")
+
+    def onload(self) -> None:
+        """The shards back on the ranks' devices (each rank also does this itself before any
+        call that needs them)."""
+        self._all("onload")
 
     def save(self, folder) -> str:
         return self._all("save", str(folder))[0]

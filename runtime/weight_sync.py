@@ -2,13 +2,16 @@
 
     modes = sync_group_to_pool(group, pool, weights_path, bucket_bytes)   # per actor:
                                                                           # "ipc", "nccl", "gloo"
+    sync_group_to_pool(group, pool, weights_path, bucket_bytes, adapter_path)   # DistillSparse
 
 The trainer ranks gather the full weights onto rank 0 (a collective). An actor on rank 0's own
 GPU (colocated placement) copies them through CUDA IPC (engine/weight_share.py); every other
 actor receives rank 0's bucketed broadcast (rl/weight_broadcast.py: NCCL between GPUs, gloo on
 CPU). The sync group (rank 0 plus those actors) is built on the first sync and again whenever
 the actors change (a replaced actor). `weights_path` is the folder the same weights are saved
-in: what a replacement actor starts from.
+in: what a replacement actor starts from. With a DistillSparse adapter folder, rank 0 merges
+the LoRA into what it sends (runtime/group_distill.py), and a replacement actor merges the
+folder's adapter into the policy folder's weights as it reads them.
 Tests: tests/runtime/test_trainer_group.py (gloo); tests/sparrow_core/rl/test_multigpu.py (NCCL).
 """
 
@@ -29,7 +32,8 @@ def _connect(group, pool, members: list[int], backend: str) -> None:
     ray.get(futures)
 
 
-def sync_group_to_pool(group, pool, weights_path: str, bucket_bytes: int) -> list[str]:
+def sync_group_to_pool(group, pool, weights_path: str, bucket_bytes: int,
+                       adapter_path: str = "") -> list[str]:
     import ray
 
     backend = "nccl" if group.spec.device == "cuda" else "gloo"
@@ -43,13 +47,16 @@ def sync_group_to_pool(group, pool, weights_path: str, bucket_bytes: int) -> lis
         _connect(group, pool, members, backend)
         group.sync_key = key
     dtype = pool.spec.dtype
-    message = ray.get([a.gather_for_sync.remote(dtype, bool(shared)) for a in group.actors])[0]
+    message = ray.get([a.gather_for_sync.remote(dtype, bool(shared), str(adapter_path))
+                       for a in group.actors])[0]
     futures = [group.actors[0].send_weights.remote(dtype, bucket_bytes)]
     futures += [pool.actors[i].receive_weights.remote(str(weights_path)) for i in members]
-    futures += [pool.actors[i].load_shared.remote(message, str(weights_path)) for i in shared]
+    futures += [pool.actors[i].load_shared.remote(message, str(weights_path), str(adapter_path))
+                for i in shared]
     try:
         ray.get(futures)
     finally:
         ray.get(group.actors[0].release_sync.remote())
-    pool.spec = replace(pool.spec, weights_path=str(weights_path), adapter_path="")
+    pool.spec = replace(pool.spec, weights_path=str(weights_path),
+                        adapter_path=str(adapter_path))
     return ["ipc" if i in shared else backend for i in range(len(pool.actors))]

@@ -14,6 +14,8 @@ and the dense scorer never see the adapter. With algo.distill.switch_to_cheaper 
 measures the LoRA under a schedule one notch cheaper (cheaper.json, tasks/distill_switch.py),
 which reoptimize_schedule reads to decide a switch. Between steps the distiller stays in the
 runtime; while the engines roll out, its base weights are freed (release_during_rollout).
+With a trainer group (trainer.num_workers > 0) the step runs on the group's ranks, each holding
+the distiller beside its trainer shards (runtime/group_distill.py); the folder is the same.
 Metrics ("distill/...": loss, divergences, exact acceptance mean / p5 / lowest per-bin p5
 with and without the LoRA on the same tokens) go to DuckDB and MLflow as step metrics.
 """
@@ -53,13 +55,20 @@ def _distiller_before(runtime: RunRuntime, step: int):
 
     cached = getattr(runtime, _CACHE, None)
     setattr(runtime, _CACHE, None)
-    if cached is not None and cached[0] == step - 1:
+    group = runtime.trainer_before(step + 1) if runtime.cfg.trainer.num_workers else None
+    # a group's distiller lives on its ranks: a restarted group starts one from the folder
+    if cached is not None and cached[0] == step - 1 \
+            and getattr(cached[1], "group", None) is group:
         return cached[1]
     cfg = runtime.cfg
     device, dtype = device_and_dtype(cfg.model)
     options = dict(temperature=cfg.rollout.temperature or 1.0,
                    centroid_dtype=cfg.rollout.centroid_dtype)
     folder = adapter_folder_before(runtime, step)
+    if group is not None:  # the ranks' own distillers (runtime/group_distill.py)
+        from runtime.group_distill import DistillSpec, GroupDistiller
+
+        return GroupDistiller.start(group, DistillSpec(folder, cfg.pipeline.seed, **options))
     if folder:
         return SparseDistiller.load(folder, runtime.model_path, cfg.algo, device, dtype, **options)
     return SparseDistiller(runtime.model_path, cfg.algo, device, dtype, cfg.pipeline.seed,
@@ -112,7 +121,8 @@ def distill_step(runtime: RunRuntime, step: int, rollout_dir: str, rewards_path:
     if due:
         with peak_memory() as peak:
             clock = time.perf_counter()
-            distiller.set_base(_base_weights(runtime, step, policy_dir))
+            if not runtime.cfg.trainer.num_workers:  # a group's ranks read their own shards
+                distiller.set_base(_base_weights(runtime, step, policy_dir))
             metrics.update(distiller.distill(records, schedule, advantages, cheaper=cheaper))
             metrics["time/distill_compute_s"] = time.perf_counter() - clock
         metrics.update(peak("memory/distill_peak_gib"))

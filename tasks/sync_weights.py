@@ -33,7 +33,7 @@ def sync(runtime: RunRuntime, step: int, policy_dir: str, out: Path,
     clock = time.perf_counter()
     trainer = runtime.trainer_after(step)
     if runtime.cfg.trainer.num_workers and trainer is not None:
-        return _sync_group(runtime, trainer, policy_dir, out, clock)
+        return _sync_group(runtime, trainer, policy_dir, out, clock, adapter_dir)
     colocated = trainer is not None and runtime.pool_on_gpu and trainer.device.type == "cuda"
     # GPU to GPU needs no file: the state may still be being written (a replacement actor
     # reads it later); a folder sync waits for it
@@ -60,17 +60,19 @@ def sync(runtime: RunRuntime, step: int, policy_dir: str, out: Path,
 
 
 def _sync_group(runtime: RunRuntime, group, policy_dir: str, out: Path,
-                clock: float) -> StageWrite:
-    """A trainer group's weights to every actor: CUDA IPC on rank 0's GPU, a bucketed
-    broadcast to the others (runtime/weight_sync.py); the folder is what replacements load."""
+                clock: float, adapter_dir: str = "") -> StageWrite:
+    """A trainer group's weights (merged with the adapter, if any, on rank 0) to every actor:
+    CUDA IPC on rank 0's GPU, a bucketed broadcast to the others (runtime/weight_sync.py);
+    the folders are what replacements load."""
     from runtime.weight_sync import sync_group_to_pool
 
     policy_dir = str(runtime.policy_state(policy_dir, wait=False))
     modes = sync_group_to_pool(group, runtime.pool, policy_dir,
-                               runtime.cfg.trainer.sync_bucket_mib << 20)
+                               runtime.cfg.trainer.sync_bucket_mib << 20, adapter_dir)
     seconds = time.perf_counter() - clock
     (out / SYNCED_FILE).write_text(json.dumps(
-        {"weights_path": policy_dir, "adapter_path": "", "modes": modes, "seconds": seconds,
+        {"weights_path": policy_dir, "adapter_path": adapter_dir, "modes": modes,
+         "seconds": seconds,
          "actors": runtime.pool.info()}, indent=2))
     return StageWrite(metrics={"sync/actors": float(len(modes)), "time/sync_copy_s": seconds,
                                "sync/ipc_actors": float(modes.count("ipc"))})

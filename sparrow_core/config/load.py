@@ -143,10 +143,6 @@ def validate(cfg: SparrowConfig) -> None:
             raise ConfigError(f"config key {key!r} is {_get(cfg, key)!r}; it must be {rule}")
     _check_reward(cfg.data.reward)
     _check_backend(cfg)
-    if cfg.trainer.num_workers and cfg.algo.distill.enabled:
-        raise ConfigError("config key 'trainer.num_workers' is "
-                          f"{cfg.trainer.num_workers}: a trainer group does not run "
-                          "DistillSparse yet; set algo.distill.enabled=false or num_workers=0")
     for key in ("fail_at", "kill_at"):
         spec = getattr(cfg.pipeline, key)
         stage, sep, step = spec.partition("@")

@@ -133,8 +133,8 @@ class SparseDistiller:
             raise ValueError("algo.distill.ppo_coef > 0 needs the rollouts' advantages")
         if self.base_released:
             raise RuntimeError("the distiller's base weights were released: set_base first")
-        keep = [i for i, r in enumerate(records) if r.output_ids]
-        total = sum(len(records[i].output_ids) for i in keep)
+        total = sum(len(r.output_ids) for r in records)  # the whole batch's, on every rank
+        keep = [i for i in self._share(records) if records[i].output_ids]
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = defaultdict(float)
         tokens = {"lora": [], "base": [], "position": []}
@@ -144,9 +144,11 @@ class SparseDistiller:
             loss = self._micro_batch(chunk, schedule, adv, max(total, 1), sums, tokens, cheaper)
             if update and loss.requires_grad:
                 loss.backward()
+        sums, tokens = self._gather(sums, tokens)
         metrics = {f"distill/{k}": v / max(total, 1) for k, v in sums.items()}
         metrics["distill/tokens"] = float(total)
         if update and total:
+            self._reduce_gradients()
             metrics["distill/grad_norm"] = self._clip()
             self.optimizer.step()
             self.updates += 1
@@ -156,6 +158,17 @@ class SparseDistiller:
         acceptance_metrics, self.bin_stats = _acceptance_metrics(tokens, schedule)
         metrics.update(acceptance_metrics)
         return metrics
+
+    # where a group of ranks differs (rl/sharded_distill.py): one process takes every record
+
+    def _share(self, records: Sequence[RolloutRecord]) -> list[int]:
+        return list(range(len(records)))
+
+    def _gather(self, sums, tokens):
+        return sums, tokens
+
+    def _reduce_gradients(self) -> None:
+        pass
 
     def _micro_batch(self, chunk, schedule, advantages, normalizer, sums, tokens,
                      cheaper=None) -> torch.Tensor:

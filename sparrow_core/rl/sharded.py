@@ -257,7 +257,24 @@ class ShardedPolicyTrainer(PolicyTrainer):
         raise NotImplementedError("ShardedPolicyTrainer saves with save() or export()")
 
     def offload(self) -> None:
-        raise NotImplementedError("ShardedPolicyTrainer does not offload yet")
+        """This rank's weight shards and AdamW moments to host memory (rl/sharded_offload.py);
+        onload() brings them back unchanged. Unlike one process's offload, a CPU rank copies
+        too (tests hold the round trip there)."""
+        from sparrow_core.rl.sharded_offload import move_shards
+
+        if self.offloaded:
+            return
+        self.free_gradients()
+        move_shards(self.root, self.optimizer, torch.device("cpu"))
+        self.offloaded = True
+
+    def onload(self) -> None:
+        from sparrow_core.rl.sharded_offload import move_shards
+
+        if not self.offloaded:
+            return
+        move_shards(self.root, self.optimizer, self.device)
+        self.offloaded = False
 
     @classmethod
     def load(cls, folder: str | Path, algo, dtype: str | torch.dtype = "auto",

@@ -57,3 +57,35 @@ def test_group_of_two_then_resume_in_one_process_then_on_one_rank(flow_environme
     synced = json.loads((run / "step-3" / "sync_weights" / "synced.json").read_text())
     assert synced["modes"] == ["gloo"]
     assert changed(step2, run / "step-3" / "policy_update")
+
+
+def test_distill_and_offload_with_a_group_then_resume_in_one_process(flow_environment,
+                                                                     small_overrides, tmp_path):
+    flow_environment.start()
+    workdir = tmp_path / "work"
+    group = ("trainer.num_workers=2", "rollout.num_actors=2", "rollout.work_item_prompts=1",
+             "algo.offload_during_rollout=true", "algo.distill.enabled=true",
+             "algo.lr=1e-6", "algo.distill.lr_scale=1000", "pipeline.eval_every=0")
+    with pytest.raises(StageFailedOnPurpose, match="distill_lora.*step 2"):
+        train_flow(small_overrides(workdir, "d", *group, "pipeline.fail_at=distill_lora@2"),
+                   show_table=False)
+    run = workdir / "runs" / "d"
+    step1 = run / "step-1" / "distill_lora"
+    assert json.loads((step1 / "distill_state.json").read_text())["updates"] == 1
+    synced = json.loads((run / "step-1" / "sync_weights" / "synced.json").read_text())
+    assert synced["modes"] == ["gloo", "gloo"] and synced["adapter_path"] == str(step1)
+
+    # the flow's own distiller resumes from the folder rank 0 wrote
+    summary = train_flow(small_overrides(workdir, "d", *group[1:], "trainer.num_workers=0"),
+                         show_table=False)
+    assert summary["resumed"] and summary["status"] == "finished"
+    assert summary["stages_run"]["distill_lora"] == 1
+    step2 = run / "step-2" / "distill_lora"
+    assert json.loads((step2 / "distill_state.json").read_text())["updates"] == 2
+    assert changed_adapter(step1, step2)
+
+
+def changed_adapter(before, after) -> bool:
+    first = load_file(before / "adapter.safetensors")
+    second = load_file(after / "adapter.safetensors")
+    return any(not (first[k] == second[k]).all() for k in first)

@@ -146,3 +146,65 @@ def _decoder_state(hf_state: dict, checkpoint) -> dict:
     decoder = load_model(checkpoint)
     decoder.load_hf_state_dict(hf_state)
     return decoder.state_dict()
+
+
+def test_distill_on_the_ranks_and_sync_the_merged_weights(ray_up, tmp_path):
+    import ray
+
+    from runtime.group_distill import DistillSpec, GroupDistiller
+    from sparrow_core.model.builtin import resolve_model_path
+    from sparrow_core.model.loader import SafetensorsCheckpoint
+    from sparrow_core.rl.distill import SparseDistiller
+    from sparrow_core.rl.lora import Adapter, adapter_state, merged_for_engine
+    from tests.sparrow_core.rl.distill_fixtures import sparse_rollouts
+    from tests.sparrow_core.rl.test_sharded_distill import (
+        ALGO, SCHEDULE, close_lora, close_metrics)
+
+    path = resolve_model_path("builtin:tiny")
+    records = sparse_rollouts(path, SCHEDULE, prompts=3, samples=2, new_tokens=24)
+    engine = EngineConfig(max_batch_size=4, page_size=SCHEDULE.page_size, num_pages=64)
+    pool = ActorPool.start(WorkerSpec(model_path=str(path), weights_path=str(path),
+                                      schedule=None, engine=engine), 2, {"num_cpus": 0.5})
+    group = TrainerGroup.start(TrainerSpec(str(path), ALGO, seed=0), 2,
+                               placement=[{"num_cpus": 0.5}] * 2)
+    full_state = lambda: ray.get([a.__ray_call__.remote(lambda r: r.trainer.full_state_dict())
+                                  for a in group.actors])[0]
+    try:
+        base = full_state()
+        group.offload()  # as before a rollout: the ranks onload for the step themselves
+        distiller = GroupDistiller.start(group, DistillSpec(seed=0))
+        first = distiller.distill(records, SCHEDULE)
+        distiller.save(tmp_path / "step1")
+        distiller.release_base()
+        modes = sync_group_to_pool(group, pool, str(path), 16 << 10, str(tmp_path / "step1"))
+        engines = ray.get([a.__ray_call__.remote(
+            lambda w: {k: v.clone() for k, v in w.engine.model.state_dict().items()})
+            for a in pool.actors])
+        after_sync = full_state()
+        # a distiller started from the folder on the ranks takes the second step
+        resumed = GroupDistiller.start(group, DistillSpec(folder=str(tmp_path / "step1")))
+        assert resumed.updates == 1
+        second = resumed.distill(records, SCHEDULE)
+        resumed.save(tmp_path / "step2")
+    finally:
+        group.shutdown()
+        pool.shutdown()
+
+    single = SparseDistiller(path, ALGO, "cpu", "float32", seed=0)
+    single.set_base(SafetensorsCheckpoint(path))
+    close_metrics(first, single.distill(records, SCHEDULE))
+    adapter = Adapter.read(tmp_path / "step1")
+    close_lora(dict(adapter.state), adapter_state(single.model))
+    close_metrics(second, single.distill(records, SCHEDULE))
+    close_lora(dict(Adapter.read(tmp_path / "step2").state), adapter_state(single.model))
+
+    # the engines hold merge(base, LoRA); the trainer's weights are the base still
+    assert modes == ["gloo", "gloo"] and pool.spec.adapter_path == str(tmp_path / "step1")
+    close(after_sync, base, atol=0.0)
+    merged = _decoder_state(merged_for_engine(base, adapter, torch.float32), path)
+    plain = _decoder_state(base, path)
+    assert any(not torch.equal(merged[k], plain[k]) for k in merged)  # the LoRA moved them
+    for state in engines:
+        assert set(state) == set(merged)
+        for name, tensor in merged.items():
+            torch.testing.assert_close(state[name], tensor, rtol=0, atol=1e-6, msg=name)

@@ -1,6 +1,7 @@
 """Two GPUs of one host (marked multigpu: `python -m pytest -m multigpu tests/sparrow_core/rl/
 test_multigpu.py -q`): the NCCL weight broadcast delivers the sender's exact weights, and an
-update of ShardedPolicyTrainer on 2 NCCL ranks equals one GPU's PolicyTrainer.
+update of ShardedPolicyTrainer on 2 NCCL ranks equals one GPU's PolicyTrainer; offloading the
+ranks' shards frees their GPU memory and the updates after the round trip are unchanged.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from sparrow_core.model import load_model
 from sparrow_core.rl.trainer import PolicyTrainer
 from tests.sparrow_core.rl.broadcast_workers import one_member
 from tests.sparrow_core.rl.multigpu_workers import update_rank
-from tests.sparrow_core.rl.sharded_workers import free_port
+from tests.sparrow_core.rl.sharded_workers import free_port, offload_round_trip
 from tests.sparrow_core.rl.test_trainer import ALGO, make_records, weights, with_actor_logprobs
 
 pytestmark = pytest.mark.multigpu
@@ -56,3 +57,18 @@ def test_two_nccl_ranks_update_like_one_gpu(qwen3_checkpoint, tmp_path):
     want = {k: v.cpu() for k, v in weights(single).items()}
     for name, tensor in got["weights"].items():
         torch.testing.assert_close(tensor, want[name], rtol=0, atol=2e-5)
+
+
+def test_nccl_ranks_offload_their_shards_and_update_alike(qwen3_checkpoint, tmp_path):
+    from tests.sparrow_core.rl.test_sharded_offload import (
+        REWARDS, check_round_trip, update_batch)
+
+    assert torch.cuda.device_count() >= 2
+    algo, update_records, old = update_batch(qwen3_checkpoint)
+    mp.spawn(offload_round_trip, args=(2, free_port(), qwen3_checkpoint, algo, update_records,
+                                       REWARDS, old, 2, tmp_path, "nccl"), nprocs=2, join=True)
+    got = torch.load(tmp_path / "offload.pt", weights_only=False)
+    assert got["pointers"]["offloaded_devices"] == ["cpu"]
+    memory = got["memory"]
+    assert memory["before"] - memory["offloaded"] >= 0.9 * memory["shard_bytes"]
+    check_round_trip(got, exact=False)
