@@ -128,5 +128,7 @@ def resolve_schedule(spec: str, extra: Mapping[str, Schedule] | None = None) -> 
     known = list(PRESETS) + [name for name in extra if name not in PRESETS]
     raise ScheduleError(
         f"unknown schedule {spec!r}: not a preset, a known schedule or a .yaml/.yml/.json "
-        f"file; known names: {', '.join(known)}"
+        f"file; known names: {', '.join(known)}. A calibrated schedule is known in the "
+        f"workdir it was calibrated into: `sparrow calibrate ... calibrate.name={spec}` there "
+        f"first, or check pipeline.workdir"
     )

@@ -96,4 +96,5 @@ def test_bad_prompts_are_one_clear_error(qwen3_checkpoint, capsys):
     assert ("4000 prompt tokens + max_new_tokens 100 = 4100 exceed the context of 4096 tokens"
             in capsys.readouterr().err)
     assert main(["generate", "--model", model, "--prompt-ids", "1", "--schedule", "nope"]) == 2
-    assert "unknown schedule 'nope'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "unknown schedule 'nope'" in err and "calibrate.name=nope" in err
