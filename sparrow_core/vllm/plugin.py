@@ -1,6 +1,7 @@
 """The project's vLLM general plugin: registers the block-sparse attention backend, when asked.
 
-    [project.entry-points."vllm.general_plugins"]  sparrow_sparse = "sparrow_core.vllm.plugin:register"
+    # pyproject.toml, [project.entry-points."vllm.general_plugins"]:
+    sparrow_sparse = "sparrow_core.vllm.plugin:register"
     SPARROW_VLLM_SPARSE=1  ->  register() makes AttentionBackendEnum.CUSTOM the sparse backend
 
 vLLM calls every general plugin in each of its processes before it builds a model
