@@ -168,14 +168,10 @@ def _check_reward(name: str) -> None:
 
 
 def _check_backend(cfg: SparrowConfig) -> None:
-    """rollout.backend=vllm: dense decode only, and vllm importable here (not imported)."""
+    """rollout.backend=vllm: vllm importable here (not imported). With schedule.sparse the
+    actors start vLLM with the project's block-sparse backend (docs/backends.md)."""
     if cfg.rollout.backend != "vllm":
         return
-    if cfg.schedule.sparse:
-        raise ConfigError("config keys 'rollout.backend' and 'schedule.sparse': "
-                          "rollout.backend=vllm decodes densely (the block-sparse vLLM plugin is "
-                          "not built yet); set schedule.sparse=false, or rollout.backend=native "
-                          "for sparse rollouts")
     from sparrow_core.vllm import INSTALL_HINT, vllm_available
 
     if not vllm_available():

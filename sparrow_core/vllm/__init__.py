@@ -1,4 +1,4 @@
-"""vLLM as a rollout backend (`rollout.backend=vllm`): dense decode through vLLM 0.23.0.
+"""vLLM as a rollout backend (`rollout.backend=vllm`): decode through vLLM 0.23.0.
 
     from sparrow_core.vllm import VllmEngine, vllm_available
     engine = VllmEngine(weights_path, EngineConfig(...), tokenizer=tokenizer)  # a CUDA device
@@ -9,8 +9,11 @@
 runtime/rollout_actors.py holds one actor class for both backends. `outputs.py` turns vLLM's
 RequestOutput into the project's SampleResult (pure; tested on CPU with objects of vLLM's
 shape); `worker_extension.py` is the method vLLM's worker runs to load weights in place.
-Only engine.py and worker_extension.py import vllm. The block-sparse vLLM plugin is not
-built: this backend decodes densely and refuses a sparse schedule. Install: docs/backends.md.
+The block-sparse plugin: plugin.py (the vllm.general_plugins entry point), sparse_backend.py
+(vLLM's CUSTOM attention backend), sparse_decode.py (its pure parts, CPU-tested; no vllm);
+an engine started with a sparse schedule uses it, one started dense refuses sparse schedules.
+Only engine.py, worker_extension.py, plugin.py and sparse_backend.py import vllm, on use.
+Install and state: docs/backends.md.
 """
 
 from __future__ import annotations

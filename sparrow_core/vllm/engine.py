@@ -4,7 +4,7 @@
     results = engine.generate(prompt_ids, [SamplingParams(...), ...])  # [prompt][sample]
     engine.update_weights(state_dict)   # transformers names, in place; prefix cache reset
     engine.sleep(); engine.wake()       # vLLM sleep mode level 1 between rollout and training
-    engine.set_schedule(None)           # a sparse schedule is refused (no sparse plugin yet)
+    engine.set_schedule(schedule)       # sparse only when started with a sparse schedule
 
 vLLM runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, the "uni" executor), so the
 trainer's tensors reach its model without a copy through a socket: update_weights calls the
@@ -12,8 +12,12 @@ worker extension (worker_extension.py) by name through LLM.collective_rpc. Reque
 ids (no vLLM tokenizer: skip_tokenizer_init) with one vLLM request per sample and the
 sample's seed (outputs.py); text is decoded with the project's tokenizer as the native engine
 does. The KV cache is sized by EngineConfig.memory_utilization (vLLM's
-gpu_memory_utilization) when set, else kv_cache_mib (kv_cache_memory_bytes). Attention is
-FLASH_ATTN and the sampler's FlashInfer path is off: scripts/pack_vllm.sh leaves FlashInfer
+gpu_memory_utilization) when set, else kv_cache_mib (kv_cache_memory_bytes, less the page
+centroids' share when sparse). Attention is FLASH_ATTN, or, when the engine starts with a
+schedule that makes a layer sparse, the project's block-sparse backend (plugin.py,
+sparse_backend.py: vLLM's CUSTOM backend, 16-token blocks, the V1 model runner), which
+set_schedule then feeds through the worker extension; an engine started dense refuses a
+sparse schedule. The sampler's FlashInfer path is off: scripts/pack_vllm.sh leaves FlashInfer
 out. Sleep level 1 frees the KV cache and moves the weights to host memory; update_weights
 while asleep brings the weights back first, wake() the rest. Tested on a GPU only
 (tests/sparrow_core/vllm/test_vllm_engine_gpu.py).
@@ -35,6 +39,8 @@ from sparrow_core.vllm import VllmBackendError, require_vllm
 from sparrow_core.vllm.outputs import sampling_kwargs, to_sample_result
 
 ATTENTION_BACKEND = "FLASH_ATTN"
+SPARSE_ATTENTION_BACKEND = "CUSTOM"  # registered by plugin.py
+SPARSE_BLOCK_SIZE = 16  # sparse_backend.BLOCK_SIZE (that module imports vllm)
 # vLLM refuses a request asking for more top logprobs than this
 MAX_LOGPROBS = 64
 SLEEP_LEVEL = 1  # 2 would drop the weights, which a rollout without a sync before it needs
@@ -60,22 +66,43 @@ class VllmEngine:
         self.config, self.tokenizer = config, tokenizer
         self.max_context = config.max_context or self.arch.max_position_embeddings
         self.schedule: Schedule | None = None
-        self.set_schedule(schedule)
-        self.llm = _start_llm(str(model_path), config, dtype, self.max_context)
+        # the attention backend is fixed when vLLM starts: sparse only if asked from the start
+        self.sparse_backend = self._makes_sparse(schedule)
+        if self.sparse_backend and config.page_size != SPARSE_BLOCK_SIZE:
+            raise VllmBackendError(f"the sparse vLLM backend needs page_size "
+                                   f"{SPARSE_BLOCK_SIZE} (vLLM's block), got {config.page_size}")
+        self.llm = _start_llm(str(model_path), config, dtype, self.max_context,
+                              self.sparse_backend)
         self._calls = 0
         self._weights_awake = self._kv_awake = True
+        self.set_schedule(schedule)
 
     # the trainer's hooks
 
+    def _makes_sparse(self, schedule: Schedule | None) -> bool:
+        return schedule is not None and any(schedule.is_sparse_layer(i)
+                                            for i in range(self.arch.num_layers))
+
     def set_schedule(self, schedule: Schedule | None) -> None:
-        """None (dense) only: a schedule that makes any layer sparse is refused."""
-        if schedule is not None and any(schedule.is_sparse_layer(i)
-                                        for i in range(self.arch.num_layers)):
+        """Decode with this schedule from the next generate() on (None: dense). A schedule
+        with a sparse layer needs the engine to have started with one (the sparse backend)."""
+        sparse = self._makes_sparse(schedule)
+        if sparse and not self.sparse_backend:
             raise VllmBackendError(
-                f"rollout.backend=vllm decodes densely (the block-sparse vLLM plugin is not "
-                f"built); it cannot take the sparse schedule {schedule.name!r}: run with "
-                f"schedule.sparse=false, or rollout.backend=native for sparse decode")
-        self.schedule = None
+                f"this vLLM engine started with dense attention (FLASH_ATTN) and decodes "
+                f"densely; it cannot take the sparse schedule {schedule.name!r}: start it with "
+                f"a sparse schedule (the block-sparse vLLM backend), or use "
+                f"rollout.backend=native")
+        if sparse and schedule.page_size != SPARSE_BLOCK_SIZE:
+            raise VllmBackendError(f"schedule {schedule.name!r} has page_size "
+                                   f"{schedule.page_size}; vLLM's blocks hold {SPARSE_BLOCK_SIZE}")
+        if self.sparse_backend:
+            layers = self.llm.collective_rpc("sparrow_set_schedule",
+                                             args=(schedule if sparse else None,))
+            if min(layers) < self.arch.num_layers:
+                raise VllmBackendError(f"the sparse vLLM backend holds {min(layers)} of "
+                                       f"{self.arch.num_layers} attention layers")
+        self.schedule = schedule if sparse else None
 
     def update_weights(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:
         """Copy trainer weights (transformers names) into vLLM's model in place; KV blocks
@@ -138,7 +165,7 @@ class VllmEngine:
             completion = output.outputs[0]
             results[index].append(to_sample_result(
                 completion, index, sample, prompt_len, self.config.page_size, topk,
-                self._text(completion.token_ids)))
+                self._text(completion.token_ids), self.schedule))
         return results
 
     def _stop_ids(self, params: SamplingParams) -> set[int]:
@@ -157,16 +184,37 @@ class VllmEngine:
         self.llm.llm_engine.engine_core.shutdown()
 
 
-def _start_llm(model_path: str, config: EngineConfig, dtype: str, max_context: int):
+def kv_bytes_beside_centroids(total_bytes: int, block_size: int) -> int:
+    """vLLM's kv_cache_memory_bytes when the page centroids (one key-sized row per block,
+    outside vLLM's budget) must fit in `total_bytes` too: K and V take 2 * block_size rows
+    per block and layer, the centroid 1 more."""
+    return total_bytes * 2 * block_size // (2 * block_size + 1)
+
+
+def _start_llm(model_path: str, config: EngineConfig, dtype: str, max_context: int,
+               sparse: bool = False):
     # engine core and worker in this process: weights reach the model as tensors
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    backend = dict(attention_config={"backend": ATTENTION_BACKEND})
+    if sparse:
+        from sparrow_core.vllm import plugin
+
+        os.environ[plugin.ENV] = "1"
+        # the V2 runner gives the backend no is_prefilling (sparse_backend.py)
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+        plugin.register()  # vLLM may have loaded the plugins before the variable was set
+        backend = dict(attention_config={"backend": SPARSE_ATTENTION_BACKEND},
+                       block_size=SPARSE_BLOCK_SIZE)
     import vllm
 
     if config.memory_utilization > 0:
         memory = dict(gpu_memory_utilization=float(config.memory_utilization))
     else:
-        memory = dict(kv_cache_memory_bytes=int(config.kv_cache_mib * 2**20))
+        total = int(config.kv_cache_mib * 2**20)
+        if sparse:
+            total = kv_bytes_beside_centroids(total, SPARSE_BLOCK_SIZE)
+        memory = dict(kv_cache_memory_bytes=total)
     return vllm.LLM(
         model=model_path, dtype=dtype, seed=config.seed, skip_tokenizer_init=True,
         generation_config="vllm", max_model_len=max_context,
@@ -174,4 +222,4 @@ def _start_llm(model_path: str, config: EngineConfig, dtype: str, max_context: i
         logprobs_mode="processed_logprobs", enable_prefix_caching=True,
         enable_sleep_mode=True, distributed_executor_backend="uni",
         worker_extension_cls="sparrow_core.vllm.worker_extension.WeightLoader",
-        attention_config={"backend": ATTENTION_BACKEND}, **memory)
+        **backend, **memory)

@@ -13,8 +13,10 @@ rank 1..k: the sampled token's entry is the extra one exactly when it is not in 
 With logprobs_mode="processed_logprobs" (engine.py) the logprobs are those of the
 distribution sampled from (temperature, then top-k and top-p; truncated tokens -inf), and of
 the untruncated temperature-1 distribution for greedy requests: the native sampler's meaning.
-Pages read: dense decode reads every page, so the token at generated index j read
-ceil((prompt_len + j) / page_size) pages (the native engine's count with no schedule).
+Pages read, the native engine's count: the token at generated index j came from the step
+whose input sat at position p = prompt_len + j - 1 with n = ceil((prompt_len + j) / page_size)
+pages cached; j = 0 (prefill) and dense decode read all n, a sparse schedule's step
+min(n, top-k of p's bin + reserved pages) (Schedule.pages_read).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from sparrow_core.engine.sequence import FINISH_REASONS, SampleResult
 from sparrow_core.engine.validate import SamplingParams
 from sparrow_core.errors import SparrowError
+from sparrow_core.sparse.schedule import Schedule
 
 
 class VllmOutputError(SparrowError):
@@ -49,6 +52,17 @@ def dense_pages_read(prompt_len: int, count: int, page_size: int) -> tuple[int, 
     return tuple(-(-(prompt_len + j) // page_size) for j in range(count))
 
 
+def pages_read(prompt_len: int, count: int, page_size: int,
+               schedule: Schedule | None = None) -> tuple[int, ...]:
+    """Pages read per KV head in sparse layers for each of `count` generated tokens: dense
+    without a schedule (pass None for one that keeps every layer dense), else the schedule's."""
+    dense = dense_pages_read(prompt_len, count, page_size)
+    if schedule is None:
+        return dense
+    return dense[:1] + tuple(schedule.pages_read(prompt_len + j - 1, num_pages=dense[j])
+                             for j in range(1, count))
+
+
 def ranked_topk(position: Mapping[int, Any], sampled: int, k: int) -> list[tuple[int, float]]:
     """(id, logprob) of one position's top-k, most likely first, from vLLM's dict."""
     entries = list(position.items())
@@ -63,7 +77,8 @@ def _rank(entry: Any) -> float:
 
 
 def to_sample_result(completion: Any, prompt_index: int, sample_index: int, prompt_len: int,
-                     page_size: int, topk: int, text: str | None = None) -> SampleResult:
+                     page_size: int, topk: int, text: str | None = None,
+                     schedule: Schedule | None = None) -> SampleResult:
     """A CompletionOutput (token_ids, logprobs, finish_reason) as a SampleResult."""
     ids = tuple(int(t) for t in completion.token_ids)
     positions: Sequence[Mapping[int, Any]] | None = completion.logprobs
@@ -87,5 +102,5 @@ def to_sample_result(completion: Any, prompt_index: int, sample_index: int, prom
         raise VllmOutputError(f"vLLM finished {where} with finish_reason {reason!r}; the "
                               f"rollout takes {' or '.join(FINISH_REASONS)} (an abort is a fault)")
     return SampleResult(prompt_index, sample_index, ids, tuple(logprobs), tuple(topk_ids),
-                        tuple(topk_logprobs), dense_pages_read(prompt_len, len(ids), page_size),
+                        tuple(topk_logprobs), pages_read(prompt_len, len(ids), page_size, schedule),
                         reason, text)

@@ -1,4 +1,5 @@
-"""What vLLM's GPU worker does for the project: load trainer weights into its model in place.
+"""What vLLM's GPU worker does for the project: load trainer weights into its model in place,
+and hand a sparsity schedule to the sparse attention backend's layers (sparse_backend.py).
 
 vLLM mixes this class into its worker (LLM(worker_extension_cls=...)), and the engine calls
 its methods by name through LLM.collective_rpc (engine.py). The model's own load_weights
@@ -26,3 +27,10 @@ class WeightLoader:
                                  f"{missing[:3]} (strict load of {len(weights)} tensors)")
         torch.cuda.synchronize()
         return len(loaded)
+
+    def sparrow_set_schedule(self, schedule: Any) -> int:
+        """Give the sparse attention backend's layers `schedule` (a Schedule, or None for
+        dense decode); returns how many layers took it (0: the backend is not in use)."""
+        from sparrow_core.vllm.sparse_backend import set_worker_schedule
+
+        return set_worker_schedule(self, schedule)

@@ -19,8 +19,9 @@ import torch
 from sparrow_core.engine import Engine, EngineConfig, SamplingParams
 from sparrow_core.model import load_model
 from sparrow_core.model.builtin import resolve_model_path
-from sparrow_core.vllm.outputs import (VllmOutputError, dense_pages_read, ranked_topk,
-                                       sampling_kwargs, to_sample_result)
+from sparrow_core.sparse import Schedule
+from sparrow_core.vllm.outputs import (VllmOutputError, dense_pages_read, pages_read,
+                                       ranked_topk, sampling_kwargs, to_sample_result)
 
 
 @dataclass
@@ -100,6 +101,24 @@ def test_dense_pages_read_counts_every_page():
     assert dense_pages_read(4, 3, 4) == (1, 2, 2)
     assert dense_pages_read(16, 2, 16) == (1, 2)
     assert dense_pages_read(1, 0, 16) == ()
+
+
+def test_sparse_pages_read_is_the_native_engines_count():
+    """A sparse schedule's pages read per generated token, as the native engine reports them
+    (top-k per bin plus reserved pages from the first decode step on, all pages before)."""
+    torch.manual_seed(0)
+    model = load_model(resolve_model_path("builtin:tiny"))
+    schedule = Schedule("tiny-sparse", topk_pages=(1, 2), page_size=4, bin_tokens=12,
+                        reserved_bos=1, reserved_eos=1, skip_layers=(0,))
+    engine = Engine(model, None, EngineConfig(max_batch_size=4, num_pages=64, page_size=4,
+                                              ignore_eos=True), schedule)
+    prompts = [[5, 6, 7, 8, 9], [11, 12, 13]]
+    params = SamplingParams(temperature=0.0, max_new_tokens=20, logprobs_topk=1)
+    for prompt, (native,) in zip(prompts, engine.generate(prompts, params)):
+        got = pages_read(len(prompt), len(native.output_ids), 4, schedule)
+        assert got == native.pages_read
+        assert got != dense_pages_read(len(prompt), len(native.output_ids), 4)
+    assert pages_read(5, 3, 4, None) == dense_pages_read(5, 3, 4)
 
 
 @pytest.mark.parametrize("reason", [None, "abort"])

@@ -1,6 +1,7 @@
 """VllmEngine's own logic on CPU, around a stand-in for vLLM's LLM (no vllm, no GPU): one
 request per sample with the native engine's per-sample seed, results back per prompt,
-sleep / wake / weight loads in the order vLLM's sleep mode needs, sparse schedules refused,
+sleep / wake / weight loads in the order vLLM's sleep mode needs, sparse schedules refused by
+a dense-started engine and handed to the worker by one started sparse,
 and the rollout actor's errors on a machine that cannot run the backend. The real backend
 is held against the native engine by test_vllm_engine_gpu.py.
 Run: `python -m pytest tests/sparrow_core/vllm/test_vllm_engine.py -q`.
@@ -48,7 +49,11 @@ class FakeLLM:
         self.last = outputs
         return outputs
 
-    def __getattr__(self, name):  # sleep, wake_up, collective_rpc, reset_prefix_cache
+    def collective_rpc(self, *args, **kwargs):
+        self.calls.append(("collective_rpc", args, kwargs))
+        return [4] if args[0] == "sparrow_set_schedule" else [None]  # tiny: 4 layers
+
+    def __getattr__(self, name):  # sleep, wake_up, reset_prefix_cache
         return lambda *args, **kwargs: self.calls.append((name, args, kwargs))
 
 
@@ -58,7 +63,10 @@ def fake_vllm(monkeypatch):
     module.SamplingParams = lambda **kwargs: SimpleNamespace(**kwargs)
     monkeypatch.setitem(sys.modules, "vllm", module)
     monkeypatch.setattr(backend, "vllm_available", lambda: True)
-    monkeypatch.setattr(engine_module, "_start_llm", lambda *args: FakeLLM())
+    started = []
+    monkeypatch.setattr(engine_module, "_start_llm",
+                        lambda *args: started.append(args) or FakeLLM())
+    return started
 
 
 class Tokenizer:
@@ -117,17 +125,41 @@ def test_sleep_update_and_wake_follow_vllm_sleep_mode(fake_vllm):
     assert [c[0] for c in llm.calls[count:]] == ["sleep"]
 
 
-def test_sparse_schedule_is_refused_dense_accepted(fake_vllm):
+def test_dense_started_engine_refuses_a_sparse_schedule(fake_vllm):
     engine = make_engine()
+    assert fake_vllm[-1][-1] is False  # FLASH_ATTN
     engine.set_schedule(None)
-    with pytest.raises(VllmBackendError, match="schedule.sparse=false"):
+    with pytest.raises(VllmBackendError, match="started with dense attention"):
         engine.set_schedule(get_preset("tiny-0.86"))
     every_layer_dense = Schedule("dense-all", topk_pages=(1,), page_size=8, bin_tokens=64,
                                  skip_layers=(0, 1, 2, 3))
     engine.set_schedule(every_layer_dense)
     assert engine.schedule is None
-    with pytest.raises(VllmBackendError, match="decodes densely"):
-        engine_module.VllmEngine(TINY, EngineConfig(page_size=8), None, get_preset("tiny-0.86"))
+    assert not [c for c in engine.llm.calls if c[0] == "collective_rpc"]
+    with pytest.raises(VllmBackendError, match="needs page_size 16"):
+        engine_module.VllmEngine(TINY, EngineConfig(page_size=8), None,
+                                 Schedule("s8", topk_pages=(2,), page_size=8, skip_layers=()))
+
+
+def test_sparse_started_engine_hands_schedules_to_the_worker(fake_vllm):
+    sparse = Schedule("s16", topk_pages=(2, 3), page_size=16, skip_layers=(0,))
+    engine = engine_module.VllmEngine(TINY, EngineConfig(page_size=16), Tokenizer(), sparse)
+    assert fake_vllm[-1][-1] is True  # the sparse backend
+    assert engine.schedule == sparse
+    engine.set_schedule(None)
+    assert engine.schedule is None
+    rpc = [(c[1][0], *c[2]["args"]) for c in engine.llm.calls if c[0] == "collective_rpc"]
+    assert rpc == [("sparrow_set_schedule", sparse), ("sparrow_set_schedule", None)]
+    engine.set_schedule(sparse)
+    # pages read follow the schedule: a 40-token prompt, then top-k 2 + 3 reserved of 3+ pages
+    result = engine.generate([list(range(2, 42))], SamplingParams(temperature=0.0,
+                                                                   max_new_tokens=12))[0][0]
+    assert result.pages_read[:3] == (3, 3, 3) and result.pages_read[-1] == 4
+
+
+def test_kv_bytes_leave_room_for_the_centroids():
+    kv = engine_module.kv_bytes_beside_centroids(33 * 2**20, 16)
+    assert kv == 32 * 2**20  # K and V: 32 rows per block and layer, the centroid one more
 
 
 def test_rollout_actor_on_cpu_or_without_vllm_says_why(monkeypatch):

@@ -84,7 +84,7 @@ def test_vllm_actor_seeded_samples_repeat_and_differ_by_sample(vllm_actor):
     assert one[0].output_ids != one[1].output_ids
     assert all(len(row) == 20 for s in one for row in s.topk_ids)
     vllm_actor.set_schedule(None)
-    with pytest.raises(VllmBackendError, match="decodes densely"):
+    with pytest.raises(VllmBackendError, match="started with dense attention"):
         vllm_actor.set_schedule(Schedule("sparse", topk_pages=(2,), page_size=16, skip_layers=()))
 
 

@@ -1,0 +1,85 @@
+"""The sparse vLLM backend against the native engine's sparse decode, greedy, on one GPU (bf16).
+
+A random Qwen3 checkpoint (sparrow_core/model/random_checkpoint.py, head_dim 64, 3 layers) is
+decoded greedily by VllmEngine started with a sparse schedule (the plugin's CUSTOM backend:
+FLASH_ATTN prefill, the project's kernels for decode) and by the native engine with the same
+schedule: the same ids up to a near tie (as test_vllm_engine_gpu.py), the same pages read,
+logprobs close; and every prompt runs long enough for decode steps that read fewer pages
+than the cache holds (the sparse path really runs). set_schedule(None) then decodes densely
+and matches the native dense engine. vLLM loads its plugins once per process, so this file
+runs in a process of its own (a separate pytest call, below). Needs vllm (docs/backends.md,
+'Installing vLLM on the GPU machine') and CUDA; skipped without vllm, deselected without CUDA.
+Run on the device: `python -m pytest -m gpu tests/sparrow_core/vllm/test_sparse_backend_gpu.py -q`
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from sparrow_core.engine import Engine, EngineConfig, SamplingParams
+from sparrow_core.sparse import Schedule
+
+pytestmark = pytest.mark.gpu
+
+LOGPROB_ATOL = 0.05
+TIE_MARGIN = 0.1
+SHAPE = dict(hidden_size=256, num_layers=3, num_q_heads=4, num_kv_heads=2, head_dim=64,
+             intermediate_size=512)
+# top-k 2 then 4 pages per 160-token bin, 1 + 2 reserved, layer 0 dense
+SCHEDULE = Schedule("gpu-test", topk_pages=(2, 4), page_size=16, bin_tokens=160,
+                    reserved_bos=1, reserved_eos=2, skip_layers=(0,))
+PROMPTS = [list(range(3, 120)), [7, 11, 13] * 40, list(range(400, 230, -1)), [5] * 33]
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=96, logprobs_topk=5)
+CONFIG = EngineConfig(max_batch_size=8, kv_cache_mib=64, page_size=16, seed=0,
+                      ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    pytest.importorskip("vllm")
+    from sparrow_core.model.random_checkpoint import make_random_checkpoint
+
+    return make_random_checkpoint(tmp_path_factory.mktemp("sparse-vllm") / "ckpt", "qwen3",
+                                  seed=0, **SHAPE)
+
+
+def native(path, schedule):
+    import torch
+
+    from sparrow_core.model import load_model
+
+    model = load_model(path, dtype=torch.bfloat16, device="cuda")
+    return Engine(model, None, CONFIG, schedule).generate(PROMPTS, [GREEDY] * len(PROMPTS))
+
+
+def compare(want_rows, got_rows) -> int:
+    compared = 0
+    for want_row, got_row in zip(want_rows, got_rows, strict=True):
+        want, got = want_row[0], got_row[0]
+        for j, (a, b) in enumerate(zip(want.output_ids, got.output_ids)):
+            assert got.pages_read[j] == want.pages_read[j]
+            if a != b:
+                margin = want.topk_logprobs[j][0] - want.topk_logprobs[j][1]
+                assert margin < TIE_MARGIN, (f"prompt {want.prompt_index}: token {j} is {b}, "
+                                             f"the native {a} leads by {margin:.3f}")
+                break
+            assert got.logprobs[j] == pytest.approx(want.logprobs[j], abs=LOGPROB_ATOL)
+            compared += 1
+    return compared
+
+
+def test_sparse_vllm_matches_native_sparse_decode(checkpoint):
+    from sparrow_core.vllm import VllmEngine
+
+    want = native(checkpoint, SCHEDULE)
+    # the sparse path runs: some step reads fewer pages than its cache holds
+    for prompt, (sample,) in zip(PROMPTS, want):
+        dense = [-(-(len(prompt) + j) // 16) for j in range(len(sample.output_ids))]
+        assert any(p < n for p, n in zip(sample.pages_read, dense))
+    engine = VllmEngine(str(checkpoint), CONFIG, None, SCHEDULE)
+    got = engine.generate(PROMPTS, [GREEDY] * len(PROMPTS))
+    assert compare(want, got) >= len(PROMPTS) * 48  # most tokens compared
+
+    engine.set_schedule(None)  # the same engine, dense decode through the project's kernels
+    assert compare(native(checkpoint, None), engine.generate(PROMPTS, [GREEDY] * len(PROMPTS))) \
+        >= len(PROMPTS) * 48
