@@ -156,6 +156,10 @@ class FlowEnvironment:
         if start_ray(""):
             stack.callback(ray.shutdown)
         stack.enter_context(prefect_test_harness(server_startup_timeout=180))
+        # a flow run's heartbeat thread sleeps in 1 s steps and each flow and subflow joins it
+        # on exit (~0.5 s a flow run); no test here watches for crashed runs
+        stack.enter_context(prefect.settings.temporary_settings(
+            updates={"flows.heartbeat_frequency": None}))
         self.api_url = prefect.settings.PREFECT_API_URL.value()
         self.ray_address = ray.get_runtime_context().gcs_address
         self.stack = stack
