@@ -133,32 +133,45 @@ class FlowEnvironment:
     """A Prefect test API and a local Ray, started on first use and stopped right after the last
     test that asks for them (not at the session's end: later tests count their own child
     processes, and Ray's and Prefect's would be among them). Starting them costs ~30 s on a
-    2-core machine, and so does each `sparrow train` subprocess that starts its own."""
+    2-core machine, and so does each `sparrow train` subprocess that starts its own. Tests of
+    Ray actors alone call .start_ray(), which starts the local Ray only."""
 
     def __init__(self):
         self.stack: contextlib.ExitStack | None = None
+        self.prefect_started = False
         self.api_url = ""
         self.ray_address = ""
 
-    def start(self) -> None:
+    def start_ray(self) -> None:
         if self.stack is not None:
             return
-        from pipelines.prefect_env import quiet_prefect
-
-        quiet_prefect()
-        import prefect.settings
         import ray
-        from prefect.testing.utilities import prefect_test_harness
 
         from runtime.rollout_actors import start_ray
 
         stack = contextlib.ExitStack()
         if start_ray(""):
             stack.callback(ray.shutdown)
-        stack.enter_context(prefect_test_harness(server_startup_timeout=180))
-        self.api_url = prefect.settings.PREFECT_API_URL.value()
         self.ray_address = ray.get_runtime_context().gcs_address
         self.stack = stack
+
+    def start(self) -> None:
+        if self.prefect_started:
+            return
+        from pipelines.prefect_env import quiet_prefect
+
+        quiet_prefect()
+        import prefect.settings
+        from prefect.testing.utilities import prefect_test_harness
+
+        self.start_ray()
+        self.stack.enter_context(prefect_test_harness(server_startup_timeout=180))
+        # a flow run's heartbeat thread sleeps in 1 s steps and each flow and subflow joins it
+        # on exit (~0.5 s a flow run); no test here watches for crashed runs
+        self.stack.enter_context(prefect.settings.temporary_settings(
+            updates={"flows.heartbeat_frequency": None}))
+        self.api_url = prefect.settings.PREFECT_API_URL.value()
+        self.prefect_started = True
 
     def subprocess_env(self, prefect_home: Path) -> tuple[dict[str, str], str]:
         """(environment, ray address) of a subprocess that reports to this Prefect API and
@@ -173,7 +186,7 @@ class FlowEnvironment:
 
     def stop(self) -> None:
         if self.stack is not None:
-            stack, self.stack = self.stack, None
+            stack, self.stack, self.prefect_started = self.stack, None, False
             stack.close()
 
 
@@ -182,7 +195,8 @@ FLOW_ENVIRONMENT = FlowEnvironment()
 
 @pytest.fixture(scope="session")
 def flow_environment() -> FlowEnvironment:
-    """The session's FlowEnvironment; call .start() (or .subprocess_env) before using it."""
+    """The session's FlowEnvironment; call .start() (or .subprocess_env, or .start_ray for Ray
+    alone) before using it."""
     return FLOW_ENVIRONMENT
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.rollout_actors import ActorPool, RolloutWorker, WorkerSpec, start_ray
+from runtime.rollout_actors import ActorPool, RolloutWorker, WorkerSpec
 from runtime.rollout_dispatch import work_items
 from sparrow_core.engine import EngineConfig, SamplingParams
 from sparrow_core.sparse import Schedule
@@ -30,13 +30,10 @@ def params() -> list[SamplingParams]:
 
 
 @pytest.fixture(scope="module")
-def ray_up():
-    started = start_ray("")
-    yield
-    if started:  # later tests count their own child processes
-        import ray
-
-        ray.shutdown()
+def ray_up(flow_environment):
+    """The session's local Ray (tests/conftest.py), stopped after its last user: later tests
+    count their own child processes."""
+    flow_environment.start_ray()
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 import torch
 
-from runtime.rollout_actors import ActorPool, WorkerSpec, start_ray
+from runtime.rollout_actors import ActorPool, WorkerSpec
 from runtime.trainer_group import TrainerGroup, TrainerSpec
 from runtime.weight_sync import sync_group_to_pool
 from sparrow_core.engine import EngineConfig
@@ -30,13 +30,10 @@ REWARDS = ([0.0, 1.0, 1.0, 0.5, 0.2, 0.0], [1.0, 0.0, 0.0, 1.0, 0.5, 0.5],
 
 
 @pytest.fixture(scope="module")
-def ray_up():
-    started = start_ray("")
-    yield
-    if started:
-        import ray
-
-        ray.shutdown()
+def ray_up(flow_environment):
+    """The session's local Ray (tests/conftest.py), stopped after its last user: later tests
+    count their own child processes."""
+    flow_environment.start_ray()
 
 
 def batch(trainer):
