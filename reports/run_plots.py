@@ -57,16 +57,24 @@ def _bin_colors(bins: list[int]) -> dict[int, Any]:
     return {b: cmap(i / max(len(bins) - 1, 1) * 0.9) for i, b in enumerate(bins)}
 
 
+def _per_bin(data: "RunData", column: str) -> tuple[list[dict], dict[int, list[tuple]]]:
+    """(the bin_stats rows with `column` set, {bin: [(step, value), ...]} in bin order)."""
+    rows = [r for r in data.bins if r[column] is not None]
+    series: dict[int, list[tuple]] = {}
+    for r in sorted(rows, key=lambda r: r["bin"]):
+        series.setdefault(r["bin"], []).append((r["step"], r[column]))
+    return rows, series
+
+
 def draw_p5(ax: "Axes", data: "RunData", legend: bool = True) -> None:
     """p5 per length bin over steps, the target as a dashed line, threshold events as crosses."""
-    rows = [b for b in data.bins if b["p5"] is not None]
+    rows, series = _per_bin(data, "p5")
     if not rows:
         _empty(ax, "bin statistics")
         return
-    bins = sorted({b["bin"] for b in rows})
+    bins = list(series)
     colors = _bin_colors(bins)
-    for b in bins:
-        points = [(r["step"], r["p5"]) for r in rows if r["bin"] == b]
+    for b, points in series.items():
         ax.plot(*zip(*points), marker="o", markersize=3, linewidth=1.4, color=colors[b], label=f"bin {b}")
     if data.target is not None:
         ax.axhline(data.target, **TARGET_STYLE, label=f"target {data.target:g}")
@@ -98,14 +106,12 @@ def _label_ends(ax: "Axes", rows: list[dict], bins: list[int], colors: dict, tar
 
 def draw_pages_read(ax: "Axes", data: "RunData") -> None:
     """Pages read per step in each bin (bin_stats.pages_read) over steps, as steps."""
-    rows = [b for b in data.bins if b["pages_read"] is not None]
+    rows, series = _per_bin(data, "pages_read")
     if not rows:
         _empty(ax, "budgets")
         return
-    bins = sorted({b["bin"] for b in rows})
-    colors = _bin_colors(bins)
-    for b in bins:
-        points = [(r["step"], r["pages_read"]) for r in rows if r["bin"] == b]
+    colors = _bin_colors(list(series))
+    for b, points in series.items():
         ax.step(*zip(*points), where="post", color=colors[b], linewidth=1.4)
     ax.set_xlabel("step")
     ax.set_ylabel("budget (KV pages)")

@@ -187,7 +187,7 @@ def study_markdown(summary: dict[str, Any], files: list[str]) -> str:
                       f"{len(s['collapsed_arms'])} / {s['collapsed_steps']}"]
                      for s in summary["separation"]])
     dense = {a["arm"] for a in summary["arms"] if a["sparse"] is False}
-    stable = set(summary["separation"][0]["stable_arms"]) if summary["separation"] else set()
+    stable = {a["arm"] for a in summary["arms"] if a["collapsed"] is False}
     if stable and stable <= dense:
         lines += ["", "Every stable arm decodes densely, so these AUCs compare sparse with dense "
                   "decoding, not a threshold; the table below is the test."]
