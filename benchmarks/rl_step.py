@@ -102,10 +102,16 @@ def run_arm(args, arm: str, new_tokens: int, path: str) -> dict[str, Any]:
     done_file = work / "done.json"
     if not done_file.exists():
         command = [sys.executable, __file__, "--child", json.dumps(overrides)]
-        done = subprocess.run(command, capture_output=True, text=True,
-                              env=dict(os.environ, PYTHONUNBUFFERED="1"))
-        sys.stderr.write(done.stdout[-4000:] + done.stderr[-6000:])
-        lines = [ln for ln in done.stdout.splitlines() if ln.startswith("SUMMARY ")]
+        # the child's output goes to a file as it runs, so a long arm can be watched (and a
+        # cut one read) while it runs
+        work.mkdir(parents=True, exist_ok=True)
+        log = work / "child.log"
+        with log.open("w") as out:
+            done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, text=True,
+                                  env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        text = log.read_text(errors="replace")
+        sys.stderr.write(text[-10000:])
+        lines = [ln for ln in text.splitlines() if ln.startswith("SUMMARY ")]
         if done.returncode or not lines:
             raise SystemExit(f"arm {arm} at {new_tokens} tokens failed (exit {done.returncode})")
         done_file.write_text(lines[-1][len("SUMMARY "):])
