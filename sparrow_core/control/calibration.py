@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from sparrow_core.costmodel_presets import ModelShape
-from sparrow_core.engine import Engine, EngineConfig, SamplingParams, teacher_forced_logits
+from sparrow_core.engine import Engine, EngineConfig, SamplingParams, teacher_forced_hidden
 from sparrow_core.errors import SparrowError
 from sparrow_core.mismatch import acceptance_from_logits, bin_index
 from sparrow_core.mismatch_stats import LOW_ACCEPTANCE
@@ -191,14 +191,27 @@ def replay_acceptance(model: torch.nn.Module, trajectories: Sequence[Trajectory]
         prompt_lens = [t.prompt_len for t in group]
         # logits at p - 1 drew the token at p
         spans = [slice(t.prompt_len - 1, len(t.ids) - 1) for t in group]
-        dense = teacher_forced_logits(model, ids)
+        dense = teacher_forced_hidden(model, ids)
         for j, schedule in enumerate(schedules):
-            sparse = teacher_forced_logits(model, ids, prompt_lens, schedule=schedule,
+            sparse = teacher_forced_hidden(model, ids, prompt_lens, schedule=schedule,
                                            centroid_dtype=centroid_dtype)
             for d, q, span in zip(dense, sparse, spans):
-                alpha = acceptance_from_logits(d[span], q[span], temperature)
+                alpha = _acceptance_in_chunks(model, d[span], q[span], temperature, batch_tokens)
                 out[j].append(alpha.double().cpu().numpy())
     return [np.concatenate(parts) for parts in out]
+
+
+def _acceptance_in_chunks(model: torch.nn.Module, dense_hidden: torch.Tensor,
+                          sparse_hidden: torch.Tensor, temperature: float,
+                          chunk: int) -> torch.Tensor:
+    """Acceptance per position from final hidden states, `chunk` positions of logits at a time:
+    a 32K-token sequence's float32 logits at the real vocabulary would be 19 GB."""
+    chunk = max(1, int(chunk))
+    parts = [acceptance_from_logits(model.compute_logits(dense_hidden[i:i + chunk]),
+                                    model.compute_logits(sparse_hidden[i:i + chunk]),
+                                    temperature)
+             for i in range(0, dense_hidden.shape[0], chunk)]
+    return torch.cat(parts) if parts else dense_hidden.new_zeros(0)
 
 
 def measure_topk_pages(model: torch.nn.Module, trajectories: Sequence[Trajectory],

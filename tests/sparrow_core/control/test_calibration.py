@@ -89,6 +89,38 @@ def test_replay_is_exact_dense_when_the_budget_covers_every_page(qwen3_checkpoin
     assert narrow.min() < 0.99
 
 
+def test_replay_computes_logits_a_chunk_at_a_time_with_the_whole_sequences_numbers(
+        qwen3_checkpoint):
+    """A 32K-token trajectory's float32 logits at the real vocabulary are 19 GB: the replay
+    turns hidden states into logits `batch_tokens` rows at a time, with the same acceptance as
+    the whole sequences' logits at once."""
+    from sparrow_core.engine import teacher_forced_logits
+    from sparrow_core.mismatch import acceptance_from_logits
+
+    model = load_model(qwen3_checkpoint)
+    template = Schedule("t", (2,), page_size=4, bin_tokens=16, reserved_bos=1, reserved_eos=1,
+                        skip_layers=())
+    generator = torch.Generator().manual_seed(3)
+    trajectories = [Trajectory(tuple(torch.randint(0, 256, (n,), generator=generator).tolist()), 6)
+                    for n in (40, 33)]
+    schedule = flat_schedule(template, 1)
+    rows = []
+    compute_logits = model.compute_logits
+    model.compute_logits = lambda hidden: (rows.append(hidden.shape[0]), compute_logits(hidden))[1]
+    [chunked] = replay_acceptance(model, trajectories, [schedule], temperature=0.7,
+                                  batch_tokens=8)
+    del model.compute_logits
+    assert rows and max(rows) <= 8
+    want = []
+    for t in trajectories:
+        span = slice(t.prompt_len - 1, len(t.ids) - 1)
+        [dense] = teacher_forced_logits(model, [list(t.ids)])
+        [sparse] = teacher_forced_logits(model, [list(t.ids)], [t.prompt_len], schedule=schedule)
+        want.append(acceptance_from_logits(dense[span], sparse[span], 0.7).detach().double().numpy())
+    np.testing.assert_allclose(chunked, np.concatenate(want), atol=1e-6)
+    assert chunked.min() < 0.99
+
+
 def test_on_policy_table_replays_each_budget_on_its_own_trajectories(qwen3_checkpoint):
     """Budget b's column is its own trajectories replayed under b alone (a plain loop), and a
     bin's token count is the fewest any budget put there."""
@@ -181,13 +213,13 @@ def test_replay_selects_with_the_rollout_engines_centroid_dtype(qwen3_checkpoint
     trajectories = [Trajectory(tuple(torch.randint(0, 256, (48,), generator=generator).tolist()),
                                6)]
     seen = []
-    replay = calibration.teacher_forced_logits
+    replay = calibration.teacher_forced_hidden
 
     def recording(*args, **kwargs):
         seen.append((kwargs.get("schedule") is not None, kwargs.get("centroid_dtype")))
         return replay(*args, **kwargs)
 
-    monkeypatch.setattr(calibration, "teacher_forced_logits", recording)
+    monkeypatch.setattr(calibration, "teacher_forced_hidden", recording)
     measure_topk_pages(model, trajectories, template, [1, 2], centroid_dtype="float8_e4m3fn")
     schedule_acceptance(model, trajectories, template, centroid_dtype="float8_e4m3fn")
     assert seen == [(False, None), (True, "float8_e4m3fn"), (True, "float8_e4m3fn"),
