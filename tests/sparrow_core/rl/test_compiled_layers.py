@@ -48,30 +48,48 @@ def test_a_model_without_decoder_layers_is_refused():
         compile_layers(NoLayers())
 
 
+def assert_no_further_from_fp32(reference, eager, compiled, field="dense_logprobs"):
+    """Two bf16 computations of the same numbers differ by bf16 rounding (logprobs near -10
+    by up to about 0.1): the compiled layers must be no further from the float32 model's
+    numbers than twice the eager bf16 model's distance (a wrong fusion is far beyond that)."""
+    def distance(scores):
+        return max(float(np.max(np.abs(np.asarray(getattr(b, field)) -
+                                       np.asarray(getattr(a, field)))))
+                   for a, b in zip(reference, scores))
+    eager_error, compiled_error = distance(eager), distance(compiled)
+    assert compiled_error <= max(2 * eager_error, 0.02), (field, compiled_error, eager_error)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_compiled_layers_score_and_update_like_eager_on_gpu(qwen3_checkpoint, checkpointing):
     algo = dataclasses.replace(ALGO, gradient_checkpointing=checkpointing)
+    reference = PolicyTrainer(qwen3_checkpoint, algo, device="cuda", dtype="float32")
     eager = PolicyTrainer(qwen3_checkpoint, algo, device="cuda", dtype="auto")
     compiled = PolicyTrainer(qwen3_checkpoint, dataclasses.replace(algo, compile_layers=True),
                              device="cuda", dtype="auto")
+    assert eager.dtype == compiled.dtype == torch.bfloat16
+
+    def check(records):
+        want, plain, got = (t.score(records) for t in (reference, eager, compiled))
+        assert_no_further_from_fp32(want, plain, got, "dense_logprobs")
+        assert_no_further_from_fp32(want, plain, got, "acceptance")
+
     records = make_records(seed=4)
-    for a, b in zip(eager.score(records), compiled.score(records)):
-        np.testing.assert_allclose(b.dense_logprobs, a.dense_logprobs, atol=0.05)
-        np.testing.assert_allclose(b.acceptance, a.acceptance, atol=0.01)
+    check(records)
     records = [dataclasses.replace(r, actor_logprobs=s.dense_logprobs)
-               for r, s in zip(records, eager.score(records))]
+               for r, s in zip(records, reference.score(records))]
     rewards = [1.0, 0.0, 0.0, 1.0]
-    old = [s.dense_logprobs for s in eager.score(records)]
-    want = eager.update(records, rewards, old, group_size=2)
+    old = [s.dense_logprobs for s in reference.score(records)]
+    want = reference.update(records, rewards, old, group_size=2)
+    plain = eager.update(records, rewards, old, group_size=2)
     got = compiled.update(records, rewards, old, group_size=2)
-    # the same step: loss and gradient norm (before clipping) agree up to bf16 rounding
-    assert got["actor/loss"] == pytest.approx(want["actor/loss"], rel=0.05, abs=1e-4)
-    assert got["actor/grad_norm"] == pytest.approx(want["actor/grad_norm"], rel=0.05)
-    for a, b in zip(eager.score(records), compiled.score(records)):  # after the step
-        np.testing.assert_allclose(b.dense_logprobs, a.dense_logprobs, atol=0.05)
+    # the same step: loss and gradient norm (before clipping) as close to float32's as eager's
+    for key in ("actor/loss", "actor/grad_norm"):
+        eager_error = abs(plain[key] - want[key])
+        assert abs(got[key] - want[key]) <= max(2 * eager_error, 0.02 * abs(want[key]), 1e-4), \
+            (key, got[key], plain[key], want[key])
+    check(records)  # after the step
     # a second length compiles nothing new that fails, and scoring still agrees
-    longer = make_records(seed=9, prompts=3)
-    for a, b in zip(eager.score(longer), compiled.score(longer)):
-        np.testing.assert_allclose(b.dense_logprobs, a.dense_logprobs, atol=0.05)
+    check(make_records(seed=9, prompts=3))
