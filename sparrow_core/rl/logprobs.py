@@ -11,10 +11,16 @@ vocabulary (151,936) the whole batch's float32 logits would be 16 x 32K x 151,93
 about 320 GB. With gradients, each chunk is checkpointed: its logits are recomputed in the
 backward instead of kept, so the update holds one chunk of logits in the backward too.
 The matrix product runs in the ambient autocast dtype (bf16 on GPU); the softmax in float32.
+With compiled=True (algo.compile_logprobs) the no-gradient path runs the float32 log-softmax
+and its gathers as one torch.compile'd function per chunk, which reads the low-precision
+logits once instead of writing and re-reading float32 copies (scoring; the update's
+checkpointed path is unchanged).
 Tests: `python -m pytest tests/sparrow_core/rl/test_logprobs.py -q`.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -26,9 +32,25 @@ def _chunk_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.T
     return logits.gather(-1, targets[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
 
 
+def _normalized_at(logits: torch.Tensor, targets: torch.Tensor, extra_ids: torch.Tensor | None,
+                   temperature: float):
+    """Float32 log-softmax of logits / temperature at targets [N] (and at extra_ids [N, K])."""
+    logits = logits.float() / temperature
+    normalizer = torch.logsumexp(logits, dim=-1, keepdim=True)
+    at_targets = (logits.gather(-1, targets[:, None]) - normalizer)[:, 0]
+    if extra_ids is None:
+        return at_targets, None
+    return at_targets, logits.gather(-1, extra_ids) - normalizer
+
+
+@functools.cache
+def _compiled_normalized_at():
+    return torch.compile(_normalized_at, dynamic=True)
+
+
 def chunked_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                      temperature: float, chunk_tokens: int,
-                     extra_ids: torch.Tensor | None = None):
+                     extra_ids: torch.Tensor | None = None, compiled: bool = False):
     """Logprobs of `targets` (and of `extra_ids` if given) chunk by chunk (module doc)."""
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
@@ -45,12 +67,13 @@ def chunked_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.
                 with torch.no_grad():
                     extras.append(_at_ids(hidden[rows], weight, extra_ids[rows], temperature))
             continue
-        logits = torch.nn.functional.linear(hidden[rows], weight).float() / temperature
-        normalizer = torch.logsumexp(logits, dim=-1, keepdim=True)
-        outputs.append((logits.gather(-1, targets[rows, None]) - normalizer)[:, 0])
+        normalized_at = _compiled_normalized_at() if compiled else _normalized_at
+        at_targets, at_extra = normalized_at(
+            torch.nn.functional.linear(hidden[rows], weight), targets[rows],
+            None if extra_ids is None else extra_ids[rows], temperature)
+        outputs.append(at_targets)
         if extra_ids is not None:
-            extras.append(logits.gather(-1, extra_ids[rows]) - normalizer)
-        del logits
+            extras.append(at_extra)
     # no rows: an empty result still tied to the graph, so a loss built on it can backward
     logprobs = torch.cat(outputs) if outputs else hidden.float().sum(-1)
     if extra_ids is None:

@@ -133,13 +133,16 @@ def output_hidden(model: torch.nn.Module, batch: PaddedBatch) -> torch.Tensor:
 
 
 def token_logprobs(model: torch.nn.Module, batch: PaddedBatch, temperature: float,
-                   chunk_tokens: int, extra_ids: torch.Tensor | None = None):
+                   chunk_tokens: int, extra_ids: torch.Tensor | None = None,
+                   compiled: bool = False):
     """chunked_logprobs of the generated tokens [N] (and at extra_ids [N, K]) in
-    batch.mask order; [chunk_tokens, vocab] logits at most at any moment."""
+    batch.mask order; [chunk_tokens, vocab] logits at most at any moment; compiled: the
+    no-gradient log-softmax compiled (algo.compile_logprobs)."""
     hidden = output_hidden(model, batch)
     weight = model.get_output_embeddings().weight
     return chunked_logprobs(hidden, weight, batch.targets[batch.mask],
-                            effective_temperature(temperature), chunk_tokens, extra_ids)
+                            effective_temperature(temperature), chunk_tokens, extra_ids,
+                            compiled=compiled)
 
 
 def output_logits(model: torch.nn.Module, batch: PaddedBatch, temperature: float) -> torch.Tensor:

@@ -69,8 +69,10 @@ class LogprobRoot(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, batch, temperature: float, chunk_tokens: int, extra_ids=None):
-        return token_logprobs(self.model, batch, temperature, chunk_tokens, extra_ids)
+    def forward(self, batch, temperature: float, chunk_tokens: int, extra_ids=None,
+                compiled: bool = False):
+        return token_logprobs(self.model, batch, temperature, chunk_tokens, extra_ids,
+                              compiled=compiled)
 
 
 class ShardedPolicyTrainer(PolicyTrainer):
@@ -125,7 +127,8 @@ class ShardedPolicyTrainer(PolicyTrainer):
     # forwards through the FSDP root
 
     def _token_logprobs(self, batch, extra_ids=None):
-        return self.root(batch, self.temperature, self.algo.logits_chunk_tokens, extra_ids)
+        return self.root(batch, self.temperature, self.algo.logits_chunk_tokens, extra_ids,
+                         self.algo.compile_logprobs)
 
     def score(self, records: Sequence[RolloutRecord]) -> list[TokenScores]:
         """Each rank scores its share (shares()); every rank returns all records' scores."""

@@ -114,7 +114,8 @@ class PolicyTrainer:
         """Dense logprob, acceptance lower bound and leftover mass per generated token."""
         with self._autocast():
             return score_rollouts(self.model, records, self.algo.micro_batch_tokens,
-                                  self.temperature, self.algo.logits_chunk_tokens)
+                                  self.temperature, self.algo.logits_chunk_tokens,
+                                  forward=self._token_logprobs)
 
     # update
 
@@ -142,7 +143,8 @@ class PolicyTrainer:
     def _token_logprobs(self, batch, extra_ids=None):
         """scoring.token_logprobs on this trainer's model (rl/sharded.py calls its FSDP root)."""
         return token_logprobs(self.model, batch, self.temperature,
-                              self.algo.logits_chunk_tokens, extra_ids)
+                              self.algo.logits_chunk_tokens, extra_ids,
+                              compiled=self.algo.compile_logprobs)
 
     def _prepare(self, records, rewards, old_logprobs, group_size):
         """Records, old logprobs and per-sample advantages in (prompt, sample) order."""

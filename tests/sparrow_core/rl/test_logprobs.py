@@ -50,3 +50,66 @@ def test_bad_chunk_is_refused():
     with pytest.raises(ValueError, match="chunk_tokens"):
         chunked_logprobs(torch.zeros(2, 3), torch.zeros(4, 3), torch.zeros(2, dtype=torch.long),
                          1.0, 0)
+
+
+def compiled_against_plain(device, dtype, tolerance):
+    gen = torch.Generator().manual_seed(5)
+    hidden = torch.randn(37, 16, generator=gen).to(device, dtype)
+    weight = torch.randn(300, 16, generator=gen).to(device, dtype)
+    targets = torch.randint(0, 300, (37,), generator=gen).to(device)
+    extra = torch.randint(0, 300, (37, 4), generator=gen).to(device)
+    with torch.no_grad():
+        for ids in (None, extra):
+            plain = chunked_logprobs(hidden, weight, targets, 0.7, 16, ids)
+            got = chunked_logprobs(hidden, weight, targets, 0.7, 16, ids, compiled=True)
+            for a, b in zip(plain if ids is not None else [plain],
+                            got if ids is not None else [got]):
+                assert b.dtype == torch.float32 and b.shape == a.shape
+                torch.testing.assert_close(b, a, rtol=tolerance, atol=tolerance)
+    # against float64 log-softmax of the same (low-precision) logits
+    logits = torch.nn.functional.linear(hidden, weight).double() / 0.7
+    want = torch.log_softmax(logits, -1).gather(-1, targets[:, None])[:, 0]
+    torch.testing.assert_close(got[0].double(), want, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.slow
+def test_the_compiled_log_softmax_gives_the_plain_numbers_on_cpu():
+    compiled_against_plain("cpu", torch.float32, 1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_compiled_log_softmax_gives_the_plain_numbers_on_gpu():
+    compiled_against_plain("cuda", torch.bfloat16, 1e-4)
+
+
+@pytest.mark.slow
+def test_the_trainer_scores_through_the_compiled_log_softmax_when_asked(qwen3_checkpoint,
+                                                                        monkeypatch):
+    import dataclasses
+
+    import numpy as np
+
+    from sparrow_core.config.schema import AlgoConfig
+    from sparrow_core.rl import logprobs
+    from sparrow_core.rl.trainer import PolicyTrainer
+    from tests.sparrow_core.rl.test_trainer_gpu import make_records
+
+    calls = []
+    compiled = logprobs._compiled_normalized_at
+
+    def counting():
+        calls.append(1)
+        return compiled()
+
+    monkeypatch.setattr(logprobs, "_compiled_normalized_at", counting)
+    algo = AlgoConfig(lr=1e-3, micro_batch_tokens=64, logits_chunk_tokens=8)
+    records = make_records(seed=2)
+    plain = PolicyTrainer(qwen3_checkpoint, algo, device="cpu").score(records)
+    assert not calls
+    asked = PolicyTrainer(qwen3_checkpoint, dataclasses.replace(algo, compile_logprobs=True),
+                          device="cpu").score(records)
+    assert calls
+    for a, b in zip(plain, asked):
+        np.testing.assert_allclose(b.dense_logprobs, a.dense_logprobs, atol=1e-5)
+        np.testing.assert_allclose(b.acceptance, a.acceptance, atol=1e-5)
