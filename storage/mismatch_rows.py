@@ -38,6 +38,13 @@ def below_target_bins(conn, run_id: str, step: int) -> set[int]:
         "'below_target'", [run_id, step]).fetchall()}
 
 
+def event_bins(conn, run_id: str, kind: str, before_step: int) -> set[int]:
+    """The bins that recorded an event of `kind` at a step before `before_step`."""
+    return {int(b) for (b,) in conn.execute(
+        "SELECT DISTINCT bin FROM threshold_events WHERE run_id = ? AND kind = ? AND step < ?",
+        [run_id, kind, before_step]).fetchall()}
+
+
 def replace_threshold_events(conn, run_id: str, step: int,
                              events: Sequence[tuple[int, str, float, float]]) -> None:
     """One step's events, each (bin, kind, p5, target); kind is below_target or recovered.

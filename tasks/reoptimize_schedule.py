@@ -18,7 +18,11 @@ this step, reason and YAML path), so the rollout stage of the next step decodes 
 (runtime/schedules.py), and MLflow gets the schedule, a tag `schedule.change.step<n>` and metrics
 reoptimize/raised, reoptimize/lowered, reoptimize/topk_measured and
 reoptimize/trajectories_replayed. decision.json holds the decision, the measured p5 and the
-changes. With algo.distill.switch_to_cheaper, when no bin is to be raised, the DistillSparse
+changes. A bin below target that already reads the grid's largest budget cannot be raised:
+the target is out of reach there (the run decodes that bin at its most expensive); the first
+step this happens to a bin records a threshold_events row of kind grid_top and an MLflow tag
+`schedule.grid_top.bin<b>`, and every such step counts it in reoptimize/bins_at_grid_top and
+decision.json's at_grid_top. With algo.distill.switch_to_cheaper, when no bin is to be raised, the DistillSparse
 rule (tasks/distill_switch.py) may instead switch every bin one notch cheaper, measured with
 the LoRA by earlier distill steps: kind "distill" changes, threshold_events rows of kind
 distill_switch, metric reoptimize/distill_switch, tag distill.switch.step<n>. With
@@ -45,6 +49,7 @@ from sparrow_core.control.controller import (
     ControlSettings,
     Decision,
     apply_measurement,
+    candidate_topk_pages,
     decide,
 )
 from sparrow_core.control.grid_search import search_topk_pages
@@ -52,12 +57,13 @@ from sparrow_core.data.rollouts import read_rollouts
 from sparrow_core.sparse.io import save_schedule_yaml
 from sparrow_core.sparse.schedule import Schedule
 from sparrow_core.sparse.target import get_statistic
-from storage.mismatch_rows import add_threshold_events, statistic_history
+from storage.mismatch_rows import add_threshold_events, event_bins, statistic_history
 from storage.schedule_rows import newest_version
 from tasks.distill_switch import EVENT_KIND, switch_for
 from tasks.rollout import ROLLOUTS_FILE
 
 DECISION_FILE = "decision.json"
+GRID_TOP_KIND = "grid_top"
 SCHEDULE_FILE = "schedule.yaml"
 STAGE = "reoptimize_schedule"
 
@@ -99,8 +105,8 @@ def longest(trajectories: list[Trajectory], count: int) -> list[Trajectory]:
 
 
 def remeasure(runtime: RunRuntime, step: int, schedule: Schedule,
-              decision: Decision) -> tuple[list[int], np.ndarray, list[int], int]:
-    """(topk_pages, p5[topk index, bin], tokens per bin, trajectories replayed): the
+              decision: Decision) -> tuple[list[int], np.ndarray, list[int], int, list[int]]:
+    """(topk_pages, p5[topk index, bin], tokens per bin, trajectories replayed, the grid): the
     decision's bins, exact, on the longest calibrate.remeasure_samples of this step's
     trajectories, at the top-k values grid_search needs; "p5" is schedule.target_statistic,
     oriented."""
@@ -130,7 +136,7 @@ def remeasure(runtime: RunRuntime, step: int, schedule: Schedule,
 
     topk_pages, measured = search_topk_pages(schedule, decision, grid, measure,
                                        settings_of(cfg).target)
-    return topk_pages, measured, tokens, len(trajectories) if topk_pages else 0
+    return topk_pages, measured, tokens, len(trajectories) if topk_pages else 0, grid
 
 
 def reoptimize(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
@@ -144,17 +150,20 @@ def reoptimize(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
                           lowering_due=bool(every and step % every == 0))
         if not decision.raise_bins:  # a bin below target comes first
             switch = switch_for(runtime, step, schedule, settings_of(cfg))
-    topk_pages, p5, changes, new, replayed = [], np.zeros((0, 0)), [], schedule, 0
+    topk_pages, p5, changes, new, replayed, grid = [], np.zeros((0, 0)), [], schedule, 0, []
     if switch is not None:
         new, changes = switch
         decision = Decision(step, reasons=("distill: the LoRA held the target on the cheaper "
                                            "schedule",))
     elif decision.any:
-        topk_pages, p5, tokens, replayed = remeasure(runtime, step, schedule, decision)
+        topk_pages, p5, tokens, replayed, grid = remeasure(runtime, step, schedule, decision)
         new, changes = apply_measurement(schedule, decision, topk_pages, p5, settings_of(cfg),
                                          tokens)
+    at_grid_top = [b for b in decision.raise_bins if switch is None
+                   and not candidate_topk_pages(schedule, b, grid, "raise")]
     record = {"step": step, "schedule": schedule.name, "version": version,
               "decision": asdict(decision), "topk_measured": topk_pages,
+              "at_grid_top": at_grid_top,
               "p5": [[None if np.isnan(v) else float(v) for v in row] for row in p5],
               "changes": [{**asdict(c), "p5": None if np.isnan(c.p5) else c.p5} for c in changes],
               "topk_pages": list(new.topk_pages), "trajectories_replayed": replayed}
@@ -163,11 +172,53 @@ def reoptimize(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
                "reoptimize/lowered": float(sum(c.kind == "lower" for c in changes)),
                "reoptimize/topk_measured": float(len(topk_pages)),
                "reoptimize/trajectories_replayed": float(replayed),
-               "reoptimize/distill_switch": float(switch is not None)}
+               "reoptimize/distill_switch": float(switch is not None),
+               "reoptimize/bins_at_grid_top": float(len(at_grid_top))}
+    p5_now = p5_history(runtime, step).get(step, {}) if at_grid_top else {}
     if not changes:
         (out / DECISION_FILE).write_text(json.dumps(record, indent=2))
-        return StageWrite(metrics=metrics)
-    return _new_version(runtime, step, out, new, changes, record, metrics)
+        write = StageWrite(metrics=metrics)
+    else:
+        write = _new_version(runtime, step, out, new, changes, record, metrics)
+    return _with_grid_top(runtime, step, schedule, at_grid_top, p5_now, write)
+
+
+def _with_grid_top(runtime: RunRuntime, step: int, schedule: Schedule, bins: list[int],
+                   p5_now: dict, write: StageWrite) -> StageWrite:
+    """The stage's write plus, for bins at the grid's top for the first time in the run, a
+    grid_top event and an MLflow tag."""
+    if not bins:
+        return write
+    with runtime.store.connect() as conn:
+        seen = event_bins(conn, runtime.run_id, GRID_TOP_KIND, step)
+    first = [b for b in bins if b not in seen]
+    if not first:
+        return write
+    target = settings_of(runtime.cfg).target
+    db_before, after_before = write.db, write.after_commit
+
+    def db(conn) -> None:
+        if db_before is not None:
+            db_before(conn)
+        add_threshold_events(conn, runtime.run_id, step, [
+            (b, GRID_TOP_KIND, p5_now.get(b), target) for b in first])
+
+    def after_commit(final: Path) -> None:
+        if after_before is not None:
+            after_before(final)
+        tracker = runtime.tracker
+        if tracker is None:
+            return
+        for b in first:
+            p5 = p5_now.get(b)
+            tracker.client.set_tag(
+                tracker.mlflow_run_id, f"schedule.grid_top.bin{b}",
+                f"step {step}: {runtime.cfg.schedule.target_statistic} "
+                f"{'?' if p5 is None else f'{p5:.4f}'} < target {target} at "
+                f"{schedule.topk_pages[min(b, schedule.num_bins - 1)]} pages, the grid's largest")
+
+    return StageWrite(metrics=write.metrics, db=db, after_commit=after_commit)
+
 
 
 def _new_version(runtime: RunRuntime, step: int, out: Path, new: Schedule, changes: list[Change],

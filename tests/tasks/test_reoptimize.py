@@ -175,3 +175,29 @@ def test_a_raise_replays_the_capped_trajectories_at_the_budgets_the_search_needs
     [metrics] = [m for s, m in runtime.tracker.steps if s == 1]
     assert metrics["reoptimize/trajectories_replayed"] == 2.0
     assert metrics["reoptimize/topk_measured"] == len(measured)
+
+
+def test_a_bin_below_target_at_the_grids_largest_budget_is_an_event_once(tmp_path, sampled):
+    """Nothing above 28 pages in the grid: the bin cannot be raised; the first such step
+    records a grid_top event and an MLflow tag, every such step counts it."""
+    runtime, schedule = make_runtime(tmp_path, sampled, (2, 2, 2, 28, 28, 28, 28, 28))
+    set_p5(runtime, 1, {2: 0.99, 3: 0.10})
+    set_p5(runtime, 2, {2: 0.99, 3: 0.12})
+    try:
+        first, second = (run(runtime, step) for step in (1, 2))
+        decisions = [json.loads(Path(o.output_dir, DECISION_FILE).read_text())
+                     for o in (first, second)]
+        _, version = schedule_in_force(runtime.store, RUN, "tiny-ctl", 1, step=3)
+    finally:
+        runtime.store.close()
+    assert [d["at_grid_top"] for d in decisions] == [[3], [3]]
+    assert all(d["changes"] == [] for d in decisions) and version == 1
+    with duckdb.connect(str(tmp_path / "sparrow.duckdb"), read_only=True) as conn:
+        events = conn.execute("SELECT step, bin, kind, p5, target FROM threshold_events "
+                              "WHERE kind = 'grid_top'").fetchall()
+        counted = conn.execute("SELECT step, value FROM step_metrics WHERE "
+                               "name = 'reoptimize/bins_at_grid_top' ORDER BY step").fetchall()
+    assert events == [(1, 3, "grid_top", pytest.approx(0.10), pytest.approx(0.86))]
+    assert counted == [(1, 1.0), (2, 1.0)]
+    assert "28 pages" in runtime.tracker.tags["schedule.grid_top.bin3"]
+    assert "schedule.grid_top.bin2" not in runtime.tracker.tags
