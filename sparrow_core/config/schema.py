@@ -182,8 +182,9 @@ class AlgoConfig:
     # torch.compile each decoder layer (sparrow_core/rl/compiled_layers.py): fused elementwise
     # work and less host overhead; off until measured on a GPU
     compile_layers: bool = False
-    # torch.compile the scoring's float32 log-softmax over each chunk of logits
-    # (sparrow_core/rl/logprobs.py): the bf16 logits read once; off until measured on a GPU
+    # the float32 log-softmax over each chunk of logits compiled, in scoring and the update
+    # (sparrow_core/rl/logprobs.py: bf16 logits read once; the update's chunks keep only their
+    # normalizer and recompute the logits in the backward); off until measured on a GPU
     compile_logprobs: bool = False
     # thresholds of the masking mismatch corrections (algo.loss mis_*, icepop, geo_mask)
     correction: CorrectionConfig = field(default_factory=CorrectionConfig)
