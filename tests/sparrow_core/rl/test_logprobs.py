@@ -16,14 +16,15 @@ def full_logprobs(hidden, weight, targets, temperature):
     return torch.log_softmax(logits, -1).gather(-1, targets[:, None])[:, 0]
 
 
-@pytest.mark.parametrize("chunk", [1, 5, 7, 100])
-def test_chunks_equal_the_whole_batch_with_gradients(chunk):
-    gen = torch.Generator().manual_seed(chunk)
-    hidden = torch.randn(23, 8, generator=gen, requires_grad=True)
-    weight = torch.randn(50, 8, generator=gen, requires_grad=True)
-    targets = torch.randint(0, 50, (23,), generator=gen)
-    upstream = torch.randn(23, generator=gen)
-    got = chunked_logprobs(hidden, weight, targets, 0.7, chunk)
+def assert_like_the_whole_batch(logprobs, seed, rows=23, vocab=50):
+    """logprobs(hidden, weight, targets, temperature) against autograd through the float64
+    log-softmax of the whole batch: values and both gradients."""
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(rows, 8, generator=gen, requires_grad=True)
+    weight = torch.randn(vocab, 8, generator=gen, requires_grad=True)
+    targets = torch.randint(0, vocab, (rows,), generator=gen)
+    upstream = torch.randn(rows, generator=gen)
+    got = logprobs(hidden, weight, targets, 0.7)
     (got * upstream).sum().backward()
     grads = hidden.grad.clone(), weight.grad.clone()
     hidden.grad = weight.grad = None
@@ -32,6 +33,12 @@ def test_chunks_equal_the_whole_batch_with_gradients(chunk):
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(grads[0], hidden.grad, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(grads[1], weight.grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 7, 100])
+def test_chunks_equal_the_whole_batch_with_gradients(chunk):
+    assert_like_the_whole_batch(
+        lambda h, w, t, temperature: chunked_logprobs(h, w, t, temperature, chunk), chunk)
 
 
 def test_extra_ids_are_logprobs_at_those_ids():
@@ -134,20 +141,9 @@ def test_the_linear_logprob_function_gives_autograds_values_and_gradients(compil
     through the float64 log-softmax: values and both gradients."""
     from sparrow_core.rl.logprobs import LinearLogprob
 
-    gen = torch.Generator().manual_seed(11)
-    hidden = torch.randn(19, 8, generator=gen, requires_grad=True)
-    weight = torch.randn(60, 8, generator=gen, requires_grad=True)
-    targets = torch.randint(0, 60, (19,), generator=gen)
-    upstream = torch.randn(19, generator=gen)
-    got = LinearLogprob.apply(hidden, weight, targets, 0.7, compile_parts)
-    (got * upstream).sum().backward()
-    grads = hidden.grad.clone(), weight.grad.clone()
-    hidden.grad = weight.grad = None
-    want = full_logprobs(hidden, weight, targets, 0.7)
-    (want * upstream).sum().backward()
-    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(grads[0], hidden.grad.float(), rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(grads[1], weight.grad.float(), rtol=1e-4, atol=1e-5)
+    assert_like_the_whole_batch(
+        lambda h, w, t, temperature: LinearLogprob.apply(h, w, t, temperature, compile_parts),
+        11, rows=19, vocab=60)
 
 
 @pytest.mark.parametrize("chunk", [4, 100])
