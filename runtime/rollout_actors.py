@@ -9,13 +9,15 @@
 One actor per GPU (the engine on that GPU), or `rollout.num_actors` CPU actors (1 when it
 is 0) on a machine without GPU. `WorkerSpec.backend` picks the engine (`rollout.backend`):
 native (sparrow_core/engine) or vllm (sparrow_core/vllm: dense decode, GPU only); both
-answer the same calls, so the pool, the dispatch and the weight sync do not tell them apart. Prompts go out in work items of a few prompts to whichever
+answer the same calls, so the pool, the dispatch and the weight sync do not tell them apart.
+Prompts go out in work items of a few prompts to whichever
 actor is free (runtime/rollout_dispatch.py); each request carries its own seed, so what a
 prompt gets does not depend on which actor ran it. An actor that dies (RayActorError) is
 replaced by a fresh one built from the current weights folder and schedule, and its work
 item is retried once; a second death is RolloutActorLost, an infrastructure fault that the
 rollout task may retry. With a trainer group (runtime/trainer_group.py) the actors also join
-its weight-sync group (join_sync, receive_weights; runtime/weight_sync.py).
+its weight-sync group (join_sync, receive_weights; runtime/actor_sync.py, driven by
+runtime/weight_sync.py).
 Weights travel by path: an actor loads the safetensors of a folder, never tensors through
 the flow. With DistillSparse an adapter folder travels beside it and the engine loads
 merge(policy, LoRA) (sparrow_core/rl/lora.py), read one tensor at a time.
@@ -27,6 +29,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
+from runtime.actor_sync import SyncedWorker
 from sparrow_core.errors import SparrowError
 from sparrow_core.sparse import Schedule
 
@@ -54,8 +57,9 @@ class WorkerSpec:
     backend: str = "native"  # rollout.backend: native or vllm
 
 
-class RolloutWorker:
-    """One engine; the body of a Ray actor (plain class, so tests may run it in-process)."""
+class RolloutWorker(SyncedWorker):
+    """One engine; the body of a Ray actor (plain class, so tests may run it in-process);
+    its weight-sync methods come from SyncedWorker (runtime/actor_sync.py)."""
 
     def __init__(self, spec: WorkerSpec):
         self.engine = build_engine(spec)
@@ -74,42 +78,6 @@ class RolloutWorker:
         self.engine.update_weights(merge_weights(SafetensorsCheckpoint(path), adapter))
         self.weights_path = path
         return path
-
-    def load_shared(self, message: dict[str, Any], path: str, adapter_path: str = "") -> str:
-        """Copy weights from a colocated trainer's CUDA IPC buffer (weight_share.py; the LoRA
-        already merged in it); an actor on another GPU reads the folder instead (and merges
-        adapter_path). Returns how: "ipc" or "folder"."""
-        from sparrow_core.engine import weight_share
-
-        if not weight_share.same_device(message):
-            self.load_weights(path, adapter_path)
-            return "folder"
-        tensors = weight_share.open_message(message)
-        self.engine.update_weights(tensors)
-        del tensors
-        weight_share.release_opened()
-        self.weights_path = path
-        return "ipc"
-
-    def device_uuid(self) -> str:
-        from sparrow_core.engine.weight_share import device_uuid
-
-        return device_uuid()
-
-    def join_sync(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
-        """Join the trainer's weight-sync group (rl/weight_broadcast.py) as `rank`."""
-        from sparrow_core.rl.weight_broadcast import SyncGroup
-
-        if getattr(self, "sync_group", None) is not None:
-            self.sync_group.close()
-        self.sync_group = SyncGroup.connect(host, port, rank, world_size, backend)
-
-    def receive_weights(self, path: str) -> int:
-        """The trainer's broadcast, bucket by bucket into the engine; `path` is the folder
-        the same weights are saved in (what a replacement actor would load)."""
-        count = self.sync_group.receive(lambda part: self.engine.update_weights(part, strict=False))
-        self.weights_path = path
-        return count
 
     def sleep(self) -> None:
         self.engine.sleep()
@@ -274,7 +242,6 @@ class ActorPool:
 
     def memory(self) -> list[dict[str, float]]:
         return self._call_each("memory")
-
     def set_schedule(self, schedule: Schedule | None) -> None:
         self.spec = replace(self.spec, schedule=schedule)
         self._call_each("set_schedule", schedule)

@@ -12,6 +12,7 @@ import dataclasses
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from runtime.rollout_actors import ActorPool, WorkerSpec
 from runtime.trainer_group import TrainerGroup, TrainerSpec
@@ -122,6 +123,12 @@ def test_sync_gives_every_actor_the_trainers_weights(ray_up, qwen3_checkpoint,
         assert modes == ["gloo", "gloo"]
         want = ray.get([a.__ray_call__.remote(lambda r: r.trainer.full_state_dict())
                         for a in group.actors])[0]
+        phases = group.last_sync
+        unique = sum(t.numel() for t in load_file(qwen3_checkpoint / "model.safetensors").values())
+        # fp32, the tied embedding packed and sent once (the file holds it once too)
+        assert phases["packed_bytes"] == phases["sent_bytes"] == 4 * unique
+        assert [e["tensors"] for e in phases["engines"]] == [len(want)] * 2  # names, lm_head too
+        assert phases["seconds"] >= phases["gather_s"] + phases["transfer_s"] > 0
         engines = ray.get([a.__ray_call__.remote(
             lambda w: {k: v.clone() for k, v in w.engine.model.state_dict().items()})
             for a in pool.actors])
