@@ -20,6 +20,7 @@ trainer.num_workers=0).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -53,6 +54,7 @@ class TrainerRank(DistillRank):
         self.rank, self.world_size = rank, world_size
         self.trainer = None
         self._packed = None  # rank 0: the weights packed for the engines during a sync
+        self.seconds: dict[str, float] = {}
         self._sync_group = None
         self.distiller = None
 
@@ -88,14 +90,23 @@ class TrainerRank(DistillRank):
         return self.trainer.step
 
     def score(self, records) -> list | None:
+        clock = time.perf_counter()
         self.trainer.onload()
         scores = self.trainer.score(records)
+        self.seconds["score"] = time.perf_counter() - clock
         return scores if self.rank == 0 else None
 
     def update(self, records, rewards, old_logprobs, group_size: int) -> dict | None:
+        clock = time.perf_counter()
         self.trainer.onload()
         metrics = self.trainer.update(records, rewards, old_logprobs, group_size)
+        self.seconds["update"] = time.perf_counter() - clock
         return metrics if self.rank == 0 else None
+
+    def timings(self) -> dict[str, float]:
+        """Seconds of this rank's last score and update calls (the driver's wall time less
+        these is the records' and results' way through Ray)."""
+        return dict(self.seconds)
 
     def free_gradients(self) -> None:
         self.trainer.free_gradients()
@@ -236,6 +247,11 @@ class TrainerGroup:
 
     def free_gradients(self) -> None:
         self._all("free_gradients")
+
+    def rank_seconds(self) -> list[dict[str, float]]:
+        """Per rank, seconds of its last score and update calls (TrainerRank.timings)."""
+        return self._all("timings")
+
     def offload(self) -> None:
         """Each rank moves its weight shards and AdamW moments to host memory
         (algo.offload_during_rollout; ShardedPolicyTrainer.offload). A save still being

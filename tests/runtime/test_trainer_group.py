@@ -62,6 +62,7 @@ def test_two_ranks_equal_one_process_and_resume_on_another_count(ray_up, qwen3_c
     try:
         got_scores = two.score(records)
         metrics = two.update(update_records, REWARDS[0], old, 2)
+        seconds = two.rank_seconds()
         two.save(tmp_path / "two")
         # weights gathered on rank 0 while the other rank takes part (a collective)
         got = ray.get([a.__ray_call__.remote(lambda r: r.trainer.full_state_dict())
@@ -69,6 +70,7 @@ def test_two_ranks_equal_one_process_and_resume_on_another_count(ray_up, qwen3_c
     finally:
         two.shutdown()
     expected = single.update(update_records, REWARDS[0], old, 2)
+    assert len(seconds) == 2 and all(s["score"] > 0 and s["update"] > 0 for s in seconds)
     for want, have in zip(scores, got_scores):
         torch.testing.assert_close(torch.tensor(have.dense_logprobs),
                                    torch.tensor(want.dense_logprobs), rtol=0, atol=1e-5)
