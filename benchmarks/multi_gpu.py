@@ -1,17 +1,30 @@
 """One RL step on 1 GPU against 2 GPUs: a trainer group (FSDP2 ranks as Ray actors) with one
-colocated rollout engine per GPU; rollout, scoring, update and weight sync timed per step.
+colocated rollout engine per GPU; rollout, scoring, update and weight sync timed per step,
+each with its breakdown.
 
     python benchmarks/multi_gpu.py --out results/multi_gpu.json          # 2 GPUs of one host
-    python benchmarks/multi_gpu.py --gpus 1,2 --layers 8 --new-tokens 1024
+    python benchmarks/multi_gpu.py --gpus 1 --out results/arm1.json      # one arm per call
+    python benchmarks/multi_gpu.py --prompts 16 --work-item-prompts 2    # the first GPU run's case
     python benchmarks/multi_gpu.py --smoke          # the same code on CPU (gloo), tiny model
 
 Model: random weights of Qwen3-1.7B's shapes (hidden 2048, 16 q / 8 kv heads, head dim 128,
-MLP 6144, tied embeddings, vocabulary 151,936) with --layers decoder layers (8 by default, so
-both arms fit in about 8 minutes with the model written once). Batch: --prompts random prompts
-of --prompt-tokens tokens x --samples samples, eos off so every sample runs to --new-tokens.
+MLP 6144, tied embeddings, vocabulary 151,936) with --layers decoder layers (8 by default).
+Batch: --prompts random prompts of --prompt-tokens tokens x --samples samples, eos off so every
+sample runs to --new-tokens. The default, 64 prompts x 8 samples with engines of at most
+--max-batch 256 sequences, is a case where a second GPU has work to take: one engine decodes
+its 512 samples in two waves of 256 (2 x 1,024 decode steps), two engines one wave each. With
+--prompts 16 (128 samples, one wave on one engine) decode is bound by the number of steps,
+not the batch, and 2 GPUs can gain little in the rollout. --work-item-prompts > 0 cuts each
+engine's share into items of that many prompts (rollout.work_item_prompts; 2 is what the
+first GPU run's dispatch did by default at 16 prompts).
 Each arm is a child process with its own local Ray holding --gpus GPUs (rollout.placement
 colocated: trainer rank i and engine i share GPU i; the engine's KV cache is freed while the
 trainer works). The first step is warm-up; the JSON holds every step and the mean of the rest.
+Per step, besides each phase's wall time: `rollout` (the driver's wake, generate and sleep;
+per engine its busy time as the dispatch saw it, its time inside the engine, CUDA graph
+captures, KV cache allocation, items, samples and decode steps), `score_ranks` and
+`update_ranks` (each rank's own seconds; the wall less these is Ray's share), and `sync`
+(runtime/weight_sync.py's phases: gather and pack on the ranks, transfer, each engine's load).
 Needs ray (no Prefect, DuckDB or MLflow).
 """
 
@@ -40,11 +53,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--smoke", action="store_true", help="tiny model on CPU ranks (gloo)")
     parser.add_argument("--gpus", default="1,2", help="arms: GPUs (CPU ranks with --smoke)")
     parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--new-tokens", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=3, help="steps per arm; the first warms up")
+    parser.add_argument("--max-batch", type=int, default=256, help="most sequences per engine")
+    parser.add_argument("--work-item-prompts", type=int, default=0,
+                        help="prompts per work item; 0: one item per engine")
     parser.add_argument("--kv-cache-mib", type=int, default=16384)
     parser.add_argument("--bucket-mib", type=int, default=256)
     parser.add_argument("--workdir", default="/tmp/sparrow-multi-gpu")
@@ -76,16 +92,31 @@ def records_of(prompts, results):
             for p, (prompt, samples) in enumerate(zip(prompts, results)) for s in samples]
 
 
-def one_step(group, pool, prompts, params, args) -> dict[str, float]:
+def rollout(pool, prompts, params) -> tuple[list, dict]:
+    """The engines wake, generate and sleep; the driver's phases and each engine's stats."""
+    times: dict = {}
+    clock = time.perf_counter()
+    pool.wake()
+    times["wake_s"] = time.perf_counter() - clock
+    results = pool.generate(prompts, params)
+    times["generate_s"] = time.perf_counter() - clock - times["wake_s"]
+    pool.sleep()
+    times["seconds"] = time.perf_counter() - clock
+    dispatched = pool.last_dispatch
+    times["engines"] = [{**stats, "busy_s": busy, "items": items, "prompts": count}
+                        for stats, busy, items, count in zip(pool.rollout_stats(),
+                                                             dispatched.busy_s, dispatched.items,
+                                                             dispatched.prompts)]
+    return results, times
+
+
+def one_step(group, pool, prompts, params, args) -> dict:
     from runtime.weight_sync import sync_group_to_pool
 
-    times: dict[str, float] = {}
-    clock = time.perf_counter()
+    times: dict = {}
     group.free_gradients()
-    pool.wake()
-    results = pool.generate(prompts, params)
-    pool.sleep()
-    times["rollout_s"] = time.perf_counter() - clock
+    results, times["rollout"] = rollout(pool, prompts, params)
+    times["rollout_s"] = times["rollout"]["seconds"]
     records = records_of(prompts, results)
     clock = time.perf_counter()
     scores = group.score(records)
@@ -94,14 +125,46 @@ def one_step(group, pool, prompts, params, args) -> dict[str, float]:
     clock = time.perf_counter()
     metrics = group.update(records, rewards, [s.dense_logprobs for s in scores], args.samples)
     times["update_s"] = time.perf_counter() - clock
+    ranks = group.rank_seconds()
+    times["score_ranks"] = [r["score"] for r in ranks]
+    times["update_ranks"] = [r["update"] for r in ranks]
     clock = time.perf_counter()
     modes = sync_group_to_pool(group, pool, str(group.spec.model_path), args.bucket_mib << 20)
     times["sync_s"] = time.perf_counter() - clock
-    times["step_s"] = sum(times.values())
+    times["sync"] = dict(group.last_sync)
+    times["step_s"] = sum(times[k] for k in ("rollout_s", "score_s", "update_s", "sync_s"))
+    times.update(summary(times))
     times["generated_tokens"] = float(sum(len(r.output_ids) for r in records))
     times["loss"] = metrics["actor/loss"]
     times["sync_modes"] = modes
     return times
+
+
+def summary(step: dict) -> dict[str, float]:
+    """Flat numbers of one step's breakdown, the ones the mean is taken of."""
+    engines, sync = step["rollout"]["engines"], step["sync"]
+    return {
+        "rollout_wake_s": step["rollout"]["wake_s"],
+        "rollout_generate_s": step["rollout"]["generate_s"],
+        # the busiest engine (from handing it work to its results back) and its time inside
+        # the engine: against generate_s they say whether the engines ran side by side
+        "rollout_engine_busy_max_s": max(e["busy_s"] for e in engines),
+        "rollout_engine_inside_max_s": max(e.get("seconds", 0.0) for e in engines),
+        "rollout_capture_max_s": max(e.get("capture_s", 0.0) for e in engines),
+        "rollout_decode_steps_max": float(max(e.get("decode_steps", 0) for e in engines)),
+        "score_rank_max_s": max(step["score_ranks"]),
+        "update_rank_max_s": max(step["update_ranks"]),
+        "sync_connect_s": sync["connect_s"], "sync_gather_s": sync["gather_s"],
+        "sync_pack_s": sync["pack_s"], "sync_transfer_s": sync["transfer_s"],
+        "sync_load_max_s": max(e["load_s"] for e in sync["engines"]),
+    }
+
+
+def mean_of(steps: list[dict]) -> dict[str, float]:
+    """Per flat number of the steps (not the loss or token count), its mean."""
+    skip = {"loss", "generated_tokens"}
+    keys = [k for k, v in steps[0].items() if isinstance(v, float) and k not in skip]
+    return {k: sum(s[k] for s in steps) / len(steps) for k in keys}
 
 
 def run_arm(args, ranks: int) -> dict:
@@ -118,10 +181,13 @@ def run_arm(args, ranks: int) -> dict:
     ray.init(num_gpus=ranks if use_gpu else 0, include_dashboard=False, log_to_driver=False)
     plan = plan_placement(ranks, "colocated", ranks, use_gpu)  # one engine per rank
     dtype = "bfloat16" if use_gpu else "float32"
-    rollout = RolloutConfig(kv_cache_mib=args.kv_cache_mib, ignore_eos=True, max_batch_size=256)
-    engine = EngineConfig.from_rollout(rollout, max_context=args.prompt_tokens + args.new_tokens)
+    rollout_config = RolloutConfig(kv_cache_mib=args.kv_cache_mib, ignore_eos=True,
+                                   max_batch_size=args.max_batch)
+    engine = EngineConfig.from_rollout(rollout_config,
+                                       max_context=args.prompt_tokens + args.new_tokens)
     worker = WorkerSpec(str(model), str(model), None, engine, device=plan.device, dtype=dtype)
-    pool = ActorPool.start(worker, len(plan.engines), plan.engines[0], plan.engines)
+    pool = ActorPool.start(worker, len(plan.engines), plan.engines[0], plan.engines,
+                           work_item_prompts=args.work_item_prompts)
     algo = AlgoConfig(lr=1e-6, micro_batch_tokens=16384)
     group = TrainerGroup.start(TrainerSpec(str(model), algo, dtype="auto", device=plan.device),
                                ranks, plan.trainer)
@@ -134,10 +200,8 @@ def run_arm(args, ranks: int) -> dict:
     steps = [one_step(group, pool, prompts, params, args) for _ in range(args.steps)]
     group.shutdown()
     pool.shutdown()
-    timed = steps[1:] or steps
-    keys = ("rollout_s", "score_s", "update_s", "sync_s", "step_s")
-    mean = {k: sum(s[k] for s in timed) / len(timed) for k in keys}
-    return {"ranks": ranks, "device": plan.device, "vocab": vocab, "steps": steps, "mean": mean}
+    return {"ranks": ranks, "device": plan.device, "vocab": vocab, "steps": steps,
+            "mean": mean_of(steps[1:] or steps)}
 
 
 def main(argv=None) -> dict:
@@ -157,7 +221,8 @@ def main(argv=None) -> dict:
         arms.append(json.loads(done.stdout.strip().splitlines()[-1]))
     report = {"benchmark": "multi_gpu", "layers": args.layers, "prompts": args.prompts,
               "samples": args.samples, "prompt_tokens": args.prompt_tokens,
-              "new_tokens": args.new_tokens, "arms": arms}
+              "new_tokens": args.new_tokens, "max_batch": args.max_batch,
+              "work_item_prompts": args.work_item_prompts, "arms": arms}
     ok = [a for a in arms if "mean" in a]
     if len(ok) >= 2:
         report["step_speedup"] = ok[0]["mean"]["step_s"] / ok[-1]["mean"]["step_s"]

@@ -9,13 +9,16 @@
 One actor per GPU (the engine on that GPU), or `rollout.num_actors` CPU actors (1 when it
 is 0) on a machine without GPU. `WorkerSpec.backend` picks the engine (`rollout.backend`):
 native (sparrow_core/engine) or vllm (sparrow_core/vllm: dense decode, GPU only); both
-answer the same calls, so the pool, the dispatch and the weight sync do not tell them apart. Prompts go out in work items of a few prompts to whichever
-actor is free (runtime/rollout_dispatch.py); each request carries its own seed, so what a
-prompt gets does not depend on which actor ran it. An actor that dies (RayActorError) is
+answer the same calls, so the pool, the dispatch and the weight sync do not tell them apart.
+Prompts go out in work items (runtime/rollout_dispatch.py: one per actor by default, or
+`rollout.work_item_prompts` prompts each to whichever actor is free); each request carries
+its own seed, so what a prompt gets does not depend on which actor ran it. An actor that dies (RayActorError) is
 replaced by a fresh one built from the current weights folder and schedule, and its work
 item is retried once; a second death is RolloutActorLost, an infrastructure fault that the
 rollout task may retry. With a trainer group (runtime/trainer_group.py) the actors also join
-its weight-sync group (join_sync, receive_weights; runtime/weight_sync.py).
+its weight-sync group (join_sync, receive_weights; runtime/actor_sync.py, driven by
+runtime/weight_sync.py). pool.rollout_stats() gives each actor's time inside its engine and
+its step counts since the last call; pool.last_dispatch the last rollout's busy time per actor.
 Weights travel by path: an actor loads the safetensors of a folder, never tensors through
 the flow. With DistillSparse an adapter folder travels beside it and the engine loads
 merge(policy, LoRA) (sparrow_core/rl/lora.py), read one tensor at a time.
@@ -24,9 +27,11 @@ merge(policy, LoRA) (sparrow_core/rl/lora.py), read one tensor at a time.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
+from runtime.actor_sync import SyncedWorker
 from sparrow_core.errors import SparrowError
 from sparrow_core.sparse import Schedule
 
@@ -54,17 +59,35 @@ class WorkerSpec:
     backend: str = "native"  # rollout.backend: native or vllm
 
 
-class RolloutWorker:
-    """One engine; the body of a Ray actor (plain class, so tests may run it in-process)."""
+class RolloutWorker(SyncedWorker):
+    """One engine; the body of a Ray actor (plain class, so tests may run it in-process);
+    its weight-sync methods come from SyncedWorker (runtime/actor_sync.py)."""
 
     def __init__(self, spec: WorkerSpec):
         self.engine = build_engine(spec)
         self.weights_path = spec.weights_path
+        self.counts: dict[str, float] = {}  # rollout_stats()
         if spec.adapter_path:
             self.load_weights(spec.weights_path, spec.adapter_path)
 
     def generate(self, prompts: Sequence[Sequence[int]], params: Sequence[Any]) -> list[list[Any]]:
-        return self.engine.generate(prompts, list(params))
+        clock, captured = time.perf_counter(), _capture_seconds(self.engine)
+        results = self.engine.generate(prompts, list(params))
+        counts = {"calls": 1, "seconds": time.perf_counter() - clock,
+                  "capture_s": _capture_seconds(self.engine) - captured,
+                  "samples": sum(len(samples) for samples in results),
+                  "tokens": sum(len(s.output_ids) for samples in results for s in samples),
+                  **getattr(self.engine, "stats", {})}
+        for key, value in counts.items():
+            self.counts[key] = self.counts.get(key, 0) + value
+        return results
+
+    def rollout_stats(self) -> dict[str, float]:
+        """Sums over the generate() calls since the last rollout_stats(): calls, seconds
+        inside the engine, capture_s (CUDA graph captures), samples, tokens, the engine's
+        step counts (prefill_steps, decode_steps, ...), and wake_s; then starts again."""
+        counts, self.counts = self.counts, {}
+        return counts
 
     def load_weights(self, path: str, adapter_path: str = "") -> str:
         from sparrow_core.model.loader import SafetensorsCheckpoint
@@ -75,48 +98,14 @@ class RolloutWorker:
         self.weights_path = path
         return path
 
-    def load_shared(self, message: dict[str, Any], path: str, adapter_path: str = "") -> str:
-        """Copy weights from a colocated trainer's CUDA IPC buffer (weight_share.py; the LoRA
-        already merged in it); an actor on another GPU reads the folder instead (and merges
-        adapter_path). Returns how: "ipc" or "folder"."""
-        from sparrow_core.engine import weight_share
-
-        if not weight_share.same_device(message):
-            self.load_weights(path, adapter_path)
-            return "folder"
-        tensors = weight_share.open_message(message)
-        self.engine.update_weights(tensors)
-        del tensors
-        weight_share.release_opened()
-        self.weights_path = path
-        return "ipc"
-
-    def device_uuid(self) -> str:
-        from sparrow_core.engine.weight_share import device_uuid
-
-        return device_uuid()
-
-    def join_sync(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
-        """Join the trainer's weight-sync group (rl/weight_broadcast.py) as `rank`."""
-        from sparrow_core.rl.weight_broadcast import SyncGroup
-
-        if getattr(self, "sync_group", None) is not None:
-            self.sync_group.close()
-        self.sync_group = SyncGroup.connect(host, port, rank, world_size, backend)
-
-    def receive_weights(self, path: str) -> int:
-        """The trainer's broadcast, bucket by bucket into the engine; `path` is the folder
-        the same weights are saved in (what a replacement actor would load)."""
-        count = self.sync_group.receive(lambda part: self.engine.update_weights(part, strict=False))
-        self.weights_path = path
-        return count
-
     def sleep(self) -> None:
         self.engine.sleep()
 
     def wake(self) -> int:
         """Allocate the KV cache again; returns its size in pages."""
+        clock = time.perf_counter()
         self.engine.wake()
+        self.counts["wake_s"] = self.counts.get("wake_s", 0.0) + time.perf_counter() - clock
         return self.engine.cache.num_pages
 
     def memory(self) -> dict[str, float]:
@@ -134,6 +123,12 @@ class RolloutWorker:
     def info(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "weights_path": self.weights_path,
                 "schedule": None if self.engine.schedule is None else self.engine.schedule.name}
+
+
+def _capture_seconds(engine: Any) -> float:
+    """Seconds the engine's decode graphs spent capturing since it last woke (0 without)."""
+    graphs = getattr(getattr(engine, "runner", None), "graphs", None)
+    return graphs.capture_seconds if graphs is not None else 0.0
 
 
 def build_engine(spec: WorkerSpec) -> Any:
@@ -195,6 +190,7 @@ class ActorPool:
         self.placement = list(placement) if placement else None
         self.work_item_prompts = work_item_prompts
         self.replaced = 0
+        self.last_dispatch = None  # the last generate()'s DispatchTimes
 
     @classmethod
     def start(cls, spec: WorkerSpec, num_actors: int, resources: dict[str, float],
@@ -251,10 +247,12 @@ class ActorPool:
 
     def generate(self, prompts: Sequence[Sequence[int]], params: Sequence[Any]) -> list[list[Any]]:
         """[prompt][sample] results in the prompts' order; prompts go out in work items to
-        whichever actor is free (runtime/rollout_dispatch.py)."""
-        from runtime.rollout_dispatch import generate_by_load
+        whichever actor is free (runtime/rollout_dispatch.py, whose DispatchTimes are left in
+        self.last_dispatch)."""
+        from runtime.rollout_dispatch import dispatch
 
-        return generate_by_load(self, prompts, params, self.work_item_prompts)
+        results, self.last_dispatch = dispatch(self, prompts, params, self.work_item_prompts)
+        return results
 
     def load_weights(self, path: str, adapter_path: str = "") -> list[Any]:
         self.spec = replace(self.spec, weights_path=str(path), adapter_path=str(adapter_path))
@@ -274,6 +272,10 @@ class ActorPool:
 
     def memory(self) -> list[dict[str, float]]:
         return self._call_each("memory")
+
+    def rollout_stats(self) -> list[dict[str, float]]:
+        """Per actor, RolloutWorker.rollout_stats (sums since the last call)."""
+        return self._call_each("rollout_stats")
 
     def set_schedule(self, schedule: Schedule | None) -> None:
         self.spec = replace(self.spec, schedule=schedule)

@@ -6,7 +6,7 @@ one PolicyTrainer.
     scores = group.score(records)                              # as PolicyTrainer.score
     metrics = group.update(records, rewards, old, group_size=8)
     group.save(folder)                 # HF safetensors + optimizer shards (rl/sharded_checkpoint.py)
-    modes = group.sync_to(pool, bucket_bytes)                  # runtime/weight_sync.py
+    modes = sync_group_to_pool(group, pool, folder, bucket_bytes)   # runtime/weight_sync.py
     group.shutdown()
 
 Each rank is an actor (one GPU each, or one CPU with gloo); rank 0's node and a free port there
@@ -20,6 +20,7 @@ trainer.num_workers=0).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -52,8 +53,8 @@ class TrainerRank(DistillRank):
     def __init__(self, rank: int, world_size: int):
         self.rank, self.world_size = rank, world_size
         self.trainer = None
-        self._sync_state = None
-        self._shared = None
+        self._packed = None  # rank 0: the weights packed for the engines during a sync
+        self.seconds: dict[str, float] = {}
         self._sync_group = None
         self.distiller = None
 
@@ -89,14 +90,23 @@ class TrainerRank(DistillRank):
         return self.trainer.step
 
     def score(self, records) -> list | None:
+        clock = time.perf_counter()
         self.trainer.onload()
         scores = self.trainer.score(records)
+        self.seconds["score"] = time.perf_counter() - clock
         return scores if self.rank == 0 else None
 
     def update(self, records, rewards, old_logprobs, group_size: int) -> dict | None:
+        clock = time.perf_counter()
         self.trainer.onload()
         metrics = self.trainer.update(records, rewards, old_logprobs, group_size)
+        self.seconds["update"] = time.perf_counter() - clock
         return metrics if self.rank == 0 else None
+
+    def timings(self) -> dict[str, float]:
+        """Seconds of this rank's last score and update calls (the driver's wall time less
+        these is the records' and results' way through Ray)."""
+        return dict(self.seconds)
 
     def free_gradients(self) -> None:
         self.trainer.free_gradients()
@@ -124,29 +134,28 @@ class TrainerRank(DistillRank):
 
     def gather_for_sync(self, engine_dtype: str, share: bool,
                         adapter_path: str = "") -> dict | None:
-        """All ranks gather the full weights onto rank 0 (a collective); rank 0 keeps them
-        (with a DistillSparse adapter folder: merge(policy, LoRA) in fp32, in a copy: the
-        trainer's shards stay the plain policy) and, when an engine shares its GPU, packs
-        them for CUDA IPC and returns the message."""
+        """All ranks gather the full weights into one flat buffer in the engines' dtype on
+        rank 0's device (rl/sync_pack.py, a collective; with a DistillSparse adapter folder
+        merge(policy, LoRA), in the buffer only: the trainer's shards stay the plain policy).
+        Rank 0 keeps it for send_weights and returns {"message": its CUDA IPC message when an
+        engine shares this GPU, else None, "bytes", "seconds"}; other ranks return None."""
+        import time
+
         import torch
 
-        from sparrow_core.engine.weight_share import SharedWeights
-        from sparrow_core.rl.lora import Adapter, merged_for_engine
+        from sparrow_core.rl.lora import Adapter
+        from sparrow_core.rl.sync_pack import pack_full_weights
 
+        clock = time.perf_counter()
         self.trainer.onload()
-        state = self.trainer.full_state_dict()
+        adapter = Adapter.read(adapter_path) if adapter_path else None
+        packed = pack_full_weights(self.trainer, getattr(torch, engine_dtype), adapter)
         if self.rank != 0:
             return None
-        if "lm_head.weight" not in state and self.trainer.model.config.tie_word_embeddings:
-            state["lm_head.weight"] = state["model.embed_tokens.weight"]
-        if adapter_path:
-            state = merged_for_engine(state, Adapter.read(adapter_path), torch.float32)
-        self._sync_state = state
-        if not share:
-            return None
-        self._shared = SharedWeights.pack(state, getattr(torch, engine_dtype),
-                                          device=self.trainer.device)
-        return self._shared.message()
+        self._packed = packed
+        return {"message": packed.message() if share else None,
+                "bytes": packed.buffer.numel() * packed.buffer.element_size(),
+                "seconds": time.perf_counter() - clock}
 
     def join_sync(self, host: str, port: int, world_size: int, backend: str) -> None:
         from sparrow_core.rl.weight_broadcast import SyncGroup
@@ -155,20 +164,25 @@ class TrainerRank(DistillRank):
             self._sync_group.close()
         self._sync_group = SyncGroup.connect(host, port, 0, world_size, backend)
 
-    def send_weights(self, engine_dtype: str, bucket_bytes: int) -> int:
+    def send_weights(self, bucket_bytes: int) -> dict:
+        """Broadcast the packed buffer to the sync group's engines: {"bytes", "seconds"}."""
+        import time
+
         import torch
 
+        clock = time.perf_counter()
         sent = 0
         if self._sync_group is not None and self._sync_group.world_size > 1:
-            sent = self._sync_group.send(self._sync_state, getattr(torch, engine_dtype),
-                                         bucket_bytes)
-        return sent
+            sent = self._sync_group.send_packed(self._packed.buffer, self._packed.layout,
+                                                bucket_bytes)
+            if self._packed.buffer.is_cuda:  # NCCL's wait() does not block the host
+                torch.cuda.synchronize()
+        return {"bytes": sent, "seconds": time.perf_counter() - clock}
 
     def release_sync(self) -> None:
-        self._sync_state = None
-        if self._shared is not None:
-            self._shared.close()
-            self._shared = None
+        if self._packed is not None:
+            self._packed.close()
+            self._packed = None
 
     def shutdown(self) -> None:
         import torch.distributed as dist
@@ -189,6 +203,7 @@ class TrainerGroup:
         self.device = torch.device(spec.device)
         self.step = 0
         self.sync_key: tuple = ()  # the engines the sync group was built for
+        self.last_sync: dict = {}  # the last sync's phases (runtime/weight_sync.py)
         self._saving: list = []
 
     @classmethod
@@ -232,6 +247,10 @@ class TrainerGroup:
 
     def free_gradients(self) -> None:
         self._all("free_gradients")
+
+    def rank_seconds(self) -> list[dict[str, float]]:
+        """Per rank, seconds of its last score and update calls (TrainerRank.timings)."""
+        return self._all("timings")
 
     def offload(self) -> None:
         """Each rank moves its weight shards and AdamW moments to host memory

@@ -12,11 +12,19 @@ the actors change (a replaced actor). `weights_path` is the folder the same weig
 in: what a replacement actor starts from. With a DistillSparse adapter folder, rank 0 merges
 the LoRA into what it sends (runtime/group_distill.py), and a replacement actor merges the
 folder's adapter into the policy folder's weights as it reads them.
+The ranks gather into one flat buffer in the engines' dtype on rank 0's device
+(rl/sync_pack.py): the IPC engine maps that buffer, and the broadcast sends slices of it, so
+the weights never pass through host memory. group.last_sync holds the last sync's phases in
+seconds: connect_s (device uuids, and the sync group when the actors changed), gather_s
+(the ranks' gather and pack; pack_s is rank 0's own time in it), transfer_s (the broadcast and
+the IPC copies until every engine has its weights; send_s is rank 0's), and per engine
+{mode, seconds, load_s (its copies into the engine)}.
 Tests: tests/runtime/test_trainer_group.py (gloo); tests/sparrow_core/rl/test_multigpu.py (NCCL).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 
@@ -34,8 +42,11 @@ def _connect(group, pool, members: list[int], backend: str) -> None:
 
 def sync_group_to_pool(group, pool, weights_path: str, bucket_bytes: int,
                        adapter_path: str = "") -> list[str]:
+    """See the module doc; the phases' seconds are left in group.last_sync."""
     import ray
 
+    times: dict = {}
+    clock = time.perf_counter()
     backend = "nccl" if group.spec.device == "cuda" else "gloo"
     group.wait_for_save()
     trainer_uuid = ray.get(group.actors[0].device_uuid.remote())
@@ -46,17 +57,30 @@ def sync_group_to_pool(group, pool, weights_path: str, bucket_bytes: int,
     if group.sync_key != key:
         _connect(group, pool, members, backend)
         group.sync_key = key
+    times["connect_s"] = _lap(times, clock)
     dtype = pool.spec.dtype
-    message = ray.get([a.gather_for_sync.remote(dtype, bool(shared), str(adapter_path))
-                       for a in group.actors])[0]
-    futures = [group.actors[0].send_weights.remote(dtype, bucket_bytes)]
+    packed = ray.get([a.gather_for_sync.remote(dtype, bool(shared), str(adapter_path))
+                      for a in group.actors])[0]
+    times["gather_s"] = _lap(times, clock)
+    futures = [group.actors[0].send_weights.remote(bucket_bytes)]
     futures += [pool.actors[i].receive_weights.remote(str(weights_path)) for i in members]
-    futures += [pool.actors[i].load_shared.remote(message, str(weights_path), str(adapter_path))
-                for i in shared]
+    futures += [pool.actors[i].copy_shared.remote(packed["message"], str(weights_path),
+                                                  str(adapter_path)) for i in shared]
     try:
-        ray.get(futures)
+        done = ray.get(futures)
     finally:
         ray.get(group.actors[0].release_sync.remote())
+    times["transfer_s"] = _lap(times, clock)
+    engines = dict(zip(members + shared, done[1:]))
+    group.last_sync = {**times, "seconds": time.perf_counter() - clock,
+                       "packed_bytes": packed["bytes"], "pack_s": packed["seconds"],
+                       "send_s": done[0]["seconds"], "sent_bytes": done[0]["bytes"],
+                       "engines": [engines[i] for i in range(len(pool.actors))]}
     pool.spec = replace(pool.spec, weights_path=str(weights_path),
                         adapter_path=str(adapter_path))
     return ["ipc" if i in shared else backend for i in range(len(pool.actors))]
+
+
+def _lap(times: dict, clock: float) -> float:
+    """Seconds since `clock` not yet given to an earlier phase in `times`."""
+    return time.perf_counter() - clock - sum(times.values())

@@ -63,18 +63,21 @@ def _sync_group(runtime: RunRuntime, group, policy_dir: str, out: Path,
                 clock: float, adapter_dir: str = "") -> StageWrite:
     """A trainer group's weights (merged with the adapter, if any, on rank 0) to every actor:
     CUDA IPC on rank 0's GPU, a bucketed broadcast to the others (runtime/weight_sync.py);
-    the folders are what replacements load."""
+    the folders are what replacements load. synced.json's phases: the sync's breakdown."""
     from runtime.weight_sync import sync_group_to_pool
 
     policy_dir = str(runtime.policy_state(policy_dir, wait=False))
     modes = sync_group_to_pool(group, runtime.pool, policy_dir,
                                runtime.cfg.trainer.sync_bucket_mib << 20, adapter_dir)
     seconds = time.perf_counter() - clock
+    phases = dict(group.last_sync)
     (out / SYNCED_FILE).write_text(json.dumps(
         {"weights_path": policy_dir, "adapter_path": adapter_dir, "modes": modes,
-         "seconds": seconds,
+         "seconds": seconds, "phases": phases,
          "actors": runtime.pool.info()}, indent=2))
     return StageWrite(metrics={"sync/actors": float(len(modes)), "time/sync_copy_s": seconds,
+                               "time/sync_gather_s": float(phases.get("gather_s", 0.0)),
+                               "time/sync_transfer_s": float(phases.get("transfer_s", 0.0)),
                                "sync/ipc_actors": float(modes.count("ipc"))})
 
 

@@ -58,8 +58,8 @@ class RolloutConfig:
     # each trainer rank's GPU (the KV cache released while the trainer works); separate gives
     # the engines GPUs of their own
     placement: str = "colocated"
-    # prompts per work item handed to whichever actor is free; 0 picks about four per actor
-    # (one item for a single actor)
+    # prompts per work item handed to whichever actor is free; 0 gives each actor one item
+    # (its whole share, batched at once)
     work_item_prompts: int = 0
     # launch each decode step before the host has read the previous one's tokens (same results)
     overlap: bool = True

@@ -12,7 +12,8 @@ rollout actor, which maps it and copies by name into its own weights in place. A
 copy of the whole model (3.4 GB at Qwen3-1.7B in bf16) instead of a safetensors round trip.
 An actor on another GPU (device uuids differ) cannot map the buffer: `same_device` says so and
 the caller falls back to loading the policy folder. Tied tensors (embeddings and lm_head) are
-packed once. Tests: tests/sparrow_core/engine/test_weight_share_gpu.py (marked gpu).
+packed once. A trainer group's rank 0 fills the same structure from its FSDP shards
+(rl/sync_pack.py; on CPU ranks the buffer stays in host memory and is only broadcast).
 """
 
 from __future__ import annotations
@@ -71,13 +72,18 @@ class SharedWeights:
         """What a colocated process needs to map the buffer (picklable)."""
         from torch.multiprocessing.reductions import reduce_tensor
 
+        if not self.buffer.is_cuda:
+            raise ValueError("only a CUDA buffer can be shared through CUDA IPC")
+
         rebuild, args = reduce_tensor(self.buffer)
         return {"rebuild": rebuild, "args": args, "layout": self.layout,
                 "uuid": device_uuid(self.buffer.device.index)}
 
     def close(self) -> None:
+        on_cuda = self.buffer.is_cuda
         self.buffer = torch.empty(0)
-        torch.cuda.empty_cache()
+        if on_cuda:
+            torch.cuda.empty_cache()
 
 
 def same_device(message: Mapping[str, Any]) -> bool:

@@ -1,8 +1,9 @@
 """Weights from trainer rank 0 to rollout engines over a process group of their own.
 
     group = SyncGroup.connect(host, port, rank, world_size, backend="gloo")   # "nccl" on GPUs
-    group.send(state, dtype=torch.bfloat16, bucket_bytes=256 << 20, device=device)  # rank 0
-    group.receive(device, consume)          # ranks 1..: consume({name: tensor}) per bucket
+    group.send(state, dtype=torch.bfloat16, bucket_bytes=256 << 20)   # rank 0, from a state
+    group.send_packed(packed.buffer, packed.layout, bucket_bytes)      # rank 0, one flat buffer
+    group.receive(consume)                  # ranks 1..: consume({name: tensor}) per bucket
     group.close()
 
 The group is built from a TCPStore (rank 0 listens on `port`) and c10d's process group
@@ -14,7 +15,10 @@ The sender first broadcasts a plan (names, shapes, each bucket's size; tied tens
 once), then one flat buffer per bucket: tensors cast to the engine's dtype and laid end to end
 until `bucket_bytes` is reached (a larger tensor travels alone). A receiver hands each bucket's
 views to `consume` (Engine.update_weights(strict=False)) before the next bucket arrives, so
-at most one bucket of extra memory is held on either side.
+at most one bucket of extra memory is held on either side. send_packed() sends a buffer
+rank 0 has already packed in the engines' dtype on its device (rl/sync_pack.py, the same
+buffer a colocated engine maps through CUDA IPC): the buckets are slices of it, nothing is
+copied, and the receivers cannot tell it from send().
 Tests: tests/sparrow_core/rl/test_weight_broadcast.py (gloo, CPU),
 tests/sparrow_core/rl/test_multigpu.py (NCCL, marked multigpu).
 """
@@ -60,6 +64,33 @@ def plan_buckets(state: Mapping[str, torch.Tensor], bucket_bytes: int,
         buckets.append((entries, used))
     for index, name, offset, shape in aliases:
         buckets[index][0].append((name, offset, shape))
+    return buckets
+
+
+def plan_packed(layout: Mapping[str, tuple[int, tuple[int, ...]]], bucket_bytes: int,
+                element_size: int) -> list[tuple[int, Bucket]]:
+    """Buckets over one packed flat buffer (engine/weight_share.py's layout: name -> (element
+    offset, shape), tied names at one offset): (first element, bucket) per bucket, the
+    buckets contiguous slices of the buffer cut at tensor boundaries, as plan_buckets cuts."""
+    if bucket_bytes < 1:
+        raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+    limit = max(1, bucket_bytes // element_size)
+    places: dict[int, tuple[int, list[str]]] = {}  # offset -> (numel, names)
+    for name, (offset, shape) in layout.items():
+        places.setdefault(offset, (_numel(shape), []))[1].append(name)
+    buckets: list[tuple[int, Bucket]] = []
+    start, used, entries = 0, 0, []
+    for offset in sorted(places):
+        numel, names = places[offset]
+        if offset != start + used:
+            raise ValueError(f"the layout leaves a gap before element {offset}")
+        if entries and used + numel > limit:
+            buckets.append((start, (entries, used)))
+            start, used, entries = offset, 0, []
+        entries += [(name, offset - start, tuple(layout[name][1])) for name in names]
+        used += numel
+    if entries:
+        buckets.append((start, (entries, used)))
     return buckets
 
 
@@ -126,6 +157,23 @@ class SyncGroup:
             self._broadcast(flat)
             sent += flat.numel() * element
         return sent
+
+    @torch.no_grad()
+    def send_packed(self, buffer: torch.Tensor,
+                    layout: Mapping[str, tuple[int, tuple[int, ...]]], bucket_bytes: int) -> int:
+        """Broadcast a packed flat buffer (rl/sync_pack.py) on the group's device, its buckets
+        slices of it (no copy); receive() takes it as it takes send(). Returns the bytes."""
+        if self.rank != 0:
+            raise RuntimeError("only rank 0 of the sync group sends weights")
+        if buffer.device != self.device:
+            raise ValueError(f"the packed buffer is on {buffer.device}, the sync group sends "
+                             f"from {self.device}")
+        buckets = plan_packed(layout, bucket_bytes, buffer.element_size())
+        self._broadcast_object({"dtype": str(buffer.dtype).replace("torch.", ""),
+                                "buckets": [bucket for _, bucket in buckets]})
+        for start, (_, numel) in buckets:
+            self._broadcast(buffer[start: start + numel])
+        return sum(numel for _, (_, numel) in buckets) * buffer.element_size()
 
     @torch.no_grad()
     def receive(self, consume: Callable[[dict[str, torch.Tensor]], None]) -> int:

@@ -62,14 +62,26 @@ def test_results_do_not_depend_on_the_number_of_actors(ray_up, spec):
     assert max(max(s.pages_read) for samples in expected for s in samples) == 3
     assert max(len(p) + len(s.output_ids) for p, samples in zip(PROMPTS, expected)
                for s in samples) > 4 * 4
-    # one actor, one item; two actors taking one-prompt items as each gets free
-    for count, item_prompts in ((1, 0), (2, 1)):
+    # one actor, one item; two actors, one item each; two actors taking one-prompt items as
+    # each gets free
+    for count, item_prompts in ((1, 0), (2, 0), (2, 1)):
         pool = ActorPool.start(spec, count, {"num_cpus": 1}, work_item_prompts=item_prompts)
         try:
             got = pool.generate(PROMPTS, params())
+            stats = pool.rollout_stats()
+            times = pool.last_dispatch
         finally:
             pool.shutdown()
         assert tokens(got) == tokens(expected)
+        if item_prompts == 0:
+            assert times.items == [1] * count and times.prompts == ([3] if count == 1 else [1, 2])
+        assert sum(times.items) == len(work_items(3, count, item_prompts))
+        assert sum(times.prompts) == 3 and 0 < max(times.busy_s) <= times.wall_s
+        # each actor's engine ran the items it was handed, every sample to its last token
+        assert [s["calls"] for s in stats] == times.items
+        assert [s["samples"] for s in stats] == [2 * p for p in times.prompts]
+        assert sum(s["tokens"] for s in stats) == sum(len(t) for ts in tokens(got) for t in ts)
+        assert all(s["decode_steps"] > 0 and s["seconds"] > 0 for s in stats)
         for got_samples, want_samples in zip(got, expected):
             for a, b in zip(got_samples, want_samples):
                 assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
@@ -127,7 +139,12 @@ def test_a_refused_request_is_the_engines_own_error(ray_up, spec):
 def test_work_items_are_contiguous_and_cover_every_prompt():
     assert work_items(5, 2, 2) == [range(0, 2), range(2, 4), range(4, 5)]
     assert work_items(5, 1) == [range(0, 5)]  # one engine batches everything
-    assert work_items(17, 2) == [range(s, min(s + 3, 17)) for s in range(0, 17, 3)]
+    # by default one item per engine, as even as whole prompts allow
+    assert work_items(17, 2) == [range(0, 8), range(8, 17)]
+    assert work_items(16, 2) == [range(0, 8), range(8, 16)]
+    assert work_items(10, 4) == [range(0, 2), range(2, 5), range(5, 7), range(7, 10)]
+    assert work_items(3, 4) == [range(0, 1), range(1, 2), range(2, 3)]
+    assert work_items(0, 2) == []
     for count in range(7):
         for actors in range(1, 4):
             for size in (0, 1, 2):

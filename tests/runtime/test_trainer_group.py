@@ -12,6 +12,7 @@ import dataclasses
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from runtime.rollout_actors import ActorPool, WorkerSpec
 from runtime.trainer_group import TrainerGroup, TrainerSpec
@@ -61,6 +62,7 @@ def test_two_ranks_equal_one_process_and_resume_on_another_count(ray_up, qwen3_c
     try:
         got_scores = two.score(records)
         metrics = two.update(update_records, REWARDS[0], old, 2)
+        seconds = two.rank_seconds()
         two.save(tmp_path / "two")
         # weights gathered on rank 0 while the other rank takes part (a collective)
         got = ray.get([a.__ray_call__.remote(lambda r: r.trainer.full_state_dict())
@@ -68,6 +70,7 @@ def test_two_ranks_equal_one_process_and_resume_on_another_count(ray_up, qwen3_c
     finally:
         two.shutdown()
     expected = single.update(update_records, REWARDS[0], old, 2)
+    assert len(seconds) == 2 and all(s["score"] > 0 and s["update"] > 0 for s in seconds)
     for want, have in zip(scores, got_scores):
         torch.testing.assert_close(torch.tensor(have.dense_logprobs),
                                    torch.tensor(want.dense_logprobs), rtol=0, atol=1e-5)
@@ -122,6 +125,12 @@ def test_sync_gives_every_actor_the_trainers_weights(ray_up, qwen3_checkpoint,
         assert modes == ["gloo", "gloo"]
         want = ray.get([a.__ray_call__.remote(lambda r: r.trainer.full_state_dict())
                         for a in group.actors])[0]
+        phases = group.last_sync
+        unique = sum(t.numel() for t in load_file(qwen3_checkpoint / "model.safetensors").values())
+        # fp32, the tied embedding packed and sent once (the file holds it once too)
+        assert phases["packed_bytes"] == phases["sent_bytes"] == 4 * unique
+        assert [e["tensors"] for e in phases["engines"]] == [len(want)] * 2  # names, lm_head too
+        assert phases["seconds"] >= phases["gather_s"] + phases["transfer_s"] > 0
         engines = ray.get([a.__ray_call__.remote(
             lambda w: {k: v.clone() for k, v in w.engine.model.state_dict().items()})
             for a in pool.actors])

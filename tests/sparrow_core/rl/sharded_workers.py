@@ -156,3 +156,26 @@ def distill_rank(rank, world_size, port, model_path, algo, records, schedule, ou
                         "lora": adapter_state(resumed.model)}, out_dir / "distill0.pt")
     finally:
         dist.destroy_process_group()
+
+
+def pack_rank(rank, world_size, port, checkpoint, algo, adapter, out_dir):
+    """rl/sync_pack.py on each rank: the plain fp32 and bf16 packs and, with `adapter`, the
+    merged one; rank 0 saves them beside the gathered full state."""
+    from sparrow_core.rl.sharded import ShardedPolicyTrainer
+    from sparrow_core.rl.sync_pack import pack_full_weights
+
+    _join(rank, world_size, port)
+    try:
+        trainer = ShardedPolicyTrainer(checkpoint, algo, seed=0)
+        full = trainer.full_state_dict()
+        packs = {key: pack_full_weights(trainer, dtype, merge)
+                 for key, dtype, merge in (("fp32", torch.float32, None),
+                                           ("bf16", torch.bfloat16, None),
+                                           ("merged", torch.float32, adapter))}
+        if rank == 0:
+            torch.save({"full": full, "packs": {k: (p.buffer, p.layout) for k, p in
+                                                packs.items()}}, out_dir / "packs.pt")
+        else:
+            assert all(p is None for p in packs.values())
+    finally:
+        dist.destroy_process_group()
