@@ -199,11 +199,18 @@ class ActorPool:
     @classmethod
     def start(cls, spec: WorkerSpec, num_actors: int, resources: dict[str, float],
               placement: Sequence[dict] | None = None,
-              work_item_prompts: int = 0) -> "ActorPool":
+              work_item_prompts: int = 0, wait: bool = True) -> "ActorPool":
+        """The actors, each building its engine in its own process; wait=False returns at
+        once (the caller does other work, then calls wait_ready)."""
         pool = cls(spec, resources, [], placement, work_item_prompts)
         pool.actors = [pool._new_actor(index) for index in range(num_actors)]
-        pool._wait([actor.info.remote() for actor in pool.actors])
+        if wait:
+            pool.wait_ready()
         return pool
+
+    def wait_ready(self) -> None:
+        """Until every actor has built its engine; an actor that could not raises here."""
+        self._wait([actor.info.remote() for actor in self.actors])
 
     def _new_actor(self, index: int):
         import ray
