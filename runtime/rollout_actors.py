@@ -143,7 +143,7 @@ def build_engine(spec: WorkerSpec) -> Any:
     from sparrow_core.model import load_model, load_tokenizer
 
     if spec.device == "cpu":
-        torch.set_num_threads(max(1, spec.threads))
+        torch.set_num_threads(cpu_threads(spec.threads))
     tokenizer = load_tokenizer(spec.model_path)
     if spec.backend == "vllm":
         from sparrow_core.vllm import VllmEngine
@@ -154,6 +154,14 @@ def build_engine(spec: WorkerSpec) -> Any:
 
     model = load_model(spec.weights_path, dtype=getattr(torch, spec.dtype), device=spec.device)
     return Engine(model, tokenizer, spec.engine, spec.schedule)
+
+
+def cpu_threads(cpus: int) -> int:
+    """Torch threads of a CPU engine: its actor's CPUs, at most OMP_NUM_THREADS when that is
+    set (the usual cap on a shared machine, which set_num_threads would otherwise override;
+    Ray sets it to the actor's CPUs when the environment does not)."""
+    cap = os.environ.get("OMP_NUM_THREADS", "")
+    return max(1, min(cpus, int(cap)) if cap.isdigit() and int(cap) > 0 else cpus)
 
 
 def start_ray(address: str) -> bool:
