@@ -9,7 +9,8 @@ then runs each step as the subflow rl_step: the stage tasks of tasks/ in DESIGN.
 (rollout, reward, dense_score, aggregate_mismatch, reoptimize_schedule, policy_update,
 distill_lora when algo.distill.enabled, sync_weights, then checkpoint every
 pipeline.checkpoint_every steps and after the last, and evaluate every pipeline.eval_every steps when data.eval is set). Tasks pass references (paths)
-only. After each step it prints a row of the live table; at the end, where to look.
+only. After each step it prints a row of the live table; at the end it writes the run's
+report (pipeline.report) and prints where to look.
 Running it again with the same pipeline.run_id skips every recorded stage and resumes at the
 first missing one. Without a Prefect server it runs on Prefect's local ephemeral API
 (pipelines/prefect_env.py). docs/pipeline.md describes stages, files and resume.
@@ -102,7 +103,7 @@ def train_flow(overrides: list[str], show_table: bool = True) -> dict:
             table.row(step, step_metrics(runtime.store, run_id, step), all(skipped[step].values()))
         status = "finished"
         final = step_metrics(runtime.store, run_id, steps) if steps else {}
-        if steps:
+        if steps and cfg.pipeline.report:
             _log_report(runtime, workdir, run_id)
         recorded = len(stage_records(runtime.store, run_id))
     except KeyboardInterrupt:

@@ -9,8 +9,9 @@ tokenizer, the datasets (every row needs its answer field, every prompt fits
 data.max_prompt_tokens and leaves room in the model's context), so a bad input leaves no
 `runs` row and its run id stays free. Then the
 workdir's single writer lock (a second writer gets WorkdirBusyError and changes nothing), the
-`runs` row (created, or resumed with a configuration check), the MLflow run, the schedule the
-run starts with, Ray and the rollout actors (built from the newest recorded policy).
+`runs` row (created, or resumed with a configuration check), the schedule the run starts
+with, Ray and the rollout actors (built from the newest recorded policy), and the MLflow run,
+opened while the actors build their engines.
 """
 
 from __future__ import annotations
@@ -76,6 +77,9 @@ def open_run_runtime(cfg: SparrowConfig) -> tuple[RunRuntime, bool, bool]:
             max_new_tokens_for(runtime, row, cfg.data.train)
         runtime.schedule_name, runtime.schedule_start_version = start_schedule(
             store, runtime.run_id, cfg.schedule.name)
+        started_ray = start_ray(cfg.ray.address)
+        # the actors build their engines in their own processes while MLflow opens its store
+        runtime.pool = start_pool(runtime, wait=False)
         from runtime.tracking import Tracker
 
         runtime.tracker = Tracker.start(cfg, runtime.run_id, cfg.pipeline.workdir)
@@ -84,8 +88,7 @@ def open_run_runtime(cfg: SparrowConfig) -> tuple[RunRuntime, bool, bool]:
                                                   runtime.schedule_start_version, 1)
             runtime.tracker.log_schedule(schedule, version, step=0)
         finish_run(store, runtime.run_id, "running", runtime.tracker.mlflow_run_id)
-        started_ray = start_ray(cfg.ray.address)
-        runtime.pool = start_pool(runtime)
+        runtime.pool.wait_ready()
     except BaseException:
         if runtime is not None:
             close_run_runtime(runtime, "failed")
@@ -96,7 +99,7 @@ def open_run_runtime(cfg: SparrowConfig) -> tuple[RunRuntime, bool, bool]:
     return runtime, resumed, started_ray
 
 
-def start_pool(runtime: RunRuntime) -> ActorPool:
+def start_pool(runtime: RunRuntime, wait: bool = True) -> ActorPool:
     cfg = runtime.cfg
     first = cfg.pipeline.steps + 1
     schedule, _ = schedule_in_force(runtime.store, runtime.run_id, runtime.schedule_name,
@@ -120,7 +123,7 @@ def start_pool(runtime: RunRuntime) -> ActorPool:
                                          max_context=cfg.model.max_context),
         device=device, dtype=dtype, threads=int(resources.get("num_cpus", 1)),
         backend=cfg.rollout.backend)
-    return ActorPool.start(spec, count, resources, placement, cfg.rollout.work_item_prompts)
+    return ActorPool.start(spec, count, resources, placement, cfg.rollout.work_item_prompts, wait)
 
 
 def _adapter_before(runtime: RunRuntime, step: int) -> str:

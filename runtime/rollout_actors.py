@@ -138,7 +138,7 @@ def build_engine(spec: WorkerSpec) -> Any:
     from sparrow_core.model import load_model, load_tokenizer
 
     if spec.device == "cpu":
-        torch.set_num_threads(max(1, spec.threads))
+        torch.set_num_threads(cpu_threads(spec.threads))
     tokenizer = load_tokenizer(spec.model_path)
     if spec.backend == "vllm":
         from sparrow_core.vllm import VllmEngine
@@ -149,6 +149,14 @@ def build_engine(spec: WorkerSpec) -> Any:
 
     model = load_model(spec.weights_path, dtype=getattr(torch, spec.dtype), device=spec.device)
     return Engine(model, tokenizer, spec.engine, spec.schedule)
+
+
+def cpu_threads(cpus: int) -> int:
+    """Torch threads of a CPU engine: its actor's CPUs, at most OMP_NUM_THREADS when that is
+    set (the usual cap on a shared machine, which set_num_threads would otherwise override;
+    Ray sets it to the actor's CPUs when the environment does not)."""
+    cap = os.environ.get("OMP_NUM_THREADS", "")
+    return max(1, min(cpus, int(cap)) if cap.isdigit() and int(cap) > 0 else cpus)
 
 
 def start_ray(address: str) -> bool:
@@ -195,11 +203,18 @@ class ActorPool:
     @classmethod
     def start(cls, spec: WorkerSpec, num_actors: int, resources: dict[str, float],
               placement: Sequence[dict] | None = None,
-              work_item_prompts: int = 0) -> "ActorPool":
+              work_item_prompts: int = 0, wait: bool = True) -> "ActorPool":
+        """The actors, each building its engine in its own process; wait=False returns at
+        once (the caller does other work, then calls wait_ready)."""
         pool = cls(spec, resources, [], placement, work_item_prompts)
         pool.actors = [pool._new_actor(index) for index in range(num_actors)]
-        pool._wait([actor.info.remote() for actor in pool.actors])
+        if wait:
+            pool.wait_ready()
         return pool
+
+    def wait_ready(self) -> None:
+        """Until every actor has built its engine; an actor that could not raises here."""
+        self._wait([actor.info.remote() for actor in self.actors])
 
     def _new_actor(self, index: int):
         import ray

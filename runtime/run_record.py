@@ -7,7 +7,8 @@
 A run keeps its resolved configuration (YAML) and a hash of it. Running the flow again with
 the same pipeline.run_id resumes the run only if the configuration is the same, apart from the
 keys that cannot change its results (RESUMABLE_KEYS: where it fails on purpose, how many steps,
-where the workdir and the Ray cluster are, how many actors and trainer ranks); any other
+where the workdir and the Ray cluster are, how many actors and trainer ranks, whether it writes
+its report); any other
 difference is ConfigMismatchError naming every key that differs, old and new value.
 """
 
@@ -29,7 +30,7 @@ from storage.run_rows import insert_run, run_config_yaml, set_run_status
 
 RESUMABLE_KEYS = frozenset({
     "pipeline.fail_at", "pipeline.kill_at", "pipeline.steps", "pipeline.run_id",
-    "pipeline.workdir", "ray.address", "rollout.num_actors",
+    "pipeline.workdir", "pipeline.report", "ray.address", "rollout.num_actors",
     # how many GPUs train and generate: a sharded policy folder resumes on any number of ranks
     "trainer.num_workers", "trainer.sync_bucket_mib", "rollout.placement",
     "rollout.work_item_prompts",

@@ -39,6 +39,14 @@ from typing import Any, Callable
 import pytest
 import torch
 
+# The tests run a tiny model: many small ops, which torch's intra-op threads only slow down on
+# a busy 2-core machine (the tiny model's decode took 6x longer with 2 threads than with 1
+# while another test run shared the machine). One thread in this process and, through
+# OMP_NUM_THREADS, in every process it starts: Ray's workers (a CPU rollout engine caps its
+# threads by it) and `sparrow` subprocesses.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 # fixture name -> (family, make_random_checkpoint keyword arguments)
 CHECKPOINT_SPECS: dict[str, tuple[str, dict[str, Any]]] = {
     # Qwen3-like: q/k norm, tied embeddings, GQA 2, head_dim 16

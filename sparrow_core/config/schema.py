@@ -241,6 +241,9 @@ class PipelineConfig:
     eval_temperature: float = 0.0
     # re-optimize the schedule every K steps even without a threshold event; 0 never
     reoptimize_every: int = 0
+    # at the end of the run, write its report (plots and summary.md, what `sparrow report`
+    # writes) into runs/<run_id>/report and MLflow's plots/; false skips it (a few seconds)
+    report: bool = True
     # MLflow tracking URI; empty means sqlite:///<workdir>/mlflow.db
     mlflow_uri: str = ""
     # base seed of the run (data order, sampling, initialisation)

@@ -66,6 +66,25 @@ def test_real_run_prints_the_table_and_where_to_look(base_run):
         base_run.run_id, "finished", 2, 2)
 
 
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlchemy's, inside MLflow
+def test_real_run_writes_its_report_into_the_run_folder_and_mlflow(base_run):
+    """pipeline.report (on by default): the plots and summary of `sparrow report`, written at
+    the end of the run into runs/<run_id>/report and the MLflow run's plots/."""
+    from mlflow.tracking import MlflowClient
+
+    assert base_run.done.returncode == 0, base_run.done.stderr[-3000:]
+    folder = base_run.workdir / "runs" / base_run.run_id / "report"
+    pngs = ["acceptance_step2.png", "p5_per_bin.png", "reward_length.png", "summary.png"]
+    assert sorted(p.name for p in folder.iterdir()) == sorted([*pngs, "summary.md"])
+    assert all((folder / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for name in pngs)
+    assert f"`{base_run.run_id}`" in (folder / "summary.md").read_text()
+    client = MlflowClient(tracking_uri=f"sqlite:///{base_run.workdir.resolve()}/mlflow.db")
+    [run] = client.search_runs([client.get_experiment_by_name("sparrow").experiment_id])
+    logged = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
+    assert logged == {f"plots/{name}" for name in [*pngs, "summary.md"]}
+
+
 def _server_children(pid: int) -> list[int]:
     """Child processes of `pid` that are Prefect API servers (Linux /proc)."""
     from pipelines.server_guard import SERVER_MARK
@@ -128,7 +147,8 @@ def test_real_ctrl_c_is_one_line_and_the_run_resumes(tmp_path):
     workdir = tmp_path / "w"
     command = [sys.executable, "-m", "sparrow_cli.main", "train", f"pipeline.workdir={workdir}",
                "pipeline.run_id=c", "pipeline.steps=2", "data.prompts_per_step=2",
-               "rollout.samples_per_prompt=2", "rollout.max_new_tokens=16"]
+               "rollout.samples_per_prompt=2", "rollout.max_new_tokens=16",
+               "pipeline.report=false"]
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     deadline = time.time() + 300

@@ -42,7 +42,8 @@ def test_calibrated_p5_is_the_p5_the_next_train_step_measures(tmp_path):
     assert sampled["sparse"] and sorted(map(int, sampled["by_topk"])) == GRID
     chosen = summary["topk_pages"]
     train_flow([f"pipeline.workdir={workdir}", "pipeline.run_id=after-cal", "pipeline.steps=1",
-                "schedule.name=tiny-on-policy", "rollout.max_new_tokens=128"], show_table=False)
+                "schedule.name=tiny-on-policy", "rollout.max_new_tokens=128",
+                "pipeline.report=false"], show_table=False)
     measured = {r["bin"]: r for r in query(
         workdir, "SELECT bin, n, p5, pages_read FROM bin_stats WHERE run_id = 'after-cal' "
         "AND step = 1").as_dicts()}

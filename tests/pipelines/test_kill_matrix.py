@@ -47,7 +47,8 @@ def _rows(workdir: Path, sql: str) -> list[tuple]:
 def test_kill_in_every_stage_of_step_2_then_resume_ends_equal(tmp_path, flow_environment,
                                                               base_run):
     env, ray_address = flow_environment.subprocess_env(tmp_path / "prefect-home")
-    args = (*base_run.args, f"ray.address={ray_address}")
+    # the chain's last process skips the end-of-run report (the base run writes one)
+    args = (*base_run.args, f"ray.address={ray_address}", "pipeline.report=false")
     # the uninterrupted run: the session's base run of the same arguments (tests/conftest.py)
     reference, chained, run_id = base_run.workdir, tmp_path / "chained", base_run.run_id
     assert base_run.done.returncode == 0, base_run.done.stderr[-3000:]

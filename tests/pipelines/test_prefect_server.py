@@ -111,14 +111,15 @@ def test_deploy_all_and_run_both_flows_on_a_local_server(server_env, tmp_path):
     listed = prefect(env, "deployment", "ls")
     assert "train/sparrow-train" in listed and "calibrate/sparrow-calibrate" in listed, listed
 
+    # the worker asks for scheduled runs every second, not every 10 s (Prefect's default)
     worker = start([*PREFECT, "worker", "start", "--pool", "sparrow", "--type", "process"],
-                   env, tmp_path / "worker.log")
+                   dict(env, PREFECT_WORKER_QUERY_SECONDS="1"), tmp_path / "worker.log")
     try:
-        # the smallest run of the embedded default: 1 step of 2 prompts x 2 samples
+        # the smallest run of the embedded default: 1 step of 2 prompts x 2 samples, no report
         overrides = [f"pipeline.workdir={workdir}", "pipeline.run_id=served", "pipeline.steps=1",
                      f"ray.address={ray_address}",
                      "data.prompts_per_step=2", "rollout.samples_per_prompt=2",
-                     "rollout.max_new_tokens=24"]
+                     "rollout.max_new_tokens=24", "pipeline.report=false"]
         run = prefect(env, "deployment", "run", "train/sparrow-train",
                       "-p", f"overrides={json.dumps(overrides)}",
                       "--watch", "--watch-timeout", "480", timeout=540)

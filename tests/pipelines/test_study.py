@@ -49,7 +49,8 @@ def study_file(path: Path, fail: bool) -> str:
 def overrides(workdir: Path) -> list[str]:
     return [f"pipeline.workdir={workdir}", "pipeline.steps=2", "data.prompts_per_step=2",
             "rollout.samples_per_prompt=2", "rollout.max_new_tokens=12",
-            "rollout.temperature=2.0", "data.reward=test_char_code", "calibrate.patience=3"]
+            "rollout.temperature=2.0", "data.reward=test_char_code", "calibrate.patience=3",
+            "pipeline.report=false"]
 
 
 def stage_rows(workdir: Path) -> dict[tuple, tuple]:
@@ -156,7 +157,7 @@ def test_arms_at_once_write_their_own_workdirs_and_one_report(tmp_path, flow_env
         "fixed_topk_pages": 1, "reference_arm": "dense", "collapse_window": 1}))
     items = ["st2", "--study", spec, "--gpus", "0,1", "--json", "study.own_workdirs=true",
              f"pipeline.workdir={workdir}", "pipeline.steps=1", "data.prompts_per_step=2",
-             "rollout.samples_per_prompt=2", "rollout.max_new_tokens=8"]
+             "rollout.samples_per_prompt=2", "rollout.max_new_tokens=8", "pipeline.report=false"]
     done = _sparrow(env, "study", "run", *items)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout)

@@ -198,6 +198,8 @@ def test_mlflow_run_holds_the_step_metrics(reference):
     assert {"config.yaml", "schedules", "bin_stats"} <= artifacts
     stats = {a.path for a in client.list_artifacts(run.info.run_id, "bin_stats")}
     assert stats == {"bin_stats/step-1", "bin_stats/step-2"}
+    # pipeline.report=false (small_overrides): no report, here or in the run folder
+    assert "plots" not in artifacts and not (workdir / "runs" / "ref" / "report").exists()
 
 
 def test_checkpoint_is_the_last_policy(reference):

@@ -23,9 +23,11 @@ STEPS = (1, 2, 3)
 
 def test_default_run_reward_rises_with_nonzero_gradients(tmp_path):
     workdir = tmp_path / "work"
-    # the defaults but 3 steps, and a cutoff that only stops a sample that never ends
+    # the defaults but 3 steps, and a cutoff that only stops a sample that never ends (and no
+    # end-of-run report, which changes nothing the test reads)
     summary = train_flow([f"pipeline.workdir={workdir}", "pipeline.run_id=learn",
-                          "pipeline.steps=3", "rollout.max_new_tokens=128"], show_table=False)
+                          "pipeline.steps=3", "rollout.max_new_tokens=128",
+                          "pipeline.report=false"], show_table=False)
     assert summary["status"] == "finished"
     metrics = {(r["step"], r["name"]): r["value"] for r in query(
         workdir, "SELECT step, name, value FROM step_metrics WHERE run_id = 'learn'").as_dicts()}

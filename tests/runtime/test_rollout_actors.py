@@ -150,3 +150,14 @@ def test_work_items_are_contiguous_and_cover_every_prompt():
             for size in (0, 1, 2):
                 flat = [i for item in work_items(count, actors, size) for i in item]
                 assert flat == list(range(count))
+
+
+@pytest.mark.parametrize("omp, threads", [(None, 2), ("", 2), ("1", 1), ("4", 2), ("x", 2)])
+def test_a_cpu_engine_runs_its_cpus_threads_capped_by_omp_num_threads(monkeypatch, omp, threads):
+    from runtime.rollout_actors import cpu_threads
+
+    if omp is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    assert cpu_threads(2) == threads

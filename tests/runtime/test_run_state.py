@@ -61,9 +61,9 @@ def test_open_run_creates_then_resumes_then_refuses_a_change(store, tmp_path):
     cfg = load_config(["pipeline.run_id=r", "algo.lr=2e-6"])
     assert open_run(store, cfg, "r", tmp_path / "model") is False
     finish_run(store, "r", "failed", "mlflow-1")
-    # where it fails, how many steps and where Ray runs may change on resume
+    # where it fails, how many steps, whether it reports and where Ray runs may change on resume
     same = load_config(["pipeline.run_id=r", "algo.lr=2e-6", "pipeline.steps=9",
-                        "pipeline.fail_at=reward@2", "ray.address=auto"])
+                        "pipeline.fail_at=reward@2", "ray.address=auto", "pipeline.report=false"])
     assert config_hash(same) == config_hash(cfg)
     assert open_run(store, same, "r", tmp_path / "model") is True
     assert query(tmp_path, "SELECT status, mlflow_run_id FROM runs").rows == [("running", "mlflow-1")]
