@@ -128,7 +128,7 @@ class ShardedPolicyTrainer(PolicyTrainer):
 
     def _token_logprobs(self, batch, extra_ids=None):
         return self.root(batch, self.temperature, self.algo.logits_chunk_tokens, extra_ids,
-                         self.algo.compile_logprobs)
+                         self.compiles("compile_logprobs"))
 
     def score(self, records: Sequence[RolloutRecord]) -> list[TokenScores]:
         """Each rank scores its share (shares()); every rank returns all records' scores."""

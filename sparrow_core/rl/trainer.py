@@ -93,7 +93,7 @@ class PolicyTrainer:
             enable_checkpointing(self.model)
         if algo.fused_norms:
             fuse_rms_norms(self.model)
-        if algo.compile_layers:
+        if self.compiles("compile_layers"):
             compile_layers(self.model)
         self.masters = None
         if self.dtype != torch.float32 and algo.master_weights:
@@ -102,6 +102,12 @@ class PolicyTrainer:
         self.optimizer = torch.optim.AdamW(trained, lr=algo.lr, weight_decay=algo.weight_decay)
         self.offloaded = False
         self._saver = None  # rl/async_save.BackgroundSaver, made on the first background save
+
+    def compiles(self, option: str) -> bool:
+        """algo.compile_layers / compile_logprobs: true or false as set; null (the default) is
+        on where this trainer runs on CUDA."""
+        value = getattr(self.algo, option)
+        return self.device.type == "cuda" if value is None else bool(value)
 
     # scoring
 
@@ -144,7 +150,7 @@ class PolicyTrainer:
         """scoring.token_logprobs on this trainer's model (rl/sharded.py calls its FSDP root)."""
         return token_logprobs(self.model, batch, self.temperature,
                               self.algo.logits_chunk_tokens, extra_ids,
-                              compiled=self.algo.compile_logprobs)
+                              compiled=self.compiles("compile_logprobs"))
 
     def _prepare(self, records, rewards, old_logprobs, group_size):
         """Records, old logprobs and per-sample advantages in (prompt, sample) order."""

@@ -184,6 +184,17 @@ class VllmEngine:
         self.llm.llm_engine.engine_core.shutdown()
 
 
+def _free_fraction(default: float) -> float:
+    """Half the fraction of the current CUDA device free now, at most `default` (another
+    process on the device may take more before vLLM looks)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return default
+    free, total = torch.cuda.mem_get_info()
+    return max(0.01, min(default, 0.5 * free / total))
+
+
 def kv_bytes_beside_centroids(total_bytes: int, block_size: int) -> int:
     """vLLM's kv_cache_memory_bytes when the page centroids (one key-sized row per block,
     outside vLLM's budget) must fit in `total_bytes` too: K and V take 2 * block_size rows
@@ -214,7 +225,10 @@ def _start_llm(model_path: str, config: EngineConfig, dtype: str, max_context: i
         total = int(config.kv_cache_mib * 2**20)
         if sparse:
             total = kv_bytes_beside_centroids(total, SPARSE_BLOCK_SIZE)
-        memory = dict(kv_cache_memory_bytes=total)
+        # vLLM still checks gpu_memory_utilization x the device against free memory at start
+        # (a colocated trainer or another engine may hold some): ask only for what is free
+        memory = dict(kv_cache_memory_bytes=total,
+                      gpu_memory_utilization=_free_fraction(default=0.92))
     return vllm.LLM(
         model=model_path, dtype=dtype, seed=config.seed, skip_tokenizer_init=True,
         generation_config="vllm", max_model_len=max_context,

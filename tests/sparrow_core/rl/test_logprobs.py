@@ -133,6 +133,15 @@ def test_the_trainer_scores_through_the_compiled_log_softmax_when_asked(qwen3_ch
     # it moves a weight by up to a few percent of lr (1e-3)
     for a, b in zip(trainers[0].model.parameters(), trainers[1].model.parameters()):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=3e-5)
+    # the options' default (null) means "where the trainer runs on CUDA"; a set value wins
+    cuda = torch.device("cuda")
+    assert not trainers[0].compiles("compile_logprobs")
+    assert not trainers[0].compiles("compile_layers")
+    trainers[0].device = cuda
+    assert trainers[0].compiles("compile_logprobs") and trainers[0].compiles("compile_layers")
+    trainers[1].algo = dataclasses.replace(algo, compile_logprobs=False)
+    trainers[1].device = cuda
+    assert not trainers[1].compiles("compile_logprobs")
 
 
 @pytest.mark.parametrize("compile_parts", [False, True])

@@ -24,7 +24,9 @@ from sparrow_core.vllm import VllmBackendError
 
 pytestmark = pytest.mark.gpu
 
-LOGPROB_ATOL = 0.05  # bf16 weights and activations, two attention kernels
+# bf16 weights and activations, two attention kernels: a logit of magnitude ~10 rounds by
+# ~0.04 in bf16, and the two engines' logprobs differ by up to twice that (0.06 seen on an H100)
+LOGPROB_ATOL = 0.1
 TIE_MARGIN = 0.1  # top-1 minus top-2 logprob below which greedy may pick either
 SHAPE = dict(hidden_size=256, num_layers=2, num_q_heads=4, num_kv_heads=2, head_dim=64,
              intermediate_size=512)
