@@ -11,9 +11,13 @@ trainer's tensors reach its model without a copy through a socket: update_weight
 worker extension (worker_extension.py) by name through LLM.collective_rpc. Requests go as token
 ids (no vLLM tokenizer: skip_tokenizer_init) with one vLLM request per sample and the
 sample's seed (outputs.py); text is decoded with the project's tokenizer as the native engine
-does. The KV cache is sized by EngineConfig.memory_utilization (vLLM's
-gpu_memory_utilization) when set, else kv_cache_mib (kv_cache_memory_bytes, less the page
-centroids' share when sparse). Attention is FLASH_ATTN, or, when the engine starts with a
+does. The KV cache is sized once, at start: by EngineConfig.memory_utilization when set (the
+share of the device's total that its used memory may reach, as for the native engine; vLLM's
+gpu_memory_utilization is this instance's own share, so the engine passes the target less what
+other processes, a colocated trainer, hold at that moment), else kv_cache_mib
+(kv_cache_memory_bytes, less the page centroids' share when sparse). Unlike the native engine,
+vLLM does not resize its cache at wake: memory a colocated trainer takes after the start must be
+given back during the rollout (algo.offload_during_rollout). Attention is FLASH_ATTN, or, when the engine starts with a
 schedule that makes a layer sparse, the project's block-sparse backend (plugin.py,
 sparse_backend.py: vLLM's CUSTOM backend, 16-token blocks, the V1 model runner), which
 set_schedule then feeds through the worker extension; an engine started dense refuses a
@@ -184,6 +188,24 @@ class VllmEngine:
         self.llm.llm_engine.engine_core.shutdown()
 
 
+def _instance_share(target: float) -> float:
+    """vLLM's gpu_memory_utilization for a device-wide target: the target less the share other
+    processes use now (the native engine's meaning of rollout.gpu_memory_utilization)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return target
+    free, total = torch.cuda.mem_get_info()
+    share = target - (total - free) / total
+    if share < 0.05:
+        raise VllmBackendError(
+            f"rollout.gpu_memory_utilization={target} leaves vLLM {max(share, 0):.0%} of the GPU: "
+            f"{(total - free) / 2**30:.1f} of {total / 2**30:.1f} GiB are in use already (a "
+            f"colocated trainer?); raise it, offload the trainer during the rollout "
+            f"(algo.offload_during_rollout=true) or size the cache with rollout.kv_cache_mib")
+    return share
+
+
 def _free_fraction(default: float) -> float:
     """Half the fraction of the current CUDA device free now, at most `default` (another
     process on the device may take more before vLLM looks)."""
@@ -220,7 +242,7 @@ def _start_llm(model_path: str, config: EngineConfig, dtype: str, max_context: i
     import vllm
 
     if config.memory_utilization > 0:
-        memory = dict(gpu_memory_utilization=float(config.memory_utilization))
+        memory = dict(gpu_memory_utilization=_instance_share(float(config.memory_utilization)))
     else:
         total = int(config.kv_cache_mib * 2**20)
         if sparse:

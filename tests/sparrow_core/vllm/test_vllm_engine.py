@@ -162,6 +162,25 @@ def test_kv_bytes_leave_room_for_the_centroids():
     assert kv == 32 * 2**20  # K and V: 32 rows per block and layer, the centroid one more
 
 
+def test_memory_shares_leave_what_others_hold(monkeypatch):
+    """rollout.gpu_memory_utilization means the device's used memory, as for the native
+    engine: vLLM's own share is the target less what is in use at the start; with kv_cache_mib
+    vLLM's start-up check asks for half of what is free."""
+    import torch
+
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (60 * gib, 80 * gib))  # 20 in use
+    assert engine_module._instance_share(0.88) == pytest.approx(0.88 - 0.25)
+    assert engine_module._free_fraction(default=0.92) == pytest.approx(0.5 * 60 / 80)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (10 * gib, 80 * gib))  # 70 in use
+    with pytest.raises(VllmBackendError, match=r"70\.0 of 80\.0 GiB.*offload_during_rollout"):
+        engine_module._instance_share(0.88)
+    assert engine_module._free_fraction(default=0.92) == pytest.approx(0.5 * 10 / 80)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert engine_module._instance_share(0.88) == 0.88
+
+
 def test_rollout_actor_on_cpu_or_without_vllm_says_why(monkeypatch):
     spec = WorkerSpec(TINY, TINY, None, EngineConfig(page_size=8), backend="vllm")
     monkeypatch.setattr(backend, "vllm_available", lambda: False)
