@@ -58,14 +58,31 @@ def reward_fn():
     return char_code_reward
 
 
+def _register_test_rewards() -> None:
+    from sparrow_core.data.rewards import REWARD_FUNCTIONS
+
+    REWARD_FUNCTIONS._entries.update(TEST_REWARDS)
+
+
 @pytest.fixture(scope="session")
 def flow_environment(flow_environment):
     """The session's Prefect test API and Ray (tests/conftest.py), with TEST_REWARDS
     registered: call .start() in module-scoped fixtures before running a flow."""
-    from sparrow_core.data.rewards import REWARD_FUNCTIONS
-
-    REWARD_FUNCTIONS._entries.update(TEST_REWARDS)
+    _register_test_rewards()
     return flow_environment
+
+
+# The rewards leave the registry whenever the next test of this process is outside this folder
+# (pytest_runtest_teardown below); with pytest-xdist a worker's tests of this folder come
+# between others', so they are registered again before each module's fixtures and each test.
+@pytest.fixture(scope="module", autouse=True)
+def _test_rewards_for_the_module():
+    _register_test_rewards()
+
+
+@pytest.fixture(autouse=True)
+def _test_rewards_for_the_test():
+    _register_test_rewards()
 
 
 @pytest.fixture
