@@ -181,11 +181,12 @@ class AlgoConfig:
     # (sparrow_core/rl/fused_norms.py); off until measured on a GPU
     fused_norms: bool = False
     # torch.compile each decoder layer (sparrow_core/rl/compiled_layers.py): fused elementwise
-    # work and less host overhead; null (the default) turns it on where the trainer runs on CUDA
+    # work and less host overhead; null (the default) turns it on where the trainer runs on
+    # CUDA in one process (not in a trainer group: not yet tested there on GPUs)
     compile_layers: Optional[bool] = None
     # the float32 log-softmax over each chunk of logits compiled, in scoring and the update
     # (sparrow_core/rl/logprobs.py: bf16 logits read once; the update's chunks keep only their
-    # normalizer and recompute the logits in the backward); null: on where the trainer runs on CUDA
+    # normalizer and recompute the logits in the backward); null: as compile_layers
     compile_logprobs: Optional[bool] = None
     # thresholds of the masking mismatch corrections (algo.loss mis_*, icepop, geo_mask)
     correction: CorrectionConfig = field(default_factory=CorrectionConfig)
