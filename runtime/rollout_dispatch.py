@@ -1,7 +1,6 @@
 """Prompts to rollout actors: one batch per actor by default, or work items taken by load.
 
-    results = generate_by_load(pool, prompts, params, item_prompts=0)   # [prompt][sample]
-    results, times = dispatch(pool, prompts, params, item_prompts=0)    # and DispatchTimes
+    results, times = dispatch(pool, prompts, params, item_prompts=0)  # [prompt][sample]
 
 The prompts are cut into contiguous work items. By default (item_prompts=0) there is one item
 per actor, their sizes differing by at most one prompt, so every engine batches its whole
@@ -51,15 +50,6 @@ class DispatchTimes:
     busy_s: list[float] = field(default_factory=list)
     items: list[int] = field(default_factory=list)
     prompts: list[int] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"wall_s": self.wall_s, "busy_s": list(self.busy_s), "items": list(self.items),
-                "prompts": list(self.prompts)}
-
-
-def generate_by_load(pool, prompts: Sequence[Sequence[int]], params: Sequence[Any],
-                     item_prompts: int = 0) -> list[list[Any]]:
-    return dispatch(pool, prompts, params, item_prompts)[0]
 
 
 def dispatch(pool, prompts: Sequence[Sequence[int]], params: Sequence[Any],

@@ -139,8 +139,6 @@ class TrainerRank(DistillRank):
         merge(policy, LoRA), in the buffer only: the trainer's shards stay the plain policy).
         Rank 0 keeps it for send_weights and returns {"message": its CUDA IPC message when an
         engine shares this GPU, else None, "bytes", "seconds"}; other ranks return None."""
-        import time
-
         import torch
 
         from sparrow_core.rl.lora import Adapter
@@ -166,8 +164,6 @@ class TrainerRank(DistillRank):
 
     def send_weights(self, bucket_bytes: int) -> dict:
         """Broadcast the packed buffer to the sync group's engines: {"bytes", "seconds"}."""
-        import time
-
         import torch
 
         clock = time.perf_counter()

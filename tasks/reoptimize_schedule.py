@@ -174,17 +174,16 @@ def reoptimize(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
                "reoptimize/trajectories_replayed": float(replayed),
                "reoptimize/distill_switch": float(switch is not None),
                "reoptimize/bins_at_grid_top": float(len(at_grid_top))}
-    p5_now = p5_history(runtime, step).get(step, {}) if at_grid_top else {}
     if not changes:
         (out / DECISION_FILE).write_text(json.dumps(record, indent=2))
         write = StageWrite(metrics=metrics)
     else:
         write = _new_version(runtime, step, out, new, changes, record, metrics)
-    return _with_grid_top(runtime, step, schedule, at_grid_top, p5_now, write)
+    return _with_grid_top(runtime, step, schedule, at_grid_top, write)
 
 
 def _with_grid_top(runtime: RunRuntime, step: int, schedule: Schedule, bins: list[int],
-                   p5_now: dict, write: StageWrite) -> StageWrite:
+                   write: StageWrite) -> StageWrite:
     """The stage's write plus, for bins at the grid's top for the first time in the run, a
     grid_top event and an MLflow tag."""
     if not bins:
@@ -194,6 +193,7 @@ def _with_grid_top(runtime: RunRuntime, step: int, schedule: Schedule, bins: lis
     first = [b for b in bins if b not in seen]
     if not first:
         return write
+    p5_now = p5_history(runtime, step).get(step, {})
     target = settings_of(runtime.cfg).target
     db_before, after_before = write.db, write.after_commit
 

@@ -30,12 +30,6 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 
-def _chunk_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                    temperature: float) -> torch.Tensor:
-    logits = torch.nn.functional.linear(hidden, weight).float() / temperature
-    return logits.gather(-1, targets[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
-
-
 def _normalized_at(logits: torch.Tensor, targets: torch.Tensor, extra_ids: torch.Tensor | None,
                    temperature: float):
     """Float32 log-softmax of logits / temperature at targets [N] (and at extra_ids [N, K],
@@ -46,6 +40,13 @@ def _normalized_at(logits: torch.Tensor, targets: torch.Tensor, extra_ids: torch
     if extra_ids is None:
         return at_targets, None, normalizer[:, 0]
     return at_targets, logits.gather(-1, extra_ids) - normalizer, normalizer[:, 0]
+
+
+def _chunk_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                    temperature: float) -> torch.Tensor:
+    """One chunk's logprobs at targets from hidden states (the checkpointed update path)."""
+    return _normalized_at(torch.nn.functional.linear(hidden, weight), targets, None,
+                          temperature)[0]
 
 
 @functools.cache
@@ -119,13 +120,13 @@ def chunked_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.
     outputs, extras = [], []
     for start in range(0, hidden.shape[0], chunk_tokens):
         rows = slice(start, start + chunk_tokens)
-        if grad and compiled:
-            outputs.append(LinearLogprob.apply(hidden[rows], weight, targets[rows], temperature,
-                                               True))
-        elif grad:
-            outputs.append(checkpoint(_chunk_logprobs, hidden[rows], weight, targets[rows],
-                                      temperature, use_reentrant=False))
         if grad:
+            if compiled:
+                outputs.append(LinearLogprob.apply(hidden[rows], weight, targets[rows],
+                                                   temperature, True))
+            else:
+                outputs.append(checkpoint(_chunk_logprobs, hidden[rows], weight, targets[rows],
+                                          temperature, use_reentrant=False))
             if extra_ids is not None:
                 with torch.no_grad():
                     extras.append(_at_ids(hidden[rows], weight, extra_ids[rows], temperature))

@@ -114,11 +114,10 @@ class ShardedPolicyTrainer(PolicyTrainer):
         self.optimizer = torch.optim.AdamW(list(self.model.parameters()), lr=algo.lr,
                                            weight_decay=algo.weight_decay)
 
-    def compiles(self, option: str) -> bool:
-        """As set; null (the default) is off for a group: the compiled paths are measured
-        and GPU-tested in one process, not yet under FSDP on GPUs."""
-        value = getattr(self.algo, option)
-        return False if value is None else bool(value)
+    def _compiles_by_default(self) -> bool:
+        """algo.compile_* left null is off in a group: the compiled paths are measured and
+        GPU-tested in one process, not yet under FSDP on GPUs."""
+        return False
 
     # collectives
 

@@ -107,7 +107,10 @@ class PolicyTrainer:
         """algo.compile_layers / compile_logprobs: true or false as set; null (the default) is
         on where this trainer runs on CUDA."""
         value = getattr(self.algo, option)
-        return self.device.type == "cuda" if value is None else bool(value)
+        return self._compiles_by_default() if value is None else bool(value)
+
+    def _compiles_by_default(self) -> bool:
+        return self.device.type == "cuda"
 
     # scoring
 

@@ -73,13 +73,20 @@ def test_trajectory_checks_its_split():
         Trajectory((5, 6), 2)
 
 
-def test_replay_is_exact_dense_when_the_budget_covers_every_page(qwen3_checkpoint):
-    model = load_model(qwen3_checkpoint)
+def replay_case(seed: int) -> tuple[Schedule, list[Trajectory]]:
+    """A one-bin template of 4-token pages and two random trajectories (40 and 33 tokens,
+    6 of prompt)."""
     template = Schedule("t", (2,), page_size=4, bin_tokens=16, reserved_bos=1, reserved_eos=1,
                         skip_layers=())
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator().manual_seed(seed)
     trajectories = [Trajectory(tuple(torch.randint(0, 256, (n,), generator=generator).tolist()), 6)
                     for n in (40, 33)]
+    return template, trajectories
+
+
+def test_replay_is_exact_dense_when_the_budget_covers_every_page(qwen3_checkpoint):
+    model = load_model(qwen3_checkpoint)
+    template, trajectories = replay_case(seed=0)
     wide, narrow = replay_acceptance(model, trajectories, [flat_schedule(template, 64),
                                                            flat_schedule(template, 1)])
     assert wide.shape == narrow.shape == (34 + 27,)
@@ -98,11 +105,7 @@ def test_replay_computes_logits_a_chunk_at_a_time_with_the_whole_sequences_numbe
     from sparrow_core.mismatch import acceptance_from_logits
 
     model = load_model(qwen3_checkpoint)
-    template = Schedule("t", (2,), page_size=4, bin_tokens=16, reserved_bos=1, reserved_eos=1,
-                        skip_layers=())
-    generator = torch.Generator().manual_seed(3)
-    trajectories = [Trajectory(tuple(torch.randint(0, 256, (n,), generator=generator).tolist()), 6)
-                    for n in (40, 33)]
+    template, trajectories = replay_case(seed=3)
     schedule = flat_schedule(template, 1)
     rows = []
     compute_logits = model.compute_logits
