@@ -6,6 +6,7 @@ each with its breakdown.
     python benchmarks/multi_gpu.py --gpus 1 --out results/arm1.json      # one arm per call
     python benchmarks/multi_gpu.py --prompts 16 --work-item-prompts 2    # the first GPU run's case
     python benchmarks/multi_gpu.py --smoke          # the same code on CPU (gloo), tiny model
+    python benchmarks/multi_gpu.py --merge arm1.json arm2.json --out both.json   # one report
 
 Model: random weights of Qwen3-1.7B's shapes (hidden 2048, 16 q / 8 kv heads, head dim 128,
 MLP 6144, tied embeddings, vocabulary 151,936) with --layers decoder layers (8 by default).
@@ -65,6 +66,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--bucket-mib", type=int, default=256)
     parser.add_argument("--workdir", default="/tmp/sparrow-multi-gpu")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                        help="join the arms of separate calls (the same case) into one report")
     parser.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.smoke:
@@ -204,8 +207,43 @@ def run_arm(args, ranks: int) -> dict:
             "mean": mean_of(steps[1:] or steps)}
 
 
+CASE_KEYS = ("layers", "prompts", "samples", "prompt_tokens", "new_tokens", "max_batch",
+             "work_item_prompts")
+
+
+def report_of(case: dict, arms: list[dict], facts) -> dict:
+    """The JSON report: the case, the arms and, with two or more that ran, the first's mean
+    step time over the last's."""
+    report = {"benchmark": "multi_gpu", "facts": facts, **case, "arms": arms}
+    ok = [a for a in arms if "mean" in a]
+    if len(ok) >= 2:
+        report["step_speedup"] = ok[0]["mean"]["step_s"] / ok[-1]["mean"]["step_s"]
+    return report
+
+
+def merge(paths: list[str]) -> dict:
+    """Arms of separate calls (one arm each, e.g. --gpus 1 then --gpus 2) as one report, in
+    order of their rank counts; the runs must share the case."""
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    cases = {tuple(run.get(k) for k in CASE_KEYS) for run in runs}
+    if len(cases) > 1:
+        raise SystemExit(f"--merge: the runs differ in their case ({', '.join(CASE_KEYS)}): "
+                         f"{sorted(cases)}")
+    arms = sorted((arm for run in runs for arm in run["arms"]), key=lambda a: a["ranks"])
+    report = report_of({k: runs[0].get(k) for k in CASE_KEYS}, arms,
+                       [run.get("facts") for run in runs])
+    report["merged_from"] = list(paths)
+    return report
+
+
 def main(argv=None) -> dict:
+    from benchmarks.common import device_facts, write_json
+
     args = parse_args(argv)
+    if args.merge:
+        report = merge(args.merge)
+        write_json(args.out, report)
+        return report
     if args.child:
         print(json.dumps(run_arm(args, args.child)))
         return {}
@@ -219,18 +257,8 @@ def main(argv=None) -> dict:
             arms.append({"ranks": ranks, "error": done.stderr[-4000:]})
             continue
         arms.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    report = {"benchmark": "multi_gpu", "layers": args.layers, "prompts": args.prompts,
-              "samples": args.samples, "prompt_tokens": args.prompt_tokens,
-              "new_tokens": args.new_tokens, "max_batch": args.max_batch,
-              "work_item_prompts": args.work_item_prompts, "arms": arms}
-    ok = [a for a in arms if "mean" in a]
-    if len(ok) >= 2:
-        report["step_speedup"] = ok[0]["mean"]["step_s"] / ok[-1]["mean"]["step_s"]
-    text = json.dumps(report, indent=2)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
-    print(text)
+    report = report_of({k: getattr(args, k) for k in CASE_KEYS}, arms, device_facts())
+    write_json(args.out, report)
     return report
 
 

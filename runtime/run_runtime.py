@@ -158,15 +158,18 @@ class RunRuntime:
 
     # one GPU shared by the rollout engines and the trainer
 
-    def before_rollout(self) -> None:
+    def before_rollout(self) -> dict[str, float]:
         """Give the rollout engines the GPU: the trainer drops its gradients (and, with
         algo.offload_during_rollout, moves its weights and moments to host memory), the
         DistillSparse distiller frees its base weights (algo.distill.release_during_rollout), this
-        process returns its cached blocks to the device, the engines allocate their caches."""
+        process returns its cached blocks to the device, the engines allocate their caches.
+        Returns the seconds of the trainer's part (`release_s`) and the engines' wake."""
         import gc
+        import time
 
         import torch
 
+        clock = time.perf_counter()
         if self._trainer is not None:
             self._trainer.free_gradients()
             if self.cfg.algo.offload_during_rollout:
@@ -180,7 +183,9 @@ class RunRuntime:
             # Ray and torch), Python's own collector frees it
             gc.collect()
             torch.cuda.empty_cache()
+        released = time.perf_counter()
         self.pool.wake()
+        return {"release_s": released - clock, "engine_wake_s": time.perf_counter() - released}
 
     def after_rollout(self) -> None:
         """Engines free their KV caches (rollout.release_memory) for scoring and the update."""

@@ -62,3 +62,32 @@ def test_defaults_give_each_engine_of_two_a_full_batch_and_the_old_case_stays():
     assert args.work_item_prompts == 0
     old = multi_gpu.parse_args(["--prompts", "16", "--work-item-prompts", "2"])
     assert (old.prompts, old.samples, old.new_tokens, old.layers) == (16, 8, 1024, 8)
+
+
+def arm_report(tmp_path, ranks: int, step_s: float, **case) -> str:
+    """One call's JSON with one arm, as `multi_gpu.py --gpus N --out F` writes it."""
+    import json
+
+    args = multi_gpu.parse_args([])
+    fields = {k: getattr(args, k) for k in multi_gpu.CASE_KEYS} | case
+    arm = {"ranks": ranks, "steps": [], "mean": {"step_s": step_s}}
+    path = tmp_path / f"arm{ranks}.json"
+    path.write_text(json.dumps(multi_gpu.report_of(fields, [arm], {"gpu": "H100"})))
+    return str(path)
+
+
+def test_merge_joins_arms_of_separate_calls_in_rank_order(tmp_path):
+    two, one = arm_report(tmp_path, 2, 20.0), arm_report(tmp_path, 1, 30.0)
+    report = multi_gpu.merge([two, one])
+    assert [a["ranks"] for a in report["arms"]] == [1, 2]
+    assert report["step_speedup"] == 1.5
+    assert report["merged_from"] == [two, one] and len(report["facts"]) == 2
+
+
+def test_merge_refuses_arms_of_different_cases(tmp_path):
+    import pytest
+
+    one = arm_report(tmp_path, 1, 30.0)
+    two = arm_report(tmp_path, 2, 20.0, prompts=16)
+    with pytest.raises(SystemExit, match="differ in their case"):
+        multi_gpu.merge([one, two])

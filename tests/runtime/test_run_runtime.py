@@ -26,7 +26,8 @@ def test_before_rollout_frees_the_distillers_base(tmp_path, release):
                        f"algo.distill.release_during_rollout={str(release).lower()}"])
     runtime = RunRuntime(cfg, "r1", Store.open_writer(tmp_path), tmp_path, None, None,
                          pool=SimpleNamespace(wake=lambda: None))
-    runtime.before_rollout()  # no distiller yet: nothing to free
+    times = runtime.before_rollout()  # no distiller yet: nothing to free
+    assert set(times) == {"release_s", "engine_wake_s"} and min(times.values()) >= 0
     distiller = Distiller()
     setattr(runtime, DISTILL_CACHE, (1, distiller))
     runtime.before_rollout()
