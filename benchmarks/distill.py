@@ -134,7 +134,7 @@ def sample(engine, tokenizer, rows, samples, args, seed, device) -> tuple[list, 
     _sync(device)
     seconds = time.perf_counter() - clock
     records = [RolloutRecord(p, s.sample_index, rows[p].row, tuple(ids[p]), tuple(s.output_ids),
-                             tuple(s.logprobs), tuple(s.topk_ids), tuple(s.topk_logprobs),
+                             tuple(s.logprobs), s.topk_ids, s.topk_logprobs,
                              tuple(s.pages_read), s.finish_reason, rows[p].answer,
                              tokenizer.decode(s.output_ids, skip_special_tokens=True))
                for p, group in enumerate(results) for s in group]

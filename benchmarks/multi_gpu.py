@@ -90,7 +90,7 @@ def records_of(prompts, results):
     from sparrow_core.data.rollouts import RolloutRecord
 
     return [RolloutRecord(p, s.sample_index, p, tuple(prompt), tuple(s.output_ids),
-                          tuple(s.logprobs), tuple(s.topk_ids), tuple(s.topk_logprobs),
+                          tuple(s.logprobs), s.topk_ids, s.topk_logprobs,
                           tuple(s.pages_read), s.finish_reason, "0")
             for p, (prompt, samples) in enumerate(zip(prompts, results)) for s in samples]
 

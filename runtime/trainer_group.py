@@ -28,6 +28,19 @@ from runtime.group_distill import DistillRank
 from sparrow_core.errors import SparrowError
 
 
+def without_topk(records: Sequence[Any]) -> list[Any]:
+    """The records as the update reads them: the actor's top-K (read by scoring only, 20
+    values per token) left out as [tokens, 0] arrays, so every rank's copy through Ray's
+    object store is that much smaller."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    return [replace(r, topk_ids=np.zeros((len(r.output_ids), 0), np.int32),
+                    topk_logprobs=np.zeros((len(r.output_ids), 0), np.float32))
+            for r in records]
+
+
 class TrainerGroupError(SparrowError):
     """The trainer group could not start (the message names the rank and the cause)."""
 
@@ -236,7 +249,7 @@ class TrainerGroup:
         return self._all("score", list(records))[0]
 
     def update(self, records, rewards, old_logprobs, group_size: int) -> dict[str, float]:
-        metrics = self._all("update", list(records), list(rewards),
+        metrics = self._all("update", without_topk(records), list(rewards),
                             [list(o) for o in old_logprobs], group_size)[0]
         self.step += 1
         return metrics

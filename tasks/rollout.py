@@ -72,8 +72,8 @@ def to_records(rows: Sequence[Any], results: Sequence[Sequence[Any]]) -> list[Ro
         RolloutRecord(
             prompt_index=p, sample_index=s.sample_index, dataset_row=row.row,
             prompt_ids=tuple(row.prompt_ids), output_ids=tuple(s.output_ids),
-            actor_logprobs=tuple(s.logprobs), topk_ids=tuple(s.topk_ids),
-            topk_logprobs=tuple(s.topk_logprobs), pages_read=tuple(s.pages_read),
+            actor_logprobs=tuple(s.logprobs), topk_ids=s.topk_ids,
+            topk_logprobs=s.topk_logprobs, pages_read=tuple(s.pages_read),
             finish_reason=s.finish_reason, answer=row.answer, text=s.text or "")
         for p, (row, samples) in enumerate(zip(rows, results)) for s in samples
     ]

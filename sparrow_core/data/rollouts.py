@@ -12,8 +12,8 @@ top-K, pages read) are Parquet list columns, so `duckdb` and `pyarrow` read them
 Both directions go column by column through numpy (values plus offsets), never through one
 Python object per top-K entry: read back, the actor's top-K ids and logprobs are [tokens, K]
 int32 / float32 arrays (views of the Arrow buffers, read-only), the other per-token fields
-tuples. A record accepts either form for every per-token field (the engine makes tuples) and
-two records compare equal when their fields hold the same values, whatever the form.
+tuples. A record accepts either form for every per-token field (the engine's top-K comes as
+arrays already, sparrow_core/token_arrays.py) and two records compare equal when their fields hold the same values, whatever the form.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from sparrow_core.errors import SparrowError
+from sparrow_core.token_arrays import same_values
 
 # the per-token fields with K values per token (the actor's top-K)
 TOPK_FIELDS = ("topk_ids", "topk_logprobs")
@@ -67,7 +68,7 @@ class RolloutRecord:
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
             return NotImplemented
-        return all(_same_values(getattr(self, name), getattr(other, name)) for name in COLUMNS)
+        return all(same_values(getattr(self, name), getattr(other, name)) for name in COLUMNS)
 
     def __hash__(self) -> int:
         # arrays are unhashable; equal records agree on these
@@ -79,34 +80,6 @@ class RolloutRecord:
 
 
 COLUMNS = tuple(f.name for f in fields(RolloutRecord))
-
-
-def _same_values(a: Any, b: Any) -> bool:
-    if not isinstance(a, np.ndarray) and not isinstance(b, np.ndarray):
-        return a == b
-    try:
-        a, b = np.asarray(a), np.asarray(b)
-    except ValueError:  # ragged nested tuples against an array
-        return False
-    if a.size == 0 or b.size == 0:
-        # no tokens: () and a [0, K] array are the same; K of no tokens is not data
-        return a.size == b.size and len(a) == len(b)
-    return a.shape == b.shape and bool(np.array_equal(a, b))
-
-
-def token_matrix(rows: Any, dtype: Any) -> np.ndarray:
-    """The per-token top-K rows as an [n, K] array: an array as it is, nested sequences
-    converted without a Python object per entry; ValueError when widths differ across tokens."""
-    if isinstance(rows, np.ndarray):
-        return rows
-    n = len(rows)
-    if n == 0:
-        return np.zeros((0, 0), dtype)
-    widths = set(map(len, rows))
-    if len(widths) > 1:
-        raise ValueError(f"top-K lists differ in length across tokens ({sorted(widths)})")
-    k = widths.pop()
-    return np.fromiter(chain.from_iterable(rows), dtype, count=n * k).reshape(n, k)
 
 
 # write

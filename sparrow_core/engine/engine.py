@@ -272,8 +272,8 @@ class Engine:
         progress = 0
         for i, seq in enumerate(launched.seqs):
             k = seq.params.logprobs_topk
-            seq.append(ids[i], logprobs[i], tuple(topk_ids[i][:k]),
-                       tuple(topk_logprobs[i][:k]), launched.pages_read[i])
+            seq.append(ids[i], logprobs[i], topk_ids[i, :k], topk_logprobs[i, :k],
+                       launched.pages_read[i])
             progress += 1
             if seq.finish_reason is not None:
                 scheduler.finish(seq)

@@ -34,6 +34,7 @@ from sparrow_core.engine.sequence import Sequence
 from sparrow_core.engine.step_attention import PagedAttention, SelectionHook, StepMetadata
 from sparrow_core.kernels.runtime import HAS_TRITON, KernelOptions, kernel_options
 from sparrow_core.sparse.schedule import Schedule
+from sparrow_core.token_arrays import TOPK_ID_DTYPE, TOPK_LOGPROB_DTYPE
 
 
 class ModelRunner:
@@ -150,7 +151,7 @@ class ModelRunner:
 
 class StepOutputs:
     """A step's sampled outputs on their way to the host, as one packed float64 copy (ids and
-    logprobs are exact in it); read() waits for the copy and returns Python lists."""
+    logprobs are exact in it); read() waits for the copy and returns the rows."""
 
     def __init__(self, out: SampleOutput):
         self.width = out.topk_ids.shape[1]
@@ -165,11 +166,12 @@ class StepOutputs:
         else:
             self._host = packed
 
-    def read(self) -> tuple[list[int], list[float], list[list[int]], list[list[float]]]:
-        """(token ids, logprobs, top-K ids, top-K logprobs) per row."""
+    def read(self) -> tuple[list[int], list[float], np.ndarray, np.ndarray]:
+        """(token ids, logprobs) per row as Python lists; the top-K ids and logprobs as
+        [rows, K] int32 / float32 arrays (a sample keeps a view of its row)."""
         if self._event is not None:
             self._event.synchronize()
         rows = self._host.numpy()
         k = self.width
         return (rows[:, 0].astype(np.int64).tolist(), rows[:, 1].tolist(),
-                rows[:, 2:2 + k].astype(np.int64).tolist(), rows[:, 2 + k:].tolist())
+                rows[:, 2:2 + k].astype(TOPK_ID_DTYPE), rows[:, 2 + k:].astype(TOPK_LOGPROB_DTYPE))

@@ -5,13 +5,23 @@ A Sequence is one sample of one prompt: its tokens (prompt then generated), its 
 parameters and 64-bit seed (the sampler's draw counter is its number of generated tokens),
 and what was recorded for each generated token. The n samples of
 a prompt are n Sequences that share the prompt's full pages.
+
+A SampleResult's top-K ids and logprobs are [tokens, K] int32 / float32 arrays
+(sparrow_core/token_arrays.py; nested sequences given to it are converted): one buffer per
+sample on its way through Ray, the rollout file and the scorer, not a Python object per entry.
+Two results compare equal when their fields hold the same values.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sparrow_core.token_arrays import (TOPK_ID_DTYPE, TOPK_LOGPROB_DTYPE, TokenRows,
+                                       same_values, token_matrix)
 
 if TYPE_CHECKING:
     from sparrow_core.engine.validate import SamplingParams
@@ -25,7 +35,7 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class SampleResult:
     """One generated sample: per token id, logprob, top-K, pages read; and why it ended."""
 
@@ -33,8 +43,8 @@ class SampleResult:
     sample_index: int
     output_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
-    topk_ids: tuple[tuple[int, ...], ...]
-    topk_logprobs: tuple[tuple[float, ...], ...]
+    topk_ids: np.ndarray  # [tokens, K] int32
+    topk_logprobs: np.ndarray  # [tokens, K] float32
     # pages read per KV head in sparse layers at the step that produced each token
     pages_read: tuple[int, ...]
     finish_reason: str
@@ -42,6 +52,12 @@ class SampleResult:
 
     def __post_init__(self) -> None:
         n = len(self.output_ids)
+        for name, dtype in (("topk_ids", TOPK_ID_DTYPE), ("topk_logprobs", TOPK_LOGPROB_DTYPE)):
+            rows = getattr(self, name)
+            if not (isinstance(rows, np.ndarray) and rows.dtype == dtype and rows.ndim == 2):
+                matrix = token_matrix(rows, dtype)
+                object.__setattr__(self, name, matrix.reshape(len(matrix), -1).astype(
+                    dtype, copy=False) if matrix.size else np.zeros((len(matrix), 0), dtype))
         lengths = (len(self.logprobs), len(self.topk_ids), len(self.topk_logprobs),
                    len(self.pages_read))
         if any(length != n for length in lengths):
@@ -57,11 +73,19 @@ class SampleResult:
             "output_ids": list(self.output_ids),
             "text": self.text,
             "logprobs": list(self.logprobs),
-            "topk_ids": [list(row) for row in self.topk_ids],
-            "topk_logprobs": [list(row) for row in self.topk_logprobs],
+            "topk_ids": self.topk_ids.tolist(),
+            "topk_logprobs": self.topk_logprobs.tolist(),
             "pages_read": list(self.pages_read),
             "finish_reason": self.finish_reason,
         }
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return all(same_values(getattr(self, f.name), getattr(other, f.name))
+                   for f in fields(self))
+
+    __hash__ = None  # arrays inside
 
 
 @dataclass(eq=False)
@@ -77,8 +101,9 @@ class Sequence:
     page_table: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
     logprobs: list[float] = field(default_factory=list)
-    topk_ids: list[tuple[int, ...]] = field(default_factory=list)
-    topk_logprobs: list[tuple[float, ...]] = field(default_factory=list)
+    # a row of K per generated token
+    topk_ids: TokenRows = field(default_factory=lambda: TokenRows(TOPK_ID_DTYPE))
+    topk_logprobs: TokenRows = field(default_factory=lambda: TokenRows(TOPK_LOGPROB_DTYPE))
     pages_read: list[int] = field(default_factory=list)
     finish_reason: str | None = None
 
@@ -95,8 +120,8 @@ class Sequence:
         """Prompt plus max_new_tokens: the longest this sequence can get."""
         return self.prompt_len + self.params.max_new_tokens
 
-    def append(self, token: int, logprob: float, topk_ids: tuple[int, ...],
-               topk_logprobs: tuple[float, ...], pages_read: int) -> None:
+    def append(self, token: int, logprob: float, topk_ids: Any, topk_logprobs: Any,
+               pages_read: int) -> None:
         """Record a sampled token; set the finish reason when it stops or reaches the cutoff."""
         self.token_ids.append(token)
         self.logprobs.append(logprob)
@@ -123,8 +148,8 @@ class Sequence:
             sample_index=self.sample_index,
             output_ids=tuple(self.token_ids[self.prompt_len:]),
             logprobs=tuple(self.logprobs),
-            topk_ids=tuple(self.topk_ids),
-            topk_logprobs=tuple(self.topk_logprobs),
+            topk_ids=self.topk_ids.array(self.params.logprobs_topk),
+            topk_logprobs=self.topk_logprobs.array(self.params.logprobs_topk),
             pages_read=tuple(self.pages_read),
             finish_reason=self.finish_reason,
             text=text,

@@ -35,10 +35,11 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import torch
 
-from sparrow_core.data.rollouts import RolloutRecord, token_matrix
+from sparrow_core.data.rollouts import RolloutRecord
 from sparrow_core.mismatch import acceptance_lower_bound
 from sparrow_core.rl.checks import RLInputError
 from sparrow_core.rl.logprobs import chunked_logprobs
+from sparrow_core.token_arrays import token_matrix
 
 
 @dataclass(frozen=True)

@@ -214,3 +214,23 @@ def test_distill_on_the_ranks_and_sync_the_merged_weights(ray_up, tmp_path):
         assert set(state) == set(merged)
         for name, tensor in merged.items():
             torch.testing.assert_close(state[name], tensor, rtol=0, atol=1e-6, msg=name)
+
+
+def test_the_update_is_sent_without_the_top_k_and_reads_none(qwen3_checkpoint):
+    """What the ranks get for the update (without_topk) updates a trainer exactly as the full
+    records do: the update reads no top-K."""
+    from runtime.trainer_group import without_topk
+
+    runs = []
+    for strip in (False, True):
+        trainer = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu", seed=0)
+        records, _, update_records, old = batch(trainer)
+        sent = without_topk(update_records) if strip else update_records
+        if strip:
+            assert all(r.topk_ids.shape == (len(r.output_ids), 0) for r in sent)
+            assert [dataclasses.replace(r, topk_ids=u.topk_ids, topk_logprobs=u.topk_logprobs)
+                    for r, u in zip(sent, update_records)] == update_records
+        metrics = trainer.update(sent, list(REWARDS[0]), old, 2)
+        runs.append((metrics, weights(trainer)))
+    assert runs[0][0] == runs[1][0]
+    close(runs[1][1], runs[0][1], atol=0.0)

@@ -22,6 +22,6 @@ def sparse_rollouts(model_path, schedule, prompts=2, samples=2, new_tokens=40, s
     results = engine.generate(ids, SamplingParams(n=samples, max_new_tokens=new_tokens,
                                                   temperature=1.5, seed=seed, logprobs_topk=4))
     return [RolloutRecord(p, s.sample_index, 0, tuple(ids[p]), tuple(s.output_ids),
-                          tuple(s.logprobs), tuple(s.topk_ids), tuple(s.topk_logprobs),
+                          tuple(s.logprobs), s.topk_ids, s.topk_logprobs,
                           tuple(s.pages_read), s.finish_reason, "")
             for p, group in enumerate(results) for s in group]

@@ -90,7 +90,7 @@ def test_to_sample_result_reads_ids_logprobs_topk_and_pages():
                                prompt_len=7, page_size=4, topk=2, text="abc")
         assert out.output_ids == (1, 3, 2)
         assert out.logprobs == pytest.approx([math.log(0.6), math.log(0.1), math.log(0.4)])
-        assert out.topk_ids == ((1, 2), (0, 2), (2, 0))
+        assert out.topk_ids.tolist() == [[1, 2], [0, 2], [2, 0]]
         assert out.topk_logprobs[1] == pytest.approx([math.log(0.5), math.log(0.3)])
         assert out.pages_read == (2, 2, 3)  # 7, 8 then 9 tokens in pages of 4
         assert (out.prompt_index, out.sample_index, out.finish_reason, out.text) == \
@@ -161,7 +161,7 @@ def test_native_results_survive_the_round_trip_through_vllm_shapes():
         for native in samples:
             positions = []
             for token, logprob, ids, lps in zip(native.output_ids, native.logprobs,
-                                                native.topk_ids, native.topk_logprobs):
+                                                native.topk_ids.tolist(), native.topk_logprobs.tolist()):
                 rank = ids.index(token) + 1 if token in ids else len(ids) + 1
                 position = {token: Logprob(logprob, rank)}
                 position.update({t: Logprob(lp, r + 1) for r, (t, lp) in enumerate(zip(ids, lps))})

@@ -95,7 +95,7 @@ def test_generate_sends_one_request_per_sample_with_its_seed(fake_vllm):
     assert first.output_ids == tuple((sent[1].seed + j) % 40 + 2 for j in range(4))
     assert first.pages_read == (1, 1, 1, 1)  # 3..6 tokens in pages of 8
     assert first.text == ",".join(map(str, first.output_ids))
-    assert results[1][0].topk_ids == tuple((t,) for t in results[1][0].output_ids)
+    assert results[1][0].topk_ids.tolist() == [[t] for t in results[1][0].output_ids]
 
 
 def test_generate_checks_requests_like_the_native_engine(fake_vllm):
