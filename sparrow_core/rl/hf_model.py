@@ -2,6 +2,8 @@
 checkpointing, and moving the trainer's state between the GPU and host memory.
 
     model = load_hf_model(path, resolve_device("auto"))
+    model = empty_hf_model(path)                       # parameters on meta, for FSDP to shard
+    state = read_full_state(path, model.state_dict(), tied_names(model))   # fp32, host
     enable_checkpointing(model)
     move_state(model, optimizer, torch.device("cpu"))     # offload; back with the GPU device
 
@@ -48,6 +50,70 @@ def load_hf_model(path: Path, device: torch.device) -> torch.nn.Module:
         **{dtype_key: torch.float32},
     )
     return model.to(device).eval()
+
+
+def empty_hf_model(path: Path) -> torch.nn.Module:
+    """The checkpoint's causal LM as load_hf_model makes it, with its parameters on the meta
+    device (no memory, no values) and its buffers (rotary frequencies) real: for FSDP to shard
+    before any weight is read (ShardedPolicyTrainer, then read_full_state on one rank)."""
+    import transformers
+    from accelerate import init_empty_weights
+
+    config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
+    dtype_key = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+    with init_empty_weights(include_buffers=False):
+        model = transformers.AutoModelForCausalLM.from_config(
+            config, attn_implementation="sdpa", **{dtype_key: torch.float32})
+    model.tie_weights()  # from_pretrained ties a tied output embedding; from_config does not
+    return model.eval()
+
+
+def tied_names(model: torch.nn.Module) -> dict[str, str]:
+    """State-dict names that hold the same tensor as an earlier name (a tied output
+    embedding: {"lm_head.weight": "model.embed_tokens.weight"})."""
+    first: dict[int, str] = {}
+    tied = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) in first:
+            tied[name] = first[id(tensor)]
+        else:
+            first[id(tensor)] = name
+    return tied
+
+
+def read_full_state(path: Path, keys, tied: dict[str, str]) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors named `keys` (a model's state-dict keys), in fp32 on the
+    host: from model.safetensors or the shards its index names. A name in `tied` (tied_names)
+    missing from the file reads as the name it is tied to. RLInputError naming what is
+    absent."""
+    import json
+
+    from safetensors import safe_open
+
+    path = Path(path)
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        where = json.loads(index.read_text())["weight_map"]
+    elif (path / "model.safetensors").is_file():
+        with safe_open(str(path / "model.safetensors"), "pt") as f:
+            where = {name: "model.safetensors" for name in f.keys()}
+    else:
+        raise RLInputError(f"{path}: no model.safetensors or model.safetensors.index.json")
+    keys = list(keys)
+    source = {k: (k if k in where else tied.get(k)) for k in keys}
+    missing = sorted(k for k, v in source.items() if v not in where)
+    if missing:
+        raise RLInputError(f"{path}: the checkpoint lacks {len(missing)} tensors the model has, "
+                           f"e.g. {missing[:3]}")
+    state: dict[str, torch.Tensor] = {}
+    by_file: dict[str, list[str]] = {}
+    for key, name in source.items():
+        by_file.setdefault(where[name], []).append(key)
+    for file, file_keys in by_file.items():
+        with safe_open(str(path / file), "pt") as f:
+            for key in file_keys:
+                state[key] = f.get_tensor(source[key]).to(torch.float32)
+    return state
 
 
 def enable_checkpointing(model: torch.nn.Module) -> None:

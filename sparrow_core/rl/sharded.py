@@ -17,8 +17,10 @@ single-process one. Gradients are clipped by the global norm over all shards, an
 the sharded fp32 parameters. FSDP's collectives need the same number of forwards on every
 rank, so a rank with fewer micro-batches runs padding ones (its first record, loss times 0).
 bf16 runs through FSDP's MixedPrecisionPolicy (bf16 compute, fp32 shards and reduction),
-FSDP's counterpart of rl/master_weights.py. Each rank loads the whole checkpoint in host
-memory before sharding (no meta-device init yet). export() writes rl/checkpoint.py's folder
+FSDP's counterpart of rl/master_weights.py. The model is built with its parameters on the meta
+device and sharded before any weight exists; then rank 0 alone reads the checkpoint (fp32, in
+host memory) and torch's set_model_state_dict broadcasts it, each rank keeping its shards: the
+host holds one copy of the weights, not one per rank. export() writes rl/checkpoint.py's folder
 (weights, the full optimizer state in single-process order, RNG, trainer_state.json), so the
 engine loads it and PolicyTrainer.load resumes from it on one process.
 save() writes the weights as HF safetensors and each rank's optimizer shards
@@ -38,6 +40,7 @@ import torch.distributed as dist
 
 from sparrow_core.data.rollouts import RolloutRecord
 from sparrow_core.rl.checkpoint import save_checkpoint
+from sparrow_core.rl.hf_model import empty_hf_model, read_full_state, tied_names
 from sparrow_core.rl.scoring import TokenScores, micro_batches, score_rollouts, token_logprobs
 from sparrow_core.rl.trainer import PolicyTrainer
 
@@ -92,9 +95,11 @@ class ShardedPolicyTrainer(PolicyTrainer):
         self.world_size = dist.get_world_size(group)
         device = torch.device("cuda", torch.cuda.current_device()) \
             if dist.get_backend(group) == "nccl" else torch.device("cpu")
-        # fp32 on the host first: FSDP shards the fp32 weights and casts for compute
+        # fp32 parameters on the meta device (_load_model): FSDP shards them, then
+        # _materialize gives them memory and the checkpoint's values; bf16 compute is FSDP's
         super().__init__(model_path, algo, device="cpu", dtype=torch.float32, seed=seed,
                          temperature=temperature)
+        tied = tied_names(self.model)
         self.compute_dtype = resolve_dtype(dtype, device)
         policy = MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32)
         if group is None:
@@ -111,8 +116,34 @@ class ShardedPolicyTrainer(PolicyTrainer):
                 module.set_gradient_divide_factor(1.0)
                 module.set_force_sum_reduction_for_comms(True)
         self.device = device
+        self._materialize(device, tied)
         self.optimizer = torch.optim.AdamW(list(self.model.parameters()), lr=algo.lr,
                                            weight_decay=algo.weight_decay)
+
+    def _load_model(self) -> torch.nn.Module:
+        return empty_hf_model(self.model_path)
+
+    def _materialize(self, device: torch.device, tied: dict[str, str]) -> None:
+        """The sharded meta parameters get memory on `device` and the checkpoint's values:
+        rank 0 reads the whole checkpoint, set_model_state_dict broadcasts it and each rank
+        keeps its shards. Buffers (rotary frequencies) keep the values they were built with;
+        tied parameters (the output embedding) point at one sharded tensor again, as before
+        to_empty, so its gradient stays the sum of both uses."""
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions,
+                                                             set_model_state_dict)
+
+        buffers = {name: b.detach().clone() for name, b in self.model.named_buffers()}
+        self.model.to_empty(device=device)
+        with torch.no_grad():
+            for name, b in self.model.named_buffers():
+                b.copy_(buffers[name])
+        for name, target in tied.items():
+            owner, _, leaf = name.rpartition(".")
+            setattr(self.model.get_submodule(owner), leaf, self.model.get_parameter(target))
+        keys = list(self.model.state_dict().keys())
+        full = read_full_state(self.model_path, keys, tied) if self.rank == 0 else {}
+        set_model_state_dict(self.model, full, options=StateDictOptions(
+            full_state_dict=True, broadcast_from_rank0=True))
 
     def _compiles_by_default(self) -> bool:
         """algo.compile_* left null is off in a group: the compiled paths are measured and

@@ -88,7 +88,7 @@ class PolicyTrainer:
         self.step = 0  # update() calls completed
         self.optimizer_steps = 0
         torch.manual_seed(seed)
-        self.model = load_hf_model(self.model_path, self.device)
+        self.model = self._load_model()
         if algo.gradient_checkpointing:
             enable_checkpointing(self.model)
         if algo.fused_norms:
@@ -102,6 +102,9 @@ class PolicyTrainer:
         self.optimizer = torch.optim.AdamW(trained, lr=algo.lr, weight_decay=algo.weight_decay)
         self.offloaded = False
         self._saver = None  # rl/async_save.BackgroundSaver, made on the first background save
+
+    def _load_model(self) -> torch.nn.Module:
+        return load_hf_model(self.model_path, self.device)
 
     def compiles(self, option: str) -> bool:
         """algo.compile_layers / compile_logprobs: true or false as set; null (the default) is
