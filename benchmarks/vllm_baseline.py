@@ -111,7 +111,7 @@ def vllm_requests(prompts: list[list[int]], new_tokens: int,
     """vLLM's prompts (token ids, no text) and SamplingParams keywords for one case."""
     params = dict(max_tokens=new_tokens, temperature=1.0, ignore_eos=True, detokenize=False)
     if logprobs is not None:
-        params["logprobs"] = logprobs
+        params.update(logprobs=logprobs, flat_logprobs=True)  # as the vLLM backend asks
     return [{"prompt_token_ids": list(p)} for p in prompts], params
 
 

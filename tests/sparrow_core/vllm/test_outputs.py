@@ -10,6 +10,7 @@ Run: `python -m pytest tests/sparrow_core/vllm/test_outputs.py -q`.
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +60,35 @@ class FlatPositions:
             yield {self.ids[i]: self.entries[i] for i in range(start, end)}
 
 
+class FlatLogprobs:
+    """vLLM's FlatLogprobs as flat_logprobs=True fills it: per position the sampled token's
+    entry, then the top-k by rank (the sampled token again when it is among them), in flat
+    lists with each position's [start, end); read as a sequence, a dict per position."""
+
+    def __init__(self):
+        self.start_indices, self.end_indices = [], []
+        self.token_ids, self.logprobs, self.ranks = [], [], []
+
+    def append(self, logprobs: list[float], sampled: int, k: int) -> "FlatLogprobs":
+        self.start_indices.append(len(self.token_ids))
+        order = sorted(range(len(logprobs)), key=lambda t: -logprobs[t])[:k]
+        rank = 1 + sum(lp > logprobs[sampled] for lp in logprobs)
+        for token, r in [(sampled, rank)] + [(t, i + 1) for i, t in enumerate(order)]:
+            self.token_ids.append(token)
+            self.logprobs.append(logprobs[token])
+            self.ranks.append(r)
+        self.end_indices.append(len(self.token_ids))
+        return self
+
+    def __len__(self) -> int:
+        return len(self.start_indices)
+
+    def __iter__(self):
+        for start, end in zip(self.start_indices, self.end_indices):
+            yield {self.token_ids[i]: Logprob(self.logprobs[i], self.ranks[i])
+                   for i in range(start, end)}
+
+
 def vllm_position(logprobs: list[float], sampled: int, k: int) -> dict[int, Logprob]:
     rank = 1 + sum(lp > logprobs[sampled] for lp in logprobs)
     position = {sampled: Logprob(logprobs[sampled], rank)}
@@ -95,6 +125,32 @@ def test_to_sample_result_reads_ids_logprobs_topk_and_pages():
         assert out.pages_read == (2, 2, 3)  # 7, 8 then 9 tokens in pages of 4
         assert (out.prompt_index, out.sample_index, out.finish_reason, out.text) == \
             (4, 1, "length", "abc")
+
+
+def test_flat_logprobs_read_as_arrays_equal_the_dicts():
+    """vLLM's flat form (flat_logprobs=True, read without a dict per token) gives the same
+    result as its per-position dicts, sampled token inside and outside the top-k; a position
+    with another count of entries falls back to the dicts; a wrong sampled id is named."""
+    rng = random.Random(0)
+    rows = [[math.log(rng.random() + 1e-3) for _ in range(7)] for _ in range(12)]
+    sampled = [rng.randrange(7) for _ in rows]
+    flat = FlatLogprobs()
+    for row, token in zip(rows, sampled):
+        flat.append(row, token, 3)
+    dicts = [vllm_position(row, t, 3) for row, t in zip(rows, sampled)]
+    want = to_sample_result(CompletionOutput(0, sampled, dicts, "length"), 0, 0, 5, 4, 3)
+    got = to_sample_result(CompletionOutput(0, sampled, flat, "length"), 0, 0, 5, 4, 3)
+    assert got == want and got.topk_ids.shape == (12, 3)
+    short = FlatLogprobs()  # a vocabulary smaller than k: 2 + 1 entries per position
+    for row, token in zip(rows, sampled):
+        short.append(row[:2], min(token, 1), 3)
+    ids = [min(t, 1) for t in sampled]
+    got = to_sample_result(CompletionOutput(0, ids, short, "length"), 0, 0, 5, 4, 3)
+    assert got.topk_ids.shape == (12, 2)
+    with pytest.raises(VllmOutputError, match="token 4 .* lack the sampled token"):
+        wrong = list(sampled)
+        wrong[4] = (wrong[4] + 1) % 7
+        to_sample_result(CompletionOutput(0, wrong, flat, "length"), 0, 0, 5, 4, 3)
 
 
 def test_dense_pages_read_counts_every_page():
@@ -144,7 +200,8 @@ def test_sampling_kwargs_one_sample_own_stops_and_greedy_untruncated():
                              seed=3, logprobs_topk=20, stop_token_ids=(9,))
     kwargs = sampling_kwargs(sampled, seed=123, stop_ids={9, 1})
     assert kwargs == dict(n=1, temperature=0.7, top_p=0.9, top_k=5, max_tokens=12, seed=123,
-                          logprobs=20, stop_token_ids=[1, 9], ignore_eos=True, detokenize=False)
+                          logprobs=20, flat_logprobs=True, stop_token_ids=[1, 9], ignore_eos=True,
+                          detokenize=False)
     greedy = sampling_kwargs(SamplingParams(temperature=0.0, top_p=0.5, top_k=3), 7, ())
     assert (greedy["temperature"], greedy["top_p"], greedy["top_k"]) == (0.0, 1.0, 0)
 
