@@ -81,11 +81,12 @@ def tied_names(model: torch.nn.Module) -> dict[str, str]:
     return tied
 
 
-def read_full_state(path: Path, keys, tied: dict[str, str]) -> dict[str, torch.Tensor]:
-    """The checkpoint's tensors named `keys` (a model's state-dict keys), in fp32 on the
-    host: from model.safetensors or the shards its index names. A name in `tied` (tied_names)
-    missing from the file reads as the name it is tied to. RLInputError naming what is
-    absent."""
+def checkpoint_parts(path: Path, keys, tied: dict[str, str]) -> list[tuple[str, dict[str, str]]]:
+    """The model's state-dict `keys` grouped by the checkpoint file that holds them, each as
+    (file, {key: name in the file}) (a name in `tied`, tied_names, missing from the files is read as
+    the name it is tied to): model.safetensors, or the shards model.safetensors.index.json
+    names, in its order. Reads the index or the file's header only. RLInputError naming what
+    is absent."""
     import json
 
     from safetensors import safe_open
@@ -99,20 +100,34 @@ def read_full_state(path: Path, keys, tied: dict[str, str]) -> dict[str, torch.T
             where = {name: "model.safetensors" for name in f.keys()}
     else:
         raise RLInputError(f"{path}: no model.safetensors or model.safetensors.index.json")
-    keys = list(keys)
     source = {k: (k if k in where else tied.get(k)) for k in keys}
     missing = sorted(k for k, v in source.items() if v not in where)
     if missing:
         raise RLInputError(f"{path}: the checkpoint lacks {len(missing)} tensors the model has, "
                            f"e.g. {missing[:3]}")
-    state: dict[str, torch.Tensor] = {}
-    by_file: dict[str, list[str]] = {}
+    parts: dict[str, dict[str, str]] = {}
     for key, name in source.items():
-        by_file.setdefault(where[name], []).append(key)
-    for file, file_keys in by_file.items():
-        with safe_open(str(path / file), "pt") as f:
-            for key in file_keys:
-                state[key] = f.get_tensor(source[key]).to(torch.float32)
+        parts.setdefault(where[name], {})[key] = name
+    return sorted(parts.items())
+
+
+def read_part(path: Path, file: str, names: dict[str, str]) -> dict[str, torch.Tensor]:
+    """One checkpoint_parts entry's tensors in fp32 on the host, under the model's names (a
+    tied name shares its tensor)."""
+    from safetensors import safe_open
+
+    read: dict[str, torch.Tensor] = {}
+    with safe_open(str(Path(path) / file), "pt") as f:
+        for name in set(names.values()):
+            read[name] = f.get_tensor(name).to(torch.float32)
+    return {key: read[name] for key, name in names.items()}
+
+
+def read_full_state(path: Path, keys, tied: dict[str, str]) -> dict[str, torch.Tensor]:
+    """Every tensor of `keys` in fp32 on the host (read_part of each checkpoint_parts entry)."""
+    state: dict[str, torch.Tensor] = {}
+    for file, names in checkpoint_parts(path, keys, tied):
+        state.update(read_part(path, file, names))
     return state
 
 

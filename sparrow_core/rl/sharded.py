@@ -18,9 +18,9 @@ the sharded fp32 parameters. FSDP's collectives need the same number of forwards
 rank, so a rank with fewer micro-batches runs padding ones (its first record, loss times 0).
 bf16 runs through FSDP's MixedPrecisionPolicy (bf16 compute, fp32 shards and reduction),
 FSDP's counterpart of rl/master_weights.py. The model is built with its parameters on the meta
-device and sharded before any weight exists; then rank 0 alone reads the checkpoint (fp32, in
-host memory) and torch's set_model_state_dict broadcasts it, each rank keeping its shards: the
-host holds one copy of the weights, not one per rank. export() writes rl/checkpoint.py's folder
+device and sharded before any weight exists; then rank 0 alone reads the checkpoint, one file at
+a time in fp32, and torch's set_model_state_dict broadcasts each, every rank keeping its
+shards: the host holds one checkpoint file's weights at a time, not the model once per rank. export() writes rl/checkpoint.py's folder
 (weights, the full optimizer state in single-process order, RNG, trainer_state.json), so the
 engine loads it and PolicyTrainer.load resumes from it on one process.
 save() writes the weights as HF safetensors and each rank's optimizer shards
@@ -40,7 +40,7 @@ import torch.distributed as dist
 
 from sparrow_core.data.rollouts import RolloutRecord
 from sparrow_core.rl.checkpoint import save_checkpoint
-from sparrow_core.rl.hf_model import empty_hf_model, read_full_state, tied_names
+from sparrow_core.rl.hf_model import checkpoint_parts, empty_hf_model, read_part, tied_names
 from sparrow_core.rl.scoring import TokenScores, micro_batches, score_rollouts, token_logprobs
 from sparrow_core.rl.trainer import PolicyTrainer
 
@@ -125,8 +125,8 @@ class ShardedPolicyTrainer(PolicyTrainer):
 
     def _materialize(self, device: torch.device, tied: dict[str, str]) -> None:
         """The sharded meta parameters get memory on `device` and the checkpoint's values:
-        rank 0 reads the whole checkpoint, set_model_state_dict broadcasts it and each rank
-        keeps its shards. Buffers (rotary frequencies) keep the values they were built with;
+        rank 0 reads the checkpoint file by file, set_model_state_dict broadcasts each and every
+        rank keeps its shards. Buffers (rotary frequencies) keep the values they were built with;
         tied parameters (the output embedding) point at one sharded tensor again, as before
         to_empty, so its gradient stays the sum of both uses."""
         from torch.distributed.checkpoint.state_dict import (StateDictOptions,
@@ -140,10 +140,12 @@ class ShardedPolicyTrainer(PolicyTrainer):
         for name, target in tied.items():
             owner, _, leaf = name.rpartition(".")
             setattr(self.model.get_submodule(owner), leaf, self.model.get_parameter(target))
-        keys = list(self.model.state_dict().keys())
-        full = read_full_state(self.model_path, keys, tied) if self.rank == 0 else {}
-        set_model_state_dict(self.model, full, options=StateDictOptions(
-            full_state_dict=True, broadcast_from_rank0=True))
+        # one checkpoint file at a time: rank 0 holds one file's tensors in fp32, not the model
+        # (the parts cover every key, checked by checkpoint_parts, so strict=False drops none)
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+        for file, names in checkpoint_parts(self.model_path, self.model.state_dict(), tied):
+            part = read_part(self.model_path, file, names) if self.rank == 0 else {}
+            set_model_state_dict(self.model, part, options=options)
 
     def _compiles_by_default(self) -> bool:
         """algo.compile_* left null is off in a group: the compiled paths are measured and

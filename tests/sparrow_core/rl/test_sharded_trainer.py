@@ -31,7 +31,12 @@ def test_shares_keep_prompts_whole_and_balance_tokens():
     assert shares(records[:3], 2)[1] == []  # one prompt: the second rank idles
 
 
-def test_two_gloo_ranks_equal_one_process(qwen3_checkpoint, tmp_path):
+@pytest.mark.parametrize("fixture", ["qwen3_checkpoint", "qwen3_sharded_checkpoint",
+                                     "llama_checkpoint"])
+def test_two_gloo_ranks_equal_one_process(fixture, request, tmp_path):
+    """Tied embeddings in one file, the same in three files (rank 0 broadcasts them file by
+    file), untied with llama3 RoPE scaling (buffers kept through the meta-device init)."""
+    qwen3_checkpoint = request.getfixturevalue(fixture)
     # one sequence per micro-batch: the ranks hold 4 and 2 sequences, so one rank pads
     algo = dataclasses.replace(ALGO, micro_batch_tokens=1, grad_clip=0.05)
     records = make_records(prompts=3, group=2, seed=12)
