@@ -136,6 +136,9 @@ def arm_metrics(workdir: str, run_id: str, steps: int) -> dict[str, Any]:
     return {
         "stage_s": stage_s, "step_s": sum(v for v in stage_s.values() if v),
         "rollout_generate_s": mean("time/rollout_generate_s"),
+        # the hand-over before generate: the trainer's release (offload), the engines' wake
+        "rollout_release_s": mean("time/rollout_release_s"),
+        "rollout_engine_wake_s": mean("time/rollout_engine_wake_s"),
         "dense_forward_s": mean("time/dense_forward_s"),
         "update_compute_s": mean("time/update_compute_s"),
         "update_save_s": mean("time/update_save_s"),

@@ -35,6 +35,9 @@ def test_smoke_run_reports_every_case_key(tmp_path, flow_environment):
         # eos off: every sample runs to the cutoff, in every timed step
         assert stats["tokens"] == 4 * 24
         assert all(stats["stage_s"][s] > 0 for s in ("rollout", "dense_score", "policy_update"))
+        # the hand-over's two parts, each within the rollout stage
+        assert 0 <= stats["rollout_release_s"] + stats["rollout_engine_wake_s"] \
+            <= stats["stage_s"]["rollout"]
     assert case["rollout_speedup"] > 0 and case["step_speedup"] > 0
     # the runs' folders went (the metrics live in DuckDB), the done markers stayed
     assert not (tmp_path / "work" / "dense-24" / "runs").exists()
