@@ -19,15 +19,15 @@ import numpy as np
 TOPK_ID_DTYPE, TOPK_LOGPROB_DTYPE = np.int32, np.float32
 
 
-def token_matrix(rows: Any, dtype: Any, width: int = 0) -> np.ndarray:
+def token_matrix(rows: Any, dtype: Any) -> np.ndarray:
     """The per-token top-K rows as an [n, K] array: an array as it is, nested sequences
-    converted without a Python object per entry (`width` is K when there are no rows);
-    ValueError when widths differ across tokens."""
+    converted without a Python object per entry; ValueError when widths differ across
+    tokens."""
     if isinstance(rows, np.ndarray):
         return rows
     n = len(rows)
     if n == 0:
-        return np.zeros((0, width), dtype)
+        return np.zeros((0, 0), dtype)
     widths = set(map(len, rows))
     if len(widths) > 1:
         raise ValueError(f"top-K lists differ in length across tokens ({sorted(widths)})")

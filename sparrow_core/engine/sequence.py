@@ -55,9 +55,10 @@ class SampleResult:
         for name, dtype in (("topk_ids", TOPK_ID_DTYPE), ("topk_logprobs", TOPK_LOGPROB_DTYPE)):
             rows = getattr(self, name)
             if not (isinstance(rows, np.ndarray) and rows.dtype == dtype and rows.ndim == 2):
-                matrix = token_matrix(rows, dtype)
-                object.__setattr__(self, name, matrix.reshape(len(matrix), -1).astype(
-                    dtype, copy=False) if matrix.size else np.zeros((len(matrix), 0), dtype))
+                matrix = token_matrix(rows, dtype)  # [n, K]; an array of another dtype as is
+                if matrix.size == 0:  # no tokens, or K = 0
+                    matrix = np.zeros((len(matrix), 0), dtype)
+                object.__setattr__(self, name, matrix.astype(dtype, copy=False))
         lengths = (len(self.logprobs), len(self.topk_ids), len(self.topk_logprobs),
                    len(self.pages_read))
         if any(length != n for length in lengths):
