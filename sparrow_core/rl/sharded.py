@@ -20,10 +20,10 @@ bf16 runs through FSDP's MixedPrecisionPolicy (bf16 compute, fp32 shards and red
 FSDP's counterpart of rl/master_weights.py. The model is built with its parameters on the meta
 device and sharded before any weight exists; then rank 0 alone reads the checkpoint, one file at
 a time in fp32, and torch's set_model_state_dict broadcasts each, every rank keeping its
-shards: the host holds one checkpoint file's weights at a time, not the model once per rank. export() writes rl/checkpoint.py's folder
-(weights, the full optimizer state in single-process order, RNG, trainer_state.json), so the
-engine loads it and PolicyTrainer.load resumes from it on one process.
-save() writes the weights as HF safetensors and each rank's optimizer shards
+shards: the host holds one checkpoint file's weights at a time, not the model once per rank.
+export() writes rl/checkpoint.py's folder (weights, the full optimizer state in single-process
+order, RNG, trainer_state.json), so the engine loads it and PolicyTrainer.load resumes from
+it on one process. save() writes the weights as HF safetensors and each rank's optimizer shards
 (rl/sharded_checkpoint.py); load() resumes that, or an exported folder, on any number of ranks,
 and PolicyTrainer.load resumes it in one process without a process group.
 The Ray actors that host the ranks are runtime/trainer_group.py. docs/trainer.md "Several GPUs";
@@ -126,9 +126,10 @@ class ShardedPolicyTrainer(PolicyTrainer):
     def _materialize(self, device: torch.device, tied: dict[str, str]) -> None:
         """The sharded meta parameters get memory on `device` and the checkpoint's values:
         rank 0 reads the checkpoint file by file, set_model_state_dict broadcasts each and every
-        rank keeps its shards. Buffers (rotary frequencies) keep the values they were built with;
-        tied parameters (the output embedding) point at one sharded tensor again, as before
-        to_empty, so its gradient stays the sum of both uses."""
+        rank keeps its shards. Buffers (rotary frequencies) keep the values they were built with
+        (to_empty wipes them); tied parameters (the output embedding) are pointed at one
+        sharded tensor again in case to_empty split them (FSDP2 keeps them in torch 2.13), so
+        its gradient stays the sum of both uses."""
         from torch.distributed.checkpoint.state_dict import (StateDictOptions,
                                                              set_model_state_dict)
 
