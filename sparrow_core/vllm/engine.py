@@ -79,6 +79,7 @@ class VllmEngine:
                               self.sparse_backend)
         self._calls = 0
         self._weights_awake = self._kv_awake = True
+        self._released = 0  # device bytes vLLM gave back asleep and takes again at wake
         self.set_schedule(schedule)
 
     # the trainer's hooks
@@ -112,7 +113,10 @@ class VllmEngine:
         """Copy trainer weights (transformers names) into vLLM's model in place; KV blocks
         cached under the old weights are dropped."""
         if not self._weights_awake:
+            before = _free_bytes()
             self.llm.wake_up(tags=["weights"])
+            if before is not None:
+                self._released = max(0, self._released - max(0, before - _free_bytes()))
             self._weights_awake = True
         self.llm.collective_rpc("sparrow_load_weights", args=(state_dict, strict))
         self.llm.reset_prefix_cache()
@@ -122,16 +126,31 @@ class VllmEngine:
         if not (self._weights_awake or self._kv_awake):
             return
         self.wake()  # vLLM sleeps from a fully awake state
+        before = _free_bytes()
         self.llm.sleep(level=SLEEP_LEVEL)
+        self._released = 0 if before is None else max(0, _free_bytes() - before)
         self._weights_awake = self._kv_awake = False
 
     def wake(self) -> None:
+        """Take back the KV cache (and the weights, unless a weight load brought them): the
+        same size as at start, since vLLM does not resize it. VllmBackendError, before vLLM
+        tries, when the device has less free memory than that (a colocated trainer that kept
+        its state: algo.offload_during_rollout)."""
         tags = [tag for tag, awake in (("weights", self._weights_awake),
                                        ("kv_cache", self._kv_awake)) if not awake]
         if tags:
+            free = _free_bytes()
+            if free is not None and self._released > free:
+                raise VllmBackendError(
+                    f"vLLM cannot wake: its {' and '.join(tags)} need "
+                    f"{self._released / 2**30:.1f} GiB of the GPU again (vLLM does not resize "
+                    f"its cache) but {free / 2**30:.1f} GiB are free; a colocated trainer holds "
+                    f"the rest: set algo.offload_during_rollout=true, or start vLLM smaller "
+                    f"(rollout.gpu_memory_utilization or rollout.kv_cache_mib)")
             self.llm.wake_up(tags=tags)
             self.llm.reset_prefix_cache()  # the blocks' contents are gone
             self._weights_awake = self._kv_awake = True
+            self._released = 0
 
     @property
     def cache(self) -> KVCapacity | None:
@@ -204,6 +223,15 @@ def _instance_share(target: float) -> float:
             f"colocated trainer?); raise it, offload the trainer during the rollout "
             f"(algo.offload_during_rollout=true) or size the cache with rollout.kv_cache_mib")
     return share
+
+
+def _free_bytes() -> int | None:
+    """Free bytes on the current CUDA device (every process's use counted); None without one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.mem_get_info()[0])
 
 
 def _free_fraction(default: float) -> float:

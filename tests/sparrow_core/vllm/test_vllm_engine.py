@@ -189,3 +189,38 @@ def test_rollout_actor_on_cpu_or_without_vllm_says_why(monkeypatch):
     monkeypatch.setattr(backend, "vllm_available", lambda: True)
     with pytest.raises(VllmBackendError, match="needs a CUDA GPU"):
         RolloutWorker(spec)
+
+
+def test_wake_says_when_a_colocated_trainer_kept_the_memory(fake_vllm, monkeypatch):
+    """vLLM takes back at wake what it gave at sleep (less the weights a load brought back);
+    with less free on the device, one error names the numbers and the fix instead of an
+    out-of-memory inside vLLM."""
+    import torch
+
+    gib = 2**30
+    free = [10 * gib]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (free[0], 80 * gib))
+    engine = make_engine()
+    llm = engine.llm
+
+    def sleeping(*args, **kwargs):  # vLLM frees 60 GiB: cache 56.6, weights 3.4
+        llm.calls.append(("sleep", args, kwargs))
+        free[0] += 60 * gib
+    llm.sleep = sleeping
+
+    def waking(tags):
+        llm.calls.append(("wake_up", (), {"tags": tags}))
+        free[0] -= int(3.4 * gib) if tags == ["weights"] else 0
+    llm.wake_up = waking
+
+    engine.sleep()
+    engine.update_weights({"w": 1}, strict=False)  # the weights back: 56.6 GiB still out
+    free[0] -= 30 * gib  # the trainer's moments and gradients, kept on the GPU
+    with pytest.raises(VllmBackendError, match=r"kv_cache need 56.6 GiB .* but 36.6 GiB are "
+                                               r"free.*offload_during_rollout=true"):
+        engine.wake()
+    assert llm.calls[-1][0] != "wake_up"  # vLLM was not asked
+    free[0] += 30 * gib  # offloaded: the wake goes ahead
+    engine.wake()
+    assert llm.calls[-2] == ("wake_up", (), {"tags": ["kv_cache"]})
