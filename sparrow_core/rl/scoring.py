@@ -14,7 +14,7 @@ update re-forms the very same micro-batches and its first-pass ratio is 1 up to 
 Logits are taken only at the positions that predict generated tokens, a chunk of tokens at a
 time (rl/logprobs.py: never [tokens, vocab] for a whole batch), the softmax in fp32. A
 micro-batch without padding runs without an attention mask, so SDPA takes its causal path.
-A record's actor top-K may be nested tuples (the engine's) or [n, K] arrays (read_rollouts'):
+A record's actor top-K may be [n, K] arrays (the engine's and read_rollouts') or nested tuples:
 either becomes one padded [b, L, K] array per micro-batch, with no Python loop over tokens.
 
 Temperature: the engine's logprobs describe the distribution it sampled from, softmax(logits /
