@@ -86,9 +86,7 @@ def generate_rollouts(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
     runtime.pool.set_schedule(schedule if cfg.schedule.sparse else None)
     rows = runtime.train_data.batch(step - 1, cfg.data.prompts_per_step)
     params = sampling_params(runtime, rows, step)
-    clock = time.perf_counter()
     handover = runtime.before_rollout()
-    wake_s = time.perf_counter() - clock
     clock = time.perf_counter()
     try:
         results = runtime.pool.generate([list(row.prompt_ids) for row in rows], params)
@@ -114,8 +112,9 @@ def generate_rollouts(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
         "rollout/tokens": float(lengths.sum()),
         "rollout/tokens_per_s": float(lengths.sum() / max(elapsed, 1e-9)),
         "time/rollout_generate_s": float(elapsed),
-        "time/rollout_wake_s": float(wake_s),
-        # its two parts: the trainer's release (offload) and the engines' wake
+        # the hand-over before generate, and its two parts: the trainer's release (offload) and
+        # the engines' wake
+        "time/rollout_wake_s": float(handover["release_s"] + handover["engine_wake_s"]),
         "time/rollout_release_s": float(handover["release_s"]),
         "time/rollout_engine_wake_s": float(handover["engine_wake_s"]),
         **({"memory/rollout_peak_gib": max(m["peak_gib"] for m in memory)} if memory else {}),

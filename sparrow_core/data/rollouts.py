@@ -13,7 +13,8 @@ Both directions go column by column through numpy (values plus offsets), never t
 Python object per top-K entry: read back, the actor's top-K ids and logprobs are [tokens, K]
 int32 / float32 arrays (views of the Arrow buffers, read-only), the other per-token fields
 tuples. A record accepts either form for every per-token field (the engine's top-K comes as
-arrays already, sparrow_core/token_arrays.py) and two records compare equal when their fields hold the same values, whatever the form.
+arrays already, sparrow_core/token_arrays.py) and two records compare equal when their fields
+hold the same values, whatever the form.
 """
 
 from __future__ import annotations

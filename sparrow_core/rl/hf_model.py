@@ -3,7 +3,8 @@ checkpointing, and moving the trainer's state between the GPU and host memory.
 
     model = load_hf_model(path, resolve_device("auto"))
     model = empty_hf_model(path)                       # parameters on meta, for FSDP to shard
-    state = read_full_state(path, model.state_dict(), tied_names(model))   # fp32, host
+    for file, names in checkpoint_parts(path, model.state_dict(), tied_names(model)):
+        part = read_part(path, file, names)            # one file's tensors, fp32, host
     enable_checkpointing(model)
     move_state(model, optimizer, torch.device("cpu"))     # offload; back with the GPU device
 
@@ -55,7 +56,8 @@ def load_hf_model(path: Path, device: torch.device) -> torch.nn.Module:
 def empty_hf_model(path: Path) -> torch.nn.Module:
     """The checkpoint's causal LM as load_hf_model makes it, with its parameters on the meta
     device (no memory, no values) and its buffers (rotary frequencies) real: for FSDP to shard
-    before any weight is read (ShardedPolicyTrainer, then read_full_state on one rank)."""
+    before any weight is read (ShardedPolicyTrainer, then checkpoint_parts / read_part on one
+    rank)."""
     import transformers
     from accelerate import init_empty_weights
 
@@ -83,10 +85,10 @@ def tied_names(model: torch.nn.Module) -> dict[str, str]:
 
 def checkpoint_parts(path: Path, keys, tied: dict[str, str]) -> list[tuple[str, dict[str, str]]]:
     """The model's state-dict `keys` grouped by the checkpoint file that holds them, each as
-    (file, {key: name in the file}) (a name in `tied`, tied_names, missing from the files is read as
-    the name it is tied to): model.safetensors, or the shards model.safetensors.index.json
-    names, in its order. Reads the index or the file's header only. RLInputError naming what
-    is absent."""
+    (file, {key: name in the file}); a name in `tied` (tied_names) missing from the files is
+    read as the name it is tied to. From model.safetensors, or the shards
+    model.safetensors.index.json names, in file order. Reads the index or the file's header
+    only. RLInputError naming what is absent."""
     import json
 
     from safetensors import safe_open
@@ -121,14 +123,6 @@ def read_part(path: Path, file: str, names: dict[str, str]) -> dict[str, torch.T
         for name in set(names.values()):
             read[name] = f.get_tensor(name).to(torch.float32)
     return {key: read[name] for key, name in names.items()}
-
-
-def read_full_state(path: Path, keys, tied: dict[str, str]) -> dict[str, torch.Tensor]:
-    """Every tensor of `keys` in fp32 on the host (read_part of each checkpoint_parts entry)."""
-    state: dict[str, torch.Tensor] = {}
-    for file, names in checkpoint_parts(path, keys, tied):
-        state.update(read_part(path, file, names))
-    return state
 
 
 def enable_checkpointing(model: torch.nn.Module) -> None:

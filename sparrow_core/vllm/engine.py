@@ -17,12 +17,12 @@ gpu_memory_utilization is this instance's own share, so the engine passes the ta
 other processes, a colocated trainer, hold at that moment), else kv_cache_mib
 (kv_cache_memory_bytes, less the page centroids' share when sparse). Unlike the native engine,
 vLLM does not resize its cache at wake: memory a colocated trainer takes after the start must be
-given back during the rollout (algo.offload_during_rollout). Attention is FLASH_ATTN, or, when the engine starts with a
-schedule that makes a layer sparse, the project's block-sparse backend (plugin.py,
-sparse_backend.py: vLLM's CUSTOM backend, 16-token blocks, the V1 model runner), which
-set_schedule then feeds through the worker extension; an engine started dense refuses a
-sparse schedule. The sampler's FlashInfer path is off: scripts/pack_vllm.sh leaves FlashInfer
-out. Sleep level 1 frees the KV cache and moves the weights to host memory; update_weights
+given back during the rollout (algo.offload_during_rollout; wake() says so when it is not).
+Attention is FLASH_ATTN, or, when the engine starts with a schedule that makes a layer sparse,
+the project's block-sparse backend (plugin.py, sparse_backend.py: vLLM's CUSTOM backend,
+16-token blocks, the V1 model runner), which set_schedule then feeds through the worker
+extension; an engine started dense refuses a sparse schedule. The sampler's FlashInfer path is
+off: scripts/pack_vllm.sh leaves FlashInfer out. Sleep level 1 frees the KV cache and moves the weights to host memory; update_weights
 while asleep brings the weights back first, wake() the rest. Tested on a GPU only
 (tests/sparrow_core/vllm/test_vllm_engine_gpu.py).
 """
@@ -207,14 +207,29 @@ class VllmEngine:
         self.llm.llm_engine.engine_core.shutdown()
 
 
-def _instance_share(target: float) -> float:
-    """vLLM's gpu_memory_utilization for a device-wide target: the target less the share other
-    processes use now (the native engine's meaning of rollout.gpu_memory_utilization)."""
+def _device_memory() -> tuple[int, int] | None:
+    """(free, total) bytes of the current CUDA device, every process's use counted; None
+    without one."""
     import torch
 
     if not torch.cuda.is_available():
-        return target
+        return None
     free, total = torch.cuda.mem_get_info()
+    return int(free), int(total)
+
+
+def _free_bytes() -> int | None:
+    memory = _device_memory()
+    return None if memory is None else memory[0]
+
+
+def _instance_share(target: float) -> float:
+    """vLLM's gpu_memory_utilization for a device-wide target: the target less the share other
+    processes use now (the native engine's meaning of rollout.gpu_memory_utilization)."""
+    memory = _device_memory()
+    if memory is None:
+        return target
+    free, total = memory
     share = target - (total - free) / total
     if share < 0.05:
         raise VllmBackendError(
@@ -225,23 +240,13 @@ def _instance_share(target: float) -> float:
     return share
 
 
-def _free_bytes() -> int | None:
-    """Free bytes on the current CUDA device (every process's use counted); None without one."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
-    return int(torch.cuda.mem_get_info()[0])
-
-
 def _free_fraction(default: float) -> float:
     """Half the fraction of the current CUDA device free now, at most `default` (another
     process on the device may take more before vLLM looks)."""
-    import torch
-
-    if not torch.cuda.is_available():
+    memory = _device_memory()
+    if memory is None:
         return default
-    free, total = torch.cuda.mem_get_info()
+    free, total = memory
     return max(0.01, min(default, 0.5 * free / total))
 
 

@@ -27,6 +27,8 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Mapping, Sequence
 
+import numpy as np
+
 from sparrow_core.engine.sequence import FINISH_REASONS, SampleResult
 from sparrow_core.engine.validate import SamplingParams
 from sparrow_core.errors import SparrowError
@@ -114,8 +116,6 @@ def _flat_rows(positions: Any, ids: Sequence[int], topk: int, where: str):
     """(sampled logprobs, top-k ids [n, k], top-k logprobs [n, k]) from vLLM's FlatLogprobs,
     without a Python object per entry; None for the per-position form, or when a position
     does not hold exactly the sampled token and k others (then the dicts are read)."""
-    import numpy as np
-
     if not hasattr(positions, "start_indices"):
         return None
     width = topk + 1

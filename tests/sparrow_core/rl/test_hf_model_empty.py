@@ -1,11 +1,21 @@
 """The sharded trainer's model before FSDP: parameters on the meta device, buffers real, and
-the checkpoint read once as fp32 tensors under the model's state-dict names (rl/hf_model.py)."""
+the checkpoint read file by file as fp32 tensors under the model's state-dict names
+(rl/hf_model.py)."""
 
 import pytest
 import torch
 
 from sparrow_core.rl.checks import RLInputError
-from sparrow_core.rl.hf_model import empty_hf_model, load_hf_model, read_full_state, tied_names
+from sparrow_core.rl.hf_model import (checkpoint_parts, empty_hf_model, load_hf_model, read_part,
+                                      tied_names)
+
+
+def read_full_state(path, keys, tied):
+    """Every part the sharded trainer's rank 0 reads, joined."""
+    state = {}
+    for file, names in checkpoint_parts(path, keys, tied):
+        state.update(read_part(path, file, names))
+    return state
 
 
 @pytest.mark.parametrize("fixture", ["qwen3_checkpoint", "llama_checkpoint",
