@@ -22,9 +22,9 @@ Attention is FLASH_ATTN, or, when the engine starts with a schedule that makes a
 the project's block-sparse backend (plugin.py, sparse_backend.py: vLLM's CUSTOM backend,
 16-token blocks, the V1 model runner), which set_schedule then feeds through the worker
 extension; an engine started dense refuses a sparse schedule. The sampler's FlashInfer path is
-off: scripts/pack_vllm.sh leaves FlashInfer out. Sleep level 1 frees the KV cache and moves the weights to host memory; update_weights
-while asleep brings the weights back first, wake() the rest. Tested on a GPU only
-(tests/sparrow_core/vllm/test_vllm_engine_gpu.py).
+off: scripts/pack_vllm.sh leaves FlashInfer out. Sleep level 1 frees the KV cache and moves the
+weights to host memory; update_weights while asleep brings the weights back first, wake() the
+rest. Tested on a GPU only (tests/sparrow_core/vllm/test_vllm_engine_gpu.py).
 """
 
 from __future__ import annotations
