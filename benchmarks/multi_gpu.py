@@ -64,6 +64,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="prompts per work item; 0: one item per engine")
     parser.add_argument("--kv-cache-mib", type=int, default=16384)
     parser.add_argument("--bucket-mib", type=int, default=256)
+    parser.add_argument("--micro-batch-tokens", type=int, default=16384)
+    parser.add_argument("--gradient-checkpointing", action="store_true",
+                        help="recompute layers in the backward (algo.gradient_checkpointing)")
     parser.add_argument("--workdir", default="/tmp/sparrow-multi-gpu")
     parser.add_argument("--out", default=None)
     parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
@@ -191,7 +194,8 @@ def run_arm(args, ranks: int) -> dict:
     worker = WorkerSpec(str(model), str(model), None, engine, device=plan.device, dtype=dtype)
     pool = ActorPool.start(worker, len(plan.engines), plan.engines[0], plan.engines,
                            work_item_prompts=args.work_item_prompts)
-    algo = AlgoConfig(lr=1e-6, micro_batch_tokens=16384)
+    algo = AlgoConfig(lr=1e-6, micro_batch_tokens=args.micro_batch_tokens,
+                      gradient_checkpointing=args.gradient_checkpointing)
     group = TrainerGroup.start(TrainerSpec(str(model), algo, dtype="auto", device=plan.device),
                                ranks, plan.trainer)
     rng = random.Random(0)
@@ -208,16 +212,20 @@ def run_arm(args, ranks: int) -> dict:
 
 
 CASE_KEYS = ("layers", "prompts", "samples", "prompt_tokens", "new_tokens", "max_batch",
-             "work_item_prompts")
+             "work_item_prompts", "kv_cache_mib", "micro_batch_tokens", "gradient_checkpointing")
 
 
 def report_of(case: dict, arms: list[dict], facts) -> dict:
     """The JSON report: the case, the arms and, with two or more that ran, the first's mean
-    step time over the last's."""
+    step time over the last's (`step_speedup`) and, per later arm, the first's mean over its
+    own for the step and each stage (`speedup`)."""
     report = {"benchmark": "multi_gpu", "facts": facts, **case, "arms": arms}
     ok = [a for a in arms if "mean" in a]
     if len(ok) >= 2:
         report["step_speedup"] = ok[0]["mean"]["step_s"] / ok[-1]["mean"]["step_s"]
+        for arm in ok[1:]:
+            arm["speedup"] = {k: ok[0]["mean"][k] / arm["mean"][k]
+                              for k in ("step_s", "rollout_s", "score_s", "update_s")}
     return report
 
 

@@ -251,20 +251,28 @@ def cases_table(rows: list[dict[str, Any]], cases=()) -> list[dict[str, Any]]:
 
 
 def merge(paths: list[str]) -> dict[str, Any]:
-    """Several runs' JSON as one table (a later file's arm replaces an earlier one's); runs of
-    other prompt lengths do not mix."""
+    """Several runs' JSON as one table (a later file's arm replaces an earlier one's); a merged
+    file counts as the runs it holds; runs of other prompt lengths do not mix."""
     runs = [json.loads(Path(p).read_text()) for p in paths]
     if len({run["prompt_len"] for run in runs}) > 1:
         raise SystemExit(f"--merge: the runs have different prompt lengths: "
                          f"{[run['prompt_len'] for run in runs]}")
     rows = [row for run in runs for case in run["cases"] for row in
             (case[arm] for arm in ARMS) if row]
-    gpus = sorted({str(run["facts"].get("gpu")) for run in runs})
-    return {"benchmark": "vllm_baseline", "merged_from": list(paths),
-            "facts": [run["facts"] for run in runs], "gpus": gpus,
+
+    def each(run: dict, key: str) -> list:  # one run's entry, or a merged file's list
+        return run[key] if "merged_from" in run else [run[key]]
+
+    facts = [f for run in runs for f in each(run, "facts")]
+    gpus = sorted({str(f.get("gpu")) for f in facts})
+    return {"benchmark": "vllm_baseline",
+            "merged_from": [m for run, p in zip(runs, paths) for m in
+                            (run["merged_from"] if "merged_from" in run else [p])],
+            "facts": facts, "gpus": gpus,
             "same_gpu_model": len(gpus) == 1, "prompt_len": runs[-1]["prompt_len"],
-            "model": runs[-1]["model"], "vllm": [run["vllm"] for run in runs],
-            "native": [run["native"] for run in runs], "cases": cases_table(rows)}
+            "model": runs[-1]["model"], "vllm": [v for run in runs for v in each(run, "vllm")],
+            "native": [n for run in runs for n in each(run, "native")],
+            "cases": cases_table(rows)}
 
 
 def main(argv=None) -> int:

@@ -70,7 +70,8 @@ def arm_report(tmp_path, ranks: int, step_s: float, **case) -> str:
 
     args = multi_gpu.parse_args([])
     fields = {k: getattr(args, k) for k in multi_gpu.CASE_KEYS} | case
-    arm = {"ranks": ranks, "steps": [], "mean": {"step_s": step_s}}
+    arm = {"ranks": ranks, "steps": [], "mean": {"step_s": step_s, "rollout_s": step_s / 2,
+                                                 "score_s": step_s / 4, "update_s": step_s / 4}}
     path = tmp_path / f"arm{ranks}.json"
     path.write_text(json.dumps(multi_gpu.report_of(fields, [arm], {"gpu": "H100"})))
     return str(path)
@@ -81,6 +82,9 @@ def test_merge_joins_arms_of_separate_calls_in_rank_order(tmp_path):
     report = multi_gpu.merge([two, one])
     assert [a["ranks"] for a in report["arms"]] == [1, 2]
     assert report["step_speedup"] == 1.5
+    assert "speedup" not in report["arms"][0]
+    assert report["arms"][1]["speedup"] == dict.fromkeys(
+        ("step_s", "rollout_s", "score_s", "update_s"), 1.5)
     assert report["merged_from"] == [two, one] and len(report["facts"]) == 2
 
 

@@ -173,6 +173,19 @@ def test_merge_puts_runs_of_separate_calls_in_one_table(tmp_path):
     assert case["native_sparse_over_vllm_dense"] == pytest.approx(2.5)
     assert case["native_dense_over_vllm_dense"] == pytest.approx(0.75)
     assert merged["same_gpu_model"] is True and merged["merged_from"] == [str(first), str(second)]
+    # a merged table merges again as the runs it holds (a later case joins the table)
+    third = tmp_path / "b64.json"
+    rows = [vllm_baseline.arm_row("vllm_dense", 64, 8192, 120.0, 0.0, 64 * 8192, 10**6)]
+    third.write_text(json.dumps({"facts": {"gpu": "H200"}, "prompt_len": 1024, "model": "m",
+                                 "vllm": {"v": 1}, "native": {},
+                                 "cases": vllm_baseline.cases_table(rows, [(64, 8192)])}))
+    again = vllm_baseline.merge([str(out), str(third)])
+    assert [(c["batch"], c["new_tokens"]) for c in again["cases"]] == [(16, 32768), (64, 8192)]
+    assert again["cases"][0] == case
+    assert again["merged_from"] == [str(first), str(second), str(third)]
+    assert [f["gpu"] for f in again["facts"]] == ["H100", "H100", "H200"]
+    assert again["gpus"] == ["H100", "H200"] and again["same_gpu_model"] is False
+    assert again["vllm"] == [{}, {}, {"v": 1}]
     other = json.loads(second.read_text())
     other["prompt_len"] = 512
     second.write_text(json.dumps(other))

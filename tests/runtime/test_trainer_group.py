@@ -234,3 +234,34 @@ def test_the_update_is_sent_without_the_top_k_and_reads_none(qwen3_checkpoint):
         runs.append((metrics, weights(trainer)))
     assert runs[0][0] == runs[1][0]
     close(runs[1][1], runs[0][1], atol=0.0)
+
+
+def test_a_rank_gives_its_cached_blocks_back_after_the_update_and_before_the_rollout(monkeypatch):
+    """A rank is its own process: after its update (the weight sync and the engine come next
+    on its GPU) and when its gradients are dropped before a rollout, it empties its own CUDA
+    cache; the driver's empty_cache does not reach it."""
+    from runtime.trainer_group import TrainerRank
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+
+    class Trainer:
+        def onload(self):
+            calls.append("onload")
+
+        def update(self, *args):
+            calls.append("update")
+            return {"actor/loss": 0.0}
+
+        def free_gradients(self):
+            calls.append("free_gradients")
+
+    rank = TrainerRank(0, 1)
+    rank.trainer = Trainer()
+    assert rank.update([], [], [], 2) == {"actor/loss": 0.0}
+    assert calls == ["onload", "update", "empty_cache"]
+    calls.clear()
+    rank.free_gradients()
+    assert calls == ["free_gradients", "empty_cache"]
