@@ -116,7 +116,8 @@ class RunRuntime:
 
     def trainer_before(self, step: int) -> Any:
         """The trainer holding the policy (and optimizer state) that step `step` starts from."""
-        if self._trainer is not None and self._trainer_step == step - 1:
+        if (self._trainer is not None and self._trainer_step == step - 1
+                and not getattr(self._trainer, "failed", "")):  # a stopped group starts anew
             self._trainer.onload()
             return self._trainer
         from sparrow_core.rl.trainer import PolicyTrainer

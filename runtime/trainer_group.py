@@ -42,7 +42,8 @@ def without_topk(records: Sequence[Any]) -> list[Any]:
 
 
 class TrainerGroupError(SparrowError):
-    """The trainer group could not start (the message names the rank and the cause)."""
+    """The trainer group could not start, or was stopped when a rank failed (the message
+    names the rank and the cause)."""
 
 
 @dataclass(frozen=True)
@@ -231,6 +232,7 @@ class TrainerGroup:
         self.sync_key: tuple = ()  # the engines the sync group was built for
         self.last_sync: dict = {}  # the last sync's phases (runtime/weight_sync.py)
         self._saving: list = []
+        self.failed = ""  # why the group was stopped, once a rank failed
 
     @classmethod
     def start(cls, spec: TrainerSpec, num_workers: int, placement: Sequence[dict] | None = None,
@@ -258,9 +260,42 @@ class TrainerGroup:
     def _all(self, method: str, *args: Any) -> list[Any]:
         import ray
 
+        if self.failed:
+            raise TrainerGroupError(self.failed)
         self.wait_for_save()
         refs = [ray.put(a) if isinstance(a, (list, tuple)) else a for a in args]
-        return ray.get([getattr(actor, method).remote(*refs) for actor in self.actors])
+        return self._results(method, [getattr(actor, method).remote(*refs)
+                                      for actor in self.actors])
+
+    def _results(self, method: str, futures: list[Any]) -> list[Any]:
+        """Every rank's result, in rank order, as each finishes. The first rank to fail stops
+        the group: the others may be waiting for it in a collective and would wait out the
+        process group's timeout. Its SparrowError (a TrainerMemoryError, say) comes back as
+        itself, anything else as Ray raised it; later calls raise TrainerGroupError."""
+        import ray
+        import ray.exceptions
+
+        pending = list(futures)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(done)
+            except ray.exceptions.RayError as err:
+                cause = getattr(err, "cause", None) or err
+                self.failed = (f"the trainer group was stopped after {method} failed on rank "
+                               f"{futures.index(done[0])}: {str(cause).splitlines()[0]}")
+                self._kill()
+                if isinstance(cause, SparrowError):
+                    raise cause from None
+                raise
+        return ray.get(futures)
+
+    def _kill(self) -> None:
+        import ray
+
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        self.actors, self._saving = [], []
 
     def score(self, records):
         return self._all("score", list(records))[0]

@@ -50,6 +50,7 @@ from sparrow_core.rl.lora import (
     lora_parameters,
 )
 from sparrow_core.rl.losses import POLICY_LOSSES, PolicyLossConfig
+from sparrow_core.rl.memory import names_out_of_memory
 from sparrow_core.rl.scoring import effective_temperature, micro_batches
 from sparrow_core.rl.trainer import resolve_device, resolve_dtype
 from sparrow_core.sparse import Schedule
@@ -122,6 +123,7 @@ class SparseDistiller:
 
     # one distill step
 
+    @names_out_of_memory("the DistillSparse step")
     def distill(self, records: Sequence[RolloutRecord], schedule: Schedule,
                 advantages: Sequence[float] | None = None, update: bool = True,
                 cheaper: Schedule | None = None) -> dict[str, float]:

@@ -41,6 +41,7 @@ import torch.distributed as dist
 from sparrow_core.data.rollouts import RolloutRecord
 from sparrow_core.rl.checkpoint import save_checkpoint
 from sparrow_core.rl.hf_model import checkpoint_parts, empty_hf_model, read_part, tied_names
+from sparrow_core.rl.memory import names_out_of_memory
 from sparrow_core.rl.scoring import TokenScores, micro_batches, score_rollouts, token_logprobs
 from sparrow_core.rl.trainer import PolicyTrainer
 
@@ -169,6 +170,7 @@ class ShardedPolicyTrainer(PolicyTrainer):
         return self.root(batch, self.temperature, self.algo.logits_chunk_tokens, extra_ids,
                          self.compiles("compile_logprobs"))
 
+    @names_out_of_memory("dense scoring")
     def score(self, records: Sequence[RolloutRecord]) -> list[TokenScores]:
         """Each rank scores its share (shares()); every rank returns all records' scores."""
         mine = shares(records, self.world_size)[self.rank]

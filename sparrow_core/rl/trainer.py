@@ -58,6 +58,7 @@ from sparrow_core.rl.hf_model import (  # noqa: F401  (resolve_* and load_hf_mod
     resolve_dtype,
 )
 from sparrow_core.rl.master_weights import MasterWeights
+from sparrow_core.rl.memory import names_out_of_memory
 from sparrow_core.rl.scoring import (
     TokenScores,
     micro_batches,
@@ -122,6 +123,7 @@ class PolicyTrainer:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.dtype)
 
+    @names_out_of_memory("dense scoring")
     def score(self, records: Sequence[RolloutRecord]) -> list[TokenScores]:
         """Dense logprob, acceptance lower bound and leftover mass per generated token."""
         with self._autocast():
@@ -131,6 +133,7 @@ class PolicyTrainer:
 
     # update
 
+    @names_out_of_memory("the policy update", checkpointing=True)
     def update(self, records: Sequence[RolloutRecord], rewards: Sequence[float],
                old_logprobs: Sequence[Sequence[float]], group_size: int) -> dict[str, float]:
         """algo.ppo_epochs optimizer steps on these rollouts; returns "actor/..." metrics."""

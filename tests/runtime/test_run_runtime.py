@@ -32,3 +32,26 @@ def test_before_rollout_frees_the_distillers_base(tmp_path, release):
     setattr(runtime, DISTILL_CACHE, (1, distiller))
     runtime.before_rollout()
     assert distiller.released == int(release)
+
+
+class Group:
+    """Stands in for a TrainerGroup held by the runtime."""
+
+    def __init__(self, failed=""):
+        self.failed, self.onloads = failed, 0
+
+    def onload(self):
+        self.onloads += 1
+
+
+def test_a_stopped_trainer_group_is_not_handed_to_the_next_stage(tmp_path, qwen3_checkpoint):
+    from sparrow_core.rl.trainer import PolicyTrainer
+
+    cfg = load_config([f"pipeline.workdir={tmp_path}"])
+    runtime = RunRuntime(cfg, "r1", Store.open_writer(tmp_path), qwen3_checkpoint, None, None)
+    live = Group()
+    runtime.set_trainer(live, 0)
+    assert runtime.trainer_before(1) is live and live.onloads == 1
+    runtime.set_trainer(Group("the trainer group was stopped after score failed on rank 1"), 0)
+    fresh = runtime.trainer_before(1)  # from the last saved policy: here the initial model
+    assert isinstance(fresh, PolicyTrainer) and runtime.trainer_after(0) is fresh

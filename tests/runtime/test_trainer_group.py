@@ -265,3 +265,38 @@ def test_a_rank_gives_its_cached_blocks_back_after_the_update_and_before_the_rol
     calls.clear()
     rank.free_gradients()
     assert calls == ["free_gradients", "empty_cache"]
+
+
+def test_a_rank_that_fails_stops_the_group_at_once_and_its_error_comes_back(ray_up,
+                                                                            qwen3_checkpoint):
+    """Rank 1 runs out of memory in its scoring forward while rank 0, done with its own,
+    waits for it in the scores' all-gather: the driver does not wait with it (the gloo
+    timeout), the group is stopped, rank 1's TrainerMemoryError comes back as itself, and the
+    group refuses later calls."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import ray
+
+    from runtime.trainer_group import TrainerGroupError
+    from sparrow_core.rl.memory import TrainerMemoryError
+
+    records = make_records(prompts=2, group=2, seed=3)
+    group = TrainerGroup.start(TrainerSpec(str(qwen3_checkpoint), GROUP_ALGO, seed=0), 2)
+    try:
+        def out_of_memory(*args, **kwargs):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.32 GiB")
+
+        ray.get(group.actors[1].__ray_call__.remote(
+            lambda rank: setattr(rank.trainer, "_token_logprobs", out_of_memory)))
+        with ThreadPoolExecutor(1) as pool:
+            scoring = pool.submit(group.score, records)
+            with pytest.raises(TrainerMemoryError, match="^dense scoring ran out of GPU "
+                                                         "memory.*algo.micro_batch_tokens"):
+                scoring.result(timeout=120)
+        assert group.failed.startswith("the trainer group was stopped after score failed on "
+                                       "rank 1: dense scoring ran out of GPU memory")
+        assert group.actors == []
+        with pytest.raises(TrainerGroupError, match="stopped after score failed on rank 1"):
+            group.free_gradients()
+    finally:
+        group.shutdown()
