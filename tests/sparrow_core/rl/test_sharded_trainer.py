@@ -31,11 +31,14 @@ def test_shares_keep_prompts_whole_and_balance_tokens():
     assert shares(records[:3], 2)[1] == []  # one prompt: the second rank idles
 
 
-@pytest.mark.parametrize("fixture", ["qwen3_checkpoint", "qwen3_sharded_checkpoint",
-                                     "llama_checkpoint"])
-def test_two_gloo_ranks_equal_one_process(fixture, request, tmp_path):
+@pytest.mark.parametrize("fixture, checkpointing", [
+    ("qwen3_checkpoint", False), ("qwen3_sharded_checkpoint", False),
+    ("llama_checkpoint", False), ("qwen3_checkpoint", True)])
+def test_two_gloo_ranks_equal_one_process(fixture, checkpointing, request, tmp_path):
     """Tied embeddings in one file, the same in three files (rank 0 broadcasts them file by
-    file), untied with llama3 RoPE scaling (buffers kept through the meta-device init)."""
+    file), untied with llama3 RoPE scaling (buffers kept through the meta-device init); and
+    ranks that recompute each layer in the backward (algo.gradient_checkpointing under FSDP)
+    against one process that keeps its activations."""
     qwen3_checkpoint = request.getfixturevalue(fixture)
     # one sequence per micro-batch: the ranks hold 4 and 2 sequences, so one rank pads
     algo = dataclasses.replace(ALGO, micro_batch_tokens=1, grad_clip=0.05)
@@ -46,7 +49,8 @@ def test_two_gloo_ranks_equal_one_process(fixture, request, tmp_path):
     scores = single.score(records)
     update_records = with_actor_logprobs(records, scores, [0.1 * (i % 3) for i in range(6)])
     old = [s.dense_logprobs for s in scores]
-    run_ranks(2, qwen3_checkpoint, algo, records, update_records, rewards, old, 2, tmp_path)
+    run_ranks(2, qwen3_checkpoint, dataclasses.replace(algo, gradient_checkpointing=checkpointing),
+              records, update_records, rewards, old, 2, tmp_path)
     expected = single.update(update_records, rewards, old, 2)
     got = torch.load(tmp_path / "rank0.pt", weights_only=False)
 
