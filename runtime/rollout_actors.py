@@ -9,12 +9,14 @@
 One actor per GPU (the engine on that GPU), or `rollout.num_actors` CPU actors (1 when it
 is 0) on a machine without GPU. `WorkerSpec.backend` picks the engine (`rollout.backend`):
 native (sparrow_core/engine) or vllm (sparrow_core/vllm: dense decode, GPU only); both
-answer the same calls, so the pool, the dispatch and the weight sync do not tell them apart.
-Prompts go out in work items (runtime/rollout_dispatch.py: one per actor by default, or
-`rollout.work_item_prompts` prompts each to whichever actor is free); each request carries
+answer the same calls, so the pool and the weight sync do not tell them apart (the dispatch
+does: only the native engine takes requests while it runs, `ActorPool.pulls`).
+Prompts are taken by the engines while they run (runtime/rollout_dispatch.py: a PromptSource
+actor, the native engine's feed), or go out in work items (`rollout.work_item_prompts`
+prompts each to whichever actor is free; one per actor with vLLM); each request carries
 its own seed, so what a prompt gets does not depend on which actor ran it. An actor that dies (RayActorError) is
-replaced by a fresh one built from the current weights folder and schedule, and its work
-item is retried once; a second death is RolloutActorLost, an infrastructure fault that the
+replaced by a fresh one built from the current weights folder and schedule, and its prompts
+are run again once; a second death is RolloutActorLost, an infrastructure fault that the
 rollout task may retry. With a trainer group (runtime/trainer_group.py) the actors also join
 its weight-sync group (join_sync, receive_weights; runtime/actor_sync.py, driven by
 runtime/weight_sync.py). pool.rollout_stats() gives each actor's time inside its engine and
@@ -59,6 +61,26 @@ class WorkerSpec:
     backend: str = "native"  # rollout.backend: native or vllm
 
 
+class SourceFeed:
+    """The engine's feed over a PromptSource actor: one Ray call per request taken."""
+
+    def __init__(self, source: Any, worker: int, rollout: int):
+        self.source, self.worker, self.rollout = source, worker, rollout
+        self.labels: list[int] = []
+
+    def take(self):
+        import ray
+
+        request = ray.get(self.source.take.remote(self.worker, self.rollout))
+        if request:
+            self.labels.append(request[0])
+        return request
+
+    def full(self) -> None:
+        # no wait: the source runs one caller's calls in order
+        self.source.full.remote(self.worker, self.rollout)
+
+
 class RolloutWorker(SyncedWorker):
     """One engine; the body of a Ray actor (plain class, so tests may run it in-process);
     its weight-sync methods come from SyncedWorker (runtime/actor_sync.py)."""
@@ -71,8 +93,19 @@ class RolloutWorker(SyncedWorker):
             self.load_weights(spec.weights_path, spec.adapter_path)
 
     def generate(self, prompts: Sequence[Sequence[int]], params: Sequence[Any]) -> list[list[Any]]:
+        return self._counted(lambda: self.engine.generate(prompts, list(params)))
+
+    def generate_from(self, source: Any, worker: int, rollout: int) -> list[tuple[int, list]]:
+        """Requests pulled from a PromptSource actor (runtime/rollout_dispatch.py) while the
+        engine runs (the native engine's feed): (prompt index, samples) per request taken."""
+        feed = SourceFeed(source, worker, rollout)
+        results = self._counted(lambda: self.engine.generate([], [], feed=feed))
+        return list(zip(feed.labels, results))
+
+    def _counted(self, run) -> list[list[Any]]:
+        """run() (one engine call), its time and counts added to rollout_stats()."""
         clock, captured = time.perf_counter(), _capture_seconds(self.engine)
-        results = self.engine.generate(prompts, list(params))
+        results = run()
         counts = {"calls": 1, "seconds": time.perf_counter() - clock,
                   "capture_s": _capture_seconds(self.engine) - captured,
                   "samples": sum(len(samples) for samples in results),
@@ -199,6 +232,24 @@ class ActorPool:
         self.work_item_prompts = work_item_prompts
         self.replaced = 0
         self.last_dispatch = None  # the last generate()'s DispatchTimes
+        self._source = None  # the PromptSource actor the engines take prompts from
+
+    @property
+    def pulls(self) -> bool:
+        """Whether the engines take prompts while they run (the native engine's feed; with
+        one actor its one work item is the same batch without a call per prompt)."""
+        return self.spec.backend == "native" and len(self.actors) > 1
+
+    def prompt_source(self):
+        """The pool's PromptSource actor (runtime/rollout_dispatch.py), started once: an
+        actor is a process, too slow to start at every rollout."""
+        import ray
+
+        from runtime.rollout_dispatch import PromptSource
+
+        if self._source is None:
+            self._source = ray.remote(num_cpus=0)(PromptSource).remote()
+        return self._source
 
     @classmethod
     def start(cls, spec: WorkerSpec, num_actors: int, resources: dict[str, float],
@@ -261,9 +312,9 @@ class ActorPool:
         return results
 
     def generate(self, prompts: Sequence[Sequence[int]], params: Sequence[Any]) -> list[list[Any]]:
-        """[prompt][sample] results in the prompts' order; prompts go out in work items to
-        whichever actor is free (runtime/rollout_dispatch.py, whose DispatchTimes are left in
-        self.last_dispatch)."""
+        """[prompt][sample] results in the prompts' order; prompts are taken by the engines
+        as they run, or go out in work items to whichever actor is free
+        (runtime/rollout_dispatch.py, whose DispatchTimes are left in self.last_dispatch)."""
         from runtime.rollout_dispatch import dispatch
 
         results, self.last_dispatch = dispatch(self, prompts, params, self.work_item_prompts)
@@ -302,10 +353,10 @@ class ActorPool:
     def shutdown(self) -> None:
         import ray
 
-        for actor in self.actors:
+        for actor in self.actors + [self._source] * (self._source is not None):
             try:
                 ray.kill(actor, no_restart=True)
             except Exception:  # noqa: BLE001 - best effort at the end of a run
                 pass
-        self.actors = []
+        self.actors, self._source = [], None
 

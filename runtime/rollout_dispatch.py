@@ -1,30 +1,40 @@
-"""Prompts to rollout actors: one batch per actor by default, or work items taken by load.
+"""Prompts to rollout actors: taken by each engine while it runs, or in work items.
 
     results, times = dispatch(pool, prompts, params, item_prompts=0)  # [prompt][sample]
 
-The prompts are cut into contiguous work items. By default (item_prompts=0) there is one item
-per actor, their sizes differing by at most one prompt, so every engine batches its whole
-share at once. An engine decodes the samples of one generate() call together, admitting
-waiting samples as others finish; separate items run one after another, each costing about
-max_new_tokens decode steps whatever its size. Decode steps take nearly the same time over a
-wide range of batch sizes, so cutting an engine's share into k items makes its rollout up to k
-times longer (2 engines on 16 prompts x 8 samples in items of 2 prompts: 4 x 1,024 decode
-steps at 16 samples each, against 1,024 steps at 128 for one engine, measured slower than one
-engine). With item_prompts > 0 the items have that many prompts; each actor starts with one
-and an actor that returns takes the next, so a faster engine (short samples, a lighter GPU)
-takes more items: worth it only where the engines' speeds differ by more than what the extra
-items cost. Each request carries its own seed, so a prompt's samples do not depend on which
-actor ran it or what else was in its batch; results come back in the prompts' order.
-An actor that dies is replaced (ActorPool._replace) and its item is run again once; a second
-death on the same item is RolloutActorLost. DispatchTimes says how long each actor was busy
-(from handing it an item until its results were back, summed over its items) against the
-wall time, so a rollout that did not overlap its engines shows it.
-Tests: tests/runtime/test_rollout_actors.py (work_items, dispatch by load).
+By default (item_prompts=0) with native engines (two or more; one actor gets one work item,
+the same batch), the prompts wait in a PromptSource actor,
+split into one contiguous queue per actor, and every actor runs one generate() call that
+takes requests from it whenever its batch has room (at the start, and as samples stop:
+sparrow_core/engine's feed), one prompt at a time. An actor takes from its own queue first;
+with its queue empty it takes from the tail of the longest queue of an actor that said its
+batch is full (the engine's feed.full()), so prompts waiting behind a full engine go to one
+with room, and an engine that could still take its own share is never robbed of it. With
+nothing to take now it asks again as its samples stop (or, running nothing, after a short
+sleep); once every queue is empty its call returns. The load is continuous: an engine whose
+samples stop early (short answers, a faster GPU) refills its batch from the others' queues,
+and a batch is never cut into separate calls.
+With item_prompts > 0 (or the vLLM backend, whose engine cannot take requests mid-call) the
+prompts are cut into contiguous work items: one per actor (item_prompts=0), their sizes
+differing by at most one prompt, or item_prompts each, handed to whichever actor is free.
+Separate items run one after another, each costing about max_new_tokens decode steps whatever
+its size, so cutting an engine's share into k items makes its rollout up to k times longer
+(measured: 2 engines on 16 prompts x 8 samples in items of 2 prompts, slower than one engine).
+Each request carries its own seed, so a prompt's samples do not depend on which actor ran it
+or what else was in its batch; results come back in the prompts' order.
+An actor that dies is replaced (ActorPool._replace): with the source, the prompts it had
+taken go back to the front of its queue and the new actor runs its call again; with items,
+its item is run again. A second death (of the same actor's call, or on the same item) is
+RolloutActorLost. DispatchTimes says how long each actor was busy (from handing it work until
+its results were back, summed over its calls) against the wall time, so a rollout that did
+not overlap its engines shows it.
+Tests: tests/runtime/test_rollout_actors.py (the source's queues and stealing, dispatch).
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -58,6 +68,8 @@ def dispatch(pool, prompts: Sequence[Sequence[int]], params: Sequence[Any],
 
     if len(prompts) != len(params):
         raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
+    if item_prompts == 0 and getattr(pool, "pulls", False):
+        return dispatch_pulled(pool, prompts, params)
     clock = time.perf_counter()
     run = _Run(pool, prompts, params, work_items(len(prompts), len(pool.actors), item_prompts))
     for actor in range(len(pool.actors)):
@@ -67,6 +79,112 @@ def dispatch(pool, prompts: Sequence[Sequence[int]], params: Sequence[Any],
         run.submit(run.collect(future))
     run.times.wall_s = time.perf_counter() - clock
     return [sample for item in range(len(run.items)) for sample in run.done[item]], run.times
+
+
+class PromptSource:
+    """One rollout's requests (index, prompt, params) in one queue per actor (contiguous, as
+    even as whole prompts allow); the body of a Ray actor that the engines call, loaded
+    anew for each rollout."""
+
+    def __init__(self, requests: Sequence[tuple[int, Any, Any]] = (), actors: int = 1):
+        self.rollout = 0
+        self.load(requests, actors)
+
+    def load(self, requests: Sequence[tuple[int, Any, Any]], actors: int) -> int:
+        """A new rollout's requests; returns its number, which takes and fulls must carry
+        (an engine still running a cancelled rollout's call gets None: no more)."""
+        self.rollout += 1
+        self.queues = [deque(requests[r.start:r.stop])
+                       for r in work_items(len(requests), actors)]
+        self.queues += [deque() for _ in range(actors - len(self.queues))]
+        self.taken: list[list] = [[] for _ in range(actors)]  # by a call still running
+        self.is_full = [False] * actors
+        return self.rollout
+
+    def take(self, actor: int, rollout: int | None = None):
+        """The actor's next request; else one from the tail of the longest queue of a full
+        actor; else () while any queue holds requests (ask again), None when all are empty
+        (or the call belongs to an earlier rollout)."""
+        if rollout not in (None, self.rollout):
+            return None
+        self.is_full[actor] = False
+        queue = self.queues[actor]
+        if not queue:
+            victims = [q for q, full in zip(self.queues, self.is_full) if full and q]
+            if not victims:
+                return () if any(self.queues) else None
+            request = max(victims, key=len).pop()
+        else:
+            request = queue.popleft()
+        self.taken[actor].append(request)
+        return request
+
+    def full(self, actor: int, rollout: int | None = None) -> None:
+        """The actor's batch has no room: its queue may be taken by others."""
+        if rollout in (None, self.rollout):
+            self.is_full[actor] = True
+
+    def put_back(self, actor: int) -> int:
+        """An actor died: what it took goes back to the front of its queue (for its
+        replacement, or another engine with room). Returns the count."""
+        back, self.taken[actor] = self.taken[actor], []
+        self.queues[actor].extendleft(reversed(back))
+        self.is_full[actor] = False
+        return len(back)
+
+
+def dispatch_pulled(pool, prompts: Sequence[Sequence[int]],
+                    params: Sequence[Any]) -> tuple[list[list[Any]], DispatchTimes]:
+    """Every actor runs one generate_from() call over a PromptSource (see the module doc)."""
+    import ray
+    import ray.exceptions
+
+    from runtime.rollout_actors import RolloutActorLost
+
+    clock = time.perf_counter()
+    count = len(pool.actors)
+    times = DispatchTimes(busy_s=[0.0] * count, items=[0] * count, prompts=[0] * count)
+    requests = [(i, list(p), sp) for i, (p, sp) in enumerate(zip(prompts, params))]
+    source = pool.prompt_source()
+    rollout = ray.get(source.load.remote(requests, count))
+    results: list[Any] = [None] * len(prompts)
+    running: dict[Any, tuple[int, float]] = {}
+    lost: set[int] = set()
+
+    def start(actor: int) -> None:
+        running[pool.actors[actor].generate_from.remote(source, actor, rollout)] = (
+            actor, time.perf_counter())
+
+    try:
+        for actor in range(count):
+            start(actor)
+        while running:
+            [future], _ = ray.wait(list(running), num_returns=1)
+            actor, started = running.pop(future)
+            try:
+                pairs = pool._wait([future])[0]
+            except ray.exceptions.RayActorError as err:
+                if actor in lost:
+                    raise RolloutActorLost(f"rollout actor {actor} died twice in one "
+                                           f"rollout: {err}") from None
+                lost.add(actor)
+                pool._replace(actor)
+                ray.get(source.put_back.remote(actor))
+                start(actor)
+                continue
+            for index, samples in pairs:
+                results[index] = samples
+            times.busy_s[actor] += time.perf_counter() - started
+            times.items[actor] += 1
+            times.prompts[actor] += len(pairs)
+    except BaseException:
+        _cancel(running)
+        raise
+    missing = [i for i, r in enumerate(results) if r is None]
+    if missing:
+        raise RuntimeError(f"the rollout ended without results for prompts {missing[:8]}")
+    times.wall_s = time.perf_counter() - clock
+    return results, times
 
 
 class _Run:

@@ -59,8 +59,9 @@ class RolloutConfig:
     # each trainer rank's GPU (the KV cache released while the trainer works); separate gives
     # the engines GPUs of their own
     placement: str = "colocated"
-    # prompts per work item handed to whichever actor is free; 0 gives each actor one item
-    # (its whole share, batched at once)
+    # 0: each engine takes prompts while it runs, its own share first, then those waiting
+    # behind a full engine (runtime/rollout_dispatch.py; vLLM: one item per engine); N > 0:
+    # separate work items of N prompts handed to whichever actor is free
     work_item_prompts: int = 0
     # launch each decode step before the host has read the previous one's tokens (same results)
     overlap: bool = True

@@ -3,6 +3,7 @@
     engine = Engine(load_model(path), load_tokenizer(path), EngineConfig(), schedule)
     results = engine.generate([[1, 2, 3], [4, 5]], SamplingParams(max_new_tokens=64, n=8))
     results[prompt][sample].output_ids / .logprobs / .topk_ids / .pages_read / .finish_reason
+    results = engine.generate([], [], feed=source)   # requests pulled while it runs
     engine.update_weights(state_dict); engine.set_schedule(other_schedule or None)
 
 With schedule=None every decode step is dense; with a Schedule, decode is block-sparse in
@@ -13,12 +14,20 @@ Overlap (EngineConfig.overlap, on by default): in steady decode step t+1 is queu
 t's device-side tokens before the host reads step t's outputs, so the host's bookkeeping runs
 while the GPU computes. A step launched ahead is kept only if the synchronous loop would
 have run the same batch (no sample stopped at step t); otherwise it is dropped whole, so
-results never depend on overlap. Run `python -m pytest tests/sparrow_core/engine -q`.
+results never depend on overlap. A `feed` lets the engine pull requests while it runs:
+whenever its batch has room (at the start, and after a sample stops) it calls feed.take()
+until the batch has no room for one more like the last; take() returns a request `(label,
+prompt, params)`, an empty tuple for "none now, ask again" (the engine keeps decoding, or,
+with nothing to run, asks again after a short sleep) or None for "no more". When the engine
+stops taking for lack of room it calls feed.full(). Several engines sharing one source each
+take work as they free up (runtime/rollout_dispatch.py). Run `python -m pytest
+tests/sparrow_core/engine -q`.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence as Seq
 
@@ -54,6 +63,7 @@ class SelectionRecord:
 # counts of the last generate(): steps run, decode steps launched ahead of the previous step's
 # host work, and steps launched ahead then dropped because a sample stopped
 STATS = ("prefill_steps", "decode_steps", "overlapped_steps", "discarded_steps")
+POLL_S = 0.005  # a feed with none for now and nothing to run: its engine asks again after this
 
 
 @dataclass(eq=False)
@@ -167,8 +177,9 @@ class Engine:
     # generation
 
     def generate(self, prompts: Seq[Seq[int]], params: SamplingParams | Seq[SamplingParams],
-                 progress: bool = False) -> list[list[SampleResult]]:
-        """Samples for every prompt: outer list per prompt, inner per sample (params.n)."""
+                 progress: bool = False, feed: Any = None) -> list[list[SampleResult]]:
+        """Samples for every prompt: outer list per prompt, inner per sample (params.n); with
+        a `feed`, then for every request it gave, in the order taken (see the module doc)."""
         per_prompt = params_per_prompt(prompts, params)
         self.wake()
         self._calls += 1
@@ -182,8 +193,9 @@ class Engine:
         bar = tqdm(total=total, desc="generate", unit="tok", file=sys.stderr,
                    disable=not progress, leave=False)
         self.stats = dict.fromkeys(STATS, 0)
+        pull = _Pull(self, feed, groups, bar) if feed is not None else None
         try:
-            self._loop(scheduler, bar)
+            self._loop(scheduler, bar, pull)
         finally:
             bar.close()
             self._sampling = None
@@ -191,13 +203,22 @@ class Engine:
                 scheduler.finish(seq)
         return [[self._result(seq) for seq in group.samples] for group in groups]
 
-    def _loop(self, scheduler: Scheduler, bar: tqdm) -> None:
-        """Steps until every sample has finished. In steady decode the next step is launched
-        before the host reads the current one's tokens (see docs/engine.md, overlap)."""
+    def _loop(self, scheduler: Scheduler, bar: tqdm, pull: "_Pull | None" = None) -> None:
+        """Steps until every sample has finished (and the feed, if any, has no more). In
+        steady decode the next step is launched before the host reads the current one's
+        tokens (see docs/engine.md, overlap). Requests are pulled only on the synchronous
+        path: a sample that stops drops the step launched ahead, so room always comes here."""
         launched: LaunchedStep | None = None
         step = 0
-        while launched is not None or not scheduler.is_finished:
+        while launched is not None or not scheduler.is_finished or (pull and pull.open):
             if launched is None:
+                if pull is not None:
+                    pull.fill(scheduler)
+                    if scheduler.is_finished:
+                        if not pull.open:
+                            break  # the feed has no more and nothing is left to run
+                        time.sleep(POLL_S)  # none for now, nothing to run: ask again
+                        continue
                 batch = scheduler.schedule()
                 if batch.is_prefill:
                     bar.update(self._finish(scheduler, self._prefill(scheduler, batch)))
@@ -327,3 +348,37 @@ class Engine:
             text = self.tokenizer.decode(list(seq.token_ids[seq.prompt_len:]),
                                          skip_special_tokens=True)
         return seq.to_result(text)
+
+
+class _Pull:
+    """generate()'s feed: takes requests while the batch, beyond what waits, has room for one
+    like the last taken (requests are not seen before they are taken: an engine that took one
+    it cannot start yet would hold it from an engine with room)."""
+
+    def __init__(self, engine: Engine, feed: Any, groups: list, bar: tqdm):
+        self.engine, self.feed, self.groups, self.bar = engine, feed, groups, bar
+        self.open = True
+        self.size = (1, 1)  # the last request's samples and pages
+        self.said_full = False  # feed.full() once per stretch without room
+
+    def fill(self, scheduler: Scheduler) -> None:
+        if not self.open:
+            return
+        while all(left >= need for left, need in zip(scheduler.room_after_waiting(),
+                                                     self.size)):
+            request = self.feed.take()
+            if request is None:
+                self.open = False
+                return
+            self.said_full = False
+            if not request:
+                return  # none for now
+            label, prompt, params = request
+            group = self.engine._make_group(int(label), list(prompt), params)
+            self.groups.append(group)
+            self.size = (len(group.samples), scheduler.pages_needed(group))
+            scheduler.add(group)
+            self.bar.total += len(group.samples) * params.max_new_tokens
+        if not self.said_full:
+            self.feed.full()
+            self.said_full = True

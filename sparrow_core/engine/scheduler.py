@@ -83,6 +83,13 @@ class Scheduler:
         slots = self.config.max_batch_size - len(self.running)
         return slots, self.block_manager.num_free - sum(map(self._claimable, self.running))
 
+    def room_after_waiting(self) -> tuple[int, int]:
+        """Slots and pages left once every waiting group is admitted (what an engine pulling
+        requests from a feed may still take)."""
+        slots, available = self._room()
+        return (slots - sum(len(g.samples) for g in self.waiting),
+                available - sum(map(self.pages_needed, self.waiting)))
+
     def can_admit(self) -> bool:
         """Whether the first waiting group fits now, so that schedule() would prefill it."""
         if not self.waiting:

@@ -103,6 +103,21 @@ def test_dead_actor_is_replaced_and_its_item_retried(ray_up, spec):
         pool.shutdown()
 
 
+def test_a_dead_actor_of_a_pulling_pool_is_replaced_and_runs_its_queue(ray_up, spec):
+    import ray
+
+    pool = ActorPool.start(spec, 2, {"num_cpus": 1})
+    try:
+        assert pool.pulls
+        first = pool.generate(PROMPTS, params())
+        ray.kill(pool.actors[1], no_restart=True)
+        again = pool.generate(PROMPTS, params())
+        assert pool.replaced == 1 and tokens(again) == tokens(first)
+        assert sum(pool.last_dispatch.prompts) == len(PROMPTS)
+    finally:
+        pool.shutdown()
+
+
 def test_weights_load_by_path_and_replacements_start_current(ray_up, spec, qwen3_sharded_checkpoint):
     import dataclasses
 
@@ -161,3 +176,54 @@ def test_a_cpu_engine_runs_its_cpus_threads_capped_by_omp_num_threads(monkeypatc
     else:
         monkeypatch.setenv("OMP_NUM_THREADS", omp)
     assert cpu_threads(2) == threads
+
+
+def test_the_source_gives_each_actor_its_queue_then_what_waits_behind_a_full_one():
+    from runtime.rollout_dispatch import PromptSource
+
+    source = PromptSource([(i, [i], None) for i in range(5)], 2)  # queues [0, 1] and [2, 3, 4]
+    assert source.take(0)[0] == 0 and source.take(1)[0] == 2
+    assert source.take(0)[0] == 1
+    assert source.take(0) == ()  # its queue is empty; actor 1 is not full: ask again later
+    source.full(1)
+    assert source.take(0)[0] == 4  # from the tail of the full actor's queue
+    assert source.take(1)[0] == 3  # taking again: no longer full
+    assert source.take(0) is None and source.take(1) is None  # every queue empty
+    # actor 1 died: what it took (2, 3) goes back to the front of its queue
+    assert source.put_back(1) == 2 and [r[0] for r in source.queues[1]] == [2, 3]
+    assert source.take(1)[0] == 2
+    # more actors than prompts: one without a queue waits until the prompt is taken
+    few = PromptSource([(0, [0], None)], 3)
+    assert few.take(2) == () and few.take(0)[0] == 0 and few.take(2) is None
+    # a new rollout: a call of the earlier one (cancelled, still running) takes nothing
+    earlier = few.rollout
+    assert few.load([(0, [0], None), (1, [1], None)], 1) == earlier + 1
+    few.full(0, earlier)
+    assert few.take(0, earlier) is None and not few.is_full[0]
+    assert few.take(0, earlier + 1)[0] == 0
+
+
+def test_an_engine_that_frees_up_takes_the_prompts_waiting_behind_a_full_one(ray_up, spec):
+    """Two actors whose batch holds one prompt's samples; actor 0's own prompts stop after one
+    token, actor 1's run long: actor 0 takes actor 1's second prompt while actor 1 is still on
+    its first. Every prompt's samples are what one in-process engine gives."""
+    import dataclasses
+
+    batch = PROMPTS + [[5, 6, 7, 8]]
+    params = [SamplingParams(temperature=1.0, max_new_tokens=new, n=2, seed=7 + i)
+              for i, new in enumerate((1, 1, 120, 120))]
+    one = dataclasses.replace(spec, engine=dataclasses.replace(spec.engine, max_batch_size=2,
+                                                               num_pages=160))
+    threads = torch.get_num_threads()
+    try:
+        expected = RolloutWorker(one).generate(batch, params)
+    finally:
+        torch.set_num_threads(threads)
+    pool = ActorPool.start(one, 2, {"num_cpus": 1})
+    try:
+        got = pool.generate(batch, params)
+        times = pool.last_dispatch
+    finally:
+        pool.shutdown()
+    assert tokens(got) == tokens(expected)
+    assert times.prompts == [3, 1] and times.items == [1, 1]

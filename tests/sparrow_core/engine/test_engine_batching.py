@@ -117,3 +117,60 @@ def test_requests_that_can_never_fit_are_refused_with_numbers(qwen3_model):
     with pytest.raises(EngineError, match="got 1 SamplingParams for 2 prompts"):
         engine.generate([[1], [2]], [SamplingParams(max_new_tokens=2)])
     assert engine.block_manager.num_free == 10
+
+
+class Feed:
+    """A feed over (label, prompt, params) requests; `later` answers "none now" that many
+    times first; `taken` records each request with the engine's decode steps so far."""
+
+    def __init__(self, engine, requests, later=0):
+        self.engine, self.requests, self.later = engine, list(requests), later
+        self.taken, self.fulls = [], 0
+
+    def take(self):
+        if self.later:
+            self.later -= 1
+            return ()
+        if not self.requests:
+            return None
+        request = self.requests.pop(0)
+        self.taken.append((request[0], self.engine.stats["decode_steps"]))
+        return request
+
+    def full(self):
+        self.fulls += 1
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_requests_pulled_from_a_feed_while_it_runs_give_the_same_samples(qwen3_model, overlap):
+    """A feed hands requests one at a time; the engine takes them whenever its batch has room
+    (at the start and as samples stop), labels them as the feed does, and its samples equal
+    those of one call holding every request."""
+    batch = prompts(7, seed=3)
+    params = [SamplingParams(temperature=1.0, max_new_tokens=4 + 3 * i, n=2, seed=40 + i,
+                             logprobs_topk=3) for i in range(len(batch))]
+    engine = Engine(qwen3_model, config=EngineConfig(page_size=4, num_pages=64,
+                                                     max_batch_size=5, overlap=overlap),
+                    schedule=SCHEDULE)
+    want = engine.generate(batch, params)
+    order = [4, 0, 6, 2, 1, 5, 3]  # labels need not come in order
+    # "none now" three times first: with nothing to run the engine asks again
+    feed = Feed(engine, [(i, batch[i], params[i]) for i in order], later=3)
+    got = engine.generate([], [], feed=feed)
+    assert [label for label, _ in feed.taken] == order and feed.later == 0
+    # two requests (4 samples) filled the batch of 5 at the start (the engine said it was
+    # full); the rest came as samples stopped, after decoding had begun
+    steps = [s for _, s in feed.taken]
+    assert steps[:2] == [0, 0] and all(s > 0 for s in steps[2:]) and feed.fulls >= 1
+    assert engine.block_manager.num_free == 64
+    for label, samples in zip(order, got):
+        assert [s.prompt_index for s in samples] == [label, label]
+        for a, b in zip(samples, want[label]):
+            assert a.output_ids == b.output_ids and a.pages_read == b.pages_read
+            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs),
+                                       atol=1e-5, rtol=0)
+    # a request the engine can never hold is refused with the feed's label
+    with pytest.raises(EngineError, match="prompt 9: 2 prompt tokens"):
+        engine.generate([], [], feed=Feed(engine, [(9, [1, 2],
+                                                    SamplingParams(max_new_tokens=10**4))]))
+    assert engine.block_manager.num_free == 64
