@@ -5,6 +5,9 @@ each with its breakdown.
     python benchmarks/multi_gpu.py --out results/multi_gpu.json          # 2 GPUs of one host
     python benchmarks/multi_gpu.py --gpus 1 --out results/arm1.json      # one arm per call
     python benchmarks/multi_gpu.py --prompts 16 --work-item-prompts 2    # the first GPU run's case
+    python benchmarks/multi_gpu.py --gpus 2 --min-new-tokens 128         # uneven lengths:
+    python benchmarks/multi_gpu.py --gpus 2 --min-new-tokens 128 --work-item-prompts 32
+                                        # engines taking prompts as they run / fixed halves
     python benchmarks/multi_gpu.py --smoke          # the same code on CPU (gloo), tiny model
     python benchmarks/multi_gpu.py --merge arm1.json arm2.json --out both.json   # one report
 
@@ -15,9 +18,13 @@ sample runs to --new-tokens. The default, 64 prompts x 8 samples with engines of
 --max-batch 256 sequences, is a case where a second GPU has work to take: one engine decodes
 its 512 samples in two waves of 256 (2 x 1,024 decode steps), two engines one wave each. With
 --prompts 16 (128 samples, one wave on one engine) decode is bound by the number of steps,
-not the batch, and 2 GPUs can gain little in the rollout. --work-item-prompts > 0 cuts each
-engine's share into items of that many prompts (rollout.work_item_prompts; 2 is what the
-first GPU run's dispatch did by default at 16 prompts).
+not the batch, and 2 GPUs can gain little in the rollout. With two or more engines they take
+prompts as they run (runtime/rollout_dispatch.py); --work-item-prompts > 0 cuts the prompts
+into separate items of that many prompts instead (rollout.work_item_prompts; prompts / GPUs
+gives each engine its fixed half, the dispatch before the engines took prompts as they ran;
+2 is what the first GPU run's dispatch did at 16 prompts). --min-new-tokens draws each
+prompt's budget in [that, --new-tokens] (seeded), so samples end at uneven steps as with eos
+on: the case where taking prompts as engines free up should beat fixed halves.
 Each arm is a child process with its own local Ray holding --gpus GPUs (rollout.placement
 colocated: trainer rank i and engine i share GPU i; the engine's KV cache is freed while the
 trainer works). The first step is warm-up; the JSON holds every step and the mean of the rest.
@@ -58,6 +65,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--new-tokens", type=int, default=1024)
+    parser.add_argument("--min-new-tokens", type=int, default=0,
+                        help="> 0: each prompt's budget drawn in [this, --new-tokens] (seeded), "
+                             "samples of uneven length as with eos on")
     parser.add_argument("--steps", type=int, default=3, help="steps per arm; the first warms up")
     parser.add_argument("--max-batch", type=int, default=256, help="most sequences per engine")
     parser.add_argument("--work-item-prompts", type=int, default=0,
@@ -202,8 +212,8 @@ def run_arm(args, ranks: int) -> dict:
     vocab = (SMOKE if args.smoke else SHAPE_17B)["vocab_size"]
     prompts = [[rng.randrange(300) for _ in range(args.prompt_tokens)]
                for _ in range(args.prompts)]
-    params = [SamplingParams(max_new_tokens=args.new_tokens, n=args.samples, seed=i)
-              for i in range(args.prompts)]
+    params = [SamplingParams(max_new_tokens=budget, n=args.samples, seed=i)
+              for i, budget in enumerate(token_budgets(args))]
     steps = [one_step(group, pool, prompts, params, args) for _ in range(args.steps)]
     group.shutdown()
     pool.shutdown()
@@ -211,7 +221,17 @@ def run_arm(args, ranks: int) -> dict:
             "mean": mean_of(steps[1:] or steps)}
 
 
-CASE_KEYS = ("layers", "prompts", "samples", "prompt_tokens", "new_tokens", "max_batch",
+def token_budgets(args) -> list[int]:
+    """Each prompt's max_new_tokens: --new-tokens, or with --min-new-tokens a seeded draw."""
+    if args.min_new_tokens <= 0:
+        return [args.new_tokens] * args.prompts
+    rng = random.Random(1)
+    return [rng.randint(min(args.min_new_tokens, args.new_tokens), args.new_tokens)
+            for _ in range(args.prompts)]
+
+
+CASE_KEYS = ("layers", "prompts", "samples", "prompt_tokens", "new_tokens", "min_new_tokens",
+             "max_batch",
              "work_item_prompts", "kv_cache_mib", "micro_batch_tokens", "gradient_checkpointing")
 
 

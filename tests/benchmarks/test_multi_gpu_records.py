@@ -95,3 +95,12 @@ def test_merge_refuses_arms_of_different_cases(tmp_path):
     two = arm_report(tmp_path, 2, 20.0, prompts=16)
     with pytest.raises(SystemExit, match="differ in their case"):
         multi_gpu.merge([one, two])
+
+
+def test_budgets_are_even_or_a_seeded_spread():
+    args = multi_gpu.parse_args([])
+    assert multi_gpu.token_budgets(args) == [1024] * 64
+    spread = multi_gpu.parse_args(["--min-new-tokens", "128"])
+    budgets = multi_gpu.token_budgets(spread)
+    assert budgets == multi_gpu.token_budgets(spread) and len(budgets) == 64
+    assert 128 <= min(budgets) < 400 and 800 < max(budgets) <= 1024
