@@ -334,11 +334,9 @@ class TrainerGroup:
         return self._saving
 
     def wait_for_save(self) -> None:
-        import ray
-
         pending, self._saving = self._saving, []
         if pending:
-            ray.get(pending)
+            self._results("save", pending)
 
     def export(self, folder) -> str:
         return self._all("export", str(folder))[0]
