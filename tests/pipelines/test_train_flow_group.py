@@ -31,7 +31,8 @@ def test_group_of_two_then_resume_in_one_process_then_on_one_rank(flow_environme
                                                                   small_overrides, tmp_path):
     flow_environment.start()
     workdir = tmp_path / "work"
-    group = ("trainer.num_workers=2", "rollout.num_actors=2", "rollout.work_item_prompts=1")
+    # the engines take prompts as they run (the default dispatch); the next test uses items
+    group = ("trainer.num_workers=2", "rollout.num_actors=2")
     with pytest.raises(StageFailedOnPurpose, match="policy_update.*step 2"):
         train_flow(small_overrides(workdir, "g", *group, "pipeline.fail_at=policy_update@2"),
                    show_table=False)
