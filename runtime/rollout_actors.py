@@ -353,7 +353,8 @@ class ActorPool:
     def shutdown(self) -> None:
         import ray
 
-        for actor in self.actors + [self._source] * (self._source is not None):
+        source = [self._source] if self._source is not None else []
+        for actor in self.actors + source:
             try:
                 ray.kill(actor, no_restart=True)
             except Exception:  # noqa: BLE001 - best effort at the end of a run

@@ -8,9 +8,9 @@ A CUDA out-of-memory deep in a forward or backward is a page of traceback that n
 kernel, not a setting. The trainer's entry points turn it into TrainerMemoryError: the stage,
 the device's figures (what this process holds, what is free) and the settings that lower the
 need (algo.micro_batch_tokens, algo.gradient_checkpointing, rollout.release_memory,
-trainer.num_workers). The failed
-call's frames are let go and the process's cached blocks given back before the error is
-raised, so the engines and the next stage on the same GPU get their memory back.
+trainer.num_workers). The failed call's frames are let go and the process's cached blocks
+given back before the error is raised, so the engines and the next stage on the same GPU get
+their memory back.
 """
 
 from __future__ import annotations
