@@ -68,7 +68,7 @@ def dispatch(pool, prompts: Sequence[Sequence[int]], params: Sequence[Any],
 
     if len(prompts) != len(params):
         raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
-    if item_prompts == 0 and getattr(pool, "pulls", False):
+    if item_prompts == 0 and pool.pulls:
         return dispatch_pulled(pool, prompts, params)
     clock = time.perf_counter()
     run = _Run(pool, prompts, params, work_items(len(prompts), len(pool.actors), item_prompts))

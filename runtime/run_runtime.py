@@ -165,10 +165,9 @@ class RunRuntime:
         DistillSparse distiller frees its base weights (algo.distill.release_during_rollout), this
         process returns its cached blocks to the device, the engines allocate their caches.
         Returns the seconds of the trainer's part (`release_s`) and the engines' wake."""
-        import gc
         import time
 
-        import torch
+        from sparrow_core.cuda_memory import return_cached_blocks
 
         clock = time.perf_counter()
         if self._trainer is not None:
@@ -178,12 +177,7 @@ class RunRuntime:
         cached = getattr(self, DISTILL_CACHE, None)
         if cached is not None and self.cfg.algo.distill.release_during_rollout:
             cached[1].release_base()  # rebuilt from the trainer by the next distill step
-        if torch.cuda.is_available():
-            # cyclic garbage may hold CUDA tensors: collect it before the cache goes back to the
-            # device. Host memory needs no full collection (~0.5 s in a process holding Prefect,
-            # Ray and torch), Python's own collector frees it
-            gc.collect()
-            torch.cuda.empty_cache()
+        return_cached_blocks()
         released = time.perf_counter()
         self.pool.wake()
         return {"release_s": released - clock, "engine_wake_s": time.perf_counter() - released}

@@ -60,21 +60,6 @@ class TrainerSpec:
 
 
 
-def return_cached_blocks() -> None:
-    """Give this process's cached, unused CUDA blocks back to the device. A rank is its own
-    process: the driver's torch.cuda.empty_cache() does not reach it, and what its update's
-    activations left cached would starve the engine and NCCL on the same GPU (seen at 28
-    layers: the sync's communicator could not allocate 8 bytes). Cyclic garbage may hold CUDA
-    tensors, so it is collected first."""
-    import gc
-
-    import torch
-
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        gc.collect()
-        torch.cuda.empty_cache()
-
-
 class TrainerRank(DistillRank):
     """One rank: the body of a Ray actor (a plain class, so it can be read and tested alone);
     DistillSparse's methods come from DistillRank (runtime/group_distill.py)."""
@@ -128,8 +113,13 @@ class TrainerRank(DistillRank):
     def update(self, records, rewards, old_logprobs, group_size: int) -> dict | None:
         clock = time.perf_counter()
         self.trainer.onload()
+        from sparrow_core.cuda_memory import return_cached_blocks
+
         metrics = self.trainer.update(records, rewards, old_logprobs, group_size)
-        return_cached_blocks()  # the weight sync and the engines come next on this GPU
+        # the weight sync and the engines come next on this GPU; the driver's return of its
+        # own blocks does not reach this process (at 28 layers the sync's NCCL communicator
+        # could not allocate 8 bytes without this)
+        return_cached_blocks()
         self.seconds["update"] = time.perf_counter() - clock
         return metrics if self.rank == 0 else None
 
@@ -139,6 +129,8 @@ class TrainerRank(DistillRank):
         return dict(self.seconds)
 
     def free_gradients(self) -> None:
+        from sparrow_core.cuda_memory import return_cached_blocks
+
         self.trainer.free_gradients()
         return_cached_blocks()
 
@@ -275,20 +267,21 @@ class TrainerGroup:
         import ray
         import ray.exceptions
 
+        results: dict[Any, Any] = {}
         pending = list(futures)
         while pending:
-            done, pending = ray.wait(pending, num_returns=1)
+            [done], pending = ray.wait(pending, num_returns=1)
             try:
-                ray.get(done)
+                results[done] = ray.get(done)
             except ray.exceptions.RayError as err:
                 cause = getattr(err, "cause", None) or err
                 self.failed = (f"the trainer group was stopped after {method} failed on rank "
-                               f"{futures.index(done[0])}: {str(cause).splitlines()[0]}")
+                               f"{futures.index(done)}: {str(cause).splitlines()[0]}")
                 self._kill()
                 if isinstance(cause, SparrowError):
                     raise cause from None
                 raise
-        return ray.get(futures)
+        return [results[future] for future in futures]
 
     def _kill(self) -> None:
         import ray

@@ -34,6 +34,7 @@ from typing import Any, Mapping, Sequence as Seq
 import torch
 from tqdm import tqdm
 
+from sparrow_core.cuda_memory import return_cached_blocks
 from sparrow_core.engine.block_manager import BlockManager
 from sparrow_core.engine.config import EngineConfig, EngineError
 from sparrow_core.engine.kv_cache import (KVCache, bytes_per_page, centroid_torch_dtype,
@@ -136,11 +137,7 @@ class Engine:
         self.cache = None
         self.runner = None  # type: ignore[assignment]
         self._sampling = None
-        if torch.cuda.is_available():
-            import gc
-
-            gc.collect()
-            torch.cuda.empty_cache()
+        return_cached_blocks()
 
     def _pages_from_memory(self, weight: torch.Tensor, centroids: torch.dtype) -> int:
         """Pages that bring the device's used memory to memory_utilization of its total

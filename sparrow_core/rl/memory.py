@@ -16,11 +16,11 @@ their memory back.
 from __future__ import annotations
 
 import functools
-import gc
 from typing import Any, Callable
 
 import torch
 
+from sparrow_core.cuda_memory import return_cached_blocks
 from sparrow_core.errors import SparrowError
 
 GIB = 1 << 30
@@ -51,9 +51,8 @@ def memory_message(stage: str, algo: Any, device: torch.device, said: str,
                    checkpointing: bool = False) -> str:
     """The error's text; gives this process's cached blocks back first (a CUDA device)."""
     figures = ""
+    return_cached_blocks()
     if device.type == "cuda" and torch.cuda.is_available():
-        gc.collect()
-        torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(device)
         held = torch.cuda.memory_reserved(device)
         figures = (f" (after it, this process holds {held / GIB:.1f} GiB and {free / GIB:.1f} "
