@@ -37,7 +37,8 @@ FLOW_ENGINES = ("prefect",)
 # the order inside sparrow_core, lowest first (module prefixes; the longest listed prefix wins)
 CORE_LAYERS = (
     ("base", ("sparrow_core.errors", "sparrow_core.registry", "sparrow_core.schedule_math",
-              "sparrow_core.config.schema", "sparrow_core.token_arrays")),
+              "sparrow_core.config.schema", "sparrow_core.token_arrays",
+              "sparrow_core.cuda_memory")),
     ("mismatch", ("sparrow_core.mismatch", "sparrow_core.mismatch_fit",
                   "sparrow_core.mismatch_stats")),
     ("data", ("sparrow_core.data",)),
