@@ -77,6 +77,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--micro-batch-tokens", type=int, default=16384)
     parser.add_argument("--gradient-checkpointing", action="store_true",
                         help="recompute layers in the backward (algo.gradient_checkpointing)")
+    parser.add_argument("--no-keep-graphs", action="store_true",
+                        help="engines capture their decode graphs again after every wake "
+                             "(rollout.keep_graphs=false)")
     parser.add_argument("--workdir", default="/tmp/sparrow-multi-gpu")
     parser.add_argument("--out", default=None)
     parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
@@ -198,7 +201,8 @@ def run_arm(args, ranks: int) -> dict:
     plan = plan_placement(ranks, "colocated", ranks, use_gpu)  # one engine per rank
     dtype = "bfloat16" if use_gpu else "float32"
     rollout_config = RolloutConfig(kv_cache_mib=args.kv_cache_mib, ignore_eos=True,
-                                   max_batch_size=args.max_batch)
+                                   max_batch_size=args.max_batch,
+                                   keep_graphs=not args.no_keep_graphs)
     engine = EngineConfig.from_rollout(rollout_config,
                                        max_context=args.prompt_tokens + args.new_tokens)
     worker = WorkerSpec(str(model), str(model), None, engine, device=plan.device, dtype=dtype)
@@ -232,7 +236,8 @@ def token_budgets(args) -> list[int]:
 
 CASE_KEYS = ("layers", "prompts", "samples", "prompt_tokens", "new_tokens", "min_new_tokens",
              "max_batch",
-             "work_item_prompts", "kv_cache_mib", "micro_batch_tokens", "gradient_checkpointing")
+             "work_item_prompts", "kv_cache_mib", "micro_batch_tokens", "gradient_checkpointing",
+             "no_keep_graphs")
 
 
 def report_of(case: dict, arms: list[dict], facts) -> dict:

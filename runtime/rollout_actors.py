@@ -159,8 +159,9 @@ class RolloutWorker(SyncedWorker):
 
 
 def _capture_seconds(engine: Any) -> float:
-    """Seconds the engine's decode graphs spent capturing since it last woke (0 without)."""
-    graphs = getattr(getattr(engine, "runner", None), "graphs", None)
+    """Seconds the engine's decode graphs have spent capturing (0 without graphs); the
+    graphs may outlive a sleep, so a call's share is the difference around it."""
+    graphs = getattr(engine, "graphs", None)
     return graphs.capture_seconds if graphs is not None else 0.0
 
 

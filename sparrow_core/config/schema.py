@@ -75,6 +75,9 @@ class RolloutConfig:
     skinny_linear: bool = True
     # a decode layer's RMSNorms and residual adds folded into its projections' kernels
     fold_norms: bool = True
+    # keep the decode CUDA graphs while the engine sleeps and replay them after waking when
+    # its KV cache lies where it did (false: capture them again after every wake)
+    keep_graphs: bool = True
 
 
 @dataclass(frozen=True)

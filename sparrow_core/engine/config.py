@@ -71,6 +71,9 @@ class EngineConfig:
     # a decode layer's RMSNorms and residual adds folded into its projections' kernels
     # (false: in the norm kernel)
     fold_norms: bool = True
+    # keep the decode CUDA graphs while asleep and replay them after waking when the new KV
+    # cache lies where the old one did (false: free them with the cache, capture again)
+    keep_graphs: bool = True
 
     def __post_init__(self) -> None:
         for key in ("max_batch_size", "page_size", "max_prefill_tokens"):
@@ -84,7 +87,8 @@ class EngineConfig:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise EngineError(f"EngineConfig.{key} must be an integer >= 0, got {value!r}")
-        for key in ("ignore_eos", "record_selection", "overlap", "skinny_linear", "fold_norms"):
+        for key in ("ignore_eos", "record_selection", "overlap", "skinny_linear", "fold_norms",
+                    "keep_graphs"):
             if not isinstance(getattr(self, key), bool):
                 raise EngineError(f"EngineConfig.{key} must be true or false, "
                                   f"got {getattr(self, key)!r}")
@@ -112,7 +116,7 @@ class EngineConfig:
                      **overrides: Any) -> "EngineConfig":
         """From the typed `rollout` config group (kv_cache_mib, gpu_memory_utilization,
         max_batch_size, seed, overlap, centroid_dtype, ignore_eos, programmatic_launch,
-        skinny_linear, fold_norms)."""
+        skinny_linear, fold_norms, keep_graphs)."""
         values = dict(max_batch_size=rollout.max_batch_size,
                       kv_cache_mib=float(rollout.kv_cache_mib), seed=rollout.seed,
                       overlap=rollout.overlap, centroid_dtype=rollout.centroid_dtype,
@@ -121,6 +125,7 @@ class EngineConfig:
                       ignore_eos=bool(rollout.ignore_eos),
                       programmatic_launch=rollout.programmatic_launch,
                       skinny_linear=bool(rollout.skinny_linear),
-                      fold_norms=bool(rollout.fold_norms))
+                      fold_norms=bool(rollout.fold_norms),
+                      keep_graphs=bool(rollout.keep_graphs))
         values.update(overrides)
         return cls(**values)

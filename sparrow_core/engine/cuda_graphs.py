@@ -109,8 +109,21 @@ class KernelDecodeAttention:
                                              self.num_tokens, lists, counts)
 
 
+def cache_layout(cache: KVCache) -> tuple:
+    """Where and how the cache's tensors lie: a captured graph holds these addresses."""
+    return tuple((t.data_ptr(), tuple(t.shape), t.dtype)
+                 for t in (cache.k, cache.v, cache.centroids))
+
+
 class DecodeGraphs:
-    """Static decode buffers and one CUDA graph per (batch bucket, width bucket, sparsity)."""
+    """Static decode buffers and one CUDA graph per (batch bucket, width bucket, sparsity).
+
+    The graphs outlive the KV cache: the engine's sleep lets the cache go (release_cache) and
+    keeps the graphs, their memory pool and the static buffers; wake hands the new cache over
+    (attach), and the graphs are replayed as they are when it lies at the same addresses with
+    the same shapes (the driver usually gives a freed range back to the next allocation of its
+    size), else dropped and captured again. The weights are the model's own tensors, updated in
+    place (Decoder.load_hf_state_dict), so a weight update leaves the graphs valid."""
 
     def __init__(self, model: torch.nn.Module, cache: KVCache, use_graphs: bool = True,
                  fuse_kv_write: bool = True):
@@ -122,6 +135,7 @@ class DecodeGraphs:
         self.tables: dict[int, torch.Tensor] = {}
         self.graphs: dict[tuple, tuple[Any, torch.Tensor]] = {}
         self.pool = None
+        self.released_layout: tuple | None = None  # the cache's, while the engine sleeps
         self.capture_seconds = 0.0  # spent warming up and capturing (benchmarks subtract it)
 
     def _ensure_capacity(self, batch: int, width: int) -> None:
@@ -143,6 +157,19 @@ class DecodeGraphs:
         """Drop every captured graph and their memory pool (the next decode recaptures)."""
         self.graphs.clear()
         self.pool = None
+
+    def release_cache(self) -> None:
+        """Let go of the KV cache (the engine sleeps); the graphs stay."""
+        self.released_layout, self.cache = cache_layout(self.cache), None
+
+    def attach(self, cache: KVCache) -> bool:
+        """Decode into `cache` from now on. The graphs are kept when it has the released
+        cache's layout (True), else dropped."""
+        kept = cache_layout(cache) == self.released_layout
+        if not kept:
+            self.clear()
+        self.cache, self.released_layout = cache, None
+        return kept
 
     def _forward(self, bucket: int, width: int, sparsity: tuple | None) -> torch.Tensor:
         attention = KernelDecodeAttention(self.cache, self.slots[:bucket],

@@ -37,6 +37,7 @@ from tqdm import tqdm
 from sparrow_core.cuda_memory import return_cached_blocks
 from sparrow_core.engine.block_manager import BlockManager
 from sparrow_core.engine.config import EngineConfig, EngineError
+from sparrow_core.engine.cuda_graphs import DecodeGraphs
 from sparrow_core.engine.kv_cache import (KVCache, bytes_per_page, centroid_torch_dtype,
                                           pages_for_budget)
 from sparrow_core.engine.runner import ModelRunner, StepOutputs
@@ -97,6 +98,7 @@ class Engine:
         self.config = config or EngineConfig()
         arch = model.arch
         self.cache: KVCache | None = None
+        self._graphs_asleep: DecodeGraphs | None = None  # kept through sleep (keep_graphs)
         self.wake()
         self.max_context = self.config.max_context or arch.max_position_embeddings
         self.selection_log: list[SelectionRecord] = []
@@ -126,18 +128,31 @@ class Engine:
         self.cache = KVCache.allocate(self.model.arch, num_pages, self.config.page_size,
                                       weight.dtype, weight.device, centroids)
         self.block_manager = BlockManager(num_pages, self.config.page_size)
+        graphs, self._graphs_asleep = self._graphs_asleep, None
+        if graphs is not None:
+            graphs.attach(self.cache)
         self.runner = ModelRunner(self.model, self.cache, self.block_manager,
-                                  self.config.kernel_options())
+                                  self.config.kernel_options(), graphs)
 
     def sleep(self) -> None:
-        """Free the KV cache and the decode graphs (the weights stay, so update_weights
-        works while asleep); on CUDA the memory goes back to the device."""
+        """Free the KV cache (the weights stay, so update_weights works while asleep); on
+        CUDA the memory goes back to the device. The decode graphs stay for the next wake
+        with keep_graphs (engine/cuda_graphs.py, DecodeGraphs), else they go too."""
         if self.cache is None:
             return
+        if self.config.keep_graphs and self.runner.graphs is not None:
+            self._graphs_asleep = self.runner.graphs
+            self._graphs_asleep.release_cache()
         self.cache = None
         self.runner = None  # type: ignore[assignment]
         self._sampling = None
         return_cached_blocks()
+
+    @property
+    def graphs(self) -> DecodeGraphs | None:
+        """The decode graphs, awake or asleep (None off CUDA or after a sleep without
+        keep_graphs)."""
+        return self._graphs_asleep if self.runner is None else self.runner.graphs
 
     def _pages_from_memory(self, weight: torch.Tensor, centroids: torch.dtype) -> int:
         """Pages that bring the device's used memory to memory_utilization of its total

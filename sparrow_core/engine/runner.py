@@ -39,14 +39,14 @@ from sparrow_core.token_arrays import TOPK_ID_DTYPE, TOPK_LOGPROB_DTYPE
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, cache: KVCache, block_manager: BlockManager,
-                 options: KernelOptions | None = None):
+                 options: KernelOptions | None = None, graphs: DecodeGraphs | None = None):
         self.model = model
         self.cache = cache
         self.block_manager = block_manager
         self.options = options or KernelOptions()
         self.device = cache.k.device
-        self.graphs = None
-        if self.device.type == "cuda" and HAS_TRITON:
+        self.graphs = graphs  # an earlier runner's, attached to this cache by the engine
+        if graphs is None and self.device.type == "cuda" and HAS_TRITON:
             self.graphs = DecodeGraphs(model, cache)
         # seq_id -> its page table as an array (rows only grow while a sequence decodes)
         self._tables: dict[int, np.ndarray] = {}

@@ -171,3 +171,73 @@ def test_a_layer_store_is_handed_out_once_per_call(interpreted, monkeypatch, qwe
     unfused = KernelDecodeAttention(cache, torch.tensor([-1]), table, zeros, zeros, None,
                                     fuse_kv_write=False)
     assert unfused.kv_store(0) is None
+
+
+def test_graphs_outlive_a_cache_only_at_its_addresses_and_shapes(qwen3_checkpoint):
+    model = load_model(qwen3_checkpoint)
+    cache = KVCache.allocate(model.arch, num_pages=12, page_size=4, dtype=torch.float32,
+                             device="cpu")
+    graphs = DecodeGraphs(model, cache, use_graphs=False)
+    captured = {(8, 64, None): ("graph", "logits")}
+    graphs.graphs.update(captured)
+    graphs.pool = "pool"
+    graphs.release_cache()
+    assert graphs.cache is None and graphs.graphs == captured  # asleep: the graphs stay
+    same = KVCache(cache.k, cache.v, cache.centroids)
+    assert graphs.attach(same) and graphs.cache is same and graphs.graphs == captured
+    graphs.release_cache()
+    fewer_pages = KVCache(cache.k[:, :6], cache.v[:, :6], cache.centroids[:, :6])
+    assert fewer_pages.k.data_ptr() == cache.k.data_ptr()  # same address, other shape
+    assert not graphs.attach(fewer_pages)
+    assert graphs.graphs == {} and graphs.pool is None and graphs.cache is fewer_pages
+    graphs.graphs.update(captured)
+    graphs.release_cache()
+    moved = KVCache.allocate(model.arch, num_pages=6, page_size=4, dtype=torch.float32,
+                             device="cpu")  # while `cache` lives: other addresses
+    assert not graphs.attach(moved) and graphs.graphs == {}
+
+
+@pytest.mark.parametrize("keep_graphs", [True, False])
+def test_engine_keeps_its_graphs_through_sleep_with_keep_graphs(interpreted, qwen3_checkpoint,
+                                                                keep_graphs):
+    model = load_model(qwen3_checkpoint)
+    config = EngineConfig(num_pages=48, page_size=4, max_batch_size=4, keep_graphs=keep_graphs)
+    engine = Engine(model, None, config, SCHEDULE)
+    engine.runner.graphs = DecodeGraphs(model, engine.cache, use_graphs=False)
+    params = SamplingParams(max_new_tokens=4, n=2, temperature=0.0, seed=0)
+    want = engine.generate(PROMPTS, params)
+    graphs = engine.graphs
+    engine.sleep()
+    assert engine.graphs is (graphs if keep_graphs else None)
+    assert graphs.cache is None or not keep_graphs  # kept graphs hold no cache while asleep
+    engine.wake()
+    assert (engine.runner.graphs is graphs) == keep_graphs
+    assert engine.graphs.cache is engine.cache if keep_graphs else engine.graphs is None
+    assert_same(engine.generate(PROMPTS, params), want, atol=1e-4)  # False: reference path
+
+
+@pytest.mark.gpu
+def test_graphs_kept_through_sleep_replay_into_the_new_cache(qwen3_checkpoint):
+    """Waking at the same addresses replays the graphs captured before the sleep; a cache
+    that lands elsewhere (the old one still held) has them captured again; the same tokens
+    either way."""
+    model = load_model(qwen3_checkpoint, device="cuda", dtype=torch.float32)
+    # tensors of several MiB, each in a segment of its own, as at real size
+    config = EngineConfig(num_pages=8192, page_size=4, max_batch_size=4)
+    engine = Engine(model, None, config, SCHEDULE)
+    params = SamplingParams(max_new_tokens=40, n=2, temperature=0.0, seed=0)
+    want = engine.generate(PROMPTS, params)
+    graphs = engine.graphs
+    captured, seconds = dict(graphs.graphs), graphs.capture_seconds
+    assert captured and engine.cache.k.numel() * 4 > 4 * 2**20
+    engine.sleep()
+    engine.wake()
+    assert engine.graphs is graphs and graphs.graphs == captured
+    assert_same(engine.generate(PROMPTS, params), want, atol=1e-5)
+    assert graphs.capture_seconds == seconds  # replayed, nothing captured
+    held = engine.cache
+    engine.sleep()
+    engine.wake()
+    assert engine.cache.k.data_ptr() != held.k.data_ptr() and graphs.graphs == {}
+    assert_same(engine.generate(PROMPTS, params), want, atol=1e-5)
+    assert graphs.capture_seconds > seconds
