@@ -104,10 +104,12 @@ class RolloutWorker(SyncedWorker):
 
     def _counted(self, run) -> list[list[Any]]:
         """run() (one engine call), its time and counts added to rollout_stats()."""
-        clock, captured = time.perf_counter(), _capture_seconds(self.engine)
+        clock, (captured, kept) = time.perf_counter(), _graph_counts(self.engine)
         results = run()
-        counts = {"calls": 1, "seconds": time.perf_counter() - clock,
-                  "capture_s": _capture_seconds(self.engine) - captured,
+        seconds = time.perf_counter() - clock
+        captured_after, kept_after = _graph_counts(self.engine)
+        counts = {"calls": 1, "seconds": seconds, "capture_s": captured_after - captured,
+                  "graphs_kept": kept_after - kept,
                   "samples": sum(len(samples) for samples in results),
                   "tokens": sum(len(s.output_ids) for samples in results for s in samples),
                   **getattr(self.engine, "stats", {})}
@@ -117,7 +119,8 @@ class RolloutWorker(SyncedWorker):
 
     def rollout_stats(self) -> dict[str, float]:
         """Sums over the generate() calls since the last rollout_stats(): calls, seconds
-        inside the engine, capture_s (CUDA graph captures), samples, tokens, the engine's
+        inside the engine, capture_s (CUDA graph captures), graphs_kept (wakes that replayed
+        the graphs kept through a sleep), samples, tokens, the engine's
         step counts (prefill_steps, decode_steps, ...), and wake_s; then starts again."""
         counts, self.counts = self.counts, {}
         return counts
@@ -158,11 +161,11 @@ class RolloutWorker(SyncedWorker):
                 "schedule": None if self.engine.schedule is None else self.engine.schedule.name}
 
 
-def _capture_seconds(engine: Any) -> float:
-    """Seconds the engine's decode graphs have spent capturing (0 without graphs); the
-    graphs may outlive a sleep, so a call's share is the difference around it."""
+def _graph_counts(engine: Any) -> tuple[float, int]:
+    """The engine's decode graphs' seconds spent capturing and wakes that kept them (zeros
+    without graphs); the graphs may outlive a sleep, so a call's share is the difference."""
     graphs = getattr(engine, "graphs", None)
-    return graphs.capture_seconds if graphs is not None else 0.0
+    return (graphs.capture_seconds, graphs.kept_wakes) if graphs is not None else (0.0, 0)
 
 
 def build_engine(spec: WorkerSpec) -> Any:
@@ -183,6 +186,17 @@ def build_engine(spec: WorkerSpec) -> Any:
 
     model = load_model(spec.weights_path, dtype=getattr(torch, spec.dtype), device=spec.device)
     return Engine(model, tokenizer, spec.engine, spec.schedule)
+
+
+def engine_process_env(spec: WorkerSpec) -> dict[str, str]:
+    """Environment of a native GPU engine's actor: torch's expandable segments, so the KV
+    cache freed at sleep is mapped again at the same addresses at wake and the decode graphs
+    kept through the sleep replay (rollout.keep_graphs; with the default allocator the
+    driver may place it elsewhere). A PYTORCH_CUDA_ALLOC_CONF of the user's is left alone."""
+    keeps = spec.backend == "native" and spec.device != "cpu" and spec.engine.keep_graphs
+    if not keeps or "PYTORCH_CUDA_ALLOC_CONF" in os.environ:
+        return {}
+    return {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 
 
 def cpu_threads(cpus: int) -> int:
@@ -271,7 +285,10 @@ class ActorPool:
     def _new_actor(self, index: int):
         import ray
 
-        options = self.placement[index] if self.placement else self.resources
+        options = dict(self.placement[index] if self.placement else self.resources)
+        env = engine_process_env(self.spec)
+        if env:
+            options["runtime_env"] = {"env_vars": env}
         remote = ray.remote(max_restarts=0, max_task_retries=0)(RolloutWorker)
         return remote.options(**options).remote(self.spec)
 

@@ -136,6 +136,7 @@ class DecodeGraphs:
         self.graphs: dict[tuple, tuple[Any, torch.Tensor]] = {}
         self.pool = None
         self.released_layout: tuple | None = None  # the cache's, while the engine sleeps
+        self.kept_wakes = 0  # attaches that kept the graphs
         self.capture_seconds = 0.0  # spent warming up and capturing (benchmarks subtract it)
 
     def _ensure_capacity(self, batch: int, width: int) -> None:
@@ -168,6 +169,7 @@ class DecodeGraphs:
         kept = cache_layout(cache) == self.released_layout
         if not kept:
             self.clear()
+        self.kept_wakes += kept
         self.cache, self.released_layout = cache, None
         return kept
 

@@ -8,10 +8,12 @@ Run: `python -m pytest tests/runtime/test_rollout_actors.py -q`.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
-from runtime.rollout_actors import ActorPool, RolloutWorker, WorkerSpec
+from runtime.rollout_actors import ActorPool, RolloutWorker, WorkerSpec, engine_process_env
 from runtime.rollout_dispatch import work_items
 from sparrow_core.engine import EngineConfig, SamplingParams
 from sparrow_core.sparse import Schedule
@@ -227,3 +229,14 @@ def test_an_engine_that_frees_up_takes_the_prompts_waiting_behind_a_full_one(ray
         pool.shutdown()
     assert tokens(got) == tokens(expected)
     assert times.prompts == [3, 1] and times.items == [1, 1]
+
+
+def test_a_native_gpu_engine_keeping_its_graphs_gets_expandable_segments(monkeypatch):
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    gpu = WorkerSpec("m", "m", None, EngineConfig(), device="cuda")
+    assert engine_process_env(gpu) == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert engine_process_env(replace(gpu, device="cpu")) == {}
+    assert engine_process_env(replace(gpu, backend="vllm")) == {}  # vLLM's own allocator
+    assert engine_process_env(replace(gpu, engine=EngineConfig(keep_graphs=False))) == {}
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
+    assert engine_process_env(gpu) == {}  # the user's setting reaches the actor as it is

@@ -185,6 +185,7 @@ def test_graphs_outlive_a_cache_only_at_its_addresses_and_shapes(qwen3_checkpoin
     assert graphs.cache is None and graphs.graphs == captured  # asleep: the graphs stay
     same = KVCache(cache.k, cache.v, cache.centroids)
     assert graphs.attach(same) and graphs.cache is same and graphs.graphs == captured
+    assert graphs.kept_wakes == 1
     graphs.release_cache()
     fewer_pages = KVCache(cache.k[:, :6], cache.v[:, :6], cache.centroids[:, :6])
     assert fewer_pages.k.data_ptr() == cache.k.data_ptr()  # same address, other shape
@@ -194,7 +195,7 @@ def test_graphs_outlive_a_cache_only_at_its_addresses_and_shapes(qwen3_checkpoin
     graphs.release_cache()
     moved = KVCache.allocate(model.arch, num_pages=6, page_size=4, dtype=torch.float32,
                              device="cpu")  # while `cache` lives: other addresses
-    assert not graphs.attach(moved) and graphs.graphs == {}
+    assert not graphs.attach(moved) and graphs.graphs == {} and graphs.kept_wakes == 1
 
 
 @pytest.mark.parametrize("keep_graphs", [True, False])
