@@ -139,9 +139,11 @@ class RolloutWorker(SyncedWorker):
 
     def wake(self) -> int:
         """Allocate the KV cache again; returns its size in pages."""
-        clock = time.perf_counter()
+        clock, (_, kept) = time.perf_counter(), _graph_counts(self.engine)
         self.engine.wake()
-        self.counts["wake_s"] = self.counts.get("wake_s", 0.0) + time.perf_counter() - clock
+        for key, value in (("wake_s", time.perf_counter() - clock),
+                           ("graphs_kept", _graph_counts(self.engine)[1] - kept)):
+            self.counts[key] = self.counts.get(key, 0) + value
         return self.engine.cache.num_pages
 
     def memory(self) -> dict[str, float]:

@@ -240,3 +240,23 @@ def test_a_native_gpu_engine_keeping_its_graphs_gets_expandable_segments(monkeyp
     assert engine_process_env(replace(gpu, engine=EngineConfig(keep_graphs=False))) == {}
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
     assert engine_process_env(gpu) == {}  # the user's setting reaches the actor as it is
+
+
+def test_the_worker_counts_the_wakes_that_kept_the_graphs():
+    from types import SimpleNamespace
+
+    class Engine:  # wakes keep the graphs on the second try (the cache came back in place)
+        graphs = SimpleNamespace(capture_seconds=0.0, kept_wakes=0)
+        cache = SimpleNamespace(num_pages=7)
+        tries = 0
+
+        def wake(self):
+            self.tries += 1
+            self.graphs.kept_wakes += self.tries > 1
+
+    worker = RolloutWorker.__new__(RolloutWorker)
+    worker.engine, worker.counts = Engine(), {}
+    assert worker.wake() == 7 and worker.counts["graphs_kept"] == 0
+    worker.wake()
+    stats = worker.rollout_stats()
+    assert stats["graphs_kept"] == 1 and stats["wake_s"] >= 0 and worker.counts == {}
