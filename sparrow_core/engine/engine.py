@@ -38,6 +38,7 @@ from sparrow_core.cuda_memory import return_cached_blocks
 from sparrow_core.engine.block_manager import BlockManager
 from sparrow_core.engine.config import EngineConfig, EngineError
 from sparrow_core.engine.cuda_graphs import DecodeGraphs
+from sparrow_core.engine.feed import POLL_S, FeedPull
 from sparrow_core.engine.kv_cache import (KVCache, bytes_per_page, centroid_torch_dtype,
                                           pages_for_budget)
 from sparrow_core.engine.runner import ModelRunner, StepOutputs
@@ -65,7 +66,6 @@ class SelectionRecord:
 # counts of the last generate(): steps run, decode steps launched ahead of the previous step's
 # host work, and steps launched ahead then dropped because a sample stopped
 STATS = ("prefill_steps", "decode_steps", "overlapped_steps", "discarded_steps")
-POLL_S = 0.005  # a feed with none for now and nothing to run: its engine asks again after this
 
 
 @dataclass(eq=False)
@@ -205,7 +205,7 @@ class Engine:
         bar = tqdm(total=total, desc="generate", unit="tok", file=sys.stderr,
                    disable=not progress, leave=False)
         self.stats = dict.fromkeys(STATS, 0)
-        pull = _Pull(self, feed, groups, bar) if feed is not None else None
+        pull = FeedPull(feed, self._make_group, groups, bar) if feed is not None else None
         try:
             self._loop(scheduler, bar, pull)
         finally:
@@ -215,7 +215,7 @@ class Engine:
                 scheduler.finish(seq)
         return [[self._result(seq) for seq in group.samples] for group in groups]
 
-    def _loop(self, scheduler: Scheduler, bar: tqdm, pull: "_Pull | None" = None) -> None:
+    def _loop(self, scheduler: Scheduler, bar: tqdm, pull: FeedPull | None = None) -> None:
         """Steps until every sample has finished (and the feed, if any, has no more). In
         steady decode the next step is launched before the host reads the current one's
         tokens (see docs/engine.md, overlap). Requests are pulled only on the synchronous
@@ -360,37 +360,3 @@ class Engine:
             text = self.tokenizer.decode(list(seq.token_ids[seq.prompt_len:]),
                                          skip_special_tokens=True)
         return seq.to_result(text)
-
-
-class _Pull:
-    """generate()'s feed: takes requests while the batch, beyond what waits, has room for one
-    like the last taken (requests are not seen before they are taken: an engine that took one
-    it cannot start yet would hold it from an engine with room)."""
-
-    def __init__(self, engine: Engine, feed: Any, groups: list, bar: tqdm):
-        self.engine, self.feed, self.groups, self.bar = engine, feed, groups, bar
-        self.open = True
-        self.size = (1, 1)  # the last request's samples and pages
-        self.said_full = False  # feed.full() once per stretch without room
-
-    def fill(self, scheduler: Scheduler) -> None:
-        if not self.open:
-            return
-        while all(left >= need for left, need in zip(scheduler.room_after_waiting(),
-                                                     self.size)):
-            request = self.feed.take()
-            if request is None:
-                self.open = False
-                return
-            self.said_full = False
-            if not request:
-                return  # none for now
-            label, prompt, params = request
-            group = self.engine._make_group(int(label), list(prompt), params)
-            self.groups.append(group)
-            self.size = (len(group.samples), scheduler.pages_needed(group))
-            scheduler.add(group)
-            self.bar.total += len(group.samples) * params.max_new_tokens
-        if not self.said_full:
-            self.feed.full()
-            self.said_full = True
