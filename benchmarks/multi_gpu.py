@@ -190,7 +190,8 @@ def run_arm(args, ranks: int) -> dict:
     import ray
 
     from runtime.placement import plan_placement
-    from runtime.rollout_actors import ActorPool, WorkerSpec
+    from runtime.rollout_actors import ActorPool
+    from runtime.rollout_worker import WorkerSpec
     from runtime.trainer_group import TrainerGroup, TrainerSpec
     from sparrow_core.config.schema import AlgoConfig, RolloutConfig
     from sparrow_core.engine import EngineConfig, SamplingParams

@@ -20,7 +20,8 @@ import dataclasses
 from pathlib import Path
 
 from runtime.retention import repair_unsaved_policies, wait_for_deletions
-from runtime.rollout_actors import ActorPool, WorkerSpec, actor_resources, start_ray
+from runtime.rollout_actors import ActorPool, actor_resources, start_ray
+from runtime.rollout_worker import WorkerSpec
 from runtime.run_record import finish_run, new_run_id, open_run
 from runtime.run_runtime import RunRuntime, device_and_dtype, register, release
 from runtime.schedules import schedule_in_force, start_schedule

@@ -13,7 +13,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from runtime.rollout_actors import ActorPool, RolloutWorker, WorkerSpec, engine_process_env
+from runtime.rollout_actors import ActorPool
+from runtime.rollout_worker import RolloutWorker, WorkerSpec, engine_process_env
 from runtime.rollout_dispatch import work_items
 from sparrow_core.engine import EngineConfig, SamplingParams
 from sparrow_core.sparse import Schedule
@@ -171,7 +172,7 @@ def test_work_items_are_contiguous_and_cover_every_prompt():
 
 @pytest.mark.parametrize("omp, threads", [(None, 2), ("", 2), ("1", 1), ("4", 2), ("x", 2)])
 def test_a_cpu_engine_runs_its_cpus_threads_capped_by_omp_num_threads(monkeypatch, omp, threads):
-    from runtime.rollout_actors import cpu_threads
+    from runtime.rollout_worker import cpu_threads
 
     if omp is None:
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

@@ -14,7 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from runtime.rollout_actors import ActorPool, WorkerSpec
+from runtime.rollout_actors import ActorPool
+from runtime.rollout_worker import WorkerSpec
 from runtime.trainer_group import TrainerGroup, TrainerSpec
 from runtime.weight_sync import sync_group_to_pool
 from sparrow_core.engine import EngineConfig

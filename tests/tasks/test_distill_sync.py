@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from runtime.rollout_actors import RolloutWorker, WorkerSpec
+from runtime.rollout_worker import RolloutWorker, WorkerSpec
 from sparrow_core.config.schema import AlgoConfig
 from sparrow_core.engine import EngineConfig
 from sparrow_core.model.builtin import resolve_model_path

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 import sparrow_core.vllm as backend
-from runtime.rollout_actors import RolloutWorker, WorkerSpec
+from runtime.rollout_worker import RolloutWorker, WorkerSpec
 from sparrow_core.engine import EngineConfig, SamplingParams
 from sparrow_core.engine.validate import sample_seed
 from sparrow_core.model.builtin import resolve_model_path

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.rollout_actors import RolloutWorker, WorkerSpec
+from runtime.rollout_worker import RolloutWorker, WorkerSpec
 from sparrow_core.engine import EngineConfig, SamplingParams
 from sparrow_core.sparse import Schedule
 from sparrow_core.vllm import VllmBackendError
