@@ -192,7 +192,8 @@ def run_arm(args, ranks: int) -> dict:
     from runtime.placement import plan_placement
     from runtime.rollout_actors import ActorPool
     from runtime.rollout_worker import WorkerSpec
-    from runtime.trainer_group import TrainerGroup, TrainerSpec
+    from runtime.trainer_group import TrainerGroup
+    from runtime.trainer_rank import TrainerSpec
     from sparrow_core.config.schema import AlgoConfig, RolloutConfig
     from sparrow_core.engine import EngineConfig, SamplingParams
 

@@ -137,7 +137,8 @@ class RunRuntime:
     def _start_trainer_group(self, folder: Path, dtype: str) -> Any:
         """trainer.num_workers ranks on Ray (runtime/trainer_group.py), from `folder` (a saved
         policy, any number of ranks) or the initial model; a previous group is stopped."""
-        from runtime.trainer_group import TrainerGroup, TrainerSpec
+        from runtime.trainer_group import TrainerGroup
+        from runtime.trainer_rank import TrainerSpec
 
         self.shutdown_trainer_group()
         setattr(self, DISTILL_CACHE, None)  # its distiller lived on the old group's ranks

@@ -16,7 +16,8 @@ from safetensors.torch import load_file
 
 from runtime.rollout_actors import ActorPool
 from runtime.rollout_worker import WorkerSpec
-from runtime.trainer_group import TrainerGroup, TrainerSpec
+from runtime.trainer_group import TrainerGroup
+from runtime.trainer_rank import TrainerSpec
 from runtime.weight_sync import sync_group_to_pool
 from sparrow_core.engine import EngineConfig
 from sparrow_core.rl.trainer import PolicyTrainer
@@ -241,7 +242,7 @@ def test_a_rank_gives_its_cached_blocks_back_after_the_update_and_before_the_rol
     """A rank is its own process: after its update (the weight sync and the engine come next
     on its GPU) and when its gradients are dropped before a rollout, it empties its own CUDA
     cache; the driver's empty_cache does not reach it."""
-    from runtime.trainer_group import TrainerRank
+    from runtime.trainer_rank import TrainerRank
 
     calls = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
