@@ -121,9 +121,10 @@ class DecodeGraphs:
     The graphs outlive the KV cache: the engine's sleep lets the cache go (release_cache) and
     keeps the graphs, their memory pool and the static buffers; wake hands the new cache over
     (attach), and the graphs are replayed as they are when it lies at the same addresses with
-    the same shapes (the driver usually gives a freed range back to the next allocation of its
-    size), else dropped and captured again. The weights are the model's own tensors, updated in
-    place (Decoder.load_hf_state_dict), so a weight update leaves the graphs valid."""
+    the same shapes, else dropped and captured again. Torch's expandable segments (the rollout
+    actors', runtime/rollout_worker.py) map the freed range again; its default allocator may
+    place the cache elsewhere. The weights are the model's own tensors, updated in place
+    (Decoder.load_hf_state_dict), so a weight update leaves the graphs valid."""
 
     def __init__(self, model: torch.nn.Module, cache: KVCache, use_graphs: bool = True,
                  fuse_kv_write: bool = True):
