@@ -139,6 +139,8 @@ def arm_metrics(workdir: str, run_id: str, steps: int) -> dict[str, Any]:
         # the hand-over before generate: the trainer's release (offload), the engines' wake
         "rollout_release_s": mean("time/rollout_release_s"),
         "rollout_engine_wake_s": mean("time/rollout_engine_wake_s"),
+        "rollout_capture_s": mean("time/rollout_capture_s"),
+        "rollout_graphs_kept": mean("rollout/graphs_kept"),
         "dense_forward_s": mean("time/dense_forward_s"),
         "update_compute_s": mean("time/update_compute_s"),
         "update_save_s": mean("time/update_save_s"),

@@ -92,6 +92,7 @@ def generate_rollouts(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
         results = runtime.pool.generate([list(row.prompt_ids) for row in rows], params)
         elapsed = time.perf_counter() - clock
         memory = runtime.pool.memory() if runtime.pool_on_gpu else []
+        engines = runtime.pool.rollout_stats()  # since the last rollout's: this one's wake too
     finally:
         runtime.after_rollout()
     released = runtime.pool.memory() if runtime.pool_on_gpu else []
@@ -117,6 +118,10 @@ def generate_rollouts(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
         "time/rollout_wake_s": float(handover["release_s"] + handover["engine_wake_s"]),
         "time/rollout_release_s": float(handover["release_s"]),
         "time/rollout_engine_wake_s": float(handover["engine_wake_s"]),
+        # CUDA graph captures (the slowest engine's) and the engines whose wake replayed the
+        # graphs kept through their sleep (rollout.keep_graphs)
+        "time/rollout_capture_s": max(float(e.get("capture_s", 0.0)) for e in engines),
+        "rollout/graphs_kept": float(sum(e.get("graphs_kept", 0) for e in engines)),
         **({"memory/rollout_peak_gib": max(m["peak_gib"] for m in memory)} if memory else {}),
         **({"memory/engine_after_release_gib": max(m["reserved_gib"] for m in released)}
            if released else {}),

@@ -43,7 +43,8 @@ class RolloutConfig:
     # KV cache memory per engine in MiB (used when gpu_memory_utilization is 0 or on CPU)
     kv_cache_mib: int = 256
     # on GPU: size the KV cache, at each rollout, so the device's used memory reaches this
-    # share of its total (vLLM's gpu_memory_utilization); 0 uses kv_cache_mib
+    # share of its total (vLLM's gpu_memory_utilization; native: the same size while it
+    # fits, docs/engine.md); 0 uses kv_cache_mib
     gpu_memory_utilization: float = 0.0
     # on GPU: free the KV cache between rollouts so scoring and the update have the memory
     release_memory: bool = True

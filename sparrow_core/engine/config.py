@@ -42,8 +42,8 @@ class EngineConfig:
     # exact number of KV pages; 0 sizes the cache from memory_utilization or kv_cache_mib
     num_pages: int = 0
     # on CUDA: size the cache when it is allocated (at start and at each wake()) so the
-    # device's used memory, all processes counted, reaches this share of its total; 0 uses
-    # kv_cache_mib
+    # device's used memory, all processes counted, reaches this share of its total (98% of
+    # that, kept from wake to wake while it fits: kv_cache.pages_for_room); 0 uses kv_cache_mib
     memory_utilization: float = 0.0
     # longest total sequence (prompt + new tokens); 0 takes the model's max_position_embeddings
     max_context: int = 0

@@ -40,7 +40,7 @@ from sparrow_core.engine.config import EngineConfig, EngineError
 from sparrow_core.engine.cuda_graphs import DecodeGraphs
 from sparrow_core.engine.feed import POLL_S, FeedPull
 from sparrow_core.engine.kv_cache import (KVCache, bytes_per_page, centroid_torch_dtype,
-                                          pages_for_budget)
+                                          pages_for_budget, pages_for_room)
 from sparrow_core.engine.runner import ModelRunner, StepOutputs
 from sparrow_core.engine.sampler import SamplingBatch, SamplingParams, sample
 from sparrow_core.engine.scheduler import Batch, Scheduler, SequenceGroup, pages_needed
@@ -99,6 +99,7 @@ class Engine:
         arch = model.arch
         self.cache: KVCache | None = None
         self._graphs_asleep: DecodeGraphs | None = None  # kept through sleep (keep_graphs)
+        self._sized_pages = 0  # the last cache's pages when sized from memory_utilization
         self.wake()
         self.max_context = self.config.max_context or arch.max_position_embeddings
         self.selection_log: list[SelectionRecord] = []
@@ -122,7 +123,8 @@ class Engine:
             return
         weight = next(self.model.parameters())
         centroids = centroid_torch_dtype(self.config.centroid_dtype, weight.dtype)
-        num_pages = self.config.num_pages or self._pages_from_memory(weight, centroids) or \
+        self._sized_pages = self._pages_from_memory(weight, centroids)
+        num_pages = self.config.num_pages or self._sized_pages or \
             pages_for_budget(self.model.arch, self.config.page_size, weight.dtype,
                              self.config.kv_cache_mib, centroids)
         self.cache = KVCache.allocate(self.model.arch, num_pages, self.config.page_size,
@@ -155,10 +157,11 @@ class Engine:
         return self._graphs_asleep if self.runner is None else self.runner.graphs
 
     def _pages_from_memory(self, weight: torch.Tensor, centroids: torch.dtype) -> int:
-        """Pages that bring the device's used memory to memory_utilization of its total
-        (0 when the setting is off or off CUDA)."""
+        """Pages that bring the device's used memory to memory_utilization of its total, the
+        last wake's count while it fits (kv_cache.pages_for_room); 0 when the setting is off,
+        off CUDA or with num_pages set."""
         share = self.config.memory_utilization
-        if not share or weight.device.type != "cuda":
+        if not share or weight.device.type != "cuda" or self.config.num_pages:
             return 0
         free, total = torch.cuda.mem_get_info(weight.device)
         room = int(share * total) - (total - free)
@@ -167,7 +170,7 @@ class Engine:
             raise EngineError(
                 f"memory_utilization={share} leaves no room for the KV cache: "
                 f"{(total - free) / 2**30:.1f} of {total / 2**30:.1f} GiB already in use")
-        return room // per_page
+        return pages_for_room(room, per_page, self._sized_pages)
 
     # trainer hooks
 

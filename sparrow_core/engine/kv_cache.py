@@ -48,6 +48,22 @@ def bytes_per_page(arch: "ModelArch", page_size: int, dtype: torch.dtype,
     return arch.num_layers * per_layer
 
 
+# a cache sized from free memory takes this share of what fits, and keeps its size at later
+# wakes until what fits grows past REGROW times it or falls below it
+HEADROOM, REGROW = 0.98, 1.05
+
+
+def pages_for_room(room: int, per_page: int, before: int = 0) -> int:
+    """Pages of a cache sized from `room` free bytes, `before` the last one's (0: none). The
+    last size while it fits and what fits is under REGROW times it, so the cache keeps its
+    shape from wake to wake (kept decode graphs replay, engine/cuda_graphs.py); else HEADROOM
+    of what fits, which small swings in free memory leave standing."""
+    fits = room // per_page
+    if 0 < before <= fits < REGROW * before:
+        return before
+    return max(1, int(fits * HEADROOM))
+
+
 def pages_for_budget(arch: "ModelArch", page_size: int, dtype: torch.dtype, mib: float,
                      centroids: torch.dtype | None = None) -> int:
     per_page = bytes_per_page(arch, page_size, dtype, centroids)

@@ -38,6 +38,8 @@ def test_smoke_run_reports_every_case_key(tmp_path, flow_environment):
         # the hand-over's two parts, each within the rollout stage
         assert 0 <= stats["rollout_release_s"] + stats["rollout_engine_wake_s"] \
             <= stats["stage_s"]["rollout"]
+        # a CPU engine has no CUDA graphs: nothing captured, nothing kept
+        assert stats["rollout_capture_s"] == 0 and stats["rollout_graphs_kept"] == 0
     assert case["rollout_speedup"] > 0 and case["step_speedup"] > 0
     # the runs' folders went (the metrics live in DuckDB), the done markers stayed
     assert not (tmp_path / "work" / "dense-24" / "runs").exists()

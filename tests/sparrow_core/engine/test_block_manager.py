@@ -6,7 +6,8 @@ import torch
 
 from sparrow_core.engine.block_manager import BlockManager, OutOfPages
 from sparrow_core.engine.config import EngineError
-from sparrow_core.engine.kv_cache import KVCache, bytes_per_page, pages_for_budget
+from sparrow_core.engine.kv_cache import (KVCache, bytes_per_page, pages_for_budget,
+                                          pages_for_room)
 from sparrow_core.engine.sequence import Sequence
 from sparrow_core.model.config import ModelArch
 
@@ -115,3 +116,13 @@ def test_append_slot_ahead_and_a_position_without_a_page():
         manager.slot(seq, 4)
     manager.append_slot(seq, ahead=1)  # the step after: position 4 starts page 1
     assert len(seq.page_table) == 2 and manager.slot(seq, 4) == seq.page_table[1] * 4
+
+
+def test_a_cache_sized_from_free_memory_keeps_its_size_while_it_fits():
+    per_page = 1000
+    assert pages_for_room(100_000, per_page) == 98  # first wake: 98% of the 100 that fit
+    assert pages_for_room(99_500, per_page, before=98) == 98  # a small swing: the same shape
+    assert pages_for_room(102_000, per_page, before=98) == 98  # 102 fit, under 5% more
+    assert pages_for_room(97_000, per_page, before=98) == 95  # 97 fit: it shrinks
+    assert pages_for_room(103_000, per_page, before=98) == 100  # 103 fit: grown by 5%
+    assert pages_for_room(1_500, per_page) == 1  # at least one page
