@@ -120,7 +120,8 @@ def generate_rollouts(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
         "time/rollout_engine_wake_s": float(handover["engine_wake_s"]),
         # CUDA graph captures (the slowest engine's) and the engines whose wake replayed the
         # graphs kept through their sleep (rollout.keep_graphs)
-        "time/rollout_capture_s": max(float(e.get("capture_s", 0.0)) for e in engines),
+        "time/rollout_capture_s": max((float(e.get("capture_s", 0.0)) for e in engines),
+                                       default=0.0),
         "rollout/graphs_kept": float(sum(e.get("graphs_kept", 0) for e in engines)),
         **({"memory/rollout_peak_gib": max(m["peak_gib"] for m in memory)} if memory else {}),
         **({"memory/engine_after_release_gib": max(m["reserved_gib"] for m in released)}
