@@ -242,3 +242,22 @@ def test_graphs_kept_through_sleep_replay_into_the_new_cache(qwen3_checkpoint):
     assert engine.cache.k.data_ptr() != held.k.data_ptr() and graphs.graphs == {}
     assert_same(engine.generate(PROMPTS, params), want, atol=1e-5)
     assert graphs.capture_seconds > seconds
+
+
+@pytest.mark.gpu
+def test_a_cache_sized_from_memory_keeps_its_size_through_small_swings(qwen3_checkpoint):
+    """memory_utilization sizes the cache at each wake; a few MiB more in use leave its size
+    (and so its shape) as it was, a few GiB shrink it."""
+    model = load_model(qwen3_checkpoint, device="cuda", dtype=torch.float32)
+    config = EngineConfig(memory_utilization=0.25, page_size=16, max_batch_size=4)
+    engine = Engine(model, None, config)  # ~12 KiB pages: about 1.5M of them on an H100
+    pages = engine.cache.num_pages
+    engine.sleep()
+    small = torch.empty(64 * 2**20, dtype=torch.uint8, device="cuda")
+    engine.wake()
+    assert engine.cache.num_pages == pages
+    engine.sleep()
+    large = torch.empty(4 * 2**30, dtype=torch.uint8, device="cuda")
+    engine.wake()
+    assert engine.cache.num_pages < pages
+    del small, large
