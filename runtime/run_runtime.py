@@ -155,8 +155,11 @@ class RunRuntime:
             self._group = None
 
     def trainer_after(self, step: int) -> Any:
-        """The in-memory trainer if it holds the policy after `step`, else None."""
-        return self._trainer if self._trainer_step == step else None
+        """The in-memory trainer if it holds the policy after `step`, else None (also for a
+        group stopped after a failure: the policy is read from its folder instead)."""
+        if self._trainer_step != step or getattr(self._trainer, "failed", ""):
+            return None
+        return self._trainer
 
     # one GPU shared by the rollout engines and the trainer
 

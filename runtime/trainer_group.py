@@ -107,13 +107,18 @@ class TrainerGroup:
                 results[done] = ray.get(done)
             except ray.exceptions.RayError as err:
                 cause = getattr(err, "cause", None) or err
-                self.failed = (f"the trainer group was stopped after {method} failed on rank "
-                               f"{futures.index(done)}: {str(cause).splitlines()[0]}")
-                self._kill()
+                self.stop(f"{method} failed on rank {futures.index(done)}: "
+                          f"{str(cause).splitlines()[0]}")
                 if isinstance(cause, SparrowError):
                     raise cause from None
                 raise
         return [results[future] for future in futures]
+
+    def stop(self, why: str) -> None:
+        """Kill every rank now (one may be waiting in a collective for a party that failed);
+        later calls raise TrainerGroupError with `why`, and the flow starts a new group."""
+        self.failed = f"the trainer group was stopped after {why}"
+        self._kill()
 
     def _kill(self) -> None:
         import ray

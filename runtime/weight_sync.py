@@ -18,7 +18,9 @@ the weights never pass through host memory. group.last_sync holds the last sync'
 seconds: connect_s (device uuids, and the sync group when the actors changed), gather_s
 (the ranks' gather and pack; pack_s is rank 0's own time in it), transfer_s (the broadcast and
 the IPC copies until every engine has its weights; send_s is rank 0's), and per engine
-{mode, seconds, load_s (its copies into the engine)}.
+{mode, seconds, load_s (its copies into the engine)}. A party that fails while others wait
+in the broadcast stops the group and the engines waiting at once (`transfer`); the sync
+stage's retry then loads the policy folder (RunRuntime.trainer_after gives no stopped group).
 Tests: tests/runtime/test_trainer_group.py (gloo); tests/sparrow_core/rl/test_multigpu.py (NCCL).
 """
 
@@ -66,10 +68,9 @@ def sync_group_to_pool(group, pool, weights_path: str, bucket_bytes: int,
     futures += [pool.actors[i].receive_weights.remote(str(weights_path)) for i in members]
     futures += [pool.actors[i].copy_shared.remote(packed["message"], str(weights_path),
                                                   str(adapter_path)) for i in shared]
-    try:
-        done = ray.get(futures)
-    finally:
-        ray.get(group.actors[0].release_sync.remote())
+    done = transfer(group, [group.actors[0]] + [pool.actors[i] for i in members + shared],
+                    futures)
+    ray.get(group.actors[0].release_sync.remote())
     times["transfer_s"] = _lap(times, clock)
     engines = dict(zip(members + shared, done[1:]))
     group.last_sync = {**times, "seconds": time.perf_counter() - clock,
@@ -79,6 +80,35 @@ def sync_group_to_pool(group, pool, weights_path: str, bucket_bytes: int,
     pool.spec = replace(pool.spec, weights_path=str(weights_path),
                         adapter_path=str(adapter_path))
     return ["ipc" if i in shared else backend for i in range(len(pool.actors))]
+
+
+def transfer(group, parties: list, futures: list) -> list:
+    """Every party's result (rank 0's send, each engine's receive or copy), taken as each
+    comes. A party that fails while others still run would leave them in the broadcast until
+    the sync group's timeout (10 minutes; NCCL does not notice a dead peer sooner): the
+    trainer group is stopped, the engines still waiting are killed (the pool replaces them
+    from the policy folder at its next call), and the failure raised."""
+    import ray
+    import ray.exceptions
+
+    results: dict = {}
+    pending = list(futures)
+    while pending:
+        [ready], pending = ray.wait(pending, num_returns=1)
+        try:
+            results[ready] = ray.get(ready)
+        except ray.exceptions.RayError as err:
+            waiting = ray.wait(pending, num_returns=len(pending), timeout=0)[1] if pending else []
+            if waiting:
+                index = futures.index(ready)
+                who = "rank 0" if index == 0 else f"engine {index - 1} of the sync"
+                cause = getattr(err, "cause", None) or err
+                group.stop(f"the weight sync failed on {who}: {str(cause).splitlines()[0]}")
+                for future in waiting:
+                    if futures.index(future) > 0:
+                        ray.kill(parties[futures.index(future)], no_restart=True)
+            raise
+    return [results[future] for future in futures]
 
 
 def _lap(times: dict, clock: float) -> float:
