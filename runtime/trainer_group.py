@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from runtime.ray_results import first_line, results_failing_fast
 from runtime.trainer_rank import TrainerRank, TrainerSpec
 from sparrow_core.errors import SparrowError
 
@@ -96,23 +97,16 @@ class TrainerGroup:
         the group: the others may be waiting for it in a collective and would wait out the
         process group's timeout. Its SparrowError (a TrainerMemoryError, say) comes back as
         itself, anything else as Ray raised it; later calls raise TrainerGroupError."""
-        import ray
         import ray.exceptions
 
-        results: dict[Any, Any] = {}
-        pending = list(futures)
-        while pending:
-            [done], pending = ray.wait(pending, num_returns=1)
-            try:
-                results[done] = ray.get(done)
-            except ray.exceptions.RayError as err:
-                cause = getattr(err, "cause", None) or err
-                self.stop(f"{method} failed on rank {futures.index(done)}: "
-                          f"{str(cause).splitlines()[0]}")
-                if isinstance(cause, SparrowError):
-                    raise cause from None
-                raise
-        return [results[future] for future in futures]
+        try:
+            return results_failing_fast(futures, lambda rank, cause, _: self.stop(
+                f"{method} failed on rank {rank}: {first_line(cause)}"))
+        except ray.exceptions.RayError as err:
+            cause = getattr(err, "cause", None) or err
+            if isinstance(cause, SparrowError):
+                raise cause from None
+            raise
 
     def stop(self, why: str) -> None:
         """Kill every rank now (one may be waiting in a collective for a party that failed);

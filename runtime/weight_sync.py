@@ -29,6 +29,8 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+from runtime.ray_results import first_line, results_failing_fast
+
 
 def _connect(group, pool, members: list[int], backend: str) -> None:
     import ray
@@ -89,26 +91,17 @@ def transfer(group, parties: list, futures: list) -> list:
     trainer group is stopped, the engines still waiting are killed (the pool replaces them
     from the policy folder at its next call), and the failure raised."""
     import ray
-    import ray.exceptions
 
-    results: dict = {}
-    pending = list(futures)
-    while pending:
-        [ready], pending = ray.wait(pending, num_returns=1)
-        try:
-            results[ready] = ray.get(ready)
-        except ray.exceptions.RayError as err:
-            waiting = ray.wait(pending, num_returns=len(pending), timeout=0)[1] if pending else []
-            if waiting:
-                index = futures.index(ready)
-                who = "rank 0" if index == 0 else f"engine {index - 1} of the sync"
-                cause = getattr(err, "cause", None) or err
-                group.stop(f"the weight sync failed on {who}: {str(cause).splitlines()[0]}")
-                for future in waiting:
-                    if futures.index(future) > 0:
-                        ray.kill(parties[futures.index(future)], no_restart=True)
-            raise
-    return [results[future] for future in futures]
+    def stop_the_waiting(index: int, cause: BaseException, waiting: list) -> None:
+        if not waiting:
+            return
+        who = "rank 0" if index == 0 else f"engine {index - 1} of the sync"
+        group.stop(f"the weight sync failed on {who}: {first_line(cause)}")
+        for future in waiting:
+            if futures.index(future) > 0:
+                ray.kill(parties[futures.index(future)], no_restart=True)
+
+    return results_failing_fast(futures, stop_the_waiting)
 
 
 def _lap(times: dict, clock: float) -> float:
