@@ -163,6 +163,19 @@ def target_case_args(description: str, argv=None,
     return args, device, batch, context
 
 
+def add_rollout_shape_args(parser) -> None:
+    """The CPU host-path benchmarks' shape (sample_transfer.py, score_host.py): samples x
+    tokens with a top-K per token, repetitions, --smoke and --out."""
+    parser.add_argument("--seqs", type=int, default=16)
+    parser.add_argument("--tokens", type=int, default=32768)
+    parser.add_argument("--prompt", type=int, default=164)
+    parser.add_argument("--topk", type=int, default=20)
+    parser.add_argument("--vocab", type=int, default=151936)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="2,048 tokens, one repetition")
+    parser.add_argument("--out", default=None)
+
+
 def write_json(path: str | None, payload: dict[str, Any], quiet: bool = False) -> None:
     """Print the JSON document and, when a path is given, write it there too."""
     text = json.dumps(payload, indent=1, default=float)

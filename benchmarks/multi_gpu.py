@@ -24,7 +24,7 @@ into separate items of that many prompts instead (rollout.work_item_prompts; pro
 gives each engine its fixed half, the dispatch before the engines took prompts as they ran;
 2 is what the first GPU run's dispatch did at 16 prompts). --min-new-tokens draws each
 prompt's budget in [that, --new-tokens] (seeded), so samples end at uneven steps as with eos
-on: the case where taking prompts as engines free up should beat fixed halves.
+on (measured at 28 layers: the two dispatches level, docs/multi_gpu.md).
 Each arm is a child process with its own local Ray holding --gpus GPUs (rollout.placement
 colocated: trainer rank i and engine i share GPU i; the engine's KV cache is freed while the
 trainer works). The first step is warm-up; the JSON holds every step and the mean of the rest.
@@ -237,9 +237,8 @@ def token_budgets(args) -> list[int]:
 
 
 CASE_KEYS = ("layers", "prompts", "samples", "prompt_tokens", "new_tokens", "min_new_tokens",
-             "max_batch",
-             "work_item_prompts", "kv_cache_mib", "micro_batch_tokens", "gradient_checkpointing",
-             "no_keep_graphs")
+             "max_batch", "work_item_prompts", "kv_cache_mib", "micro_batch_tokens",
+             "gradient_checkpointing", "no_keep_graphs")
 
 
 def report_of(case: dict, arms: list[dict], facts) -> dict:

@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import device_facts, write_json  # noqa: E402
+from benchmarks.common import add_rollout_shape_args, device_facts, write_json  # noqa: E402
 from sparrow_core.data.rollouts import RolloutRecord, read_rollouts, write_rollouts  # noqa: E402
 from sparrow_core.rl.scoring import score_rollouts  # noqa: E402
 from tasks.dense_score import read_scores, write_scores  # noqa: E402
@@ -110,16 +110,9 @@ def run(args) -> dict:
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seqs", type=int, default=16)
-    parser.add_argument("--tokens", type=int, default=32768)
-    parser.add_argument("--prompt", type=int, default=164)
-    parser.add_argument("--topk", type=int, default=20)
-    parser.add_argument("--vocab", type=int, default=151936)
+    add_rollout_shape_args(parser)
     parser.add_argument("--micro-batch-tokens", type=int, default=8192,
                         help="algo.micro_batch_tokens (its default)")
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--smoke", action="store_true", help="2,048 tokens, one repetition")
-    parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if args.smoke:
         args.tokens, args.reps = 2048, 1

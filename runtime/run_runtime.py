@@ -116,10 +116,10 @@ class RunRuntime:
 
     def trainer_before(self, step: int) -> Any:
         """The trainer holding the policy (and optimizer state) that step `step` starts from."""
-        if (self._trainer is not None and self._trainer_step == step - 1
-                and not getattr(self._trainer, "failed", "")):  # a stopped group starts anew
-            self._trainer.onload()
-            return self._trainer
+        trainer = self.trainer_after(step - 1)
+        if trainer is not None:
+            trainer.onload()
+            return trainer
         from sparrow_core.rl.trainer import PolicyTrainer
 
         device, dtype = device_and_dtype(self.cfg.model)
@@ -156,7 +156,8 @@ class RunRuntime:
 
     def trainer_after(self, step: int) -> Any:
         """The in-memory trainer if it holds the policy after `step`, else None (also for a
-        group stopped after a failure: the policy is read from its folder instead)."""
+        group stopped after a failure: the policy is read from its folder, and the next step
+        starts a new group)."""
         if self._trainer_step != step or getattr(self._trainer, "failed", ""):
             return None
         return self._trainer

@@ -40,7 +40,9 @@ def names_out_of_memory(stage: str, checkpointing: bool = False) -> Callable:
                 return method(self, *args, **kwargs)
             except torch.OutOfMemoryError as err:
                 said = ". ".join(str(err).split(". ")[:2])
-            # outside the except block: the failed call's frames (and their tensors) are gone
+            # outside the except block: the failed call's frames (and their tensors) are gone,
+            # so their blocks can go back to the device before its figures are read
+            return_cached_blocks()
             raise TrainerMemoryError(memory_message(stage, self.algo, self.device, said,
                                                     checkpointing))
         return call
@@ -49,9 +51,8 @@ def names_out_of_memory(stage: str, checkpointing: bool = False) -> Callable:
 
 def memory_message(stage: str, algo: Any, device: torch.device, said: str,
                    checkpointing: bool = False) -> str:
-    """The error's text; gives this process's cached blocks back first (a CUDA device)."""
+    """The error's text, with the device's figures as they are now (a CUDA device)."""
     figures = ""
-    return_cached_blocks()
     if device.type == "cuda" and torch.cuda.is_available():
         free, total = torch.cuda.mem_get_info(device)
         held = torch.cuda.memory_reserved(device)
