@@ -31,12 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import copy_bandwidth, device_facts, fill_random_, time_graph, write_json  # noqa: E402
 from benchmarks.peers import flashinfer_cases  # noqa: E402
-from sparrow_core.kernels.kv_write import round_centroids  # noqa: E402
-from sparrow_core.kernels.page_scores import page_scores  # noqa: E402
-from sparrow_core.kernels.page_topk import page_topk, select_page_lists  # noqa: E402
-from sparrow_core.kernels.paged_decode import (paged_decode_attention,  # noqa: E402
-                                               sparse_paged_decode_attention)
-from sparrow_core.sparse.presets import get_preset  # noqa: E402
+from sparrow.kernels.kv_write import round_centroids  # noqa: E402
+from sparrow.kernels.page_scores import page_scores  # noqa: E402
+from sparrow.kernels.page_topk import page_topk, select_page_lists  # noqa: E402
+from sparrow.kernels.paged_decode import paged_decode_attention, sparse_paged_decode_attention
+from sparrow.sparse.presets import get_preset  # noqa: E402
 
 HEADS = {"qwen3-1.7b": (16, 8), "qwen3-4b": (32, 8)}
 PAGE, DIM = 16, 128

@@ -7,7 +7,7 @@
 overhead: the same trivial program (`print(1)`) run `--runs` times one after another, as
 plain `python -I -B program.py` and through the sandbox (bwrap, the harness, the rlimits;
 code_reward.run_test), both with the interpreter the sandbox uses; medians in ms and their
-difference. throughput: the sample set's reference solutions (sparrow_core/assets/code,
+difference. throughput: the sample set's reference solutions (sparrow/assets/code,
 ten programs, 31 tests; each test one sandboxed run) repeated `--copies` times, scored with
 the registered `code` reward by the reward runner at each worker count of `--workers`:
 programs and sandboxed runs per second, wall clock including the workers' start, every
@@ -29,10 +29,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sparrow_core.data.code_datasets import SAMPLE_PATH, read_code_file  # noqa: E402
-from sparrow_core.data.code_reward import parse_tests, program_box, run_test  # noqa: E402
-from sparrow_core.data.reward_runner import score_completions  # noqa: E402
-from sparrow_core.data.sandbox import SandboxLimits, find_bwrap, sandbox_python  # noqa: E402
+from sparrow.data.code_datasets import SAMPLE_PATH, read_code_file  # noqa: E402
+from sparrow.data.code_reward import parse_tests, program_box, run_test  # noqa: E402
+from sparrow.data.reward_runner import score_completions  # noqa: E402
+from sparrow.data.sandbox import SandboxLimits, find_bwrap, sandbox_python  # noqa: E402
 
 TRIVIAL = "print(1)\n"
 

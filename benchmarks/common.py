@@ -117,7 +117,7 @@ def copy_bandwidth(gib: float = 2.0) -> dict[str, float]:
 
 
 def _options_record() -> dict[str, Any]:
-    from sparrow_core.kernels.runtime import current_options
+    from sparrow.kernels.runtime import current_options
 
     options = current_options()
     return {"programmatic_launch": sorted(options.programmatic_launch),
@@ -138,7 +138,7 @@ def add_kernel_option_flags(parser) -> None:
 
 def kernel_options_from(args):
     """The KernelOptions the flags of add_kernel_option_flags name."""
-    from sparrow_core.engine.config import EngineConfig
+    from sparrow.engine.config import EngineConfig
 
     return EngineConfig(programmatic_launch=args.programmatic_launch,
                         skinny_linear=not args.no_skinny_linear,

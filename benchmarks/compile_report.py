@@ -24,8 +24,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from sparrow_core.kernels import (kv_write, linear, page_scores, page_topk,  # noqa: E402
-                                  paged_decode, split_combine)
+from sparrow.kernels import kv_write, linear, page_scores, page_topk, paged_decode, split_combine
 
 
 # strides that are not multiples of 16 elements at the benchmark shapes

@@ -32,16 +32,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import (add_kernel_option_flags, copy_bandwidth,  # noqa: E402
                                device_facts, fill_random_, kernel_options_from, time_graph,
                                write_json)
-from sparrow_core.costmodel import get_hardware, get_model, schedule_cost  # noqa: E402
-from sparrow_core.costmodel_presets import Hardware  # noqa: E402
-from sparrow_core.engine.cuda_graphs import (DecodeGraphs, batch_bucket,  # noqa: E402
-                                             sparsity_key, width_bucket)
-from sparrow_core.engine.kv_cache import KVCache, bytes_per_page  # noqa: E402
-from sparrow_core.kernels.runtime import kernel_options  # noqa: E402
-from sparrow_core.model.config import ModelArch  # noqa: E402
-from sparrow_core.model.decoder import Decoder  # noqa: E402
-from sparrow_core.sparse.presets import get_preset  # noqa: E402
-from sparrow_core.sparse.selection import pages_read  # noqa: E402
+from sparrow.costmodel.eflops import get_hardware, get_model, schedule_cost  # noqa: E402
+from sparrow.costmodel.presets import Hardware  # noqa: E402
+from sparrow.engine.cuda_graphs import DecodeGraphs, batch_bucket, sparsity_key, width_bucket
+from sparrow.engine.kv_cache import KVCache, bytes_per_page  # noqa: E402
+from sparrow.kernels.runtime import kernel_options  # noqa: E402
+from sparrow.model.config import ModelArch  # noqa: E402
+from sparrow.model.decoder import Decoder  # noqa: E402
+from sparrow.sparse.presets import get_preset  # noqa: E402
+from sparrow.sparse.selection import pages_read  # noqa: E402
 
 PAGE = 16
 PROMPT, GENERATED = 1024, 32768

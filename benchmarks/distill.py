@@ -36,24 +36,24 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sparrow_core.data.datasets import load_prompts  # noqa: E402
-from sparrow_core.data.rewards import REWARD_FUNCTIONS  # noqa: E402
-from sparrow_core.data.rollouts import RolloutRecord  # noqa: E402
-from sparrow_core.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
-from sparrow_core.model import load_model, load_tokenizer  # noqa: E402
-from sparrow_core.model.builtin import resolve_model_path  # noqa: E402
-from sparrow_core.rl.distill import SparseDistiller  # noqa: E402
-from sparrow_core.rl.lora import merge_weights  # noqa: E402
-from sparrow_core.rl.trainer import PolicyTrainer, resolve_device, resolve_dtype  # noqa: E402
-from sparrow_core.sparse import resolve_schedule  # noqa: E402
+from sparrow.data.datasets import load_prompts  # noqa: E402
+from sparrow.data.rewards import REWARD_FUNCTIONS  # noqa: E402
+from sparrow.data.rollouts import RolloutRecord  # noqa: E402
+from sparrow.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
+from sparrow.model import load_model, load_tokenizer  # noqa: E402
+from sparrow.model.builtin import resolve_model_path  # noqa: E402
+from sparrow.trainer.distill import SparseDistiller  # noqa: E402
+from sparrow.trainer.lora import merge_weights  # noqa: E402
+from sparrow.trainer.policy_trainer import PolicyTrainer, resolve_device, resolve_dtype  # noqa: E402
+from sparrow.sparse import resolve_schedule  # noqa: E402
 
 
 def _schema():
-    """sparrow_core/config/schema.py alone: the package's __init__ pulls in OmegaConf, which
+    """sparrow/config/schema.py alone: the package's __init__ pulls in OmegaConf, which
     the GPU image lacks, and the dataclasses need none of it."""
     import importlib.util
 
-    file = Path(__file__).resolve().parent.parent / "sparrow_core" / "config" / "schema.py"
+    file = Path(__file__).resolve().parent.parent / "sparrow" / "config" / "schema.py"
     spec = importlib.util.spec_from_file_location("sparrow_config_schema", file)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up by name
@@ -107,7 +107,7 @@ def model_path(args) -> Path:
     if not args.random_layers:
         return resolve_model_path(args.model)
     from benchmarks.rl_step import SHAPE_17B
-    from sparrow_core.model.random_checkpoint import make_random_checkpoint
+    from sparrow.model.random_checkpoint import make_random_checkpoint
 
     folder = Path(args.workdir) / f"qwen3-1.7b-shape-{args.random_layers}l"
     if not list(folder.glob("*.safetensors")):

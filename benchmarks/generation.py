@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import device_facts, write_json  # noqa: E402
 from benchmarks.decode_step import (PAGE, StepBench, model_arch,  # noqa: E402
                                     random_model)
-from sparrow_core.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
-from sparrow_core.engine.kv_cache import bytes_per_page  # noqa: E402
-from sparrow_core.sparse.presets import get_preset  # noqa: E402
+from sparrow.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
+from sparrow.engine.kv_cache import bytes_per_page  # noqa: E402
+from sparrow.sparse.presets import get_preset  # noqa: E402
 
 
 def predicted_us(bench, batch, prompt, new, schedule, contexts):

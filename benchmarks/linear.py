@@ -32,12 +32,11 @@ from torch.nn import functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import copy_bandwidth, device_facts, time_graph, write_json  # noqa: E402
-from sparrow_core.costmodel_presets import get_model  # noqa: E402
-from sparrow_core.kernels.linear import (  # noqa: E402
-    MAX_ROWS, LinearLaunch, RowNorm, default_launch, skinny_linear)
-from sparrow_core.kernels.rms_norm import rms_norm  # noqa: E402
-from sparrow_core.kernels.runtime import multiprocessors, programmatic_launch  # noqa: E402
-from sparrow_core.kernels.silu_mul import silu_mul  # noqa: E402
+from sparrow.costmodel.presets import get_model  # noqa: E402
+from sparrow.kernels.linear import MAX_ROWS, LinearLaunch, RowNorm, default_launch, skinny_linear
+from sparrow.kernels.rms_norm import rms_norm  # noqa: E402
+from sparrow.kernels.runtime import multiprocessors, programmatic_launch  # noqa: E402
+from sparrow.kernels.silu_mul import silu_mul  # noqa: E402
 
 READ_PER_TIMING = 256 << 20
 

@@ -19,7 +19,7 @@ sample runs to --new-tokens. The default, 64 prompts x 8 samples with engines of
 its 512 samples in two waves of 256 (2 x 1,024 decode steps), two engines one wave each. With
 --prompts 16 (128 samples, one wave on one engine) decode is bound by the number of steps,
 not the batch, and 2 GPUs can gain little in the rollout. With two or more engines they take
-prompts as they run (runtime/rollout_dispatch.py); --work-item-prompts > 0 cuts the prompts
+prompts as they run (sparrow/runtime/rollout/dispatch.py); --work-item-prompts > 0 cuts the prompts
 into separate items of that many prompts instead (rollout.work_item_prompts; prompts / GPUs
 gives each engine its fixed half, the dispatch before the engines took prompts as they ran;
 2 is what the first GPU run's dispatch did at 16 prompts). --min-new-tokens draws each
@@ -32,7 +32,7 @@ Per step, besides each phase's wall time: `rollout` (the driver's wake, generate
 per engine its busy time as the dispatch saw it, its time inside the engine, CUDA graph
 captures, KV cache allocation, items, samples and decode steps), `score_ranks` and
 `update_ranks` (each rank's own seconds; the wall less these is Ray's share), and `sync`
-(runtime/weight_sync.py's phases: gather and pack on the ranks, transfer, each engine's load).
+(sparrow/runtime/rollout/weight_sync.py's phases: gather and pack on the ranks, transfer, each engine's load).
 Needs ray (no Prefect, DuckDB or MLflow).
 """
 
@@ -93,7 +93,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def build_model(args) -> Path:
-    from sparrow_core.model.random_checkpoint import make_random_checkpoint
+    from sparrow.model.random_checkpoint import make_random_checkpoint
 
     shape = SMOKE if args.smoke else SHAPE_17B
     folder = Path(args.workdir) / f"model-{args.layers}-{shape['vocab_size']}"
@@ -103,7 +103,7 @@ def build_model(args) -> Path:
 
 
 def records_of(prompts, results):
-    from sparrow_core.data.rollouts import RolloutRecord
+    from sparrow.data.rollouts import RolloutRecord
 
     return [RolloutRecord(p, s.sample_index, p, tuple(prompt), tuple(s.output_ids),
                           tuple(s.logprobs), s.topk_ids, s.topk_logprobs,
@@ -130,7 +130,7 @@ def rollout(pool, prompts, params) -> tuple[list, dict]:
 
 
 def one_step(group, pool, prompts, params, args) -> dict:
-    from runtime.weight_sync import sync_group_to_pool
+    from sparrow.runtime.rollout.weight_sync import sync_group_to_pool
 
     times: dict = {}
     group.free_gradients()
@@ -189,13 +189,13 @@ def mean_of(steps: list[dict]) -> dict[str, float]:
 def run_arm(args, ranks: int) -> dict:
     import ray
 
-    from runtime.placement import plan_placement
-    from runtime.rollout_actors import ActorPool
-    from runtime.rollout_worker import WorkerSpec
-    from runtime.trainer_group import TrainerGroup
-    from runtime.trainer_rank import TrainerSpec
-    from sparrow_core.config.schema import AlgoConfig, RolloutConfig
-    from sparrow_core.engine import EngineConfig, SamplingParams
+    from sparrow.runtime.placement import plan_placement
+    from sparrow.runtime.rollout.actors import ActorPool
+    from sparrow.runtime.rollout.worker import WorkerSpec
+    from sparrow.runtime.trainer_group.group import TrainerGroup
+    from sparrow.runtime.trainer_group.rank import TrainerSpec
+    from sparrow.config.schema import AlgoConfig, RolloutConfig
+    from sparrow.engine import EngineConfig, SamplingParams
 
     model = build_model(args)
     use_gpu = not args.smoke

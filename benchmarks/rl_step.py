@@ -64,7 +64,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def model_path(args: argparse.Namespace) -> str:
     if args.smoke:
         return "builtin:tiny"
-    from sparrow_core.model.random_checkpoint import make_random_checkpoint
+    from sparrow.model.random_checkpoint import make_random_checkpoint
 
     folder = Path(args.workdir) / f"qwen3-1.7b-shape-{args.layers}l"
     if not (folder / "model.safetensors").exists() and not list(folder.glob("*.safetensors")):
@@ -88,7 +88,7 @@ def arm_overrides(args, arm: str, new_tokens: int, path: str) -> list[str]:
 
 def run_child(overrides: list[str]) -> None:
     """One arm: the train flow in this process; its summary as the last line."""
-    from pipelines.train import train_flow
+    from sparrow.flows.train import train_flow
 
     summary = train_flow(overrides, show_table=True)
     print("SUMMARY " + json.dumps({k: summary[k] for k in ("run_id", "workdir", "status")}))
@@ -123,7 +123,7 @@ def run_arm(args, arm: str, new_tokens: int, path: str) -> dict[str, Any]:
 
 
 def arm_metrics(workdir: str, run_id: str, steps: int) -> dict[str, Any]:
-    from storage.report_rows import step_metric_rows
+    from sparrow.storage.report_rows import step_metric_rows
 
     rows = step_metric_rows(workdir, run_id)
     timed = [s for s in range(2, steps + 1)] or [1]
@@ -153,8 +153,8 @@ def arm_metrics(workdir: str, run_id: str, steps: int) -> dict[str, Any]:
 
 def model_flops(path: str, tokens_per_sequence: list[int]) -> float:
     """Forward FLOPs over these sequences (module doc)."""
-    from sparrow_core.model.builtin import resolve_model_path
-    from sparrow_core.model.loader import read_arch
+    from sparrow.model.builtin import resolve_model_path
+    from sparrow.model.loader import read_arch
 
     arch = read_arch(resolve_model_path(path))
     h, q, kv, d = arch.hidden_size, arch.num_q_heads, arch.num_kv_heads, arch.head_dim
@@ -195,10 +195,10 @@ def case(args, new_tokens: int, path: str) -> dict[str, Any]:
 
 def prompt_tokens(path: str, args) -> int:
     """Mean prompt length of the synthetic prompts the flow uses (for the FLOP count)."""
-    from sparrow_core.config import load_config
-    from sparrow_core.data.datasets import load_prompts
-    from sparrow_core.model import load_tokenizer
-    from sparrow_core.model.builtin import resolve_model_path
+    from sparrow.config import load_config
+    from sparrow.data.datasets import load_prompts
+    from sparrow.model import load_tokenizer
+    from sparrow.model.builtin import resolve_model_path
 
     cfg = load_config([f"model.path={path}"])
     data = load_prompts(cfg.data.train, cfg.data.prompt_key, cfg.data.answer_key,

@@ -31,15 +31,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import device_facts, write_json  # noqa: E402
-from sparrow_core.data.rollouts import (  # noqa: E402
-    COLUMNS,
-    RolloutRecord,
-    _schema,
-    read_rollouts,
-    write_rollouts,
-)
-from sparrow_core.mismatch import acceptance_lower_bound  # noqa: E402
-from sparrow_core.rl.scoring import _actor_topk, pad_batch  # noqa: E402
+from sparrow.data.rollouts import COLUMNS, RolloutRecord, _schema, read_rollouts, write_rollouts
+from sparrow.mismatch.acceptance import acceptance_lower_bound  # noqa: E402
+from sparrow.trainer.scoring import _actor_topk, pad_batch  # noqa: E402
 
 
 def make_records(seqs: int, tokens: int, prompt: int, topk: int, vocab: int):

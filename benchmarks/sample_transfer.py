@@ -9,7 +9,7 @@ rollout file, stage by stage, with the engine's own code for the new path: `appe
 decode step's host rows, as StepOutputs.read returns them, appended to every sample, the
 engine's _finish), `result` (Sequence.to_result), `transfer` (pickle and unpickle of the
 results: what a Ray rollout actor's return costs on both ends), `records` (results into
-RolloutRecords, tasks/rollout.py's to_records) and `write` (write_rollouts). The former path
+RolloutRecords, sparrow/stages/rollout.py's to_records) and `write` (write_rollouts). The former path
 (rows through `tolist`, a tuple per token, results holding nested tuples; the code as it was
 before the top-K became arrays) is kept here as `legacy_*` and timed in the same run on the
 same step rows; its records are checked equal to the new ones ("identical"). The rows are
@@ -33,11 +33,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import add_rollout_shape_args, device_facts, write_json  # noqa: E402
-from sparrow_core.data.rollouts import RolloutRecord, write_rollouts  # noqa: E402
-from sparrow_core.engine.runner import StepOutputs  # noqa: E402
-from sparrow_core.engine.sampler import SampleOutput  # noqa: E402
-from sparrow_core.engine.sequence import Sequence  # noqa: E402
-from sparrow_core.engine.validate import SamplingParams  # noqa: E402
+from sparrow.data.rollouts import RolloutRecord, write_rollouts  # noqa: E402
+from sparrow.engine.runner import StepOutputs  # noqa: E402
+from sparrow.engine.sampler import SampleOutput  # noqa: E402
+from sparrow.engine.sequence import Sequence  # noqa: E402
+from sparrow.engine.validate import SamplingParams  # noqa: E402
 
 
 def make_steps(seqs: int, tokens: int, topk: int, vocab: int) -> list[StepOutputs]:
@@ -103,7 +103,7 @@ def legacy_results(lists) -> list[LegacyResult]:
 
 
 def to_records(results, prompt: int) -> list[RolloutRecord]:
-    """tasks/rollout.py's to_records: the top-K as the result holds it."""
+    """sparrow/stages/rollout.py's to_records: the top-K as the result holds it."""
     return [RolloutRecord(r.prompt_index, r.sample_index, r.prompt_index, tuple(range(prompt)),
                           tuple(r.output_ids), tuple(r.logprobs), r.topk_ids, r.topk_logprobs,
                           tuple(r.pages_read), r.finish_reason, "")

@@ -45,12 +45,11 @@ from benchmarks.attention import (HEADS, PAGE, centroids_of, lists_equal,  # noq
 from benchmarks.common import (copy_bandwidth, device_facts, target_case_args,  # noqa: E402
                                time_graph, write_json)
 from benchmarks.peers import flashinfer_cases  # noqa: E402
-from sparrow_core.kernels.page_scores import page_scores  # noqa: E402
-from sparrow_core.kernels.page_topk import page_topk  # noqa: E402
-from sparrow_core.kernels.paged_decode import (paged_decode_attention,  # noqa: E402
-                                               sparse_paged_decode_attention)
-from sparrow_core.kernels.runtime import programmatic_launch  # noqa: E402
-from sparrow_core.sparse.presets import get_preset  # noqa: E402
+from sparrow.kernels.page_scores import page_scores  # noqa: E402
+from sparrow.kernels.page_topk import page_topk  # noqa: E402
+from sparrow.kernels.paged_decode import paged_decode_attention, sparse_paged_decode_attention
+from sparrow.kernels.runtime import programmatic_launch  # noqa: E402
+from sparrow.sparse.presets import get_preset  # noqa: E402
 
 
 def scoring_launches(smoke: bool) -> list[dict]:

@@ -40,14 +40,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import device_facts, write_json  # noqa: E402
 from benchmarks.decode_step import model_arch, random_model  # noqa: E402
-from sparrow_core.engine.teacher_flex import selection_rows  # noqa: E402
-from sparrow_core.engine.teacher_kernel import selection_bits  # noqa: E402
-from sparrow_core.engine.teacher_forced import (TeacherForcedAttention,  # noqa: E402
-                                                teacher_forced_hidden)
-from sparrow_core.engine.teacher_selection import select_chunks  # noqa: E402
-from sparrow_core.kernels.prefill import prefill_attention_sdpa  # noqa: E402
-from sparrow_core.kernels.teacher_attention import teacher_sparse_attention  # noqa: E402
-from sparrow_core.sparse.presets import get_preset  # noqa: E402
+from sparrow.engine.teacher.flex import selection_rows  # noqa: E402
+from sparrow.engine.teacher.kernel import selection_bits  # noqa: E402
+from sparrow.engine.teacher.forced import TeacherForcedAttention, teacher_forced_hidden
+from sparrow.engine.teacher.selection import select_chunks  # noqa: E402
+from sparrow.kernels.prefill import prefill_attention_sdpa  # noqa: E402
+from sparrow.kernels.teacher_attention import teacher_sparse_attention  # noqa: E402
+from sparrow.sparse.presets import get_preset  # noqa: E402
 
 SPARSE_LAYER = 5  # any layer outside skip_layers
 # launches of the attention kernel timed beside its default (kernels/teacher_attention.py)

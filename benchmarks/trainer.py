@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import device_facts, write_json  # noqa: E402
 from benchmarks.rl_step import model_flops, peak_flops  # noqa: E402
-from sparrow_core.config.schema import AlgoConfig  # noqa: E402
-from sparrow_core.data.rollouts import RolloutRecord  # noqa: E402
-from sparrow_core.rl.trainer import PolicyTrainer  # noqa: E402
+from sparrow.config.schema import AlgoConfig  # noqa: E402
+from sparrow.data.rollouts import RolloutRecord  # noqa: E402
+from sparrow.trainer.policy_trainer import PolicyTrainer  # noqa: E402
 
 
 def make_records(seqs: int, prompt: int, tokens: int, vocab: int, topk: int = 20):

@@ -96,7 +96,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def model_dir(args) -> Path:
     """The random checkpoint both backends load, written on first use."""
     from benchmarks.rl_step import SHAPE_17B
-    from sparrow_core.model.random_checkpoint import make_random_checkpoint
+    from sparrow.model.random_checkpoint import make_random_checkpoint
 
     name = "tiny-3l" if args.smoke else "qwen3-1.7b-shape"
     folder = Path(args.workdir) / name
@@ -163,9 +163,9 @@ def run_native(args, folder: Path, result: dict[str, Any], save) -> None:
     import torch
 
     from benchmarks.generation import timed_generate
-    from sparrow_core.engine import Engine, EngineConfig, SamplingParams
-    from sparrow_core.model import load_model
-    from sparrow_core.sparse.presets import get_preset
+    from sparrow.engine import Engine, EngineConfig, SamplingParams
+    from sparrow.model import load_model
+    from sparrow.sparse.presets import get_preset
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = load_model(folder, dtype=torch.bfloat16 if device == "cuda" else torch.float32,

@@ -3,7 +3,7 @@
     python scripts/make_tiny_model.py /tmp/tiny [--family qwen3|qwen2|llama] [--layers 2] [--seed 0]
     sparrow generate --model /tmp/tiny --prompt "hello" --max-new-tokens 16 --greedy
 
-The weights are random (sparrow_core.model.random_checkpoint.make_random_checkpoint), so the
+The weights are random (sparrow.model.random_checkpoint.make_random_checkpoint), so the
 text is gibberish: the checkpoint exists to run the engine, the CLI and the tests anywhere.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sparrow_core.model.config import FAMILIES
+from sparrow.model.config import FAMILIES
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,8 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
-    from sparrow_core.errors import SparrowError
-    from sparrow_core.model.random_checkpoint import make_random_checkpoint
+    from sparrow.errors import SparrowError
+    from sparrow.model.random_checkpoint import make_random_checkpoint
 
     try:
         out = make_random_checkpoint(args.out_dir, args.family, num_layers=args.layers,

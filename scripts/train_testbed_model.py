@@ -9,8 +9,8 @@ The run: build the model from --seed; time one forward and backward per curricul
 fit as many steps as the budget holds (--steps 0; a given --steps is used as it is); train
 (transformers Qwen3ForCausalLM, SDPA attention over rectangular batches, so causal flash
 attention; bf16 autocast over fp32 weights; fused AdamW; warmup then cosine) on short chains
-first and full-length chains last (sparrow_core/testbed/data.py), a stage ending early when its
-held-out hop accuracy reaches --advance-accuracy (sparrow_core/testbed/adaptive.py; checked every
+first and full-length chains last (sparrow/experiments/testbed/data.py), a stage ending early when its
+held-out hop accuracy reaches --advance-accuracy (sparrow/experiments/testbed/adaptive.py; checked every
 --stage-eval-every steps on --stage-eval-prompts prompts, and recorded with the full-length
 accuracy at each stage's end in training_info's stage_eval); the last --noise-share of
 the steps train on chains whose hops go wrong at --hop-noise ("auto": the rate that brings the
@@ -49,18 +49,37 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
-from sparrow_core.data.char_tokenizer import (  # noqa: E402
-    EOS_TOKEN, PAD_TOKEN, build_char_tokenizer)
-from sparrow_core.testbed.adaptive import AdaptiveCurriculum  # noqa: E402
-from sparrow_core.testbed.budget import (  # noqa: E402
-    fit_steps, hop_noise_for, learning_rate, train_flops_per_token)
-from sparrow_core.testbed.data import (  # noqa: E402
-    LETTER_PAIRS, StepPlan, curriculum, derived_seed, held_out_examples, step_examples, vocab,
-    with_wrong_hops)
-from sparrow_core.testbed.evaluate import (  # noqa: E402
-    sampled_accuracy, stage_hop_accuracy, stage_record, teacher_forced_accuracy)
-from sparrow_core.testbed.steps import (  # noqa: E402
-    batch_shape, forward_backward, measure_step_seconds, sync, to_device)
+from sparrow.data.char_tokenizer import EOS_TOKEN, PAD_TOKEN, build_char_tokenizer
+from sparrow.experiments.testbed.adaptive import AdaptiveCurriculum  # noqa: E402
+from sparrow.experiments.testbed.budget import (
+    fit_steps,
+    hop_noise_for,
+    learning_rate,
+    train_flops_per_token,
+)
+from sparrow.experiments.testbed.data import (
+    LETTER_PAIRS,
+    StepPlan,
+    curriculum,
+    derived_seed,
+    held_out_examples,
+    step_examples,
+    vocab,
+    with_wrong_hops,
+)
+from sparrow.experiments.testbed.evaluate import (
+    sampled_accuracy,
+    stage_hop_accuracy,
+    stage_record,
+    teacher_forced_accuracy,
+)
+from sparrow.experiments.testbed.steps import (
+    batch_shape,
+    forward_backward,
+    measure_step_seconds,
+    sync,
+    to_device,
+)
 
 # --smoke: a model and task small enough for a CPU test to train end to end in seconds
 SMOKE = dict(layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8, intermediate=64,

@@ -1,7 +1,7 @@
 """Train the embedded default model: a tiny Qwen3 for a synthetic task (pointer_chase) on a CPU.
 
     python scripts/train_tiny_model.py --out /tmp/tiny-sft --steps 3000                # stage 1
-    python scripts/train_tiny_model.py --out sparrow_core/assets/tiny-qwen3 --init /tmp/tiny-sft \
+    python scripts/train_tiny_model.py --out sparrow/assets/tiny-qwen3 --init /tmp/tiny-sft \
         --hop-noise 0.06 --steps 300 --batch 32 --lr 3e-4 --seed 0 --threads 1          # stage 2
 
 The model is transformers' Qwen3ForCausalLM with a character tokenizer built with the
@@ -11,7 +11,7 @@ only) gives a policy that solves the task; stage 2 goes on from it (--init) on c
 hops go wrong at the rate --hop-noise, so the shipped model is partly right when sampled and
 RL has something to improve. The checkpoint ships in the repo (a few MB) with
 training_info.json recording how it was made and its greedy and sampled (temperature 1)
-accuracy on held-out prompts; sparrow_core/assets/tiny-qwen3/README.md has the exact commands.
+accuracy on held-out prompts; sparrow/assets/tiny-qwen3/README.md has the exact commands.
 Same seed, threads and torch build: the same weights.
 """
 
@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from sparrow_core.data.char_tokenizer import build_char_tokenizer
-from sparrow_core.data.synthetic import DEFAULT_TASK, Example, make_examples
+from sparrow.data.char_tokenizer import build_char_tokenizer
+from sparrow.data.synthetic import DEFAULT_TASK, Example, make_examples
 
 
 

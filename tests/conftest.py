@@ -7,7 +7,7 @@
         path = tiny_checkpoint("deep", "qwen3", num_layers=4, seed=3)
 
 Every checkpoint holds config.json, safetensors weights and the byte-level tokenizer of
-sparrow_core.model.random_checkpoint (ids 0..255 are bytes, 256 <|endoftext|> = eos,
+sparrow.model.random_checkpoint (ids 0..255 are bytes, 256 <|endoftext|> = eos,
 257 <|bos|>, 258 <|im_start|>, 259 <|im_end|>; vocab 384). CHECKPOINT_FIXTURES names the
 ones that cover every supported family and shape corner, for parametrised tests.
 
@@ -82,10 +82,7 @@ def tiny_checkpoint(tmp_path_factory) -> Callable[..., Path]:
         if name not in built:
             from transformers.utils import logging as hf_logging
 
-            from sparrow_core.model.random_checkpoint import (
-                LLAMA3_TEST_SCALING,
-                make_random_checkpoint,
-            )
+            from sparrow.model.random_checkpoint import LLAMA3_TEST_SCALING, make_random_checkpoint
 
             hf_logging.disable_progress_bar()
             if kwargs.get("rope_scaling") == "llama3-test":
@@ -155,7 +152,7 @@ class FlowEnvironment:
             return
         import ray
 
-        from runtime.rollout_actors import start_ray
+        from sparrow.runtime.rollout.actors import start_ray
 
         stack = contextlib.ExitStack()
         if start_ray(""):
@@ -166,7 +163,7 @@ class FlowEnvironment:
     def start(self) -> None:
         if self.prefect_started:
             return
-        from pipelines.prefect_env import quiet_prefect
+        from sparrow.flows.prefect_env import quiet_prefect
 
         quiet_prefect()
         import prefect.settings
@@ -245,7 +242,7 @@ def base_run(tmp_path_factory) -> BaseRun:
     env["PREFECT_HOME"] = str(root / "prefect-home")
     workdir = root / "work"
     done = subprocess.run(
-        [sys.executable, "-m", "sparrow_cli.main", "train", f"pipeline.workdir={workdir}",
+        [sys.executable, "-m", "sparrow.cli.main", "train", f"pipeline.workdir={workdir}",
          "pipeline.run_id=base", *BASE_RUN_ARGS],
         env=env, capture_output=True, text=True, timeout=600)
     return BaseRun(workdir, "base", BASE_RUN_ARGS, env, done)

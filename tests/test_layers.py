@@ -1,16 +1,18 @@
-"""Import contracts: the layers of DESIGN.md and the order inside sparrow_core, read from source.
+"""Import contracts: the layers of docs/architecture.md, read from source.
 
 Every module's imports (module level and inside functions alike) are parsed with ast, never
-executed, and checked against:
-- packages: pipelines -> tasks -> (runtime, reports) -> (sparrow_core, storage), with
-  sparrow_cli on top; a package imports only its own layer or those below it, never one beside
-  it (runtime and reports know nothing of each other); storage takes from sparrow_core only
-  STORAGE_MAY_IMPORT;
-- sparrow_core imports no orchestrator or store (ORCHESTRATORS); storage imports no torch
+executed. The one package `sparrow` has roles, named by its folders; a module's role is its
+folder under sparrow/ when that folder is one of the system roles (storage, runtime, reports,
+stages, flows, cli), else `library` (the torch library: engine, kernels, model, rl, trainer...).
+Checked:
+- roles: cli -> flows -> stages -> (runtime, reports) -> (library, storage); a module imports
+  only its own role, or roles below it, never one beside it (runtime and reports know nothing
+  of each other); storage takes from the library only STORAGE_MAY_IMPORT;
+- the library imports no orchestrator or store (ORCHESTRATORS); storage imports no torch
   (TENSOR_LIBRARIES); runtime imports no Prefect (the stage tasks and flows are Prefect's);
   reports imports no orchestrator either (it reads DuckDB through storage, draws with
   matplotlib, and the tasks that call it are Prefect's);
-- inside sparrow_core, CORE_LAYERS lowest first: a module imports only its own layer or those
+- inside the library, LIBRARY_LAYERS lowest first: a module imports only its own layer or those
   below. A new module falls in the layer of its longest listed prefix; a module that fits no
   prefix fails until it is given a layer.
 Each failure names the file, the line and the import. Run: `python -m pytest tests/test_layers.py -q`.
@@ -24,37 +26,40 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = "sparrow"
 
-# lowest first; sparrow_core and storage sit side by side at the bottom, runtime and reports
+# lowest first; the library and storage sit side by side at the bottom, runtime and reports
 # side by side above them
-PACKAGE_LAYERS = (("sparrow_core", "storage"), ("runtime", "reports"), ("tasks",),
-                  ("pipelines",), ("sparrow_cli",))
-STORAGE_MAY_IMPORT = ("sparrow_core.errors",)
+PACKAGE_LAYERS = (("library", "storage"), ("runtime", "reports"), ("stages",), ("flows",),
+                  ("cli",))
+SYSTEM_ROLES = {"storage", "runtime", "reports", "stages", "flows", "cli"}
+STORAGE_MAY_IMPORT = ("sparrow.errors",)
 ORCHESTRATORS = ("prefect", "ray", "mlflow", "duckdb")
 TENSOR_LIBRARIES = ("torch", "triton", "transformers", "peft")
 FLOW_ENGINES = ("prefect",)
 
-# the order inside sparrow_core, lowest first (module prefixes; the longest listed prefix wins)
-CORE_LAYERS = (
-    ("base", ("sparrow_core.errors", "sparrow_core.registry", "sparrow_core.schedule_math",
-              "sparrow_core.config.schema", "sparrow_core.token_arrays",
-              "sparrow_core.cuda_memory")),
-    ("mismatch", ("sparrow_core.mismatch", "sparrow_core.mismatch_fit",
-                  "sparrow_core.mismatch_stats")),
-    ("data", ("sparrow_core.data",)),
+# the order inside the library, lowest first (module prefixes; the longest listed prefix wins)
+LIBRARY_LAYERS = (
+    ("base", ("sparrow.errors", "sparrow.registry", "sparrow.schedule_math",
+              "sparrow.config.schema", "sparrow.token_arrays", "sparrow.cuda_memory")),
+    ("mismatch", ("sparrow.mismatch",)),
+    # the RL mathematics (advantages, losses, aggregation): tensors in, tensors out
+    ("rl", ("sparrow.rl",)),
+    ("data", ("sparrow.data",)),
     # the schedule and the selection rule: below kernels, which launch the selection
-    ("schedule", ("sparrow_core.sparse",)),
-    ("costmodel", ("sparrow_core.costmodel", "sparrow_core.costmodel_presets",
-                   "sparrow_core.costmodel_segments")),
-    ("kernels", ("sparrow_core.kernels",)),
-    ("model", ("sparrow_core.model",)),
+    ("schedule", ("sparrow.sparse",)),
+    ("costmodel", ("sparrow.costmodel",)),
+    ("kernels", ("sparrow.kernels",)),
+    ("model", ("sparrow.model",)),
     # the project's engine and the vLLM backend behind the same interface
-    ("engine", ("sparrow_core.engine", "sparrow_core.vllm")),
+    ("engine", ("sparrow.engine", "sparrow.vllm")),
     # calibration and the online controller replay sequences on the engine
-    ("control", ("sparrow_core.control",)),
-    ("rl", ("sparrow_core.rl",)),
-    # config.load checks loss and estimator names against rl's registries
-    ("top", ("sparrow_core.config", "sparrow_core.study", "sparrow_core.testbed")),
+    ("control", ("sparrow.control",)),
+    # the trainer system: scoring, updates, checkpoints, LoRA, weights to the engines
+    ("trainer", ("sparrow.trainer",)),
+    # config.load checks loss and estimator names against rl's registries; the experiments sit
+    # on everything
+    ("top", ("sparrow.config", "sparrow.experiments")),
 )
 
 
@@ -64,8 +69,7 @@ def module_name(path: Path) -> str:
 
 
 def source_files() -> list[Path]:
-    return sorted(p for top in {t for layer in PACKAGE_LAYERS for t in layer}
-                  for p in (ROOT / top).rglob("*.py") if "__pycache__" not in p.parts)
+    return sorted(p for p in (ROOT / PACKAGE).rglob("*.py") if "__pycache__" not in p.parts)
 
 
 MODULES = {module_name(p): p for p in source_files()}
@@ -95,7 +99,11 @@ def imports_in(source: str, name: str, is_package: bool = False) -> list[tuple[i
 
 
 def top(module: str) -> str:
-    return module.split(".")[0]
+    """A project module's role (`library` or a system role); an outside module's top name."""
+    parts = module.split(".")
+    if parts[0] != PACKAGE:
+        return parts[0]
+    return parts[1] if len(parts) > 1 and parts[1] in SYSTEM_ROLES else "library"
 
 
 def within(module: str, prefixes) -> bool:
@@ -107,10 +115,10 @@ def package_rank(package: str) -> int | None:
 
 
 def core_layer(module: str) -> int | None:
-    if module == "sparrow_core":
+    if module == PACKAGE:
         return 0
     best = None
-    for i, (_, prefixes) in enumerate(CORE_LAYERS):
+    for i, (_, prefixes) in enumerate(LIBRARY_LAYERS):
         for p in prefixes:
             if within(module, [p]) and (best is None or len(p) > best[1]):
                 best = (i, len(p))
@@ -144,14 +152,14 @@ def forbidden_in(imports: list[tuple[int, str]], forbidden) -> list[tuple[int, s
 def test_packages_import_only_their_layer_or_below():
     bad = [f"{where(path, line, imported)}: {why}" for name, path in MODULES.items()
            for line, imported, why in layer_breaks(name, imports_of(path))]
-    assert not bad, "layer order pipelines -> tasks -> (runtime, reports) -> " \
-        "(sparrow_core, storage) broken:\n" + "\n".join(bad)
+    assert not bad, "role order cli -> flows -> stages -> (runtime, reports) -> " \
+        "(library, storage) broken:\n" + "\n".join(bad)
 
 
-@pytest.mark.parametrize("package, forbidden", [("sparrow_core", ORCHESTRATORS),
-                                                ("storage", TENSOR_LIBRARIES),
-                                                ("runtime", FLOW_ENGINES),
-                                                ("reports", ORCHESTRATORS)])
+@pytest.mark.parametrize("package, forbidden", [("library", ORCHESTRATORS),
+                                           ("storage", TENSOR_LIBRARIES),
+                                           ("runtime", FLOW_ENGINES),
+                                           ("reports", ORCHESTRATORS)])
 def test_packages_keep_out_of_the_dependencies_above_them(package, forbidden):
     bad = [f"{where(path, line, imported)}: {package} must not import {top(imported)}"
            for name, path in MODULES.items() if top(name) == package
@@ -159,58 +167,63 @@ def test_packages_keep_out_of_the_dependencies_above_them(package, forbidden):
     assert not bad, "\n".join(bad)
 
 
-def test_sparrow_core_modules_import_only_their_layer_or_below():
-    names = [layer for layer, _ in CORE_LAYERS]
+def test_library_modules_import_only_their_layer_or_below():
+    names = [layer for layer, _ in LIBRARY_LAYERS]
     bad, unplaced = [], []
     for name, path in MODULES.items():
-        if top(name) != "sparrow_core":
+        if top(name) != "library":
             continue
         mine = core_layer(name)
         if mine is None:
-            unplaced.append(f"{path.relative_to(ROOT)}: give {name} a layer in CORE_LAYERS")
+            unplaced.append(f"{path.relative_to(ROOT)}: give {name} a layer in LIBRARY_LAYERS")
             continue
         for line, imported in imports_of(path):
-            theirs = core_layer(imported) if top(imported) == "sparrow_core" else None
+            theirs = core_layer(imported) if top(imported) == "library" else None
             if theirs is not None and theirs > mine:
                 bad.append(f"{where(path, line, imported)}: layer {names[mine]} is below "
                            f"{names[theirs]}")
     assert not unplaced, "\n".join(unplaced)
-    assert not bad, "order inside sparrow_core (" + " < ".join(names) + ") broken:\n" + \
+    assert not bad, "order inside the library (" + " < ".join(names) + ") broken:\n" + \
         "\n".join(bad)
 
 
 def test_the_checks_see_imports_and_catch_a_violation():
-    # the order the contracts encode, as DESIGN.md states it
-    assert core_layer("sparrow_core.sparse.schedule") < core_layer("sparrow_core.kernels.page_topk")
-    assert core_layer("sparrow_core.kernels.paged_decode") < core_layer("sparrow_core.model.layers")
-    assert core_layer("sparrow_core.model.decoder") < core_layer("sparrow_core.engine.engine")
-    assert core_layer("sparrow_core.engine.engine") < core_layer("sparrow_core.control.calibration")
-    assert core_layer("sparrow_core.engine.engine") < core_layer("sparrow_core.rl.trainer")
-    assert package_rank("storage") == package_rank("sparrow_core") < package_rank("runtime")
-    assert package_rank("runtime") < package_rank("tasks") < package_rank("pipelines")
+    # the order the contracts encode, as docs/architecture.md states it
+    assert core_layer("sparrow.rl.losses") < core_layer("sparrow.engine.engine")
+    assert core_layer("sparrow.sparse.schedule") < core_layer("sparrow.kernels.page_topk")
+    assert core_layer("sparrow.kernels.paged_decode") < core_layer("sparrow.model.layers")
+    assert core_layer("sparrow.model.decoder") < core_layer("sparrow.engine.engine")
+    assert core_layer("sparrow.engine.engine") < core_layer("sparrow.control.calibration")
+    assert core_layer("sparrow.engine.engine") < core_layer("sparrow.trainer.policy_trainer")
+    assert top("sparrow.engine.engine") == "library" and top("sparrow.stages.reward") == "stages"
+    assert package_rank("storage") == package_rank("library") < package_rank("runtime")
+    assert package_rank("runtime") < package_rank("stages") < package_rank("flows")
     assert package_rank("storage") < package_rank("reports") == package_rank("runtime")
-    assert package_rank("reports") < package_rank("tasks")
+    assert package_rank("reports") < package_rank("stages") < package_rank("cli")
     # lazy and relative imports are seen, and an upward one lands above its importer
-    probe = "sparrow_core.engine.probe"
-    source = "def f():\n    from sparrow_core.rl import trainer\n    from .. import mismatch\n"
+    probe = "sparrow.engine.probe"
+    source = "def f():\n    from sparrow.trainer import policy_trainer\n    from ..mismatch import fit\n"
     found = imports_in(source, probe)
-    assert found == [(2, "sparrow_core.rl.trainer"), (3, "sparrow_core.mismatch")]
+    assert found == [(2, "sparrow.trainer.policy_trainer"), (3, "sparrow.mismatch.fit")]
     assert core_layer(found[0][1]) > core_layer(probe) > core_layer(found[1][1])
-    assert imports_in("from . import engine, kv_cache", "sparrow_core.engine", is_package=True) == [
-        (1, "sparrow_core.engine.engine"), (1, "sparrow_core.engine.kv_cache")]
+    assert imports_in("from . import engine, kv_cache", "sparrow.engine", is_package=True) == [
+        (1, "sparrow.engine.engine"), (1, "sparrow.engine.kv_cache")]
 
 
-def test_reports_take_only_storage_and_sparrow_core():
-    assert any(top(name) == "reports" for name in MODULES), "reports/ is not read"
-    source = ("import prefect\nfrom tasks.calibrate import policy\nfrom runtime import stage\n"
-              "from storage.report_rows import run_tables\nfrom sparrow_core import mismatch_fit\n"
-              "from pipelines.train import train_flow\nimport matplotlib\n")
-    found = imports_in(source, "reports.probe")
-    assert [(line, why) for line, _, why in layer_breaks("reports.probe", found)] == [
-        (2, "reports is below tasks"), (3, "reports and runtime sit side by side"),
-        (6, "reports is below pipelines")]
+def test_reports_take_only_storage_and_the_library():
+    assert any(top(name) == "reports" for name in MODULES), "sparrow/reports/ is not read"
+    source = ("import prefect\nfrom sparrow.stages.calibrate import policy\n"
+              "from sparrow.runtime.ledger import stage\n"
+              "from sparrow.storage.report_rows import run_tables\nfrom sparrow.mismatch import fit\n"
+              "from sparrow.flows.train import train_flow\nimport matplotlib\n")
+    found = imports_in(source, "sparrow.reports.probe")
+    assert [(line, why) for line, _, why in layer_breaks("sparrow.reports.probe", found)] == [
+        (2, "reports is below stages"), (3, "reports and runtime sit side by side"),
+        (6, "reports is below flows")]
     assert forbidden_in(found, ORCHESTRATORS) == [(1, "prefect")]
-    # nor does runtime take from reports; tasks and the CLI may
-    assert layer_breaks("runtime.probe", imports_in("from reports import run", "runtime.probe")) \
-        == [(1, "reports.run", "runtime and reports sit side by side")]
-    assert layer_breaks("tasks.probe", imports_in("from reports import study", "tasks.probe")) == []
+    # nor does runtime take from reports; stages and the CLI may
+    assert layer_breaks("sparrow.runtime.probe",
+                        imports_in("from sparrow.reports import run", "sparrow.runtime.probe")) \
+        == [(1, "sparrow.reports.run", "runtime and reports sit side by side")]
+    assert layer_breaks("sparrow.stages.probe",
+                        imports_in("from sparrow.reports import study", "sparrow.stages.probe")) == []

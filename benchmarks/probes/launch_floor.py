@@ -27,10 +27,18 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.common import device_facts, time_graph, write_json  # noqa: E402
-from sparrow_core.kernels.runtime import (HAS_TRITON, INTERPRETER,  # noqa: E402
-                                          cpu_interpreter, gdc_launch_dependents, gdc_wait,
-                                          jit, multiprocessors, pdl_launch,
-                                          programmatic_launch, tl)
+from sparrow.kernels.runtime import (
+    HAS_TRITON,
+    INTERPRETER,
+    cpu_interpreter,
+    gdc_launch_dependents,
+    gdc_wait,
+    jit,
+    multiprocessors,
+    pdl_launch,
+    programmatic_launch,
+    tl,
+)
 
 
 @jit

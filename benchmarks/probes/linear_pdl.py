@@ -37,9 +37,9 @@ from benchmarks.common import (copy_bandwidth, device_facts, target_case_args,  
                                time_graph, write_json)
 from benchmarks.linear import (chain_tensors, chain_weights, layer_chain,  # noqa: E402
                                projections)
-from sparrow_core.costmodel_presets import get_model  # noqa: E402
-from sparrow_core.kernels.linear import default_launch  # noqa: E402
-from sparrow_core.kernels.runtime import multiprocessors, programmatic_launch  # noqa: E402
+from sparrow.costmodel.presets import get_model  # noqa: E402
+from sparrow.kernels.linear import default_launch  # noqa: E402
+from sparrow.kernels.runtime import multiprocessors, programmatic_launch  # noqa: E402
 
 
 def deep(launch, x, w):

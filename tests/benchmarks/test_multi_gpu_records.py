@@ -9,7 +9,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import multi_gpu  # noqa: E402
 
-from sparrow_core.engine.sequence import SampleResult  # noqa: E402
+from sparrow.engine.sequence import SampleResult  # noqa: E402
 
 
 def test_records_of_carries_every_field_of_a_sample():

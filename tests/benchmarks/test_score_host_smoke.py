@@ -8,7 +8,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import score_host  # noqa: E402
-from tasks.dense_score import read_scores  # noqa: E402
+from sparrow.stages.dense_score import read_scores  # noqa: E402
 
 
 def test_every_part_is_timed(tmp_path):

@@ -5,12 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from sparrow_cli.commands.calibrate import print_summary
-from sparrow_cli.main import build_parser
+from sparrow.cli.commands.calibrate import print_summary
+from sparrow.cli.main import build_parser
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sparrow_cli.main", *args],
+    return subprocess.run([sys.executable, "-m", "sparrow.cli.main", *args],
                           capture_output=True, text=True, timeout=120)
 
 
@@ -46,9 +46,9 @@ def test_summary_names_times_notes_and_how_to_train(capsys):
 def test_schedule_show_reads_stored_versions_from_a_workdir(tmp_path):
     import json
 
-    from runtime.schedules import insert_schedule
-    from sparrow_core.sparse.presets import get_preset
-    from storage import Store
+    from sparrow.runtime.ledger.schedules import insert_schedule
+    from sparrow.sparse.presets import get_preset
+    from sparrow.storage import Store
 
     base = get_preset("tiny-0.86")
     first = base.__class__(**{**base.__dict__, "name": "cal-x", "topk_pages": (6,) * 8})

@@ -1,4 +1,4 @@
-"""`sparrow costmodel`, called through sparrow_cli.main.main."""
+"""`sparrow costmodel`, called through sparrow.cli.main.main."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from sparrow_cli.main import main
-from sparrow_core.costmodel import dense_cost, get_hardware, get_model, sparse_cost
-from sparrow_core.sparse.io import save_schedule_yaml
-from sparrow_core.sparse.schedule import Schedule
+from sparrow.cli.main import main
+from sparrow.costmodel.eflops import dense_cost, get_hardware, get_model, sparse_cost
+from sparrow.sparse.io import save_schedule_yaml
+from sparrow.sparse.schedule import Schedule
 
 ARGS = ["costmodel", "--model", "qwen3-1.7b", "--schedule", "qwen3-1.7b-0.86", "--prompt-len",
         "1024", "--gen-len", "32768", "--samples", "8", "--hardware", "h200"]

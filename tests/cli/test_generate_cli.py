@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from sparrow_cli.main import main
-from sparrow_core.model import load_tokenizer
-from sparrow_core.sparse import Schedule, save_schedule_yaml
+from sparrow.cli.main import main
+from sparrow.model import load_tokenizer
+from sparrow.sparse import Schedule, save_schedule_yaml
 
 
 @pytest.fixture(autouse=True)

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import yaml
 
-from sparrow_cli.main import main
+from sparrow.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_version_is_the_package_version(capsys):
     declared = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
-    done = subprocess.run([sys.executable, "-m", "sparrow_cli.main", "--version"],
+    done = subprocess.run([sys.executable, "-m", "sparrow.cli.main", "--version"],
                           capture_output=True, text=True)
     assert done.returncode == 0
     assert done.stdout.strip() == f"sparrow {declared.group(1)}"
@@ -40,7 +40,7 @@ def test_config_show_json_refuses_a_bad_key(capsys):
 
 
 def test_ctrl_c_is_one_line_and_status_130(monkeypatch, capsys):
-    from sparrow_cli.commands import train
+    from sparrow.cli.commands import train
 
     def interrupted(args):
         raise KeyboardInterrupt

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sparrow_cli.main import main
+from sparrow.cli.main import main
 
 
 def _write(path, **columns):

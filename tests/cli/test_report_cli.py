@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sparrow_cli.main import main
-from storage import RunLayout, Store
+from sparrow.cli.main import main
+from sparrow.storage import RunLayout, Store
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 REWARDS = [0.25, 0.375, 0.5]

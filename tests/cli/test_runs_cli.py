@@ -13,11 +13,11 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from runtime.run_record import finish_run, open_run
-from sparrow_cli.main import main
-from sparrow_core.config import load_config
-from storage import Store
-from storage.run_rows import record_stage
+from sparrow.runtime.ledger.run_record import finish_run, open_run
+from sparrow.cli.main import main
+from sparrow.config import load_config
+from sparrow.storage import Store
+from sparrow.storage.run_rows import record_stage
 
 
 def record(conn, run_id: str, step: int, stage: str, minute: int) -> None:
@@ -63,12 +63,12 @@ def test_runs_show_status_and_steps_done(workdir, capsys):
 
 def test_a_live_writer_keeps_a_run_running(workdir):
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from storage import Store; "
+        [sys.executable, "-c", "import sys; from sparrow.storage import Store; "
          f"s = Store.open_writer({str(workdir)!r}); print('held', flush=True); sys.stdin.read()"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        listed = subprocess.run([sys.executable, "-m", "sparrow_cli.main", "runs", "--workdir",
+        listed = subprocess.run([sys.executable, "-m", "sparrow.cli.main", "runs", "--workdir",
                                  str(workdir), "--json"], capture_output=True, text=True)
     finally:
         holder.communicate("")
@@ -98,7 +98,7 @@ def test_a_damaged_token_file_flags_its_step(workdir, capsys):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from storage import RunLayout
+    from sparrow.storage import RunLayout
 
     layout = RunLayout(workdir, "done")
     for step in (1, 2):

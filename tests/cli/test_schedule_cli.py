@@ -1,13 +1,13 @@
-"""`sparrow schedule list|show`, called through sparrow_cli.main.main."""
+"""`sparrow schedule list|show`, called through sparrow.cli.main.main."""
 
 from __future__ import annotations
 
 import json
 
-from sparrow_cli.main import main
-from sparrow_core.sparse.io import save_schedule_yaml
-from sparrow_core.sparse.presets import PRESETS
-from sparrow_core.sparse.schedule import Schedule
+from sparrow.cli.main import main
+from sparrow.sparse.io import save_schedule_yaml
+from sparrow.sparse.presets import PRESETS
+from sparrow.sparse.schedule import Schedule
 
 
 def test_list_json_rows(capsys):

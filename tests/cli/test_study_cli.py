@@ -7,8 +7,8 @@ import argparse
 
 import pytest
 
-from sparrow_cli.commands.study import _gpu_list
-from sparrow_cli.main import build_parser, main, parse_args
+from sparrow.cli.commands.study import _gpu_list
+from sparrow.cli.main import build_parser, main, parse_args
 
 
 def test_gpu_lists():

@@ -16,19 +16,19 @@ from pathlib import Path
 
 import pytest
 
-from sparrow_cli.main import main
+from sparrow.cli.main import main
 
 
 @pytest.fixture
 def no_flow(monkeypatch):
-    """A stand-in pipelines.train whose flow must not be reached."""
-    stub = types.ModuleType("pipelines.train")
+    """A stand-in sparrow.flows.train whose flow must not be reached."""
+    stub = types.ModuleType("sparrow.flows.train")
 
     def train_flow(*args, **kwargs):
         raise AssertionError("the flow started although the input was bad")
 
     stub.train_flow = train_flow
-    monkeypatch.setitem(sys.modules, "pipelines.train", stub)
+    monkeypatch.setitem(sys.modules, "sparrow.flows.train", stub)
 
 
 def test_unknown_key_is_one_line_and_starts_nothing(capsys, tmp_path, no_flow):
@@ -59,7 +59,7 @@ def test_real_run_prints_the_table_and_where_to_look(base_run):
              if " | INFO" in line or "INFO mlflow" in line or "temporary server" in line
              or "Ray instance" in line]
     assert noise == []
-    listed = subprocess.run([sys.executable, "-m", "sparrow_cli.main", "runs", "--workdir",
+    listed = subprocess.run([sys.executable, "-m", "sparrow.cli.main", "runs", "--workdir",
                              str(workdir), "--json"], capture_output=True, text=True, env=env)
     [run] = json.loads(listed.stdout)
     assert (run["run_id"], run["status"], run["steps_done"], run["steps"]) == (
@@ -87,7 +87,7 @@ def test_real_run_writes_its_report_into_the_run_folder_and_mlflow(base_run):
 
 def _server_children(pid: int) -> list[int]:
     """Child processes of `pid` that are Prefect API servers (Linux /proc)."""
-    from pipelines.server_guard import SERVER_MARK
+    from sparrow.flows.server_guard import SERVER_MARK
 
     kids = []
     for task in Path(f"/proc/{pid}/task").glob("*"):
@@ -114,7 +114,7 @@ def test_kill_9_leaves_no_prefect_server_behind(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "RAY_"))}
     env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sparrow_cli.main", "train", f"pipeline.workdir={tmp_path / 'w'}",
+        [sys.executable, "-m", "sparrow.cli.main", "train", f"pipeline.workdir={tmp_path / 'w'}",
          "pipeline.steps=50", "data.prompts_per_step=2", "rollout.samples_per_prompt=2",
          "rollout.max_new_tokens=16"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -145,7 +145,7 @@ def test_real_ctrl_c_is_one_line_and_the_run_resumes(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "RAY_"))}
     env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
     workdir = tmp_path / "w"
-    command = [sys.executable, "-m", "sparrow_cli.main", "train", f"pipeline.workdir={workdir}",
+    command = [sys.executable, "-m", "sparrow.cli.main", "train", f"pipeline.workdir={workdir}",
                "pipeline.run_id=c", "pipeline.steps=2", "data.prompts_per_step=2",
                "rollout.samples_per_prompt=2", "rollout.max_new_tokens=16",
                "pipeline.report=false"]
@@ -161,12 +161,12 @@ def test_real_ctrl_c_is_one_line_and_the_run_resumes(tmp_path):
     assert proc.returncode == 130, err[-2000:]
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("interrupted"), err[-2000:]
-    listed = subprocess.run([sys.executable, "-m", "sparrow_cli.main", "runs", "--workdir",
+    listed = subprocess.run([sys.executable, "-m", "sparrow.cli.main", "runs", "--workdir",
                              str(workdir), "--json"], capture_output=True, text=True, env=env)
     assert json.loads(listed.stdout)[0]["status"] == "interrupted"
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=540)
     assert done.returncode == 0, done.stderr[-3000:]
-    listed = subprocess.run([sys.executable, "-m", "sparrow_cli.main", "runs", "--workdir",
+    listed = subprocess.run([sys.executable, "-m", "sparrow.cli.main", "runs", "--workdir",
                              str(workdir), "--json"], capture_output=True, text=True, env=env)
     [run] = json.loads(listed.stdout)
     assert (run["status"], run["steps_done"]) == ("finished", 2)

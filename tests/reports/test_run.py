@@ -11,10 +11,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sparrow_core.config import load_config, to_yaml
-from sparrow_core.mismatch_fit import fit_beta_tail
-from storage import RunLayout, Store
-from reports.run import (
+from sparrow.config import load_config, to_yaml
+from sparrow.mismatch.fit import fit_beta_tail
+from sparrow.storage import RunLayout, Store
+from sparrow.reports.run import (
     HISTOGRAM_BINS,
     ReportError,
     load_acceptance,

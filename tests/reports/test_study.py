@@ -12,16 +12,16 @@ import json
 import duckdb
 import pytest
 
-from reports.study import write_study_report
-from runtime.schedules import insert_schedule
-from sparrow_cli.main import main
-from sparrow_core.config import load_config, to_yaml
-from sparrow_core.config.study import StudyArm, StudyConfig, study_yaml
-from sparrow_core.control.calibration import model_shape
-from sparrow_core.costmodel import get_hardware, schedule_cost
-from sparrow_core.model.builtin import resolve_model_path
-from sparrow_core.sparse import get_preset
-from storage import Store
+from sparrow.reports.study import write_study_report
+from sparrow.runtime.ledger.schedules import insert_schedule
+from sparrow.cli.main import main
+from sparrow.config import load_config, to_yaml
+from sparrow.config.study import StudyArm, StudyConfig, study_yaml
+from sparrow.control.calibration import model_shape
+from sparrow.costmodel.eflops import get_hardware, schedule_cost
+from sparrow.model.builtin import resolve_model_path
+from sparrow.sparse import get_preset
+from sparrow.storage import Store
 
 ARMS = {  # arm -> (overrides, rewards per step, p5 of bin 1 per step)
     "dense": (["schedule.sparse=false"], [0.5, 0.6, 0.7, 0.8], [0.99, 0.99, 0.98, 0.99]),

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from runtime.run_runtime import DISTILL_CACHE, RunRuntime
-from sparrow_core.config import load_config
-from storage import Store
+from sparrow.runtime.run_runtime import DISTILL_CACHE, RunRuntime
+from sparrow.config import load_config
+from sparrow.storage import Store
 
 
 class Distiller:
@@ -45,7 +45,7 @@ class Group:
 
 
 def test_a_stopped_trainer_group_is_not_handed_to_the_next_stage(tmp_path, qwen3_checkpoint):
-    from sparrow_core.rl.trainer import PolicyTrainer
+    from sparrow.trainer.policy_trainer import PolicyTrainer
 
     cfg = load_config([f"pipeline.workdir={tmp_path}"])
     runtime = RunRuntime(cfg, "r1", Store.open_writer(tmp_path), qwen3_checkpoint, None, None)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sparrow_core.testbed.data import vocab
-from sparrow_core.model import load_tokenizer
+from sparrow.experiments.testbed.data import vocab
+from sparrow.model import load_tokenizer
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train_testbed_model.py"
 

@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sparrow_cli.main import main
-from storage import DamagedFileWarning, RunLayout, StorageError, Store, query, query_all
-from storage.query import _open_sandboxed
+from sparrow.cli.main import main
+from sparrow.storage import DamagedFileWarning, RunLayout, StorageError, Store, query, query_all
+from sparrow.storage.query import _open_sandboxed
 
 SECRET = "root:x:0:0:the secret line"
 

@@ -1,20 +1,25 @@
-"""The repository functions of storage/: keys replace rather than duplicate, reads give plain
+"""The repository functions of sparrow/storage/: keys replace rather than duplicate, reads give plain
 values back, and a column name that is not a statistic never reaches SQL."""
 
 from __future__ import annotations
 
 import pytest
 
-from storage import Store
-from storage.mismatch_rows import (
+from sparrow.storage import Store
+from sparrow.storage.mismatch_rows import (
     BIN_COLUMNS,
     below_target_bins,
     replace_bin_stats,
     replace_threshold_events,
     statistic_history,
 )
-from storage.run_rows import last_step_of_stage, record_stage, step_metric, replace_step_metrics
-from storage.schedule_rows import insert_schedule, newest_schedule, schedule_in_force
+from sparrow.storage.run_rows import (
+    last_step_of_stage,
+    record_stage,
+    step_metric,
+    replace_step_metrics,
+)
+from sparrow.storage.schedule_rows import insert_schedule, newest_schedule, schedule_in_force
 
 
 def _bin_row(bin_: int, p5: float) -> dict:

@@ -10,11 +10,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from storage import Store, query
-from storage.report_rows import run_tables
-from storage.schedule_rows import replace_calibration
-from storage.schema import SCHEMA_VERSION, TABLES
-from storage.study_rows import study_tables
+from sparrow.storage import Store, query
+from sparrow.storage.report_rows import run_tables
+from sparrow.storage.schedule_rows import replace_calibration
+from sparrow.storage.schema import SCHEMA_VERSION, TABLES
+from sparrow.storage.study_rows import study_tables
 
 # the two tables as schema version 3 created them
 V3_TABLES = {

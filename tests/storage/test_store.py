@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sparrow_cli.main import main
-from storage import (
+from sparrow.cli.main import main
+from sparrow.storage import (
     QueryRefusedError,
     RunLayout,
     StorageError,
@@ -73,7 +73,7 @@ def test_failed_transaction_rolls_back(store, tmp_path):
 
 def test_second_writer_in_another_process_is_refused(store, tmp_path):
     code = (
-        "import sys; from storage import Store, WorkdirBusyError\n"
+        "import sys; from sparrow.storage import Store, WorkdirBusyError\n"
         "try:\n    Store.open_writer(sys.argv[1])\nexcept WorkdirBusyError as e:\n"
         "    print(e); sys.exit(3)\n"
     )
@@ -147,7 +147,7 @@ def test_older_calibration_table_gains_the_new_columns(tmp_path):
 def test_older_bin_stats_stays_readable_and_gains_min_and_share(tmp_path):
     import duckdb
 
-    from storage.mismatch_rows import BIN_COLUMNS, replace_bin_stats
+    from sparrow.storage.mismatch_rows import BIN_COLUMNS, replace_bin_stats
 
     # bin_stats as schema version 2 wrote it
     conn = duckdb.connect(str(tmp_path / "sparrow.duckdb"))

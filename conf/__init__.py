@@ -1,1 +1,0 @@
-"""Sparrow's YAML configuration, installed as the data package sparrow_conf."""

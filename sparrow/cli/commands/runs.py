@@ -1,0 +1,121 @@
+"""`sparrow runs [RUN_ID] [--workdir DIR] [--json]`: training runs and their stage status.
+
+    sparrow runs                         # every run: status, steps done of steps, last stage
+    sparrow runs run-20261121-1952-3f2a  # that run's recorded stages, step by step
+    sparrow runs --workdir /data/work --json
+
+Status is the `runs` table's (running, finished, failed); a run marked running while no
+process holds the workdir's writer lock shows as `interrupted` (it was killed; resume it with
+`sparrow train pipeline.run_id=ID`).
+A step whose per-token Parquet file is damaged is named in the `damaged` column (and on the
+step's aggregate_mismatch row of `sparrow runs ID`); the rest of the workdir reads as usual.
+"steps done" counts steps whose sync_weights stage is recorded, out of the run's
+pipeline.steps. Reads the DuckDB file read-only, so it works while a run is writing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import yaml
+
+from sparrow.cli.output import print_json, print_table
+from sparrow.config.schema import PipelineConfig
+from sparrow.errors import SparrowError
+from sparrow.storage.layout import process_alive
+
+class UnknownRunError(SparrowError):
+    """A run id that the workdir does not hold."""
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("runs", help="training runs of a workdir and their stages")
+    parser.add_argument("run_id", nargs="?", help="show this run's recorded stages")
+    parser.add_argument("--workdir", default=PipelineConfig.workdir,
+                        help="the runs' pipeline.workdir")
+    parser.add_argument("--json", action="store_true", help="print a list of row objects")
+    parser.set_defaults(func=run)
+
+
+def writer_alive(workdir: str | Path) -> bool:
+    """True while a process holds the workdir's writer lock (sparrow.storage.Store.open_writer).
+
+    Read from /proc/locks where there is one, so this never takes the lock itself (a probe
+    could make a starting writer fail); elsewhere, whether the pid in the lock file lives.
+    """
+    from sparrow.storage.store import LOCK_FILENAME
+
+    lock = Path(workdir) / LOCK_FILENAME
+    try:
+        stat = lock.stat()
+        held = Path("/proc/locks").read_text()
+    except FileNotFoundError:
+        return _pid_alive(lock) if lock.exists() else False
+    key = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
+    return any(fields[1:2] == ["FLOCK"] and key in fields
+               for fields in (line.split() for line in held.splitlines()))
+
+
+def _pid_alive(lock: Path) -> bool:
+    try:
+        pid = int(lock.read_text().strip() or 0)
+    except (OSError, ValueError):
+        return False
+    return pid > 0 and process_alive(pid)
+
+
+def run_rows(workdir: str) -> list[dict]:
+    from sparrow.storage.run_rows import runs_listing
+
+    alive = writer_alive(workdir)
+    result = runs_listing(workdir)
+    rows = []
+    for row in result.as_dicts():
+        config = yaml.safe_load(row.pop("config_yaml") or "") or {}
+        status = row["status"]
+        if status == "running" and not alive:
+            status = "interrupted"
+        rows.append({
+            "run_id": row["run_id"], "status": status,
+            "steps_done": int(row["steps_done"]),
+            "steps": config.get("pipeline", {}).get("steps"),
+            "stages": int(row["stages"]), "last_stage": row["last_stage"],
+            "created_at": str(row["created_at"]), "model_path": row["model_path"],
+            "mlflow_run_id": row["mlflow_run_id"],
+            "damaged": _damaged_steps(result, row["run_id"]) or None,
+        })
+    return rows
+
+
+def _damaged_steps(result, run_id: str) -> str:
+    """'step-2 step-5': the steps of this run whose tokens.parquet could not be read."""
+    return " ".join(f"step-{d.step}" for d in result.damaged if d.run_id == run_id)
+
+
+def stage_rows(workdir: str, run_id: str) -> list[dict]:
+    from sparrow.storage.run_rows import recorded_run_ids, stages_listing
+
+    runs = recorded_run_ids(workdir)
+    if run_id not in runs:
+        raise UnknownRunError(f"workdir {workdir} has no run {run_id!r}; runs: "
+                              f"{', '.join(runs) or '(none)'}")
+    result = stages_listing(workdir, run_id)
+    damaged = {d.step: d for d in result.damaged if d.run_id == run_id}
+    rows = result.as_dicts()
+    for row in rows:
+        row["started_at"], row["finished_at"] = str(row["started_at"]), str(row["finished_at"])
+        bad = damaged.get(row["step"]) if row["stage"] == "aggregate_mismatch" else None
+        row["damaged"] = f"tokens.parquet: {bad.reason}" if bad else None
+    return rows
+
+
+def run(args: argparse.Namespace) -> int:
+    rows = stage_rows(args.workdir, args.run_id) if args.run_id else run_rows(args.workdir)
+    if args.json:
+        print_json(rows)
+    else:
+        title = f"run {args.run_id}: recorded stages" if args.run_id else f"runs in {args.workdir}"
+        print_table(rows, title=title)
+    return 0

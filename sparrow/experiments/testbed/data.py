@@ -1,0 +1,176 @@
+"""Training data of the testbed model: pointer_chase_long along a length curriculum, with
+wrong hops in the last phase.
+
+    from sparrow.experiments.testbed.data import StepPlan, curriculum, encode, step_examples
+    plan = StepPlan(curriculum(num_defs=256, num_hops=600), steps=1800, noise_share=0.15)
+    stage, noisy = plan.stage_at(step)          # the chain sizes of that step; noisy: last phase
+    examples = step_examples(stage, rows=4, seed=0, step=step)
+    ids, loss_mask = encode(examples)           # [rows, length] int64 and bool (completion)
+
+Every example of one (num_defs, num_hops) has the same length (names, countdown and answer
+are of fixed width), so a batch is a plain rectangle: no padding and no attention mask, and
+SDPA runs its causal flash kernel. Step s's examples come from a seed made of (seed, s) alone,
+so a rerun reads the same data whatever ran before, and the wrong hops of the last phase come
+from their own stream, so the clean chains are the same with or without them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from sparrow.data.char_tokenizer import EOS_TOKEN, char_tokenizer, char_vocab
+from sparrow.data.synthetic import Example, long_chase_lines, make_examples
+
+TASK = "pointer_chase_long"
+# the testbed's tokenizer: characters, and one token per two-letter name
+# (sparrow/data/char_tokenizer.py says why)
+LETTER_PAIRS = True
+# (share of the full num_defs, share of the full num_hops, share of the clean-phase steps):
+# the lookup is learnt among a handful of names first, then the names and hops double up to
+# the full length the model is evaluated and used at. The shares are caps
+# (sparrow/experiments/testbed/adaptive.py): a stage that reaches its accuracy threshold hands its
+# remaining steps on. Measured on the GPU (docs/testbed.md): curricula that began at 16 or 32
+# names never learnt the lookup in 4,000 steps (the long stages learnt only to copy the line
+# num_defs lines back, a fixed offset); beginning at 2 names, every model size tried reached
+# 0.99 at 2 names within 300 steps and 1.0 at 32 names by step 1,300
+CURRICULUM = ((1 / 128, 1 / 600, 0.1), (1 / 64, 1 / 300, 0.1), (1 / 32, 1 / 120, 0.1),
+              (1 / 16, 1 / 40, 0.1), (1 / 8, 1 / 20, 0.1), (1 / 4, 1 / 6, 0.15),
+              (1 / 2, 1 / 2, 0.15), (1, 1, 0.2))
+
+
+@dataclass(frozen=True)
+class Stage:
+    num_defs: int
+    num_hops: int
+    # share of the clean phase's steps
+    share: float
+
+    @property
+    def length(self) -> int:
+        """Tokens of one example: prompt, chain of thought, answer and eos."""
+        return _length(self.num_defs, self.num_hops)
+
+    def sizes(self) -> dict[str, int]:
+        return {"num_defs": self.num_defs, "num_hops": self.num_hops}
+
+
+@lru_cache(maxsize=64)
+def _length(num_defs: int, num_hops: int) -> int:
+    example = make_examples(TASK, 1, seed=0, num_defs=num_defs, num_hops=num_hops)[0]
+    return len(token_ids(example.prompt)) + len(token_ids(example.completion)) + 1
+
+
+def curriculum(num_defs: int, num_hops: int) -> list[Stage]:
+    """CURRICULUM scaled to the full sizes; repeated sizes (tiny tasks) merge their shares."""
+    stages: list[Stage] = []
+    for defs_share, hops_share, share in CURRICULUM:
+        defs = max(2, min(num_defs, round(num_defs * defs_share)))
+        hops = max(1, round(num_hops * hops_share))
+        if stages and (stages[-1].num_defs, stages[-1].num_hops) == (defs, hops):
+            stages[-1] = Stage(defs, hops, stages[-1].share + share)
+        else:
+            stages.append(Stage(defs, hops, share))
+    return stages
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    stages: tuple[Stage, ...] | list[Stage]
+    steps: int
+    # share of the steps, at the end, trained on chains with wrong hops (full length)
+    noise_share: float = 0.0
+
+    @property
+    def clean_steps(self) -> int:
+        return self.steps - round(self.steps * self.noise_share)
+
+    def stage_at(self, step: int) -> tuple[Stage, bool]:
+        """(stage, noisy) of step `step`: the clean curriculum, then the full-length noisy tail."""
+        if step >= self.clean_steps:
+            return self.stages[-1], True
+        end = 0.0
+        for stage in self.stages:
+            end += stage.share
+            if step < round(end * self.clean_steps):
+                return stage, False
+        return self.stages[-1], False
+
+    def step_shares(self) -> list[tuple[Stage, float]]:
+        """Each stage with its share of all steps (the noisy tail counted with the last)."""
+        clean = self.clean_steps / self.steps if self.steps else 1.0
+        shares = [(stage, stage.share * clean) for stage in self.stages]
+        shares[-1] = (shares[-1][0], shares[-1][1] + 1.0 - clean)
+        return shares
+
+
+def derived_seed(*parts: object) -> int:
+    """A 63-bit seed from the parts' text: distinct streams for (seed, purpose, step)."""
+    digest = hashlib.sha256(repr(parts).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def step_examples(stage: Stage, rows: int, seed: int, step: int, micro: int = 0) -> list[Example]:
+    return make_examples(TASK, rows, derived_seed(seed, "train", step, micro), **stage.sizes())
+
+
+def held_out_examples(num_defs: int, num_hops: int, count: int, seed: int,
+                      stream: str = "held-out") -> list[Example]:
+    """Evaluation prompts of those sizes, from a stream training never reads; the stage
+    checks use their own stream ("stage-eval"), so the final held-out prompts play no part
+    in when the curriculum advances."""
+    return make_examples(TASK, count, derived_seed(seed, stream), num_defs=num_defs,
+                         num_hops=num_hops)
+
+
+def with_wrong_hops(example: Example, rate: float, rng: random.Random) -> Example:
+    """The example with each hop, at probability `rate`, sent to another defined name than
+    the right one (the chain goes on from there and the answer is where it ends)."""
+    if rate <= 0:
+        return example
+    head, query = example.prompt.rstrip("\n").split("\n")
+    targets = dict(item.split("=") for item in head.split()[1:])
+    _, start, _, hops = query.split()
+    names = sorted(targets)
+    if len(names) < 3:  # no wrong name besides the current one and its target
+        return example
+
+    def next_name(current: str, target: str) -> str:
+        if rng.random() >= rate:
+            return target
+        while (name := rng.choice(names)) in (current, target):
+            pass
+        return name
+
+    lines, end = long_chase_lines(targets, start, int(hops), next_name)
+    return Example(example.prompt, lines + f"Answer: {end}", end)
+
+
+def token_ids(text: str) -> list[int]:
+    """The testbed tokenizer's ids of `text` (what the model folder's tokenizer.json gives)."""
+    return char_tokenizer(LETTER_PAIRS).encode(text).ids
+
+
+def vocab() -> dict[str, int]:
+    return char_vocab(LETTER_PAIRS)
+
+
+def encode(examples: list[Example]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, loss_mask) [rows, length]: ids as the testbed tokenizer gives them (prompt and
+    completion apart: a prompt ends in a newline, which no merge crosses), eos last;
+    loss_mask is True on the completion and eos (the tokens the model must produce)."""
+    eos = vocab()[EOS_TOKEN]
+    rows, masks = [], []
+    for example in examples:
+        prompt = token_ids(example.prompt)
+        completion = token_ids(example.completion) + [eos]
+        rows.append(prompt + completion)
+        masks.append([False] * len(prompt) + [True] * len(completion))
+    lengths = sorted({len(row) for row in rows})
+    if len(lengths) != 1:
+        raise ValueError(f"examples of one batch differ in length: {lengths}")
+    return torch.tensor(rows, dtype=torch.long), torch.tensor(masks, dtype=torch.bool)

@@ -1,0 +1,144 @@
+"""Held-out accuracy of the testbed model at the full chain length: teacher-forced (exact for
+greedy, the expected value for sampling) and sampled with the project's rollout engine.
+
+    from sparrow.experiments.testbed.evaluate import sampled_accuracy, teacher_forced_accuracy
+    tf = teacher_forced_accuracy(hf_model, examples)    # greedy, sampled_estimate, hop
+    hop = stage_hop_accuracy(hf_model, stage, prompts=8, seed=0)   # the curriculum's check
+    sampled = sampled_accuracy("/tmp/sparrow-testbed", examples, samples=4, seed=0)
+
+Teacher forcing reads each reference sequence once. A chain is a single path through one
+cycle, so a completion reaches the answer (up to a wrong hop undone by chance later) only by
+reproducing the reference; hence greedy decoding is right exactly when every teacher-forced
+argmax is the reference token, and sampling at temperature 1 is right with the product of
+the reference tokens' probabilities. Both come from one forward pass per prompt instead of
+thousands of decode steps. `hop` is the mean, over the hop lines, of the probability of
+sampling the whole line right given a right prefix. The sampled figure is the RL reward
+itself (exact_match on what the engine generates at temperature 1), on fewer prompts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from sparrow.data.synthetic import Example
+from sparrow.experiments.testbed.adaptive import StageEnd
+from sparrow.experiments.testbed.data import Stage, derived_seed, encode, held_out_examples, vocab
+
+
+def precision(device: torch.device):
+    """bf16 autocast on CUDA (weights stay fp32); plain fp32 elsewhere."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+@torch.no_grad()
+def teacher_forced_accuracy(model: torch.nn.Module, examples: list[Example],
+                            rows: int = 8) -> dict:
+    """{"greedy", "sampled_estimate", "hop", "sampled_estimate_by_hops"} over `examples` (all
+    of one length); the last maps k to the mean probability of sampling the first k hop lines
+    right: about the sampled accuracy of a k-hop chain (to pick a length RL can work at)."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    greedy, lines = [], []
+    newline = vocab()["\n"]
+    for start in range(0, len(examples), rows):
+        chunk = examples[start:start + rows]
+        ids, mask = encode(chunk)
+        ids = ids.to(device)
+        with precision(device):
+            logits = model(input_ids=ids).logits[:, :-1].float()
+        target = ids[:, 1:]
+        token_logp = torch.log_softmax(logits, -1).gather(-1, target[..., None])[..., 0].cpu()
+        hit = (logits.argmax(-1) == target).cpu()
+        # the completion's characters: the eos after them decides nothing the reward reads
+        completion = mask[:, 1:].clone()
+        completion[:, -1] = False
+        for row in range(len(chunk)):
+            greedy.append(float(hit[row][completion[row]].all()))
+            lines.append(_line_logps(target[row][completion[row]].cpu(), token_logp[row][completion[row]],
+                                     newline))
+    model.train(was_training)
+    per_line = torch.stack(lines) if lines else torch.zeros(0, 1, dtype=torch.float64)
+    hops = per_line.shape[1] - 1  # the last line is the answer
+    prefix = per_line[:, :-1].cumsum(1).exp()
+    marks = sorted({max(1, round(hops * share)) for share in (1 / 8, 1 / 4, 1 / 2, 3 / 4, 1)})
+    return {"greedy": _mean(greedy), "sampled_estimate": _mean(per_line.sum(1).exp().tolist()),
+            "hop": _mean(per_line[:, :-1].exp().mean(1).tolist()) if hops else 1.0,
+            "sampled_estimate_by_hops": {k: _mean(prefix[:, k - 1].tolist()) for k in marks
+                                         if hops}}
+
+
+def stage_hop_accuracy(model: torch.nn.Module, stage: Stage, prompts: int, seed: int) -> float:
+    """Teacher-forced hop accuracy on `prompts` held-out prompts of the stage's sizes (the
+    "stage-eval" stream): the cheap check of the adaptive curriculum, one forward a prompt."""
+    examples = held_out_examples(stage.num_defs, stage.num_hops, prompts, seed, "stage-eval")
+    return teacher_forced_accuracy(model, examples)["hop"]
+
+
+def stage_record(model: torch.nn.Module, ended: StageEnd | None, steps_done: int, loss,
+                 stages: Sequence[Stage], prompts: int, seed: int) -> dict:
+    """One entry of training_info's stage_eval (stage numbered from 1, or "end" after the
+    last step): the stage-length hop accuracy of the check that ended the stage, the
+    full-length one measured now on `prompts` prompts, and the running loss."""
+    full = stage_hop_accuracy(model, stages[-1], prompts, seed)
+    record = {"stage": "end" if ended is None else ended.stage + 1,
+              "num_hops": stages[-1 if ended is None else ended.stage].num_hops,
+              "reason": "end" if ended is None else ended.reason, "steps_done": steps_done,
+              "hop_accuracy_stage_length": full if ended is None else ended.hop_accuracy,
+              "hop_accuracy_full_length": full,
+              "loss": None if loss is None else round(float(loss), 4)}
+    print(f"stage_eval {record}", flush=True)
+    return record
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / max(1, len(values))
+
+
+def _line_logps(completion_ids: torch.Tensor, logp: torch.Tensor, newline: int) -> torch.Tensor:
+    """Sum of the token logps of each line of the completion (a line's "\n" belongs to it)."""
+    ends = (completion_ids == newline).long()
+    line = torch.cumsum(ends, 0) - ends
+    per_line = torch.zeros(int(line[-1]) + 1, dtype=torch.float64)
+    return per_line.index_add_(0, line, logp.double())
+
+
+def sampled_accuracy(model_dir: str | Path, examples: list[Example], samples: int, seed: int,
+                     device: str | torch.device = "cpu") -> dict[str, float]:
+    """Share of `samples` engine samples per prompt (temperature 1, dense decode) whose
+    exact_match reward is 1; the checkpoint is read from model_dir as the RL flow reads it."""
+    from sparrow.data.rewards import exact_match_reward
+    from sparrow.engine import Engine, EngineConfig, SamplingParams
+    from sparrow.model import load_model, load_tokenizer
+
+    device = torch.device(device)
+    started = time.monotonic()
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    tokenizer = load_tokenizer(model_dir)
+    prompts = [tokenizer.encode(example.prompt) for example in examples]
+    new_tokens = max(len(example.completion) for example in examples) + 8
+    longest = max(map(len, prompts)) + new_tokens
+    sequences = len(examples) * samples
+    # exactly the pages every sample can need, so no memory guess is involved
+    config = EngineConfig(max_batch_size=sequences, num_pages=sequences * (longest // 16 + 2),
+                          max_context=longest, seed=seed)
+    engine = Engine(load_model(model_dir, dtype=dtype, device=device), tokenizer, config)
+    params = [SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=new_tokens,
+                             n=samples, seed=derived_seed(seed, "sampled-eval", index),
+                             logprobs_topk=1)
+              for index in range(len(examples))]
+    results = engine.generate(prompts, params)
+    rewards = [exact_match_reward(sample.text or "", example.answer)
+               for example, group in zip(examples, results) for sample in group]
+    del engine
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return {"accuracy": sum(rewards) / max(1, len(rewards)), "prompts": len(examples),
+            "samples": samples, "seconds": round(time.monotonic() - started, 1)}

@@ -1,0 +1,92 @@
+"""Block-sparse page selection: the PyTorch reference (GPU kernels must match it exactly).
+
+    q_mean = group_query_mean(q, num_kv_heads)                 # [B, Hkv, D] float32
+    mask = select_pages(q_mean, centroids, num_pages, topk, reserved_bos=1, reserved_eos=2)
+    # mask [B, Hkv, P] bool: the pages each sequence (or query position) reads per KV head
+
+For one query (a sequence's decode step, or one position of a teacher-forced sequence) whose
+cache holds n pages: pages 0..reserved_bos-1 and the last reserved_eos pages (the partial
+page among them) are always read; the pages between them are eligible and scored by
+q_mean . centroid; the top-k eligible pages are read; with no more than k eligible pages
+every page is read (a dense step). Ties in score go to the lower page index. Batched over
+B queries with ragged page counts: columns at or past a row's n are padding and never read.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sparrow import schedule_math
+
+
+def group_query_mean(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """Mean of the query heads of each KV group: q [B, Hq, D] -> [B, Hkv, D] float32.
+
+    Query head j belongs to KV head j // (Hq / Hkv), the grouping of transformers' repeat_kv.
+    """
+    batch, heads, dim = q.shape
+    if heads % num_kv_heads:
+        raise ValueError(f"{heads} query heads do not split into {num_kv_heads} KV groups")
+    return q.float().view(batch, num_kv_heads, heads // num_kv_heads, dim).mean(dim=2)
+
+
+def score_pages(q_mean: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
+    """Scores q_mean . centroid: q_mean [B, Hkv, D], centroids [B, P, Hkv, D] -> [B, Hkv, P]."""
+    return torch.einsum("bhd,bphd->bhp", q_mean.float(), centroids.float())
+
+
+def select_pages(q_mean: torch.Tensor, centroids: torch.Tensor, num_pages: torch.Tensor,
+                 topk: torch.Tensor | int, reserved_bos: int, reserved_eos: int) -> torch.Tensor:
+    """Pages read per query and KV head: [B, Hkv, P] bool (see the module docstring)."""
+    return select_from_scores(score_pages(q_mean, centroids), num_pages, topk,
+                              reserved_bos, reserved_eos)
+
+
+def select_from_scores(scores: torch.Tensor, num_pages: torch.Tensor, topk: torch.Tensor | int,
+                       reserved_bos: int, reserved_eos: int) -> torch.Tensor:
+    """The selection rule on given scores [B, Hkv, P]; num_pages, topk: [B] (or an int k)."""
+    batch, _, width = scores.shape
+    _check(num_pages, width, batch, reserved_bos, reserved_eos)
+    device = scores.device
+    topk = torch.as_tensor(topk, device=device).expand(batch)
+    if (topk < 0).any():
+        raise ValueError(f"topk must be >= 0, got {topk.tolist()}")
+    page = torch.arange(width, device=device).view(1, 1, width)
+    count = num_pages.to(device).view(batch, 1, 1)
+    present = page < count
+    eligible = (page >= reserved_bos) & (page < count - reserved_eos)
+    masked = scores.float().masked_fill(~eligible, float("-inf"))
+    # rank of every page by descending score; the stable sort hands ties to the lower index
+    order = torch.sort(masked, dim=-1, descending=True, stable=True).indices
+    rank = torch.empty_like(order).scatter_(-1, order, page.expand_as(order).contiguous())
+    chosen = eligible & (rank < topk.view(batch, 1, 1))
+    return (present & ~eligible) | chosen
+
+
+def pages_read(num_pages: torch.Tensor | int, topk: torch.Tensor | int, reserved_bos: int,
+               reserved_eos: int) -> torch.Tensor:
+    """Pages one sparse step reads per KV head: min(n, top-k + reserved), n when dense
+    (sparrow.schedule_math.pages_read on tensors)."""
+    return schedule_math.pages_read(torch.as_tensor(topk), reserved_bos, reserved_eos,
+                                    torch.as_tensor(num_pages))
+
+
+def token_mask(page_mask: torch.Tensor, page_size: int, num_tokens: torch.Tensor) -> torch.Tensor:
+    """Expand a page mask [B, Hkv, P] to tokens [B, Hkv, P * page_size], hiding slots at or
+    past each row's token count (the unwritten tail of the partial page)."""
+    batch, heads, width = page_mask.shape
+    tokens = page_mask.repeat_interleave(page_size, dim=-1)
+    slot = torch.arange(width * page_size, device=page_mask.device).view(1, 1, -1)
+    return tokens & (slot < num_tokens.to(page_mask.device).view(batch, 1, 1))
+
+
+def _check(num_pages: torch.Tensor, width: int, batch: int, reserved_bos: int,
+           reserved_eos: int) -> None:
+    if num_pages.shape != (batch,):
+        raise ValueError(f"num_pages must have shape ({batch},), got {tuple(num_pages.shape)}")
+    if batch and int(num_pages.max()) > width:
+        raise ValueError(f"a row holds {int(num_pages.max())} pages but the centroids have "
+                         f"only {width} columns")
+    if reserved_bos < 0 or reserved_eos < 1:
+        raise ValueError(f"need reserved_bos >= 0 and reserved_eos >= 1, "
+                         f"got {reserved_bos}, {reserved_eos}")

@@ -1,0 +1,165 @@
+"""Stage 4, aggregate_mismatch: per-token mismatch rows, per-bin statistics, threshold events.
+
+    outcome = aggregate_mismatch_task(workdir, run_id, step, rollout_dir, scores_path)
+
+Writes, for the step:
+- tokens.parquet (RunLayout.token_file): one row per generated token with run_id, step,
+  sample, prompt, position (total position: prompt length + index in the completion), bin
+  (Schedule.bin_of: a position past the schedule's last bin is in the last bin), pages_read (pages the actor read for it), acceptance, leftover_mass, actor_logprob,
+  dense_logprob; DuckDB's token_mismatch view reads these files.
+- bin_stats rows: sparrow.mismatch.acceptance.bin_statistics per length bin (bins of the schedule in
+  force, schedule.json of the rollout stage), with the pages that schedule reads in the bin
+  (pages_read; NULL when decoding densely), its name and version; bin_stats.json beside
+  tokens.parquet.
+- threshold_events: `below_target` for every bin whose schedule.target_statistic (p5 by
+  default; sparrow/sparse/target.py) misses schedule.target, `recovered` for a bin that
+  was below at the previous step and is not now; the event's p5 column holds the bin's p5.
+- step metrics: mismatch/min_p5, mismatch/p5_bin_<b>, mismatch/acceptance_mean,
+  mismatch/leftover_mass_mean, mismatch/bins_below.
+Rows are replaced by (run_id, step) in the stage's transaction; MLflow gets the metrics, one
+event per threshold crossing, and bin_stats.json.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from prefect import task
+from prefect.cache_policies import NONE
+
+from sparrow.runtime.retry import INFRA_RETRIES
+from sparrow.runtime.run_runtime import RunRuntime, lookup
+from sparrow.runtime.ledger.stage import StageOutcome, StageWrite, run_stage
+from sparrow.data.rollouts import read_rollouts
+from sparrow.mismatch.acceptance import BinStats, bin_statistics, min_p5
+from sparrow.sparse.io import schedule_from_dict
+from sparrow.sparse.schedule import Schedule
+from sparrow.sparse.target import DEFAULT_STATISTIC, get_statistic
+from sparrow.storage import mismatch_rows
+from sparrow.stages.dense_score import read_scores
+from sparrow.stages.rollout import ROLLOUTS_FILE, SCHEDULE_FILE
+
+BIN_STATS_FILE = "bin_stats.json"
+def token_table(run_id: str, step: int, records, scores, schedule: Schedule):
+    """The per-token rows as a pyarrow table (columns of sparrow.storage.schema.TOKEN_COLUMNS)."""
+    import pyarrow as pa
+
+    columns: dict[str, list] = {k: [] for k in (
+        "sample", "prompt", "position", "bin", "pages_read", "acceptance", "leftover_mass",
+        "actor_logprob", "dense_logprob")}
+    for i, record in enumerate(records):
+        n, start = len(record.output_ids), len(record.prompt_ids)
+        positions = list(range(start, start + n))
+        columns["sample"] += [record.sample_index] * n
+        columns["prompt"] += [record.prompt_index] * n
+        columns["position"] += positions
+        columns["bin"] += schedule.bin_of(np.arange(start, start + n)).tolist()
+        columns["pages_read"] += list(record.pages_read)
+        columns["acceptance"] += list(scores["acceptance"][i])
+        columns["leftover_mass"] += list(scores["leftover_mass"][i])
+        columns["actor_logprob"] += list(record.actor_logprobs)
+        columns["dense_logprob"] += list(scores["dense_logprobs"][i])
+    count = len(columns["sample"])
+    ints = {"sample", "prompt", "position", "bin", "pages_read"}
+    arrays = {"run_id": pa.array([run_id] * count, pa.string()),
+              "step": pa.array([step] * count, pa.int32())}
+    for name, values in columns.items():
+        arrays[name] = pa.array(values, pa.int32() if name in ints else pa.float64())
+    return pa.table(arrays)
+
+
+def _finite(value: float) -> float | None:
+    return float(value) if math.isfinite(value) else None
+
+
+@dataclass(frozen=True)
+class StepBins:
+    """One step's per-bin statistics with the schedule they were measured under."""
+
+    run_id: str
+    step: int
+    stats: list[BinStats]
+    pages_read: dict[int, int | None]  # bin -> pages per step under the schedule (None: dense)
+    schedule_name: str
+    schedule_version: int
+    target: float
+    # schedule.target_statistic: the BinStats field compared with the target
+    statistic: str = DEFAULT_STATISTIC
+
+    @property
+    def p5(self) -> dict[int, float]:
+        return {s.bin: s.p5 for s in self.stats}
+
+    @property
+    def below(self) -> list[int]:
+        statistic = get_statistic(self.statistic)
+        return sorted(s.bin for s in self.stats
+                      if statistic.misses(getattr(s, statistic.column), self.target))
+
+    def as_json(self) -> str:
+        return json.dumps([{**{k: _finite(v) if isinstance(v, float) else v
+                               for k, v in s.as_dict().items()},
+                            "pages_read": self.pages_read[s.bin]} for s in self.stats], indent=2)
+
+    def write_rows(self, conn) -> None:
+        """Replace the step's bin_stats and threshold_events rows."""
+        run_id, step, p5, below = self.run_id, self.step, self.p5, self.below
+        mismatch_rows.replace_bin_stats(conn, run_id, step, [
+            {**{k: _finite(v) if isinstance(v, float) else v for k, v in s.as_dict().items()},
+             "pages_read": self.pages_read[s.bin], "schedule_name": self.schedule_name,
+             "schedule_version": self.schedule_version} for s in self.stats])
+        previous = mismatch_rows.below_target_bins(conn, run_id, step - 1)
+        events = [(b, "below_target") for b in below]
+        events += [(b, "recovered") for b in sorted(previous) if b in p5 and b not in below]
+        mismatch_rows.replace_threshold_events(
+            conn, run_id, step, [(b, kind, p5[b], self.target) for b, kind in events])
+
+
+def aggregate_step(runtime: RunRuntime, step: int, rollout_dir: str, scores_path: str,
+                   out: Path) -> StageWrite:
+    import pyarrow.parquet as pq
+
+    used = json.loads((Path(rollout_dir) / SCHEDULE_FILE).read_text())
+    schedule = schedule_from_dict(used["schedule"], source=f"{rollout_dir}/{SCHEDULE_FILE}")
+    records = read_rollouts(Path(rollout_dir) / ROLLOUTS_FILE)
+    table = token_table(runtime.run_id, step, records, read_scores(scores_path, records),
+                        schedule)
+    pq.write_table(table, out / runtime.layout.token_file(step).name)
+    acceptance = table.column("acceptance").to_numpy()
+    stats = bin_statistics(table.column("position").to_numpy(), acceptance,
+                           bin_tokens=schedule.bin_tokens, num_bins=schedule.num_bins)
+    bins = StepBins(
+        runtime.run_id, step, stats,
+        {s.bin: schedule.pages_for_topk(schedule.topk_pages[s.bin]) if used["sparse"] else None
+         for s in stats},
+        schedule.name, used["version"], runtime.cfg.schedule.target,
+        runtime.cfg.schedule.target_statistic)
+    (out / BIN_STATS_FILE).write_text(bins.as_json())
+    metrics = {f"mismatch/p5_bin_{b}": p5 for b, p5 in bins.p5.items()}
+    metrics.update({
+        "mismatch/min_p5": min_p5(stats),
+        "mismatch/acceptance_mean": float(acceptance.mean()),
+        "mismatch/leftover_mass_mean": float(np.mean(table.column("leftover_mass").to_numpy())),
+        "mismatch/bins_below": float(len(bins.below)),
+    })
+
+    def log_events(final: Path) -> None:
+        if runtime.tracker is None:
+            return
+        for b in bins.below:
+            runtime.tracker.log_threshold_event(step, b, bins.p5[b], bins.target)
+        runtime.tracker.log_artifact(final / BIN_STATS_FILE, subdir=f"bin_stats/step-{step}")
+
+    return StageWrite(metrics=metrics, db=bins.write_rows, after_commit=log_events)
+
+
+@task(name="aggregate_mismatch", cache_policy=NONE, **INFRA_RETRIES)
+def aggregate_mismatch_task(workdir: str, run_id: str, step: int, rollout_dir: str,
+                            scores_path: str) -> StageOutcome:
+    runtime = lookup(workdir, run_id)
+    return run_stage(runtime, "aggregate_mismatch", step,
+                     lambda out: aggregate_step(runtime, step, rollout_dir, scores_path, out))

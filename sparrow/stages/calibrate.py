@@ -1,0 +1,233 @@
+"""The calibrate flow's tasks: sample, replay under the budget grid, choose and store.
+
+    path = sample_task(overrides, calibration_id)              # trajectories.json
+    path = replay_task(overrides, calibration_id, path)        # table.json
+    summary = choose_task(overrides, calibration_id, path)     # schedule, DuckDB, MLflow, plot
+    timing = time_generation_task(overrides, calibration_id, path)   # optional: the paper's way
+
+Everything lands under `<workdir>/calibrations/<calibration_id>/` by write-then-rename; each
+task reads its inputs from the previous task's file, so it can be re-run alone. The library
+does the work (sparrow/control/calibration.py, choose.py); sparrow/stages/calibrate_store.py
+writes DuckDB and MLflow, sparrow/reports/calibration_plot.py draws the figure. Tasks take plain values
+(config overrides, ids, paths), as Prefect's rules ask, and are never cached.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from prefect import task
+from prefect.cache_policies import NONE
+
+from sparrow.runtime.retry import INFRA_RETRIES
+from sparrow.runtime.run_runtime import device_and_dtype
+from sparrow.config import SparrowConfig, load_config
+from sparrow.control.calibration import (
+    STATISTICS,
+    AcceptanceTable,
+    Trajectory,
+    topk_grid,
+    flat_schedule,
+    measure_topk_pages,
+    measure_on_policy,
+    sample_trajectories,
+)
+from sparrow.data.datasets import load_prompts
+from sparrow.engine import EngineConfig, SamplingParams
+from sparrow.model.builtin import resolve_model_path
+from sparrow.sparse.io import resolve_schedule
+from sparrow.sparse.schedule import Schedule
+from sparrow.storage import atomic_file
+
+TRAJECTORIES_FILE = "trajectories.json"
+TABLE_FILE = "table.json"
+
+
+def calibration_dir(workdir: str | Path, calibration_id: str) -> Path:
+    return Path(workdir) / "calibrations" / calibration_id
+
+
+def write_json(path: Path, data: Any) -> Path:
+    with atomic_file(path) as scratch:
+        scratch.write_text(json.dumps(data, indent=1))
+    return path
+
+
+@functools.lru_cache(maxsize=2)
+def load_policy(model_cfg: Any) -> tuple[Any, Any, Path]:
+    """(model, tokenizer, checkpoint dir) of the `model` config group, loaded once per process."""
+    import torch
+
+    from sparrow.model import load_model, load_tokenizer
+
+    path = resolve_model_path(model_cfg.path)
+    device, dtype = device_and_dtype(model_cfg)
+    return load_model(path, getattr(torch, dtype), device), load_tokenizer(path), path
+
+
+def policy(cfg: SparrowConfig) -> tuple[Any, Any, Path]:
+    return load_policy(cfg.model)
+
+
+def base_schedule(cfg: SparrowConfig) -> Schedule:
+    """schedule.name: the template (page size, bins, reserved pages, dense layers)."""
+    return resolve_schedule(cfg.schedule.name)
+
+
+def calibration_requests(cfg: SparrowConfig, tokenizer: Any,
+                         max_context: int) -> tuple[list, list[SamplingParams]]:
+    """(prompt ids, sampling params) of the calibration prompts, seeded from pipeline.seed;
+    new tokens are cut to what the context leaves after each prompt."""
+    cal, rollout = cfg.calibrate, cfg.rollout
+    data = load_prompts(cal.prompts or cfg.data.train, cfg.data.prompt_key, cfg.data.answer_key,
+                        tokenizer, cfg.data.max_prompt_tokens, split="train",
+                        seed=cfg.pipeline.seed)
+    rows = [data.row(i) for i in range(min(cal.num_prompts, len(data)))]
+    new_tokens = cal.max_new_tokens or rollout.max_new_tokens
+    context = cfg.model.max_context or max_context
+    params = [SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p,
+                             top_k=rollout.top_k, n=cal.repeats,
+                             max_new_tokens=max(1, min(new_tokens, context - len(row.prompt_ids))),
+                             seed=cfg.pipeline.seed * 100_003 + i)
+              for i, row in enumerate(rows)]
+    return [list(r.prompt_ids) for r in rows], params
+
+
+def engine_config(cfg: SparrowConfig, schedule: Schedule) -> EngineConfig:
+    return EngineConfig.from_rollout(cfg.rollout, page_size=schedule.page_size,
+                                     max_context=cfg.model.max_context)
+
+
+def sample(overrides: list[str], calibration_id: str) -> str:
+    """Trajectories to replay: dense ones (they fix the top-k grid when calibrate.topk_pages is
+    empty), and with calibrate.sample_sparse, the sparse actor's own under every top-k of the grid."""
+    cfg = load_config(overrides)
+    model, tokenizer, _ = policy(cfg)
+    template = base_schedule(cfg)
+    prompts, params = calibration_requests(cfg, tokenizer,
+                                           model.arch.max_position_embeddings)
+    engine = engine_config(cfg, template)
+    clock = time.perf_counter()
+    trajectories = sample_trajectories(model, tokenizer, prompts, params, engine_config=engine)
+    grid = grid_for(cfg, trajectories, template)
+    by_topk = {}
+    if cfg.calibrate.sample_sparse:
+        by_topk = {str(b): [as_dict(t) for t in sample_trajectories(
+            model, tokenizer, prompts, params, schedule=flat_schedule(template, b),
+            engine_config=engine)] for b in grid}
+    seconds = time.perf_counter() - clock
+    out = calibration_dir(cfg.pipeline.workdir, calibration_id) / TRAJECTORIES_FILE
+    data = {"sample_s": seconds, "sparse": cfg.calibrate.sample_sparse, "prompts": len(prompts),
+            "topk_pages": list(grid), "trajectories": [as_dict(t) for t in trajectories],
+            "by_topk": by_topk}
+    return str(write_json(out, data))
+
+
+def as_dict(trajectory: Trajectory) -> dict:
+    return {"ids": list(trajectory.ids), "prompt_len": trajectory.prompt_len}
+
+
+def as_trajectories(rows: list[dict]) -> list[Trajectory]:
+    return [Trajectory(tuple(t["ids"]), t["prompt_len"]) for t in rows]
+
+
+def read_trajectories(path: str | Path) -> tuple[list[Trajectory], dict]:
+    data = json.loads(Path(path).read_text())
+    return as_trajectories(data["trajectories"]), data
+
+
+def grid_for(cfg: SparrowConfig, trajectories: list[Trajectory], template: Schedule) -> tuple:
+    if cfg.calibrate.topk_pages:
+        return tuple(cfg.calibrate.topk_pages)
+    longest = max(len(t.ids) for t in trajectories)
+    return topk_grid(-(-longest // template.page_size))
+
+
+def replay(overrides: list[str], calibration_id: str, trajectories_path: str) -> str:
+    """The (topk_pages, bin) table: every top-k's own sparse trajectories replayed under it
+    when they were sampled (calibrate.sample_sparse), else the dense ones under every top-k."""
+    cfg = load_config(overrides)
+    model, _, _ = policy(cfg)
+    template = base_schedule(cfg)
+    trajectories, data = read_trajectories(trajectories_path)
+    # a file written before the rename holds "budgets" and "by_budget"
+    grid = tuple(data.get("topk_pages") or data.get("budgets")
+                 or grid_for(cfg, trajectories, template))
+    by_topk = data.get("by_topk") or data.get("by_budget")
+    num_bins = cfg.calibrate.num_bins or template.num_bins
+    temperature = cfg.rollout.temperature or 1.0
+    clock = time.perf_counter()
+    if by_topk:
+        table = measure_on_policy(model, {int(b): as_trajectories(rows) for b, rows in
+                                          by_topk.items()}, template, temperature,
+                                  num_bins=num_bins, centroid_dtype=cfg.rollout.centroid_dtype)
+    else:
+        table = measure_topk_pages(model, trajectories, template, grid, temperature,
+                                num_bins=num_bins, centroid_dtype=cfg.rollout.centroid_dtype)
+    seconds = time.perf_counter() - clock
+    out = calibration_dir(cfg.pipeline.workdir, calibration_id) / TABLE_FILE
+    return str(write_json(out, {"replay_s": seconds, **table_to_dict(table)}))
+
+
+def table_to_dict(table: AcceptanceTable) -> dict:
+    def listed(array: np.ndarray) -> list:
+        return [[None if np.isnan(v) else float(v) for v in row] for row in array]
+
+    return {"topk_pages": list(table.topk_pages), "bin_tokens": table.bin_tokens,
+            "tokens": [int(n) for n in table.tokens],
+            **{name: listed(getattr(table, name)) for name in STATISTICS
+               if getattr(table, name) is not None}}
+
+
+def table_from_dict(data: dict) -> AcceptanceTable:
+    def array(key: str) -> np.ndarray:
+        return np.array([[np.nan if v is None else v for v in row] for row in data[key]],
+                        dtype=np.float64)
+
+    # a table written before min and share_below_half existed has neither
+    return AcceptanceTable(tuple(_grid_of(data)), data["bin_tokens"],
+                           np.array(data["tokens"], dtype=np.int64),
+                           **{name: array(name) for name in STATISTICS if name in data})
+
+
+def _grid_of(table: dict) -> list[int]:
+    """The top-k grid of a table file (one written before the rename calls it "budgets")."""
+    return table["topk_pages"] if "topk_pages" in table else table["budgets"]
+
+
+def time_generation(overrides: list[str], calibration_id: str, table_path: str) -> dict:
+    """Seconds to generate the calibration requests under every top-k of the grid."""
+    cfg = load_config(overrides)
+    model, tokenizer, _ = policy(cfg)
+    template = base_schedule(cfg)
+    prompts, params = calibration_requests(cfg, tokenizer,
+                                           model.arch.max_position_embeddings)
+    grid = _grid_of(json.loads(Path(table_path).read_text()))
+    seconds = {}
+    for topk_pages in grid:
+        schedule = flat_schedule(template, topk_pages)
+        clock = time.perf_counter()
+        sample_trajectories(model, tokenizer, prompts, params, schedule=schedule,
+                            engine_config=engine_config(cfg, template))
+        seconds[int(topk_pages)] = time.perf_counter() - clock
+    return {"generation_s_per_topk": seconds, "generation_s": sum(seconds.values())}
+
+
+@task(name="calibrate-sample", cache_policy=NONE, **INFRA_RETRIES)
+def sample_task(overrides: list[str], calibration_id: str) -> str:
+    return sample(overrides, calibration_id)
+
+
+@task(name="calibrate-replay", cache_policy=NONE, **INFRA_RETRIES)
+def replay_task(overrides: list[str], calibration_id: str, trajectories_path: str) -> str:
+    return replay(overrides, calibration_id, trajectories_path)
+
+
+@task(name="calibrate-time-generation", cache_policy=NONE)
+def time_generation_task(overrides: list[str], calibration_id: str, table_path: str) -> dict:
+    return time_generation(overrides, calibration_id, table_path)

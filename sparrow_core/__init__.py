@@ -1,7 +1,0 @@
-"""Sparrow's library: models, rollout engine, sparse selection, mismatch, cost model, RL math.
-
-It imports no orchestrator (Prefect, Ray, MLflow, DuckDB); runtime/, reports/, tasks/ and
-pipelines/ build on it.
-"""
-
-__version__ = "0.1.0"

@@ -1,0 +1,155 @@
+"""The configuration: composition, overrides, and one clear error per bad key or value."""
+
+import re
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+
+import pytest
+
+from sparrow.config import ConfigError, SparrowConfig, load_config, to_yaml
+from sparrow.config.load import conf_dir, group_options
+from sparrow.config.schema import GROUPS
+
+
+def test_defaults_compose_to_the_schema_defaults():
+    assert load_config() == SparrowConfig()
+
+
+def test_overrides_set_typed_values():
+    cfg = load_config(["algo.lr=2e-6", "rollout.samples_per_prompt=4", "schedule.sparse=false"])
+    assert cfg.algo.lr == pytest.approx(2e-6)
+    assert cfg.rollout.samples_per_prompt == 4
+    assert cfg.schedule.sparse is False
+    assert cfg.algo.eps_high == pytest.approx(0.28)  # untouched keys keep their defaults
+
+
+def test_later_override_wins():
+    assert load_config(["pipeline.steps=2", "pipeline.steps=7"]).pipeline.steps == 7
+
+
+def test_unknown_key_names_the_key_and_the_valid_ones():
+    with pytest.raises(ConfigError) as err:
+        load_config(["algo.eps_lo=0.1"])
+    message = str(err.value)
+    assert "'algo.eps_lo'" in message and "eps_low" in message and "eps_high" in message
+
+
+def test_unknown_group_lists_groups():
+    with pytest.raises(ConfigError, match="valid keys: model, rollout, schedule"):
+        load_config(["modle.path=x"])
+
+
+def test_wrong_type_names_the_key():
+    with pytest.raises(ConfigError, match=r"'algo\.lr'.*abc"):
+        load_config(["algo.lr=abc"])
+
+
+def test_value_outside_choices_lists_the_allowed_ones():
+    with pytest.raises(ConfigError, match=r"'algo\.loss_agg'.*token_mean, sequence_mean"):
+        load_config(["algo.loss_agg=mean"])
+
+
+def test_registry_names_are_checked():
+    with pytest.raises(ConfigError, match=r"'algo\.advantage'.*grpo"):
+        load_config(["algo.advantage=ppo"])
+
+
+def test_range_checks():
+    with pytest.raises(ConfigError, match=r"'rollout\.top_p'.*\(0, 1\]"):
+        load_config(["rollout.top_p=1.5"])
+    with pytest.raises(ConfigError, match="STAGE@STEP"):
+        load_config(["pipeline.fail_at=rollout"])
+
+
+def test_malformed_override():
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config(["algo.lr"])
+
+
+def test_group_choice_picks_a_file(tmp_path: Path):
+    root = tmp_path / "conf"
+    for group in GROUPS:
+        (root / group).mkdir(parents=True)
+        (root / group / "default.yaml").write_text("{}\n")
+    (root / "config.yaml").write_text("defaults:\n  model: default\n")
+    (root / "algo" / "fast.yaml").write_text("# faster learning\nlr: 3.0e-6\n")
+    assert load_config(["algo=fast"], root=root).algo.lr == pytest.approx(3e-6)
+    with pytest.raises(ConfigError, match="options: default, fast"):
+        load_config(["algo=slow"], root=root)
+
+
+def test_bad_key_in_a_yaml_file_names_the_file(tmp_path: Path):
+    root = tmp_path / "conf"
+    for group in GROUPS:
+        (root / group).mkdir(parents=True)
+        (root / group / "default.yaml").write_text("{}\n")
+    (root / "config.yaml").write_text("defaults: {}\n")
+    (root / "data" / "default.yaml").write_text("promt_key: text\n")
+    with pytest.raises(ConfigError, match=r"'data\.promt_key'.*data/default\.yaml"):
+        load_config(root=root)
+
+
+def test_yaml_round_trip():
+    cfg = load_config(["algo.lr=5e-6", "pipeline.run_id=abc"])
+    dumped = to_yaml(cfg)
+    assert "lr: 5.0e-06" in dumped and "run_id: abc" in dumped
+
+
+def _leaf_paths(cls, prefix=""):
+    for f in fields(cls):
+        default = f.default_factory() if callable(f.default_factory) else f.default
+        if is_dataclass(default):
+            yield from _leaf_paths(type(default), f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}"
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_every_yaml_key_has_a_comment_and_every_field_is_listed(group):
+    assert group_options(group), f"sparrow/conf/{group}/ has no YAML file"
+    text = (conf_dir() / group / "default.yaml").read_text().splitlines()
+    keys, stack = set(), []
+    for i, line in enumerate(text):
+        match = re.match(r"^(\s*)(\w+):", line)
+        if not match:
+            continue
+        depth = len(match.group(1)) // 2
+        stack = stack[:depth] + [match.group(2)]
+        assert text[i - 1].strip().startswith("#"), f"sparrow/conf/{group}: {line.strip()} lacks a comment"
+        keys.add(".".join(stack))
+    schema_type = {f.name: f.default_factory for f in fields(SparrowConfig)}[group]
+    expected = set(_leaf_paths(type(schema_type())))
+    assert expected <= keys, f"sparrow/conf/{group}/default.yaml misses {sorted(expected - keys)}"
+
+
+def test_vllm_backend_with_sparse_schedule_loads_where_vllm_is_importable(monkeypatch):
+    import sparrow.vllm as backend
+
+    monkeypatch.setattr(backend, "vllm_available", lambda: True)
+    cfg = load_config(["rollout.backend=vllm"])  # schedule.sparse is true by default
+    assert (cfg.rollout.backend, cfg.schedule.sparse) == ("vllm", True)
+
+
+def test_vllm_backend_without_vllm_names_the_package_and_the_install(monkeypatch):
+    import sparrow.vllm as backend
+
+    monkeypatch.setattr(backend.importlib.util, "find_spec",
+                        lambda name, *rest: None if name == "vllm" else object())
+    with pytest.raises(ConfigError) as err:
+        load_config(["rollout.backend=vllm", "schedule.sparse=false"])
+    message = str(err.value)
+    assert "'vllm'" in message and "not importable" in message
+    assert "docs/backends.md" in message and "scripts/pack_vllm.sh" in message
+
+
+def test_vllm_backend_dense_loads_where_vllm_is_importable(monkeypatch):
+    import sparrow.vllm as backend
+
+    monkeypatch.setattr(backend, "vllm_available", lambda: True)
+    cfg = load_config(["rollout.backend=vllm", "schedule.sparse=false"])
+    assert (cfg.rollout.backend, cfg.schedule.sparse) == ("vllm", False)
+
+
+def test_unknown_backend_lists_native_and_vllm():
+    with pytest.raises(ConfigError, match="allowed: native, vllm"):
+        load_config(["rollout.backend=sglang"])

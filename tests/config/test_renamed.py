@@ -1,0 +1,61 @@
+"""Renamed config keys: the old name still works, with a warning naming the new one; stored
+configs and studies that hold the old name are read under the new one without a warning."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+
+from sparrow.config import SparrowConfig, load_config, to_yaml
+from sparrow.config.renamed import RenamedKeyWarning
+from sparrow.config.schema import GROUPS
+from sparrow.config.study import load_study, study_from_yaml, study_yaml
+
+
+def test_old_calibrate_key_on_the_command_line_sets_the_new_one():
+    with pytest.warns(RenamedKeyWarning, match=r"'calibrate\.budgets'.*'calibrate\.topk_pages'"):
+        cfg = load_config(["calibrate.budgets=[2,4]"])
+    assert cfg.calibrate.topk_pages == [2, 4]
+
+
+def test_old_key_in_a_group_file_is_read_and_the_new_one_wins(tmp_path: Path):
+    root = tmp_path / "conf"
+    for group in GROUPS:
+        (root / group).mkdir(parents=True)
+        (root / group / "default.yaml").write_text("{}\n")
+    (root / "config.yaml").write_text("defaults: {}\n")
+    (root / "calibrate" / "default.yaml").write_text("budgets: [3, 5]\n")
+    with pytest.warns(RenamedKeyWarning, match="calibrate/default.yaml"):
+        assert load_config(root=root).calibrate.topk_pages == [3, 5]
+    (root / "calibrate" / "default.yaml").write_text("budgets: [3, 5]\ntopk_pages: [7]\n")
+    with pytest.warns(RenamedKeyWarning):
+        assert load_config(root=root).calibrate.topk_pages == [7]
+
+
+def test_new_keys_raise_no_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RenamedKeyWarning)
+        assert load_config(["calibrate.topk_pages=[2]"]).calibrate.topk_pages == [2]
+        assert load_study("default", ["fixed_topk_pages=3"]).fixed_topk_pages == 3
+
+
+def test_old_study_key_warns_and_a_stored_study_reads_quietly():
+    with pytest.warns(RenamedKeyWarning, match="'fixed_topk_pages'"):
+        assert load_study("default", ["fixed_budget_pages=3"]).fixed_topk_pages == 3
+    stored = study_yaml(load_study("default")).replace("fixed_topk_pages", "fixed_budget_pages")
+    assert "fixed_budget_pages: 2" in stored
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RenamedKeyWarning)
+        assert study_from_yaml(stored.replace(": 2", ": 6", 1)).fixed_topk_pages == 6
+
+
+def test_a_run_stored_with_the_old_key_resumes_with_the_new_one():
+    from sparrow.runtime.ledger.run_record import config_differences
+
+    cfg = load_config(["calibrate.topk_pages=[2,4]"])
+    assert to_yaml(cfg).count("topk_pages:") == 1
+    stored = to_yaml(cfg).replace("topk_pages:", "budgets:")
+    assert config_differences(stored, cfg) == []
+    assert config_differences(to_yaml(SparrowConfig()), cfg) != []

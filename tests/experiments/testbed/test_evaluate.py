@@ -1,0 +1,50 @@
+"""Teacher-forced accuracy: exact for a model that always predicts the reference, the product
+of token probabilities for one that does not."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sparrow.data.synthetic import make_examples
+from sparrow.experiments.testbed.data import encode, vocab
+from sparrow.experiments.testbed.evaluate import teacher_forced_accuracy
+
+
+class NextTokenModel(torch.nn.Module):
+    """Puts logit `margin` on the true next token (read from the input) and 0 elsewhere."""
+
+    def __init__(self, margin: float):
+        super().__init__()
+        self.margin = margin
+        self.anchor = torch.nn.Parameter(torch.zeros(()))  # gives the model a device
+
+    def forward(self, input_ids):
+        logits = torch.zeros(*input_ids.shape, len(vocab()))
+        logits[:, :-1].scatter_(-1, input_ids[:, 1:, None], self.margin)
+        return SimpleNamespace(logits=logits)
+
+
+def test_a_model_predicting_the_reference_is_right_greedy_and_sampled():
+    examples = make_examples("pointer_chase_long", 3, seed=2, num_defs=10, num_hops=15)
+    result = teacher_forced_accuracy(NextTokenModel(60.0), examples, rows=2)
+    by_hops = result.pop("sampled_estimate_by_hops")
+    assert result == pytest.approx({"greedy": 1.0, "sampled_estimate": 1.0, "hop": 1.0})
+    assert by_hops == pytest.approx({2: 1.0, 4: 1.0, 8: 1.0, 11: 1.0, 15: 1.0})
+
+
+def test_sampled_estimate_is_the_product_of_reference_probabilities():
+    examples = make_examples("pointer_chase_long", 2, seed=2, num_defs=10, num_hops=15)
+    margin, size = 3.0, len(vocab())
+    p = math.exp(margin) / (math.exp(margin) + size - 1)
+    result = teacher_forced_accuracy(NextTokenModel(margin), examples)
+    _, mask = encode(examples[:1])
+    completion = int(mask.sum()) - 1  # tokens of the completion, eos not counted
+    line = 7  # '1' '4' ' ' name '=' name '\n': a name is one token
+    assert result["greedy"] == 1.0
+    assert result["sampled_estimate"] == pytest.approx(p ** completion, rel=1e-4)
+    assert result["hop"] == pytest.approx(p ** line, rel=1e-4)
+    for hops, estimate in result["sampled_estimate_by_hops"].items():
+        assert estimate == pytest.approx(p ** (hops * line), rel=1e-4)
+    assert teacher_forced_accuracy(NextTokenModel(0.0), examples)["greedy"] == 0.0
