@@ -53,10 +53,13 @@ def overhead(runs: int) -> dict:
             sandboxed.append(time.perf_counter() - start)
             assert result.finished and result.stdout == b"1\n", result
     plain_ms, sandbox_ms = statistics.median(plain) * 1e3, statistics.median(sandboxed) * 1e3
-    return {"runs": runs, "plain_python_ms": round(plain_ms, 1),
-            "sandboxed_ms": round(sandbox_ms, 1),
-            "overhead_ms": round(sandbox_ms - plain_ms, 1),
-            "ratio": round(sandbox_ms / plain_ms, 2)}
+    return {
+        "runs": runs,
+        "plain_python_ms": round(plain_ms, 1),
+        "sandboxed_ms": round(sandbox_ms, 1),
+        "overhead_ms": round(sandbox_ms - plain_ms, 1),
+        "ratio": round(sandbox_ms / plain_ms, 2),
+    }
 
 
 def throughput(copies: int, workers: int) -> dict:
@@ -70,19 +73,29 @@ def throughput(copies: int, workers: int) -> dict:
     seconds = time.perf_counter() - start
     if batch.rewards != [1.0] * len(completions):
         raise SystemExit(f"a reference solution did not score 1.0: {batch}")
-    return {"workers": workers, "programs": len(completions), "sandboxed_runs": runs,
-            "seconds": round(seconds, 2),
-            "programs_per_s": round(len(completions) / seconds, 2),
-            "runs_per_s": round(runs / seconds, 1)}
+    return {
+        "workers": workers,
+        "programs": len(completions),
+        "sandboxed_runs": runs,
+        "seconds": round(seconds, 2),
+        "programs_per_s": round(len(completions) / seconds, 2),
+        "runs_per_s": round(runs / seconds, 1),
+    }
 
 
 def facts() -> dict:
     bwrap = find_bwrap()
     version = subprocess.run([bwrap, "--version"], capture_output=True, text=True).stdout.strip()
-    return {"date": time.strftime("%Y-%m-%d"), "command": " ".join(["python", *sys.argv]),
-            "cpus": os.cpu_count(), "python": platform.python_version(),
-            "sandbox_python": sandbox_python(), "bwrap": version,
-            "as_root": os.geteuid() == 0, "kernel": platform.release()}
+    return {
+        "date": time.strftime("%Y-%m-%d"),
+        "command": " ".join(["python", *sys.argv]),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "sandbox_python": sandbox_python(),
+        "bwrap": version,
+        "as_root": os.geteuid() == 0,
+        "kernel": platform.release(),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,10 +106,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="3 runs, 1 copy, 2 workers")
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args(argv)
-    runs, copies, workers = (3, 1, [2]) if args.smoke else (
-        args.runs, args.copies, [int(w) for w in args.workers.split(",")])
-    payload = {"facts": facts(), "overhead": overhead(runs),
-               "throughput": [throughput(copies, count) for count in workers]}
+    runs, copies, workers = (
+        (3, 1, [2])
+        if args.smoke
+        else (args.runs, args.copies, [int(w) for w in args.workers.split(",")])
+    )
+    payload = {
+        "facts": facts(),
+        "overhead": overhead(runs),
+        "throughput": [throughput(copies, count) for count in workers],
+    }
     text = json.dumps(payload, indent=1)
     if args.out:
         Path(args.out).write_text(text + "\n")

@@ -15,14 +15,16 @@ large device-to-device copy, bytes read plus bytes written over its median time.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -48,9 +50,12 @@ def device_facts() -> dict[str, Any]:
         facts["triton"] = None
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
-        facts.update(gpu=props.name, multiprocessors=props.multi_processor_count,
-                     gpu_memory_gib=round(props.total_memory / 2**30, 1),
-                     cuda=torch.version.cuda)
+        facts.update(
+            gpu=props.name,
+            multiprocessors=props.multi_processor_count,
+            gpu_memory_gib=round(props.total_memory / 2**30, 1),
+            cuda=torch.version.cuda,
+        )
     else:
         facts["gpu"] = None
     return facts
@@ -66,8 +71,13 @@ def _flush_l2(mode: str) -> None:
         buffer.sum()
 
 
-def time_graph(fn: Callable[[], Any], reps: int = 30, warmup: int = 3,
-               graph: bool = True, flush: bool | str = True) -> float:
+def time_graph(
+    fn: Callable[[], Any],
+    reps: int = 30,
+    warmup: int = 3,
+    graph: bool = True,
+    flush: bool | str = True,
+) -> float:
     """Median microseconds of one call of fn (as a CUDA graph replay when graph=True).
     flush: True or "read" (the default L2 flush), "write", or False (a warm L2)."""
     mode = "read" if flush is True else flush
@@ -109,7 +119,7 @@ def copy_bandwidth(gib: float = 2.0) -> dict[str, float]:
     count = int(gib * 2**30) // 2
     src = torch.randn(count, dtype=torch.bfloat16, device="cuda")
     dst = torch.empty_like(src)
-    us = time_graph(lambda: dst.copy_(src), reps=20, flush=False)
+    us = time_graph(functools.partial(dst.copy_, src), reps=20, flush=False)
     moved = 2 * src.numel() * src.element_size()
     del src, dst
     torch.cuda.empty_cache()
@@ -120,33 +130,44 @@ def _options_record() -> dict[str, Any]:
     from sparrow.kernels.runtime import current_options
 
     options = current_options()
-    return {"programmatic_launch": sorted(options.programmatic_launch),
-            "skinny_linear": options.skinny_linear, "fold_norms": options.fold_norms}
+    return {
+        "programmatic_launch": sorted(options.programmatic_launch),
+        "skinny_linear": options.skinny_linear,
+        "fold_norms": options.fold_norms,
+    }
 
 
 def add_kernel_option_flags(parser) -> None:
     """--programmatic-launch, --no-skinny-linear, --no-fold-norms: EngineConfig's kernel
     choices, to compare a benchmark under another (kernel_options_from takes them back)."""
-    parser.add_argument("--programmatic-launch", default="all",
-                        choices=("all", "none", "linear", "attention"),
-                        help="kernel families launched with programmatic dependent launch")
-    parser.add_argument("--no-skinny-linear", action="store_true",
-                        help="decode projections through cuBLAS")
-    parser.add_argument("--no-fold-norms", action="store_true",
-                        help="norms and residual adds in the norm kernel")
+    parser.add_argument(
+        "--programmatic-launch",
+        default="all",
+        choices=("all", "none", "linear", "attention"),
+        help="kernel families launched with programmatic dependent launch",
+    )
+    parser.add_argument(
+        "--no-skinny-linear", action="store_true", help="decode projections through cuBLAS"
+    )
+    parser.add_argument(
+        "--no-fold-norms", action="store_true", help="norms and residual adds in the norm kernel"
+    )
 
 
 def kernel_options_from(args):
     """The KernelOptions the flags of add_kernel_option_flags name."""
     from sparrow.engine.config import EngineConfig
 
-    return EngineConfig(programmatic_launch=args.programmatic_launch,
-                        skinny_linear=not args.no_skinny_linear,
-                        fold_norms=not args.no_fold_norms).kernel_options()
+    return EngineConfig(
+        programmatic_launch=args.programmatic_launch,
+        skinny_linear=not args.no_skinny_linear,
+        fold_norms=not args.no_fold_norms,
+    ).kernel_options()
 
 
-def target_case_args(description: str, argv=None,
-                     flags: tuple[tuple[str, str], ...] = ()) -> tuple[Any, str, int, int]:
+def target_case_args(
+    description: str, argv=None, flags: tuple[tuple[str, str], ...] = ()
+) -> tuple[Any, str, int, int]:
     """--out, --smoke and the benchmark's own on/off flags ((name, help) pairs) at the target
     case (Qwen3-1.7B heads, batch 16, 32K; smoke: batch 2, 256 tokens, any device):
     (args, device, batch, context)."""
@@ -191,6 +212,6 @@ def fill_random_(tensor: torch.Tensor, seed: int, chunk: int = 1 << 26) -> torch
     gen = torch.Generator(device=tensor.device).manual_seed(seed)
     flat = tensor.view(-1)
     for start in range(0, flat.numel(), chunk):
-        part = flat[start:start + chunk]
+        part = flat[start : start + chunk]
         part.copy_(torch.randn(part.shape, generator=gen, device=tensor.device))
     return tensor

@@ -29,10 +29,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import (add_kernel_option_flags, copy_bandwidth,  # noqa: E402
-                               device_facts, fill_random_, kernel_options_from, time_graph,
-                               write_json)
-from sparrow.costmodel.eflops import get_hardware, get_model, schedule_cost  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    add_kernel_option_flags,
+    copy_bandwidth,
+    device_facts,
+    fill_random_,
+    kernel_options_from,
+    time_graph,
+    write_json,
+)
+from sparrow.costmodel import get_hardware, get_model, schedule_cost  # noqa: E402
 from sparrow.costmodel.presets import Hardware  # noqa: E402
 from sparrow.engine.cuda_graphs import DecodeGraphs, batch_bucket, sparsity_key, width_bucket
 from sparrow.engine.kv_cache import KVCache, bytes_per_page  # noqa: E402
@@ -50,12 +56,33 @@ CONTEXTS = (1024, 2048, 4096, 8192, 12288, 16384, 24576, 32768, 33792)
 def model_arch(name: str, smoke: bool = False) -> ModelArch:
     shape = get_model(name)
     if smoke:
-        return ModelArch("qwen3", 512, 64, 3, 4, 2, 16, 128, qk_norm=True,
-                         tie_word_embeddings=True, max_position_embeddings=40960)
-    return ModelArch("qwen3", shape.vocab, shape.hidden, shape.layers, shape.q_heads,
-                     shape.kv_heads, shape.head_dim, shape.intermediate, rope_theta=1e6,
-                     tie_word_embeddings=shape.tied_embeddings, qk_norm=True,
-                     max_position_embeddings=40960)
+        return ModelArch(
+            "qwen3",
+            512,
+            64,
+            3,
+            4,
+            2,
+            16,
+            128,
+            qk_norm=True,
+            tie_word_embeddings=True,
+            max_position_embeddings=40960,
+        )
+    return ModelArch(
+        "qwen3",
+        shape.vocab,
+        shape.hidden,
+        shape.layers,
+        shape.q_heads,
+        shape.kv_heads,
+        shape.head_dim,
+        shape.intermediate,
+        rope_theta=1e6,
+        tie_word_embeddings=shape.tied_embeddings,
+        qk_norm=True,
+        max_position_embeddings=40960,
+    )
 
 
 def random_model(arch: ModelArch, device: str, dtype=torch.bfloat16) -> Decoder:
@@ -80,12 +107,18 @@ def random_model(arch: ModelArch, device: str, dtype=torch.bfloat16) -> Decoder:
 class StepBench:
     """One model and a shuffled page pool; times decode steps at given contexts."""
 
-    def __init__(self, model: Decoder, pool_pages: int, device: str,
-                 centroid_dtype: torch.dtype = torch.bfloat16):
+    def __init__(
+        self,
+        model: Decoder,
+        pool_pages: int,
+        device: str,
+        centroid_dtype: torch.dtype = torch.bfloat16,
+    ):
         arch = model.arch
         self.model, self.arch, self.device = model, arch, device
-        self.cache = KVCache.allocate(arch, pool_pages, PAGE, torch.bfloat16, device,
-                                      centroid_dtype=centroid_dtype)
+        self.cache = KVCache.allocate(
+            arch, pool_pages, PAGE, torch.bfloat16, device, centroid_dtype=centroid_dtype
+        )
         fill_random_(self.cache.k, 1)
         fill_random_(self.cache.v, 2)
         fill_random_(self.cache.centroids, 3)
@@ -97,7 +130,7 @@ class StepBench:
         # independent random pages: when the pool is smaller than the logical cache, rows
         # share physical pages at uncorrelated times (no L2 reuse between rows)
         if batch * width <= self.pool_pages:
-            tables = np.random.default_rng(width).permutation(self.pool_pages)[:batch * width]
+            tables = np.random.default_rng(width).permutation(self.pool_pages)[: batch * width]
         else:
             tables = np.random.default_rng(width).integers(0, self.pool_pages, batch * width)
         tables = tables.reshape(batch, width).astype(np.int32)
@@ -116,8 +149,11 @@ class StepBench:
             start = time.perf_counter()
             self.graphs.decode(*args, schedule)
             return (time.perf_counter() - start) * 1e6
-        key = (batch_bucket(batch), width_bucket(-(-context // PAGE)),
-               sparsity_key(schedule, self.arch.num_layers))
+        key = (
+            batch_bucket(batch),
+            width_bucket(-(-context // PAGE)),
+            sparsity_key(schedule, self.arch.num_layers),
+        )
         graph = self.graphs.graphs[key][0]
         graph.replay()
         times = []
@@ -131,8 +167,9 @@ class StepBench:
         return float(np.median(times))
 
 
-def step_bytes(arch: ModelArch, params_bytes: int, batch: int, context: int, schedule,
-               centroid_bytes: int = 2) -> int:
+def step_bytes(
+    arch: ModelArch, params_bytes: int, batch: int, context: int, schedule, centroid_bytes: int = 2
+) -> int:
     """Fewest bytes one step must read: weights, then per layer the KV (and centroids, of
     centroid_bytes each value) read."""
     n_pages = -(-context // PAGE)
@@ -143,8 +180,14 @@ def step_bytes(arch: ModelArch, params_bytes: int, batch: int, context: int, sch
         if schedule is None or not schedule.is_sparse_layer(layer):
             total += dense_layer
             continue
-        read = int(pages_read(n_pages, schedule.topk_for_position(context - 1),
-                              schedule.reserved_bos, schedule.reserved_eos))
+        read = int(
+            pages_read(
+                n_pages,
+                schedule.topk_for_position(context - 1),
+                schedule.reserved_bos,
+                schedule.reserved_eos,
+            )
+        )
         centroids = batch * n_pages * arch.num_kv_heads * arch.head_dim * centroid_bytes
         total += batch * read * PAGE * kv_token + centroids
     return total
@@ -156,8 +199,9 @@ def rollout_us(contexts, step_us) -> float:
     return float(np.interp(context, contexts, step_us).sum())
 
 
-def pool_pages_for(arch: ModelArch, budget_bytes: float, largest: int,
-                   centroid_dtype: torch.dtype = torch.bfloat16) -> int:
+def pool_pages_for(
+    arch: ModelArch, budget_bytes: float, largest: int, centroid_dtype: torch.dtype = torch.bfloat16
+) -> int:
     per_page = bytes_per_page(arch, PAGE, torch.bfloat16, centroid_dtype)
     return max(1, min(int(budget_bytes // per_page), largest))
 
@@ -213,15 +257,25 @@ def kernel_category(name: str) -> str:
         return "gemm"
     if lowered.startswith("memcpy") or lowered.startswith("memset"):
         return "copies"
-    for kernel in ("paged_decode", "combine", "page_scores", "page_topk", "kv_write",
-                   "rms_norm", "qk_norm_rope", "silu_mul", "race_draw"):
+    for kernel in (
+        "paged_decode",
+        "combine",
+        "page_scores",
+        "page_topk",
+        "kv_write",
+        "rms_norm",
+        "qk_norm_rope",
+        "silu_mul",
+        "race_draw",
+    ):
         if kernel in lowered:
             return kernel
     return "other"
 
 
-def profile_step(bench: StepBench, batch: int, context: int, schedule, params_bytes: int,
-                 steps: int = 3) -> dict:
+def profile_step(
+    bench: StepBench, batch: int, context: int, schedule, params_bytes: int, steps: int = 3
+) -> dict:
     """Where one step's GPU time goes: the same kernels launched eagerly under the profiler
     (each kernel's own time; the graph only removes host gaps), summed per category, beside
     the graph's step time; the difference is time the GPU spends between kernels."""
@@ -233,8 +287,7 @@ def profile_step(bench: StepBench, batch: int, context: int, schedule, params_by
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)
     eager.decode(*args, schedule)
     sync()
-    with profile(activities=[ProfilerActivity.CUDA] if on_gpu else
-                 [ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CUDA] if on_gpu else [ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             eager.decode(*args, schedule)
         sync()
@@ -251,11 +304,16 @@ def profile_step(bench: StepBench, batch: int, context: int, schedule, params_by
     kernels_us = sum(part["us"] for name, part in per_category.items() if name != "copies")
     graph_us = bench.step_us(batch, context, schedule)
     gemm_us = per_category.get("gemm", {}).get("us", float("nan"))
-    return dict(batch=batch, context=context, sparse=schedule is not None,
-                graph_step_us=graph_us, kernels_us=kernels_us,
-                between_kernels_us=graph_us - kernels_us,
-                gemm_weight_bytes_per_s=params_bytes / (gemm_us * 1e-6),
-                per_category=per_category)
+    return dict(
+        batch=batch,
+        context=context,
+        sparse=schedule is not None,
+        graph_step_us=graph_us,
+        kernels_us=kernels_us,
+        between_kernels_us=graph_us - kernels_us,
+        gemm_weight_bytes_per_s=params_bytes / (gemm_us * 1e-6),
+        per_category=per_category,
+    )
 
 
 def hardware_for(gpu: str | None):
@@ -272,23 +330,34 @@ def run_batch(bench, name, batch, contexts, bandwidth, params_bytes, gpu):
     dense_bound = [bound(c, None) for c in contexts]
     sparse_bound = [bound(c, schedule) for c in contexts]
     grid = np.arange(PROMPT, PROMPT + GENERATED + 1, 256) + 1
-    byte_ratio = (sum(step_bytes(arch, params_bytes, batch, int(c), None) for c in grid)
-                  / sum(step_bytes(arch, params_bytes, batch, int(c), schedule, width)
-                        for c in grid))
+    byte_ratio = sum(step_bytes(arch, params_bytes, batch, int(c), None) for c in grid) / sum(
+        step_bytes(arch, params_bytes, batch, int(c), schedule, width) for c in grid
+    )
     roll_dense, roll_sparse = rollout_us(contexts, dense), rollout_us(contexts, sparse)
     shape = get_model(name)
     common = dict(model=shape, prompt_len=PROMPT, gen_len=GENERATED, samples=batch)
     measured_hw = Hardware("measured", hardware_for(gpu).peak_flops, bandwidth)
-    row = dict(model=name, batch=batch, contexts=list(contexts), dense_us=dense, sparse_us=sparse,
-               dense_bound_us=dense_bound, sparse_bound_us=sparse_bound,
-               dense_over_bound=[m / b for m, b in zip(dense, dense_bound)],
-               sparse_over_bound=[m / b for m, b in zip(sparse, sparse_bound)],
-               rollout_dense_s=roll_dense / 1e6, rollout_sparse_s=roll_sparse / 1e6,
-               rollout_speedup=roll_dense / roll_sparse, byte_bound_speedup=byte_ratio,
-               costmodel_speedup=schedule_cost(schedule, hardware=hardware_for(gpu),
-                                               **common).predicted_speedup,
-               costmodel_speedup_measured_bandwidth=schedule_cost(
-                   schedule, hardware=measured_hw, **common).predicted_speedup)
+    row = dict(
+        model=name,
+        batch=batch,
+        contexts=list(contexts),
+        dense_us=dense,
+        sparse_us=sparse,
+        dense_bound_us=dense_bound,
+        sparse_bound_us=sparse_bound,
+        dense_over_bound=[m / b for m, b in zip(dense, dense_bound)],
+        sparse_over_bound=[m / b for m, b in zip(sparse, sparse_bound)],
+        rollout_dense_s=roll_dense / 1e6,
+        rollout_sparse_s=roll_sparse / 1e6,
+        rollout_speedup=roll_dense / roll_sparse,
+        byte_bound_speedup=byte_ratio,
+        costmodel_speedup=schedule_cost(
+            schedule, hardware=hardware_for(gpu), **common
+        ).predicted_speedup,
+        costmodel_speedup_measured_bandwidth=schedule_cost(
+            schedule, hardware=measured_hw, **common
+        ).predicted_speedup,
+    )
     if bench.device == "cuda":
         row["eager_step_us_2k_dense"] = eager_step_us(bench, batch, 2048)
         row["non_attention_step_us"] = non_attention_step_us(bench, batch)
@@ -296,8 +365,9 @@ def run_batch(bench, name, batch, contexts, bandwidth, params_bytes, gpu):
     return row
 
 
-def model_bench(name, batches, contexts, device, smoke,
-                centroid_dtype=torch.bfloat16) -> tuple[StepBench, int]:
+def model_bench(
+    name, batches, contexts, device, smoke, centroid_dtype=torch.bfloat16
+) -> tuple[StepBench, int]:
     """A random model of this shape with a page pool as large as the GPU allows (12 GiB
     kept free) up to the widest case; and its parameter bytes."""
     arch = model_arch(name, smoke)
@@ -315,12 +385,18 @@ def run_model(name, batches, contexts, bandwidth, device, smoke, centroid_dtype)
     rows = []
     for batch in batches:
         rows.append(run_batch(bench, name, batch, contexts, bandwidth, params_bytes, gpu))
-        rows[-1].update(params_bytes=params_bytes, pool_pages=bench.cache.num_pages,
-                        capture_seconds=bench.graphs.capture_seconds)
-        print(f"{name} B={batch}: rollout speedup {rows[-1]['rollout_speedup']:.2f} "
-              f"(bytes {rows[-1]['byte_bound_speedup']:.2f}, cost model "
-              f"{rows[-1]['costmodel_speedup']:.2f}); dense/bound "
-              f"{[round(x, 2) for x in rows[-1]['dense_over_bound']]}", flush=True)
+        rows[-1].update(
+            params_bytes=params_bytes,
+            pool_pages=bench.cache.num_pages,
+            capture_seconds=bench.graphs.capture_seconds,
+        )
+        print(
+            f"{name} B={batch}: rollout speedup {rows[-1]['rollout_speedup']:.2f} "
+            f"(bytes {rows[-1]['byte_bound_speedup']:.2f}, cost model "
+            f"{rows[-1]['costmodel_speedup']:.2f}); dense/bound "
+            f"{[round(x, 2) for x in rows[-1]['dense_over_bound']]}",
+            flush=True,
+        )
         bench.graphs.clear()
     del bench
     if device == "cuda":
@@ -334,12 +410,22 @@ def main(argv=None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny model (any device)")
     parser.add_argument("--models", default="qwen3-1.7b,qwen3-4b")
     parser.add_argument("--batches", default="16,64")
-    parser.add_argument("--compile-probe", action="store_true",
-                        help="only the torch.compile probe of the non-attention step")
-    parser.add_argument("--profile", action="store_true",
-                        help="only the per-kernel breakdown of steps at 1K and 32K")
-    parser.add_argument("--centroids", default="bfloat16", choices=("bfloat16", "float8_e4m3fn"),
-                        help="page centroid dtype of the cache (EngineConfig.centroid_dtype)")
+    parser.add_argument(
+        "--compile-probe",
+        action="store_true",
+        help="only the torch.compile probe of the non-attention step",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="only the per-kernel breakdown of steps at 1K and 32K",
+    )
+    parser.add_argument(
+        "--centroids",
+        default="bfloat16",
+        choices=("bfloat16", "float8_e4m3fn"),
+        help="page centroid dtype of the cache (EngineConfig.centroid_dtype)",
+    )
     add_kernel_option_flags(parser)
     args = parser.parse_args(argv)
     # as the engine's runner does: every step launched and captured under these options
@@ -359,11 +445,29 @@ def run(args) -> int:
         return profile_steps(args, device, batches, copy)
     rows = []
     for name in args.models.split(","):
-        rows.extend(run_model(name, batches, contexts, bandwidth, device, args.smoke,
-                              getattr(torch, args.centroids)))
-    write_json(args.out, dict(benchmark="decode_step", facts=device_facts(), copy_bandwidth=copy,
-                              centroids=args.centroids,
-                              prompt_len=PROMPT, gen_len=GENERATED, rows=rows))
+        rows.extend(
+            run_model(
+                name,
+                batches,
+                contexts,
+                bandwidth,
+                device,
+                args.smoke,
+                getattr(torch, args.centroids),
+            )
+        )
+    write_json(
+        args.out,
+        dict(
+            benchmark="decode_step",
+            facts=device_facts(),
+            copy_bandwidth=copy,
+            centroids=args.centroids,
+            prompt_len=PROMPT,
+            gen_len=GENERATED,
+            rows=rows,
+        ),
+    )
     return 0
 
 
@@ -374,13 +478,19 @@ def compile_probe(args, device, batches) -> int:
         bench = StepBench(model, 64, device)
         params_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         for batch in batches:
-            rows.append(dict(model=name, batch=batch, params_bytes=params_bytes,
-                             non_attention_step_us=non_attention_step_us(bench, batch),
-                             fused_non_attention_step_us=fused_non_attention_step_us(bench,
-                                                                                     batch)))
+            rows.append(
+                dict(
+                    model=name,
+                    batch=batch,
+                    params_bytes=params_bytes,
+                    non_attention_step_us=non_attention_step_us(bench, batch),
+                    fused_non_attention_step_us=fused_non_attention_step_us(bench, batch),
+                )
+            )
             print(rows[-1], flush=True)
-    write_json(args.out, dict(benchmark="decode_step-compile-probe", facts=device_facts(),
-                              rows=rows))
+    write_json(
+        args.out, dict(benchmark="decode_step-compile-probe", facts=device_facts(), rows=rows)
+    )
     return 0
 
 
@@ -396,14 +506,21 @@ def profile_steps(args, device, batches, copy) -> int:
                     row = profile_step(bench, batch, context, sched, params_bytes)
                     row.update(model=name, params_bytes=params_bytes)
                     rows.append(row)
-                    print({k: (round(v, 1) if isinstance(v, float) else v)
-                           for k, v in row.items() if k != "per_category"}, flush=True)
+                    print(
+                        {
+                            k: (round(v, 1) if isinstance(v, float) else v)
+                            for k, v in row.items()
+                            if k != "per_category"
+                        },
+                        flush=True,
+                    )
         bench.graphs.clear()
-    write_json(args.out, dict(benchmark="decode_step-profile", facts=device_facts(),
-                              copy_bandwidth=copy, rows=rows))
+    write_json(
+        args.out,
+        dict(benchmark="decode_step-profile", facts=device_facts(), copy_bandwidth=copy, rows=rows),
+    )
     return 0
 
 
 if __name__ == "__main__":
     raise SystemExit(main())
-

@@ -26,7 +26,6 @@ best of 3 after a warm-up, the schedules interleaved).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -42,10 +41,10 @@ from sparrow.data.rollouts import RolloutRecord  # noqa: E402
 from sparrow.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
 from sparrow.model import load_model, load_tokenizer  # noqa: E402
 from sparrow.model.builtin import resolve_model_path  # noqa: E402
+from sparrow.sparse import resolve_schedule  # noqa: E402
 from sparrow.trainer.distill import SparseDistiller  # noqa: E402
 from sparrow.trainer.lora import merge_weights  # noqa: E402
 from sparrow.trainer.policy_trainer import PolicyTrainer, resolve_device, resolve_dtype  # noqa: E402
-from sparrow.sparse import resolve_schedule  # noqa: E402
 
 
 def _schema():
@@ -64,8 +63,12 @@ def _schema():
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="builtin:tiny")
-    p.add_argument("--random-layers", type=int, default=0,
-                   help="timing only: a random Qwen3-1.7B-shaped checkpoint of N layers")
+    p.add_argument(
+        "--random-layers",
+        type=int,
+        default=0,
+        help="timing only: a random Qwen3-1.7B-shaped checkpoint of N layers",
+    )
     p.add_argument("--workdir", default="/tmp/sparrow-distill")
     p.add_argument("--ignore-eos", action="store_true", help="every sample runs to the cutoff")
     p.add_argument("--data", default="builtin:synthetic")
@@ -87,8 +90,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-update", action="store_true", help="keep the base fixed")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
-    p.add_argument("--memory-utilization", type=float, default=0.0,
-                   help="engine KV cache sized to this share of GPU memory (0: kv-cache-mib)")
+    p.add_argument(
+        "--memory-utilization",
+        type=float,
+        default=0.0,
+        help="engine KV cache sized to this share of GPU memory (0: kv-cache-mib)",
+    )
     p.add_argument("--kv-cache-mib", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--speed-repeats", type=int, default=3)
@@ -111,8 +118,9 @@ def model_path(args) -> Path:
 
     folder = Path(args.workdir) / f"qwen3-1.7b-shape-{args.random_layers}l"
     if not list(folder.glob("*.safetensors")):
-        make_random_checkpoint(folder, "qwen3", seed=0,
-                               **dict(SHAPE_17B, num_layers=args.random_layers))
+        make_random_checkpoint(
+            folder, "qwen3", seed=0, **dict(SHAPE_17B, num_layers=args.random_layers)
+        )
     return folder
 
 
@@ -124,20 +132,40 @@ def _sync(device: torch.device) -> None:
 def sample(engine, tokenizer, rows, samples, args, seed, device) -> tuple[list, float, int]:
     """(RolloutRecords, seconds, generated tokens) of the rows' prompts under the engine."""
     ids = [list(r.prompt_ids) for r in rows]
-    params = [SamplingParams(n=samples, max_new_tokens=args.max_new_tokens,
-                             temperature=args.temperature, seed=seed * 100_003 + i,
-                             logprobs_topk=20, stop_token_ids=tuple(tokenizer.eos_token_ids))
-              for i in range(len(ids))]
+    params = [
+        SamplingParams(
+            n=samples,
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            seed=seed * 100_003 + i,
+            logprobs_topk=20,
+            stop_token_ids=tuple(tokenizer.eos_token_ids),
+        )
+        for i in range(len(ids))
+    ]
     _sync(device)
     clock = time.perf_counter()
     results = engine.generate(ids, params)
     _sync(device)
     seconds = time.perf_counter() - clock
-    records = [RolloutRecord(p, s.sample_index, rows[p].row, tuple(ids[p]), tuple(s.output_ids),
-                             tuple(s.logprobs), s.topk_ids, s.topk_logprobs,
-                             tuple(s.pages_read), s.finish_reason, rows[p].answer,
-                             tokenizer.decode(s.output_ids, skip_special_tokens=True))
-               for p, group in enumerate(results) for s in group]
+    records = [
+        RolloutRecord(
+            p,
+            s.sample_index,
+            rows[p].row,
+            tuple(ids[p]),
+            tuple(s.output_ids),
+            tuple(s.logprobs),
+            s.topk_ids,
+            s.topk_logprobs,
+            tuple(s.pages_read),
+            s.finish_reason,
+            rows[p].answer,
+            tokenizer.decode(s.output_ids, skip_special_tokens=True),
+        )
+        for p, group in enumerate(results)
+        for s in group
+    ]
     return records, seconds, sum(len(r.output_ids) for r in records)
 
 
@@ -146,8 +174,16 @@ def evaluate(engine, tokenizer, distiller, rows, schedule, args, device) -> dict
     engine.set_schedule(schedule)
     records, seconds, tokens = sample(engine, tokenizer, rows, 1, args, 10**6, device)
     metrics = distiller.distill(records, schedule, update=False)
-    keep = ("p5_lora", "p5_base", "min_bin_p5_lora", "min_bin_p5_base",
-            "acceptance_mean_lora", "acceptance_mean_base", "full_kl", "k3")
+    keep = (
+        "p5_lora",
+        "p5_base",
+        "min_bin_p5_lora",
+        "min_bin_p5_base",
+        "acceptance_mean_lora",
+        "acceptance_mean_base",
+        "full_kl",
+        "k3",
+    )
     out = {k: metrics.get(f"distill/{k}") for k in keep}
     out.update(schedule=schedule.name, tokens=tokens)
     return out
@@ -179,27 +215,46 @@ def main(argv=None) -> dict:
     eval_rows = held_out.batch(0, args.eval_prompts)
     schema = _schema()
     algo = schema.AlgoConfig(
-        lr=args.lr, micro_batch_tokens=args.micro_batch_tokens,
-        distill=schema.DistillConfig(enabled=True, lora_rank=args.rank, lora_alpha=args.alpha,
-                                     loss=args.loss, lr_scale=args.lr_scale))
-    config = EngineConfig(page_size=cheaper.page_size, kv_cache_mib=args.kv_cache_mib,
-                          memory_utilization=args.memory_utilization, seed=args.seed,
-                          ignore_eos=args.ignore_eos)
+        lr=args.lr,
+        micro_batch_tokens=args.micro_batch_tokens,
+        distill=schema.DistillConfig(
+            enabled=True,
+            lora_rank=args.rank,
+            lora_alpha=args.alpha,
+            loss=args.loss,
+            lr_scale=args.lr_scale,
+        ),
+    )
+    config = EngineConfig(
+        page_size=cheaper.page_size,
+        kv_cache_mib=args.kv_cache_mib,
+        memory_utilization=args.memory_utilization,
+        seed=args.seed,
+        ignore_eos=args.ignore_eos,
+    )
     engine = Engine(load_model(path, dtype=dtype, device=device), tokenizer, config, cheaper)
-    trainer = None if args.no_update else PolicyTrainer(path, algo, device, args.dtype, args.seed,
-                                                        args.temperature or 1.0)
+    trainer = (
+        None
+        if args.no_update
+        else PolicyTrainer(path, algo, device, args.dtype, args.seed, args.temperature or 1.0)
+    )
     distiller = SparseDistiller(path, algo, device, args.dtype, args.seed, args.temperature or 1.0)
     base = trainer.state_dict_for_sync() if trainer else load_model(path).state_dict()
     distiller.set_base(base)
-    report = {"args": vars(args), "device": torch.cuda.get_device_name(device)
-              if device.type == "cuda" else "cpu"}
-    report["calibrated"] = evaluate(engine, tokenizer, distiller, eval_rows, calibrated, args, device)
+    report = {
+        "args": vars(args),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+    }
+    report["calibrated"] = evaluate(
+        engine, tokenizer, distiller, eval_rows, calibrated, args, device
+    )
     report["before"] = evaluate(engine, tokenizer, distiller, eval_rows, cheaper, args, device)
     steps = []
     for step in range(args.steps):
         engine.set_schedule(cheaper)
-        records, rollout_s, tokens = sample(engine, tokenizer, train.batch(step, args.prompts),
-                                            args.samples, args, step + 1, device)
+        records, rollout_s, tokens = sample(
+            engine, tokenizer, train.batch(step, args.prompts), args.samples, args, step + 1, device
+        )
         row = {"step": step + 1, "tokens": tokens, "rollout_s": rollout_s}
         if trainer is not None:
             reward = REWARD_FUNCTIONS.get(args.reward)
@@ -220,16 +275,22 @@ def main(argv=None) -> dict:
         metrics = distiller.distill(records, cheaper)
         _sync(device)
         row["distill_s"] = time.perf_counter() - clock
-        row.update({k.split("/", 1)[1]: v for k, v in metrics.items()
-                    if k.split("/", 1)[1] in ("loss", "p5_lora", "p5_base", "min_bin_p5_lora",
-                                               "min_bin_p5_base", "full_kl")})
+        row.update(
+            {
+                k.split("/", 1)[1]: v
+                for k, v in metrics.items()
+                if k.split("/", 1)[1]
+                in ("loss", "p5_lora", "p5_base", "min_bin_p5_lora", "min_bin_p5_base", "full_kl")
+            }
+        )
         engine.update_weights(merge_weights(base, distiller.adapter()))
         steps.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
     report["steps"] = steps
     report["after"] = evaluate(engine, tokenizer, distiller, eval_rows, cheaper, args, device)
-    report["tokens_per_s"] = rollout_speed(engine, tokenizer, eval_rows, (calibrated, cheaper),
-                                           args, device, args.speed_repeats)
+    report["tokens_per_s"] = rollout_speed(
+        engine, tokenizer, eval_rows, (calibrated, cheaper), args, device, args.speed_repeats
+    )
     report["summary"] = summarize(report, steps)
     text = json.dumps(report, indent=2, default=str)
     if args.out:
@@ -253,11 +314,21 @@ def plot(report: dict, path: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(x, [s["min_bin_p5_lora"] for s in steps], "o-", label="cheaper schedule + LoRA")
     ax.plot(x, [s["min_bin_p5_base"] for s in steps], "s--", label="cheaper schedule, no LoRA")
-    ax.axhline(report["calibrated"]["min_bin_p5_base"], color="gray", linestyle=":",
-               label=f"calibrated ({report['calibrated']['schedule']}), held out")
-    ax.scatter([0, x[-1] + 1], [report["before"]["min_bin_p5_lora"],
-                                report["after"]["min_bin_p5_lora"]],
-               marker="*", s=120, color="black", zorder=3, label="held out, before / after")
+    ax.axhline(
+        report["calibrated"]["min_bin_p5_base"],
+        color="gray",
+        linestyle=":",
+        label=f"calibrated ({report['calibrated']['schedule']}), held out",
+    )
+    ax.scatter(
+        [0, x[-1] + 1],
+        [report["before"]["min_bin_p5_lora"], report["after"]["min_bin_p5_lora"]],
+        marker="*",
+        s=120,
+        color="black",
+        zorder=3,
+        label="held out, before / after",
+    )
     ax.set_xlabel("step")
     ax.set_ylabel("lowest per-bin p5 of acceptance")
     ax.set_title(f"DistillSparse: {report['after']['schedule']} on {report['device']}")
@@ -273,13 +344,16 @@ def summarize(report: dict, steps: list[dict]) -> dict:
     mean = lambda key: sum(s.get(key, 0.0) for s in timed) / max(len(timed), 1)  # noqa: E731
     update = mean("score_s") + mean("update_s")
     return {
-        "min_bin_p5": {"calibrated": report["calibrated"]["min_bin_p5_base"],
-                       "cheaper_before": report["before"]["min_bin_p5_lora"],
-                       "cheaper_after_lora": report["after"]["min_bin_p5_lora"],
-                       "cheaper_after_base": report["after"]["min_bin_p5_base"]},
+        "min_bin_p5": {
+            "calibrated": report["calibrated"]["min_bin_p5_base"],
+            "cheaper_before": report["before"]["min_bin_p5_lora"],
+            "cheaper_after_lora": report["after"]["min_bin_p5_lora"],
+            "cheaper_after_base": report["after"]["min_bin_p5_base"],
+        },
         "rollout_speedup_cheaper_over_calibrated": (
             report["tokens_per_s"][report["after"]["schedule"]]
-            / report["tokens_per_s"][report["calibrated"]["schedule"]]),
+            / report["tokens_per_s"][report["calibrated"]["schedule"]]
+        ),
         "distill_s_per_step": mean("distill_s"),
         "update_s_per_step": update,
         "distill_over_update": mean("distill_s") / update if update else None,

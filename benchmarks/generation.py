@@ -27,8 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import device_facts, write_json  # noqa: E402
-from benchmarks.decode_step import (PAGE, StepBench, model_arch,  # noqa: E402
-                                    random_model)
+from benchmarks.decode_step import PAGE, StepBench, model_arch, random_model  # noqa: E402
 from sparrow.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
 from sparrow.engine.kv_cache import bytes_per_page  # noqa: E402
 from sparrow.sparse.presets import get_preset  # noqa: E402
@@ -40,8 +39,7 @@ def predicted_us(bench, batch, prompt, new, schedule, contexts):
     return float(np.interp(positions, contexts, steps).sum()), steps
 
 
-def random_prompts(batch: int, prompt_len: int, vocab_size: int,
-                   seed: int = 0) -> list[list[int]]:
+def random_prompts(batch: int, prompt_len: int, vocab_size: int, seed: int = 0) -> list[list[int]]:
     """The rollout workload's prompts: batch distinct prompts of uniform random token ids."""
     rng = np.random.default_rng(seed)
     return [rng.integers(0, vocab_size, prompt_len).tolist() for _ in range(batch)]
@@ -59,8 +57,12 @@ def timed_generate(engine, prompts, new):
     wall = time.perf_counter() - start
     capture = (engine.runner.graphs.capture_seconds if engine.runner.graphs else 0.0) - before
     lengths = [len(s.output_ids) for group in results for s in group]
-    return dict(wall_s=wall, capture_s=capture, generated_per_sample=sorted(set(lengths)),
-                tokens=sum(lengths))
+    return dict(
+        wall_s=wall,
+        capture_s=capture,
+        generated_per_sample=sorted(set(lengths)),
+        tokens=sum(lengths),
+    )
 
 
 def main(argv=None) -> int:
@@ -68,8 +70,9 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None)
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--model", default="qwen3-1.7b")
-    parser.add_argument("--no-sync", action="store_true",
-                        help="skip the dense run with overlapped decode off")
+    parser.add_argument(
+        "--no-sync", action="store_true", help="skip the dense run with overlapped decode off"
+    )
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     batch, prompt, new = (2, 64, 96) if args.smoke else (16, 1024, 8192)
@@ -85,8 +88,13 @@ def main(argv=None) -> int:
     if device == "cuda":
         torch.cuda.empty_cache()
     mib = pages * bytes_per_page(arch, PAGE, torch.bfloat16) / 2**20
-    engine = Engine(model, None, EngineConfig(max_batch_size=batch, kv_cache_mib=mib,
-                                              ignore_eos=True, max_context=prompt + new + 16))
+    engine = Engine(
+        model,
+        None,
+        EngineConfig(
+            max_batch_size=batch, kv_cache_mib=mib, ignore_eos=True, max_context=prompt + new + 16
+        ),
+    )
     prompts = random_prompts(batch, prompt, arch.vocab_size)
     engine.generate(prompts, SamplingParams(max_new_tokens=8, seed=0))  # warm-up
     dense = timed_generate(engine, prompts, new)
@@ -95,9 +103,21 @@ def main(argv=None) -> int:
     del engine  # its cache goes before the second engine's is made
     if device == "cuda":
         torch.cuda.empty_cache()
-    synchronous = Engine(model, None, EngineConfig(
-        max_batch_size=batch, kv_cache_mib=mib, ignore_eos=True, max_context=prompt + new + 16,
-        overlap=False)) if not args.no_sync else None
+    synchronous = (
+        Engine(
+            model,
+            None,
+            EngineConfig(
+                max_batch_size=batch,
+                kv_cache_mib=mib,
+                ignore_eos=True,
+                max_context=prompt + new + 16,
+                overlap=False,
+            ),
+        )
+        if not args.no_sync
+        else None
+    )
     dense_sync = timed_generate(synchronous, prompts, new) if synchronous else None
     for run, pred in ((dense, pred_dense), (sparse, pred_sparse), (dense_sync, pred_dense)):
         if run is None:
@@ -106,13 +126,22 @@ def main(argv=None) -> int:
         run["measured_minus_capture_s"] = run["wall_s"] - run["capture_s"]
         run["measured_over_predicted"] = run["measured_minus_capture_s"] / run["predicted_s"]
         run["host_ms_per_step"] = (run["measured_minus_capture_s"] - run["predicted_s"]) / new * 1e3
-    result = dict(benchmark="generation", facts=device_facts(), model=args.model, batch=batch,
-                  prompt_len=prompt, new_tokens=new, contexts=[int(c) for c in contexts],
-                  dense_step_us=dense_steps, sparse_step_us=sparse_steps, dense=dense,
-                  sparse=sparse, dense_without_overlap=dense_sync,
-                  speedup_measured=dense["measured_minus_capture_s"]
-                  / sparse["measured_minus_capture_s"],
-                  speedup_predicted=pred_dense / pred_sparse)
+    result = dict(
+        benchmark="generation",
+        facts=device_facts(),
+        model=args.model,
+        batch=batch,
+        prompt_len=prompt,
+        new_tokens=new,
+        contexts=[int(c) for c in contexts],
+        dense_step_us=dense_steps,
+        sparse_step_us=sparse_steps,
+        dense=dense,
+        sparse=sparse,
+        dense_without_overlap=dense_sync,
+        speedup_measured=dense["measured_minus_capture_s"] / sparse["measured_minus_capture_s"],
+        speedup_predicted=pred_dense / pred_sparse,
+    )
     write_json(args.out, result)
     return 0
 

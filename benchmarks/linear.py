@@ -45,9 +45,13 @@ def projections(model: str) -> dict[str, tuple[int, int]]:
     """name -> (N, K) of each weight a decode step reads, per layer and once (lm_head)."""
     shape = get_model(model)
     q, kv = shape.q_heads * shape.head_dim, shape.kv_heads * shape.head_dim
-    return {"qkv": (q + 2 * kv, shape.hidden), "o": (shape.hidden, q),
-            "gate_up": (2 * shape.intermediate, shape.hidden),
-            "down": (shape.hidden, shape.intermediate), "lm_head": (shape.vocab, shape.hidden)}
+    return {
+        "qkv": (q + 2 * kv, shape.hidden),
+        "o": (shape.hidden, q),
+        "gate_up": (2 * shape.intermediate, shape.hidden),
+        "down": (shape.hidden, shape.intermediate),
+        "lm_head": (shape.vocab, shape.hidden),
+    }
 
 
 def sweep_launches(n_out: int, k_len: int, sms: int, smoke: bool) -> list[LinearLaunch]:
@@ -55,11 +59,11 @@ def sweep_launches(n_out: int, k_len: int, sms: int, smoke: bool) -> list[Linear
         return [LinearLaunch(block_n=16, block_k=64, split=2)]
     launches = []
     for block_n, block_k, split, stages, w_major in itertools.product(
-            (16, 32, 64, 128), (128, 256), (1, 2, 4, 8), (4,), (True, False)):
+        (16, 32, 64, 128), (128, 256), (1, 2, 4, 8), (4,), (True, False)
+    ):
         programs = -(-n_out // block_n) * split
         smem = (block_n + 64) * block_k * 2 * stages
-        if (k_len % (block_k * split) or smem > 200 * 1024
-                or not 0.7 * sms <= programs <= 24 * sms):
+        if k_len % (block_k * split) or smem > 200 * 1024 or not 0.7 * sms <= programs <= 24 * sms:
             continue
         launches.append(LinearLaunch(block_n, block_k, split, 4, stages, w_major))
     return launches
@@ -74,8 +78,7 @@ def bench_shape(rows, n_out, k_len, sms, smoke, device):
     dtype = torch.bfloat16
     bytes_w = n_out * k_len * 2
     copies = max(2, -(-READ_PER_TIMING // bytes_w))
-    weights = [torch.randn(n_out, k_len, device=device, dtype=dtype) * 0.02
-               for _ in range(copies)]
+    weights = [torch.randn(n_out, k_len, device=device, dtype=dtype) * 0.02 for _ in range(copies)]
     x = torch.randn(rows, k_len, device=device, dtype=dtype)
     want = F.linear(x.float(), weights[0].float())
     row = {"rows": rows, "n": n_out, "k": k_len, "weight_bytes": bytes_w}
@@ -85,8 +88,9 @@ def bench_shape(rows, n_out, k_len, sms, smoke, device):
     row["default_us"] = time_cold(lambda w: skinny_linear(x, w, launch=default), weights)
     with programmatic_launch("linear"):
         row["default_pdl_us"] = time_cold(lambda w: skinny_linear(x, w, launch=default), weights)
-    row["default_max_abs_err"] = (skinny_linear(x, weights[0], launch=default).float()
-                                  - want).abs().max().item()
+    row["default_max_abs_err"] = (
+        (skinny_linear(x, weights[0], launch=default).float() - want).abs().max().item()
+    )
     row["cublas_max_abs_err"] = (F.linear(x, weights[0]).float() - want).abs().max().item()
     sweep = []
     for launch in sweep_launches(n_out, k_len, sms, smoke):
@@ -113,8 +117,13 @@ LAYER_PROJECTIONS = ("qkv", "o", "gate_up", "down")
 
 def chain_weights(proj: dict[str, tuple[int, int]], layers: int, device) -> list[list]:
     """Distinct random weights [N, K] for every layer's projections, in layer order."""
-    return [[torch.randn(*proj[n], device=device, dtype=torch.bfloat16) * 0.02
-             for n in LAYER_PROJECTIONS] for _ in range(layers)]
+    return [
+        [
+            torch.randn(*proj[n], device=device, dtype=torch.bfloat16) * 0.02
+            for n in LAYER_PROJECTIONS
+        ]
+        for _ in range(layers)
+    ]
 
 
 def chain(model: str, rows: int, device, layers: int | None = None) -> dict:
@@ -124,8 +133,10 @@ def chain(model: str, rows: int, device, layers: int | None = None) -> dict:
     layers = layers or shape.layers
     proj = projections(model)
     weights = chain_weights(proj, layers, device)
-    inputs = {n: torch.randn(rows, proj[n][1], device=device, dtype=torch.bfloat16)
-              for n in LAYER_PROJECTIONS}
+    inputs = {
+        n: torch.randn(rows, proj[n][1], device=device, dtype=torch.bfloat16)
+        for n in LAYER_PROJECTIONS
+    }
     gate_up = torch.randn(rows, 2 * shape.intermediate, device=device, dtype=torch.bfloat16)
 
     def cublas():
@@ -140,8 +151,12 @@ def chain(model: str, rows: int, device, layers: int | None = None) -> dict:
             skinny_linear(inputs["gate_up"], w_gate_up)
             skinny_linear(gate_up, w_down, gated=True)
 
-    result = {"model": model, "rows": rows, "layers": layers,
-              "weight_bytes": sum(w.numel() * 2 for layer in weights for w in layer)}
+    result = {
+        "model": model,
+        "rows": rows,
+        "layers": layers,
+        "weight_bytes": sum(w.numel() * 2 for layer in weights for w in layer),
+    }
     result["cublas_us"] = time_graph(cublas, reps=10)
     result["ours_us"] = time_graph(ours, reps=10)
     with programmatic_launch("linear"):  # each kernel asks the L2 for its weights early
@@ -156,13 +171,15 @@ def chain(model: str, rows: int, device, layers: int | None = None) -> dict:
 def chain_tensors(weights, shape, rows, device) -> dict:
     """The activations a chain of layers reads (the same every layer: only the weights
     change), with the sums of squares a folded norm starts from."""
-    t = dict(hidden=torch.randn(rows, shape.hidden, device=device, dtype=torch.bfloat16),
-             attended=torch.randn(rows, shape.q_heads * shape.head_dim, device=device,
-                                  dtype=torch.bfloat16),
-             gate_up=torch.randn(rows, 2 * shape.intermediate, device=device,
-                                 dtype=torch.bfloat16),
-             delta=torch.randn(rows, shape.hidden, device=device, dtype=torch.bfloat16),
-             norm_weight=torch.ones(shape.hidden, device=device, dtype=torch.bfloat16))
+    t = dict(
+        hidden=torch.randn(rows, shape.hidden, device=device, dtype=torch.bfloat16),
+        attended=torch.randn(
+            rows, shape.q_heads * shape.head_dim, device=device, dtype=torch.bfloat16
+        ),
+        gate_up=torch.randn(rows, 2 * shape.intermediate, device=device, dtype=torch.bfloat16),
+        delta=torch.randn(rows, shape.hidden, device=device, dtype=torch.bfloat16),
+        norm_weight=torch.ones(shape.hidden, device=device, dtype=torch.bfloat16),
+    )
     t["sumsq"] = skinny_linear(t["attended"], weights[0][1], residual=t["hidden"])[1]
     return t
 
@@ -172,17 +189,25 @@ def layer_chain(weights, t, fold_norm: bool, fold_add: bool, launch_of=None):
     adds, in their own kernels or folded into the projections; launch_of(x, w, reads_norm)
     picks each folded call's launch (default: default_launch). It returns the last
     residual sum."""
+
     def run():
         x, sq = t["hidden"], t["sumsq"]
         for w_qkv, w_o, w_gate_up, w_down in weights:
-            for w_in, w_out, a, gated in ((w_qkv, w_o, t["attended"], False),
-                                          (w_gate_up, w_down, t["gate_up"], True)):
+            for w_in, w_out, a, gated in (
+                (w_qkv, w_o, t["attended"], False),
+                (w_gate_up, w_down, t["gate_up"], True),
+            ):
                 if fold_norm:
-                    skinny_linear(x, w_in, launch=launch_of and launch_of(x, w_in, True),
-                                  norm=RowNorm(t["norm_weight"], 1e-6, sq))
+                    skinny_linear(
+                        x,
+                        w_in,
+                        launch=launch_of and launch_of(x, w_in, True),
+                        norm=RowNorm(t["norm_weight"], 1e-6, sq),
+                    )
                 else:
-                    normed = rms_norm(x, t["norm_weight"], 1e-6,
-                                      residual=None if fold_add else t["delta"])
+                    normed = rms_norm(
+                        x, t["norm_weight"], 1e-6, residual=None if fold_add else t["delta"]
+                    )
                     skinny_linear(normed if fold_add else normed[0], w_in)
                 if fold_add:
                     launch = launch_of and launch_of(a, w_out, False)
@@ -191,6 +216,7 @@ def layer_chain(weights, t, fold_norm: bool, fold_add: bool, launch_of=None):
                 else:
                     skinny_linear(a, w_out, gated=gated)
         return x
+
     return run
 
 
@@ -205,10 +231,15 @@ def norm_chains(weights, shape, rows, device) -> dict:
     weight tile while the one before runs; benchmarks/probes/linear_pdl.py varies that)."""
     t = chain_tensors(weights, shape, rows, device)
     sms = multiprocessors(device)
-    forms = {"separate": (False, False), "folded": (True, True),
-             "adds_folded": (False, True), "norms_folded": (True, False)}
-    timed = {name: time_graph(layer_chain(weights, t, *flags), reps=10)
-             for name, flags in forms.items()}
+    forms = {
+        "separate": (False, False),
+        "folded": (True, True),
+        "adds_folded": (False, True),
+        "norms_folded": (True, False),
+    }
+    timed = {
+        name: time_graph(layer_chain(weights, t, *flags), reps=10) for name, flags in forms.items()
+    }
 
     def x_major(x, w, reads_norm):
         launch = default_launch(x.shape[0], w.shape[0], w.shape[1], sms)
@@ -230,8 +261,13 @@ def main() -> int:
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     sms = multiprocessors(device)
-    result = {"benchmark": "linear", "facts": device_facts(), "copy_bandwidth": copy_bandwidth(),
-              "shapes": [], "chains": []}
+    result = {
+        "benchmark": "linear",
+        "facts": device_facts(),
+        "copy_bandwidth": copy_bandwidth(),
+        "shapes": [],
+        "chains": [],
+    }
     models = args.models.split(",")
     rows_list = [int(r) for r in args.rows.split(",")]
     with programmatic_launch(False):  # the `_pdl` figures turn it on for themselves
@@ -250,10 +286,12 @@ def run_cases(result, models, rows_list, sms, args, device) -> None:
                 row.update(model=model, projection=name)
                 result["shapes"].append(row)
                 best = row["sweep_best"][0]["us"] if row["sweep_best"] else float("nan")
-                print(f"{model} {name} M={rows} N={n_out} K={k_len}: cublas "
-                      f"{row['cublas_us']:.1f} default {row['default_us']:.1f} pdl {row['default_pdl_us']:.1f} best {best:.1f} us"
-                      f" {row['sweep_best'][0]['launch'] if row['sweep_best'] else ''}",
-                      flush=True)
+                print(
+                    f"{model} {name} M={rows} N={n_out} K={k_len}: cublas "
+                    f"{row['cublas_us']:.1f} default {row['default_us']:.1f} pdl {row['default_pdl_us']:.1f} best {best:.1f} us"
+                    f" {row['sweep_best'][0]['launch'] if row['sweep_best'] else ''}",
+                    flush=True,
+                )
             if not args.smoke:
                 result["chains"].append(chain(model, rows, device))
                 print(result["chains"][-1], flush=True)

@@ -49,11 +49,25 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-SHAPE_17B = dict(vocab_size=151_936, hidden_size=2048, num_q_heads=16, num_kv_heads=8,
-                 head_dim=128, intermediate_size=6144, tie_word_embeddings=True,
-                 rope_theta=1_000_000.0, max_position_embeddings=40_960)
-SMOKE = dict(vocab_size=384, hidden_size=64, num_q_heads=4, num_kv_heads=2, head_dim=16,
-             intermediate_size=128)
+SHAPE_17B = dict(
+    vocab_size=151_936,
+    hidden_size=2048,
+    num_q_heads=16,
+    num_kv_heads=8,
+    head_dim=128,
+    intermediate_size=6144,
+    tie_word_embeddings=True,
+    rope_theta=1_000_000.0,
+    max_position_embeddings=40_960,
+)
+SMOKE = dict(
+    vocab_size=384,
+    hidden_size=64,
+    num_q_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    intermediate_size=128,
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -65,25 +79,44 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--new-tokens", type=int, default=1024)
-    parser.add_argument("--min-new-tokens", type=int, default=0,
-                        help="> 0: each prompt's budget drawn in [this, --new-tokens] (seeded), "
-                             "samples of uneven length as with eos on")
+    parser.add_argument(
+        "--min-new-tokens",
+        type=int,
+        default=0,
+        help="> 0: each prompt's budget drawn in [this, --new-tokens] (seeded), "
+        "samples of uneven length as with eos on",
+    )
     parser.add_argument("--steps", type=int, default=3, help="steps per arm; the first warms up")
     parser.add_argument("--max-batch", type=int, default=256, help="most sequences per engine")
-    parser.add_argument("--work-item-prompts", type=int, default=0,
-                        help="prompts per work item; 0: one item per engine")
+    parser.add_argument(
+        "--work-item-prompts",
+        type=int,
+        default=0,
+        help="prompts per work item; 0: one item per engine",
+    )
     parser.add_argument("--kv-cache-mib", type=int, default=16384)
     parser.add_argument("--bucket-mib", type=int, default=256)
     parser.add_argument("--micro-batch-tokens", type=int, default=16384)
-    parser.add_argument("--gradient-checkpointing", action="store_true",
-                        help="recompute layers in the backward (algo.gradient_checkpointing)")
-    parser.add_argument("--no-keep-graphs", action="store_true",
-                        help="engines capture their decode graphs again after every wake "
-                             "(rollout.keep_graphs=false)")
+    parser.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        help="recompute layers in the backward (algo.gradient_checkpointing)",
+    )
+    parser.add_argument(
+        "--no-keep-graphs",
+        action="store_true",
+        help="engines capture their decode graphs again after every wake "
+        "(rollout.keep_graphs=false)",
+    )
     parser.add_argument("--workdir", default="/tmp/sparrow-multi-gpu")
     parser.add_argument("--out", default=None)
-    parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
-                        help="join the arms of separate calls (the same case) into one report")
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        default=None,
+        metavar="JSON",
+        help="join the arms of separate calls (the same case) into one report",
+    )
     parser.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.smoke:
@@ -105,10 +138,23 @@ def build_model(args) -> Path:
 def records_of(prompts, results):
     from sparrow.data.rollouts import RolloutRecord
 
-    return [RolloutRecord(p, s.sample_index, p, tuple(prompt), tuple(s.output_ids),
-                          tuple(s.logprobs), s.topk_ids, s.topk_logprobs,
-                          tuple(s.pages_read), s.finish_reason, "0")
-            for p, (prompt, samples) in enumerate(zip(prompts, results)) for s in samples]
+    return [
+        RolloutRecord(
+            p,
+            s.sample_index,
+            p,
+            tuple(prompt),
+            tuple(s.output_ids),
+            tuple(s.logprobs),
+            s.topk_ids,
+            s.topk_logprobs,
+            tuple(s.pages_read),
+            s.finish_reason,
+            "0",
+        )
+        for p, (prompt, samples) in enumerate(zip(prompts, results))
+        for s in samples
+    ]
 
 
 def rollout(pool, prompts, params) -> tuple[list, dict]:
@@ -122,10 +168,12 @@ def rollout(pool, prompts, params) -> tuple[list, dict]:
     pool.sleep()
     times["seconds"] = time.perf_counter() - clock
     dispatched = pool.last_dispatch
-    times["engines"] = [{**stats, "busy_s": busy, "items": items, "prompts": count}
-                        for stats, busy, items, count in zip(pool.rollout_stats(),
-                                                             dispatched.busy_s, dispatched.items,
-                                                             dispatched.prompts)]
+    times["engines"] = [
+        {**stats, "busy_s": busy, "items": items, "prompts": count}
+        for stats, busy, items, count in zip(
+            pool.rollout_stats(), dispatched.busy_s, dispatched.items, dispatched.prompts
+        )
+    ]
     return results, times
 
 
@@ -173,8 +221,10 @@ def summary(step: dict) -> dict[str, float]:
         "rollout_decode_steps_max": float(max(e.get("decode_steps", 0) for e in engines)),
         "score_rank_max_s": max(step["score_ranks"]),
         "update_rank_max_s": max(step["update_ranks"]),
-        "sync_connect_s": sync["connect_s"], "sync_gather_s": sync["gather_s"],
-        "sync_pack_s": sync["pack_s"], "sync_transfer_s": sync["transfer_s"],
+        "sync_connect_s": sync["connect_s"],
+        "sync_gather_s": sync["gather_s"],
+        "sync_pack_s": sync["pack_s"],
+        "sync_transfer_s": sync["transfer_s"],
         "sync_load_max_s": max(e["load_s"] for e in sync["engines"]),
     }
 
@@ -189,42 +239,61 @@ def mean_of(steps: list[dict]) -> dict[str, float]:
 def run_arm(args, ranks: int) -> dict:
     import ray
 
+    from sparrow.config.schema import AlgoConfig, RolloutConfig
+    from sparrow.engine import EngineConfig, SamplingParams
     from sparrow.runtime.placement import plan_placement
     from sparrow.runtime.rollout.actors import ActorPool
     from sparrow.runtime.rollout.worker import WorkerSpec
     from sparrow.runtime.trainer_group.group import TrainerGroup
     from sparrow.runtime.trainer_group.rank import TrainerSpec
-    from sparrow.config.schema import AlgoConfig, RolloutConfig
-    from sparrow.engine import EngineConfig, SamplingParams
 
     model = build_model(args)
     use_gpu = not args.smoke
     ray.init(num_gpus=ranks if use_gpu else 0, include_dashboard=False, log_to_driver=False)
     plan = plan_placement(ranks, "colocated", ranks, use_gpu)  # one engine per rank
     dtype = "bfloat16" if use_gpu else "float32"
-    rollout_config = RolloutConfig(kv_cache_mib=args.kv_cache_mib, ignore_eos=True,
-                                   max_batch_size=args.max_batch,
-                                   keep_graphs=not args.no_keep_graphs)
-    engine = EngineConfig.from_rollout(rollout_config,
-                                       max_context=args.prompt_tokens + args.new_tokens)
+    rollout_config = RolloutConfig(
+        kv_cache_mib=args.kv_cache_mib,
+        ignore_eos=True,
+        max_batch_size=args.max_batch,
+        keep_graphs=not args.no_keep_graphs,
+    )
+    engine = EngineConfig.from_rollout(
+        rollout_config, max_context=args.prompt_tokens + args.new_tokens
+    )
     worker = WorkerSpec(str(model), str(model), None, engine, device=plan.device, dtype=dtype)
-    pool = ActorPool.start(worker, len(plan.engines), plan.engines[0], plan.engines,
-                           work_item_prompts=args.work_item_prompts)
-    algo = AlgoConfig(lr=1e-6, micro_batch_tokens=args.micro_batch_tokens,
-                      gradient_checkpointing=args.gradient_checkpointing)
-    group = TrainerGroup.start(TrainerSpec(str(model), algo, dtype="auto", device=plan.device),
-                               ranks, plan.trainer)
+    pool = ActorPool.start(
+        worker,
+        len(plan.engines),
+        plan.engines[0],
+        plan.engines,
+        work_item_prompts=args.work_item_prompts,
+    )
+    algo = AlgoConfig(
+        lr=1e-6,
+        micro_batch_tokens=args.micro_batch_tokens,
+        gradient_checkpointing=args.gradient_checkpointing,
+    )
+    group = TrainerGroup.start(
+        TrainerSpec(str(model), algo, dtype="auto", device=plan.device), ranks, plan.trainer
+    )
     rng = random.Random(0)
     vocab = (SMOKE if args.smoke else SHAPE_17B)["vocab_size"]
-    prompts = [[rng.randrange(300) for _ in range(args.prompt_tokens)]
-               for _ in range(args.prompts)]
-    params = [SamplingParams(max_new_tokens=budget, n=args.samples, seed=i)
-              for i, budget in enumerate(token_budgets(args))]
+    prompts = [[rng.randrange(300) for _ in range(args.prompt_tokens)] for _ in range(args.prompts)]
+    params = [
+        SamplingParams(max_new_tokens=budget, n=args.samples, seed=i)
+        for i, budget in enumerate(token_budgets(args))
+    ]
     steps = [one_step(group, pool, prompts, params, args) for _ in range(args.steps)]
     group.shutdown()
     pool.shutdown()
-    return {"ranks": ranks, "device": plan.device, "vocab": vocab, "steps": steps,
-            "mean": mean_of(steps[1:] or steps)}
+    return {
+        "ranks": ranks,
+        "device": plan.device,
+        "vocab": vocab,
+        "steps": steps,
+        "mean": mean_of(steps[1:] or steps),
+    }
 
 
 def token_budgets(args) -> list[int]:
@@ -232,13 +301,26 @@ def token_budgets(args) -> list[int]:
     if args.min_new_tokens <= 0:
         return [args.new_tokens] * args.prompts
     rng = random.Random(1)
-    return [rng.randint(min(args.min_new_tokens, args.new_tokens), args.new_tokens)
-            for _ in range(args.prompts)]
+    return [
+        rng.randint(min(args.min_new_tokens, args.new_tokens), args.new_tokens)
+        for _ in range(args.prompts)
+    ]
 
 
-CASE_KEYS = ("layers", "prompts", "samples", "prompt_tokens", "new_tokens", "min_new_tokens",
-             "max_batch", "work_item_prompts", "kv_cache_mib", "micro_batch_tokens",
-             "gradient_checkpointing", "no_keep_graphs")
+CASE_KEYS = (
+    "layers",
+    "prompts",
+    "samples",
+    "prompt_tokens",
+    "new_tokens",
+    "min_new_tokens",
+    "max_batch",
+    "work_item_prompts",
+    "kv_cache_mib",
+    "micro_batch_tokens",
+    "gradient_checkpointing",
+    "no_keep_graphs",
+)
 
 
 def report_of(case: dict, arms: list[dict], facts) -> dict:
@@ -250,8 +332,10 @@ def report_of(case: dict, arms: list[dict], facts) -> dict:
     if len(ok) >= 2:
         report["step_speedup"] = ok[0]["mean"]["step_s"] / ok[-1]["mean"]["step_s"]
         for arm in ok[1:]:
-            arm["speedup"] = {k: ok[0]["mean"][k] / arm["mean"][k]
-                              for k in ("step_s", "rollout_s", "score_s", "update_s")}
+            arm["speedup"] = {
+                k: ok[0]["mean"][k] / arm["mean"][k]
+                for k in ("step_s", "rollout_s", "score_s", "update_s")
+            }
     return report
 
 
@@ -261,11 +345,13 @@ def merge(paths: list[str]) -> dict:
     runs = [json.loads(Path(p).read_text()) for p in paths]
     cases = {tuple(run.get(k) for k in CASE_KEYS) for run in runs}
     if len(cases) > 1:
-        raise SystemExit(f"--merge: the runs differ in their case ({', '.join(CASE_KEYS)}): "
-                         f"{sorted(cases)}")
+        raise SystemExit(
+            f"--merge: the runs differ in their case ({', '.join(CASE_KEYS)}): {sorted(cases)}"
+        )
     arms = sorted((arm for run in runs for arm in run["arms"]), key=lambda a: a["ranks"])
-    report = report_of({k: runs[0].get(k) for k in CASE_KEYS}, arms,
-                       [run.get("facts") for run in runs])
+    report = report_of(
+        {k: runs[0].get(k) for k in CASE_KEYS}, arms, [run.get("facts") for run in runs]
+    )
     report["merged_from"] = list(paths)
     return report
 
@@ -284,8 +370,13 @@ def main(argv=None) -> dict:
     build_model(args)  # once, before the arms
     arms = []
     for ranks in [int(g) for g in args.gpus.split(",")]:
-        command = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]),
-                   "--child", str(ranks)]
+        command = [
+            sys.executable,
+            __file__,
+            *(argv if argv is not None else sys.argv[1:]),
+            "--child",
+            str(ranks),
+        ]
         done = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ))
         if done.returncode != 0:
             arms.append({"ranks": ranks, "error": done.stderr[-4000:]})

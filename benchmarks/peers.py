@@ -15,7 +15,8 @@ fast figure. Without FlashInfer the cases report why they were skipped.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -36,17 +37,20 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, bool]:
 def _wrapper(flashinfer, device, tensor_cores: bool):
     workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
     return flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-        workspace, kv_layout="HND", use_tensor_cores=tensor_cores)
+        workspace, kv_layout="HND", use_tensor_cores=tensor_cores
+    )
 
 
 def _plan(wrapper, indptr, indices, last_len, hq, hkv, dim, page, dtype) -> None:
-    wrapper.plan(indptr, indices, last_len, hq, hkv, dim, page,
-                 q_data_type=dtype, kv_data_type=dtype)
+    wrapper.plan(
+        indptr, indices, last_len, hq, hkv, dim, page, q_data_type=dtype, kv_data_type=dtype
+    )
 
 
 def _dense(flashinfer, layer, tensor_cores):
-    q, kp, vp, tables, lengths = (layer[n] for n in ("q", "k_pages", "v_pages", "tables",
-                                                       "lengths"))
+    q, kp, vp, tables, lengths = (
+        layer[n] for n in ("q", "k_pages", "v_pages", "tables", "lengths")
+    )
     batch, width = tables.shape
     hq, hkv, page, dim = q.shape[1], kp.shape[1], kp.shape[2], kp.shape[3]
     n_pages = (lengths + page - 1) // page
@@ -61,8 +65,9 @@ def _dense(flashinfer, layer, tensor_cores):
 
 
 def _sparse(flashinfer, layer, lists, counts, tensor_cores):
-    q, kp, vp, tables, lengths = (layer[n] for n in ("q", "k_pages", "v_pages", "tables",
-                                                       "lengths"))
+    q, kp, vp, tables, lengths = (
+        layer[n] for n in ("q", "k_pages", "v_pages", "tables", "lengths")
+    )
     batch, hq, dim = q.shape
     hkv, page = kp.shape[1], kp.shape[2]
     group = hq // hkv
@@ -91,8 +96,13 @@ def _max_diff(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.float() - want.float()).abs().max())
 
 
-def flashinfer_cases(layer: dict, lists: torch.Tensor, counts: torch.Tensor,
-                     ours_dense: torch.Tensor, ours_sparse: torch.Tensor) -> dict[str, Any]:
+def flashinfer_cases(
+    layer: dict,
+    lists: torch.Tensor,
+    counts: torch.Tensor,
+    ours_dense: torch.Tensor,
+    ours_sparse: torch.Tensor,
+) -> dict[str, Any]:
     """FlashInfer dense decode and sparse attention alone (CUDA cores and tensor cores),
     each timed and compared with our output on the same pages."""
     try:
@@ -103,9 +113,13 @@ def flashinfer_cases(layer: dict, lists: torch.Tensor, counts: torch.Tensor,
     for tensor_cores in (False, True):
         tag = "tc" if tensor_cores else "cuda_cores"
         for name, build, ours in (
-                ("dense", lambda: _dense(flashinfer, layer, tensor_cores), ours_dense),
-                ("sparse_attention_only",
-                 lambda: _sparse(flashinfer, layer, lists, counts, tensor_cores), ours_sparse)):
+            ("dense", lambda: _dense(flashinfer, layer, tensor_cores), ours_dense),
+            (
+                "sparse_attention_only",
+                lambda: _sparse(flashinfer, layer, lists, counts, tensor_cores),
+                ours_sparse,
+            ),
+        ):
             key = f"flashinfer_{name}_{tag}"
             try:
                 fn = build()

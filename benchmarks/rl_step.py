@@ -32,14 +32,29 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-STAGES = ("rollout", "reward", "dense_score", "aggregate_mismatch", "reoptimize_schedule",
-          "policy_update", "sync_weights")
+STAGES = (
+    "rollout",
+    "reward",
+    "dense_score",
+    "aggregate_mismatch",
+    "reoptimize_schedule",
+    "policy_update",
+    "sync_weights",
+)
 # dense bf16 tensor-core peak (FLOP/s) of the GPUs the project measures on (SXM parts)
 PEAK_BF16 = {"H100": 989.4e12, "H200": 989.4e12}
-SHAPE_17B = dict(vocab_size=151_936, hidden_size=2048, num_layers=28, num_q_heads=16,
-                 num_kv_heads=8, head_dim=128, intermediate_size=6144,
-                 tie_word_embeddings=True, rope_theta=1_000_000.0,
-                 max_position_embeddings=40_960)
+SHAPE_17B = dict(
+    vocab_size=151_936,
+    hidden_size=2048,
+    num_layers=28,
+    num_q_heads=16,
+    num_kv_heads=8,
+    head_dim=128,
+    intermediate_size=6144,
+    tie_word_embeddings=True,
+    rope_theta=1_000_000.0,
+    max_position_embeddings=40_960,
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -53,8 +68,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--schedule", default="qwen3-1.7b-0.86")
     parser.add_argument("--layers", type=int, default=28, help="decoder layers of the model")
     parser.add_argument("--workdir", default="/tmp/sparrow-rl-step")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra config overrides for both arms")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra config overrides for both arms",
+    )
     parser.add_argument("--out", default=None)
     parser.add_argument("--keep-runs", action="store_true", help="keep each arm's run folders")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -75,14 +95,25 @@ def model_path(args: argparse.Namespace) -> str:
 
 def arm_overrides(args, arm: str, new_tokens: int, path: str) -> list[str]:
     work = Path(args.workdir) / f"{arm}-{new_tokens}"
-    sets = [f"model.path={path}", f"pipeline.workdir={work}", f"pipeline.steps={args.steps}",
-            f"data.prompts_per_step={args.prompts}", f"rollout.samples_per_prompt={args.samples}",
-            f"rollout.max_new_tokens={new_tokens}", "rollout.ignore_eos=true",
-            f"calibrate.patience={args.steps + 1}", f"schedule.sparse={arm == 'sparse'}".lower(),
-            "pipeline.keep_checkpoints=1", "pipeline.report=false"]
+    sets = [
+        f"model.path={path}",
+        f"pipeline.workdir={work}",
+        f"pipeline.steps={args.steps}",
+        f"data.prompts_per_step={args.prompts}",
+        f"rollout.samples_per_prompt={args.samples}",
+        f"rollout.max_new_tokens={new_tokens}",
+        "rollout.ignore_eos=true",
+        f"calibrate.patience={args.steps + 1}",
+        f"schedule.sparse={arm == 'sparse'}".lower(),
+        "pipeline.keep_checkpoints=1",
+        "pipeline.report=false",
+    ]
     if not args.smoke:
-        sets += [f"schedule.name={args.schedule}", "rollout.gpu_memory_utilization=0.88",
-                 f"rollout.max_batch_size={max(64, args.prompts * args.samples)}"]
+        sets += [
+            f"schedule.name={args.schedule}",
+            "rollout.gpu_memory_utilization=0.88",
+            f"rollout.max_batch_size={max(64, args.prompts * args.samples)}",
+        ]
     return sets + list(args.set)
 
 
@@ -107,14 +138,19 @@ def run_arm(args, arm: str, new_tokens: int, path: str) -> dict[str, Any]:
         work.mkdir(parents=True, exist_ok=True)
         log = work / "child.log"
         with log.open("w") as out:
-            done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, text=True,
-                                  env=dict(os.environ, PYTHONUNBUFFERED="1"))
+            done = subprocess.run(
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            )
         text = log.read_text(errors="replace")
         sys.stderr.write(text[-10000:])
         lines = [ln for ln in text.splitlines() if ln.startswith("SUMMARY ")]
         if done.returncode or not lines:
             raise SystemExit(f"arm {arm} at {new_tokens} tokens failed (exit {done.returncode})")
-        done_file.write_text(lines[-1][len("SUMMARY "):])
+        done_file.write_text(lines[-1][len("SUMMARY ") :])
         if not args.keep_runs:
             # the trainer's folders are ~20 GB a step at 1.7B; the metrics are in DuckDB
             shutil.rmtree(work / "runs", ignore_errors=True)
@@ -127,14 +163,20 @@ def arm_metrics(workdir: str, run_id: str, steps: int) -> dict[str, Any]:
 
     rows = step_metric_rows(workdir, run_id)
     timed = [s for s in range(2, steps + 1)] or [1]
+
     def mean(name: str) -> float | None:
-        values = [r["value"] for r in rows if r["name"] == name and r["step"] in timed
-                  and r["value"] is not None]
+        values = [
+            r["value"]
+            for r in rows
+            if r["name"] == name and r["step"] in timed and r["value"] is not None
+        ]
         return sum(values) / len(values) if values else None
+
     peaks = [r["value"] for r in rows if r["name"].startswith("memory/") and r["value"]]
     stage_s = {stage: mean(f"time/{stage}_s") for stage in STAGES}
     return {
-        "stage_s": stage_s, "step_s": sum(v for v in stage_s.values() if v),
+        "stage_s": stage_s,
+        "step_s": sum(v for v in stage_s.values() if v),
         "rollout_generate_s": mean("time/rollout_generate_s"),
         # the hand-over before generate: the trainer's release (offload), the engines' wake
         "rollout_release_s": mean("time/rollout_release_s"),
@@ -146,8 +188,10 @@ def arm_metrics(workdir: str, run_id: str, steps: int) -> dict[str, Any]:
         "update_save_s": mean("time/update_save_s"),
         "sync_copy_s": mean("time/sync_copy_s"),
         "rollout_tokens_per_s": mean("rollout/tokens_per_s"),
-        "tokens": mean("rollout/tokens"), "min_p5": mean("mismatch/min_p5"),
-        "peak_memory_gib": max(peaks) if peaks else None, "timed_steps": timed,
+        "tokens": mean("rollout/tokens"),
+        "min_p5": mean("mismatch/min_p5"),
+        "peak_memory_gib": max(peaks) if peaks else None,
+        "timed_steps": timed,
     }
 
 
@@ -180,13 +224,19 @@ def case(args, new_tokens: int, path: str) -> dict[str, Any]:
     flops = model_flops(path, [prompt + new_tokens] * (args.prompts * args.samples))
     peak = peak_flops()
     reference = dense or sparse
+
     def mfu(seconds, factor):
         return None if not (peak and seconds) else factor * flops / seconds / peak
-    out = {"new_tokens": new_tokens, "batch": args.prompts * args.samples, "arms": arms,
-           "prompt_tokens": prompt,
-           "mfu_score": mfu(reference["dense_forward_s"], 1),
-           "mfu_update": mfu(reference["update_compute_s"], 3),
-           "peak_memory_gib": max((a["peak_memory_gib"] or 0) for a in arms.values()) or None}
+
+    out = {
+        "new_tokens": new_tokens,
+        "batch": args.prompts * args.samples,
+        "arms": arms,
+        "prompt_tokens": prompt,
+        "mfu_score": mfu(reference["dense_forward_s"], 1),
+        "mfu_update": mfu(reference["update_compute_s"], 3),
+        "peak_memory_gib": max((a["peak_memory_gib"] or 0) for a in arms.values()) or None,
+    }
     if dense and sparse:
         out["rollout_speedup"] = dense["stage_s"]["rollout"] / sparse["stage_s"]["rollout"]
         out["step_speedup"] = dense["step_s"] / sparse["step_s"]
@@ -201,9 +251,15 @@ def prompt_tokens(path: str, args) -> int:
     from sparrow.model.builtin import resolve_model_path
 
     cfg = load_config([f"model.path={path}"])
-    data = load_prompts(cfg.data.train, cfg.data.prompt_key, cfg.data.answer_key,
-                        load_tokenizer(resolve_model_path(path)), cfg.data.max_prompt_tokens,
-                        split="train", seed=cfg.pipeline.seed)
+    data = load_prompts(
+        cfg.data.train,
+        cfg.data.prompt_key,
+        cfg.data.answer_key,
+        load_tokenizer(resolve_model_path(path)),
+        cfg.data.max_prompt_tokens,
+        split="train",
+        seed=cfg.pipeline.seed,
+    )
     rows = data.batch(0, args.prompts)
     return round(sum(len(r.prompt_ids) for r in rows) / len(rows))
 
@@ -219,8 +275,16 @@ def main(argv=None) -> int:
 
     path = model_path(args)
     cases = [case(args, int(n), path) for n in args.new_tokens.split(",")]
-    write_json(args.out, {"facts": device_facts(), "benchmark": "rl_step",
-                          "model": path, "schedule": args.schedule, "cases": cases})
+    write_json(
+        args.out,
+        {
+            "facts": device_facts(),
+            "benchmark": "rl_step",
+            "model": path,
+            "schedule": args.schedule,
+            "cases": cases,
+        },
+    )
     return 0
 
 

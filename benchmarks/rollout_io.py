@@ -43,10 +43,21 @@ def make_records(seqs: int, tokens: int, prompt: int, topk: int, vocab: int):
     for i in range(seqs):
         ids = rng.integers(0, vocab, (tokens, topk)).tolist()
         logprobs = rng.normal(-3, 1, (tokens, topk)).astype(np.float32).tolist()
-        records.append(RolloutRecord(
-            i // 2, i % 2, i // 2, tuple(rng.integers(0, vocab, prompt).tolist()),
-            tuple(rng.integers(0, vocab, tokens).tolist()), (-2.0,) * tokens,
-            tuple(map(tuple, ids)), tuple(map(tuple, logprobs)), (1,) * tokens, "length", ""))
+        records.append(
+            RolloutRecord(
+                i // 2,
+                i % 2,
+                i // 2,
+                tuple(rng.integers(0, vocab, prompt).tolist()),
+                tuple(rng.integers(0, vocab, tokens).tolist()),
+                (-2.0,) * tokens,
+                tuple(map(tuple, ids)),
+                tuple(map(tuple, logprobs)),
+                (1,) * tokens,
+                "length",
+                "",
+            )
+        )
     return records
 
 
@@ -84,8 +95,8 @@ def legacy_pad_batch(records):
     mask = torch.zeros(len(records), gen_width, dtype=torch.bool)
     for row, r in enumerate(records):
         prompt, out = len(r.prompt_ids), len(r.output_ids)
-        input_ids[row, :prompt + out] = torch.tensor(r.prompt_ids + r.output_ids)
-        attention_mask[row, :prompt + out] = 1
+        input_ids[row, : prompt + out] = torch.tensor(r.prompt_ids + r.output_ids)
+        attention_mask[row, : prompt + out] = 1
         gather[row] = torch.clamp(torch.arange(gen_width) + prompt - 1, max=prompt + out - 1)
         targets[row, :out] = torch.tensor(r.output_ids, dtype=torch.long)
         mask[row, :out] = True
@@ -131,19 +142,23 @@ def one_round(records, folder: Path, vocab: int) -> tuple[dict[str, float], bool
     mask = new_batch.mask
     dense_at_ids = torch.randn(int(mask.sum()), new_topk[1].shape[-1])
     _, seconds["acceptance"] = timed(
-        lambda: acceptance_lower_bound(dense_at_ids, new_topk[1][mask]))
+        lambda: acceptance_lower_bound(dense_at_ids, new_topk[1][mask])
+    )
     import pyarrow.parquet as pq
 
-    same = (old == new == records
-            and pq.read_table(folder / "old.parquet").equals(pq.read_table(folder / "new.parquet"))
-            and all(torch.equal(a, b) for a, b in zip(old_batch, new_batch))
-            and all(torch.equal(a, b) for a, b in zip(old_topk, new_topk)))
+    same = (
+        old == new == records
+        and pq.read_table(folder / "old.parquet").equals(pq.read_table(folder / "new.parquet"))
+        and all(torch.equal(a, b) for a, b in zip(old_batch, new_batch))
+        and all(torch.equal(a, b) for a, b in zip(old_topk, new_topk))
+    )
     return seconds, same
 
 
 def run(args) -> dict:
-    records, make_s = timed(lambda: make_records(args.seqs, args.tokens, args.prompt,
-                                                 args.topk, args.vocab))
+    records, make_s = timed(
+        lambda: make_records(args.seqs, args.tokens, args.prompt, args.topk, args.vocab)
+    )
     rounds, identical = [], True
     with tempfile.TemporaryDirectory() as folder:
         for _ in range(args.reps):
@@ -152,10 +167,21 @@ def run(args) -> dict:
             identical = identical and same
         file_mib = os.path.getsize(Path(folder) / "new.parquet") / 2**20
     median = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
-    result = {"shape": {"seqs": args.seqs, "tokens": args.tokens, "prompt": args.prompt,
-                        "topk": args.topk, "vocab": args.vocab},
-              "reps": args.reps, "make_records_s": make_s, "file_mib": file_mib,
-              "identical": identical, "median_s": median, "threads": torch.get_num_threads()}
+    result = {
+        "shape": {
+            "seqs": args.seqs,
+            "tokens": args.tokens,
+            "prompt": args.prompt,
+            "topk": args.topk,
+            "vocab": args.vocab,
+        },
+        "reps": args.reps,
+        "make_records_s": make_s,
+        "file_mib": file_mib,
+        "identical": identical,
+        "median_s": median,
+        "threads": torch.get_num_threads(),
+    }
     stages = ("write", "read", "pad", "topk")
     result["speedup"] = {s: median[f"{s}_old"] / median[f"{s}_new"] for s in stages}
     dense_side = ("read", "pad", "topk")

@@ -43,17 +43,25 @@ from sparrow.engine.validate import SamplingParams  # noqa: E402
 def make_steps(seqs: int, tokens: int, topk: int, vocab: int) -> list[StepOutputs]:
     """One StepOutputs per decode step (the host copy the engine reads), made up."""
     gen = torch.Generator().manual_seed(0)
-    return [StepOutputs(SampleOutput(
-        torch.randint(0, vocab, (seqs,), generator=gen),
-        torch.randn(seqs, generator=gen) - 2,
-        torch.randint(0, vocab, (seqs, topk), generator=gen),
-        torch.randn(seqs, topk, generator=gen) - 3)) for _ in range(tokens)]
+    return [
+        StepOutputs(
+            SampleOutput(
+                torch.randint(0, vocab, (seqs,), generator=gen),
+                torch.randn(seqs, generator=gen) - 2,
+                torch.randint(0, vocab, (seqs, topk), generator=gen),
+                torch.randn(seqs, topk, generator=gen) - 3,
+            )
+        )
+        for _ in range(tokens)
+    ]
 
 
 def new_sequences(seqs: int, tokens: int, topk: int, prompt: int) -> list[Sequence]:
     params = SamplingParams(max_new_tokens=tokens, logprobs_topk=topk)
-    return [Sequence(i, i // 2, i % 2, list(range(prompt)), prompt, params, i, frozenset())
-            for i in range(seqs)]
+    return [
+        Sequence(i, i // 2, i % 2, list(range(prompt)), prompt, params, i, frozenset())
+        for i in range(seqs)
+    ]
 
 
 def append_new(steps, sequences, topk: int) -> None:
@@ -81,8 +89,12 @@ class LegacyResult:
 def legacy_read(step: StepOutputs):
     rows = step._host.numpy()
     k = step.width
-    return (rows[:, 0].astype(np.int64).tolist(), rows[:, 1].tolist(),
-            rows[:, 2:2 + k].astype(np.int64).tolist(), rows[:, 2 + k:].tolist())
+    return (
+        rows[:, 0].astype(np.int64).tolist(),
+        rows[:, 1].tolist(),
+        rows[:, 2 : 2 + k].astype(np.int64).tolist(),
+        rows[:, 2 + k :].tolist(),
+    )
 
 
 def append_legacy(steps, lists, topk: int) -> None:
@@ -97,17 +109,39 @@ def append_legacy(steps, lists, topk: int) -> None:
 
 
 def legacy_results(lists) -> list[LegacyResult]:
-    return [LegacyResult(i // 2, i % 2, tuple(s["ids"]), tuple(s["logprobs"]),
-                         tuple(s["topk_ids"]), tuple(s["topk_logprobs"]), tuple(s["pages"]),
-                         "length") for i, s in enumerate(lists)]
+    return [
+        LegacyResult(
+            i // 2,
+            i % 2,
+            tuple(s["ids"]),
+            tuple(s["logprobs"]),
+            tuple(s["topk_ids"]),
+            tuple(s["topk_logprobs"]),
+            tuple(s["pages"]),
+            "length",
+        )
+        for i, s in enumerate(lists)
+    ]
 
 
 def to_records(results, prompt: int) -> list[RolloutRecord]:
     """sparrow/stages/rollout.py's to_records: the top-K as the result holds it."""
-    return [RolloutRecord(r.prompt_index, r.sample_index, r.prompt_index, tuple(range(prompt)),
-                          tuple(r.output_ids), tuple(r.logprobs), r.topk_ids, r.topk_logprobs,
-                          tuple(r.pages_read), r.finish_reason, "")
-            for r in results]
+    return [
+        RolloutRecord(
+            r.prompt_index,
+            r.sample_index,
+            r.prompt_index,
+            tuple(range(prompt)),
+            tuple(r.output_ids),
+            tuple(r.logprobs),
+            r.topk_ids,
+            r.topk_logprobs,
+            tuple(r.pages_read),
+            r.finish_reason,
+            "",
+        )
+        for r in results
+    ]
 
 
 def timed(fn):
@@ -121,8 +155,10 @@ def one_round(steps, args, folder: Path) -> tuple[dict[str, float], bool]:
     sequences = new_sequences(args.seqs, args.tokens, args.topk, args.prompt)
     _, seconds["append_new"] = timed(lambda: append_new(steps, sequences, args.topk))
     new, seconds["result_new"] = timed(lambda: [s.to_result() for s in sequences])
-    lists = [{"ids": [], "logprobs": [], "topk_ids": [], "topk_logprobs": [], "pages": []}
-             for _ in range(args.seqs)]
+    lists = [
+        {"ids": [], "logprobs": [], "topk_ids": [], "topk_logprobs": [], "pages": []}
+        for _ in range(args.seqs)
+    ]
     _, seconds["append_old"] = timed(lambda: append_legacy(steps, lists, args.topk))
     old, seconds["result_old"] = timed(lambda: legacy_results(lists))
     new, seconds["transfer_new"] = timed(lambda: pickle.loads(pickle.dumps(new, protocol=5)))
@@ -133,8 +169,9 @@ def one_round(steps, args, folder: Path) -> tuple[dict[str, float], bool]:
     _, seconds["write_old"] = timed(lambda: write_rollouts(folder / "old.parquet", old_records))
     import pyarrow.parquet as pq
 
-    same = (new_records == old_records and
-            pq.read_table(folder / "new.parquet").equals(pq.read_table(folder / "old.parquet")))
+    same = new_records == old_records and pq.read_table(folder / "new.parquet").equals(
+        pq.read_table(folder / "old.parquet")
+    )
     return seconds, same
 
 
@@ -154,13 +191,22 @@ def run(args) -> dict:
     median = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
     old = sum(median[f"{s}_old"] for s in STAGES)
     new = sum(median[f"{s}_new"] for s in STAGES)
-    return {"shape": {"seqs": args.seqs, "tokens": args.tokens, "prompt": args.prompt,
-                      "topk": args.topk, "vocab": args.vocab},
-            "reps": args.reps, "make_steps_s": make_s, "identical": identical,
-            "median_s": median,
-            "speedup": {s: median[f"{s}_old"] / median[f"{s}_new"] for s in STAGES},
-            "total": {"old_s": old, "new_s": new, "speedup": old / new},
-            "threads": torch.get_num_threads()}
+    return {
+        "shape": {
+            "seqs": args.seqs,
+            "tokens": args.tokens,
+            "prompt": args.prompt,
+            "topk": args.topk,
+            "vocab": args.vocab,
+        },
+        "reps": args.reps,
+        "make_steps_s": make_s,
+        "identical": identical,
+        "median_s": median,
+        "speedup": {s: median[f"{s}_old"] / median[f"{s}_new"] for s in STAGES},
+        "total": {"old_s": old, "new_s": new, "speedup": old / new},
+        "threads": torch.get_num_threads(),
+    }
 
 
 def main(argv=None) -> dict:

@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import add_rollout_shape_args, device_facts, write_json  # noqa: E402
 from sparrow.data.rollouts import RolloutRecord, read_rollouts, write_rollouts  # noqa: E402
-from sparrow.trainer.scoring import score_rollouts  # noqa: E402
 from sparrow.stages.dense_score import read_scores, write_scores  # noqa: E402
+from sparrow.trainer.scoring import score_rollouts  # noqa: E402
 
 PARTS = ("write_rollouts", "read", "score_host", "write", "read_scores")
 
@@ -38,13 +38,22 @@ PARTS = ("write_rollouts", "read", "score_host", "write", "read_scores")
 def make_records(args) -> list[RolloutRecord]:
     rng = np.random.default_rng(0)
     shape = (args.tokens, args.topk)
-    return [RolloutRecord(i // 8, i % 8, i // 8, rng.integers(0, args.vocab, args.prompt).tolist(),
-                          rng.integers(0, args.vocab, args.tokens).tolist(),
-                          (rng.standard_normal(args.tokens) - 2).astype(np.float32),
-                          rng.integers(0, args.vocab, shape).astype(np.int32),
-                          (rng.standard_normal(shape) - 3).astype(np.float32),
-                          rng.integers(0, 64, args.tokens).astype(np.int32), "length", "")
-            for i in range(args.seqs)]
+    return [
+        RolloutRecord(
+            i // 8,
+            i % 8,
+            i // 8,
+            rng.integers(0, args.vocab, args.prompt).tolist(),
+            rng.integers(0, args.vocab, args.tokens).tolist(),
+            (rng.standard_normal(args.tokens) - 2).astype(np.float32),
+            rng.integers(0, args.vocab, shape).astype(np.int32),
+            (rng.standard_normal(shape) - 3).astype(np.float32),
+            rng.integers(0, 64, args.tokens).astype(np.int32),
+            "length",
+            "",
+        )
+        for i in range(args.seqs)
+    ]
 
 
 class Vocabulary(torch.nn.Module):
@@ -64,9 +73,11 @@ class Vocabulary(torch.nn.Module):
 
 def fixed_forward(topk: int):
     """The forward's outputs (dense logprob per token, dense logprobs at the top-K ids)."""
+
     def forward(batch, extra_ids):
         tokens = int(batch.mask.sum())
         return torch.full((tokens,), -1.5), torch.full((tokens, topk), -3.0)
+
     return forward
 
 
@@ -82,8 +93,12 @@ def one_round(records, args, folder: Path) -> dict[str, float]:
     rollouts, scores_file = folder / "rollouts.parquet", folder / "scores.parquet"
     timed("write_rollouts", lambda: write_rollouts(rollouts, records))
     read = timed("read", lambda: read_rollouts(rollouts))
-    scores = timed("score_host", lambda: score_rollouts(
-        Vocabulary(args.vocab), read, args.micro_batch_tokens, forward=fixed_forward(args.topk)))
+    scores = timed(
+        "score_host",
+        lambda: score_rollouts(
+            Vocabulary(args.vocab), read, args.micro_batch_tokens, forward=fixed_forward(args.topk)
+        ),
+    )
     timed("write", lambda: write_scores(scores_file, read, scores))
     back = timed("read_scores", lambda: read_scores(scores_file, read))
     assert len(back["dense_logprobs"]) == len(records) == len(scores)
@@ -99,20 +114,30 @@ def run(args) -> dict:
     median = {part: statistics.median(r[part] for r in rounds) for part in PARTS}
     tokens = args.seqs * args.tokens
     stage = sum(median[p] for p in PARTS[1:])
-    return {"shape": {"seqs": args.seqs, "tokens": args.tokens, "prompt": args.prompt,
-                      "topk": args.topk, "vocab": args.vocab,
-                      "micro_batch_tokens": args.micro_batch_tokens},
-            "reps": args.reps, "median_s": median, "dense_score_host_s": stage,
-            "over_write_rollouts": {p: median[p] / median["write_rollouts"] for p in PARTS[1:]},
-            "tokens_per_s": {p: tokens / median[p] for p in PARTS},
-            "threads": torch.get_num_threads()}
+    return {
+        "shape": {
+            "seqs": args.seqs,
+            "tokens": args.tokens,
+            "prompt": args.prompt,
+            "topk": args.topk,
+            "vocab": args.vocab,
+            "micro_batch_tokens": args.micro_batch_tokens,
+        },
+        "reps": args.reps,
+        "median_s": median,
+        "dense_score_host_s": stage,
+        "over_write_rollouts": {p: median[p] / median["write_rollouts"] for p in PARTS[1:]},
+        "tokens_per_s": {p: tokens / median[p] for p in PARTS},
+        "threads": torch.get_num_threads(),
+    }
 
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_rollout_shape_args(parser)
-    parser.add_argument("--micro-batch-tokens", type=int, default=8192,
-                        help="algo.micro_batch_tokens (its default)")
+    parser.add_argument(
+        "--micro-batch-tokens", type=int, default=8192, help="algo.micro_batch_tokens (its default)"
+    )
     args = parser.parse_args(argv)
     if args.smoke:
         args.tokens, args.reps = 2048, 1

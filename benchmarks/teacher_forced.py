@@ -41,8 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import device_facts, write_json  # noqa: E402
 from benchmarks.decode_step import model_arch, random_model  # noqa: E402
 from sparrow.engine.teacher.flex import selection_rows  # noqa: E402
-from sparrow.engine.teacher.kernel import selection_bits  # noqa: E402
 from sparrow.engine.teacher.forced import TeacherForcedAttention, teacher_forced_hidden
+from sparrow.engine.teacher.kernel import selection_bits  # noqa: E402
 from sparrow.engine.teacher.selection import select_chunks  # noqa: E402
 from sparrow.kernels.prefill import prefill_attention_sdpa  # noqa: E402
 from sparrow.kernels.teacher_attention import teacher_sparse_attention  # noqa: E402
@@ -87,8 +87,10 @@ def attention_case(length, count, prompt, schedule, backends, device, arch, reps
     q_heads, kv_heads, dim = arch.num_q_heads, arch.num_kv_heads, arch.head_dim
     gen = torch.Generator(device).manual_seed(0)
     total = length * count
-    q, k, v = (torch.randn(total, h, dim, generator=gen, device=device, dtype=torch.bfloat16)
-               for h in (q_heads, kv_heads, kv_heads))
+    q, k, v = (
+        torch.randn(total, h, dim, generator=gen, device=device, dtype=torch.bfloat16)
+        for h in (q_heads, kv_heads, kv_heads)
+    )
     lens, prompts = [length] * count, [prompt] * count
     row = {}
     with torch.no_grad():
@@ -97,13 +99,15 @@ def attention_case(length, count, prompt, schedule, backends, device, arch, reps
         outputs = {}
         for backend in backends:
             row.update(_path_case(backend, q, k, v, lens, prompts, schedule, reps))
-            outputs[backend] = TeacherForcedAttention(lens, prompts, schedule,
-                                                      backend=backend)(SPARSE_LAYER, q, k, v)
+            outputs[backend] = TeacherForcedAttention(lens, prompts, schedule, backend=backend)(
+                SPARSE_LAYER, q, k, v
+            )
         # the paths must agree on the same inputs (bf16 rounding apart)
         names = list(outputs)
         for other in names[1:]:
             row[f"{names[0]}_vs_{other}_max_abs"] = float(
-                (outputs[names[0]].float() - outputs[other].float()).abs().max())
+                (outputs[names[0]].float() - outputs[other].float()).abs().max()
+            )
         del outputs
     dense_layers = len([i for i in schedule.skip_layers if i < arch.num_layers])
     sparse_layers = arch.num_layers - dense_layers
@@ -127,13 +131,17 @@ def _path_case(backend, q, k, v, lens, prompts, schedule, reps):
         seq_lens = torch.full((count,), length, dtype=torch.int32, device=q.device)
         variants = {}
         for name, launch in LAUNCHES.items():
-            attend = timed(lambda: teacher_sparse_attention(
-                q, k, v, bits, starts, seq_lens, schedule.page_size, max_len=length, **launch),
-                reps)
+            attend = timed(
+                lambda: teacher_sparse_attention(
+                    q, k, v, bits, starts, seq_lens, schedule.page_size, max_len=length, **launch
+                ),
+                reps,
+            )
             variants[name] = attend["s"]
             if name == "default":
-                out.update(triton_attention_s=attend["s"],
-                           triton_attention_first_s=attend["first_s"])
+                out.update(
+                    triton_attention_s=attend["s"], triton_attention_first_s=attend["first_s"]
+                )
         out["triton_attention_launches_s"] = variants
         out["triton_pages_read_share"] = _share_read(bits, lens, schedule.page_size)
         del bits
@@ -143,14 +151,19 @@ def _path_case(backend, q, k, v, lens, prompts, schedule, reps):
         def select():
             for index in range(count):
                 span = slice(index * length, (index + 1) * length)
-                for _ in select_chunks(q[span], k[span], prompts[index], schedule, "cache",
-                                       rows):
+                for _ in select_chunks(q[span], k[span], prompts[index], schedule, "cache", rows):
                     pass
+
     selection = timed(select, reps)
     layer = timed(lambda: attention(SPARSE_LAYER, q, k, v), reps)
-    out.update({f"{backend}_selection_s": selection["s"], f"{backend}_layer_s": layer["s"],
-                f"{backend}_layer_first_s": layer["first_s"],
-                f"{backend}_layer_peak_gib": layer["peak_gib"]})
+    out.update(
+        {
+            f"{backend}_selection_s": selection["s"],
+            f"{backend}_layer_s": layer["s"],
+            f"{backend}_layer_first_s": layer["first_s"],
+            f"{backend}_layer_peak_gib": layer["peak_gib"],
+        }
+    )
     return out
 
 
@@ -159,40 +172,53 @@ def backward_case(length, count, prompt, schedule, backends, device, arch, reps)
     the paths' gradients are."""
     gen = torch.Generator(device).manual_seed(2)
     total, lens, prompts = length * count, [length] * count, [prompt] * count
-    leaves = [torch.randn(total, h, arch.head_dim, generator=gen, device=device,
-                          dtype=torch.bfloat16).requires_grad_()
-              for h in (arch.num_q_heads, arch.num_kv_heads, arch.num_kv_heads)]
-    grad_out = torch.randn(total, arch.num_q_heads, arch.head_dim, generator=gen,
-                           device=device, dtype=torch.bfloat16)
+    leaves = [
+        torch.randn(
+            total, h, arch.head_dim, generator=gen, device=device, dtype=torch.bfloat16
+        ).requires_grad_()
+        for h in (arch.num_q_heads, arch.num_kv_heads, arch.num_kv_heads)
+    ]
+    grad_out = torch.randn(
+        total, arch.num_q_heads, arch.head_dim, generator=gen, device=device, dtype=torch.bfloat16
+    )
 
     def run(attend):
         for leaf in leaves:
             leaf.grad = None
         attend().backward(grad_out)
 
-    row = {"dense_fwd_bwd_layer_s": timed(lambda: run(
-        lambda: prefill_attention_sdpa(*leaves, lens)), reps)["s"]}
+    row = {
+        "dense_fwd_bwd_layer_s": timed(
+            lambda: run(lambda: prefill_attention_sdpa(*leaves, lens)), reps
+        )["s"]
+    }
     grads = {}
     # torch has no FlexAttention backward on CPU (a --smoke run times the others)
     for backend in [b for b in backends if device == "cuda" or b != "flex"]:
         attention = TeacherForcedAttention(lens, prompts, schedule, backend=backend)
         result = timed(lambda: run(lambda: attention(SPARSE_LAYER, *leaves)), reps)
-        row.update({f"{backend}_fwd_bwd_layer_s": result["s"],
-                    f"{backend}_fwd_bwd_layer_first_s": result["first_s"],
-                    f"{backend}_fwd_bwd_peak_gib": result["peak_gib"]})
+        row.update(
+            {
+                f"{backend}_fwd_bwd_layer_s": result["s"],
+                f"{backend}_fwd_bwd_layer_first_s": result["first_s"],
+                f"{backend}_fwd_bwd_peak_gib": result["peak_gib"],
+            }
+        )
         grads[backend] = [leaf.grad.float() for leaf in leaves]
     names = list(grads)
     for other in names[1:]:
         row[f"{names[0]}_vs_{other}_grad_rel_diff"] = max(
-            float((a - b).norm() / b.norm()) for a, b in zip(grads[names[0]], grads[other]))
+            float((a - b).norm() / b.norm()) for a, b in zip(grads[names[0]], grads[other])
+        )
     return row
 
 
 def _share_read(bits, lens, page_size):
     """Pages read over pages present, summed over positions and KV heads (1.0: dense)."""
     shifts = torch.arange(32, device=bits.device, dtype=torch.int32)
-    read = sum(int(((words.unsqueeze(-1) >> shifts) & 1).sum())
-               for words in bits.split(4096, dim=1))
+    read = sum(
+        int(((words.unsqueeze(-1) >> shifts) & 1).sum()) for words in bits.split(4096, dim=1)
+    )
     present = sum(sum(t // page_size + 1 for t in range(n)) for n in lens) * bits.shape[0]
     return read / present
 
@@ -200,19 +226,26 @@ def _share_read(bits, lens, page_size):
 def model_case(model, length, count, prompt, schedule, backends, device, vocab, reps):
     """The whole model: dense packed forward against the replay under the schedule."""
     gen = torch.Generator(device).manual_seed(1)
-    sequences = [torch.randint(0, vocab, (length,), generator=gen, device=device)
-                 for _ in range(count)]
+    sequences = [
+        torch.randint(0, vocab, (length,), generator=gen, device=device) for _ in range(count)
+    ]
     prompts = [prompt] * count
     with torch.no_grad():
         dense = timed(lambda: teacher_forced_hidden(model, sequences), reps)
         row = {"dense_forward_s": dense["s"], "dense_forward_peak_gib": dense["peak_gib"]}
         for backend in backends:
-            replay = timed(lambda: teacher_forced_hidden(model, sequences, prompts, schedule,
-                                                         backend=backend), reps)
-            row.update({f"{backend}_replay_s": replay["s"],
-                        f"{backend}_replay_first_s": replay["first_s"],
-                        f"{backend}_replay_peak_gib": replay["peak_gib"],
-                        f"{backend}_replay_over_dense": replay["s"] / dense["s"]})
+            replay = timed(
+                lambda: teacher_forced_hidden(model, sequences, prompts, schedule, backend=backend),
+                reps,
+            )
+            row.update(
+                {
+                    f"{backend}_replay_s": replay["s"],
+                    f"{backend}_replay_first_s": replay["first_s"],
+                    f"{backend}_replay_peak_gib": replay["peak_gib"],
+                    f"{backend}_replay_over_dense": replay["s"] / dense["s"],
+                }
+            )
     return row
 
 
@@ -220,16 +253,23 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="write the JSON here too")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on any device")
-    parser.add_argument("--cases", default="8192x16,32768x16",
-                        help="comma-separated TOKENSxSEQUENCES")
+    parser.add_argument(
+        "--cases", default="8192x16,32768x16", help="comma-separated TOKENSxSEQUENCES"
+    )
     parser.add_argument("--prompt", type=int, default=1024, help="prompt tokens per sequence")
     parser.add_argument("--schedule", default="qwen3-1.7b-0.86")
     parser.add_argument("--reps", type=int, default=2, help="timed runs after the first")
     parser.add_argument("--skip-model", action="store_true", help="attention layer only")
-    parser.add_argument("--backward", action="store_true",
-                        help="also time one sparse layer's forward + backward per path")
-    parser.add_argument("--backends", default="triton,flex",
-                        help="comma-separated replay paths to time: triton, flex, reference")
+    parser.add_argument(
+        "--backward",
+        action="store_true",
+        help="also time one sparse layer's forward + backward per path",
+    )
+    parser.add_argument(
+        "--backends",
+        default="triton,flex",
+        help="comma-separated replay paths to time: triton, flex, reference",
+    )
     return parser.parse_args(argv)
 
 
@@ -248,19 +288,39 @@ def main(argv=None) -> int:
     rows = []
     for length, count in cases:
         row = {"tokens_per_sequence": length, "sequences": count, "prompt": prompt}
-        row.update(attention_case(length, count, prompt, schedule, backends, device, arch,
-                                  args.reps))
+        row.update(
+            attention_case(length, count, prompt, schedule, backends, device, arch, args.reps)
+        )
         if args.backward:
-            row.update(backward_case(length, count, prompt, schedule, backends, device, arch,
-                                     args.reps))
+            row.update(
+                backward_case(length, count, prompt, schedule, backends, device, arch, args.reps)
+            )
         if model is not None:
-            row.update(model_case(model, length, count, prompt, schedule, backends, device,
-                                  arch.vocab_size, args.reps))
-        print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()},
-              flush=True)
+            row.update(
+                model_case(
+                    model,
+                    length,
+                    count,
+                    prompt,
+                    schedule,
+                    backends,
+                    device,
+                    arch.vocab_size,
+                    args.reps,
+                )
+            )
+        print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
         rows.append(row)
-    write_json(args.out, dict(benchmark="teacher_forced", facts=device_facts(),
-                              schedule=schedule.name, backends=backends, rows=rows))
+    write_json(
+        args.out,
+        dict(
+            benchmark="teacher_forced",
+            facts=device_facts(),
+            schedule=schedule.name,
+            backends=backends,
+            rows=rows,
+        ),
+    )
     return 0
 
 

@@ -37,8 +37,21 @@ def make_records(seqs: int, prompt: int, tokens: int, vocab: int, topk: int = 20
         out = tuple(rng.randrange(vocab) for _ in range(tokens))
         ids = tuple(tuple(rng.randrange(vocab) for _ in range(topk)) for _ in range(tokens))
         logprobs = ((-3.0,) * topk,) * tokens
-        records.append(RolloutRecord(i // 2, i % 2, i // 2, prompt_ids, out, (-2.0,) * tokens,
-                                     ids, logprobs, (1,) * tokens, "length", ""))
+        records.append(
+            RolloutRecord(
+                i // 2,
+                i % 2,
+                i // 2,
+                prompt_ids,
+                out,
+                (-2.0,) * tokens,
+                ids,
+                logprobs,
+                (1,) * tokens,
+                "length",
+                "",
+            )
+        )
     return records
 
 
@@ -57,8 +70,9 @@ def timed(fn):
 def profile_table(fn, rows: int) -> str:
     from torch.profiler import ProfilerActivity, profile
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available()
-                                           else [])
+    activities = [ProfilerActivity.CPU] + (
+        [ProfilerActivity.CUDA] if torch.cuda.is_available() else []
+    )
     with profile(activities=activities) as prof:
         fn()
         if torch.cuda.is_available():
@@ -73,8 +87,13 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--prompt", type=int, default=160)
     parser.add_argument("--seqs", type=int, default=4)
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="AlgoConfig fields (e.g. gradient_checkpointing=true)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="AlgoConfig fields (e.g. gradient_checkpointing=true)",
+    )
     parser.add_argument("--profile", type=int, default=25, help="rows of the profile; 0 none")
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--out", default=None)
@@ -85,8 +104,11 @@ def main(argv=None) -> int:
     for item in args.set:
         key, _, value = item.partition("=")
         field = {f.name: f for f in dataclasses.fields(AlgoConfig)}[key]
-        changes[key] = value.lower() == "true" if field.type in ("bool", bool) else \
-            type(getattr(AlgoConfig(), key))(value)
+        changes[key] = (
+            value.lower() == "true"
+            if field.type in ("bool", bool)
+            else type(getattr(AlgoConfig(), key))(value)
+        )
     algo = AlgoConfig(lr=1e-6, **changes)
     trainer = PolicyTrainer(args.model, algo, device="auto", dtype="auto")
     vocab = trainer.model.get_output_embeddings().weight.shape[0]
@@ -102,9 +124,15 @@ def main(argv=None) -> int:
     flops = model_flops(args.model, [args.prompt + args.tokens] * args.seqs)
     peak = peak_flops()
     result = {
-        "facts": device_facts(), "benchmark": "trainer", "model": args.model,
-        "tokens": args.tokens, "seqs": args.seqs, "algo": changes,
-        "score_s": score_s, "update_s": update_s, "score_peak_gib": score_peak,
+        "facts": device_facts(),
+        "benchmark": "trainer",
+        "model": args.model,
+        "tokens": args.tokens,
+        "seqs": args.seqs,
+        "algo": changes,
+        "score_s": score_s,
+        "update_s": update_s,
+        "score_peak_gib": score_peak,
         "update_peak_gib": update_peak,
         "mfu_score": flops / score_s / peak if peak else None,
         "mfu_update": 3 * flops / update_s / peak if peak else None,
@@ -112,7 +140,8 @@ def main(argv=None) -> int:
     if args.profile:
         result["score_profile"] = profile_table(lambda: trainer.score(records), args.profile)
         result["update_profile"] = profile_table(
-            lambda: trainer.update(records, rewards, old, 2), args.profile)
+            lambda: trainer.update(records, rewards, old, 2), args.profile
+        )
     write_json(args.out, {k: v for k, v in result.items() if not k.endswith("_profile")})
     for key in ("score_profile", "update_profile"):
         if key in result:

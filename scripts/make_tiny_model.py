@@ -27,8 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     from sparrow.model.random_checkpoint import make_random_checkpoint
 
     try:
-        out = make_random_checkpoint(args.out_dir, args.family, num_layers=args.layers,
-                                     seed=args.seed)
+        out = make_random_checkpoint(
+            args.out_dir, args.family, num_layers=args.layers, seed=args.seed
+        )
     except SparrowError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -82,10 +82,27 @@ from sparrow.experiments.testbed.steps import (
 )
 
 # --smoke: a model and task small enough for a CPU test to train end to end in seconds
-SMOKE = dict(layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8, intermediate=64,
-             max_positions=512, num_defs=8, num_hops=12, steps=8, batch_tokens=1024,
-             micro_tokens=512, eval_prompts=4, sample_prompts=2, samples=2, hop_noise="0.05",
-             eval_reserve_s=0.0, stage_eval_every=2, stage_eval_prompts=2)
+SMOKE = dict(
+    layers=2,
+    hidden=32,
+    heads=4,
+    kv_heads=2,
+    head_dim=8,
+    intermediate=64,
+    max_positions=512,
+    num_defs=8,
+    num_hops=12,
+    steps=8,
+    batch_tokens=1024,
+    micro_tokens=512,
+    eval_prompts=4,
+    sample_prompts=2,
+    samples=2,
+    hop_noise="0.05",
+    eval_reserve_s=0.0,
+    stage_eval_every=2,
+    stage_eval_prompts=2,
+)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -111,16 +128,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--min-lr-ratio", type=float, default=0.1)
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--hop-noise", default="auto", help="wrong-hop rate of the last phase, or auto")
-    p.add_argument("--target-accuracy", type=float, default=0.4,
-                   help="auto hop noise: teacher-forced sampled accuracy to aim at")
+    p.add_argument(
+        "--target-accuracy",
+        type=float,
+        default=0.4,
+        help="auto hop noise: teacher-forced sampled accuracy to aim at",
+    )
     p.add_argument("--noise-share", type=float, default=0.15, help="share of steps with noise")
-    p.add_argument("--advance-accuracy", type=float, default=0.98,
-                   help="stage-length hop accuracy that ends a stage early; > 1: fixed shares")
+    p.add_argument(
+        "--advance-accuracy",
+        type=float,
+        default=0.98,
+        help="stage-length hop accuracy that ends a stage early; > 1: fixed shares",
+    )
     p.add_argument("--stage-eval-every", type=int, default=50, help="steps between checks")
     p.add_argument("--stage-eval-prompts", type=int, default=8, help="prompts a check")
     p.add_argument("--max-minutes", type=float, default=7.5, help="the whole run's wall clock")
-    p.add_argument("--eval-reserve-s", type=float, default=60.0,
-                   help="seconds kept after training for evaluation and saving")
+    p.add_argument(
+        "--eval-reserve-s",
+        type=float,
+        default=60.0,
+        help="seconds kept after training for evaluation and saving",
+    )
     p.add_argument("--eval-prompts", type=int, default=64, help="teacher-forced, full length")
     p.add_argument("--sample-prompts", type=int, default=8, help="sampled with the engine")
     p.add_argument("--samples", type=int, default=4, help="engine samples per prompt")
@@ -129,8 +158,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--deterministic", action="store_true")
     args = p.parse_args(argv)
     if args.smoke:
-        given = {a.lstrip("-").replace("-", "_").split("=")[0]
-                 for a in (sys.argv[1:] if argv is None else argv) if a.startswith("--")}
+        given = {
+            a.lstrip("-").replace("-", "_").split("=")[0]
+            for a in (sys.argv[1:] if argv is None else argv)
+            if a.startswith("--")
+        }
         for key, value in SMOKE.items():
             if key not in given:
                 setattr(args, key, value)
@@ -158,12 +190,23 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
 def build_model(args) -> Qwen3ForCausalLM:
     ids = vocab()
     config = Qwen3Config(
-        vocab_size=len(ids), hidden_size=args.hidden, num_hidden_layers=args.layers,
-        num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
-        head_dim=args.head_dim, intermediate_size=args.intermediate,
-        max_position_embeddings=args.max_positions, rope_theta=args.rope_theta, rms_norm_eps=1e-6,
-        tie_word_embeddings=True, eos_token_id=ids[EOS_TOKEN], pad_token_id=ids[PAD_TOKEN],
-        bos_token_id=None, use_cache=True, attn_implementation="sdpa")
+        vocab_size=len(ids),
+        hidden_size=args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        head_dim=args.head_dim,
+        intermediate_size=args.intermediate,
+        max_position_embeddings=args.max_positions,
+        rope_theta=args.rope_theta,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        eos_token_id=ids[EOS_TOKEN],
+        pad_token_id=ids[PAD_TOKEN],
+        bos_token_id=None,
+        use_cache=True,
+        attn_implementation="sdpa",
+    )
     return Qwen3ForCausalLM(config)
 
 
@@ -174,14 +217,18 @@ def make_optimizer(model, args, device: torch.device) -> torch.optim.AdamW:
     embedding = model.get_input_embeddings().weight
     decay = [p for p in model.parameters() if p.ndim >= 2 and p is not embedding]
     rest = [p for p in model.parameters() if p.ndim < 2 or p is embedding]
-    groups = [{"params": decay, "weight_decay": args.weight_decay},
-              {"params": rest, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
-                             fused=device.type == "cuda")
+    groups = [
+        {"params": decay, "weight_decay": args.weight_decay},
+        {"params": rest, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(
+        groups, lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda"
+    )
 
 
-def train_step(model, optimizer, plan: StepPlan, step: int, stage_noisy, noise: float, args,
-               device):
+def train_step(
+    model, optimizer, plan: StepPlan, step: int, stage_noisy, noise: float, args, device
+):
     """One optimizer step on (stage, noisy); returns (mean loss tensor, tokens read)."""
     stage, noisy = stage_noisy
     rows, forwards = batch_shape(stage, args.batch_tokens, args.micro_tokens)
@@ -206,7 +253,8 @@ def teacher_forced(model, examples) -> dict:
     """teacher_forced_accuracy with the by-hops keys as text, as JSON will write them."""
     result = teacher_forced_accuracy(model, examples)
     result["sampled_estimate_by_hops"] = {
-        str(hops): value for hops, value in result["sampled_estimate_by_hops"].items()}
+        str(hops): value for hops, value in result["sampled_estimate_by_hops"].items()
+    }
     return result
 
 
@@ -222,8 +270,16 @@ def auto_noise(model, held_out, args) -> tuple[float, dict]:
 
 def train(model, optimizer, plan: StepPlan, held_out, args, device, deadline: float) -> dict:
     """The step loop; stops at `deadline` (monotonic seconds) whatever the plan says."""
-    log = {"steps_done": 0, "tokens_seen": 0, "flops": 0.0, "stopped_at_budget": False,
-           "hop_noise": 0.0, "before_noise": None, "final_loss": None, "stage_eval": []}
+    log = {
+        "steps_done": 0,
+        "tokens_seen": 0,
+        "flops": 0.0,
+        "stopped_at_budget": False,
+        "hop_noise": 0.0,
+        "before_noise": None,
+        "final_loss": None,
+        "stage_eval": [],
+    }
     q_width, params = args.heads * args.head_dim, sum(p.numel() for p in model.parameters())
     walk = AdaptiveCurriculum(plan, args.advance_accuracy, args.stage_eval_every)
 
@@ -238,46 +294,63 @@ def train(model, optimizer, plan: StepPlan, held_out, args, device, deadline: fl
             break
         if step == plan.clean_steps:
             log["hop_noise"], log["before_noise"] = auto_noise(model, held_out, args)
-            print(f"step {step}: hop noise {log['hop_noise']:.5f} from {log['before_noise']}",
-                  flush=True)
+            print(
+                f"step {step}: hop noise {log['hop_noise']:.5f} from {log['before_noise']}",
+                flush=True,
+            )
         stage_noisy = walk.stage_at(step)
-        loss, tokens = train_step(model, optimizer, plan, step, stage_noisy, log["hop_noise"],
-                                  args, device)
+        loss, tokens = train_step(
+            model, optimizer, plan, step, stage_noisy, log["hop_noise"], args, device
+        )
         stage = stage_noisy[0]
         log["tokens_seen"] += tokens
         log["flops"] += tokens * train_flops_per_token(params, args.layers, q_width, stage.length)
         log["steps_done"] = step + 1
         recent = loss if recent is None else 0.9 * recent + 0.1 * loss
         if step % 50 == 0 or step == plan.steps - 1:
-            print(f"step {step} length {stage.length} loss {float(recent):.4f} "
-                  f"{time.monotonic() - began:.0f}s", flush=True)
+            print(
+                f"step {step} length {stage.length} loss {float(recent):.4f} "
+                f"{time.monotonic() - began:.0f}s",
+                flush=True,
+            )
         if ended := walk.after_step(step + 1, probe):
-            log["stage_eval"].append(stage_record(model, ended, step + 1, recent, plan.stages,
-                                                  args.stage_eval_prompts, args.seed))
+            log["stage_eval"].append(
+                stage_record(
+                    model, ended, step + 1, recent, plan.stages, args.stage_eval_prompts, args.seed
+                )
+            )
     sync(device)
-    log["stage_eval"].append(stage_record(model, None, log["steps_done"], recent, plan.stages,
-                                          args.stage_eval_prompts, args.seed))
+    log["stage_eval"].append(
+        stage_record(
+            model, None, log["steps_done"], recent, plan.stages, args.stage_eval_prompts, args.seed
+        )
+    )
     log["stage_checks"] = [check | {"stage": check["stage"] + 1} for check in walk.checks]
     log["final_loss"] = None if recent is None else float(recent)
     log["train_seconds"] = round(time.monotonic() - began, 1)
     return log
 
 
-def plan_steps(model, stages, args, device, started: float,
-               deadline: float) -> tuple[StepPlan, list[float] | None]:
+def plan_steps(
+    model, stages, args, device, started: float, deadline: float
+) -> tuple[StepPlan, list[float] | None]:
     """The step plan: --steps, or as many steps as fit before the deadline at the measured
     speed; with the measured seconds per step of each stage (None when not measured)."""
     if args.steps > 0:
         return StepPlan(stages, args.steps, args.noise_share), None
-    seconds = measure_step_seconds(model, stages, args.batch_tokens, args.micro_tokens,
-                                   args.seed, device)
+    seconds = measure_step_seconds(
+        model, stages, args.batch_tokens, args.micro_tokens, args.seed, device
+    )
     shares = StepPlan(stages, 1_000_000, args.noise_share).step_shares()
     if args.advance_accuracy <= 1:  # stages may end early: plan at the slowest step's time
         shares = [(max(seconds, key=seconds.get), 1.0)]
     steps = fit_steps(shares, seconds, deadline - time.monotonic())
     measured = [round(value, 4) for value in seconds.values()]
-    print(f"measured seconds per step {measured}: {steps} steps fit "
-          f"({time.monotonic() - started:.0f}s spent so far)", flush=True)
+    print(
+        f"measured seconds per step {measured}: {steps} steps fit "
+        f"({time.monotonic() - started:.0f}s spent so far)",
+        flush=True,
+    )
     return StepPlan(stages, steps, args.noise_share), measured
 
 
@@ -296,13 +369,15 @@ def write_info(args, info: dict) -> None:
 def describe(args, model, device, plan: StepPlan) -> dict:
     return {
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "seed": args.seed, "task": "pointer_chase_long",
+        "seed": args.seed,
+        "task": "pointer_chase_long",
         "task_sizes": {"num_defs": args.num_defs, "num_hops": args.num_hops},
         "sequence_tokens": plan.stages[-1].length,
         "parameters": sum(p.numel() for p in model.parameters()),
         "steps_planned": plan.steps,
         "stages": [vars(stage) | {"length": stage.length} for stage in plan.stages],
-        "torch": torch.__version__, "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "deterministic": args.deterministic,
     }
@@ -332,24 +407,32 @@ def run(args, device: torch.device, started: float, deadline: float) -> dict:
     model = build_model(args).to(device).train()
     optimizer = make_optimizer(model, args, device)
     held_out = held_out_examples(args.num_defs, args.num_hops, args.eval_prompts, args.seed)
-    plan, measured = plan_steps(model, curriculum(args.num_defs, args.num_hops), args, device,
-                                started, deadline)
+    plan, measured = plan_steps(
+        model, curriculum(args.num_defs, args.num_hops), args, device, started, deadline
+    )
     info = describe(args, model, device, plan) | {"measured_step_seconds": measured}
     info |= train(model, optimizer, plan, held_out, args, device, deadline)
     tf = teacher_forced(model, held_out)
-    info |= {"held_out_prompts": len(held_out), "held_out_greedy_accuracy": tf["greedy"],
-             "held_out_sampled_accuracy_estimate": tf["sampled_estimate"],
-             "held_out_hop_accuracy": tf["hop"],
-             "held_out_sampled_estimate_by_hops": tf["sampled_estimate_by_hops"]}
+    info |= {
+        "held_out_prompts": len(held_out),
+        "held_out_greedy_accuracy": tf["greedy"],
+        "held_out_sampled_accuracy_estimate": tf["sampled_estimate"],
+        "held_out_hop_accuracy": tf["hop"],
+        "held_out_sampled_estimate_by_hops": tf["sampled_estimate_by_hops"],
+    }
     info["tflops_per_s"] = round(info["flops"] / max(1e-9, info["train_seconds"]) / 1e12, 2)
     save(model, args, info)
     del model, optimizer
     # --deterministic is for the weights; the engine's kernels need not have such forms
     torch.use_deterministic_algorithms(False)
-    sampled = sampled_accuracy(args.out, held_out[:args.sample_prompts], args.samples,
-                               args.seed, device)
-    info |= {"held_out_sampled_accuracy": sampled["accuracy"], "sampled_eval": sampled,
-             "wall_seconds": round(time.monotonic() - started, 1)}
+    sampled = sampled_accuracy(
+        args.out, held_out[: args.sample_prompts], args.samples, args.seed, device
+    )
+    info |= {
+        "held_out_sampled_accuracy": sampled["accuracy"],
+        "sampled_eval": sampled,
+        "wall_seconds": round(time.monotonic() - started, 1),
+    }
     write_info(args, info)
     print(json.dumps({k: v for k, v in info.items() if k not in ("args", "stages")}), flush=True)
     return info

@@ -32,7 +32,6 @@ from sparrow.data.char_tokenizer import build_char_tokenizer
 from sparrow.data.synthetic import DEFAULT_TASK, Example, make_examples
 
 
-
 def build_tokenizer(out: Path) -> PreTrainedTokenizerFast:
     build_char_tokenizer(out)
     return PreTrainedTokenizerFast.from_pretrained(out)
@@ -40,10 +39,18 @@ def build_tokenizer(out: Path) -> PreTrainedTokenizerFast:
 
 def build_model(tok: PreTrainedTokenizerFast, args) -> Qwen3ForCausalLM:
     config = Qwen3Config(
-        vocab_size=len(tok), hidden_size=args.hidden, num_hidden_layers=args.layers,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=args.hidden // 4,
-        intermediate_size=3 * args.hidden, max_position_embeddings=1024, rope_theta=10000.0,
-        tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        vocab_size=len(tok),
+        hidden_size=args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=args.hidden // 4,
+        intermediate_size=3 * args.hidden,
+        max_position_embeddings=1024,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
         bos_token_id=None,
     )
     return Qwen3ForCausalLM(config)
@@ -94,8 +101,13 @@ def greedy_accuracy(model, tok, examples) -> float:
     correct = 0
     for ex in examples:
         ids = torch.tensor([tok(ex.prompt).input_ids], device=model.device)
-        out = model.generate(ids, max_new_tokens=len(ex.completion) + 8, do_sample=False,
-                             eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        out = model.generate(
+            ids,
+            max_new_tokens=len(ex.completion) + 8,
+            do_sample=False,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
         correct += _answered(tok, out[0], ids.shape[1], ex.answer)
     model.train()
     return correct / len(examples)
@@ -109,9 +121,17 @@ def sampled_accuracy(model, tok, examples, samples: int, seed: int) -> float:
     correct = 0
     for ex in examples:
         ids = torch.tensor([tok(ex.prompt).input_ids], device=model.device)
-        out = model.generate(ids, max_new_tokens=len(ex.completion) + 8, do_sample=True,
-                             temperature=1.0, top_k=0, top_p=1.0, num_return_sequences=samples,
-                             eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        out = model.generate(
+            ids,
+            max_new_tokens=len(ex.completion) + 8,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            num_return_sequences=samples,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
         correct += sum(_answered(tok, row, ids.shape[1], ex.answer) for row in out)
     model.train()
     return correct / (len(examples) * samples)
@@ -121,10 +141,18 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--task", default=DEFAULT_TASK)
-    parser.add_argument("--init", type=Path, default=None,
-                        help="start from this checkpoint (its shape and tokenizer) instead of random weights")
-    parser.add_argument("--hop-noise", type=float, default=0.0,
-                        help="pointer_chase: share of reference hops sent to a wrong name")
+    parser.add_argument(
+        "--init",
+        type=Path,
+        default=None,
+        help="start from this checkpoint (its shape and tokenizer) instead of random weights",
+    )
+    parser.add_argument(
+        "--hop-noise",
+        type=float,
+        default=0.0,
+        help="pointer_chase: share of reference hops sent to a wrong name",
+    )
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=3e-3)
@@ -133,8 +161,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--eval-every", type=int, default=1000)
-    parser.add_argument("--max-seconds", type=float, default=float("inf"),
-                        help="stop training early (and still evaluate and save) after this long")
+    parser.add_argument(
+        "--max-seconds",
+        type=float,
+        default=float("inf"),
+        help="stop training early (and still evaluate and save) after this long",
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     return parser.parse_args()
 
@@ -154,8 +186,10 @@ def start_model(args) -> tuple[PreTrainedTokenizerFast, Qwen3ForCausalLM]:
 
 
 def evaluate(model, tok, examples, seed: int) -> dict[str, float]:
-    return {"greedy": greedy_accuracy(model, tok, examples),
-            "sampled": sampled_accuracy(model, tok, examples, samples=8, seed=seed)}
+    return {
+        "greedy": greedy_accuracy(model, tok, examples),
+        "sampled": sampled_accuracy(model, tok, examples, samples=8, seed=seed),
+    }
 
 
 def main() -> None:
@@ -167,7 +201,10 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
     warmup = max(1, args.steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / args.steps)))
+        opt,
+        lambda s: (
+            min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / args.steps)))
+        ),
     )
     held_out = make_examples(args.task, 64, seed=10_000 + args.seed)
     start, loss_recent, step = time.time(), None, 0
@@ -176,8 +213,10 @@ def main() -> None:
             print(f"stopping at step {step}: --max-seconds reached", flush=True)
             break
         noise = random.Random(args.seed * 1_000_003 + step)
-        examples = [with_hop_noise(ex, args.hop_noise, noise) for ex in
-                    make_examples(args.task, args.batch, seed=args.seed * 1_000_003 + step)]
+        examples = [
+            with_hop_noise(ex, args.hop_noise, noise)
+            for ex in make_examples(args.task, args.batch, seed=args.seed * 1_000_003 + step)
+        ]
         ids, target = batch(tok, examples)
         loss = model(input_ids=ids.to(args.device), labels=target.to(args.device)).loss
         opt.zero_grad(set_to_none=True)
@@ -186,19 +225,33 @@ def main() -> None:
         opt.step()
         sched.step()
         if step % 50 == 0 or step == args.steps - 1:
-            loss_recent = loss.item() if loss_recent is None else 0.5 * loss_recent + 0.5 * loss.item()
+            loss_recent = (
+                loss.item() if loss_recent is None else 0.5 * loss_recent + 0.5 * loss.item()
+            )
             print(f"step {step} loss {loss_recent:.4f} {time.time() - start:.0f}s", flush=True)
         if step % args.eval_every == args.eval_every - 1:
-            print(f"  held-out accuracy {evaluate(model, tok, held_out[:16], args.seed)}", flush=True)
+            print(
+                f"  held-out accuracy {evaluate(model, tok, held_out[:16], args.seed)}", flush=True
+            )
     accuracy = evaluate(model, tok, held_out, args.seed)
     model.generation_config.pad_token_id = tok.pad_token_id
     model.to("cpu").save_pretrained(args.out, safe_serialization=True)
-    info = {"task": args.task, "init": str(args.init) if args.init else None,
-            "hop_noise": args.hop_noise, "steps": step + 1, "batch": args.batch, "lr": args.lr,
-            "hidden": args.hidden, "layers": args.layers, "seed": args.seed,
-            "final_loss": loss_recent, "held_out_greedy_accuracy": accuracy["greedy"],
-            "held_out_sampled_accuracy": accuracy["sampled"],
-            "train_seconds": round(time.time() - start), "torch": torch.__version__}
+    info = {
+        "task": args.task,
+        "init": str(args.init) if args.init else None,
+        "hop_noise": args.hop_noise,
+        "steps": step + 1,
+        "batch": args.batch,
+        "lr": args.lr,
+        "hidden": args.hidden,
+        "layers": args.layers,
+        "seed": args.seed,
+        "final_loss": loss_recent,
+        "held_out_greedy_accuracy": accuracy["greedy"],
+        "held_out_sampled_accuracy": accuracy["sampled"],
+        "train_seconds": round(time.time() - start),
+        "torch": torch.__version__,
+    }
     (args.out / "training_info.json").write_text(json.dumps(info, indent=2) + "\n")
     print(json.dumps(info))
 

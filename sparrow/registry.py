@@ -1,17 +1,18 @@
 """One registry helper for every pluggable choice (losses, advantages, rewards, policies).
 
-    LOSSES = Registry("policy loss")
+LOSSES = Registry("policy loss")
 
-    @LOSSES.register("ppo_clip")
-    def ppo_clip(...): ...
+@LOSSES.register("ppo_clip")
+def ppo_clip(...): ...
 
-    LOSSES.get("ppo_clip")      # the function
-    LOSSES.get("nope")          # KeyError naming every valid choice
+LOSSES.get("ppo_clip")      # the function
+LOSSES.get("nope")          # KeyError naming every valid choice
 """
 
 from __future__ import annotations
 
-from typing import Callable, Generic, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 

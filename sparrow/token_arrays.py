@@ -53,7 +53,7 @@ class TokenRows:
             self._buffer = np.empty((16, len(row)), self._dtype)
         elif self._count == len(self._buffer):
             grown = np.empty((2 * len(self._buffer), self._buffer.shape[1]), self._dtype)
-            grown[:self._count] = self._buffer
+            grown[: self._count] = self._buffer
             self._buffer = grown
         self._buffer[self._count] = row
         self._count += 1
@@ -62,7 +62,7 @@ class TokenRows:
         """The rows so far as an [n, K] array of their own (`width` is K with no rows)."""
         if self._buffer is None:
             return np.zeros((0, width), self._dtype)
-        return self._buffer[:self._count].copy()
+        return self._buffer[: self._count].copy()
 
 
 def same_values(a: Any, b: Any) -> bool:

@@ -32,9 +32,10 @@ import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -53,24 +54,44 @@ CHECKPOINT_SPECS: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3_checkpoint": ("qwen3", {}),
     # odd GQA ratio (6 / 2 = 3) and q width (6 x 24 = 144) different from hidden (64)
     "qwen3_gqa3_checkpoint": (
-        "qwen3", dict(num_q_heads=6, num_kv_heads=2, head_dim=24, seed=1),
+        "qwen3",
+        dict(num_q_heads=6, num_kv_heads=2, head_dim=24, seed=1),
     ),
     # Qwen2: q/k/v bias, untied, GQA 3, head_dim 16 = hidden / heads
     "qwen2_checkpoint": (
-        "qwen2", dict(hidden_size=96, num_q_heads=6, num_kv_heads=2, head_dim=16,
-                      tie_word_embeddings=False, seed=2),
+        "qwen2",
+        dict(
+            hidden_size=96,
+            num_q_heads=6,
+            num_kv_heads=2,
+            head_dim=16,
+            tie_word_embeddings=False,
+            seed=2,
+        ),
     ),
     # Llama 3.1 style: llama3 RoPE scaling, untied, one KV head for 3 query heads, head_dim 24
     "llama_checkpoint": (
-        "llama", dict(hidden_size=72, num_q_heads=3, num_kv_heads=1, head_dim=24,
-                      tie_word_embeddings=False, rope_theta=500000.0,
-                      rope_scaling="llama3-test", seed=3),
+        "llama",
+        dict(
+            hidden_size=72,
+            num_q_heads=3,
+            num_kv_heads=1,
+            head_dim=24,
+            tie_word_embeddings=False,
+            rope_theta=500000.0,
+            rope_scaling="llama3-test",
+            seed=3,
+        ),
     ),
     # same shape as qwen3_checkpoint, other weights, written as several shards
     "qwen3_sharded_checkpoint": ("qwen3", dict(seed=4, shards=3)),
 }
-CHECKPOINT_FIXTURES = ("qwen3_checkpoint", "qwen3_gqa3_checkpoint", "qwen2_checkpoint",
-                       "llama_checkpoint")
+CHECKPOINT_FIXTURES = (
+    "qwen3_checkpoint",
+    "qwen3_gqa3_checkpoint",
+    "qwen2_checkpoint",
+    "llama_checkpoint",
+)
 
 
 @pytest.fixture(scope="session")
@@ -173,8 +194,9 @@ class FlowEnvironment:
         self.stack.enter_context(prefect_test_harness(server_startup_timeout=180))
         # a flow run's heartbeat thread sleeps in 1 s steps and each flow and subflow joins it
         # on exit (~0.5 s a flow run); no test here watches for crashed runs
-        self.stack.enter_context(prefect.settings.temporary_settings(
-            updates={"flows.heartbeat_frequency": None}))
+        self.stack.enter_context(
+            prefect.settings.temporary_settings(updates={"flows.heartbeat_frequency": None})
+        )
         self.api_url = prefect.settings.PREFECT_API_URL.value()
         self.prefect_started = True
 
@@ -219,9 +241,14 @@ def pytest_runtest_teardown(item, nextitem):
 
 # `sparrow train` of the session's base run: 2 test-size steps; hot sampling (temperature 2)
 # so that the samples of a prompt differ and the update changes the weights
-BASE_RUN_ARGS = ("pipeline.steps=2", "data.prompts_per_step=2", "rollout.samples_per_prompt=2",
-                 "rollout.max_new_tokens=16", "rollout.temperature=2.0",
-                 "pipeline.keep_checkpoints=0")
+BASE_RUN_ARGS = (
+    "pipeline.steps=2",
+    "data.prompts_per_step=2",
+    "rollout.samples_per_prompt=2",
+    "rollout.max_new_tokens=16",
+    "rollout.temperature=2.0",
+    "pipeline.keep_checkpoints=0",
+)
 
 
 @dataclass(frozen=True)
@@ -242,7 +269,18 @@ def base_run(tmp_path_factory) -> BaseRun:
     env["PREFECT_HOME"] = str(root / "prefect-home")
     workdir = root / "work"
     done = subprocess.run(
-        [sys.executable, "-m", "sparrow.cli.main", "train", f"pipeline.workdir={workdir}",
-         "pipeline.run_id=base", *BASE_RUN_ARGS],
-        env=env, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "sparrow.cli.main",
+            "train",
+            f"pipeline.workdir={workdir}",
+            "pipeline.run_id=base",
+            *BASE_RUN_ARGS,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return BaseRun(workdir, "base", BASE_RUN_ARGS, env, done)

@@ -30,8 +30,7 @@ PACKAGE = "sparrow"
 
 # lowest first; the library and storage sit side by side at the bottom, runtime and reports
 # side by side above them
-PACKAGE_LAYERS = (("library", "storage"), ("runtime", "reports"), ("stages",), ("flows",),
-                  ("cli",))
+PACKAGE_LAYERS = (("library", "storage"), ("runtime", "reports"), ("stages",), ("flows",), ("cli",))
 SYSTEM_ROLES = {"storage", "runtime", "reports", "stages", "flows", "cli"}
 STORAGE_MAY_IMPORT = ("sparrow.errors",)
 ORCHESTRATORS = ("prefect", "ray", "mlflow", "duckdb")
@@ -40,8 +39,17 @@ FLOW_ENGINES = ("prefect",)
 
 # the order inside the library, lowest first (module prefixes; the longest listed prefix wins)
 LIBRARY_LAYERS = (
-    ("base", ("sparrow.errors", "sparrow.registry", "sparrow.schedule_math",
-              "sparrow.config.schema", "sparrow.token_arrays", "sparrow.cuda_memory")),
+    (
+        "base",
+        (
+            "sparrow.errors",
+            "sparrow.registry",
+            "sparrow.schedule_math",
+            "sparrow.config.schema",
+            "sparrow.token_arrays",
+            "sparrow.cuda_memory",
+        ),
+    ),
     ("mismatch", ("sparrow.mismatch",)),
     # the RL mathematics (advantages, losses, aggregation): tensors in, tensors out
     ("rl", ("sparrow.rl",)),
@@ -138,8 +146,9 @@ def layer_breaks(name: str, imports: list[tuple[int, str]]) -> list[tuple[int, s
             continue
         if other > rank:
             out.append((line, imported, f"{top(name)} is below {top(imported)}"))
-        elif other == rank and not (top(name) == "storage"
-                                    and within(imported, STORAGE_MAY_IMPORT)):
+        elif other == rank and not (
+            top(name) == "storage" and within(imported, STORAGE_MAY_IMPORT)
+        ):
             # side by side: only storage's listed exceptions
             out.append((line, imported, f"{top(name)} and {top(imported)} sit side by side"))
     return out
@@ -150,20 +159,33 @@ def forbidden_in(imports: list[tuple[int, str]], forbidden) -> list[tuple[int, s
 
 
 def test_packages_import_only_their_layer_or_below():
-    bad = [f"{where(path, line, imported)}: {why}" for name, path in MODULES.items()
-           for line, imported, why in layer_breaks(name, imports_of(path))]
-    assert not bad, "role order cli -> flows -> stages -> (runtime, reports) -> " \
+    bad = [
+        f"{where(path, line, imported)}: {why}"
+        for name, path in MODULES.items()
+        for line, imported, why in layer_breaks(name, imports_of(path))
+    ]
+    assert not bad, (
+        "role order cli -> flows -> stages -> (runtime, reports) -> "
         "(library, storage) broken:\n" + "\n".join(bad)
+    )
 
 
-@pytest.mark.parametrize("package, forbidden", [("library", ORCHESTRATORS),
-                                           ("storage", TENSOR_LIBRARIES),
-                                           ("runtime", FLOW_ENGINES),
-                                           ("reports", ORCHESTRATORS)])
+@pytest.mark.parametrize(
+    "package, forbidden",
+    [
+        ("library", ORCHESTRATORS),
+        ("storage", TENSOR_LIBRARIES),
+        ("runtime", FLOW_ENGINES),
+        ("reports", ORCHESTRATORS),
+    ],
+)
 def test_packages_keep_out_of_the_dependencies_above_them(package, forbidden):
-    bad = [f"{where(path, line, imported)}: {package} must not import {top(imported)}"
-           for name, path in MODULES.items() if top(name) == package
-           for line, imported in forbidden_in(imports_of(path), forbidden)]
+    bad = [
+        f"{where(path, line, imported)}: {package} must not import {top(imported)}"
+        for name, path in MODULES.items()
+        if top(name) == package
+        for line, imported in forbidden_in(imports_of(path), forbidden)
+    ]
     assert not bad, "\n".join(bad)
 
 
@@ -180,11 +202,13 @@ def test_library_modules_import_only_their_layer_or_below():
         for line, imported in imports_of(path):
             theirs = core_layer(imported) if top(imported) == "library" else None
             if theirs is not None and theirs > mine:
-                bad.append(f"{where(path, line, imported)}: layer {names[mine]} is below "
-                           f"{names[theirs]}")
+                bad.append(
+                    f"{where(path, line, imported)}: layer {names[mine]} is below {names[theirs]}"
+                )
     assert not unplaced, "\n".join(unplaced)
-    assert not bad, "order inside the library (" + " < ".join(names) + ") broken:\n" + \
-        "\n".join(bad)
+    assert not bad, (
+        "order inside the library (" + " < ".join(names) + ") broken:\n" + "\n".join(bad)
+    )
 
 
 def test_the_checks_see_imports_and_catch_a_violation():
@@ -202,28 +226,42 @@ def test_the_checks_see_imports_and_catch_a_violation():
     assert package_rank("reports") < package_rank("stages") < package_rank("cli")
     # lazy and relative imports are seen, and an upward one lands above its importer
     probe = "sparrow.engine.probe"
-    source = "def f():\n    from sparrow.trainer import policy_trainer\n    from ..mismatch import fit\n"
+    source = (
+        "def f():\n    from sparrow.trainer import policy_trainer\n    from ..mismatch import fit\n"
+    )
     found = imports_in(source, probe)
     assert found == [(2, "sparrow.trainer.policy_trainer"), (3, "sparrow.mismatch.fit")]
     assert core_layer(found[0][1]) > core_layer(probe) > core_layer(found[1][1])
     assert imports_in("from . import engine, kv_cache", "sparrow.engine", is_package=True) == [
-        (1, "sparrow.engine.engine"), (1, "sparrow.engine.kv_cache")]
+        (1, "sparrow.engine.engine"),
+        (1, "sparrow.engine.kv_cache"),
+    ]
 
 
 def test_reports_take_only_storage_and_the_library():
     assert any(top(name) == "reports" for name in MODULES), "sparrow/reports/ is not read"
-    source = ("import prefect\nfrom sparrow.stages.calibrate import policy\n"
-              "from sparrow.runtime.ledger import stage\n"
-              "from sparrow.storage.report_rows import run_tables\nfrom sparrow.mismatch import fit\n"
-              "from sparrow.flows.train import train_flow\nimport matplotlib\n")
+    source = (
+        "import prefect\nfrom sparrow.stages.calibrate import policy\n"
+        "from sparrow.runtime.ledger import stage\n"
+        "from sparrow.storage.report_rows import run_tables\nfrom sparrow.mismatch import fit\n"
+        "from sparrow.flows.train import train_flow\nimport matplotlib\n"
+    )
     found = imports_in(source, "sparrow.reports.probe")
     assert [(line, why) for line, _, why in layer_breaks("sparrow.reports.probe", found)] == [
-        (2, "reports is below stages"), (3, "reports and runtime sit side by side"),
-        (6, "reports is below flows")]
+        (2, "reports is below stages"),
+        (3, "reports and runtime sit side by side"),
+        (6, "reports is below flows"),
+    ]
     assert forbidden_in(found, ORCHESTRATORS) == [(1, "prefect")]
     # nor does runtime take from reports; stages and the CLI may
-    assert layer_breaks("sparrow.runtime.probe",
-                        imports_in("from sparrow.reports import run", "sparrow.runtime.probe")) \
-        == [(1, "sparrow.reports.run", "runtime and reports sit side by side")]
-    assert layer_breaks("sparrow.stages.probe",
-                        imports_in("from sparrow.reports import study", "sparrow.stages.probe")) == []
+    assert layer_breaks(
+        "sparrow.runtime.probe",
+        imports_in("from sparrow.reports import run", "sparrow.runtime.probe"),
+    ) == [(1, "sparrow.reports.run", "runtime and reports sit side by side")]
+    assert (
+        layer_breaks(
+            "sparrow.stages.probe",
+            imports_in("from sparrow.reports import study", "sparrow.stages.probe"),
+        )
+        == []
+    )

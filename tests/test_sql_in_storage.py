@@ -19,18 +19,27 @@ STATEMENT_CALLS = {"execute", "executemany", "sql"}
 
 
 def statement_calls(source: str, name: str) -> list[int]:
-    return [node.lineno for node in ast.walk(ast.parse(source, name))
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-            and node.func.attr in STATEMENT_CALLS]
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(source, name))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in STATEMENT_CALLS
+    ]
 
 
 def test_no_sql_statement_outside_storage():
-    bad = [f"{path.relative_to(ROOT)}:{line}" for top in SEARCHED
-           for path in sorted((ROOT / top).rglob("*.py"))
-           if "__pycache__" not in path.parts and STORAGE not in path.parents
-           for line in statement_calls(path.read_text(), str(path))]
-    assert not bad, "SQL outside sparrow/storage/ (move it behind a sparrow/storage/*_rows.py function):\n" + \
-        "\n".join(bad)
+    bad = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for top in SEARCHED
+        for path in sorted((ROOT / top).rglob("*.py"))
+        if "__pycache__" not in path.parts and STORAGE not in path.parents
+        for line in statement_calls(path.read_text(), str(path))
+    ]
+    assert not bad, (
+        "SQL outside sparrow/storage/ (move it behind a sparrow/storage/*_rows.py function):\n"
+        + "\n".join(bad)
+    )
 
 
 def test_the_check_sees_a_statement():

@@ -69,6 +69,7 @@ def chain(kind: str, length: int, device, pdl: bool):
                 _empty_kernel[(sms,)](src, PDL=pdl, launch_pdl=pdl)
             else:
                 _touch_kernel[(sms,)](src, dst, BLOCK=block, PDL=pdl, launch_pdl=pdl)
+
     return run
 
 
@@ -94,10 +95,10 @@ def main(argv=None) -> int:
                     run()
                 continue
             us = time_graph(run, reps=20, flush=False)
-            rows[f"{kind}_pdl" if with_pdl else kind] = dict(chain_us=us,
-                                                             us_per_kernel=us / length)
-    write_json(args.out, dict(benchmark="launch-floor", facts=device_facts(), length=length,
-                              chains=rows))
+            rows[f"{kind}_pdl" if with_pdl else kind] = dict(chain_us=us, us_per_kernel=us / length)
+    write_json(
+        args.out, dict(benchmark="launch-floor", facts=device_facts(), length=length, chains=rows)
+    )
     return 0
 
 

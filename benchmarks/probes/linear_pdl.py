@@ -33,10 +33,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.common import (copy_bandwidth, device_facts, target_case_args,  # noqa: E402
-                               time_graph, write_json)
-from benchmarks.linear import (chain_tensors, chain_weights, layer_chain,  # noqa: E402
-                               projections)
+from benchmarks.common import copy_bandwidth, device_facts, target_case_args, time_graph, write_json  # noqa: E402
+from benchmarks.linear import chain_tensors, chain_weights, layer_chain, projections  # noqa: E402
 from sparrow.costmodel.presets import get_model  # noqa: E402
 from sparrow.kernels.linear import default_launch  # noqa: E402
 from sparrow.kernels.runtime import multiprocessors, programmatic_launch  # noqa: E402
@@ -64,8 +62,9 @@ def narrow(launch, x, w):
 
 def pdl_form(late: bool, tiles: int):
     """PDL with this trigger point, asking the L2 for `tiles` K tiles a row (0: all)."""
-    return lambda launch, x, w: replace(launch, late_trigger=late,
-                                        prefetch_k=tiles * launch.block_k)
+    return lambda launch, x, w: replace(
+        launch, late_trigger=late, prefetch_k=tiles * launch.block_k
+    )
 
 
 # name -> (PDL on, the default launch changed as a function of it and the call's x and w)
@@ -78,11 +77,15 @@ VARIANTS = {
     "pdl_late_tiles2": (True, pdl_form(True, 2)),
     "pdl_late_tiles4": (True, pdl_form(True, 4)),
     "one_per_sm": (False, deep),
-    "pdl_late_tiles2_one_per_sm": (True, lambda launch, x, w: deep(
-        pdl_form(True, 2)(launch, x, w), x, w)),
+    "pdl_late_tiles2_one_per_sm": (
+        True,
+        lambda launch, x, w: deep(pdl_form(True, 2)(launch, x, w), x, w),
+    ),
     "narrow": (False, narrow),
-    "pdl_late_tiles1_narrow": (True, lambda launch, x, w: narrow(
-        pdl_form(True, 1)(launch, x, w), x, w)),
+    "pdl_late_tiles1_narrow": (
+        True,
+        lambda launch, x, w: narrow(pdl_form(True, 1)(launch, x, w), x, w),
+    ),
     "plain_again": (False, lambda launch, x, w: launch),
 }
 
@@ -97,28 +100,41 @@ def run_variants(model: str, rows: int, device, smoke: bool) -> dict:
     weights = chain_weights(proj, 2 if smoke else shape.layers, device)
     t = chain_tensors(weights, shape, rows, device)
     sms = multiprocessors(torch.device(device))
-    out = {"model": model, "rows": rows, "layers": len(weights),
-           "weight_bytes": sum(w.numel() * 2 for layer in weights for w in layer)}
+    out = {
+        "model": model,
+        "rows": rows,
+        "layers": len(weights),
+        "weight_bytes": sum(w.numel() * 2 for layer in weights for w in layer),
+    }
     want = None
     for name, (pdl, change) in VARIANTS.items():
+
         def launch_of(x, w, reads_norm, change=change):
             return change(default_launch(x.shape[0], w.shape[0], w.shape[1], sms), x, w)
+
         run = layer_chain(weights, t, True, True, launch_of)
         with programmatic_launch("linear" if pdl else "0"):
             got = run().clone()  # once outside any graph: the check
             us = time_graph(run, reps=3 if smoke else 20)
         want = got if want is None else want
-        out[name] = dict(us=us, bytes_per_s=out["weight_bytes"] / (us * 1e-6),
-                         equal_to_plain=bool(torch.equal(got, want)),
-                         launch_qkv=vars(launch_of(t["hidden"], weights[0][0], True)))
+        out[name] = dict(
+            us=us,
+            bytes_per_s=out["weight_bytes"] / (us * 1e-6),
+            equal_to_plain=bool(torch.equal(got, want)),
+            launch_qkv=vars(launch_of(t["hidden"], weights[0][0], True)),
+        )
         print(f"{name}: {us:.1f} us", flush=True)
     return out
 
 
 def main(argv=None) -> int:
     args, device, _, _ = target_case_args(__doc__.splitlines()[0], argv)
-    result = dict(benchmark="linear-pdl", facts=device_facts(), copy_bandwidth=copy_bandwidth(),
-                  chains=[run_variants("qwen3-1.7b", 16, device, args.smoke)])
+    result = dict(
+        benchmark="linear-pdl",
+        facts=device_facts(),
+        copy_bandwidth=copy_bandwidth(),
+        chains=[run_variants("qwen3-1.7b", 16, device, args.smoke)],
+    )
     write_json(args.out, result)
     return 0
 

@@ -21,13 +21,25 @@ import warnings
 from sparrow import __version__
 from sparrow.errors import SparrowError, SparrowWarning
 
-COMMANDS = ("config", "schedule", "mismatch", "costmodel", "generate", "query", "report", "train", "runs",
-            "calibrate", "study")
+COMMANDS = (
+    "config",
+    "schedule",
+    "mismatch",
+    "costmodel",
+    "generate",
+    "query",
+    "report",
+    "train",
+    "runs",
+    "calibrate",
+    "study",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="sparrow", description="Sparse-rollout RL training with a mismatch-controlled schedule."
+        prog="sparrow",
+        description="Sparse-rollout RL training with a mismatch-controlled schedule.",
     )
     parser.add_argument("--version", action="version", version=f"sparrow {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -52,8 +64,7 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argpa
     (`sparrow study run s1 --gpus 0,1 pipeline.steps=8`), in the order given."""
     args, extra = parser.parse_known_args(argv)
     if extra:
-        if not hasattr(args, "overrides") or any(e.startswith("-") or "=" not in e
-                                                 for e in extra):
+        if not hasattr(args, "overrides") or any(e.startswith("-") or "=" not in e for e in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.overrides = [*args.overrides, *extra]
     return args
@@ -71,8 +82,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except KeyboardInterrupt:
         # Ctrl-C: one line, not the traceback of whatever was running
-        hint = (" (the run is resumable: `sparrow runs` lists it, `sparrow train "
-                "pipeline.run_id=ID` resumes it)") if args.command == "train" else ""
+        hint = (
+            (
+                " (the run is resumable: `sparrow runs` lists it, `sparrow train "
+                "pipeline.run_id=ID` resumes it)"
+            )
+            if args.command == "train"
+            else ""
+        )
         print(f"interrupted{hint}", file=sys.stderr)
         return 130
 

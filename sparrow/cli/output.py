@@ -9,7 +9,8 @@ import json
 import math
 import sys
 import uuid
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 
 def _clean(value: Any) -> Any:
@@ -72,7 +73,11 @@ def _format(value: Any, digits: int) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
-        return f"{value:.{digits}g}" if abs(value) >= 1e5 or 0 < abs(value) < 1e-3 else f"{value:.{digits}f}"
+        return (
+            f"{value:.{digits}g}"
+            if abs(value) >= 1e5 or 0 < abs(value) < 1e-3
+            else f"{value:.{digits}f}"
+        )
     if isinstance(value, (list, tuple)):
         return " ".join(str(v) for v in value)
     return str(value)

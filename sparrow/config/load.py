@@ -11,10 +11,10 @@ it accepts; nothing runs before the whole config is valid.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import fields, is_dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Iterable
 
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
@@ -163,8 +163,9 @@ def _check_reward(name: str) -> None:
         try:
             preflight()  # the code reward: bwrap must be installed before a run starts
         except Exception as err:
-            raise ConfigError(f"config key 'data.reward': {name!r} cannot run here: {err}") \
-                from None
+            raise ConfigError(
+                f"config key 'data.reward': {name!r} cannot run here: {err}"
+            ) from None
 
 
 def _check_backend(cfg: SparrowConfig) -> None:
@@ -175,8 +176,10 @@ def _check_backend(cfg: SparrowConfig) -> None:
     from sparrow.vllm import INSTALL_HINT, vllm_available
 
     if not vllm_available():
-        raise ConfigError(f"config key 'rollout.backend' is 'vllm' but the package 'vllm' is not "
-                          f"importable here; {INSTALL_HINT}, or set rollout.backend=native")
+        raise ConfigError(
+            f"config key 'rollout.backend' is 'vllm' but the package 'vllm' is not "
+            f"importable here; {INSTALL_HINT}, or set rollout.backend=native"
+        )
 
 
 def _registry_choices() -> dict[str, tuple[str, ...]]:
@@ -223,9 +226,15 @@ _RANGES = [
     ("algo.distill.every", lambda v: v >= 1, ">= 1"),
     ("algo.distill.switch_patience", lambda v: v >= 1, ">= 1"),
     ("algo.distill.switch_margin", lambda v: 0 <= v < 1, "in [0, 1)"),
-    ("algo.distill.targets", lambda v: len(v) > 0 and set(v) <= {
-        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"},
-     "a non-empty list of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj"),
+    (
+        "algo.distill.targets",
+        lambda v: (
+            len(v) > 0
+            and set(v)
+            <= {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+        ),
+        "a non-empty list of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj",
+    ),
     ("data.prompts_per_step", lambda v: v >= 1, ">= 1"),
     ("data.max_prompt_tokens", lambda v: v >= 1, ">= 1"),
     ("data.reward_timeout_s", lambda v: v > 0, "> 0"),
@@ -236,8 +245,11 @@ _RANGES = [
     ("calibrate.num_prompts", lambda v: v >= 1, ">= 1"),
     ("calibrate.repeats", lambda v: v >= 1, ">= 1"),
     ("calibrate.max_new_tokens", lambda v: v >= 0, ">= 0 (0 takes rollout.max_new_tokens)"),
-    ("calibrate.topk_pages", lambda v: all(b >= 1 for b in v) and list(v) == sorted(set(v)),
-     "a strictly increasing list of page counts >= 1 (empty picks a grid)"),
+    (
+        "calibrate.topk_pages",
+        lambda v: all(b >= 1 for b in v) and list(v) == sorted(set(v)),
+        "a strictly increasing list of page counts >= 1 (empty picks a grid)",
+    ),
     ("calibrate.min_tokens", lambda v: v >= 1, ">= 1"),
     ("calibrate.num_bins", lambda v: v >= 0, ">= 0 (0 keeps the schedule's)"),
     ("calibrate.tolerance", lambda v: 0 <= v < 1, "in [0, 1)"),

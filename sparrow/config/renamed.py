@@ -10,7 +10,7 @@ chosen by score, pages_read adds the reserved ones).
 from __future__ import annotations
 
 import warnings
-from typing import Iterable
+from collections.abc import Iterable
 
 # old dotted key -> new dotted key, in the train config and in a study's YAML
 CONFIG_RENAMES = {"calibrate.budgets": "calibrate.topk_pages"}
@@ -22,12 +22,16 @@ class RenamedKeyWarning(DeprecationWarning):
 
 
 def _warn(old: str, new: str, source: str) -> None:
-    warnings.warn(f"config key {old!r} (from {source}) is deprecated: it is now {new!r}",
-                  RenamedKeyWarning, stacklevel=4)
+    warnings.warn(
+        f"config key {old!r} (from {source}) is deprecated: it is now {new!r}",
+        RenamedKeyWarning,
+        stacklevel=4,
+    )
 
 
-def rename_keys(data: dict, renames: dict[str, str], source: str, prefix: str = "",
-                warn: bool = True) -> dict:
+def rename_keys(
+    data: dict, renames: dict[str, str], source: str, prefix: str = "", warn: bool = True
+) -> dict:
     """A copy of nested `data` with every old key moved to its new name (the new one wins
     when both are given). warn=False for stored data a user cannot change (a run's config)."""
     out = {}
@@ -45,8 +49,9 @@ def rename_keys(data: dict, renames: dict[str, str], source: str, prefix: str = 
     return out
 
 
-def rename_overrides(items: Iterable[str], renames: dict[str, str],
-                     source: str = "command line") -> list[str]:
+def rename_overrides(
+    items: Iterable[str], renames: dict[str, str], source: str = "command line"
+) -> list[str]:
     """`key=value` items with an old key written under its new name."""
     out = []
     for item in items:

@@ -8,7 +8,6 @@ files in sparrow/conf/ repeat them above each key.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -103,8 +102,17 @@ class DistillConfig:
     # LoRA scaling alpha (the update is scaled by alpha / rank)
     lora_alpha: int = 32
     # projections that carry the LoRA (any of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj)
-    targets: list[str] = field(default_factory=lambda: [
-        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    targets: list[str] = field(
+        default_factory=lambda: [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ]
+    )
     # divergence: k3 (sampled-token estimate r - log r - 1, r = p_dense / p_sparse) or full_kl
     # (exact KL(dense || sparse) over the vocabulary)
     loss: str = "k3"
@@ -188,11 +196,11 @@ class AlgoConfig:
     # torch.compile each decoder layer (sparrow/trainer/compiled_layers.py): fused elementwise
     # work and less host overhead; null (the default) turns it on where the trainer runs on
     # CUDA in one process (not in a trainer group: not yet tested there on GPUs)
-    compile_layers: Optional[bool] = None
+    compile_layers: bool | None = None
     # the float32 log-softmax over each chunk of logits compiled, in scoring and the update
     # (sparrow/trainer/logprobs.py: bf16 logits read once; the update's chunks keep only their
     # normalizer and recompute the logits in the backward); null: as compile_layers
-    compile_logprobs: Optional[bool] = None
+    compile_logprobs: bool | None = None
     # thresholds of the masking mismatch corrections (algo.loss mis_*, icepop, geo_mask)
     correction: CorrectionConfig = field(default_factory=CorrectionConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)

@@ -17,9 +17,9 @@ labels an arm with: collapsed when the mean reward of its last `collapse_window`
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 from omegaconf import OmegaConf
 
@@ -65,16 +65,19 @@ def check_arm_names(study: StudyConfig, names: Iterable[str]) -> None:
     known = [arm.name for arm in study.arms]
     unknown = [name for name in names if name not in known]
     if unknown:
-        raise ConfigError(f"no arm {', '.join(map(repr, unknown))} in the study; "
-                          f"arms: {', '.join(known)}")
+        raise ConfigError(
+            f"no arm {', '.join(map(repr, unknown))} in the study; arms: {', '.join(known)}"
+        )
 
 
 def check_at_once(study: StudyConfig) -> None:
     """Arms that run at once need their own workdirs (a workdir has one writer)."""
     if not study.own_workdirs:
-        raise ConfigError("arms that run at once write their own workdirs: add "
-                          "study.own_workdirs=true (a study's arms share their settings "
-                          "from its first run on, so set it from the start)")
+        raise ConfigError(
+            "arms that run at once write their own workdirs: add "
+            "study.own_workdirs=true (a study's arms share their settings "
+            "from its first run on, so set it from the start)"
+        )
 
 
 def arm_workdir(overrides: list[str], default: str | Path) -> Path:
@@ -90,14 +93,16 @@ def study_path(spec: str, root: Path | None = None) -> Path:
     return (root or conf_dir()) / "study" / f"{spec}.yaml"
 
 
-def load_study(spec: str = "default", overrides: Iterable[str] = (),
-               root: Path | None = None) -> StudyConfig:
+def load_study(
+    spec: str = "default", overrides: Iterable[str] = (), root: Path | None = None
+) -> StudyConfig:
     """The study named `spec` (or a YAML path) with `key=value` overrides, checked."""
     path = study_path(spec, root)
     if not path.is_file():
         options = sorted(p.stem for p in ((root or conf_dir()) / "study").glob("*.yaml"))
-        raise ConfigError(f"study {spec!r}: no file {path}; studies: {', '.join(options)} "
-                          f"(or a .yaml path)")
+        raise ConfigError(
+            f"study {spec!r}: no file {path}; studies: {', '.join(options)} (or a .yaml path)"
+        )
     data = rename_keys(_read_yaml(path), STUDY_RENAMES, source=str(path))
     merged = _merge(OmegaConf.structured(StudyConfig), data, source=str(path))
     for item in overrides:
@@ -121,8 +126,10 @@ def check_study(study: StudyConfig, source: str = "study") -> None:
     if len(set(names)) != len(names):
         raise ConfigError(f"{source}: arm names must be unique, got {', '.join(names)}")
     if study.reference_arm not in names:
-        raise ConfigError(f"{source}: reference_arm {study.reference_arm!r} is not an arm; "
-                          f"arms: {', '.join(names)}")
+        raise ConfigError(
+            f"{source}: reference_arm {study.reference_arm!r} is not an arm; "
+            f"arms: {', '.join(names)}"
+        )
     if study.fixed_topk_pages < 1 or study.collapse_window < 1:
         raise ConfigError(f"{source}: fixed_topk_pages and collapse_window must be >= 1")
     if not 0.0 < study.collapse_ratio <= 1.0:
@@ -131,8 +138,10 @@ def check_study(study: StudyConfig, source: str = "study") -> None:
 
 def check_study_id(study_id: str) -> str:
     if not NAME_PATTERN.match(study_id or ""):
-        raise ConfigError(f"study id {study_id!r} must be letters, digits, '_', '.', '-' "
-                          f"(it starts every arm's run id)")
+        raise ConfigError(
+            f"study id {study_id!r} must be letters, digits, '_', '.', '-' "
+            f"(it starts every arm's run id)"
+        )
     return study_id
 
 
@@ -143,7 +152,11 @@ def study_yaml(study: StudyConfig) -> str:
 def study_from_yaml(text: str) -> StudyConfig:
     """A study as study_yaml wrote it (the report reads it back from DuckDB)."""
     # a study stored before a key was renamed holds the old name: read it quietly
-    data = rename_keys(OmegaConf.to_container(OmegaConf.create(text or "{}")), STUDY_RENAMES,
-                       source="study_arms.study_yaml", warn=False)
+    data = rename_keys(
+        OmegaConf.to_container(OmegaConf.create(text or "{}")),
+        STUDY_RENAMES,
+        source="study_arms.study_yaml",
+        warn=False,
+    )
     merged = _merge(OmegaConf.structured(StudyConfig), data, source="study_arms.study_yaml")
     return OmegaConf.to_object(merged)

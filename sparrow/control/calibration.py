@@ -31,9 +31,10 @@ schedule calibrated with one setting holds for rollouts with that setting.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,8 +48,27 @@ from sparrow.sparse.schedule import Schedule
 from sparrow.sparse.target import get_statistic
 
 # the paper's page counts per bin (top-k pages, page size 16): the steps of its schedules
-PAPER_TOPK_PAGES = (29, 45, 61, 77, 93, 125, 157, 189, 221, 253, 317, 381, 445, 509, 637, 765,
-                 893, 1021, 1149)
+PAPER_TOPK_PAGES = (
+    29,
+    45,
+    61,
+    77,
+    93,
+    125,
+    157,
+    189,
+    221,
+    253,
+    317,
+    381,
+    445,
+    509,
+    637,
+    765,
+    893,
+    1021,
+    1149,
+)
 # a grid for models whose trajectories hold only tens of pages (the embedded tiny model)
 SMALL_TOPK_PAGES = (1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64)
 PERCENTILES = (1, 5, 10)
@@ -69,8 +89,10 @@ class Trajectory:
 
     def __post_init__(self) -> None:
         if not 1 <= self.prompt_len < len(self.ids):
-            raise CalibrationError(f"a trajectory needs 1 <= prompt_len < length, got "
-                                   f"prompt_len={self.prompt_len}, length={len(self.ids)}")
+            raise CalibrationError(
+                f"a trajectory needs 1 <= prompt_len < length, got "
+                f"prompt_len={self.prompt_len}, length={len(self.ids)}"
+            )
 
     @property
     def positions(self) -> np.ndarray:
@@ -115,15 +137,24 @@ class AcceptanceTable:
     def rows(self) -> list[dict[str, Any]]:
         """One plain row per (budget, bin) holding tokens (the `calibration` table's columns)."""
         return [
-            {"topk_pages": b, "bin": i, "n": int(self.tokens[i]), "p1": float(self.p1[j, i]),
-             "p5": float(self.p5[j, i]), "p10": float(self.p10[j, i]),
-             "mean": float(self.mean[j, i])}
-            for j, b in enumerate(self.topk_pages) for i in range(self.num_bins) if self.tokens[i]
+            {
+                "topk_pages": b,
+                "bin": i,
+                "n": int(self.tokens[i]),
+                "p1": float(self.p1[j, i]),
+                "p5": float(self.p5[j, i]),
+                "p10": float(self.p10[j, i]),
+                "mean": float(self.mean[j, i]),
+            }
+            for j, b in enumerate(self.topk_pages)
+            for i in range(self.num_bins)
+            if self.tokens[i]
         ]
 
 
-def topk_grid(max_pages: int, paper: Sequence[int] = PAPER_TOPK_PAGES,
-              small: Sequence[int] = SMALL_TOPK_PAGES) -> tuple[int, ...]:
+def topk_grid(
+    max_pages: int, paper: Sequence[int] = PAPER_TOPK_PAGES, small: Sequence[int] = SMALL_TOPK_PAGES
+) -> tuple[int, ...]:
     """The paper's grid below max_pages, or the small grid when fewer than 4 of its steps fit."""
     if max_pages < 2:
         raise CalibrationError(f"trajectories must span at least 2 pages, got {max_pages}")
@@ -143,17 +174,25 @@ def model_shape(path: str | Path) -> ModelShape:
 
 def flat_schedule(template: Schedule, topk_pages: int) -> Schedule:
     """The template with one bin of `topk_pages`: every position reads the same pages."""
-    return dataclasses.replace(template, name=f"{template.name}-flat-{topk_pages}",
-                               topk_pages=(topk_pages,))
+    return dataclasses.replace(
+        template, name=f"{template.name}-flat-{topk_pages}", topk_pages=(topk_pages,)
+    )
 
 
-def sample_trajectories(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[Sequence[int]],
-                        params: Sequence[SamplingParams], schedule: Schedule | None = None,
-                        engine_config: EngineConfig | None = None) -> list[Trajectory]:
+def sample_trajectories(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    prompts: Sequence[Sequence[int]],
+    params: Sequence[SamplingParams],
+    schedule: Schedule | None = None,
+    engine_config: EngineConfig | None = None,
+) -> list[Trajectory]:
     """Sample with the engine (dense, or under `schedule`); samples with no new token are left out."""
     if len(prompts) != len(params) or not prompts:
-        raise CalibrationError(f"need one SamplingParams per prompt and at least one prompt, "
-                               f"got {len(prompts)} prompts and {len(params)} params")
+        raise CalibrationError(
+            f"need one SamplingParams per prompt and at least one prompt, "
+            f"got {len(prompts)} prompts and {len(params)} params"
+        )
     page_size = schedule.page_size if schedule is not None else 16
     config = engine_config or EngineConfig(page_size=page_size, max_batch_size=64)
     engine = Engine(model, tokenizer, config, schedule)
@@ -177,10 +216,14 @@ def _groups(trajectories: Sequence[Trajectory], batch_tokens: int) -> list[list[
 
 
 @torch.no_grad()
-def replay_acceptance(model: torch.nn.Module, trajectories: Sequence[Trajectory],
-                      schedules: Sequence[Schedule], temperature: float = 1.0,
-                      batch_tokens: int = 4096,
-                      centroid_dtype: str = "cache") -> list[np.ndarray]:
+def replay_acceptance(
+    model: torch.nn.Module,
+    trajectories: Sequence[Trajectory],
+    schedules: Sequence[Schedule],
+    temperature: float = 1.0,
+    batch_tokens: int = 4096,
+    centroid_dtype: str = "cache",
+) -> list[np.ndarray]:
     """Exact acceptance of every generated token under each schedule: one array per schedule,
     the trajectories' tokens in order. Sequences go through the model together up to
     `batch_tokens` tokens at a time (full-vocabulary logits are [tokens, vocab] floats);
@@ -193,31 +236,47 @@ def replay_acceptance(model: torch.nn.Module, trajectories: Sequence[Trajectory]
         spans = [slice(t.prompt_len - 1, len(t.ids) - 1) for t in group]
         dense = teacher_forced_hidden(model, ids)
         for j, schedule in enumerate(schedules):
-            sparse = teacher_forced_hidden(model, ids, prompt_lens, schedule=schedule,
-                                           centroid_dtype=centroid_dtype)
+            sparse = teacher_forced_hidden(
+                model, ids, prompt_lens, schedule=schedule, centroid_dtype=centroid_dtype
+            )
             for d, q, span in zip(dense, sparse, spans):
                 alpha = _acceptance_in_chunks(model, d[span], q[span], temperature, batch_tokens)
                 out[j].append(alpha.double().cpu().numpy())
     return [np.concatenate(parts) for parts in out]
 
 
-def _acceptance_in_chunks(model: torch.nn.Module, dense_hidden: torch.Tensor,
-                          sparse_hidden: torch.Tensor, temperature: float,
-                          chunk: int) -> torch.Tensor:
+def _acceptance_in_chunks(
+    model: torch.nn.Module,
+    dense_hidden: torch.Tensor,
+    sparse_hidden: torch.Tensor,
+    temperature: float,
+    chunk: int,
+) -> torch.Tensor:
     """Acceptance per position from final hidden states, `chunk` positions of logits at a time:
     a 32K-token sequence's float32 logits at the real vocabulary would be 19 GB."""
     chunk = max(1, int(chunk))
-    parts = [acceptance_from_logits(model.compute_logits(dense_hidden[i:i + chunk]),
-                                    model.compute_logits(sparse_hidden[i:i + chunk]),
-                                    temperature)
-             for i in range(0, dense_hidden.shape[0], chunk)]
+    parts = [
+        acceptance_from_logits(
+            model.compute_logits(dense_hidden[i : i + chunk]),
+            model.compute_logits(sparse_hidden[i : i + chunk]),
+            temperature,
+        )
+        for i in range(0, dense_hidden.shape[0], chunk)
+    ]
     return torch.cat(parts) if parts else dense_hidden.new_zeros(0)
 
 
-def measure_topk_pages(model: torch.nn.Module, trajectories: Sequence[Trajectory],
-                    template: Schedule, topk_pages: Sequence[int], temperature: float = 1.0,
-                    num_bins: int = 0, bins: Sequence[int] | None = None,
-                    batch_tokens: int = 4096, centroid_dtype: str = "cache") -> AcceptanceTable:
+def measure_topk_pages(
+    model: torch.nn.Module,
+    trajectories: Sequence[Trajectory],
+    template: Schedule,
+    topk_pages: Sequence[int],
+    temperature: float = 1.0,
+    num_bins: int = 0,
+    bins: Sequence[int] | None = None,
+    batch_tokens: int = 4096,
+    centroid_dtype: str = "cache",
+) -> AcceptanceTable:
     """Replay every trajectory under a flat schedule of each budget; statistics per (budget, bin).
 
     num_bins: columns of the table (0: up to the last bin holding a token). `bins` restricts
@@ -228,18 +287,26 @@ def measure_topk_pages(model: torch.nn.Module, trajectories: Sequence[Trajectory
         raise CalibrationError("calibration needs at least one trajectory with generated tokens")
     grid = tuple(int(b) for b in topk_pages)
     if not grid or any(b < 1 for b in grid) or list(grid) != sorted(set(grid)):
-        raise CalibrationError(f"topk_pages must be positive and strictly increasing, got {list(topk_pages)}")
+        raise CalibrationError(
+            f"topk_pages must be positive and strictly increasing, got {list(topk_pages)}"
+        )
     schedules = [flat_schedule(template, b) for b in grid]
-    acceptance = replay_acceptance(model, trajectories, schedules, temperature, batch_tokens,
-                                   centroid_dtype)
+    acceptance = replay_acceptance(
+        model, trajectories, schedules, temperature, batch_tokens, centroid_dtype
+    )
     positions = np.concatenate([t.positions for t in trajectories])
     return table_from_tokens(grid, positions, acceptance, template.bin_tokens, num_bins, bins)
 
 
-def measure_on_policy(model: torch.nn.Module,
-                      trajectories_by_topk: Mapping[int, Sequence[Trajectory]],
-                      template: Schedule, temperature: float = 1.0, num_bins: int = 0,
-                      batch_tokens: int = 4096, centroid_dtype: str = "cache") -> AcceptanceTable:
+def measure_on_policy(
+    model: torch.nn.Module,
+    trajectories_by_topk: Mapping[int, Sequence[Trajectory]],
+    template: Schedule,
+    temperature: float = 1.0,
+    num_bins: int = 0,
+    batch_tokens: int = 4096,
+    centroid_dtype: str = "cache",
+) -> AcceptanceTable:
     """Each budget's own trajectories (sampled by the sparse actor under its flat schedule)
     replayed under that budget only: the acceptance the actor meets on the paths it takes, as a
     train step measures it. A bin's `tokens` is the fewest that any budget's paths put there."""
@@ -249,21 +316,36 @@ def measure_on_policy(model: torch.nn.Module,
     measured = []
     for topk_pages in grid:
         trajectories = trajectories_by_topk[topk_pages]
-        [alpha] = replay_acceptance(model, trajectories, [flat_schedule(template, topk_pages)],
-                                    temperature, batch_tokens, centroid_dtype)
+        [alpha] = replay_acceptance(
+            model,
+            trajectories,
+            [flat_schedule(template, topk_pages)],
+            temperature,
+            batch_tokens,
+            centroid_dtype,
+        )
         measured.append((np.concatenate([t.positions for t in trajectories]), alpha))
-    width = max([int(num_bins)] + [bin_index(int(pos.max()), template.bin_tokens) + 1
-                                   for pos, _ in measured])
-    tables = [table_from_tokens([b], pos, [alpha], template.bin_tokens, width)
-              for b, (pos, alpha) in zip(grid, measured)]
+    width = max(
+        [int(num_bins)]
+        + [bin_index(int(pos.max()), template.bin_tokens) + 1 for pos, _ in measured]
+    )
+    tables = [
+        table_from_tokens([b], pos, [alpha], template.bin_tokens, width)
+        for b, (pos, alpha) in zip(grid, measured)
+    ]
     stats = {name: np.concatenate([getattr(t, name) for t in tables]) for name in STATISTICS}
     tokens = np.min([t.tokens for t in tables], axis=0)
     return AcceptanceTable(grid, template.bin_tokens, tokens, **stats)
 
 
-def table_from_tokens(topk_pages: Sequence[int], positions: np.ndarray,
-                      acceptance: Sequence[np.ndarray], bin_tokens: int, num_bins: int = 0,
-                      bins: Sequence[int] | None = None) -> AcceptanceTable:
+def table_from_tokens(
+    topk_pages: Sequence[int],
+    positions: np.ndarray,
+    acceptance: Sequence[np.ndarray],
+    bin_tokens: int,
+    num_bins: int = 0,
+    bins: Sequence[int] | None = None,
+) -> AcceptanceTable:
     """Per-bin percentiles of per-token acceptance (one array per budget, same positions)."""
     # the table widens to the last bin holding a token, so no token lies past its last bin
     token_bins = bin_index(np.asarray(positions), bin_tokens)
@@ -284,13 +366,18 @@ def table_from_tokens(topk_pages: Sequence[int], positions: np.ndarray,
     return AcceptanceTable(tuple(int(b) for b in topk_pages), bin_tokens, tokens, **stats)
 
 
-def schedule_acceptance(model: torch.nn.Module, trajectories: Sequence[Trajectory],
-                        schedule: Schedule, temperature: float = 1.0,
-                        centroid_dtype: str = "cache") -> tuple[np.ndarray, np.ndarray]:
+def schedule_acceptance(
+    model: torch.nn.Module,
+    trajectories: Sequence[Trajectory],
+    schedule: Schedule,
+    temperature: float = 1.0,
+    centroid_dtype: str = "cache",
+) -> tuple[np.ndarray, np.ndarray]:
     """(positions, exact acceptance) of every generated token under a (non-flat) schedule;
     centroid_dtype: the rollout engine's setting."""
     if not trajectories:
         raise CalibrationError("need at least one trajectory with generated tokens")
-    alpha = replay_acceptance(model, trajectories, [schedule], temperature,
-                              centroid_dtype=centroid_dtype)[0]
+    alpha = replay_acceptance(
+        model, trajectories, [schedule], temperature, centroid_dtype=centroid_dtype
+    )[0]
     return np.concatenate([t.positions for t in trajectories]), alpha

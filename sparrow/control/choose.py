@@ -21,8 +21,8 @@ returned (dynamic programming over bins, exact; tests hold it to a brute-force s
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -50,8 +50,10 @@ class BinChoice:
 
     def __post_init__(self) -> None:
         if self.bin < 0 or self.topk_pages < 1 or self.tokens < 0:
-            raise ChooseError(f"bin choice needs bin >= 0, topk_pages >= 1, tokens >= 0; got "
-                              f"{self.bin}, {self.topk_pages}, {self.tokens}")
+            raise ChooseError(
+                f"bin choice needs bin >= 0, topk_pages >= 1, tokens >= 0; got "
+                f"{self.bin}, {self.topk_pages}, {self.tokens}"
+            )
 
 
 @dataclass(frozen=True)
@@ -73,27 +75,31 @@ class Choice:
 def _as_table(name: str, values, shape: tuple[int, int]) -> np.ndarray:
     array = np.asarray(values, dtype=np.float64)
     if array.shape != shape:
-        raise ChooseError(f"{name} must have shape (topk_pages, bins) = {shape}, "
-                          f"got {array.shape}")
+        raise ChooseError(f"{name} must have shape (topk_pages, bins) = {shape}, got {array.shape}")
     return array
 
 
 def _check_grid(topk_pages: Sequence[int]) -> list[int]:
     grid = [int(b) for b in topk_pages]
     if not grid or any(b < 1 for b in grid) or any(b >= c for b, c in zip(grid, grid[1:])):
-        raise ChooseError(f"topk_pages must be positive and strictly increasing, got {list(topk_pages)}")
+        raise ChooseError(
+            f"topk_pages must be positive and strictly increasing, got {list(topk_pages)}"
+        )
     return grid
 
 
-def _constraints(p5: np.ndarray, tokens: np.ndarray, target: float,
-                 min_tokens: int) -> tuple[np.ndarray, list[str]]:
+def _constraints(
+    p5: np.ndarray, tokens: np.ndarray, target: float, min_tokens: int
+) -> tuple[np.ndarray, list[str]]:
     """allowed[topk index, bin] and a note per bin (see the module doc)."""
     num_bins = p5.shape[1]
     measured = [i for i in range(num_bins) if tokens[i] >= min_tokens]
     if not measured:
-        raise ChooseError(f"no bin holds min_tokens={min_tokens} tokens (most: "
-                          f"{int(tokens.max()) if tokens.size else 0}); calibrate on more "
-                          "prompts or repeats, or lower min_tokens")
+        raise ChooseError(
+            f"no bin holds min_tokens={min_tokens} tokens (most: "
+            f"{int(tokens.max()) if tokens.size else 0}); calibrate on more "
+            "prompts or repeats, or lower min_tokens"
+        )
     # more pages never take the actor further from dense; a dip in measured p5 at a larger
     # budget is sampling noise, so a budget meets the target once a smaller one has
     own = np.logical_or.accumulate(np.nan_to_num(p5, nan=-1.0) >= target, axis=0)
@@ -111,13 +117,15 @@ def _constraints(p5: np.ndarray, tokens: np.ndarray, target: float,
         before = [m for m in measured if m < i]
         source = before[-1] if before else min(measured)
         allowed[:, i] = own[:, source]
-        notes[i] = (f"{int(tokens[i])} tokens (< min_tokens {min_tokens}); "
-                    f"takes bin {source}'s decision")
+        notes[i] = (
+            f"{int(tokens[i])} tokens (< min_tokens {min_tokens}); takes bin {source}'s decision"
+        )
     return allowed, notes
 
 
-def choose_topk_pages(topk_pages: Sequence[int], p5, tokens, cost, target: float,
-                   min_tokens: int = 1) -> Choice:
+def choose_topk_pages(
+    topk_pages: Sequence[int], p5, tokens, cost, target: float, min_tokens: int = 1
+) -> Choice:
     """The cheapest non-decreasing schedule over the grid that meets every bin's constraint."""
     grid = _check_grid(topk_pages)
     tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
@@ -142,15 +150,26 @@ def choose_topk_pages(topk_pages: Sequence[int], p5, tokens, cost, target: float
     for i in range(num_bins - 1, 0, -1):
         picks.append(int(back[picks[-1], i]))
     picks.reverse()
-    bins = tuple(BinChoice(bin=i, topk_pages=grid[j], tokens=int(tokens[i]),
-                           p5=float(p5[j, i]), note=notes[i]) for i, j in enumerate(picks))
+    bins = tuple(
+        BinChoice(
+            bin=i, topk_pages=grid[j], tokens=int(tokens[i]), p5=float(p5[j, i]), note=notes[i]
+        )
+        for i, j in enumerate(picks)
+    )
     total = float(sum(cost[j, i] for i, j in enumerate(picks)))
     return Choice(tuple(grid[j] for j in picks), bins, total)
 
 
-def topk_cost_table(topk_pages: Sequence[int], num_bins: int, template: Schedule, *,
-                      model: ModelShape, hardware: Hardware, prompt_len: int,
-                      variant: str = "paper") -> np.ndarray:
+def topk_cost_table(
+    topk_pages: Sequence[int],
+    num_bins: int,
+    template: Schedule,
+    *,
+    model: ModelShape,
+    hardware: Hardware,
+    prompt_len: int,
+    variant: str = "paper",
+) -> np.ndarray:
     """eFLOPs of decoding each bin's generated tokens under each top-k, [topk_pages, bins].
 
     One sample after a `prompt_len` prompt; bin i holds total positions [i W, (i + 1) W) (the
@@ -168,10 +187,17 @@ def topk_cost_table(topk_pages: Sequence[int], num_bins: int, template: Schedule
             continue
         for j, topk in enumerate(grid):
             budget_tokens = template.pages_for_topk(topk) * template.page_size
-            table[j, i] = segment_cost(model=model, hardware=hardware, prompt_len=prompt_len,
-                                       start=start, end=end, samples=1,
-                                       budget_tokens=budget_tokens,
-                                       page_size=template.page_size, variant=variant).total
+            table[j, i] = segment_cost(
+                model=model,
+                hardware=hardware,
+                prompt_len=prompt_len,
+                start=start,
+                end=end,
+                samples=1,
+                budget_tokens=budget_tokens,
+                page_size=template.page_size,
+                variant=variant,
+            ).total
     if not math.isfinite(float(table.sum())):
         raise ChooseError("the cost model gave a non-finite cost")
     return table

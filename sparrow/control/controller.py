@@ -29,8 +29,8 @@ rolling out the schedule in force, held every measured bin at target + margin.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -56,10 +56,14 @@ class ControlSettings:
         if not 0.0 < self.target <= 1.0:
             raise ControllerError(f"target must be in (0, 1], got {self.target}")
         if not 0.0 <= self.tolerance < 1.0 or not 0.0 <= self.margin < 1.0:
-            raise ControllerError(f"tolerance and margin must be in [0, 1), got "
-                                  f"{self.tolerance}, {self.margin}")
-        if isinstance(self.patience, bool) or not isinstance(self.patience, int) \
-                or self.patience < 1:
+            raise ControllerError(
+                f"tolerance and margin must be in [0, 1), got {self.tolerance}, {self.margin}"
+            )
+        if (
+            isinstance(self.patience, bool)
+            or not isinstance(self.patience, int)
+            or self.patience < 1
+        ):
             raise ControllerError(f"patience must be an integer >= 1, got {self.patience!r}")
 
 
@@ -94,8 +98,13 @@ class Change:
     p5: float
 
 
-def decide(history: Mapping[int, Mapping[int, float]], step: int, schedule: Schedule,
-           settings: ControlSettings, lowering_due: bool = False) -> Decision:
+def decide(
+    history: Mapping[int, Mapping[int, float]],
+    step: int,
+    schedule: Schedule,
+    settings: ControlSettings,
+    lowering_due: bool = False,
+) -> Decision:
     """Which bins of `schedule` to re-measure after `step` (see the module doc)."""
     if step not in history:
         return Decision(step)
@@ -104,7 +113,7 @@ def decide(history: Mapping[int, Mapping[int, float]], step: int, schedule: Sche
     raise_bins, reasons = [], []
     for b, p5 in sorted(history[step].items()):
         seen = [history[s][b] for s in sorted(history) if s <= step and b in history[s]]
-        recent = seen[-settings.patience:]
+        recent = seen[-settings.patience :]
         if len(recent) == settings.patience and all(v < floor for v in recent):
             raise_bins.append(b)
             reasons.append(f"bin {b}: p5 {p5:.4f} < {floor:.4f} for {settings.patience} step(s)")
@@ -114,8 +123,10 @@ def decide(history: Mapping[int, Mapping[int, float]], step: int, schedule: Sche
             topk_pages = schedule.topk_pages[b]
             if b not in raise_bins and p5 >= settings.target + settings.margin and topk_pages > 1:
                 lower_bins.append(b)
-                reasons.append(f"bin {b}: p5 {p5:.4f} >= target + margin "
-                               f"{settings.target + settings.margin:.4f}; try fewer pages")
+                reasons.append(
+                    f"bin {b}: p5 {p5:.4f} >= target + margin "
+                    f"{settings.target + settings.margin:.4f}; try fewer pages"
+                )
     return Decision(step, tuple(raise_bins), tuple(lower_bins), tuple(reasons))
 
 
@@ -128,7 +139,9 @@ def _clamped(bins: Mapping[int, float], num_bins: int) -> dict[int, float]:
     return out
 
 
-def candidate_topk_pages(schedule: Schedule, bin_: int, grid: Sequence[int], kind: str) -> list[int]:
+def candidate_topk_pages(
+    schedule: Schedule, bin_: int, grid: Sequence[int], kind: str
+) -> list[int]:
     """Grid values above (raise) or below (lower) the bin's current top-k pages."""
     current = schedule.topk_pages[min(bin_, schedule.num_bins - 1)]
     if kind == "raise":
@@ -138,11 +151,15 @@ def candidate_topk_pages(schedule: Schedule, bin_: int, grid: Sequence[int], kin
     raise ControllerError(f"kind must be raise or lower, got {kind!r}")
 
 
-def _pick(topk_pages: Sequence[int], p5: np.ndarray, bin_: int, current: int, target: float,
-          kind: str) -> tuple[int, float] | None:
+def _pick(
+    topk_pages: Sequence[int], p5: np.ndarray, bin_: int, current: int, target: float, kind: str
+) -> tuple[int, float] | None:
     side = (lambda b: b > current) if kind == "raise" else (lambda b: b < current)
-    measured = [(b, float(p5[j, bin_])) for j, b in enumerate(topk_pages)
-                if side(b) and not math.isnan(p5[j, bin_])]
+    measured = [
+        (b, float(p5[j, bin_]))
+        for j, b in enumerate(topk_pages)
+        if side(b) and not math.isnan(p5[j, bin_])
+    ]
     meeting = [(b, v) for b, v in measured if v >= target]
     if meeting:
         return min(meeting)
@@ -151,9 +168,14 @@ def _pick(topk_pages: Sequence[int], p5: np.ndarray, bin_: int, current: int, ta
     return None
 
 
-def apply_measurement(schedule: Schedule, decision: Decision, topk_pages: Sequence[int], p5,
-                      settings: ControlSettings,
-                      tokens: Sequence[int] | None = None) -> tuple[Schedule, list[Change]]:
+def apply_measurement(
+    schedule: Schedule,
+    decision: Decision,
+    topk_pages: Sequence[int],
+    p5,
+    settings: ControlSettings,
+    tokens: Sequence[int] | None = None,
+) -> tuple[Schedule, list[Change]]:
     """The new schedule from p5[topk index, bin] re-measured at the grid values `topk_pages`,
     and what changed.
 
@@ -183,13 +205,16 @@ def apply_measurement(schedule: Schedule, decision: Decision, topk_pages: Sequen
         if new_topk[b] < new_topk[b - 1]:
             new_topk[b] = new_topk[b - 1]
             kinds.setdefault(b, "follow")
-    changes = [Change(b, kinds.get(b, "follow"), old_topk[b], new_topk[b],
-                      measured.get(b, math.nan))
-               for b in range(width) if new_topk[b] != old_topk[b]]
+    changes = [
+        Change(b, kinds.get(b, "follow"), old_topk[b], new_topk[b], measured.get(b, math.nan))
+        for b in range(width)
+        if new_topk[b] != old_topk[b]
+    ]
     return replace(schedule, topk_pages=tuple(new_topk)), changes
 
 
 # DistillSparse: switch to a cheaper schedule the LoRA holds at target
+
 
 @dataclass(frozen=True)
 class CheaperMeasurement:
@@ -205,16 +230,21 @@ class CheaperMeasurement:
 def one_notch_cheaper(schedule: Schedule, grid: Sequence[int]) -> Schedule:
     """Every bin's top-k down to the largest grid budget below it (kept where none is); the
     floor is monotone, so the schedule stays non-decreasing."""
-    cheaper = [max((g for g in grid if g < current), default=current)
-               for current in schedule.topk_pages]
+    cheaper = [
+        max((g for g in grid if g < current), default=current) for current in schedule.topk_pages
+    ]
     for b in range(1, len(cheaper)):
         cheaper[b] = max(cheaper[b], cheaper[b - 1])
     return replace(schedule, topk_pages=tuple(cheaper))
 
 
-def distill_switch(measurements: Sequence[CheaperMeasurement], schedule: Schedule,
-                   settings: ControlSettings, patience: int,
-                   margin: float = 0.0) -> tuple[Schedule, list[Change]] | None:
+def distill_switch(
+    measurements: Sequence[CheaperMeasurement],
+    schedule: Schedule,
+    settings: ControlSettings,
+    patience: int,
+    margin: float = 0.0,
+) -> tuple[Schedule, list[Change]] | None:
     """The cheaper schedule and its changes (kind "distill", p5: the lowest measured value
     of the bin), or None: a switch needs the last `patience` measurements (by step) all of
     `schedule` and one cheaper schedule, each with a bin measured and every measured bin
@@ -232,11 +262,18 @@ def distill_switch(measurements: Sequence[CheaperMeasurement], schedule: Schedul
     seen: dict[int, float] = {}
     for m in recent:
         values = _clamped(m.values, schedule.num_bins)
-        if (tuple(m.schedule_topk) != schedule.topk_pages or tuple(m.cheaper_topk) != cheaper
-                or not values or min(values.values()) < floor):
+        if (
+            tuple(m.schedule_topk) != schedule.topk_pages
+            or tuple(m.cheaper_topk) != cheaper
+            or not values
+            or min(values.values()) < floor
+        ):
             return None
         for b, value in values.items():
             seen[b] = min(seen.get(b, math.inf), value)
-    changes = [Change(b, "distill", old, new, seen.get(b, math.nan))
-               for b, (old, new) in enumerate(zip(schedule.topk_pages, cheaper)) if old != new]
+    changes = [
+        Change(b, "distill", old, new, seen.get(b, math.nan))
+        for b, (old, new) in enumerate(zip(schedule.topk_pages, cheaper))
+        if old != new
+    ]
     return replace(schedule, topk_pages=cheaper), changes

@@ -26,7 +26,7 @@ keeps the bin), so it errs on the side of more pages.
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -66,13 +66,16 @@ class _Search:
             self.lo = self.candidates.index(candidate) + 1
 
 
-def search_topk_pages(schedule: Schedule, decision: Decision, grid: Sequence[int],
-                   measure: Measure, target: float) -> tuple[list[int], np.ndarray]:
+def search_topk_pages(
+    schedule: Schedule, decision: Decision, grid: Sequence[int], measure: Measure, target: float
+) -> tuple[list[int], np.ndarray]:
     """(the top-k pages measured, sorted; statistic[topk index, bin]) for apply_measurement
     (module doc)."""
-    searches = [_Search(b, candidate_topk_pages(schedule, b, grid, kind), kind == "lower")
-                for kind, bins in (("raise", decision.raise_bins), ("lower", decision.lower_bins))
-                for b in bins]
+    searches = [
+        _Search(b, candidate_topk_pages(schedule, b, grid, kind), kind == "lower")
+        for kind, bins in (("raise", decision.raise_bins), ("lower", decision.lower_bins))
+        for b in bins
+    ]
     rows: dict[int, np.ndarray] = {}
     while True:
         wanted = set()

@@ -1,6 +1,6 @@
 """The eFLOPs cost model: dense and block-sparse decode cost, cost of a schedule, speedup.
 
-    from sparrow.costmodel.eflops import get_model, get_hardware, schedule_cost
+    from sparrow.costmodel import get_model, get_hardware, schedule_cost
     from sparrow.sparse.presets import get_preset
     result = schedule_cost(get_preset("qwen3-1.7b-0.86"), model=get_model("qwen3-1.7b"),
                            hardware=get_hardware("h200"), prompt_len=1024, gen_len=32768,
@@ -26,22 +26,11 @@ from __future__ import annotations
 import numbers
 
 from sparrow.costmodel.presets import (
-    HARDWARE,
-    MODELS,
     CostModelError,
-    Hardware,
-    ModelShape,
-    get_hardware,
-    get_model,
 )
 from sparrow.costmodel.segments import (
-    VARIANTS,
-    BinCost,
     Cost,
-    ScheduleCost,
     check_variant,
-    schedule_cost,
-    segment_cost,
 )
 
 
@@ -71,8 +60,15 @@ def dense_cost(
               quadratic term, so C_comp is unchanged)
     """
     check_variant(variant)
-    _check_lengths(params=params, samples=samples, prompt_len=prompt_len, gen_len=gen_len,
-                   kv_dim=kv_dim, gqa_ratio=gqa_ratio, intensity=intensity)
+    _check_lengths(
+        params=params,
+        samples=samples,
+        prompt_len=prompt_len,
+        gen_len=gen_len,
+        kv_dim=kv_dim,
+        gqa_ratio=gqa_ratio,
+        intensity=intensity,
+    )
     P, N, L_in, L_out, D, r = params, samples, prompt_len, gen_len, kv_dim, gqa_ratio
     compute = 2 * P * N * L_out + r * (2 * L_in + L_out) * L_out * N * D
     memory = 2 * L_in * L_out * D + N * L_out**2 * D
@@ -112,9 +108,17 @@ def sparse_cost(
               and C_mem += 2 P L_out
     """
     check_variant(variant)
-    _check_lengths(params=params, samples=samples, prompt_len=prompt_len, gen_len=gen_len,
-                   kv_dim=kv_dim, gqa_ratio=gqa_ratio, intensity=intensity,
-                   budget_tokens=budget_tokens, page_size=page_size)
+    _check_lengths(
+        params=params,
+        samples=samples,
+        prompt_len=prompt_len,
+        gen_len=gen_len,
+        kv_dim=kv_dim,
+        gqa_ratio=gqa_ratio,
+        intensity=intensity,
+        budget_tokens=budget_tokens,
+        page_size=page_size,
+    )
     P, N, L_in, L_out, D, r = params, samples, prompt_len, gen_len, kv_dim, gqa_ratio
     B, S = budget_tokens, page_size
     attended = 2 * B * L_out if variant == "paper" else attended_tokens(L_in, L_out, B)

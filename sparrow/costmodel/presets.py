@@ -83,7 +83,7 @@ class ModelShape:
         return self.q_heads / self.kv_heads
 
     @classmethod
-    def from_hf_config(cls, config, name: str | None = None) -> "ModelShape":
+    def from_hf_config(cls, config, name: str | None = None) -> ModelShape:
         """Shapes from a transformers config (Qwen3, Qwen2 or Llama style attribute names)."""
         heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -126,11 +126,19 @@ _QWEN3 = dict(head_dim=128, vocab=151_936, qk_norm=True, attention_bias=False)
 MODELS: dict[str, ModelShape] = {
     m.name: m
     for m in (
-        ModelShape("qwen3-0.6b", 28, 1024, 16, 8, intermediate=3072, tied_embeddings=True, **_QWEN3),
-        ModelShape("qwen3-1.7b", 28, 2048, 16, 8, intermediate=6144, tied_embeddings=True, **_QWEN3),
+        ModelShape(
+            "qwen3-0.6b", 28, 1024, 16, 8, intermediate=3072, tied_embeddings=True, **_QWEN3
+        ),
+        ModelShape(
+            "qwen3-1.7b", 28, 2048, 16, 8, intermediate=6144, tied_embeddings=True, **_QWEN3
+        ),
         ModelShape("qwen3-4b", 36, 2560, 32, 8, intermediate=9728, tied_embeddings=True, **_QWEN3),
-        ModelShape("qwen3-8b", 36, 4096, 32, 8, intermediate=12288, tied_embeddings=False, **_QWEN3),
-        ModelShape("qwen3-14b", 40, 5120, 40, 8, intermediate=17408, tied_embeddings=False, **_QWEN3),
+        ModelShape(
+            "qwen3-8b", 36, 4096, 32, 8, intermediate=12288, tied_embeddings=False, **_QWEN3
+        ),
+        ModelShape(
+            "qwen3-14b", 40, 5120, 40, 8, intermediate=17408, tied_embeddings=False, **_QWEN3
+        ),
     )
 }
 

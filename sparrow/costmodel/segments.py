@@ -53,7 +53,7 @@ class Cost:
         """eFLOPs: C_comp + I C_mem."""
         return self.compute + self.intensity * self.memory
 
-    def __add__(self, other: "Cost") -> "Cost":
+    def __add__(self, other: Cost) -> Cost:
         if other.intensity != self.intensity:
             raise CostModelError("cannot add costs taken at different FLOP-per-byte ratios")
         return Cost(self.compute + other.compute, self.memory + other.memory, self.intensity)
@@ -62,8 +62,14 @@ class Cost:
         return {"compute": self.compute, "memory": self.memory, "total": self.total}
 
 
-def _step_rates(model: ModelShape, samples: int, prompt_len: float, budget_tokens: float | None,
-                page_size: int, variant: str) -> tuple[float, float, float, float]:
+def _step_rates(
+    model: ModelShape,
+    samples: int,
+    prompt_len: float,
+    budget_tokens: float | None,
+    page_size: int,
+    variant: str,
+) -> tuple[float, float, float, float]:
     """(compute at t=0, compute slope, memory at t=0, memory slope); budget None is dense."""
     P, N, L_in, D, r = model.parameters, samples, prompt_len, model.kv_dim, model.gqa_ratio
     if budget_tokens is None:
@@ -78,24 +84,35 @@ def _step_rates(model: ModelShape, samples: int, prompt_len: float, budget_token
     return c0, c1, m0, m1
 
 
-def _integrate(rates: tuple[float, float, float, float], t0: float, t1: float,
-               intensity: float) -> Cost:
+def _integrate(
+    rates: tuple[float, float, float, float], t0: float, t1: float, intensity: float
+) -> Cost:
     c0, c1, m0, m1 = rates
     width, squares = t1 - t0, (t1 * t1 - t0 * t0) / 2
     return Cost(c0 * width + c1 * squares, m0 * width + m1 * squares, intensity)
 
 
-def dense_tokens_in(prompt_len: float, start: float, end: float,
-                    budget_tokens: float | None) -> float:
+def dense_tokens_in(
+    prompt_len: float, start: float, end: float, budget_tokens: float | None
+) -> float:
     """How many of the generated tokens [start, end) the budget covers (decoded densely)."""
     if budget_tokens is None:
         return end - start
     return max(0, min(end, budget_tokens - prompt_len) - start)
 
 
-def segment_cost(*, model: ModelShape, hardware: Hardware, prompt_len: float, start: float,
-                 end: float, samples: int, budget_tokens: float | None = None,
-                 page_size: int = 16, variant: str = "paper") -> Cost:
+def segment_cost(
+    *,
+    model: ModelShape,
+    hardware: Hardware,
+    prompt_len: float,
+    start: float,
+    end: float,
+    samples: int,
+    budget_tokens: float | None = None,
+    page_size: int = 16,
+    variant: str = "paper",
+) -> Cost:
     """Cost of decoding generated tokens [start, end) with one budget (None: dense)."""
     check_variant(variant)
     if not 0 <= start <= end:
@@ -203,8 +220,16 @@ def _sum(costs) -> Cost:
     return total
 
 
-def schedule_cost(schedule: Schedule, *, model: ModelShape, hardware: Hardware, prompt_len: int,
-                  gen_len: int, samples: int, variant: str = "paper") -> ScheduleCost:
+def schedule_cost(
+    schedule: Schedule,
+    *,
+    model: ModelShape,
+    hardware: Hardware,
+    prompt_len: int,
+    gen_len: int,
+    samples: int,
+    variant: str = "paper",
+) -> ScheduleCost:
     """Cost of N samples of gen_len tokens after a prompt, bin by bin (bin = position // width)."""
     check_variant(variant)
     checks = (("prompt_len", prompt_len, 0), ("gen_len", gen_len, 1), ("samples", samples, 1))
@@ -212,8 +237,14 @@ def schedule_cost(schedule: Schedule, *, model: ModelShape, hardware: Hardware, 
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise CostModelError(f"{name} must be an integer >= {low}, got {value!r}")
     bins = []
-    common = dict(model=model, hardware=hardware, prompt_len=prompt_len, samples=samples,
-                  page_size=schedule.page_size, variant=variant)
+    common = dict(
+        model=model,
+        hardware=hardware,
+        prompt_len=prompt_len,
+        samples=samples,
+        page_size=schedule.page_size,
+        variant=variant,
+    )
     for index, topk in enumerate(schedule.topk_pages):
         first, last = schedule.bin_bounds(index)
         t0 = max(0, first - prompt_len)
@@ -221,15 +252,18 @@ def schedule_cost(schedule: Schedule, *, model: ModelShape, hardware: Hardware, 
         if t1 <= t0:
             continue
         budget = schedule.pages_for_topk(topk) * schedule.page_size
-        bins.append(BinCost(
-            index=index,
-            start_position=prompt_len + t0,
-            end_position=prompt_len + t1,
-            topk_pages=topk,
-            budget_tokens=budget,
-            dense_tokens=dense_tokens_in(prompt_len, t0, t1, budget),
-            dense=segment_cost(start=t0, end=t1, budget_tokens=None, **common),
-            sparse=segment_cost(start=t0, end=t1, budget_tokens=budget, **common),
-        ))
-    return ScheduleCost(schedule.name, model.name, hardware.name, variant, prompt_len, gen_len,
-                        samples, tuple(bins))
+        bins.append(
+            BinCost(
+                index=index,
+                start_position=prompt_len + t0,
+                end_position=prompt_len + t1,
+                topk_pages=topk,
+                budget_tokens=budget,
+                dense_tokens=dense_tokens_in(prompt_len, t0, t1, budget),
+                dense=segment_cost(start=t0, end=t1, budget_tokens=None, **common),
+                sparse=segment_cost(start=t0, end=t1, budget_tokens=budget, **common),
+            )
+        )
+    return ScheduleCost(
+        schedule.name, model.name, hardware.name, variant, prompt_len, gen_len, samples, tuple(bins)
+    )

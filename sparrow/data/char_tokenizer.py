@@ -49,8 +49,9 @@ def char_tokenizer(letter_pairs: bool = False):
     from tokenizers import Tokenizer, decoders, models
 
     merges = [(name[0], name[1]) for name in NAMES] if letter_pairs else []
-    core = Tokenizer(models.BPE(vocab=char_vocab(letter_pairs), merges=merges, unk_token=None,
-                                fuse_unk=False))
+    core = Tokenizer(
+        models.BPE(vocab=char_vocab(letter_pairs), merges=merges, unk_token=None, fuse_unk=False)
+    )
     core.decoder = decoders.Fuse()
     core.add_special_tokens(list(SPECIALS))
     return core

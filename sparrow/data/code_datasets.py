@@ -28,12 +28,22 @@ from sparrow.data.datasets import DatasetError
 
 SAMPLE_PATH = Path(__file__).resolve().parents[1] / "assets" / "code" / "sample.jsonl"
 SPEC_PREFIX = "code:"
-STDIN_INSTRUCTION = ("Write a Python 3 program that reads the input from standard input and "
-                     "prints the answer. Give the program in one ```python block.")
-CALL_INSTRUCTION = ("Write a Python 3 function {name} that returns the answer. Give the code in "
-                    "one ```python block.")
-_COLUMNS = ("question", "description", "input_output", "starter_code", "public_tests",
-            "private_tests")
+STDIN_INSTRUCTION = (
+    "Write a Python 3 program that reads the input from standard input and "
+    "prints the answer. Give the program in one ```python block."
+)
+CALL_INSTRUCTION = (
+    "Write a Python 3 function {name} that returns the answer. Give the code in "
+    "one ```python block."
+)
+_COLUMNS = (
+    "question",
+    "description",
+    "input_output",
+    "starter_code",
+    "public_tests",
+    "private_tests",
+)
 
 
 def parse_code_spec(spec: str) -> tuple[Path, float | None]:
@@ -88,8 +98,11 @@ def code_row(row: dict, where: str) -> tuple[str, dict]:
     parts = [problem.strip()]
     if isinstance(row.get("starter_code"), str) and row["starter_code"].strip():
         parts.append(row["starter_code"].rstrip())
-    parts.append(CALL_INSTRUCTION.format(name=tests["fn_name"]) if tests.get("fn_name")
-                 else STDIN_INSTRUCTION)
+    parts.append(
+        CALL_INSTRUCTION.format(name=tests["fn_name"])
+        if tests.get("fn_name")
+        else STDIN_INSTRUCTION
+    )
     return "\n\n".join(parts), tests
 
 
@@ -120,8 +133,12 @@ def _contest_tests(row: dict, where: str) -> dict:
 
 
 def _check_pairs(inputs, outputs, where: str) -> None:
-    if not isinstance(inputs, list) or not isinstance(outputs, list) or not inputs \
-            or len(inputs) != len(outputs):
+    if (
+        not isinstance(inputs, list)
+        or not isinstance(outputs, list)
+        or not inputs
+        or len(inputs) != len(outputs)
+    ):
         raise DatasetError(f"{where}: the tests need non-empty inputs and outputs of equal length")
 
 
@@ -145,8 +162,9 @@ def _jsonl_rows(path: Path) -> list[dict]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as err:
-            raise DatasetError(f"code dataset {path}: line {number} is not JSON: {err.msg}") \
-                from None
+            raise DatasetError(
+                f"code dataset {path}: line {number} is not JSON: {err.msg}"
+            ) from None
         if not isinstance(row, dict):
             raise DatasetError(f"code dataset {path}: line {number} is not a JSON object")
         rows.append(row)

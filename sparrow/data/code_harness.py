@@ -59,7 +59,7 @@ def run_call(test, limits, name):
     result = function(*args) if isinstance(args, list) else function(args)
     payload = json.dumps(result, default=repr).encode()
     while payload:
-        payload = payload[os.write(result_fd, payload):]
+        payload = payload[os.write(result_fd, payload) :]
 
 
 def main(argv):

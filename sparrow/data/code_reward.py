@@ -29,9 +29,9 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from sparrow.data.rewards import REWARD_FUNCTIONS
 from sparrow.data.sandbox import RunResult, SandboxLimits, find_bwrap, run_in_sandbox
@@ -60,8 +60,12 @@ def parse_tests(answer: str) -> CodeTests:
     if not isinstance(data, dict):
         raise ValueError("the answer must be a JSON object with inputs and outputs")
     inputs, outputs = data.get("inputs"), data.get("outputs")
-    if not isinstance(inputs, list) or not isinstance(outputs, list) or not inputs \
-            or len(inputs) != len(outputs):
+    if (
+        not isinstance(inputs, list)
+        or not isinstance(outputs, list)
+        or not inputs
+        or len(inputs) != len(outputs)
+    ):
         raise ValueError("the tests need non-empty lists inputs and outputs of equal length")
     fn_name = data.get("fn_name") or None
     if fn_name is not None and not (isinstance(fn_name, str) and fn_name.isidentifier()):
@@ -111,7 +115,8 @@ def same_value(actual, expected) -> bool:
         return len(actual) == len(expected) and all(map(same_value, actual, expected))
     if isinstance(actual, dict) and isinstance(expected, dict):
         return actual.keys() == expected.keys() and all(
-            same_value(actual[k], expected[k]) for k in actual)
+            same_value(actual[k], expected[k]) for k in actual
+        )
     return actual == expected
 
 
@@ -125,8 +130,9 @@ def _passes_call(stdout: bytes, expected) -> bool:
     return isinstance(expected, list) and len(expected) == 1 and same_value(actual, expected[0])
 
 
-def run_tests(program: str, tests: CodeTests, limits: SandboxLimits,
-              stop_at_failure: bool = False) -> list[bool]:
+def run_tests(
+    program: str, tests: CodeTests, limits: SandboxLimits, stop_at_failure: bool = False
+) -> list[bool]:
     """Whether each test passes (stop_at_failure: none run after the first that fails)."""
     if tests.time_limit_s is not None:
         limits = dataclasses.replace(limits, time_limit_s=float(tests.time_limit_s))
@@ -135,8 +141,10 @@ def run_tests(program: str, tests: CodeTests, limits: SandboxLimits,
         for index, (given, expected) in enumerate(zip(tests.inputs, tests.outputs)):
             result = run_test(box, index, given, limits, tests.fn_name)
             ok = result.finished and (
-                _passes_call(result.stdout, expected) if tests.fn_name
-                else same_stdout(result.stdout.decode("utf-8", "replace"), expected))
+                _passes_call(result.stdout, expected)
+                if tests.fn_name
+                else same_stdout(result.stdout.decode("utf-8", "replace"), expected)
+            )
             passed.append(ok)
             if stop_at_failure and not ok:
                 break
@@ -157,8 +165,9 @@ def program_box(program: str) -> Iterator[Path]:
         shutil.rmtree(box, ignore_errors=True)
 
 
-def run_test(box: Path, index: int, given, limits: SandboxLimits,
-             fn_name: str | None = None) -> RunResult:
+def run_test(
+    box: Path, index: int, given, limits: SandboxLimits, fn_name: str | None = None
+) -> RunResult:
     """Run test `index` of the program in `box`: `given` on stdin, or as fn_name's arguments."""
     rlimits = json.dumps(limits.rlimits())
     if fn_name is None:
@@ -184,8 +193,9 @@ class CodeReward:
     def __call__(self, completion: str, answer: str) -> float:
         find_bwrap()  # never run untrusted code without the sandbox
         tests = parse_tests(answer)
-        passed = run_tests(extract_program(completion), tests, self.limits,
-                           stop_at_failure=self.all_pass)
+        passed = run_tests(
+            extract_program(completion), tests, self.limits, stop_at_failure=self.all_pass
+        )
         if self.all_pass:
             return 1.0 if len(passed) == len(tests.inputs) and all(passed) else 0.0
         return sum(passed) / len(tests.inputs)

@@ -29,10 +29,11 @@ Tests: `python -m pytest tests/data/test_datasets.py -q`; docs/trainer.md.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -62,7 +63,8 @@ def context_error(source: str, row: int, length: int, context: int) -> PromptToo
         f"{source}: row {row}: the prompt is {length} tokens but the model's context is "
         f"{context} tokens (model.max_context, or the checkpoint's max_position_embeddings), "
         f"which leaves no room to generate; shorten or drop that row, or use a model with a "
-        f"longer context")
+        f"longer context"
+    )
 
 
 class TextEncoder(Protocol):
@@ -84,9 +86,17 @@ class PromptRow:
 class PromptDataset:
     """Rows of (prompt, answer) with deterministic per-step batches; see the module doc."""
 
-    def __init__(self, source: str, prompts: Sequence[str] | None, answers: Sequence[str] | None,
-                 tokenizer: TextEncoder, max_prompt_tokens: int, split: str, seed: int,
-                 max_context: int | None = None):
+    def __init__(
+        self,
+        source: str,
+        prompts: Sequence[str] | None,
+        answers: Sequence[str] | None,
+        tokenizer: TextEncoder,
+        max_prompt_tokens: int,
+        split: str,
+        seed: int,
+        max_context: int | None = None,
+    ):
         self.source = source
         self.max_context = max_context
         self.split = split
@@ -95,8 +105,9 @@ class PromptDataset:
         self._tokenizer = tokenizer
         self._prompts = prompts
         self._answers = answers
-        self._task, self._sizes = (synthetic_spec(source) if source.startswith("builtin:")
-                                   else (None, {}))
+        self._task, self._sizes = (
+            synthetic_spec(source) if source.startswith("builtin:") else (None, {})
+        )
 
     @property
     def num_rows(self) -> int:
@@ -110,24 +121,28 @@ class PromptDataset:
         if not 0 <= index < self.num_rows:
             raise DatasetError(f"{self.source}: row {index} is out of range [0, {self.num_rows})")
         if self._prompts is None:
-            example = make_examples(self._task, 1, synthetic_row_seed(self.seed, self.split, index),
-                                    **self._sizes)[0]
+            example = make_examples(
+                self._task, 1, synthetic_row_seed(self.seed, self.split, index), **self._sizes
+            )[0]
             prompt, answer = example.prompt, example.answer
         else:
             prompt, answer = self._prompts[index], self._answers[index]
         ids = self._tokenizer.encode(prompt)
-        check_prompt_length(self.source, index, len(ids), self.max_prompt_tokens,
-                            self.max_context)
+        check_prompt_length(self.source, index, len(ids), self.max_prompt_tokens, self.max_context)
         return PromptRow(index, prompt, tuple(int(i) for i in ids), answer)
 
     def batch(self, step: int, prompts_per_step: int) -> list[PromptRow]:
         """The prompts of RL step `step` (0-based); the same for the same seed and step."""
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise DatasetError(f"step must be an integer >= 0, got {step!r}")
-        if isinstance(prompts_per_step, bool) or not isinstance(prompts_per_step, int) \
-                or prompts_per_step < 1:
+        if (
+            isinstance(prompts_per_step, bool)
+            or not isinstance(prompts_per_step, int)
+            or prompts_per_step < 1
+        ):
             raise DatasetError(
-                f"prompts_per_step must be an integer >= 1, got {prompts_per_step!r}")
+                f"prompts_per_step must be an integer >= 1, got {prompts_per_step!r}"
+            )
         start = step * prompts_per_step
         return [self.row(self._stream_row(start + i)) for i in range(prompts_per_step)]
 
@@ -148,9 +163,11 @@ def synthetic_spec(spec: str) -> tuple[str, dict[str, int]]:
     DatasetError naming the spec for an unknown task, a malformed size or a bad value."""
     base, _, size_text = spec.partition(":")[2].partition(":")
     if f"builtin:{base}" not in SYNTHETIC_SPECS:
-        raise DatasetError(f"unknown built-in dataset {spec!r}; valid: "
-                           + ", ".join(sorted(SYNTHETIC_SPECS))
-                           + " (sizes as builtin:<task>:<size>=<n>,...)")
+        raise DatasetError(
+            f"unknown built-in dataset {spec!r}; valid: "
+            + ", ".join(sorted(SYNTHETIC_SPECS))
+            + " (sizes as builtin:<task>:<size>=<n>,...)"
+        )
     task, sizes = SYNTHETIC_SPECS[f"builtin:{base}"], {}
     for item in filter(None, size_text.split(",")):
         name, sep, value = item.partition("=")
@@ -171,11 +188,14 @@ def synthetic_row_seed(seed: int, split: str, row: int) -> int:
     return _SEED_OFFSET + 2 * pair + SPLITS.index(split)
 
 
-def check_prompt_length(source: str, row: int, length: int, limit: int,
-                        context: int | None = None) -> None:
+def check_prompt_length(
+    source: str, row: int, length: int, limit: int, context: int | None = None
+) -> None:
     if length == 0:
-        raise DatasetError(f"{source}: row {row}: the prompt encodes to no tokens "
-                           "(every character is unknown to the tokenizer)")
+        raise DatasetError(
+            f"{source}: row {row}: the prompt encodes to no tokens "
+            "(every character is unknown to the tokenizer)"
+        )
     if length > limit:
         raise DatasetError(
             f"{source}: row {row}: the prompt is {length} tokens, longer than "
@@ -185,15 +205,25 @@ def check_prompt_length(source: str, row: int, length: int, limit: int,
         raise context_error(source, row, length, context)
 
 
-def load_prompts(spec: str, prompt_key: str, answer_key: str, tokenizer: TextEncoder,
-                 max_prompt_tokens: int, split: str = "train", seed: int = 0,
-                 max_context: int | None = None) -> PromptDataset:
+def load_prompts(
+    spec: str,
+    prompt_key: str,
+    answer_key: str,
+    tokenizer: TextEncoder,
+    max_prompt_tokens: int,
+    split: str = "train",
+    seed: int = 0,
+    max_context: int | None = None,
+) -> PromptDataset:
     """The dataset `spec` names (see the module doc), checked row by row; with max_context,
     a prompt that fills the model's context is PromptTooLongError."""
     if split not in SPLITS:
         raise DatasetError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
-    if isinstance(max_prompt_tokens, bool) or not isinstance(max_prompt_tokens, int) \
-            or max_prompt_tokens < 1:
+    if (
+        isinstance(max_prompt_tokens, bool)
+        or not isinstance(max_prompt_tokens, int)
+        or max_prompt_tokens < 1
+    ):
         raise DatasetError(f"max_prompt_tokens must be an integer >= 1, got {max_prompt_tokens!r}")
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise DatasetError(f"seed must be an integer, got {seed!r}")
@@ -201,8 +231,9 @@ def load_prompts(spec: str, prompt_key: str, answer_key: str, tokenizer: TextEnc
         raise DatasetError(f"dataset spec must be a non-empty string, got {spec!r}")
     if spec.startswith("builtin:"):
         synthetic_spec(spec)  # an unknown task or a bad size fails here, naming the spec
-        dataset = PromptDataset(spec, None, None, tokenizer, max_prompt_tokens, split, seed,
-                                max_context)
+        dataset = PromptDataset(
+            spec, None, None, tokenizer, max_prompt_tokens, split, seed, max_context
+        )
         dataset.row(0)  # a limit too small for the task fails now, not at step 0
         return dataset
     if spec.startswith("code:"):  # TACO / CodeContests rows; answers are tests (code_datasets.py)
@@ -214,27 +245,35 @@ def load_prompts(spec: str, prompt_key: str, answer_key: str, tokenizer: TextEnc
         path = Path(spec).expanduser()
         prompts, answers = read_prompt_file(path, prompt_key, answer_key)
     for row, prompt in enumerate(prompts):
-        check_prompt_length(str(path), row, len(tokenizer.encode(prompt)), max_prompt_tokens,
-                            max_context)
-    return PromptDataset(str(path), prompts, answers, tokenizer, max_prompt_tokens, split, seed,
-                         max_context)
+        check_prompt_length(
+            str(path), row, len(tokenizer.encode(prompt)), max_prompt_tokens, max_context
+        )
+    return PromptDataset(
+        str(path), prompts, answers, tokenizer, max_prompt_tokens, split, seed, max_context
+    )
 
 
 def read_prompt_file(path: Path, prompt_key: str, answer_key: str) -> tuple[list[str], list[str]]:
     """(prompts, answers) of a .parquet or .jsonl file, every row checked."""
     if path.suffix not in (".parquet", ".jsonl"):
-        raise DatasetError(f"dataset {path}: unsupported file type {path.suffix or '(none)'!r}; "
-                           "use a .parquet or .jsonl file, or builtin:synthetic")
+        raise DatasetError(
+            f"dataset {path}: unsupported file type {path.suffix or '(none)'!r}; "
+            "use a .parquet or .jsonl file, or builtin:synthetic"
+        )
     if not path.is_file():
         raise DatasetError(f"dataset file {path} does not exist")
     reader = _read_parquet if path.suffix == ".parquet" else _read_jsonl
     prompts, answers, lines = reader(path, prompt_key, answer_key)
     if not prompts:
         raise DatasetError(f"dataset {path} has no rows")
-    prompt_texts = [_text(path, row, lines[row], prompt_key, value, "prompt")
-                    for row, value in enumerate(prompts)]
-    answer_texts = [_text(path, row, lines[row], answer_key, value, "answer")
-                    for row, value in enumerate(answers)]
+    prompt_texts = [
+        _text(path, row, lines[row], prompt_key, value, "prompt")
+        for row, value in enumerate(prompts)
+    ]
+    answer_texts = [
+        _text(path, row, lines[row], answer_key, value, "answer")
+        for row, value in enumerate(answers)
+    ]
     return prompt_texts, answer_texts
 
 
@@ -265,8 +304,9 @@ def _read_jsonl(path: Path, prompt_key: str, answer_key: str):
         try:
             record = json.loads(line)
         except json.JSONDecodeError as err:
-            raise DatasetError(f"dataset {path}: row {row} (line {number}) is not valid JSON: "
-                               f"{err.msg}") from None
+            raise DatasetError(
+                f"dataset {path}: row {row} (line {number}) is not valid JSON: {err.msg}"
+            ) from None
         if not isinstance(record, dict):
             raise DatasetError(f"dataset {path}: row {row} (line {number}) is not a JSON object")
         for key in (prompt_key, answer_key):
@@ -295,8 +335,9 @@ def _text(path: Path, row: int, line: int | None, key: str, value: Any, role: st
     where = f"row {row}" + (f" (line {line})" if line is not None else "")
     if value is None or isinstance(value, (list, dict)):
         kind = "null" if value is None else type(value).__name__
-        raise DatasetError(f"dataset {path}: {where}: the {role} {key!r} is {kind}, "
-                           "expected non-empty text")
+        raise DatasetError(
+            f"dataset {path}: {where}: the {role} {key!r} is {kind}, expected non-empty text"
+        )
     text = value if isinstance(value, str) else str(value)
     if not text.strip():
         raise DatasetError(f"dataset {path}: {where}: the {role} {key!r} is empty")

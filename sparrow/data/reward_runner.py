@@ -30,9 +30,9 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import wait
-from typing import Sequence
 
 from sparrow.data.reward_spec import RewardSpecError, is_spec, load_reward, picklable_reward
 from sparrow.errors import SparrowError
@@ -65,7 +65,9 @@ class RewardBatch:
                 f"do not fit {len(self.rewards)} rewards"
             )
         if (self.first_error is None) != (self.errors + self.timeouts == 0):
-            raise RewardRunnerError("RewardBatch.first_error must be set exactly when a sample failed")
+            raise RewardRunnerError(
+                "RewardBatch.first_error must be set exactly when a sample failed"
+            )
 
 
 def score_completions(
@@ -133,8 +135,13 @@ def _summarise(outcomes: list[tuple]) -> RewardBatch:
         first_error = first_error or f"sample {index}: {payload}"
         if kind == "error" and trace and trace[0]:
             first_traceback = first_traceback or trace[0]
-    return RewardBatch(rewards=rewards, errors=errors, timeouts=timeouts,
-                       first_error=first_error, first_traceback=first_traceback)
+    return RewardBatch(
+        rewards=rewards,
+        errors=errors,
+        timeouts=timeouts,
+        first_error=first_error,
+        first_traceback=first_traceback,
+    )
 
 
 class _Worker:
@@ -148,7 +155,9 @@ class _Worker:
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "sparrow.data.reward_worker", str(child.fileno())],
-                pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL,
+                pass_fds=(child.fileno(),),
+                env=env,
+                stdin=subprocess.DEVNULL,
                 # a reward function's prints must not mix with a command's JSON on stdout
                 stdout=2,
             )

@@ -50,12 +50,14 @@ def load_reward(name: str) -> RewardFunction:
         if name not in REWARD_FUNCTIONS:
             raise RewardSpecError(
                 f"unknown reward function {name!r}; valid: {', '.join(REWARD_FUNCTIONS.names())},"
-                f" or module:function, or path/to/file.py:function")
+                f" or module:function, or path/to/file.py:function"
+            )
         return REWARD_FUNCTIONS.get(name)
     target, _, attr = name.rpartition(":")
     if not target or not attr.isidentifier():
-        raise RewardSpecError(f"reward function {name!r} is not module:function or "
-                              f"path/to/file.py:function")
+        raise RewardSpecError(
+            f"reward function {name!r} is not module:function or path/to/file.py:function"
+        )
     module = _load_file(target, name) if _is_path(target) else _import(target, name)
     function = getattr(module, attr, None)
     if function is None:
@@ -96,8 +98,9 @@ def _load_file(target: str, name: str):
         spec.loader.exec_module(module)
     except Exception as err:
         del sys.modules[module_name]
-        raise RewardSpecError(f"reward function {name!r}: loading {path} raised "
-                              f"{type(err).__name__}: {err}") from err
+        raise RewardSpecError(
+            f"reward function {name!r}: loading {path} raised {type(err).__name__}: {err}"
+        ) from err
     return module
 
 
@@ -105,21 +108,26 @@ def _import(target: str, name: str):
     try:
         return importlib.import_module(target)
     except ImportError as err:
-        raise RewardSpecError(f"reward function {name!r}: cannot import {target!r} ({err})") from err
+        raise RewardSpecError(
+            f"reward function {name!r}: cannot import {target!r} ({err})"
+        ) from err
     except Exception as err:
-        raise RewardSpecError(f"reward function {name!r}: importing {target!r} raised "
-                              f"{type(err).__name__}: {err}") from err
+        raise RewardSpecError(
+            f"reward function {name!r}: importing {target!r} raised {type(err).__name__}: {err}"
+        ) from err
 
 
 def _check_signature(function, name: str) -> None:
     if not callable(function):
-        raise RewardSpecError(f"reward function {name!r} is a {type(function).__name__}, "
-                              f"not a function")
+        raise RewardSpecError(
+            f"reward function {name!r} is a {type(function).__name__}, not a function"
+        )
     try:
         inspect.signature(function).bind("completion", "answer")
     except TypeError:
         raise RewardSpecError(
             f"reward function {name!r} must take (completion: str, answer: str) and return a "
-            f"float; its signature is {inspect.signature(function)}") from None
+            f"float; its signature is {inspect.signature(function)}"
+        ) from None
     except ValueError:
         pass  # a builtin without a signature: the first call will tell

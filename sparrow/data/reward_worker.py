@@ -47,8 +47,10 @@ def serve(conn: Connection) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2 or not argv[1].isdigit():
-        print("usage: python -m sparrow.data.reward_worker FD (started by the reward runner)",
-              file=sys.stderr)
+        print(
+            "usage: python -m sparrow.data.reward_worker FD (started by the reward runner)",
+            file=sys.stderr,
+        )
         return 2
     serve(Connection(int(argv[1])))
     return 0

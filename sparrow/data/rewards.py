@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from typing import Callable
+from collections.abc import Callable
 
 from sparrow.registry import Registry
 
@@ -126,7 +126,7 @@ def final_answer(completion: str) -> str:
     """
     marker = completion.rfind(ANSWER_MARKER)
     if marker >= 0:
-        lines = completion[marker + len(ANSWER_MARKER):].splitlines()
+        lines = completion[marker + len(ANSWER_MARKER) :].splitlines()
         return next((line.strip() for line in lines if line.strip()), "")
     lines = [line.strip() for line in completion.splitlines() if line.strip()]
     return lines[-1] if lines else ""

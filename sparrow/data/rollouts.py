@@ -20,10 +20,11 @@ hold the same values, whatever the form.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from itertools import chain
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -55,16 +56,24 @@ class RolloutRecord:
 
     def __post_init__(self) -> None:
         n = len(self.output_ids)
-        lengths = {len(self.actor_logprobs), len(self.topk_ids), len(self.topk_logprobs),
-                   len(self.pages_read)}
+        lengths = {
+            len(self.actor_logprobs),
+            len(self.topk_ids),
+            len(self.topk_logprobs),
+            len(self.pages_read),
+        }
         if lengths != {n}:
-            raise ValueError(f"rollout ({self.prompt_index}, {self.sample_index}): per-token "
-                             f"fields disagree in length ({n} ids vs {sorted(lengths)})")
+            raise ValueError(
+                f"rollout ({self.prompt_index}, {self.sample_index}): per-token "
+                f"fields disagree in length ({n} ids vs {sorted(lengths)})"
+            )
         for name in TOPK_FIELDS:
             value = getattr(self, name)
             if isinstance(value, np.ndarray) and value.ndim != 2:
-                raise ValueError(f"rollout ({self.prompt_index}, {self.sample_index}): {name} "
-                                 f"must be [tokens, K], got shape {value.shape}")
+                raise ValueError(
+                    f"rollout ({self.prompt_index}, {self.sample_index}): {name} "
+                    f"must be [tokens, K], got shape {value.shape}"
+                )
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
@@ -166,11 +175,14 @@ def read_rollouts(path: str | Path) -> list[RolloutRecord]:
     try:
         table = pq.read_table(path)
     except (pa.ArrowInvalid, OSError) as err:
-        raise RolloutFileError(f"rollout file {path} is not a readable Parquet file: {err}") from None
+        raise RolloutFileError(
+            f"rollout file {path} is not a readable Parquet file: {err}"
+        ) from None
     if "budget_pages" in table.column_names and "pages_read" not in table.column_names:
         # a file written before the rename (docs/glossary.md): the same numbers
-        table = table.rename_columns(["pages_read" if c == "budget_pages" else c
-                                      for c in table.column_names])
+        table = table.rename_columns(
+            ["pages_read" if c == "budget_pages" else c for c in table.column_names]
+        )
     missing = [c for c in COLUMNS if c not in table.column_names]
     if missing:
         raise RolloutFileError(f"rollout file {path} lacks column(s) {', '.join(missing)}")
@@ -183,8 +195,9 @@ def read_rollouts(path: str | Path) -> list[RolloutRecord]:
             columns[name] = _read_list(path, name, column)
         else:
             columns[name] = column.to_pylist()
-    return [RolloutRecord(**{name: columns[name][i] for name in COLUMNS})
-            for i in range(table.num_rows)]
+    return [
+        RolloutRecord(**{name: columns[name][i] for name in COLUMNS}) for i in range(table.num_rows)
+    ]
 
 
 def _unnested(path: Path, name: str, array):
@@ -218,10 +231,11 @@ def _read_nested(path: Path, name: str, column) -> list[np.ndarray | tuple]:
         if a == b:
             out.append(leaf[:0].reshape(0, 0))
         elif widths[a:b].min() == widths[a:b].max():
-            out.append(leaf[starts[a]:starts[b]].reshape(b - a, int(widths[a])))
+            out.append(leaf[starts[a] : starts[b]].reshape(b - a, int(widths[a])))
         else:
-            out.append(tuple(tuple(leaf[s:e].tolist()) for s, e in
-                             zip(starts[a:b], starts[a + 1:b + 1])))
+            out.append(
+                tuple(tuple(leaf[s:e].tolist()) for s, e in zip(starts[a:b], starts[a + 1 : b + 1]))
+            )
     return out
 
 
@@ -229,10 +243,19 @@ def _schema():
     import pyarrow as pa
 
     ints, floats = pa.list_(pa.int32()), pa.list_(pa.float32())
-    return pa.schema([
-        ("prompt_index", pa.int32()), ("sample_index", pa.int32()), ("dataset_row", pa.int64()),
-        ("prompt_ids", ints), ("output_ids", ints), ("actor_logprobs", floats),
-        ("topk_ids", pa.list_(ints)), ("topk_logprobs", pa.list_(floats)),
-        ("pages_read", ints), ("finish_reason", pa.string()), ("answer", pa.string()),
-        ("text", pa.string()),
-    ])
+    return pa.schema(
+        [
+            ("prompt_index", pa.int32()),
+            ("sample_index", pa.int32()),
+            ("dataset_row", pa.int64()),
+            ("prompt_ids", ints),
+            ("output_ids", ints),
+            ("actor_logprobs", floats),
+            ("topk_ids", pa.list_(ints)),
+            ("topk_logprobs", pa.list_(floats)),
+            ("pages_read", ints),
+            ("finish_reason", pa.string()),
+            ("answer", pa.string()),
+            ("text", pa.string()),
+        ]
+    )

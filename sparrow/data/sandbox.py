@@ -73,18 +73,31 @@ class SandboxLimits:
 
     def __post_init__(self) -> None:
         if not (self.time_limit_s > 0 and self.startup_allowance_s >= 0):
-            raise ValueError(f"SandboxLimits: time_limit_s must be > 0 and startup_allowance_s "
-                             f">= 0, got {self.time_limit_s}, {self.startup_allowance_s}")
-        for name in ("memory_bytes", "max_processes", "max_output_bytes", "max_file_bytes",
-                     "tmpfs_bytes", "max_open_files"):
+            raise ValueError(
+                f"SandboxLimits: time_limit_s must be > 0 and startup_allowance_s "
+                f">= 0, got {self.time_limit_s}, {self.startup_allowance_s}"
+            )
+        for name in (
+            "memory_bytes",
+            "max_processes",
+            "max_output_bytes",
+            "max_file_bytes",
+            "tmpfs_bytes",
+            "max_open_files",
+        ):
             if not getattr(self, name) >= 1:
                 raise ValueError(f"SandboxLimits.{name} must be >= 1, got {getattr(self, name)}")
 
     def rlimits(self) -> dict[str, int]:
         """What the harness sets inside the sandbox (resource module names without RLIMIT_)."""
-        return {"CPU": math.ceil(self.time_limit_s), "AS": self.memory_bytes,
-                "NPROC": self.max_processes, "FSIZE": self.max_file_bytes,
-                "NOFILE": self.max_open_files, "CORE": 0}
+        return {
+            "CPU": math.ceil(self.time_limit_s),
+            "AS": self.memory_bytes,
+            "NPROC": self.max_processes,
+            "FSIZE": self.max_file_bytes,
+            "NOFILE": self.max_open_files,
+            "CORE": 0,
+        }
 
 
 @dataclass(frozen=True)
@@ -111,7 +124,8 @@ def find_bwrap() -> str:
         raise SandboxUnavailableError(
             "the code reward runs generated programs only inside a bubblewrap sandbox, and "
             f"`bwrap` is not on PATH; install it with `{BWRAP_INSTALL}` (Debian/Ubuntu; "
-            "`sudo` where not root), or `dnf install bubblewrap` on Fedora")
+            "`sudo` where not root), or `dnf install bubblewrap` on Fedora"
+        )
     return path
 
 
@@ -125,11 +139,30 @@ def sandbox_python() -> str:
 
 def bwrap_command(python: str, box_dir: str | Path, limits: SandboxLimits) -> list[str]:
     """bwrap's arguments up to (and including) the interpreter; the caller appends its args."""
-    args = [find_bwrap(), "--unshare-all", "--unshare-user", "--disable-userns",
-            "--die-with-parent", "--new-session", "--clearenv",
-            "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp",
-            "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONHASHSEED", "0",
-            "--ro-bind", "/usr", "/usr"]
+    args = [
+        find_bwrap(),
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--clearenv",
+        "--setenv",
+        "PATH",
+        "/usr/bin:/bin",
+        "--setenv",
+        "HOME",
+        "/tmp",
+        "--setenv",
+        "LANG",
+        "C.UTF-8",
+        "--setenv",
+        "PYTHONHASHSEED",
+        "0",
+        "--ro-bind",
+        "/usr",
+        "/usr",
+    ]
     for path in _ROOT_LINKS:
         if os.path.islink(path):
             args += ["--symlink", os.readlink(path), path]
@@ -138,16 +171,32 @@ def bwrap_command(python: str, box_dir: str | Path, limits: SandboxLimits) -> li
     prefix = os.path.dirname(os.path.dirname(os.path.realpath(python)))
     if not prefix.startswith("/usr"):
         args += ["--ro-bind", prefix, prefix]  # an interpreter installed outside /usr
-    args += ["--proc", "/proc", "--dev", "/dev",
-             "--ro-bind", str(box_dir), SANDBOX_DIR,
-             "--size", str(limits.tmpfs_bytes), "--tmpfs", "/tmp",
-             "--remount-ro", "/", "--chdir", "/tmp",
-             python, "-I", "-B"]
+    args += [
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--ro-bind",
+        str(box_dir),
+        SANDBOX_DIR,
+        "--size",
+        str(limits.tmpfs_bytes),
+        "--tmpfs",
+        "/tmp",
+        "--remount-ro",
+        "/",
+        "--chdir",
+        "/tmp",
+        python,
+        "-I",
+        "-B",
+    ]
     return args
 
 
-def run_in_sandbox(box_dir: str | Path, python_args: list[str], limits: SandboxLimits,
-                   python: str | None = None) -> RunResult:
+def run_in_sandbox(
+    box_dir: str | Path, python_args: list[str], limits: SandboxLimits, python: str | None = None
+) -> RunResult:
     """Run `python -I -B *python_args` in a fresh sandbox over box_dir; see the module doc."""
     command = bwrap_command(python or sandbox_python(), box_dir, limits) + list(python_args)
     return run_limited(command, limits, drop_root=True)
@@ -156,11 +205,18 @@ def run_in_sandbox(box_dir: str | Path, python_args: list[str], limits: SandboxL
 def run_limited(command: list[str], limits: SandboxLimits, drop_root: bool = False) -> RunResult:
     """Run `command` with its output capped and its wall clock limited, killing its process
     group at either limit. drop_root: as root, start it as nobody (see the module doc)."""
-    user = dict(user=NOBODY, group=NOBODY, extra_groups=[]) if drop_root and os.geteuid() == 0 \
-        else {}
+    user = (
+        dict(user=NOBODY, group=NOBODY, extra_groups=[]) if drop_root and os.geteuid() == 0 else {}
+    )
     start = time.monotonic()
-    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, start_new_session=True, **user)
+    process = subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        **user,
+    )
     deadline = start + limits.time_limit_s + limits.startup_allowance_s
     try:
         stdout, stderr, timed_out, exceeded = _read(process, deadline, limits.max_output_bytes)
@@ -175,9 +231,14 @@ def run_limited(command: list[str], limits: SandboxLimits, drop_root: bool = Fal
             _kill_group(process)
         process.stdout.close()
         process.stderr.close()
-    return RunResult(returncode=None if killed else process.returncode, stdout=bytes(stdout),
-                     stderr_tail=bytes(stderr[-STDERR_TAIL_BYTES:]), timed_out=timed_out,
-                     output_exceeded=exceeded, wall_s=time.monotonic() - start)
+    return RunResult(
+        returncode=None if killed else process.returncode,
+        stdout=bytes(stdout),
+        stderr_tail=bytes(stderr[-STDERR_TAIL_BYTES:]),
+        timed_out=timed_out,
+        output_exceeded=exceeded,
+        wall_s=time.monotonic() - start,
+    )
 
 
 def _read(process: subprocess.Popen, deadline: float, max_bytes: int):
@@ -189,7 +250,12 @@ def _read(process: subprocess.Popen, deadline: float, max_bytes: int):
         while selector.get_map():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return buffers[process.stdout.fileno()], buffers[process.stderr.fileno()], True, False
+                return (
+                    buffers[process.stdout.fileno()],
+                    buffers[process.stderr.fileno()],
+                    True,
+                    False,
+                )
             for key, _ in selector.select(remaining):
                 chunk = os.read(key.fd, _READ_CHUNK)
                 if not chunk:
@@ -198,8 +264,12 @@ def _read(process: subprocess.Popen, deadline: float, max_bytes: int):
                 buffers[key.fd] += chunk
                 if len(buffers[key.fd]) > max_bytes:
                     del buffers[key.fd][max_bytes:]
-                    return (buffers[process.stdout.fileno()], buffers[process.stderr.fileno()],
-                            False, True)
+                    return (
+                        buffers[process.stdout.fileno()],
+                        buffers[process.stderr.fileno()],
+                        False,
+                        True,
+                    )
     return buffers[process.stdout.fileno()], buffers[process.stderr.fileno()], False, False
 
 

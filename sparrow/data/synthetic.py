@@ -86,7 +86,9 @@ class LookupSumTask:
         names = rng.sample(NAMES, self.num_defs)
         values = {name: rng.randrange(10) for name in names}
         terms = rng.sample(names, self.num_terms)
-        prompt = "def " + " ".join(f"{n}={values[n]}" for n in names) + "\nsum " + " ".join(terms) + "\n"
+        prompt = (
+            "def " + " ".join(f"{n}={values[n]}" for n in names) + "\nsum " + " ".join(terms) + "\n"
+        )
         lines, total = [], 0
         for name in terms:
             total = (total + values[name]) % 10
@@ -116,7 +118,8 @@ class PointerChaseTask:
         order = names[:]
         rng.shuffle(order)
         prompt = (
-            "def " + " ".join(f"{n}={targets[n]}" for n in order)
+            "def "
+            + " ".join(f"{n}={targets[n]}" for n in order)
             + f"\nfrom {chain[0]} hops {self.num_hops}\n"
         )
         lines = "".join(f"{a}={b}\n" for a, b in zip(chain, chain[1:]))
@@ -148,15 +151,17 @@ class PointerChaseLongTask:
         order = cycle[:]
         rng.shuffle(order)
         prompt = (
-            "def " + " ".join(f"{n}={targets[n]}" for n in order)
+            "def "
+            + " ".join(f"{n}={targets[n]}" for n in order)
             + f"\nfrom {start} hops {self.num_hops}\n"
         )
         lines, end = long_chase_lines(targets, start, self.num_hops)
         return Example(prompt, lines + f"Answer: {end}", end)
 
 
-def long_chase_lines(targets: dict[str, str], start: str, num_hops: int,
-                     next_name=None) -> tuple[str, str]:
+def long_chase_lines(
+    targets: dict[str, str], start: str, num_hops: int, next_name=None
+) -> tuple[str, str]:
     """(chain-of-thought lines, name reached) of pointer_chase_long; next_name(current,
     target) picks each hop's name instead of the target (training data with wrong hops)."""
     width = len(str(num_hops - 1))
@@ -169,8 +174,11 @@ def long_chase_lines(targets: dict[str, str], start: str, num_hops: int,
 
 
 DEFAULT_TASK = "pointer_chase"
-TASKS = {"pointer_chase": PointerChaseTask(), "lookup_sum": LookupSumTask(),
-         "pointer_chase_long": PointerChaseLongTask()}
+TASKS = {
+    "pointer_chase": PointerChaseTask(),
+    "lookup_sum": LookupSumTask(),
+    "pointer_chase_long": PointerChaseLongTask(),
+}
 
 
 def task_spec(task: str, **sizes: int):
@@ -182,11 +190,13 @@ def task_spec(task: str, **sizes: int):
     valid = [f.name for f in fields(TASKS[task])]
     for name, value in sizes.items():
         if name not in valid:
-            raise SparrowError(f"synthetic task {task!r} has no size {name!r}; "
-                               f"sizes: {', '.join(valid)}")
+            raise SparrowError(
+                f"synthetic task {task!r} has no size {name!r}; sizes: {', '.join(valid)}"
+            )
         if isinstance(value, bool) or not isinstance(value, int):
-            raise SparrowError(f"synthetic task {task!r}: size {name} must be an integer, "
-                               f"got {value!r}")
+            raise SparrowError(
+                f"synthetic task {task!r}: size {name} must be an integer, got {value!r}"
+            )
     return type(TASKS[task])(**sizes)
 
 

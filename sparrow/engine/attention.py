@@ -31,8 +31,9 @@ def on_gpu(*tensors: torch.Tensor) -> bool:
     return HAS_TRITON and all(t.is_cuda for t in tensors)
 
 
-def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     mask: torch.Tensor) -> torch.Tensor:
+def masked_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
     """Grouped attention with an explicit mask (the shared math of every path).
 
     q [B, Hq, Q, D]; k, v [B, Hkv, K, D]; mask broadcastable to [B, Hkv, Q, K], True = read.
@@ -50,8 +51,9 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return out.reshape(batch, heads, queries, dim)
 
 
-def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      seq_lens: list[int]) -> torch.Tensor:
+def prefill_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: list[int]
+) -> torch.Tensor:
     """Dense causal attention within each sequence of a packed batch of new tokens."""
     if sum(seq_lens) != q.shape[0]:
         raise ValueError(f"seq_lens sum to {sum(seq_lens)} but the batch has {q.shape[0]} tokens")
@@ -69,8 +71,13 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return torch.cat(outputs).to(q.dtype)
 
 
-def dense_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
-                           page_tables: torch.Tensor, num_tokens: torch.Tensor) -> torch.Tensor:
+def dense_decode_attention(
+    q: torch.Tensor,
+    k_pages: torch.Tensor,
+    v_pages: torch.Tensor,
+    page_tables: torch.Tensor,
+    num_tokens: torch.Tensor,
+) -> torch.Tensor:
     """One query per sequence over every cached token of that sequence."""
     if on_gpu(q, k_pages, page_tables):
         return paged_decode_attention(q, k_pages, v_pages, page_tables, num_tokens)
@@ -79,9 +86,14 @@ def dense_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
     return _paged_attention(q, k_pages, v_pages, page_tables, num_tokens, every_page)
 
 
-def sparse_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
-                            page_tables: torch.Tensor, num_tokens: torch.Tensor,
-                            page_mask: torch.Tensor) -> torch.Tensor:
+def sparse_decode_attention(
+    q: torch.Tensor,
+    k_pages: torch.Tensor,
+    v_pages: torch.Tensor,
+    page_tables: torch.Tensor,
+    num_tokens: torch.Tensor,
+    page_mask: torch.Tensor,
+) -> torch.Tensor:
     """One query per sequence over the tokens of its selected pages, per KV head."""
     batch, width = page_tables.shape
     expected = (batch, k_pages.shape[1], width)
@@ -89,8 +101,9 @@ def sparse_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: tor
         raise ValueError(f"page_mask must have shape {expected}, got {tuple(page_mask.shape)}")
     if on_gpu(q, k_pages, page_tables, page_mask):
         lists, counts = lists_from_mask(page_mask)
-        return sparse_paged_decode_attention(q, k_pages, v_pages, page_tables, num_tokens,
-                                             lists, counts)
+        return sparse_paged_decode_attention(
+            q, k_pages, v_pages, page_tables, num_tokens, lists, counts
+        )
     return _paged_attention(q, k_pages, v_pages, page_tables, num_tokens, page_mask)
 
 

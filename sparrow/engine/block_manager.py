@@ -27,7 +27,8 @@ class BlockManager:
     def __init__(self, num_pages: int, page_size: int):
         if num_pages < 1 or page_size < 1:
             raise ValueError(
-                f"need num_pages >= 1 and page_size >= 1, got {num_pages}, {page_size}")
+                f"need num_pages >= 1 and page_size >= 1, got {num_pages}, {page_size}"
+            )
         self.num_pages = num_pages
         self.page_size = page_size
         self._free: deque[int] = deque(range(num_pages))
@@ -109,6 +110,8 @@ class BlockManager:
         """Flat cache slot (page * page_size + offset) of a token position of seq."""
         page, offset = divmod(position, self.page_size)
         if page >= len(seq.page_table):
-            raise ValueError(f"sequence {seq.seq_id} holds {len(seq.page_table)} pages, none for "
-                             f"position {position}")
+            raise ValueError(
+                f"sequence {seq.seq_id} holds {len(seq.page_table)} pages, none for "
+                f"position {position}"
+            )
         return seq.page_table[page] * self.page_size + offset

@@ -82,50 +82,74 @@ class EngineConfig:
                 raise EngineError(f"EngineConfig.{key} must be a positive integer, got {value!r}")
         if self.page_size & (self.page_size - 1):
             raise EngineError(
-                f"EngineConfig.page_size must be a power of two, got {self.page_size}")
+                f"EngineConfig.page_size must be a power of two, got {self.page_size}"
+            )
         for key in ("num_pages", "max_context"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise EngineError(f"EngineConfig.{key} must be an integer >= 0, got {value!r}")
-        for key in ("ignore_eos", "record_selection", "overlap", "skinny_linear", "fold_norms",
-                    "keep_graphs"):
+        for key in (
+            "ignore_eos",
+            "record_selection",
+            "overlap",
+            "skinny_linear",
+            "fold_norms",
+            "keep_graphs",
+        ):
             if not isinstance(getattr(self, key), bool):
-                raise EngineError(f"EngineConfig.{key} must be true or false, "
-                                  f"got {getattr(self, key)!r}")
+                raise EngineError(
+                    f"EngineConfig.{key} must be true or false, got {getattr(self, key)!r}"
+                )
         if self.centroid_dtype not in CENTROID_DTYPES:
-            raise EngineError(f"EngineConfig.centroid_dtype must be one of "
-                              f"{', '.join(CENTROID_DTYPES)}, got {self.centroid_dtype!r}")
+            raise EngineError(
+                f"EngineConfig.centroid_dtype must be one of "
+                f"{', '.join(CENTROID_DTYPES)}, got {self.centroid_dtype!r}"
+            )
         if self.programmatic_launch not in PROGRAMMATIC_LAUNCH:
-            raise EngineError(f"EngineConfig.programmatic_launch must be one of "
-                              f"{', '.join(PROGRAMMATIC_LAUNCH)}, got "
-                              f"{self.programmatic_launch!r}")
+            raise EngineError(
+                f"EngineConfig.programmatic_launch must be one of "
+                f"{', '.join(PROGRAMMATIC_LAUNCH)}, got "
+                f"{self.programmatic_launch!r}"
+            )
         if not 0 <= self.memory_utilization < 1:
-            raise EngineError(f"EngineConfig.memory_utilization must be in [0, 1), got "
-                              f"{self.memory_utilization!r}")
+            raise EngineError(
+                f"EngineConfig.memory_utilization must be in [0, 1), got "
+                f"{self.memory_utilization!r}"
+            )
         if not self.kv_cache_mib > 0:
             raise EngineError(
-                f"EngineConfig.kv_cache_mib must be positive, got {self.kv_cache_mib}")
+                f"EngineConfig.kv_cache_mib must be positive, got {self.kv_cache_mib}"
+            )
 
     def kernel_options(self) -> KernelOptions:
         """The kernel choices the engine's forward passes run under."""
-        return KernelOptions(programmatic_launch=pdl_families(self.programmatic_launch),
-                             skinny_linear=self.skinny_linear, fold_norms=self.fold_norms)
+        return KernelOptions(
+            programmatic_launch=pdl_families(self.programmatic_launch),
+            skinny_linear=self.skinny_linear,
+            fold_norms=self.fold_norms,
+        )
 
     @classmethod
-    def from_rollout(cls, rollout: Any, page_size: int = 16, max_context: int = 0,
-                     **overrides: Any) -> "EngineConfig":
+    def from_rollout(
+        cls, rollout: Any, page_size: int = 16, max_context: int = 0, **overrides: Any
+    ) -> EngineConfig:
         """From the typed `rollout` config group (kv_cache_mib, gpu_memory_utilization,
         max_batch_size, seed, overlap, centroid_dtype, ignore_eos, programmatic_launch,
         skinny_linear, fold_norms, keep_graphs)."""
-        values = dict(max_batch_size=rollout.max_batch_size,
-                      kv_cache_mib=float(rollout.kv_cache_mib), seed=rollout.seed,
-                      overlap=rollout.overlap, centroid_dtype=rollout.centroid_dtype,
-                      page_size=page_size, max_context=max_context,
-                      memory_utilization=float(rollout.gpu_memory_utilization),
-                      ignore_eos=bool(rollout.ignore_eos),
-                      programmatic_launch=rollout.programmatic_launch,
-                      skinny_linear=bool(rollout.skinny_linear),
-                      fold_norms=bool(rollout.fold_norms),
-                      keep_graphs=bool(rollout.keep_graphs))
+        values = dict(
+            max_batch_size=rollout.max_batch_size,
+            kv_cache_mib=float(rollout.kv_cache_mib),
+            seed=rollout.seed,
+            overlap=rollout.overlap,
+            centroid_dtype=rollout.centroid_dtype,
+            page_size=page_size,
+            max_context=max_context,
+            memory_utilization=float(rollout.gpu_memory_utilization),
+            ignore_eos=bool(rollout.ignore_eos),
+            programmatic_launch=rollout.programmatic_launch,
+            skinny_linear=bool(rollout.skinny_linear),
+            fold_norms=bool(rollout.fold_norms),
+            keep_graphs=bool(rollout.keep_graphs),
+        )
         values.update(overrides)
         return cls(**values)

@@ -72,9 +72,16 @@ class KernelDecodeAttention:
     was taken (kv_store) since the layer's last call, else by write_kv in the call. A second
     kv_store for a layer before its call is refused (the k, v would be stored twice)."""
 
-    def __init__(self, cache: KVCache, slots: torch.Tensor, page_tables: torch.Tensor,
-                 num_tokens: torch.Tensor, topk: torch.Tensor, sparsity: tuple | None,
-                 fuse_kv_write: bool = True):
+    def __init__(
+        self,
+        cache: KVCache,
+        slots: torch.Tensor,
+        page_tables: torch.Tensor,
+        num_tokens: torch.Tensor,
+        topk: torch.Tensor,
+        sparsity: tuple | None,
+        fuse_kv_write: bool = True,
+    ):
         self.cache, self.slots, self.page_tables = cache, slots, page_tables
         self.num_tokens, self.topk, self.sparsity = num_tokens, topk, sparsity
         self.fuse_kv_write = fuse_kv_write
@@ -90,8 +97,9 @@ class KernelDecodeAttention:
         cache = self.cache
         return KVStore(cache.k[layer], cache.v[layer], cache.centroids[layer], self.slots)
 
-    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor,
-                 v: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
         cache = self.cache
         k_pages, v_pages, centroids = cache.k[layer], cache.v[layer], cache.centroids[layer]
         if layer in self._stored:  # qk_norm_rope has stored them
@@ -99,19 +107,28 @@ class KernelDecodeAttention:
         else:
             write_kv(k_pages, v_pages, centroids, self.slots, k, v)
         if self.sparsity is None or not self.sparsity[3][layer]:
-            return paged_decode_attention(q, k_pages, v_pages, self.page_tables,
-                                          self.num_tokens)
+            return paged_decode_attention(q, k_pages, v_pages, self.page_tables, self.num_tokens)
         page_size, reserved_bos, reserved_eos, _ = self.sparsity
-        lists, counts, _ = select_page_lists(q, centroids, self.page_tables, self.num_tokens,
-                                             self.topk, page_size, reserved_bos, reserved_eos)
-        return sparse_paged_decode_attention(q, k_pages, v_pages, self.page_tables,
-                                             self.num_tokens, lists, counts)
+        lists, counts, _ = select_page_lists(
+            q,
+            centroids,
+            self.page_tables,
+            self.num_tokens,
+            self.topk,
+            page_size,
+            reserved_bos,
+            reserved_eos,
+        )
+        return sparse_paged_decode_attention(
+            q, k_pages, v_pages, self.page_tables, self.num_tokens, lists, counts
+        )
 
 
 def cache_layout(cache: KVCache) -> tuple:
     """Where and how the cache's tensors lie: a captured graph holds these addresses."""
-    return tuple((t.data_ptr(), tuple(t.shape), t.dtype)
-                 for t in (cache.k, cache.v, cache.centroids))
+    return tuple(
+        (t.data_ptr(), tuple(t.shape), t.dtype) for t in (cache.k, cache.v, cache.centroids)
+    )
 
 
 class DecodeGraphs:
@@ -125,8 +142,13 @@ class DecodeGraphs:
     place the cache elsewhere. The weights are the model's own tensors, updated in place
     (Decoder.load_hf_state_dict), so a weight update leaves the graphs valid."""
 
-    def __init__(self, model: torch.nn.Module, cache: KVCache, use_graphs: bool = True,
-                 fuse_kv_write: bool = True):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cache: KVCache,
+        use_graphs: bool = True,
+        fuse_kv_write: bool = True,
+    ):
         self.model, self.cache, self.use_graphs = model, cache, use_graphs
         self.fuse_kv_write = fuse_kv_write  # the KV write inside qk_norm_rope's launch
         self.device = cache.k.device
@@ -145,14 +167,18 @@ class DecodeGraphs:
         if batch > self.capacity:  # new buffers: every graph captured so far is stale
             self.capacity = max(batch, 2 * self.capacity, 8)
             make = lambda dtype: torch.zeros(self.capacity, dtype=dtype, device=self.device)
-            self.ids, self.positions, self.slots = make(torch.long), make(torch.long), make(
-                torch.long)
+            self.ids, self.positions, self.slots = (
+                make(torch.long),
+                make(torch.long),
+                make(torch.long),
+            )
             self.num_tokens, self.topk = make(torch.int32), make(torch.int32)
             self.tables = {}
             self.clear()
         if width not in self.tables:
-            self.tables[width] = torch.zeros(self.capacity, width, dtype=torch.int32,
-                                             device=self.device)
+            self.tables[width] = torch.zeros(
+                self.capacity, width, dtype=torch.int32, device=self.device
+            )
 
     def clear(self) -> None:
         """Drop every captured graph and their memory pool (the next decode recaptures)."""
@@ -174,9 +200,15 @@ class DecodeGraphs:
         return kept
 
     def _forward(self, bucket: int, width: int, sparsity: tuple | None) -> torch.Tensor:
-        attention = KernelDecodeAttention(self.cache, self.slots[:bucket],
-                                          self.tables[width][:bucket], self.num_tokens[:bucket],
-                                          self.topk[:bucket], sparsity, self.fuse_kv_write)
+        attention = KernelDecodeAttention(
+            self.cache,
+            self.slots[:bucket],
+            self.tables[width][:bucket],
+            self.num_tokens[:bucket],
+            self.topk[:bucket],
+            sparsity,
+            self.fuse_kv_write,
+        )
         hidden = self.model(self.ids[:bucket], self.positions[:bucket], attention)
         return self.model.compute_logits(hidden)
 
@@ -212,9 +244,15 @@ class DecodeGraphs:
         return staged.pin_memory().to(self.device, non_blocking=True)
 
     @torch.inference_mode()
-    def decode(self, ids: np.ndarray | torch.Tensor, positions: np.ndarray, slots: np.ndarray,
-               tables: np.ndarray, topk: np.ndarray | None,
-               schedule: Schedule | None) -> torch.Tensor:
+    def decode(
+        self,
+        ids: np.ndarray | torch.Tensor,
+        positions: np.ndarray,
+        slots: np.ndarray,
+        tables: np.ndarray,
+        topk: np.ndarray | None,
+        schedule: Schedule | None,
+    ) -> torch.Tensor:
         """Logits [B, vocab] float32 of one decode step; tables [B, w] physical page ids;
         ids [B] as numpy or as a device tensor (the tokens a step still in flight samples)."""
         batch, width = tables.shape

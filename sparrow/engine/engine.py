@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Mapping
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence as Seq
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -92,8 +94,13 @@ class CachedSampling:
 
 
 class Engine:
-    def __init__(self, model: torch.nn.Module, tokenizer: Any = None,
-                 config: EngineConfig | None = None, schedule: Schedule | None = None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any = None,
+        config: EngineConfig | None = None,
+        schedule: Schedule | None = None,
+    ):
         self.model = model
         # one GEMM for q/k/v and one for gate/up (model/decoder.py), before any graph capture
         if hasattr(model, "fuse_projections"):
@@ -128,17 +135,32 @@ class Engine:
         weight = next(self.model.parameters())
         centroids = centroid_torch_dtype(self.config.centroid_dtype, weight.dtype)
         self._sized_pages = self._pages_from_memory(weight, centroids)
-        num_pages = self.config.num_pages or self._sized_pages or \
-            pages_for_budget(self.model.arch, self.config.page_size, weight.dtype,
-                             self.config.kv_cache_mib, centroids)
-        self.cache = KVCache.allocate(self.model.arch, num_pages, self.config.page_size,
-                                      weight.dtype, weight.device, centroids)
+        num_pages = (
+            self.config.num_pages
+            or self._sized_pages
+            or pages_for_budget(
+                self.model.arch,
+                self.config.page_size,
+                weight.dtype,
+                self.config.kv_cache_mib,
+                centroids,
+            )
+        )
+        self.cache = KVCache.allocate(
+            self.model.arch,
+            num_pages,
+            self.config.page_size,
+            weight.dtype,
+            weight.device,
+            centroids,
+        )
         self.block_manager = BlockManager(num_pages, self.config.page_size)
         graphs, self._graphs_asleep = self._graphs_asleep, None
         if graphs is not None:
             graphs.attach(self.cache)
-        self.runner = ModelRunner(self.model, self.cache, self.block_manager,
-                                  self.config.kernel_options(), graphs)
+        self.runner = ModelRunner(
+            self.model, self.cache, self.block_manager, self.config.kernel_options(), graphs
+        )
 
     def sleep(self) -> None:
         """Free the KV cache (the weights stay, so update_weights works while asleep); on
@@ -173,7 +195,8 @@ class Engine:
         if room < per_page:
             raise EngineError(
                 f"memory_utilization={share} leaves no room for the KV cache: "
-                f"{(total - free) / 2**30:.1f} of {total / 2**30:.1f} GiB already in use")
+                f"{(total - free) / 2**30:.1f} of {total / 2**30:.1f} GiB already in use"
+            )
         return pages_for_room(room, per_page, self._sized_pages)
 
     # trainer hooks
@@ -181,11 +204,14 @@ class Engine:
     def set_schedule(self, schedule: Schedule | None) -> None:
         """Decode with this schedule from the next generate() on (None: dense decode)."""
         if schedule is not None and schedule.page_size != self.config.page_size:
-            raise EngineError(f"schedule {schedule.name!r} has page_size {schedule.page_size} but "
-                              f"the engine's KV pages hold {self.config.page_size} tokens")
+            raise EngineError(
+                f"schedule {schedule.name!r} has page_size {schedule.page_size} but "
+                f"the engine's KV pages hold {self.config.page_size} tokens"
+            )
         self.schedule = schedule
         self._sparse_layers = schedule is not None and any(
-            schedule.is_sparse_layer(i) for i in range(self.model.arch.num_layers))
+            schedule.is_sparse_layer(i) for i in range(self.model.arch.num_layers)
+        )
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], strict: bool = True) -> None:
         """Replace the model's weights in place (transformers names); the cache is unaffected
@@ -195,22 +221,34 @@ class Engine:
 
     # generation
 
-    def generate(self, prompts: Seq[Seq[int]], params: SamplingParams | Seq[SamplingParams],
-                 progress: bool = False, feed: Any = None) -> list[list[SampleResult]]:
+    def generate(
+        self,
+        prompts: Seq[Seq[int]],
+        params: SamplingParams | Seq[SamplingParams],
+        progress: bool = False,
+        feed: Any = None,
+    ) -> list[list[SampleResult]]:
         """Samples for every prompt: outer list per prompt, inner per sample (params.n); with
         a `feed`, then for every request it gave, in the order taken (see the module doc)."""
         per_prompt = params_per_prompt(prompts, params)
         self.wake()
         self._calls += 1
-        groups = [self._make_group(i, list(p), sp)
-                  for i, (p, sp) in enumerate(zip(prompts, per_prompt))]
+        groups = [
+            self._make_group(i, list(p), sp) for i, (p, sp) in enumerate(zip(prompts, per_prompt))
+        ]
         scheduler = Scheduler(self.config, self.block_manager)
         for group in groups:
             scheduler.add(group)
         # the bar counts token budgets: a sample that stops early fills in its unused part
         total = sum(len(g.samples) * g.leader.params.max_new_tokens for g in groups)
-        bar = tqdm(total=total, desc="generate", unit="tok", file=sys.stderr,
-                   disable=not progress, leave=False)
+        bar = tqdm(
+            total=total,
+            desc="generate",
+            unit="tok",
+            file=sys.stderr,
+            disable=not progress,
+            leave=False,
+        )
         self.stats = dict.fromkeys(STATS, 0)
         pull = FeedPull(feed, self._make_group, groups, bar) if feed is not None else None
         try:
@@ -257,7 +295,7 @@ class Engine:
 
     # launching steps (queued on the device; nothing here waits for it)
 
-    def _prefill(self, scheduler: Scheduler, batch: Batch) -> "LaunchedStep":
+    def _prefill(self, scheduler: Scheduler, batch: Batch) -> LaunchedStep:
         self.stats["prefill_steps"] += 1
         logits = self.runner.prefill(batch.seqs)
         self.cache.copy_pages(scheduler.fork(batch))
@@ -266,22 +304,32 @@ class Engine:
         logits = logits.repeat_interleave(counts, dim=0, output_size=len(seqs))
         # the first token comes from the dense prefill: every prompt page was read
         pages_read = [self.block_manager.pages_for_tokens(s.prompt_len) for s in seqs]
-        sampling = SamplingBatch.build([s.params for s in seqs], [s.seed for s in seqs],
-                                       logits.device)
+        sampling = SamplingBatch.build(
+            [s.params for s in seqs], [s.seed for s in seqs], logits.device
+        )
         return self._launch(seqs, logits, pages_read, sampling, [0] * len(seqs))
 
-    def _decode(self, seqs: list[Sequence], step: int) -> "LaunchedStep":
+    def _decode(self, seqs: list[Sequence], step: int) -> LaunchedStep:
         """A decode step of the running batch from the host's tokens (synchronous entry)."""
         self.stats["decode_steps"] += 1
         hook = self._recorder(seqs, step) if self.config.record_selection else None
         logits = self.runner.decode(seqs, self.schedule, hook)
         if self._sampling is None or self._sampling.seqs != seqs:
-            self._sampling = CachedSampling(list(seqs), SamplingBatch.build(
-                [s.params for s in seqs], [s.seed for s in seqs], logits.device))
-        return self._launch(seqs, logits, self._decode_pages_read(seqs, 0), self._sampling.batch,
-                            [s.num_generated for s in seqs])
+            self._sampling = CachedSampling(
+                list(seqs),
+                SamplingBatch.build(
+                    [s.params for s in seqs], [s.seed for s in seqs], logits.device
+                ),
+            )
+        return self._launch(
+            seqs,
+            logits,
+            self._decode_pages_read(seqs, 0),
+            self._sampling.batch,
+            [s.num_generated for s in seqs],
+        )
 
-    def _decode_ahead(self, scheduler: Scheduler, launched: "LaunchedStep"):
+    def _decode_ahead(self, scheduler: Scheduler, launched: LaunchedStep):
         """The step after `launched`, queued before its tokens reach the host; None when the
         batch must change first (a sample's last step, a prompt that can enter, prefill)."""
         seqs = launched.seqs
@@ -295,25 +343,31 @@ class Engine:
         self.stats["overlapped_steps"] += 1
         scheduler.reserve_ahead(seqs)
         logits = self.runner.decode(seqs, self.schedule, pending_ids=launched.token_ids)
-        return self._launch(seqs, logits, self._decode_pages_read(seqs, 1), launched.sampling,
-                            [s.num_generated + 1 for s in seqs])
+        return self._launch(
+            seqs,
+            logits,
+            self._decode_pages_read(seqs, 1),
+            launched.sampling,
+            [s.num_generated + 1 for s in seqs],
+        )
 
-    def _launch(self, seqs, logits, pages_read, sampling, counters) -> "LaunchedStep":
+    def _launch(self, seqs, logits, pages_read, sampling, counters) -> LaunchedStep:
         """Draw (counters: each row's draw number) and start the outputs' copy to the host."""
         out = sample(logits, sampling, counters)
         return LaunchedStep(list(seqs), pages_read, sampling, out.token_ids, StepOutputs(out))
 
     # host work of a step
 
-    def _finish(self, scheduler: Scheduler, launched: "LaunchedStep") -> int:
+    def _finish(self, scheduler: Scheduler, launched: LaunchedStep) -> int:
         """Append each sample's token; finish those that stop. Returns the progress in
         tokens (one per sample, plus the unused budget of each sample that stopped)."""
         ids, logprobs, topk_ids, topk_logprobs = launched.outputs.read()
         progress = 0
         for i, seq in enumerate(launched.seqs):
             k = seq.params.logprobs_topk
-            seq.append(ids[i], logprobs[i], topk_ids[i, :k], topk_logprobs[i, :k],
-                       launched.pages_read[i])
+            seq.append(
+                ids[i], logprobs[i], topk_ids[i, :k], topk_logprobs[i, :k], launched.pages_read[i]
+            )
             progress += 1
             if seq.finish_reason is not None:
                 scheduler.finish(seq)
@@ -334,17 +388,28 @@ class Engine:
     def _recorder(self, seqs: list[Sequence], step: int):
         def record(layer: int, page_mask: torch.Tensor) -> None:
             for row, seq in enumerate(seqs):
-                pages = tuple(tuple(torch.nonzero(head).flatten().tolist())
-                              for head in page_mask[row])
-                self.selection_log.append(SelectionRecord(
-                    step, layer, seq.prompt_index, seq.sample_index, seq.num_tokens - 1, pages))
+                pages = tuple(
+                    tuple(torch.nonzero(head).flatten().tolist()) for head in page_mask[row]
+                )
+                self.selection_log.append(
+                    SelectionRecord(
+                        step, layer, seq.prompt_index, seq.sample_index, seq.num_tokens - 1, pages
+                    )
+                )
+
         return record
 
     # requests
 
     def _make_group(self, index: int, prompt: list[int], params: SamplingParams) -> SequenceGroup:
-        check_request(index, prompt, params, self.model.arch.vocab_size, self.max_context,
-                      self.config.max_batch_size)
+        check_request(
+            index,
+            prompt,
+            params,
+            self.model.arch.vocab_size,
+            self.max_context,
+            self.config.max_batch_size,
+        )
         prompt = [int(t) for t in prompt]
         stop = set(params.stop_token_ids)
         if not self.config.ignore_eos:
@@ -353,17 +418,34 @@ class Engine:
         for i in range(params.n):
             self._next_seq_id += 1
             seed = sample_seed(params, i, (self.config.seed, self._calls, index))
-            samples.append(Sequence(self._next_seq_id, index, i, list(prompt), len(prompt),
-                                    params, seed, frozenset(stop)))
+            samples.append(
+                Sequence(
+                    self._next_seq_id,
+                    index,
+                    i,
+                    list(prompt),
+                    len(prompt),
+                    params,
+                    seed,
+                    frozenset(stop),
+                )
+            )
         group = SequenceGroup(samples)
-        check_fits(index, params, len(prompt), pages_needed(group, self.config.page_size),
-                   self.config.page_size, self.block_manager.num_pages)
+        check_fits(
+            index,
+            params,
+            len(prompt),
+            pages_needed(group, self.config.page_size),
+            self.config.page_size,
+            self.block_manager.num_pages,
+        )
         return group
 
     def _result(self, seq: Sequence) -> SampleResult:
         text = None
         if self.tokenizer is not None:
             # the stop token ends the sample; it is not part of the text a verifier reads
-            text = self.tokenizer.decode(list(seq.token_ids[seq.prompt_len:]),
-                                         skip_special_tokens=True)
+            text = self.tokenizer.decode(
+                list(seq.token_ids[seq.prompt_len :]), skip_special_tokens=True
+            )
         return seq.to_result(text)

@@ -7,7 +7,8 @@ room. sparrow/runtime/rollout/dispatch.py's PromptSource is the feed several eng
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from tqdm import tqdm
 
@@ -21,8 +22,13 @@ class FeedPull:
     like the last taken (requests are not seen before they are taken: an engine that took one
     it cannot start yet would hold it from an engine with room)."""
 
-    def __init__(self, feed: Any, make_group: Callable[[int, list, Any], SequenceGroup],
-                 groups: list[SequenceGroup], bar: tqdm):
+    def __init__(
+        self,
+        feed: Any,
+        make_group: Callable[[int, list, Any], SequenceGroup],
+        groups: list[SequenceGroup],
+        bar: tqdm,
+    ):
         self.feed, self.make_group, self.groups, self.bar = feed, make_group, groups, bar
         self.open = True
         self.size = (1, 1)  # the last request's samples and pages
@@ -31,8 +37,7 @@ class FeedPull:
     def fill(self, scheduler: Scheduler) -> None:
         if not self.open:
             return
-        while all(left >= need for left, need in zip(scheduler.room_after_waiting(),
-                                                     self.size)):
+        while all(left >= need for left, need in zip(scheduler.room_after_waiting(), self.size)):
             request = self.feed.take()
             if request is None:
                 self.open = False

@@ -18,8 +18,9 @@ partial page (it is always read).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -33,13 +34,15 @@ if TYPE_CHECKING:
 def centroid_torch_dtype(name: str, cache_dtype: torch.dtype) -> torch.dtype:
     """The torch dtype of EngineConfig.centroid_dtype `name` for a cache of `cache_dtype`."""
     if name not in CENTROID_DTYPES:
-        raise EngineError(f"centroid_dtype must be one of {', '.join(CENTROID_DTYPES)}, "
-                          f"got {name!r}")
+        raise EngineError(
+            f"centroid_dtype must be one of {', '.join(CENTROID_DTYPES)}, got {name!r}"
+        )
     return cache_dtype if name == "cache" else getattr(torch, name)
 
 
-def bytes_per_page(arch: "ModelArch", page_size: int, dtype: torch.dtype,
-                   centroids: torch.dtype | None = None) -> int:
+def bytes_per_page(
+    arch: ModelArch, page_size: int, dtype: torch.dtype, centroids: torch.dtype | None = None
+) -> int:
     """Bytes one page costs over all layers: keys and values (cache dtype) and the centroid
     (`centroids`, None: the cache dtype)."""
     element = torch.empty((), dtype=dtype).element_size()
@@ -64,8 +67,13 @@ def pages_for_room(room: int, per_page: int, before: int = 0) -> int:
     return max(1, int(fits * HEADROOM))
 
 
-def pages_for_budget(arch: "ModelArch", page_size: int, dtype: torch.dtype, mib: float,
-                     centroids: torch.dtype | None = None) -> int:
+def pages_for_budget(
+    arch: ModelArch,
+    page_size: int,
+    dtype: torch.dtype,
+    mib: float,
+    centroids: torch.dtype | None = None,
+) -> int:
     per_page = bytes_per_page(arch, page_size, dtype, centroids)
     pages = int(mib * 2**20) // per_page
     if pages < 1:
@@ -83,16 +91,23 @@ class KVCache:
     centroids: torch.Tensor
 
     @classmethod
-    def allocate(cls, arch: "ModelArch", num_pages: int, page_size: int, dtype: torch.dtype,
-                 device: torch.device | str,
-                 centroid_dtype: torch.dtype | None = None) -> "KVCache":
+    def allocate(
+        cls,
+        arch: ModelArch,
+        num_pages: int,
+        page_size: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        centroid_dtype: torch.dtype | None = None,
+    ) -> KVCache:
         """Zeroed keys and values in `dtype`, centroids in `centroid_dtype` (None: `dtype`)."""
         shape = (arch.num_layers, num_pages, arch.num_kv_heads, page_size, arch.head_dim)
         return cls(
             k=torch.zeros(shape, dtype=dtype, device=device),
             v=torch.zeros(shape, dtype=dtype, device=device),
-            centroids=torch.zeros(shape[:3] + shape[4:], dtype=centroid_dtype or dtype,
-                                  device=device),
+            centroids=torch.zeros(
+                shape[:3] + shape[4:], dtype=centroid_dtype or dtype, device=device
+            ),
         )
 
     @property
@@ -107,12 +122,15 @@ class KVCache:
     def page_size(self) -> int:
         return self.k.shape[3]
 
-    def write(self, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor,
-              v: torch.Tensor) -> None:
+    def write(
+        self, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None:
         """Store k, v [T, Hkv, D] at flat slots page * page_size + offset."""
         if k.shape != v.shape or k.shape[0] != slot_mapping.shape[0]:
-            raise ValueError(f"k {tuple(k.shape)}, v {tuple(v.shape)} and slot_mapping "
-                             f"{tuple(slot_mapping.shape)} disagree")
+            raise ValueError(
+                f"k {tuple(k.shape)}, v {tuple(v.shape)} and slot_mapping "
+                f"{tuple(slot_mapping.shape)} disagree"
+            )
         page, offset = slot_mapping // self.page_size, slot_mapping % self.page_size
         # [page, :, offset] puts the token dim first: [T, Hkv, D], the shape of k and v
         self.k[layer][page, :, offset] = k.to(self.k.dtype)

@@ -38,8 +38,14 @@ from sparrow.token_arrays import TOPK_ID_DTYPE, TOPK_LOGPROB_DTYPE
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, cache: KVCache, block_manager: BlockManager,
-                 options: KernelOptions | None = None, graphs: DecodeGraphs | None = None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cache: KVCache,
+        block_manager: BlockManager,
+        options: KernelOptions | None = None,
+        graphs: DecodeGraphs | None = None,
+    ):
         self.model = model
         self.cache = cache
         self.block_manager = block_manager
@@ -69,14 +75,19 @@ class ModelRunner:
         meta = StepMetadata(self._tensor(slots), self._tensor(filled), prefill_lens=tuple(lens))
         last = torch.tensor(lens, device=self.device).cumsum(0) - 1
         with kernel_options(self.options):
-            hidden = self.model(self._tensor(ids), self._tensor(positions),
-                                PagedAttention(self.cache, meta, None))
+            hidden = self.model(
+                self._tensor(ids), self._tensor(positions), PagedAttention(self.cache, meta, None)
+            )
             return self.model.compute_logits(hidden[last])
 
     @torch.inference_mode()
-    def decode(self, seqs: list[Sequence], schedule: Schedule | None,
-               on_selection: SelectionHook | None = None,
-               pending_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def decode(
+        self,
+        seqs: list[Sequence],
+        schedule: Schedule | None,
+        on_selection: SelectionHook | None = None,
+        pending_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """One step for each sequence: its last token attends to its cached tokens.
         pending_ids [B] (device): the in-flight step's tokens, input at position num_tokens."""
         with kernel_options(self.options):
@@ -84,9 +95,13 @@ class ModelRunner:
                 return self._decode_graphed(seqs, schedule, pending_ids)
             return self._decode_eager(seqs, schedule, on_selection, pending_ids)
 
-    def _decode_eager(self, seqs: list[Sequence], schedule: Schedule | None,
-                      on_selection: SelectionHook | None,
-                      pending_ids: torch.Tensor | None) -> torch.Tensor:
+    def _decode_eager(
+        self,
+        seqs: list[Sequence],
+        schedule: Schedule | None,
+        on_selection: SelectionHook | None,
+        pending_ids: torch.Tensor | None,
+    ) -> torch.Tensor:
         """decode() through PagedAttention (the CPU path, and a selection hook's)."""
         ahead = 0 if pending_ids is None else 1
         page_size = self.block_manager.page_size
@@ -104,30 +119,35 @@ class ModelRunner:
             if schedule is not None:
                 topk.append(schedule.topk_for_position(position))
         meta = StepMetadata(
-            self._tensor(slots), self._tensor(filled),
+            self._tensor(slots),
+            self._tensor(filled),
             page_tables=self._tensor(tables),
             num_tokens=self._tensor(positions) + 1,
             topk=self._tensor(topk) if schedule is not None else None,
         )
         input_ids = self._tensor(ids) if pending_ids is None else pending_ids
-        hidden = self.model(input_ids, self._tensor(positions),
-                            PagedAttention(self.cache, meta, schedule, on_selection))
+        hidden = self.model(
+            input_ids,
+            self._tensor(positions),
+            PagedAttention(self.cache, meta, schedule, on_selection),
+        )
         return self.model.compute_logits(hidden)
 
     def _table(self, seq: Sequence) -> np.ndarray:
         table = self._tables.get(seq.seq_id)
-        if (table is None or len(table) != len(seq.page_table)
-                or table[-1] != seq.page_table[-1]):
+        if table is None or len(table) != len(seq.page_table) or table[-1] != seq.page_table[-1]:
             table = np.asarray(seq.page_table, dtype=np.int32)
             self._tables[seq.seq_id] = table
         return table
 
-    def _decode_graphed(self, seqs: list[Sequence], schedule: Schedule | None,
-                        pending_ids: torch.Tensor | None) -> torch.Tensor:
+    def _decode_graphed(
+        self, seqs: list[Sequence], schedule: Schedule | None, pending_ids: torch.Tensor | None
+    ) -> torch.Tensor:
         batch = len(seqs)
         last = 0 if pending_ids is None else 1  # the input's offset from the last known token
-        positions = np.fromiter((s.num_tokens - 1 + last for s in seqs), dtype=np.int64,
-                                count=batch)
+        positions = np.fromiter(
+            (s.num_tokens - 1 + last for s in seqs), dtype=np.int64, count=batch
+        )
         ids = pending_ids
         if ids is None:
             ids = np.fromiter((s.token_ids[-1] for s in seqs), dtype=np.int64, count=batch)
@@ -136,13 +156,14 @@ class ModelRunner:
         tables = np.zeros((batch, width), dtype=np.int32)
         for row, seq in enumerate(seqs):
             table = self._table(seq)
-            tables[row, :len(table)] = table
+            tables[row, : len(table)] = table
         page_size = self.block_manager.page_size
         slots = tables[np.arange(batch), positions // page_size] * page_size + positions % page_size
         topk = None
         if schedule is not None:
-            topk = np.fromiter((schedule.topk_for_position(int(p)) for p in positions),
-                               dtype=np.int64, count=batch)
+            topk = np.fromiter(
+                (schedule.topk_for_position(int(p)) for p in positions), dtype=np.int64, count=batch
+            )
         live = {s.seq_id for s in seqs}
         for seq_id in [i for i in self._tables if i not in live]:
             del self._tables[seq_id]
@@ -155,8 +176,15 @@ class StepOutputs:
 
     def __init__(self, out: SampleOutput):
         self.width = out.topk_ids.shape[1]
-        packed = torch.cat([out.token_ids[:, None].double(), out.logprobs[:, None].double(),
-                            out.topk_ids.double(), out.topk_logprobs.double()], dim=1)
+        packed = torch.cat(
+            [
+                out.token_ids[:, None].double(),
+                out.logprobs[:, None].double(),
+                out.topk_ids.double(),
+                out.topk_logprobs.double(),
+            ],
+            dim=1,
+        )
         self._event = None
         if packed.is_cuda:
             self._host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
@@ -173,5 +201,9 @@ class StepOutputs:
             self._event.synchronize()
         rows = self._host.numpy()
         k = self.width
-        return (rows[:, 0].astype(np.int64).tolist(), rows[:, 1].tolist(),
-                rows[:, 2:2 + k].astype(TOPK_ID_DTYPE), rows[:, 2 + k:].astype(TOPK_LOGPROB_DTYPE))
+        return (
+            rows[:, 0].astype(np.int64).tolist(),
+            rows[:, 1].tolist(),
+            rows[:, 2 : 2 + k].astype(TOPK_ID_DTYPE),
+            rows[:, 2 + k :].astype(TOPK_LOGPROB_DTYPE),
+        )

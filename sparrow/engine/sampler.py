@@ -43,8 +43,9 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -52,7 +53,7 @@ from torch import Tensor
 
 # the request parameters live with the request checks; imported here, where callers look
 from sparrow.engine.validate import SamplingError, SamplingParams  # noqa: F401
-from sparrow.kernels.race_draw import MASK32, log_uniform, mix32, race_draw, scramble32, token_keys
+from sparrow.kernels.race_draw import MASK32, log_uniform, mix32, race_draw
 from sparrow.kernels.race_draw import noise_bits as token_noise_bits
 
 SEED_SALT = 0x1E3779B9
@@ -69,6 +70,7 @@ class SampleOutput(NamedTuple):
 # the counter-based hash (see the module docstring); the per-row part runs on the host in
 # numpy (a few microseconds, no device launches), the per-token part on the device, in one
 # fused pass where a kernel can run (kernels/race_draw.py, which holds the token-side hash)
+
 
 def seed_keys(seeds) -> np.ndarray:
     """[B] int64 seeds -> [B] 32-bit keys (both halves of the seed count)."""
@@ -105,6 +107,7 @@ def _to_device(array: np.ndarray, device: torch.device) -> Tensor:
 
 # per-row inputs
 
+
 @dataclass(frozen=True)
 class SamplingBatch:
     """The per-row sampling inputs as tensors on one device; the engine builds one per batch
@@ -127,8 +130,7 @@ class SamplingBatch:
         for name in ("seeds", "seed_key", "greedy", "temperature", "top_k", "top_p"):
             value = getattr(self, name)
             if value is not None and len(value) != rows:
-                raise SamplingError(f"SamplingBatch.{name} must have {rows} rows, "
-                                    f"got {len(value)}")
+                raise SamplingError(f"SamplingBatch.{name} must have {rows} rows, got {len(value)}")
 
     def __len__(self) -> int:
         return len(self.params)
@@ -138,8 +140,12 @@ class SamplingBatch:
         return self.greedy.device
 
     @classmethod
-    def build(cls, params: Sequence[SamplingParams], seeds: Sequence[int] | None = None,
-              device: torch.device | str = "cpu") -> "SamplingBatch":
+    def build(
+        cls,
+        params: Sequence[SamplingParams],
+        seeds: Sequence[int] | None = None,
+        device: torch.device | str = "cpu",
+    ) -> SamplingBatch:
         """seeds None: each row's params.seed, or a draw from torch's global generator."""
         params = tuple(params)
         if seeds is None:
@@ -148,8 +154,11 @@ class SamplingBatch:
         seeds = list(seeds)
         if len(seeds) != len(params):
             raise SamplingError(f"got {len(seeds)} seeds for {len(params)} SamplingParams")
-        bad = [s for s in seeds if isinstance(s, bool) or not isinstance(s, numbers.Integral)
-               or not 0 <= s < SEED_LIMIT]
+        bad = [
+            s
+            for s in seeds
+            if isinstance(s, bool) or not isinstance(s, numbers.Integral) or not 0 <= s < SEED_LIMIT
+        ]
         if bad:
             raise SamplingError(f"seeds must be integers in [0, 2**63), got {bad[:3]}")
         truncates = any(p.top_k > 0 or p.top_p < 1.0 for p in params if not p.greedy)
@@ -159,8 +168,9 @@ class SamplingBatch:
             seeds=tuple(int(seed) for seed in seeds),
             seed_key=seed_keys(seeds),
             greedy=as_tensor([p.greedy for p in params], torch.bool),
-            temperature=as_tensor([1.0 if p.greedy else p.temperature for p in params],
-                                  torch.float32),
+            temperature=as_tensor(
+                [1.0 if p.greedy else p.temperature for p in params], torch.float32
+            ),
             top_k=as_tensor([p.top_k for p in params], torch.int64) if truncates else None,
             top_p=as_tensor([p.top_p for p in params], torch.float32) if truncates else None,
             topk_width=max(p.logprobs_topk for p in params),
@@ -186,8 +196,11 @@ def truncation_mask(scaled: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
     return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
 
 
-def sample(logits: Tensor, batch: SamplingBatch | Sequence[SamplingParams],
-           counters: Sequence[int] | np.ndarray | None = None) -> SampleOutput:
+def sample(
+    logits: Tensor,
+    batch: SamplingBatch | Sequence[SamplingParams],
+    counters: Sequence[int] | np.ndarray | None = None,
+) -> SampleOutput:
     """One token per row of logits [B, V] (float32); see the module docstring.
 
     batch: a SamplingBatch on the logits' device, or SamplingParams (seeds as in
@@ -226,10 +239,12 @@ def _check_inputs(logits: Tensor, batch: SamplingBatch, counters) -> Tensor:
         raise SamplingError(f"logits must not be empty, got shape {tuple(logits.shape)}")
     if len(batch) != logits.shape[0]:
         raise SamplingError(
-            f"logits have {logits.shape[0]} rows but {len(batch)} SamplingParams were given")
+            f"logits have {logits.shape[0]} rows but {len(batch)} SamplingParams were given"
+        )
     if batch.device != logits.device:
-        raise SamplingError(f"the SamplingBatch is on {batch.device}, the logits on "
-                            f"{logits.device}")
+        raise SamplingError(
+            f"the SamplingBatch is on {batch.device}, the logits on {logits.device}"
+        )
     if counters is None:
         return np.zeros(len(batch), dtype=np.int64)
     if isinstance(counters, Tensor) and counters.device.type != "cpu":

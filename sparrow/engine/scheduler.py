@@ -87,8 +87,10 @@ class Scheduler:
         """Slots and pages left once every waiting group is admitted (what an engine pulling
         requests from a feed may still take)."""
         slots, available = self._room()
-        return (slots - sum(len(g.samples) for g in self.waiting),
-                available - sum(map(self.pages_needed, self.waiting)))
+        return (
+            slots - sum(len(g.samples) for g in self.waiting),
+            available - sum(map(self.pages_needed, self.waiting)),
+        )
 
     def can_admit(self) -> bool:
         """Whether the first waiting group fits now, so that schedule() would prefill it."""
@@ -123,8 +125,10 @@ class Scheduler:
         if admitted:
             return Batch(True, [g.leader for g in admitted], tuple(admitted))
         if not self.running:
-            raise RuntimeError("nothing runs and the first waiting group does not fit "
-                               "(the engine refuses such requests up front)")
+            raise RuntimeError(
+                "nothing runs and the first waiting group does not fit "
+                "(the engine refuses such requests up front)"
+            )
         for seq in self.running:
             self.block_manager.append_slot(seq)
         return Batch(False, list(self.running))

@@ -64,13 +64,18 @@ class SampleResult:
                 if matrix.size == 0:  # no tokens, or K = 0
                     matrix = np.zeros((len(matrix), 0), dtype)
                 object.__setattr__(self, name, matrix.astype(dtype, copy=False))
-        lengths = (len(self.logprobs), len(self.topk_ids), len(self.topk_logprobs),
-                   len(self.pages_read))
+        lengths = (
+            len(self.logprobs),
+            len(self.topk_ids),
+            len(self.topk_logprobs),
+            len(self.pages_read),
+        )
         if any(length != n for length in lengths):
             raise ValueError(f"SampleResult fields disagree in length: {n} ids vs {lengths}")
         if self.finish_reason not in FINISH_REASONS:
-            raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, "
-                             f"got {self.finish_reason!r}")
+            raise ValueError(
+                f"finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -88,8 +93,7 @@ class SampleResult:
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
             return NotImplemented
-        return all(same_values(getattr(self, f.name), getattr(other, f.name))
-                   for f in fields(self))
+        return all(same_values(getattr(self, f.name), getattr(other, f.name)) for f in fields(self))
 
     __hash__ = None  # arrays inside
 
@@ -101,7 +105,7 @@ class Sequence:
     sample_index: int
     token_ids: list[int]
     prompt_len: int
-    params: "SamplingParams"
+    params: SamplingParams
     seed: int
     stop_ids: frozenset[int]
     page_table: list[int] = field(default_factory=list)
@@ -126,8 +130,9 @@ class Sequence:
         """Prompt plus max_new_tokens: the longest this sequence can get."""
         return self.prompt_len + self.params.max_new_tokens
 
-    def append(self, token: int, logprob: float, topk_ids: Any, topk_logprobs: Any,
-               pages_read: int) -> None:
+    def append(
+        self, token: int, logprob: float, topk_ids: Any, topk_logprobs: Any, pages_read: int
+    ) -> None:
         """Record a sampled token; set the finish reason when it stops or reaches the cutoff."""
         self.token_ids.append(token)
         self.logprobs.append(logprob)
@@ -139,12 +144,20 @@ class Sequence:
         elif self.num_generated >= self.params.max_new_tokens:
             self.finish_reason = "length"
 
-    def fork(self, seq_id: int, sample_index: int, seed: int) -> "Sequence":
+    def fork(self, seq_id: int, sample_index: int, seed: int) -> Sequence:
         """A new sample of the same prompt, before any token is generated (no pages yet)."""
         if self.num_generated:
             raise ValueError("only a sequence with no generated token can be forked")
-        return Sequence(seq_id, self.prompt_index, sample_index, list(self.token_ids),
-                        self.prompt_len, self.params, seed, self.stop_ids)
+        return Sequence(
+            seq_id,
+            self.prompt_index,
+            sample_index,
+            list(self.token_ids),
+            self.prompt_len,
+            self.params,
+            seed,
+            self.stop_ids,
+        )
 
     def to_result(self, text: str | None = None) -> SampleResult:
         if self.finish_reason is None:
@@ -152,7 +165,7 @@ class Sequence:
         return SampleResult(
             prompt_index=self.prompt_index,
             sample_index=self.sample_index,
-            output_ids=tuple(self.token_ids[self.prompt_len:]),
+            output_ids=tuple(self.token_ids[self.prompt_len :]),
             logprobs=tuple(self.logprobs),
             topk_ids=self.topk_ids.array(self.params.logprobs_topk),
             topk_logprobs=self.topk_logprobs.array(self.params.logprobs_topk),

@@ -14,8 +14,8 @@ skip_layers, and every layer without a schedule, decode densely.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -48,7 +48,8 @@ class StepMetadata:
     def __post_init__(self) -> None:
         if (self.prefill_lens is None) == (self.page_tables is None):
             raise ValueError(
-                "StepMetadata is either prefill (prefill_lens) or decode (page_tables)")
+                "StepMetadata is either prefill (prefill_lens) or decode (page_tables)"
+            )
         if self.prefill_lens is not None and sum(self.prefill_lens) != self.slot_mapping.shape[0]:
             raise ValueError("prefill_lens must sum to the number of slots")
         if self.page_tables is not None:
@@ -66,18 +67,26 @@ class StepMetadata:
 
 
 class PagedAttention:
-    def __init__(self, cache: KVCache, meta: StepMetadata, schedule: Schedule | None,
-                 on_selection: SelectionHook | None = None):
+    def __init__(
+        self,
+        cache: KVCache,
+        meta: StepMetadata,
+        schedule: Schedule | None,
+        on_selection: SelectionHook | None = None,
+    ):
         if schedule is not None and schedule.page_size != cache.page_size:
-            raise ValueError(f"schedule page_size {schedule.page_size} differs from the cache's "
-                             f"{cache.page_size}")
+            raise ValueError(
+                f"schedule page_size {schedule.page_size} differs from the cache's "
+                f"{cache.page_size}"
+            )
         self.cache = cache
         self.meta = meta
         self.schedule = schedule
         self.on_selection = on_selection
 
-    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor,
-                 v: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
         meta, cache = self.meta, self.cache
         cache.write(layer, meta.slot_mapping, k, v)
         cache.update_centroids(layer, meta.filled_pages)
@@ -86,16 +95,19 @@ class PagedAttention:
         k_pages, v_pages = cache.k[layer], cache.v[layer]
         schedule = self.schedule
         if meta.topk is None or schedule is None or not schedule.is_sparse_layer(layer):
-            return paths.dense_decode_attention(q, k_pages, v_pages, meta.page_tables,
-                                                meta.num_tokens)
+            return paths.dense_decode_attention(
+                q, k_pages, v_pages, meta.page_tables, meta.num_tokens
+            )
         # sparse decode: score the cached pages' centroids against the group-mean query
         # (in the centroid dtype, float8 included; score_pages upcasts to float32)
         centroids = cache.centroids[layer][meta.page_tables]  # [B, W, Hkv, D]
         num_pages = (meta.num_tokens + cache.page_size - 1) // cache.page_size
         q_mean = group_query_mean(q, k.shape[1])
-        page_mask = select_pages(q_mean, centroids, num_pages, meta.topk,
-                                 schedule.reserved_bos, schedule.reserved_eos)
+        page_mask = select_pages(
+            q_mean, centroids, num_pages, meta.topk, schedule.reserved_bos, schedule.reserved_eos
+        )
         if self.on_selection is not None:
             self.on_selection(layer, page_mask)
-        return paths.sparse_decode_attention(q, k_pages, v_pages, meta.page_tables,
-                                             meta.num_tokens, page_mask)
+        return paths.sparse_decode_attention(
+            q, k_pages, v_pages, meta.page_tables, meta.num_tokens, page_mask
+        )

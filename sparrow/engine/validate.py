@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -85,30 +85,44 @@ def sample_seed(params: SamplingParams, sample_index: int, fallback: tuple[int, 
     return int(np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
-def check_request(index: int, prompt: Sequence[int], params: SamplingParams, vocab_size: int,
-                  max_context: int, max_batch_size: int) -> None:
+def check_request(
+    index: int,
+    prompt: Sequence[int],
+    params: SamplingParams,
+    vocab_size: int,
+    max_context: int,
+    max_batch_size: int,
+) -> None:
     """Refuse a prompt the engine could never serve (the page check is the engine's)."""
     if not prompt:
         raise EngineError(f"prompt {index} is empty")
-    bad = [t for t in prompt
-           if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t < vocab_size]
+    bad = [
+        t
+        for t in prompt
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t < vocab_size
+    ]
     if bad:
         raise EngineError(f"prompt {index} holds token ids outside [0, {vocab_size}): {bad[:5]}")
     total = len(prompt) + params.max_new_tokens
     if total > max_context:
         raise EngineError(
             f"prompt {index}: {len(prompt)} prompt tokens + max_new_tokens "
-            f"{params.max_new_tokens} = {total} exceed the context of {max_context} tokens")
+            f"{params.max_new_tokens} = {total} exceed the context of {max_context} tokens"
+        )
     if params.n > max_batch_size:
-        raise EngineError(f"prompt {index} asks for n={params.n} samples but the engine runs "
-                          f"at most max_batch_size={max_batch_size} sequences at once")
+        raise EngineError(
+            f"prompt {index} asks for n={params.n} samples but the engine runs "
+            f"at most max_batch_size={max_batch_size} sequences at once"
+        )
 
 
-def check_fits(index: int, params: SamplingParams, prompt_len: int, needed: int, page_size: int,
-               num_pages: int) -> None:
+def check_fits(
+    index: int, params: SamplingParams, prompt_len: int, needed: int, page_size: int, num_pages: int
+) -> None:
     """Refuse a prompt group whose worst case (`needed` pages) exceeds the whole cache."""
     if needed > num_pages:
         raise EngineError(
             f"prompt {index} can never fit: {params.n} sample(s) of {prompt_len} prompt + "
             f"{params.max_new_tokens} new tokens need {needed} KV pages of {page_size} tokens, "
-            f"the cache holds {num_pages} (raise kv_cache_mib or lower max_new_tokens / n)")
+            f"the cache holds {num_pages} (raise kv_cache_mib or lower max_new_tokens / n)"
+        )

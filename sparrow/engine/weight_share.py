@@ -18,8 +18,9 @@ packed once. A trainer group's rank 0 fills the same structure from its FSDP sha
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
@@ -41,8 +42,12 @@ class SharedWeights:
 
     @classmethod
     @torch.no_grad()
-    def pack(cls, state: Mapping[str, torch.Tensor], dtype: torch.dtype,
-             device: torch.device | None = None) -> "SharedWeights":
+    def pack(
+        cls,
+        state: Mapping[str, torch.Tensor],
+        dtype: torch.dtype,
+        device: torch.device | None = None,
+    ) -> SharedWeights:
         """One buffer on `device` (default: the tensors' own, which must be CUDA); host
         tensors (a sharded trainer's gathered state) are copied in directly."""
         first = next(iter(state.values()))
@@ -63,7 +68,7 @@ class SharedWeights:
         for name, tensor in state.items():
             offset, shape = layout[name]
             if offset not in done:
-                buffer[offset: offset + tensor.numel()].view(shape).copy_(tensor)
+                buffer[offset : offset + tensor.numel()].view(shape).copy_(tensor)
                 done.add(offset)
         torch.cuda.synchronize(device)
         return cls(buffer, layout)
@@ -76,8 +81,12 @@ class SharedWeights:
             raise ValueError("only a CUDA buffer can be shared through CUDA IPC")
 
         rebuild, args = reduce_tensor(self.buffer)
-        return {"rebuild": rebuild, "args": args, "layout": self.layout,
-                "uuid": device_uuid(self.buffer.device.index)}
+        return {
+            "rebuild": rebuild,
+            "args": args,
+            "layout": self.layout,
+            "uuid": device_uuid(self.buffer.device.index),
+        }
 
     def close(self) -> None:
         on_cuda = self.buffer.is_cuda
@@ -99,8 +108,10 @@ def open_message(message: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     # the sender's device index is its own numbering; map it to ours (same uuid, checked)
     args[6] = torch.cuda.current_device()
     buffer = message["rebuild"](*args)
-    return {name: buffer[offset: offset + _numel(shape)].view(shape)
-            for name, (offset, shape) in message["layout"].items()}
+    return {
+        name: buffer[offset : offset + _numel(shape)].view(shape)
+        for name, (offset, shape) in message["layout"].items()
+    }
 
 
 def release_opened() -> None:

@@ -27,11 +27,11 @@ a collapsing run fine.
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from sparrow.costmodel.eflops import Hardware, ModelShape, schedule_cost
+from sparrow.costmodel import Hardware, ModelShape, schedule_cost
 from sparrow.sparse.schedule import Schedule
 from sparrow.sparse.target import TargetStatistic
 
@@ -42,15 +42,18 @@ def last_mean(values: Sequence[float], window: int) -> float | None:
     return float(np.mean(finite[-window:])) if finite else None
 
 
-def collapse_labels(rewards: Mapping[str, Sequence[float]], reference: str, window: int,
-                    ratio: float) -> tuple[dict[str, bool | None], float | None]:
+def collapse_labels(
+    rewards: Mapping[str, Sequence[float]], reference: str, window: int, ratio: float
+) -> tuple[dict[str, bool | None], float | None]:
     """({arm: collapsed, or None when undecidable}, the reference arm's final mean reward)."""
     finals = {arm: last_mean(values, window) for arm, values in rewards.items()}
     reference_final = finals.get(reference)
     if reference_final is None or reference_final <= 0:
         return {arm: None for arm in rewards}, reference_final
-    labels = {arm: (None if final is None else final < ratio * reference_final)
-              for arm, final in finals.items()}
+    labels = {
+        arm: (None if final is None else final < ratio * reference_final)
+        for arm, final in finals.items()
+    }
     labels[reference] = False
     return labels, reference_final
 
@@ -75,8 +78,11 @@ def worst_per_step(rows: Sequence[Mapping], statistic: TargetStatistic) -> dict[
     return {step: statistic.worst(values) for step, values in sorted(by_step.items())}
 
 
-def separation(per_arm: Mapping[str, Mapping[int, float]], labels: Mapping[str, bool | None],
-               statistic: TargetStatistic) -> dict:
+def separation(
+    per_arm: Mapping[str, Mapping[int, float]],
+    labels: Mapping[str, bool | None],
+    statistic: TargetStatistic,
+) -> dict:
     """How well the per-step worst-bin statistic tells collapsed arms from stable ones."""
     sides: dict[bool, list[str]] = {False: [], True: []}
     for arm, label in labels.items():
@@ -100,9 +106,12 @@ def separation(per_arm: Mapping[str, Mapping[int, float]], labels: Mapping[str, 
     }
 
 
-def passes_at_target(per_arm: Mapping[str, Mapping[int, float]],
-                     labels: Mapping[str, bool | None], targets: Mapping[str, float | None],
-                     statistic: TargetStatistic) -> dict:
+def passes_at_target(
+    per_arm: Mapping[str, Mapping[int, float]],
+    labels: Mapping[str, bool | None],
+    targets: Mapping[str, float | None],
+    statistic: TargetStatistic,
+) -> dict:
     """How often the statistic, held at each arm's own target, calls a step fine: the share of
     steps whose worst bin meets the target, over the collapsed arms (a false pass: the
     statistic would not have warned) and over the stable ones. Only arms with a target take
@@ -121,19 +130,35 @@ def passes_at_target(per_arm: Mapping[str, Mapping[int, float]],
         met, steps = counts[label]
         return met / steps if steps else None
 
-    return {"statistic": statistic.name, "collapsed_pass": share(True),
-            "collapsed_steps": counts[True][1], "stable_pass": share(False),
-            "stable_steps": counts[False][1]}
+    return {
+        "statistic": statistic.name,
+        "collapsed_pass": share(True),
+        "collapsed_steps": counts[True][1],
+        "stable_pass": share(False),
+        "stable_steps": counts[False][1],
+    }
 
 
-def step_rollout_cost(schedule: Schedule | None, *, model: ModelShape, hardware: Hardware,
-                      prompt_len: float, gen_len: float, samples_per_prompt: int,
-                      prompts: int) -> tuple[float, float]:
+def step_rollout_cost(
+    schedule: Schedule | None,
+    *,
+    model: ModelShape,
+    hardware: Hardware,
+    prompt_len: float,
+    gen_len: float,
+    samples_per_prompt: int,
+    prompts: int,
+) -> tuple[float, float]:
     """(predicted eFLOPs of one step's rollout, the same decoded densely): `prompts` groups of
     `samples_per_prompt` samples of the mean length after the mean prompt; schedule None is
     dense decoding."""
-    cost = schedule_cost(schedule or Schedule("dense", (1,)), model=model, hardware=hardware,
-                         prompt_len=int(round(prompt_len)), gen_len=max(1, int(round(gen_len))),
-                         samples=samples_per_prompt)
+    cost = schedule_cost(
+        schedule or Schedule("dense", (1,)),
+        model=model,
+        hardware=hardware,
+        prompt_len=int(round(prompt_len)),
+        gen_len=max(1, int(round(gen_len))),
+        samples=samples_per_prompt,
+    )
     dense = cost.dense.total * prompts
     return (dense if schedule is None else cost.sparse.total * prompts), dense

@@ -11,7 +11,7 @@ A step whose stages were all recorded by an earlier attempt is marked "resumed".
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from rich.console import Console
 from rich.table import Table

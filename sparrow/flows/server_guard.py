@@ -75,6 +75,10 @@ def guard_local_server() -> subprocess.Popen | None:
     if running is not None and running.poll() is None:
         return running
     _WATCHDOG[os.getpid()] = subprocess.Popen(
-        [sys.executable, "-c", _WATCH, str(os.getpid()), SERVER_MARK], stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        [sys.executable, "-c", _WATCH, str(os.getpid()), SERVER_MARK],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     return _WATCHDOG[os.getpid()]

@@ -38,17 +38,18 @@ quiet_prefect()
 
 from prefect import flow  # noqa: E402
 
+from sparrow.config import ConfigError  # noqa: E402
+from sparrow.config.study import check_arm_names, check_at_once, load_study  # noqa: E402
 from sparrow.flows.train import train_flow  # noqa: E402
 from sparrow.reports.study import default_out, write_study_report  # noqa: E402
 from sparrow.runtime.rollout.actors import start_ray  # noqa: E402
-from sparrow.config import ConfigError  # noqa: E402
-from sparrow.config.study import check_arm_names, check_at_once, load_study  # noqa: E402
 from sparrow.stages.study_arms import own_workdir, plan_study, plan_study_task, study_dir  # noqa: E402
 from sparrow.stages.study_report import study_report_task  # noqa: E402
 
 
-def _selected(study: str, study_overrides: list[str] | None, plans: list[dict],
-              arms: list[str] | None) -> list[dict]:
+def _selected(
+    study: str, study_overrides: list[str] | None, plans: list[dict], arms: list[str] | None
+) -> list[dict]:
     if not arms:
         return plans
     check_arm_names(load_study(study, study_overrides or []), arms)
@@ -56,9 +57,14 @@ def _selected(study: str, study_overrides: list[str] | None, plans: list[dict],
 
 
 @flow(name="study")
-def study_flow(study_id: str, study: str = "default", overrides: list[str] | None = None,
-               study_overrides: list[str] | None = None, show_table: bool = False,
-               arms: list[str] | None = None) -> dict:
+def study_flow(
+    study_id: str,
+    study: str = "default",
+    overrides: list[str] | None = None,
+    study_overrides: list[str] | None = None,
+    show_table: bool = False,
+    arms: list[str] | None = None,
+) -> dict:
     """Run (or resume) every arm of a study, or the named `arms` alone (then no report); a
     small summary of what ran and where."""
     plans = plan_study_task(study_id, study, list(study_overrides or []), list(overrides or []))
@@ -69,13 +75,26 @@ def study_flow(study_id: str, study: str = "default", overrides: list[str] | Non
     try:
         for plan in chosen:
             if plan["finished"]:
-                ran.append({"arm": plan["arm"], "run_id": plan["run_id"], "status": "finished",
-                            "skipped": True, "resumed": False})
+                ran.append(
+                    {
+                        "arm": plan["arm"],
+                        "run_id": plan["run_id"],
+                        "status": "finished",
+                        "skipped": True,
+                        "resumed": False,
+                    }
+                )
                 continue
             summary = train_flow(plan["overrides"], show_table=show_table)
-            ran.append({"arm": plan["arm"], "run_id": plan["run_id"],
-                        "status": summary["status"], "skipped": False,
-                        "resumed": summary["resumed"]})
+            ran.append(
+                {
+                    "arm": plan["arm"],
+                    "run_id": plan["run_id"],
+                    "status": summary["status"],
+                    "skipped": False,
+                    "resumed": summary["resumed"],
+                }
+            )
     finally:
         if started_ray:
             import ray
@@ -89,8 +108,20 @@ def study_flow(study_id: str, study: str = "default", overrides: list[str] | Non
 
 def arm_command(study_id: str, study: str, arm: str, items: list[str]) -> list[str]:
     """The command line of one arm's process (items: train and study.KEY=VALUE overrides)."""
-    return [sys.executable, "-m", "sparrow.cli.main", "study", "run", study_id, "--study", study,
-            "--arm", arm, "--json", *items]
+    return [
+        sys.executable,
+        "-m",
+        "sparrow.cli.main",
+        "study",
+        "run",
+        study_id,
+        "--study",
+        study,
+        "--arm",
+        arm,
+        "--json",
+        *items,
+    ]
 
 
 def arm_environment(gpu: str, arm_dir: Path) -> dict[str, str]:
@@ -100,8 +131,14 @@ def arm_environment(gpu: str, arm_dir: Path) -> dict[str, str]:
     return env
 
 
-def study_at_once(study_id: str, study: str, overrides: list[str], study_overrides: list[str],
-                  gpus: list[str], poll_s: float = 1.0) -> dict:
+def study_at_once(
+    study_id: str,
+    study: str,
+    overrides: list[str],
+    study_overrides: list[str],
+    gpus: list[str],
+    poll_s: float = 1.0,
+) -> dict:
     """Run the unfinished arms at once, one process per GPU in `gpus`, then the report; a
     summary like study_flow's, with each arm's exit code and log."""
     if not gpus:
@@ -111,9 +148,17 @@ def study_at_once(study_id: str, study: str, overrides: list[str], study_overrid
     workdir = plans[0]["workdir"]
     items = [*overrides, *(f"study.{item}" for item in study_overrides)]
     waiting = [plan for plan in plans if not plan["finished"]]
-    results = {plan["arm"]: {"arm": plan["arm"], "run_id": plan["run_id"], "status": "finished",
-                             "skipped": True, "resumed": False} for plan in plans
-               if plan["finished"]}
+    results = {
+        plan["arm"]: {
+            "arm": plan["arm"],
+            "run_id": plan["run_id"],
+            "status": "finished",
+            "skipped": True,
+            "resumed": False,
+        }
+        for plan in plans
+        if plan["finished"]
+    }
     # one slot per entry of gpus (a GPU named twice runs two arms)
     running: dict[int, tuple[subprocess.Popen, dict, Path, object]] = {}
     free = list(range(len(gpus)))
@@ -125,9 +170,12 @@ def study_at_once(study_id: str, study: str, overrides: list[str], study_overrid
                 arm_dir.mkdir(parents=True, exist_ok=True)
                 log_path = study_dir(workdir, study_id) / "arms" / f"{plan['arm']}.log"
                 log = open(log_path, "ab")
-                proc = subprocess.Popen(arm_command(study_id, study, plan["arm"], items),
-                                        stdout=log, stderr=subprocess.STDOUT,
-                                        env=arm_environment(gpus[slot], arm_dir))
+                proc = subprocess.Popen(
+                    arm_command(study_id, study, plan["arm"], items),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=arm_environment(gpus[slot], arm_dir),
+                )
                 running[slot] = (proc, plan, log_path, log)
             time.sleep(poll_s)
             for slot, (proc, plan, log_path, log) in list(running.items()):
@@ -137,11 +185,16 @@ def study_at_once(study_id: str, study: str, overrides: list[str], study_overrid
                 del running[slot]
                 free.append(slot)
                 results[plan["arm"]] = {
-                    "arm": plan["arm"], "run_id": plan["run_id"], "skipped": False,
+                    "arm": plan["arm"],
+                    "run_id": plan["run_id"],
+                    "skipped": False,
                     "status": "finished" if proc.returncode == 0 else "failed",
-                    "returncode": proc.returncode, "gpu": gpus[slot], "log": str(log_path)}
+                    "returncode": proc.returncode,
+                    "gpu": gpus[slot],
+                    "log": str(log_path),
+                }
     except BaseException:
-        for proc, _, _, log in running.values():  # a Ctrl-C stops every arm as it stops one
+        for proc, _, _, _ in running.values():  # a Ctrl-C stops every arm as it stops one
             proc.send_signal(signal.SIGINT)
         for proc, _, _, log in running.values():
             try:

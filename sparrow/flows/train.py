@@ -27,6 +27,7 @@ quiet_prefect()
 from prefect import flow  # noqa: E402
 from rich.console import Console  # noqa: E402
 
+from sparrow.config import load_config  # noqa: E402
 from sparrow.flows.live_table import LiveTable  # noqa: E402
 from sparrow.flows.train_setup import (
     close_run_runtime,
@@ -34,8 +35,6 @@ from sparrow.flows.train_setup import (
     where_to_look,
     with_run_id,
 )  # noqa: E402
-from sparrow.config import load_config  # noqa: E402
-from sparrow.storage.run_rows import stage_records, step_metrics  # noqa: E402
 from sparrow.stages.aggregate_mismatch import aggregate_mismatch_task  # noqa: E402
 from sparrow.stages.checkpoint import checkpoint_task  # noqa: E402
 from sparrow.stages.dense_score import SCORES_FILE, dense_score_task  # noqa: E402
@@ -46,11 +45,13 @@ from sparrow.stages.reoptimize_schedule import reoptimize_schedule_task  # noqa:
 from sparrow.stages.reward import REWARDS_FILE, reward_task  # noqa: E402
 from sparrow.stages.rollout import ROLLOUTS_FILE, rollout_task  # noqa: E402
 from sparrow.stages.sync_weights import sync_weights_task  # noqa: E402
+from sparrow.storage.run_rows import stage_records, step_metrics  # noqa: E402
 
 
 @flow(name="rl-step")
-def rl_step(workdir: str, run_id: str, step: int, checkpoint: bool, evaluate: bool,
-            distill: bool = False) -> dict:
+def rl_step(
+    workdir: str, run_id: str, step: int, checkpoint: bool, evaluate: bool, distill: bool = False
+) -> dict:
     """One RL step; {stage: True if it was skipped as already recorded}."""
     rollout = rollout_task(workdir, run_id, step)
     rollouts = str(rollout.path(ROLLOUTS_FILE))
@@ -59,13 +60,20 @@ def rl_step(workdir: str, run_id: str, step: int, checkpoint: bool, evaluate: bo
     scores_path = str(scores.path(SCORES_FILE))
     aggregate = aggregate_mismatch_task(workdir, run_id, step, rollout.output_dir, scores_path)
     decision = reoptimize_schedule_task(workdir, run_id, step)
-    update = policy_update_task(workdir, run_id, step, rollouts, str(reward.path(REWARDS_FILE)),
-                                scores_path)
+    update = policy_update_task(
+        workdir, run_id, step, rollouts, str(reward.path(REWARDS_FILE)), scores_path
+    )
     outcomes = [rollout, reward, scores, aggregate, decision, update]
     adapter_dir = ""
     if distill:  # DistillSparse: the sparse actor's LoRA, merged into the engines' weights only
-        lora = distill_lora_task(workdir, run_id, step, rollout.output_dir,
-                                 str(reward.path(REWARDS_FILE)), update.output_dir)
+        lora = distill_lora_task(
+            workdir,
+            run_id,
+            step,
+            rollout.output_dir,
+            str(reward.path(REWARDS_FILE)),
+            update.output_dir,
+        )
         outcomes.append(lora)
         adapter_dir = lora.output_dir
     outcomes.append(sync_weights_task(workdir, run_id, step, update.output_dir, adapter_dir))
@@ -101,10 +109,13 @@ def train_flow(overrides: list[str], show_table: bool = True) -> dict:
         table = LiveTable(console)
         for step in range(1, steps + 1):
             skipped[step] = rl_step(
-                workdir, run_id, step,
+                workdir,
+                run_id,
+                step,
                 checkpoint=_due(step, cfg.pipeline.checkpoint_every, steps, at_end=True),
                 evaluate=bool(cfg.data.eval) and _due(step, cfg.pipeline.eval_every, steps, False),
-                distill=cfg.algo.distill.enabled)
+                distill=cfg.algo.distill.enabled,
+            )
             table.row(step, step_metrics(runtime.store, run_id, step), all(skipped[step].values()))
         status = "finished"
         final = step_metrics(runtime.store, run_id, steps) if steps else {}
@@ -123,9 +134,14 @@ def train_flow(overrides: list[str], show_table: bool = True) -> dict:
     for line in where_to_look(runtime):
         console.print(line, highlight=False, soft_wrap=True)
     return {
-        "run_id": run_id, "workdir": str(workdir), "status": status, "resumed": resumed,
-        "steps": steps, "stages_recorded": recorded,
+        "run_id": run_id,
+        "workdir": str(workdir),
+        "status": status,
+        "resumed": resumed,
+        "steps": steps,
+        "stages_recorded": recorded,
         "stages_run": dict(runtime.stages_run),
         "stages_skipped": sum(s for step in skipped.values() for s in step.values()),
-        "mlflow_run_id": runtime.tracker.mlflow_run_id, "final_metrics": final,
+        "mlflow_run_id": runtime.tracker.mlflow_run_id,
+        "final_metrics": final,
     }

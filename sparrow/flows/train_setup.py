@@ -19,19 +19,19 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from sparrow.runtime.ledger.retention import repair_unsaved_policies, wait_for_deletions
-from sparrow.runtime.rollout.actors import ActorPool, actor_resources, start_ray
-from sparrow.runtime.rollout.worker import WorkerSpec
-from sparrow.runtime.ledger.run_record import finish_run, new_run_id, open_run
-from sparrow.runtime.run_runtime import RunRuntime, device_and_dtype, register, release
-from sparrow.runtime.ledger.schedules import schedule_in_force, start_schedule
 from sparrow.config import SparrowConfig
 from sparrow.data.datasets import load_prompts
 from sparrow.engine import EngineConfig
 from sparrow.model import load_tokenizer, read_arch
 from sparrow.model.builtin import resolve_model_path
-from sparrow.storage import Store
+from sparrow.runtime.ledger.retention import repair_unsaved_policies, wait_for_deletions
+from sparrow.runtime.ledger.run_record import finish_run, new_run_id, open_run
+from sparrow.runtime.ledger.schedules import schedule_in_force, start_schedule
+from sparrow.runtime.rollout.actors import ActorPool, actor_resources, start_ray
+from sparrow.runtime.rollout.worker import WorkerSpec
+from sparrow.runtime.run_runtime import RunRuntime, device_and_dtype, register, release
 from sparrow.stages.rollout import max_new_tokens_for
+from sparrow.storage import Store
 
 
 def with_run_id(cfg: SparrowConfig) -> SparrowConfig:
@@ -50,17 +50,36 @@ def check_inputs(cfg: SparrowConfig) -> dict:
     data = cfg.data
     # every prompt of a file (a built-in task's as it is made) must leave room to generate
     max_context = cfg.model.max_context or arch.max_position_embeddings
-    train = load_prompts(data.train, data.prompt_key, data.answer_key, tokenizer,
-                         data.max_prompt_tokens, split="train", seed=cfg.pipeline.seed,
-                         max_context=max_context)
+    train = load_prompts(
+        data.train,
+        data.prompt_key,
+        data.answer_key,
+        tokenizer,
+        data.max_prompt_tokens,
+        split="train",
+        seed=cfg.pipeline.seed,
+        max_context=max_context,
+    )
     evaluation = None
     if data.eval:
-        evaluation = load_prompts(data.eval, data.prompt_key, data.answer_key, tokenizer,
-                                  data.max_prompt_tokens, split="eval", seed=cfg.pipeline.seed,
-                                  max_context=max_context)
+        evaluation = load_prompts(
+            data.eval,
+            data.prompt_key,
+            data.answer_key,
+            tokenizer,
+            data.max_prompt_tokens,
+            split="eval",
+            seed=cfg.pipeline.seed,
+            max_context=max_context,
+        )
     train.batch(0, data.prompts_per_step)  # a built-in task's rows are checked as made
-    return dict(model_path=model_path, tokenizer=tokenizer, train_data=train,
-                eval_data=evaluation, max_context=max_context)
+    return dict(
+        model_path=model_path,
+        tokenizer=tokenizer,
+        train_data=train,
+        eval_data=evaluation,
+        max_context=max_context,
+    )
 
 
 def open_run_runtime(cfg: SparrowConfig) -> tuple[RunRuntime, bool, bool]:
@@ -77,7 +96,8 @@ def open_run_runtime(cfg: SparrowConfig) -> tuple[RunRuntime, bool, bool]:
         for row in runtime.train_data.batch(0, cfg.data.prompts_per_step):
             max_new_tokens_for(runtime, row, cfg.data.train)
         runtime.schedule_name, runtime.schedule_start_version = start_schedule(
-            store, runtime.run_id, cfg.schedule.name)
+            store, runtime.run_id, cfg.schedule.name
+        )
         started_ray = start_ray(cfg.ray.address)
         # the actors build their engines in their own processes while MLflow opens its store
         runtime.pool = start_pool(runtime, wait=False)
@@ -85,8 +105,9 @@ def open_run_runtime(cfg: SparrowConfig) -> tuple[RunRuntime, bool, bool]:
 
         runtime.tracker = Tracker.start(cfg, runtime.run_id, cfg.pipeline.workdir)
         if not runtime.tracker.resumed:
-            schedule, version = schedule_in_force(store, runtime.run_id, runtime.schedule_name,
-                                                  runtime.schedule_start_version, 1)
+            schedule, version = schedule_in_force(
+                store, runtime.run_id, runtime.schedule_name, runtime.schedule_start_version, 1
+            )
             runtime.tracker.log_schedule(schedule, version, step=0)
         finish_run(store, runtime.run_id, "running", runtime.tracker.mlflow_run_id)
         runtime.pool.wait_ready()
@@ -103,16 +124,21 @@ def open_run_runtime(cfg: SparrowConfig) -> tuple[RunRuntime, bool, bool]:
 def start_pool(runtime: RunRuntime, wait: bool = True) -> ActorPool:
     cfg = runtime.cfg
     first = cfg.pipeline.steps + 1
-    schedule, _ = schedule_in_force(runtime.store, runtime.run_id, runtime.schedule_name,
-                                    runtime.schedule_start_version, 1)
+    schedule, _ = schedule_in_force(
+        runtime.store, runtime.run_id, runtime.schedule_name, runtime.schedule_start_version, 1
+    )
     device, dtype = device_and_dtype(cfg.model)
     count, resources, device = actor_resources(cfg.rollout.num_actors, device.startswith("cuda"))
     placement = None
     if cfg.trainer.num_workers:  # a trainer group: its ranks and the engines placed together
         from sparrow.runtime.placement import plan_placement
 
-        runtime.placement = plan_placement(cfg.trainer.num_workers, cfg.rollout.placement,
-                                           cfg.rollout.num_actors, device.startswith("cuda"))
+        runtime.placement = plan_placement(
+            cfg.trainer.num_workers,
+            cfg.rollout.placement,
+            cfg.rollout.num_actors,
+            device.startswith("cuda"),
+        )
         placement = runtime.placement.engines
         count, resources = len(placement), placement[0]
     spec = WorkerSpec(
@@ -120,10 +146,14 @@ def start_pool(runtime: RunRuntime, wait: bool = True) -> ActorPool:
         weights_path=str(runtime.policy_folder_before(first)),
         adapter_path=_adapter_before(runtime, first),
         schedule=schedule if cfg.schedule.sparse else None,
-        engine=EngineConfig.from_rollout(cfg.rollout, page_size=schedule.page_size,
-                                         max_context=cfg.model.max_context),
-        device=device, dtype=dtype, threads=int(resources.get("num_cpus", 1)),
-        backend=cfg.rollout.backend)
+        engine=EngineConfig.from_rollout(
+            cfg.rollout, page_size=schedule.page_size, max_context=cfg.model.max_context
+        ),
+        device=device,
+        dtype=dtype,
+        threads=int(resources.get("num_cpus", 1)),
+        backend=cfg.rollout.backend,
+    )
     return ActorPool.start(spec, count, resources, placement, cfg.rollout.work_item_prompts, wait)
 
 
@@ -158,8 +188,10 @@ def where_to_look(runtime: RunRuntime) -> list[str]:
     """Lines printed at the end of a run: the DuckDB file, a query, the MLflow UI."""
     workdir = Path(runtime.cfg.pipeline.workdir)
     uri = runtime.cfg.pipeline.mlflow_uri or f"sqlite:///{workdir.resolve()}/mlflow.db"
-    query = (f"SELECT step, bin, p5, pages_read FROM bin_stats WHERE run_id = "
-             f"'{runtime.run_id}' ORDER BY step, bin")
+    query = (
+        f"SELECT step, bin, p5, pages_read FROM bin_stats WHERE run_id = "
+        f"'{runtime.run_id}' ORDER BY step, bin"
+    )
     return [
         f"run {runtime.run_id}: files under {runtime.layout.run_dir}",
         f"mismatch history (DuckDB): {workdir / 'sparrow.duckdb'}",

@@ -73,9 +73,24 @@ def fp32_to_e4m3fn(x):
 
 
 @jit
-def store_kv_row(key, value_ptr, kc_ptr, vc_ptr, cent_ptr, slot, head, dim,
-                 s_page, s_offset, s_head, s_cent_page, s_cent_head,
-                 PAGE: tl.constexpr, BLOCK_D: tl.constexpr, FUSE: tl.constexpr):
+def store_kv_row(
+    key,
+    value_ptr,
+    kc_ptr,
+    vc_ptr,
+    cent_ptr,
+    slot,
+    head,
+    dim,
+    s_page,
+    s_offset,
+    s_head,
+    s_cent_page,
+    s_cent_head,
+    PAGE: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    FUSE: tl.constexpr,
+):
     """One token's key (a [BLOCK_D] row held in registers) and value row (at value_ptr) of KV
     head `head` into the caches at slot, nothing when slot < 0; with FUSE, its page's
     centroid when the token fills the page."""
@@ -92,10 +107,11 @@ def store_kv_row(key, value_ptr, kc_ptr, vc_ptr, cent_ptr, slot, head, dim,
     if FUSE:
         fills = live & (offset == PAGE - 1)
         rows = tl.arange(0, PAGE)
-        earlier = tl.load(kc_ptr + page * s_page + rows[:, None] * s_offset + head * s_head
-                          + d[None, :],
-                          mask=(rows < PAGE - 1)[:, None] & (d < dim)[None, :] & fills,
-                          other=0.0)
+        earlier = tl.load(
+            kc_ptr + page * s_page + rows[:, None] * s_offset + head * s_head + d[None, :],
+            mask=(rows < PAGE - 1)[:, None] & (d < dim)[None, :] & fills,
+            other=0.0,
+        )
         total = tl.sum(earlier.to(tl.float32), axis=0) + key.to(tl.float32)
         # IEEE division, as torch's mean (a plain `/` compiles to the approximate div.full)
         mean = tl.div_rn(total, tl.full(total.shape, PAGE, tl.float32))
@@ -103,21 +119,56 @@ def store_kv_row(key, value_ptr, kc_ptr, vc_ptr, cent_ptr, slot, head, dim,
             centroid = fp32_to_e4m3fn(mean)
         else:
             centroid = mean.to(cent_ptr.dtype.element_ty)
-        tl.store(cent_ptr + page * s_cent_page + head * s_cent_head + d, centroid,
-                 mask=(d < dim) & fills)
+        tl.store(
+            cent_ptr + page * s_cent_page + head * s_cent_head + d, centroid, mask=(d < dim) & fills
+        )
 
 
 @jit
-def _kv_write_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, cent_ptr, slot_ptr,
-                     s_kt, s_kh, s_vt, s_vh, s_cp, s_ct, s_ch, s_np, s_nh, dim,
-                     PAGE: tl.constexpr, BLOCK_D: tl.constexpr, FUSE: tl.constexpr):
+def _kv_write_kernel(
+    k_ptr,
+    v_ptr,
+    kc_ptr,
+    vc_ptr,
+    cent_ptr,
+    slot_ptr,
+    s_kt,
+    s_kh,
+    s_vt,
+    s_vh,
+    s_cp,
+    s_ct,
+    s_ch,
+    s_np,
+    s_nh,
+    dim,
+    PAGE: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    FUSE: tl.constexpr,
+):
     t = tl.program_id(0)
     h = tl.program_id(1)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
     key = tl.load(k_ptr + t * s_kt + h * s_kh + d, mask=(d < dim) & (slot >= 0), other=0.0)
-    store_kv_row(key, v_ptr + t * s_vt + h * s_vh, kc_ptr, vc_ptr, cent_ptr, slot, h, dim,
-                 s_cp, s_ct, s_ch, s_np, s_nh, PAGE, BLOCK_D, FUSE)
+    store_kv_row(
+        key,
+        v_ptr + t * s_vt + h * s_vh,
+        kc_ptr,
+        vc_ptr,
+        cent_ptr,
+        slot,
+        h,
+        dim,
+        s_cp,
+        s_ct,
+        s_ch,
+        s_np,
+        s_nh,
+        PAGE,
+        BLOCK_D,
+        FUSE,
+    )
 
 
 @dataclass(frozen=True)
@@ -135,19 +186,26 @@ class KVStore:
     def check(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Refuse (KernelInputError naming the tensor) what the store kernels cannot take."""
         k_cache, v_cache, centroids, slots = self.k_cache, self.v_cache, self.centroids, self.slots
-        check(k_cache.dim() == 4 and k_cache.shape == v_cache.shape,
-              f"k_cache and v_cache must share a shape [P, Hkv, page_size, D], got "
-              f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+        check(
+            k_cache.dim() == 4 and k_cache.shape == v_cache.shape,
+            f"k_cache and v_cache must share a shape [P, Hkv, page_size, D], got "
+            f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}",
+        )
         pages, kv_heads, _, dim = k_cache.shape
-        check(tuple(centroids.shape) == (pages, kv_heads, dim)
-              and centroids.dtype in (torch.float32, k_cache.dtype, FLOAT8_CENTROIDS),
-              f"centroids must be float32, {k_cache.dtype} or float8_e4m3fn "
-              f"[{pages}, {kv_heads}, {dim}], got {tuple(centroids.shape)} {centroids.dtype}")
-        check(k.dim() == 3 and k.shape == v.shape and tuple(k.shape[1:]) == (kv_heads, dim),
-              f"k and v must be [T, {kv_heads}, {dim}], got {tuple(k.shape)} and "
-              f"{tuple(v.shape)}")
-        check(tuple(slots.shape) == (k.shape[0],),
-              f"slots must be [{k.shape[0]}], got {tuple(slots.shape)}")
+        check(
+            tuple(centroids.shape) == (pages, kv_heads, dim)
+            and centroids.dtype in (torch.float32, k_cache.dtype, FLOAT8_CENTROIDS),
+            f"centroids must be float32, {k_cache.dtype} or float8_e4m3fn "
+            f"[{pages}, {kv_heads}, {dim}], got {tuple(centroids.shape)} {centroids.dtype}",
+        )
+        check(
+            k.dim() == 3 and k.shape == v.shape and tuple(k.shape[1:]) == (kv_heads, dim),
+            f"k and v must be [T, {kv_heads}, {dim}], got {tuple(k.shape)} and {tuple(v.shape)}",
+        )
+        check(
+            tuple(slots.shape) == (k.shape[0],),
+            f"slots must be [{k.shape[0]}], got {tuple(slots.shape)}",
+        )
         check_integer("slots", slots)
         check(k_cache.stride() == v_cache.stride(), "k_cache and v_cache must share strides")
         for name, t in (("k", k), ("v", v), ("k_cache", k_cache), ("centroids", centroids)):
@@ -160,8 +218,13 @@ class KVStore:
     @property
     def strides(self) -> tuple[int, int, int, int, int]:
         """(page, offset, head) strides of the caches, (page, head) of the centroids."""
-        return (self.k_cache.stride(0), self.k_cache.stride(2), self.k_cache.stride(1),
-                self.centroids.stride(0), self.centroids.stride(1))
+        return (
+            self.k_cache.stride(0),
+            self.k_cache.stride(2),
+            self.k_cache.stride(1),
+            self.centroids.stride(0),
+            self.centroids.stride(1),
+        )
 
 
 def write_kv_reference(k_cache, v_cache, centroids, slots, k, v, update_centroids=True):
@@ -175,13 +238,20 @@ def write_kv_reference(k_cache, v_cache, centroids, slots, k, v, update_centroid
     if update_centroids:
         filled = page[offset == page_size - 1]
         if filled.numel():
-            centroids[filled] = round_centroids(k_cache[filled].float().mean(dim=2),
-                                                centroids.dtype)
+            centroids[filled] = round_centroids(
+                k_cache[filled].float().mean(dim=2), centroids.dtype
+            )
 
 
-def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, centroids: torch.Tensor,
-             slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             update_centroids: bool = True) -> None:
+def write_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    centroids: torch.Tensor,
+    slots: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    update_centroids: bool = True,
+) -> None:
     """Store k, v at slots; with update_centroids, the centroid of each page a slot fills."""
     store = KVStore(k_cache, v_cache, centroids, slots)
     store.check(k, v)
@@ -192,6 +262,20 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, centroids: torch.Tens
         return
     _, kv_heads, page_size, dim = k_cache.shape
     _kv_write_kernel[(k.shape[0], kv_heads)](
-        k, v, k_cache, v_cache, centroids, slots,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1), *store.strides, dim,
-        PAGE=page_size, BLOCK_D=next_power_of_2(dim), FUSE=update_centroids, num_warps=1)
+        k,
+        v,
+        k_cache,
+        v_cache,
+        centroids,
+        slots,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        *store.strides,
+        dim,
+        PAGE=page_size,
+        BLOCK_D=next_power_of_2(dim),
+        FUSE=update_centroids,
+        num_warps=1,
+    )

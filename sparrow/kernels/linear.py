@@ -59,16 +59,45 @@ from sparrow.kernels.silu_mul import silu_mul
 # projection and the gated down projection measured far slower (H100, benchmarks/linear.py)
 MAX_ROWS = 16
 
+
 @jit
-def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, rows, n_out,
-                          k_len, k_per_split, s_xm, s_wn, s_om,
-                          nw_ptr, sq_in_ptr, sq_blocks, eps, res_ptr, sq_out_ptr, s_rm,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, W_MAJOR: tl.constexpr,
-                          NUM_STAGES: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
-                          GATED: tl.constexpr, NORM: tl.constexpr, SQ_BLOCKS: tl.constexpr,
-                          RESIDUAL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
-                          LATE_TRIGGER: tl.constexpr):
+def _skinny_linear_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    out_ptr,
+    part_ptr,
+    count_ptr,
+    rows,
+    n_out,
+    k_len,
+    k_per_split,
+    s_xm,
+    s_wn,
+    s_om,
+    nw_ptr,
+    sq_in_ptr,
+    sq_blocks,
+    eps,
+    res_ptr,
+    sq_out_ptr,
+    s_rm,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    W_MAJOR: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PDL: tl.constexpr,
+    GATED: tl.constexpr,
+    NORM: tl.constexpr,
+    SQ_BLOCKS: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    PREFETCH_LINES: tl.constexpr,
+    LATE_TRIGGER: tl.constexpr,
+):
     pid_n = tl.program_id(0)
     piece = tl.program_id(1)
     m = tl.arange(0, BLOCK_M)
@@ -93,10 +122,10 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, row
         if not LATE_TRIGGER:
             gdc_launch_dependents()
     # issued now, used after the loop: the epilogue does not wait on a fresh load
-    sq_parts, res = _early_loads(sq_in_ptr, sq_blocks, rows, res_ptr, s_rm, m, n, m_mask, keep,
-                                 SQ_BLOCKS, NORM, RESIDUAL)
-    for k0 in tl.range(start, piece * k_per_split + k_per_split, BLOCK_K,
-                       num_stages=NUM_STAGES):
+    sq_parts, res = _early_loads(
+        sq_in_ptr, sq_blocks, rows, res_ptr, s_rm, m, n, m_mask, keep, SQ_BLOCKS, NORM, RESIDUAL
+    )
+    for k0 in tl.range(start, piece * k_per_split + k_per_split, BLOCK_K, num_stages=NUM_STAGES):
         x = _load_x(x_rows, k0, k_len, m_mask, GATED, norm_w, NORM)
         w = tl.load(w_rows + k0, mask=n_mask[:, None], other=0.0)
         acc = _accumulate(acc, x, w, W_MAJOR, UPCAST)
@@ -113,14 +142,47 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, row
         if arrived == SPLIT - 1:
             acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             for s in tl.static_range(SPLIT):
-                acc += tl.load(part + s * rows * n_out, mask=keep, other=0.0,
-                               cache_modifier=".cg")
+                acc += tl.load(part + s * rows * n_out, mask=keep, other=0.0, cache_modifier=".cg")
             tl.atomic_xchg(count_ptr + pid_n, 0)
-            _store_out(acc, b_ptr, out_ptr, m, n, n_mask, keep, s_om, HAS_BIAS, sq_parts,
-                       k_len, eps, res, sq_out_ptr + pid_n * rows, rows, NORM, RESIDUAL)
+            _store_out(
+                acc,
+                b_ptr,
+                out_ptr,
+                m,
+                n,
+                n_mask,
+                keep,
+                s_om,
+                HAS_BIAS,
+                sq_parts,
+                k_len,
+                eps,
+                res,
+                sq_out_ptr + pid_n * rows,
+                rows,
+                NORM,
+                RESIDUAL,
+            )
     else:
-        _store_out(acc, b_ptr, out_ptr, m, n, n_mask, keep, s_om, HAS_BIAS, sq_parts,
-                   k_len, eps, res, sq_out_ptr + pid_n * rows, rows, NORM, RESIDUAL)
+        _store_out(
+            acc,
+            b_ptr,
+            out_ptr,
+            m,
+            n,
+            n_mask,
+            keep,
+            s_om,
+            HAS_BIAS,
+            sq_parts,
+            k_len,
+            eps,
+            res,
+            sq_out_ptr + pid_n * rows,
+            rows,
+            NORM,
+            RESIDUAL,
+        )
 
 
 @jit
@@ -130,24 +192,44 @@ def _prefetch_l2(w_ptr, n, n_out, s_wn, start, k_per_split, LINES: tl.constexpr)
     row = tl.minimum(n, n_out - 1).to(tl.int64)
     col = start + tl.maximum(tl.minimum(tl.arange(0, LINES) * 64, k_per_split - 64), 0)
     lines = w_ptr + row[:, None] * s_wn + col[None, :]
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // dummy $0", "=r,l", [lines],
-                              dtype=tl.int32, is_pure=False, pack=1)
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1]; // dummy $0",
+        "=r,l",
+        [lines],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
 
 
 @jit
-def _early_loads(sq_ptr, sq_blocks, rows, res_ptr, s_rm, m, n, m_mask, keep,
-                 SQ_BLOCKS: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr):
+def _early_loads(
+    sq_ptr,
+    sq_blocks,
+    rows,
+    res_ptr,
+    s_rm,
+    m,
+    n,
+    m_mask,
+    keep,
+    SQ_BLOCKS: tl.constexpr,
+    NORM: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+):
     """NORM: x's rows' sums of squares in parts [SQ_BLOCKS, BLOCK_M] (from the column blocks
     of the kernel that wrote x); RESIDUAL: the residual's output tile. Zeros otherwise."""
     sq_parts = tl.zeros([SQ_BLOCKS, m.shape[0]], tl.float32)
     res = tl.zeros(keep.shape, tl.float32)
     if NORM:
         j = tl.arange(0, SQ_BLOCKS)
-        sq_parts = tl.load(sq_ptr + j[:, None] * rows + m[None, :],
-                           mask=(j < sq_blocks)[:, None] & m_mask[None, :], other=0.0)
+        sq_parts = tl.load(
+            sq_ptr + j[:, None] * rows + m[None, :],
+            mask=(j < sq_blocks)[:, None] & m_mask[None, :],
+            other=0.0,
+        )
     if RESIDUAL:
-        res = tl.load(res_ptr + m[:, None] * s_rm + n[None, :], mask=keep,
-                      other=0.0).to(tl.float32)
+        res = tl.load(res_ptr + m[:, None] * s_rm + n[None, :], mask=keep, other=0.0).to(tl.float32)
     return sq_parts, res
 
 
@@ -181,9 +263,25 @@ def _accumulate(acc, x, w, W_MAJOR: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @jit
-def _store_out(acc, b_ptr, out_ptr, m, n, n_mask, keep, s_om, HAS_BIAS: tl.constexpr,
-               sq_parts, k_len, eps, res, sq_ptr, rows, NORM: tl.constexpr,
-               RESIDUAL: tl.constexpr):
+def _store_out(
+    acc,
+    b_ptr,
+    out_ptr,
+    m,
+    n,
+    n_mask,
+    keep,
+    s_om,
+    HAS_BIAS: tl.constexpr,
+    sq_parts,
+    k_len,
+    eps,
+    res,
+    sq_ptr,
+    rows,
+    NORM: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+):
     """The output tile. NORM: the sums scaled by each row's 1 / rms first (from sq_parts).
     RESIDUAL: res + output instead (the output rounded to the dtype first, the sum in float32
     rounded once: kernels/rms_norm.py's residual add), and the sum of squares of this
@@ -216,27 +314,59 @@ class RowNorm:
     sumsq: torch.Tensor
 
 
-def takes(x: torch.Tensor, weight: torch.Tensor, launch: LinearLaunch, k_len: int,
-          norm: RowNorm | None = None, residual: torch.Tensor | None = None) -> bool:
+def takes(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    launch: LinearLaunch,
+    k_len: int,
+    norm: RowNorm | None = None,
+    residual: torch.Tensor | None = None,
+) -> bool:
     """Whether the kernel serves this call (else the reference does)."""
     rows = x.shape[0] if x.dim() == 2 else 0
-    return (current_options().skinny_linear and use_kernel(x, weight) and x.dim() == 2
-            and 0 < rows <= MAX_ROWS
-            and x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16)
-            and k_len % (launch.block_k * launch.split) == 0 and x.stride(-1) == 1
-            and weight.stride(-1) == 1 and not needs_autograd(x, weight)
-            and (norm is None or (
-                norm.weight.dtype == x.dtype and norm.weight.is_contiguous()
-                and norm.sumsq.dtype == torch.float32 and norm.sumsq.is_contiguous()
-                and norm.sumsq.dim() == 2 and norm.sumsq.shape[1] == rows
-                and use_kernel(norm.weight, norm.sumsq) and not needs_autograd(norm.weight)))
-            and (residual is None or (
-                residual.dtype == x.dtype and residual.stride(-1) == 1
-                and use_kernel(residual) and not needs_autograd(residual))))
+    return (
+        current_options().skinny_linear
+        and use_kernel(x, weight)
+        and x.dim() == 2
+        and 0 < rows <= MAX_ROWS
+        and x.dtype == weight.dtype
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and k_len % (launch.block_k * launch.split) == 0
+        and x.stride(-1) == 1
+        and weight.stride(-1) == 1
+        and not needs_autograd(x, weight)
+        and (
+            norm is None
+            or (
+                norm.weight.dtype == x.dtype
+                and norm.weight.is_contiguous()
+                and norm.sumsq.dtype == torch.float32
+                and norm.sumsq.is_contiguous()
+                and norm.sumsq.dim() == 2
+                and norm.sumsq.shape[1] == rows
+                and use_kernel(norm.weight, norm.sumsq)
+                and not needs_autograd(norm.weight)
+            )
+        )
+        and (
+            residual is None
+            or (
+                residual.dtype == x.dtype
+                and residual.stride(-1) == 1
+                and use_kernel(residual)
+                and not needs_autograd(residual)
+            )
+        )
+    )
 
 
-def serves(x: torch.Tensor, weight: torch.Tensor, gated: bool = False,
-           norm: RowNorm | None = None, residual: torch.Tensor | None = None) -> bool:
+def serves(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    gated: bool = False,
+    norm: RowNorm | None = None,
+    residual: torch.Tensor | None = None,
+) -> bool:
     """Whether skinny_linear would run its kernel on this call with the default launch
     (callers choose between a fused form and their own fallback with it)."""
     if x.dim() != 2 or weight.dim() != 2:
@@ -246,9 +376,15 @@ def serves(x: torch.Tensor, weight: torch.Tensor, gated: bool = False,
     return takes(x, weight, launch, k_len, norm, residual) and not (gated and norm is not None)
 
 
-def skinny_linear_reference(x, weight, bias=None, gated: bool = False,
-                            norm: RowNorm | None = None, residual: torch.Tensor | None = None,
-                            block_n: int | None = None):
+def skinny_linear_reference(
+    x,
+    weight,
+    bias=None,
+    gated: bool = False,
+    norm: RowNorm | None = None,
+    residual: torch.Tensor | None = None,
+    block_n: int | None = None,
+):
     """The same semantics in PyTorch: silu_mul or the RMSNorm (from x itself, not
     norm.sumsq) before F.linear; with residual, (residual + y, its rows' sums of squares
     float32 in parts: [blocks, M] over column blocks of block_n, as the kernel cuts them,
@@ -270,9 +406,15 @@ def skinny_linear_reference(x, weight, bias=None, gated: bool = False,
     return summed, padded.view(-1, blocks, block_n).sum(-1).T.contiguous()
 
 
-def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                  launch: LinearLaunch | None = None, gated: bool = False,
-                  norm: RowNorm | None = None, residual: torch.Tensor | None = None):
+def skinny_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    launch: LinearLaunch | None = None,
+    gated: bool = False,
+    norm: RowNorm | None = None,
+    residual: torch.Tensor | None = None,
+):
     """x [M, K] @ weight[N, K]^T (+ bias [N]) -> [M, N] in x's dtype (F.linear's contract).
     gated: x is [M, 2K] = [gate | up] and the product is silu(gate) * up @ weight^T, the
     SwiGLU gate applied as x is read (the MLP's down projection without its own launch).
@@ -282,19 +424,27 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     the given launch's column blocks, or 1 without a launch."""
     k_len = weight.shape[-1]
     width = 2 * k_len if gated else k_len
-    check(weight.dim() == 2 and x.shape[-1] == width,
-          f"weight must be [N, {x.shape[-1] // (2 if gated else 1)}] for x of width "
-          f"{x.shape[-1]}{' (gate and up)' if gated else ''}, got {tuple(weight.shape)}")
-    check(bias is None or tuple(bias.shape) == (weight.shape[0],),
-          f"bias must be [{weight.shape[0]}], got {None if bias is None else tuple(bias.shape)}")
+    check(
+        weight.dim() == 2 and x.shape[-1] == width,
+        f"weight must be [N, {x.shape[-1] // (2 if gated else 1)}] for x of width "
+        f"{x.shape[-1]}{' (gate and up)' if gated else ''}, got {tuple(weight.shape)}",
+    )
+    check(
+        bias is None or tuple(bias.shape) == (weight.shape[0],),
+        f"bias must be [{weight.shape[0]}], got {None if bias is None else tuple(bias.shape)}",
+    )
     check(not (gated and norm is not None), "a gated call takes no norm")
-    check(norm is None or tuple(norm.weight.shape) == (k_len,),
-          f"the norm's weight must be [{k_len}], got "
-          f"{None if norm is None else tuple(norm.weight.shape)}")
+    check(
+        norm is None or tuple(norm.weight.shape) == (k_len,),
+        f"the norm's weight must be [{k_len}], got "
+        f"{None if norm is None else tuple(norm.weight.shape)}",
+    )
     rows, n_out = x.shape[0], weight.shape[0]
-    check(residual is None or tuple(residual.shape) == (rows, n_out),
-          f"residual must be [{rows}, {n_out}], got "
-          f"{None if residual is None else tuple(residual.shape)}")
+    check(
+        residual is None or tuple(residual.shape) == (rows, n_out),
+        f"residual must be [{rows}, {n_out}], got "
+        f"{None if residual is None else tuple(residual.shape)}",
+    )
     # a caller's own launch fixes the column blocks of the sums of squares, kernel or not
     block_n = None if launch is None else launch.block_n
     if x.dim() == 2 and launch is None:
@@ -307,22 +457,49 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if launch.split > 1:
         part = torch.empty(launch.split, rows, n_out, dtype=torch.float32, device=x.device)
         counts = arrival_counters(x.device, blocks, "skinny_linear")
-    sumsq = (torch.empty(blocks, rows, dtype=torch.float32, device=x.device)
-             if residual is not None else part)
+    sumsq = (
+        torch.empty(blocks, rows, dtype=torch.float32, device=x.device)
+        if residual is not None
+        else part
+    )
     pdl = pdl_launch(x.device, "linear")
     _skinny_linear_kernel[(blocks, launch.split)](
-        x, weight, bias if bias is not None else weight, out, part, counts, rows, n_out, k_len,
-        k_len // launch.split, x.stride(0), weight.stride(0), out.stride(0),
-        weight if norm is None else norm.weight, part if norm is None else norm.sumsq,
-        0 if norm is None else norm.sumsq.shape[0], 0.0 if norm is None else norm.eps,
-        out if residual is None else residual, sumsq,
+        x,
+        weight,
+        bias if bias is not None else weight,
+        out,
+        part,
+        counts,
+        rows,
+        n_out,
+        k_len,
+        k_len // launch.split,
+        x.stride(0),
+        weight.stride(0),
+        out.stride(0),
+        weight if norm is None else norm.weight,
+        part if norm is None else norm.sumsq,
+        0 if norm is None else norm.sumsq.shape[0],
+        0.0 if norm is None else norm.eps,
+        out if residual is None else residual,
+        sumsq,
         0 if residual is None else residual.stride(0),
-        BLOCK_M=max(16, next_power_of_2(rows)), BLOCK_N=launch.block_n,
-        BLOCK_K=launch.block_k, SPLIT=launch.split, HAS_BIAS=bias is not None,
-        W_MAJOR=launch.w_major, NUM_STAGES=pipeline_stages(launch, rows), UPCAST=INTERPRETER,
-        PDL=pdl, GATED=gated, NORM=norm is not None,
+        BLOCK_M=max(16, next_power_of_2(rows)),
+        BLOCK_N=launch.block_n,
+        BLOCK_K=launch.block_k,
+        SPLIT=launch.split,
+        HAS_BIAS=bias is not None,
+        W_MAJOR=launch.w_major,
+        NUM_STAGES=pipeline_stages(launch, rows),
+        UPCAST=INTERPRETER,
+        PDL=pdl,
+        GATED=gated,
+        NORM=norm is not None,
         SQ_BLOCKS=1 if norm is None else max(2, next_power_of_2(norm.sumsq.shape[0])),
         RESIDUAL=residual is not None,
-        PREFETCH_LINES=prefetch_lines(launch, k_len), LATE_TRIGGER=launch.late_trigger,
-        num_warps=launch.num_warps, launch_pdl=pdl)
+        PREFETCH_LINES=prefetch_lines(launch, k_len),
+        LATE_TRIGGER=launch.late_trigger,
+        num_warps=launch.num_warps,
+        launch_pdl=pdl,
+    )
     return out if residual is None else (out, sumsq)

@@ -42,10 +42,22 @@ from sparrow.kernels.runtime import (
 from sparrow.kernels.topk_search import _topk_search
 from sparrow.sparse.selection import select_from_scores
 
+
 @jit
-def _topk_row(score_row, n_pages, k, list_row, count_at, mask_row, width,
-              BOS: tl.constexpr, EOS: tl.constexpr, BLOCK_W: tl.constexpr,
-              WRITE_MASK: tl.constexpr, RADIX: tl.constexpr):
+def _topk_row(
+    score_row,
+    n_pages,
+    k,
+    list_row,
+    count_at,
+    mask_row,
+    width,
+    BOS: tl.constexpr,
+    EOS: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    WRITE_MASK: tl.constexpr,
+    RADIX: tl.constexpr,
+):
     """One row's selection (see the module docstring) from its scores at score_row."""
     p = tl.arange(0, BLOCK_W)
     present = p < n_pages
@@ -69,18 +81,42 @@ def _topk_row(score_row, n_pages, k, list_row, count_at, mask_row, width,
 
 
 @jit
-def _page_topk_kernel(score_ptr, ntok_ptr, topk_ptr, list_ptr, count_ptr, mask_ptr, width,
-                      PAGE: tl.constexpr, BOS: tl.constexpr, EOS: tl.constexpr,
-                      BLOCK_W: tl.constexpr, WRITE_MASK: tl.constexpr, RADIX: tl.constexpr,
-                      PDL: tl.constexpr):
+def _page_topk_kernel(
+    score_ptr,
+    ntok_ptr,
+    topk_ptr,
+    list_ptr,
+    count_ptr,
+    mask_ptr,
+    width,
+    PAGE: tl.constexpr,
+    BOS: tl.constexpr,
+    EOS: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    WRITE_MASK: tl.constexpr,
+    RADIX: tl.constexpr,
+    PDL: tl.constexpr,
+):
     if PDL:  # see runtime.py: wait for the kernel before
         gdc_wait()
     b = tl.program_id(0)
     row = b * tl.num_programs(1) + tl.program_id(1)
     n_pages = (tl.load(ntok_ptr + b).to(tl.int32) + PAGE - 1) // PAGE
     k = tl.load(topk_ptr + b).to(tl.int32)
-    _topk_row(score_ptr + row * width, n_pages, k, list_ptr + row * width, count_ptr + row,
-              mask_ptr + row * width, width, BOS, EOS, BLOCK_W, WRITE_MASK, RADIX)
+    _topk_row(
+        score_ptr + row * width,
+        n_pages,
+        k,
+        list_ptr + row * width,
+        count_ptr + row,
+        mask_ptr + row * width,
+        width,
+        BOS,
+        EOS,
+        BLOCK_W,
+        WRITE_MASK,
+        RADIX,
+    )
     if PDL:  # let the next kernel launch (its programs place as these leave)
         gdc_launch_dependents()
 
@@ -102,52 +138,92 @@ def page_topk_reference(scores, num_tokens, topk, page_size, reserved_bos, reser
     return (*lists_from_mask(mask), mask)
 
 
-def page_topk(scores: torch.Tensor, num_tokens: torch.Tensor, topk: torch.Tensor,
-              page_size: int, reserved_bos: int, reserved_eos: int,
-              want_mask: bool = False, radix_bits: int = 4, num_warps: int | None = None):
+def page_topk(
+    scores: torch.Tensor,
+    num_tokens: torch.Tensor,
+    topk: torch.Tensor,
+    page_size: int,
+    reserved_bos: int,
+    reserved_eos: int,
+    want_mask: bool = False,
+    radix_bits: int = 4,
+    num_warps: int | None = None,
+):
     """Selected page lists from scores [B, Hkv, W] (see the module docstring); radix_bits
     (1, 2, 4 or 8) is the bits per digit and the bins per pass (2^radix_bits), num_warps the
     launch (benchmarks compare them; None picks by row width)."""
-    check(scores.dim() == 3 and scores.dtype == torch.float32,
-          f"scores must be [B, Hkv, W] float32, got {tuple(scores.shape)} {scores.dtype}")
+    check(
+        scores.dim() == 3 and scores.dtype == torch.float32,
+        f"scores must be [B, Hkv, W] float32, got {tuple(scores.shape)} {scores.dtype}",
+    )
     batch, kv_heads, width = scores.shape
     _check_topk_args(batch, num_tokens, topk, reserved_bos, reserved_eos)
     check(radix_bits in (1, 2, 4, 8), f"radix_bits must be 1, 2, 4 or 8, got {radix_bits}")
     if not use_kernel(scores, num_tokens, topk):
-        lists, counts, mask = page_topk_reference(scores, num_tokens, topk, page_size,
-                                                  reserved_bos, reserved_eos)
+        lists, counts, mask = page_topk_reference(
+            scores, num_tokens, topk, page_size, reserved_bos, reserved_eos
+        )
         return lists, counts, mask if want_mask else None
     scores = scores.contiguous()
     # entries past a row's count are never read: no need to clear them
     lists = torch.empty(batch, kv_heads, width, dtype=torch.int32, device=scores.device)
     counts = torch.empty(batch, kv_heads, dtype=torch.int32, device=scores.device)
-    mask = torch.empty(batch, kv_heads, width, dtype=torch.int8, device=scores.device) \
-        if want_mask else counts
+    mask = (
+        torch.empty(batch, kv_heads, width, dtype=torch.int8, device=scores.device)
+        if want_mask
+        else counts
+    )
     if batch * kv_heads and width:
         block_w = next_power_of_2(width)
         pdl = pdl_launch(scores.device)
         if num_warps is None:
             num_warps = 4 if block_w <= 1024 else 8 if block_w <= 4096 else 16
         _page_topk_kernel[(batch, kv_heads)](
-            scores, num_tokens, topk, lists, counts, mask, width,
-            PAGE=page_size, BOS=reserved_bos, EOS=reserved_eos, BLOCK_W=block_w,
-            WRITE_MASK=want_mask, RADIX=radix_bits, PDL=pdl, num_warps=num_warps,
-            launch_pdl=pdl)
+            scores,
+            num_tokens,
+            topk,
+            lists,
+            counts,
+            mask,
+            width,
+            PAGE=page_size,
+            BOS=reserved_bos,
+            EOS=reserved_eos,
+            BLOCK_W=block_w,
+            WRITE_MASK=want_mask,
+            RADIX=radix_bits,
+            PDL=pdl,
+            num_warps=num_warps,
+            launch_pdl=pdl,
+        )
     return lists, counts, mask.bool() if want_mask else None
 
 
 def _check_topk_args(batch, num_tokens, topk, reserved_bos, reserved_eos) -> None:
-    check(tuple(num_tokens.shape) == (batch,) and tuple(topk.shape) == (batch,),
-          f"num_tokens and topk must be [{batch}], got {tuple(num_tokens.shape)}, "
-          f"{tuple(topk.shape)}")
+    check(
+        tuple(num_tokens.shape) == (batch,) and tuple(topk.shape) == (batch,),
+        f"num_tokens and topk must be [{batch}], got {tuple(num_tokens.shape)}, "
+        f"{tuple(topk.shape)}",
+    )
     check_integer("num_tokens", num_tokens)
     check_integer("topk", topk)
-    check(reserved_bos >= 0 and reserved_eos >= 1,
-          f"need reserved_bos >= 0 and reserved_eos >= 1, got {reserved_bos}, {reserved_eos}")
+    check(
+        reserved_bos >= 0 and reserved_eos >= 1,
+        f"need reserved_bos >= 0 and reserved_eos >= 1, got {reserved_bos}, {reserved_eos}",
+    )
 
 
-def select_page_lists(q, centroids, page_tables, num_tokens, topk, page_size: int,
-                      reserved_bos: int, reserved_eos: int, want_mask: bool = False):
+def select_page_lists(
+    q,
+    centroids,
+    page_tables,
+    num_tokens,
+    topk,
+    page_size: int,
+    reserved_bos: int,
+    reserved_eos: int,
+    want_mask: bool = False,
+):
     """Scoring and selection: lists, counts and optionally the mask, as page_scores then
     page_topk."""
     scores = page_scores(q, centroids, page_tables, num_tokens, page_size)

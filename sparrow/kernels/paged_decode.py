@@ -48,8 +48,16 @@ LOG2E = 1.4426950408889634
 
 
 @jit
-def _block_ids(blk, tok, n_entries, list_row_ptr, table_row_ptr,
-               PAGE: tl.constexpr, PAGES_PER_BLOCK: tl.constexpr, SPARSE: tl.constexpr):
+def _block_ids(
+    blk,
+    tok,
+    n_entries,
+    list_row_ptr,
+    table_row_ptr,
+    PAGE: tl.constexpr,
+    PAGES_PER_BLOCK: tl.constexpr,
+    SPARSE: tl.constexpr,
+):
     """Logical and physical page of each token slot of block blk (entries past the list's
     end read nothing and give page 0)."""
     entry = blk * PAGES_PER_BLOCK + tok // PAGE
@@ -64,12 +72,38 @@ def _block_ids(blk, tok, n_entries, list_row_ptr, table_row_ptr,
 
 @jit
 def _paged_decode_kernel(
-        q_ptr, k_ptr, v_ptr, table_ptr, ntok_ptr, list_ptr, count_ptr, part_o_ptr, part_lse_ptr,
-        s_qb, s_qh, s_kp, s_kt, s_kh, s_tb, s_lb, s_lh, s_cb, dim, qk_scale,
-        GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-        PAGE: tl.constexpr, PAGES_PER_BLOCK: tl.constexpr, NUM_SPLITS: tl.constexpr,
-        SPARSE: tl.constexpr, IEEE: tl.constexpr, EVEN_D: tl.constexpr,
-        PREFETCH_IDS: tl.constexpr, PDL: tl.constexpr):
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    table_ptr,
+    ntok_ptr,
+    list_ptr,
+    count_ptr,
+    part_o_ptr,
+    part_lse_ptr,
+    s_qb,
+    s_qh,
+    s_kp,
+    s_kt,
+    s_kh,
+    s_tb,
+    s_lb,
+    s_lh,
+    s_cb,
+    dim,
+    qk_scale,
+    GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PAGE: tl.constexpr,
+    PAGES_PER_BLOCK: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPARSE: tl.constexpr,
+    IEEE: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    PREFETCH_IDS: tl.constexpr,
+    PDL: tl.constexpr,
+):
     if PDL:  # see runtime.py: wait for the kernel before
         gdc_wait()
     b = tl.program_id(0)
@@ -92,27 +126,33 @@ def _paged_decode_kernel(
     head = h * GROUP + g
     # with the head dim a power of two the masks stay per row, so loads vectorise
     d_ok = (d < BLOCK_D) if EVEN_D else (d < dim)
-    q = tl.load(q_ptr + b * s_qb + head[:, None] * s_qh + d[None, :],
-                mask=(g < GROUP)[:, None] & d_ok[None, :], other=0.0)
+    q = tl.load(
+        q_ptr + b * s_qb + head[:, None] * s_qh + d[None, :],
+        mask=(g < GROUP)[:, None] & d_ok[None, :],
+        other=0.0,
+    )
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_sum = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     list_row = list_ptr + b * s_lb + h * s_lh
     table_row = table_ptr + b * s_tb
     if PREFETCH_IDS:  # the ids of the next block load while this block's K/V stream in
-        logical_next, phys_next = _block_ids(blk_start, tok, n_entries, list_row, table_row,
-                                             PAGE, PAGES_PER_BLOCK, SPARSE)
+        logical_next, phys_next = _block_ids(
+            blk_start, tok, n_entries, list_row, table_row, PAGE, PAGES_PER_BLOCK, SPARSE
+        )
     for blk in range(blk_start, blk_end):
         entry = blk * PAGES_PER_BLOCK + tok // PAGE
         in_list = entry < n_entries
         if PREFETCH_IDS:
             logical = logical_next
             phys = phys_next
-            logical_next, phys_next = _block_ids(blk + 1, tok, n_entries, list_row, table_row,
-                                                 PAGE, PAGES_PER_BLOCK, SPARSE)
+            logical_next, phys_next = _block_ids(
+                blk + 1, tok, n_entries, list_row, table_row, PAGE, PAGES_PER_BLOCK, SPARSE
+            )
         else:
-            logical, phys = _block_ids(blk, tok, n_entries, list_row, table_row,
-                                       PAGE, PAGES_PER_BLOCK, SPARSE)
+            logical, phys = _block_ids(
+                blk, tok, n_entries, list_row, table_row, PAGE, PAGES_PER_BLOCK, SPARSE
+            )
         pos = logical * PAGE + tok % PAGE
         valid = in_list & (pos < n_tok)
         offs = phys * s_kp + (tok % PAGE) * s_kt + h * s_kh
@@ -155,16 +195,19 @@ def _paged_decode_kernel(
 
 # references
 
+
 def _gather_attention(q, k_pages, v_pages, page_tables, num_tokens, page_mask):
     """Exact attention over the tokens of the pages marked in page_mask [B, Hkv, W]."""
     batch, width = page_tables.shape
     kv_heads, page_size, dim = k_pages.shape[1:]
     group = q.shape[1] // kv_heads
     # [B, W, Hkv, page_size, D] -> [B, W * page_size, Hkv, D]
-    keys = k_pages[page_tables.long()].transpose(2, 3).reshape(batch, width * page_size,
-                                                               kv_heads, dim)
-    values = v_pages[page_tables.long()].transpose(2, 3).reshape(batch, width * page_size,
-                                                                 kv_heads, dim)
+    keys = (
+        k_pages[page_tables.long()].transpose(2, 3).reshape(batch, width * page_size, kv_heads, dim)
+    )
+    values = (
+        v_pages[page_tables.long()].transpose(2, 3).reshape(batch, width * page_size, kv_heads, dim)
+    )
     slot = torch.arange(width * page_size, device=q.device)
     read = page_mask.repeat_interleave(page_size, dim=-1)
     read = read & (slot < num_tokens.view(batch, 1, 1))  # [B, Hkv, K]
@@ -182,8 +225,9 @@ def paged_decode_reference(q, k_pages, v_pages, page_tables, num_tokens):
     return _gather_attention(q, k_pages, v_pages, page_tables, num_tokens, every)
 
 
-def sparse_paged_decode_reference(q, k_pages, v_pages, page_tables, num_tokens,
-                                  page_lists, page_counts):
+def sparse_paged_decode_reference(
+    q, k_pages, v_pages, page_tables, num_tokens, page_lists, page_counts
+):
     batch, width = page_tables.shape
     entry = torch.arange(page_lists.shape[-1], device=q.device)
     listed = entry < page_counts.unsqueeze(-1)  # [B, Hkv, L]
@@ -195,19 +239,24 @@ def sparse_paged_decode_reference(q, k_pages, v_pages, page_tables, num_tokens,
 
 # launchers
 
+
 def _check(q, k_pages, v_pages, page_tables, num_tokens) -> None:
     check(q.dim() == 3, f"q must be [B, Hq, D], got shape {tuple(q.shape)}")
-    check(k_pages.dim() == 4 and k_pages.shape == v_pages.shape,
-          f"k_pages and v_pages must share a shape [P, Hkv, page_size, D], got "
-          f"{tuple(k_pages.shape)} and {tuple(v_pages.shape)}")
+    check(
+        k_pages.dim() == 4 and k_pages.shape == v_pages.shape,
+        f"k_pages and v_pages must share a shape [P, Hkv, page_size, D], got "
+        f"{tuple(k_pages.shape)} and {tuple(v_pages.shape)}",
+    )
     check(k_pages.stride() == v_pages.stride(), "k_pages and v_pages must share strides")
     batch, heads, dim = q.shape
     kv_heads = k_pages.shape[1]
     check(k_pages.shape[3] == dim, f"q head dim {dim} differs from the cache's {k_pages.shape[3]}")
     check(heads % kv_heads == 0, f"{heads} query heads do not split into {kv_heads} KV heads")
-    check(q.dtype == k_pages.dtype == v_pages.dtype and q.dtype in (
-        torch.float16, torch.bfloat16, torch.float32),
-        f"q, k_pages, v_pages must share a float dtype, got {q.dtype}, {k_pages.dtype}")
+    check(
+        q.dtype == k_pages.dtype == v_pages.dtype
+        and q.dtype in (torch.float16, torch.bfloat16, torch.float32),
+        f"q, k_pages, v_pages must share a float dtype, got {q.dtype}, {k_pages.dtype}",
+    )
     check_page_tables(page_tables, num_tokens, batch)
     for name, t in (("q", q), ("k_pages", k_pages), ("v_pages", v_pages)):
         check_last_dim_contiguous(name, t)
@@ -215,8 +264,9 @@ def _check(q, k_pages, v_pages, page_tables, num_tokens) -> None:
     check(len(devices) == 1, f"tensors on several devices: {sorted(map(str, devices))}")
 
 
-def choose_splits(batch: int, kv_heads: int, max_entries: int, pages_per_block: int,
-                  device: torch.device) -> int:
+def choose_splits(
+    batch: int, kv_heads: int, max_entries: int, pages_per_block: int, device: torch.device
+) -> int:
     """Splits per (sequence, KV head): enough programs to fill the GPU about four times,
     each split keeping at least two blocks of pages at the widest row."""
     programs = max(1, batch * kv_heads)
@@ -225,8 +275,20 @@ def choose_splits(batch: int, kv_heads: int, max_entries: int, pages_per_block: 
     return max(1, min(wanted, 64, blocks // 2 or 1))
 
 
-def _launch(q, k_pages, v_pages, page_tables, num_tokens, page_lists, page_counts,
-            num_splits, pages_per_block, num_warps=4, num_stages=2, prefetch_ids=False):
+def _launch(
+    q,
+    k_pages,
+    v_pages,
+    page_tables,
+    num_tokens,
+    page_lists,
+    page_counts,
+    num_splits,
+    pages_per_block,
+    num_warps=4,
+    num_stages=2,
+    prefetch_ids=False,
+):
     batch, heads, dim = q.shape
     kv_heads, page_size = k_pages.shape[1], k_pages.shape[2]
     group = heads // kv_heads
@@ -244,22 +306,55 @@ def _launch(q, k_pages, v_pages, page_tables, num_tokens, page_lists, page_count
     counts = page_counts if sparse else num_tokens
     pdl = pdl_launch(q.device)
     _paged_decode_kernel[(batch, kv_heads, num_splits)](
-        q, k_pages, v_pages, page_tables, num_tokens, lists, counts, part_o, part_lse,
-        q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(2),
-        k_pages.stride(1), page_tables.stride(0), lists.stride(0) if sparse else 1,
-        lists.stride(1) if sparse else 1, counts.stride(0) if sparse else 1, dim,
-        LOG2E / math.sqrt(dim), GROUP=group, BLOCK_G=max(16, next_power_of_2(group)),
-        BLOCK_D=max(16, next_power_of_2(dim)), PAGE=page_size,
-        PAGES_PER_BLOCK=pages_per_block, NUM_SPLITS=num_splits, SPARSE=sparse,
-        IEEE=q.dtype == torch.float32, EVEN_D=dim == max(16, next_power_of_2(dim)),
-        PREFETCH_IDS=bool(prefetch_ids), PDL=pdl, num_warps=num_warps, num_stages=num_stages,
-        launch_pdl=pdl)
+        q,
+        k_pages,
+        v_pages,
+        page_tables,
+        num_tokens,
+        lists,
+        counts,
+        part_o,
+        part_lse,
+        q.stride(0),
+        q.stride(1),
+        k_pages.stride(0),
+        k_pages.stride(2),
+        k_pages.stride(1),
+        page_tables.stride(0),
+        lists.stride(0) if sparse else 1,
+        lists.stride(1) if sparse else 1,
+        counts.stride(0) if sparse else 1,
+        dim,
+        LOG2E / math.sqrt(dim),
+        GROUP=group,
+        BLOCK_G=max(16, next_power_of_2(group)),
+        BLOCK_D=max(16, next_power_of_2(dim)),
+        PAGE=page_size,
+        PAGES_PER_BLOCK=pages_per_block,
+        NUM_SPLITS=num_splits,
+        SPARSE=sparse,
+        IEEE=q.dtype == torch.float32,
+        EVEN_D=dim == max(16, next_power_of_2(dim)),
+        PREFETCH_IDS=bool(prefetch_ids),
+        PDL=pdl,
+        num_warps=num_warps,
+        num_stages=num_stages,
+        launch_pdl=pdl,
+    )
     return combine_splits(part_o, part_lse, q.dtype)
 
 
-def paged_decode_attention(q, k_pages, v_pages, page_tables, num_tokens, *,
-                           num_splits: int | None = None, pages_per_block: int | None = None,
-                           **tuning: int) -> torch.Tensor:
+def paged_decode_attention(
+    q,
+    k_pages,
+    v_pages,
+    page_tables,
+    num_tokens,
+    *,
+    num_splits: int | None = None,
+    pages_per_block: int | None = None,
+    **tuning: int,
+) -> torch.Tensor:
     """Dense decode: each sequence's query over all its cached tokens ([B, Hq, D]).
 
     num_splits, pages_per_block and tuning (num_warps, num_stages, prefetch_ids: load the
@@ -269,28 +364,64 @@ def paged_decode_attention(q, k_pages, v_pages, page_tables, num_tokens, *,
     _check(q, k_pages, v_pages, page_tables, num_tokens)
     if not use_kernel(q, k_pages, page_tables, num_tokens):
         return paged_decode_reference(q, k_pages, v_pages, page_tables, num_tokens)
-    return _launch(q, k_pages, v_pages, page_tables, num_tokens, None, None,
-                   num_splits, pages_per_block, **tuning)
+    return _launch(
+        q,
+        k_pages,
+        v_pages,
+        page_tables,
+        num_tokens,
+        None,
+        None,
+        num_splits,
+        pages_per_block,
+        **tuning,
+    )
 
 
-def sparse_paged_decode_attention(q, k_pages, v_pages, page_tables, num_tokens, page_lists,
-                                  page_counts, *, num_splits: int | None = None,
-                                  pages_per_block: int | None = None,
-                                  **tuning: int) -> torch.Tensor:
+def sparse_paged_decode_attention(
+    q,
+    k_pages,
+    v_pages,
+    page_tables,
+    num_tokens,
+    page_lists,
+    page_counts,
+    *,
+    num_splits: int | None = None,
+    pages_per_block: int | None = None,
+    **tuning: int,
+) -> torch.Tensor:
     """Block-sparse decode: per KV head, only the listed logical pages are read (num_splits,
     pages_per_block and tuning as for paged_decode_attention)."""
     _check(q, k_pages, v_pages, page_tables, num_tokens)
     batch, kv_heads = q.shape[0], k_pages.shape[1]
-    check(page_lists.dim() == 3 and tuple(page_lists.shape[:2]) == (batch, kv_heads),
-          f"page_lists must be [{batch}, {kv_heads}, L], got {tuple(page_lists.shape)}")
-    check(tuple(page_counts.shape) == (batch, kv_heads),
-          f"page_counts must be [{batch}, {kv_heads}], got {tuple(page_counts.shape)}")
+    check(
+        page_lists.dim() == 3 and tuple(page_lists.shape[:2]) == (batch, kv_heads),
+        f"page_lists must be [{batch}, {kv_heads}, L], got {tuple(page_lists.shape)}",
+    )
+    check(
+        tuple(page_counts.shape) == (batch, kv_heads),
+        f"page_counts must be [{batch}, {kv_heads}], got {tuple(page_counts.shape)}",
+    )
     check_integer("page_lists", page_lists)
     check_integer("page_counts", page_counts)
-    check(page_lists.stride(-1) == 1 and page_counts.stride(-1) == 1,
-          "page_lists and page_counts must be contiguous in their last dimension")
+    check(
+        page_lists.stride(-1) == 1 and page_counts.stride(-1) == 1,
+        "page_lists and page_counts must be contiguous in their last dimension",
+    )
     if not use_kernel(q, k_pages, page_tables, num_tokens, page_lists, page_counts):
-        return sparse_paged_decode_reference(q, k_pages, v_pages, page_tables, num_tokens,
-                                             page_lists, page_counts)
-    return _launch(q, k_pages, v_pages, page_tables, num_tokens, page_lists, page_counts,
-                   num_splits, pages_per_block, **tuning)
+        return sparse_paged_decode_reference(
+            q, k_pages, v_pages, page_tables, num_tokens, page_lists, page_counts
+        )
+    return _launch(
+        q,
+        k_pages,
+        v_pages,
+        page_tables,
+        num_tokens,
+        page_lists,
+        page_counts,
+        num_splits,
+        pages_per_block,
+        **tuning,
+    )

@@ -19,23 +19,31 @@ from torch.nn import functional as F
 from sparrow.kernels.runtime import check
 
 
-def prefill_attention_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                           seq_lens: list[int]) -> torch.Tensor:
+def prefill_attention_sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: list[int]
+) -> torch.Tensor:
     """[T, Hq, D] causal attention within each sequence (lengths seq_lens), in q's dtype."""
-    check(q.dim() == 3 and k.dim() == 3 and k.shape == v.shape,
-          f"q must be [T, Hq, D] and k, v [T, Hkv, D], got {tuple(q.shape)}, {tuple(k.shape)}")
-    check(sum(seq_lens) == q.shape[0] == k.shape[0],
-          f"seq_lens sum to {sum(seq_lens)} but q has {q.shape[0]} and k {k.shape[0]} tokens")
-    check(q.shape[1] % k.shape[1] == 0,
-          f"{q.shape[1]} query heads do not split into {k.shape[1]} KV heads")
+    check(
+        q.dim() == 3 and k.dim() == 3 and k.shape == v.shape,
+        f"q must be [T, Hq, D] and k, v [T, Hkv, D], got {tuple(q.shape)}, {tuple(k.shape)}",
+    )
+    check(
+        sum(seq_lens) == q.shape[0] == k.shape[0],
+        f"seq_lens sum to {sum(seq_lens)} but q has {q.shape[0]} and k {k.shape[0]} tokens",
+    )
+    check(
+        q.shape[1] % k.shape[1] == 0,
+        f"{q.shape[1]} query heads do not split into {k.shape[1]} KV heads",
+    )
     out = torch.empty_like(q)
     start = 0
     for length in seq_lens:
         span = slice(start, start + length)
         # [n, H, D] -> [1, H, n, D]
         qs, ks, vs = (t[span].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
-        attended = F.scaled_dot_product_attention(qs, ks.to(q.dtype), vs.to(q.dtype),
-                                                  is_causal=True, enable_gqa=True)
+        attended = F.scaled_dot_product_attention(
+            qs, ks.to(q.dtype), vs.to(q.dtype), is_causal=True, enable_gqa=True
+        )
         out[span] = attended[0].transpose(0, 1)
         start += length
     return out

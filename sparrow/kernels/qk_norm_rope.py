@@ -53,13 +53,46 @@ def _normed(ptr, w_ptr, cols, mask, inv, NORM: tl.constexpr):
 
 
 @jit
-def _qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr,
-                         v_ptr, kc_ptr, vc_ptr, cent_ptr, slot_ptr,
-                         q_heads, dim, eps, s_qt, s_qh, s_kt, s_kh, s_ct, s_st,
-                         s_qot, s_qoh, s_kot, s_koh, s_vt, s_vh,
-                         s_page, s_offset, s_head, s_cent_page, s_cent_head,
-                         NORM: tl.constexpr, STORE: tl.constexpr, PAGE: tl.constexpr,
-                         BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+def _qk_norm_rope_kernel(
+    q_ptr,
+    k_ptr,
+    qw_ptr,
+    kw_ptr,
+    cos_ptr,
+    sin_ptr,
+    qo_ptr,
+    ko_ptr,
+    v_ptr,
+    kc_ptr,
+    vc_ptr,
+    cent_ptr,
+    slot_ptr,
+    q_heads,
+    dim,
+    eps,
+    s_qt,
+    s_qh,
+    s_kt,
+    s_kh,
+    s_ct,
+    s_st,
+    s_qot,
+    s_qoh,
+    s_kot,
+    s_koh,
+    s_vt,
+    s_vh,
+    s_page,
+    s_offset,
+    s_head,
+    s_cent_page,
+    s_cent_head,
+    NORM: tl.constexpr,
+    STORE: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
+):
     if PDL:  # see runtime.py: wait for the kernel before (the projection writing q, k, v)
         gdc_wait()
     t = tl.program_id(0).to(tl.int64)
@@ -86,16 +119,30 @@ def _qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo_ptr,
     cos = tl.load(cos_ptr + t * s_ct + d, mask=mask, other=0.0).to(tl.float32)
     sin = tl.load(sin_ptr + t * s_st + d, mask=mask, other=0.0).to(tl.float32)
     dtype = dst.dtype.element_ty
-    out = ((x * cos).to(dtype).to(tl.float32) + (rotated * sin).to(dtype).to(tl.float32)
-           ).to(dtype)
+    out = ((x * cos).to(dtype).to(tl.float32) + (rotated * sin).to(dtype).to(tl.float32)).to(dtype)
     tl.store(dst + d, out, mask=mask)
     if STORE:
         if head >= q_heads:  # the k row just stored, exactly as write_kv would read it back
             kv_head = head - q_heads
             slot = tl.load(slot_ptr + t).to(tl.int64)
-            store_kv_row(out, v_ptr + t * s_vt + kv_head * s_vh, kc_ptr, vc_ptr, cent_ptr,
-                         slot, kv_head, dim, s_page, s_offset, s_head, s_cent_page,
-                         s_cent_head, PAGE, BLOCK_D, True)
+            store_kv_row(
+                out,
+                v_ptr + t * s_vt + kv_head * s_vh,
+                kc_ptr,
+                vc_ptr,
+                cent_ptr,
+                slot,
+                kv_head,
+                dim,
+                s_page,
+                s_offset,
+                s_head,
+                s_cent_page,
+                s_cent_head,
+                PAGE,
+                BLOCK_D,
+                True,
+            )
     if PDL:  # let the next kernel launch (its programs place as these leave)
         gdc_launch_dependents()
 
@@ -113,26 +160,35 @@ def qk_norm_rope_reference(q, k, cos, sin, q_weight, k_weight, eps):
 
 
 def _check(q, k, cos, sin, q_weight, k_weight, v, store) -> None:
-    check(q.dim() == 3 and k.dim() == 3 and q.shape[0] == k.shape[0] and q.shape[2] == k.shape[2],
-          f"q and k must be [T, H, D] with one T and D, got {tuple(q.shape)} and {tuple(k.shape)}")
+    check(
+        q.dim() == 3 and k.dim() == 3 and q.shape[0] == k.shape[0] and q.shape[2] == k.shape[2],
+        f"q and k must be [T, H, D] with one T and D, got {tuple(q.shape)} and {tuple(k.shape)}",
+    )
     tokens, _, dim = q.shape
     check(dim % 2 == 0, f"head dim must be even for rotate-half RoPE, got {dim}")
     for name, t in (("cos", cos), ("sin", sin)):
-        check(tuple(t.shape) == (tokens, 1, dim), f"{name} must be [{tokens}, 1, {dim}], got "
-              f"{tuple(t.shape)}")
+        check(
+            tuple(t.shape) == (tokens, 1, dim),
+            f"{name} must be [{tokens}, 1, {dim}], got {tuple(t.shape)}",
+        )
     check((q_weight is None) == (k_weight is None), "give both q_weight and k_weight or neither")
     for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
-        check(w is None or tuple(w.shape) == (dim,), f"{name} must be [{dim}], got "
-              f"{None if w is None else tuple(w.shape)}")
-    check((v is None) == (store is None), "give v and store (the values to store and where) "
-          "together or neither")
+        check(
+            w is None or tuple(w.shape) == (dim,),
+            f"{name} must be [{dim}], got {None if w is None else tuple(w.shape)}",
+        )
+    check(
+        (v is None) == (store is None),
+        "give v and store (the values to store and where) together or neither",
+    )
     if store is not None:
         check(isinstance(store, KVStore), f"store must be a KVStore, got {type(store).__name__}")
         store.check(k, v)
 
 
-def _store_args(store: KVStore | None, v: torch.Tensor | None,
-                stand_in: torch.Tensor) -> tuple[tuple, tuple]:
+def _store_args(
+    store: KVStore | None, v: torch.Tensor | None, stand_in: torch.Tensor
+) -> tuple[tuple, tuple]:
     """The kernel's store pointers (v, caches, centroids, slots) and strides (v's, then the
     store's); without a store, stand_in fills the pointers (never read) and 0 the strides."""
     if store is None:
@@ -140,18 +196,28 @@ def _store_args(store: KVStore | None, v: torch.Tensor | None,
     return (v, *store.tensors), (v.stride(0), v.stride(1), *store.strides)
 
 
-def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
-                 eps: float, v: torch.Tensor | None = None,
-                 store: KVStore | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def qk_norm_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    eps: float,
+    v: torch.Tensor | None = None,
+    store: KVStore | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(q, k) normed per head (if weights are given) and rotated; new tensors, same shapes.
     With v and store, the rotated k and v are also stored at store.slots (decode)."""
     _check(q, k, cos, sin, q_weight, k_weight, v, store)
     weights = () if q_weight is None else (q_weight, k_weight)
     stored = () if store is None else (v, *store.tensors)
     same_dtype = all(t.dtype == q.dtype for t in (k, cos, sin, *weights))
-    if (not same_dtype or not use_kernel(q, k, cos, sin, *weights, *stored)
-            or needs_autograd(q, k, *weights)):
+    if (
+        not same_dtype
+        or not use_kernel(q, k, cos, sin, *weights, *stored)
+        or needs_autograd(q, k, *weights)
+    ):
         q_out, k_out = qk_norm_rope_reference(q, k, cos, sin, q_weight, k_weight, eps)
         if store is not None:  # the launcher, not its reference: equal to the unfused pair
             write_kv(*store.tensors, k_out, v)
@@ -165,11 +231,35 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
     if tokens:
         pdl = pdl_launch(q.device, "attention")
         _qk_norm_rope_kernel[(tokens, q_heads + k.shape[1])](
-            q, k, q_weight if norm else q, k_weight if norm else k, cos, sin, q_out, k_out,
-            *pointers, q_heads, dim, eps, q.stride(0), q.stride(1),
-            k.stride(0), k.stride(1), cos.stride(0), sin.stride(0), q_out.stride(0),
-            q_out.stride(1), k_out.stride(0), k_out.stride(1), *strides,
-            NORM=norm, STORE=store is not None,
+            q,
+            k,
+            q_weight if norm else q,
+            k_weight if norm else k,
+            cos,
+            sin,
+            q_out,
+            k_out,
+            *pointers,
+            q_heads,
+            dim,
+            eps,
+            q.stride(0),
+            q.stride(1),
+            k.stride(0),
+            k.stride(1),
+            cos.stride(0),
+            sin.stride(0),
+            q_out.stride(0),
+            q_out.stride(1),
+            k_out.stride(0),
+            k_out.stride(1),
+            *strides,
+            NORM=norm,
+            STORE=store is not None,
             PAGE=1 if store is None else store.k_cache.shape[2],
-            BLOCK_D=next_power_of_2(dim), PDL=pdl, num_warps=1, launch_pdl=pdl)
+            BLOCK_D=next_power_of_2(dim),
+            PDL=pdl,
+            num_warps=1,
+            launch_pdl=pdl,
+        )
     return q_out, k_out

@@ -48,6 +48,7 @@ TOKEN_SALT = 0x510E527F
 
 # the hash in int64 (numpy arrays or tensors; inputs in [0, 2**32))
 
+
 def scramble32(x):
     """Multiply, mask, xorshift 15, multiply, mask, xorshift 16: a bijection of 32-bit values
     held in int64 (odd multipliers below 2**31, so no product overflows)."""
@@ -83,8 +84,8 @@ def noise_bits(row_key: Tensor, vocab: int) -> Tensor:
 def log_uniform(bits: Tensor) -> Tensor:
     """float64 log u, u = (bits + 0.5) / 2**32 strictly inside (0, 1): one scaling op, one log."""
     # a 0-dim host tensor: float64 result in one op, and no host-to-device copy
-    half = torch.tensor(2.0 ** -33, dtype=torch.float64)
-    return torch.add(half, bits, alpha=2.0 ** -32).log_()
+    half = torch.tensor(2.0**-33, dtype=torch.float64)
+    return torch.add(half, bits, alpha=2.0**-32).log_()
 
 
 def race_draw_reference(logprobs: Tensor, row_key: Tensor) -> Tensor:
@@ -93,6 +94,7 @@ def race_draw_reference(logprobs: Tensor, row_key: Tensor) -> Tensor:
 
 
 # the kernel
+
 
 @jit
 def _scramble32(x):
@@ -108,8 +110,18 @@ def _mix32(x):
 
 
 @jit
-def _race_kernel(logprob_ptr, key_ptr, best_value_ptr, best_index_ptr, vocab, row_stride,
-                 chunk, parts, BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr):
+def _race_kernel(
+    logprob_ptr,
+    key_ptr,
+    best_value_ptr,
+    best_index_ptr,
+    vocab,
+    row_stride,
+    chunk,
+    parts,
+    BLOCK: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
+):
     row = tl.program_id(0)
     part = tl.program_id(1)
     key = tl.load(key_ptr + row).to(tl.uint32)
@@ -126,7 +138,7 @@ def _race_kernel(logprob_ptr, key_ptr, best_value_ptr, best_index_ptr, vocab, ro
         else:  # Triton's CPU interpreter (numpy)
             p = tl.exp(lp).to(tl.float64)
         bits = _scramble32(key ^ _mix32(_mix32(v.to(tl.uint32) ^ 0x510E527F)))
-        u = (bits.to(tl.uint64) * 2 + 1).to(tl.float64) * (2.0 ** -33)
+        u = (bits.to(tl.uint64) * 2 + 1).to(tl.float64) * (2.0**-33)
         if LIBDEVICE:
             log_u = libdevice.log(u)
         else:
@@ -143,14 +155,19 @@ def _race_kernel(logprob_ptr, key_ptr, best_value_ptr, best_index_ptr, vocab, ro
 
 def race_draw(logprobs: Tensor, row_key: Tensor, block: int = 1024) -> Tensor:
     """The drawn token of every row [B] int64 (see the module docstring)."""
-    check(logprobs.dim() == 2 and logprobs.dtype == torch.float32,
-          f"logprobs must be a float32 [B, V] tensor, got {logprobs.dtype} "
-          f"{tuple(logprobs.shape)}")
-    check(tuple(row_key.shape) == (logprobs.shape[0],),
-          f"row_key must be [{logprobs.shape[0]}], got {tuple(row_key.shape)}")
+    check(
+        logprobs.dim() == 2 and logprobs.dtype == torch.float32,
+        f"logprobs must be a float32 [B, V] tensor, got {logprobs.dtype} {tuple(logprobs.shape)}",
+    )
+    check(
+        tuple(row_key.shape) == (logprobs.shape[0],),
+        f"row_key must be [{logprobs.shape[0]}], got {tuple(row_key.shape)}",
+    )
     check_integer("row_key", row_key)
-    check(row_key.device == logprobs.device,
-          f"row_key is on {row_key.device}, logprobs on {logprobs.device}")
+    check(
+        row_key.device == logprobs.device,
+        f"row_key is on {row_key.device}, logprobs on {logprobs.device}",
+    )
     row_key = row_key.to(torch.int64)
     if not use_kernel(logprobs, row_key):
         return race_draw_reference(logprobs, row_key)
@@ -162,9 +179,19 @@ def race_draw(logprobs: Tensor, row_key: Tensor, block: int = 1024) -> Tensor:
     parts = -(-vocab // chunk)
     best_value = torch.empty(batch, parts, dtype=torch.float64, device=logprobs.device)
     best_index = torch.empty(batch, parts, dtype=torch.int32, device=logprobs.device)
-    _race_kernel[(batch, parts)](logprobs, row_key, best_value, best_index, vocab,
-                                 logprobs.stride(0), chunk, parts, BLOCK=block,
-                                 LIBDEVICE=not INTERPRETER, num_warps=4)
+    _race_kernel[(batch, parts)](
+        logprobs,
+        row_key,
+        best_value,
+        best_index,
+        vocab,
+        logprobs.stride(0),
+        chunk,
+        parts,
+        BLOCK=block,
+        LIBDEVICE=not INTERPRETER,
+        num_warps=4,
+    )
     # the first part holding the row's minimum holds its first minimum
     take = best_value.argmin(dim=1, keepdim=True)
     return best_index.gather(1, take)[:, 0].to(torch.int64)

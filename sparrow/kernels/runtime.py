@@ -41,14 +41,17 @@ import dataclasses
 import importlib.util
 import os
 import sys
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
 from sparrow.errors import SparrowError
 
-if (importlib.util.find_spec("triton") is not None and "triton" not in sys.modules
-        and not torch.cuda.is_available()):
+if (
+    importlib.util.find_spec("triton") is not None
+    and "triton" not in sys.modules
+    and not torch.cuda.is_available()
+):
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 try:
@@ -142,8 +145,10 @@ def pdl_families(setting: str) -> frozenset[str]:
     families = frozenset(part.strip() for part in setting.split(",") if part.strip())
     unknown = sorted(families - set(PDL_FAMILIES))
     if unknown:
-        raise SparrowError(f"programmatic_launch={setting!r}: unknown kernel families "
-                           f"{unknown}; use none, all or a comma list of {list(PDL_FAMILIES)}")
+        raise SparrowError(
+            f"programmatic_launch={setting!r}: unknown kernel families "
+            f"{unknown}; use none, all or a comma list of {list(PDL_FAMILIES)}"
+        )
     return families
 
 
@@ -161,8 +166,10 @@ class KernelOptions:
     def __post_init__(self) -> None:
         unknown = sorted(set(self.programmatic_launch) - set(PDL_FAMILIES))
         if unknown:
-            raise SparrowError(f"KernelOptions.programmatic_launch: unknown kernel families "
-                               f"{unknown}; the families are {list(PDL_FAMILIES)}")
+            raise SparrowError(
+                f"KernelOptions.programmatic_launch: unknown kernel families "
+                f"{unknown}; the families are {list(PDL_FAMILIES)}"
+            )
 
 
 _OPTIONS = [KernelOptions()]
@@ -198,9 +205,14 @@ def pdl_launch(device: torch.device, family: str = "attention") -> bool:
     """Whether a kernel of this family launches with programmatic dependent launch on this
     device: compiled CUDA on compute capability 9.0 or later, a triton that has it, and the
     family turned on."""
-    return (family in _OPTIONS[0].programmatic_launch and device.type == "cuda"
-            and not INTERPRETER and HAS_TRITON and gdc_wait is not None
-            and torch.cuda.get_device_capability(device)[0] >= 9)
+    return (
+        family in _OPTIONS[0].programmatic_launch
+        and device.type == "cuda"
+        and not INTERPRETER
+        and HAS_TRITON
+        and gdc_wait is not None
+        and torch.cuda.get_device_capability(device)[0] >= 9
+    )
 
 
 _ARRIVALS: dict[tuple[str, str], torch.Tensor] = {}
@@ -221,9 +233,12 @@ def arrival_counters(device: torch.device, count: int, tag: str) -> torch.Tensor
     buffer = _ARRIVALS.get(key)
     if buffer is None or buffer.numel() < count:
         capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        check(not capturing, f"{tag}: {count} arrival counters are needed but only "
-              f"{0 if buffer is None else buffer.numel()} were allocated before this CUDA "
-              "graph capture; run the same launch once outside the capture first")
+        check(
+            not capturing,
+            f"{tag}: {count} arrival counters are needed but only "
+            f"{0 if buffer is None else buffer.numel()} were allocated before this CUDA "
+            "graph capture; run the same launch once outside the capture first",
+        )
         size = max(ARRIVAL_MIN, next_power_of_2(count))
         _ARRIVALS[key] = buffer = torch.zeros(size, dtype=torch.int32, device=device)
     return buffer
@@ -247,20 +262,28 @@ def check(condition: bool, message: str) -> None:
 
 
 def check_last_dim_contiguous(name: str, tensor: torch.Tensor) -> None:
-    check(tensor.stride(-1) == 1, f"{name} must be contiguous in its last dimension, "
-          f"got strides {tuple(tensor.stride())}")
+    check(
+        tensor.stride(-1) == 1,
+        f"{name} must be contiguous in its last dimension, got strides {tuple(tensor.stride())}",
+    )
 
 
 def check_integer(name: str, tensor: torch.Tensor) -> None:
-    check(not tensor.dtype.is_floating_point and tensor.dtype != torch.bool,
-          f"{name} must hold integers, got {tensor.dtype}")
+    check(
+        not tensor.dtype.is_floating_point and tensor.dtype != torch.bool,
+        f"{name} must hold integers, got {tensor.dtype}",
+    )
 
 
 def check_page_tables(page_tables: torch.Tensor, num_tokens: torch.Tensor, batch: int) -> None:
     """The per-sequence page tables [batch, W] and token counts [batch], both integers."""
-    check(page_tables.dim() == 2 and page_tables.shape[0] == batch,
-          f"page_tables must be [{batch}, W], got {tuple(page_tables.shape)}")
-    check(tuple(num_tokens.shape) == (batch,),
-          f"num_tokens must be [{batch}], got {tuple(num_tokens.shape)}")
+    check(
+        page_tables.dim() == 2 and page_tables.shape[0] == batch,
+        f"page_tables must be [{batch}, W], got {tuple(page_tables.shape)}",
+    )
+    check(
+        tuple(num_tokens.shape) == (batch,),
+        f"num_tokens must be [{batch}], got {tuple(num_tokens.shape)}",
+    )
     check_integer("page_tables", page_tables)
     check_integer("num_tokens", num_tokens)

@@ -33,9 +33,11 @@ def silu_mul_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor, block: int = 1024) -> torch.Tensor:
     """silu(gate) * up, same shape and dtype."""
-    check(gate.shape == up.shape and gate.dtype == up.dtype,
-          f"gate and up must share shape and dtype, got {tuple(gate.shape)} {gate.dtype} and "
-          f"{tuple(up.shape)} {up.dtype}")
+    check(
+        gate.shape == up.shape and gate.dtype == up.dtype,
+        f"gate and up must share shape and dtype, got {tuple(gate.shape)} {gate.dtype} and "
+        f"{tuple(up.shape)} {up.dtype}",
+    )
     if not use_kernel(gate, up) or needs_autograd(gate, up):
         return silu_mul_reference(gate, up)
     n = gate.shape[-1]
@@ -45,5 +47,6 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, block: int = 1024) -> torch.T
     out = torch.empty(g.shape, dtype=gate.dtype, device=gate.device)
     if g.shape[0] and n:
         _silu_mul_kernel[(g.shape[0], -(-n // block))](
-            g, u, out, n, g.stride(0), u.stride(0), out.stride(0), BLOCK=block, num_warps=4)
+            g, u, out, n, g.stride(0), u.stride(0), out.stride(0), BLOCK=block, num_warps=4
+        )
     return out.view(gate.shape)

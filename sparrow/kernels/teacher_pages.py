@@ -34,10 +34,25 @@ WORD = 32  # pages per int32 word
 
 
 @jit
-def _page_bits_kernel(score_ptr, topk_ptr, bits_ptr, s_sr, s_sh, s_br, s_bh, width, words,
-                      first, prompt_len, PAGE: tl.constexpr, BOS: tl.constexpr,
-                      EOS: tl.constexpr, BLOCK_W: tl.constexpr, HAS_SCORES: tl.constexpr,
-                      RADIX: tl.constexpr):
+def _page_bits_kernel(
+    score_ptr,
+    topk_ptr,
+    bits_ptr,
+    s_sr,
+    s_sh,
+    s_br,
+    s_bh,
+    width,
+    words,
+    first,
+    prompt_len,
+    PAGE: tl.constexpr,
+    BOS: tl.constexpr,
+    EOS: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    HAS_SCORES: tl.constexpr,
+    RADIX: tl.constexpr,
+):
     r = tl.program_id(0)
     h = tl.program_id(1)
     t = first + r
@@ -49,8 +64,7 @@ def _page_bits_kernel(score_ptr, topk_ptr, bits_ptr, s_sr, s_sh, s_br, s_bh, wid
     # a prompt row takes every eligible page: k at least the row's width does that
     k = tl.where(t < prompt_len, BLOCK_W, tl.load(topk_ptr + r).to(tl.int32))
     if HAS_SCORES:
-        score = tl.load(score_ptr + r * s_sr + h * s_sh + p, mask=present & (p < width),
-                        other=0.0)
+        score = tl.load(score_ptr + r * s_sr + h * s_sh + p, mask=present & (p < width), other=0.0)
         score = tl.where(score == 0.0, 0.0, score)  # -0.0 ties with 0.0, as in a float compare
     else:
         score = tl.zeros([BLOCK_W], tl.float32)
@@ -68,6 +82,7 @@ def _page_bits_kernel(score_ptr, topk_ptr, bits_ptr, s_sr, s_sh, s_br, s_bh, wid
 
 # references
 
+
 def pack_page_bits(mask: torch.Tensor, words: int) -> torch.Tensor:
     """[R, Hkv, P] bool -> [Hkv, R, words] int32 (page p: bit p % 32 of word p // 32)."""
     rows, heads, width = mask.shape
@@ -75,7 +90,8 @@ def pack_page_bits(mask: torch.Tensor, words: int) -> torch.Tensor:
     padded = torch.zeros(rows, heads, words * WORD, dtype=torch.int64, device=mask.device)
     padded[..., :width] = mask
     weights = torch.ones(WORD, dtype=torch.int64, device=mask.device) << torch.arange(
-        WORD, device=mask.device)
+        WORD, device=mask.device
+    )
     value = (padded.view(rows, heads, words, WORD) * weights).sum(-1)
     # unsigned 32-bit value -> the int32 of the same bits
     value = torch.where(value >= 2**31, value - 2**32, value)
@@ -89,8 +105,18 @@ def unpack_page_bits(bits: torch.Tensor, pages: int) -> torch.Tensor:
     return flat[..., :pages].transpose(0, 1)
 
 
-def page_bits_reference(scores, first, prompt_len, topk, page_size, reserved_bos, reserved_eos,
-                        words, rows=None, kv_heads=None):
+def page_bits_reference(
+    scores,
+    first,
+    prompt_len,
+    topk,
+    page_size,
+    reserved_bos,
+    reserved_eos,
+    words,
+    rows=None,
+    kv_heads=None,
+):
     """The selection by select_from_scores (a stable sort), packed."""
     if scores is None:
         width = (first + rows - 1) // page_size + 1
@@ -98,8 +124,7 @@ def page_bits_reference(scores, first, prompt_len, topk, page_size, reserved_bos
     rows, heads, width = scores.shape
     position = torch.arange(first, first + rows, device=scores.device)
     num_pages = position // page_size + 1
-    mask = select_from_scores(scores, num_pages, topk.to(scores.device), reserved_bos,
-                              reserved_eos)
+    mask = select_from_scores(scores, num_pages, topk.to(scores.device), reserved_bos, reserved_eos)
     present = torch.arange(width, device=scores.device) < num_pages.view(-1, 1, 1)
     mask = torch.where((position < prompt_len).view(-1, 1, 1), present, mask)
     return pack_page_bits(mask, words)
@@ -107,52 +132,99 @@ def page_bits_reference(scores, first, prompt_len, topk, page_size, reserved_bos
 
 # launcher
 
-def select_page_bits(scores: torch.Tensor | None, first: int, prompt_len: int,
-                     topk: torch.Tensor, page_size: int, reserved_bos: int, reserved_eos: int,
-                     words: int, out: torch.Tensor | None = None, kv_heads: int | None = None,
-                     radix_bits: int = 4) -> torch.Tensor:
+
+def select_page_bits(
+    scores: torch.Tensor | None,
+    first: int,
+    prompt_len: int,
+    topk: torch.Tensor,
+    page_size: int,
+    reserved_bos: int,
+    reserved_eos: int,
+    words: int,
+    out: torch.Tensor | None = None,
+    kv_heads: int | None = None,
+    radix_bits: int = 4,
+) -> torch.Tensor:
     """Bits [Hkv, R, words] of rows first .. first + R - 1 (see the module docstring), into
     `out` when given (a view of that shape, last dim contiguous); kv_heads only without
     scores."""
     rows = topk.shape[0]
     check(topk.dim() == 1, f"topk must be [R], got {tuple(topk.shape)}")
     check_integer("topk", topk)
-    check(first >= 0 and page_size >= 1 and reserved_bos >= 0 and reserved_eos >= 1,
-          f"need first >= 0, page_size >= 1, reserved_bos >= 0, reserved_eos >= 1, got "
-          f"{first}, {page_size}, {reserved_bos}, {reserved_eos}")
+    check(
+        first >= 0 and page_size >= 1 and reserved_bos >= 0 and reserved_eos >= 1,
+        f"need first >= 0, page_size >= 1, reserved_bos >= 0, reserved_eos >= 1, got "
+        f"{first}, {page_size}, {reserved_bos}, {reserved_eos}",
+    )
     need = (first + rows - 1) // page_size + 1 if rows else 0
-    check(words * WORD >= need, f"{words} words hold fewer than the {need} pages of row "
-          f"{first + rows - 1}")
+    check(
+        words * WORD >= need,
+        f"{words} words hold fewer than the {need} pages of row {first + rows - 1}",
+    )
     if scores is None:
-        check(kv_heads is not None and first + rows <= prompt_len,
-              "without scores every row must be a prompt row, and kv_heads is needed")
+        check(
+            kv_heads is not None and first + rows <= prompt_len,
+            "without scores every row must be a prompt row, and kv_heads is needed",
+        )
         heads = kv_heads
     else:
-        check(scores.dim() == 3 and scores.dtype == torch.float32 and scores.shape[0] == rows,
-              f"scores must be [{rows}, Hkv, W] float32, got {tuple(scores.shape)} "
-              f"{scores.dtype}")
-        check(scores.shape[2] >= need, f"scores hold {scores.shape[2]} pages, the last row "
-              f"has {need}")
+        check(
+            scores.dim() == 3 and scores.dtype == torch.float32 and scores.shape[0] == rows,
+            f"scores must be [{rows}, Hkv, W] float32, got {tuple(scores.shape)} {scores.dtype}",
+        )
+        check(
+            scores.shape[2] >= need, f"scores hold {scores.shape[2]} pages, the last row has {need}"
+        )
         check(scores.stride(-1) == 1, "scores must be contiguous in their last dimension")
         heads = scores.shape[1]
     if out is None:
         out = torch.empty(heads, rows, words, dtype=torch.int32, device=topk.device)
-    check(tuple(out.shape) == (heads, rows, words) and out.dtype == torch.int32
-          and out.stride(-1) == 1, f"out must be [{heads}, {rows}, {words}] int32 with a "
-          f"contiguous last dim, got {tuple(out.shape)} {out.dtype}")
+    check(
+        tuple(out.shape) == (heads, rows, words)
+        and out.dtype == torch.int32
+        and out.stride(-1) == 1,
+        f"out must be [{heads}, {rows}, {words}] int32 with a "
+        f"contiguous last dim, got {tuple(out.shape)} {out.dtype}",
+    )
     tensors = [t for t in (scores, topk, out) if t is not None]
     if not use_kernel(*tensors):
-        out.copy_(page_bits_reference(scores, first, prompt_len, topk, page_size, reserved_bos,
-                                      reserved_eos, words, rows, heads))
+        out.copy_(
+            page_bits_reference(
+                scores,
+                first,
+                prompt_len,
+                topk,
+                page_size,
+                reserved_bos,
+                reserved_eos,
+                words,
+                rows,
+                heads,
+            )
+        )
         return out
     if rows and heads:
         block_w = next_power_of_2(max(WORD, words * WORD))
         dummy = scores if scores is not None else out
         _page_bits_kernel[(rows, heads)](
-            dummy, topk, out, scores.stride(0) if scores is not None else 0,
-            scores.stride(1) if scores is not None else 0, out.stride(1), out.stride(0),
-            scores.shape[2] if scores is not None else 0, words, first, prompt_len,
-            PAGE=page_size, BOS=reserved_bos, EOS=reserved_eos, BLOCK_W=block_w,
-            HAS_SCORES=scores is not None, RADIX=radix_bits,
-            num_warps=4 if block_w <= 1024 else 8)
+            dummy,
+            topk,
+            out,
+            scores.stride(0) if scores is not None else 0,
+            scores.stride(1) if scores is not None else 0,
+            out.stride(1),
+            out.stride(0),
+            scores.shape[2] if scores is not None else 0,
+            words,
+            first,
+            prompt_len,
+            PAGE=page_size,
+            BOS=reserved_bos,
+            EOS=reserved_eos,
+            BLOCK_W=block_w,
+            HAS_SCORES=scores is not None,
+            RADIX=radix_bits,
+            num_warps=4 if block_w <= 1024 else 8,
+        )
     return out

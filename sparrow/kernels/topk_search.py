@@ -54,8 +54,14 @@ def _choose_bin(hist, n_candidates, room, BINS: tl.constexpr):
     at_least = n_candidates - tl.cumsum(hist, axis=0) + hist
     reach = at_least >= room
     chosen, from_chosen, above = tl.reduce(
-        (tl.where(reach, bins, -1), tl.where(reach, at_least, n_candidates),
-         tl.where(reach, 0, at_least)), 0, _max_min_max)
+        (
+            tl.where(reach, bins, -1),
+            tl.where(reach, at_least, n_candidates),
+            tl.where(reach, 0, at_least),
+        ),
+        0,
+        _max_min_max,
+    )
     return chosen, above, from_chosen - above
 
 

@@ -18,7 +18,8 @@ See docs/mismatch.md; `sparrow mismatch stats FILE.parquet` runs bin_statistics 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -33,10 +34,20 @@ from sparrow.mismatch.stats import (
 )
 
 __all__ = [
-    "BIN_TOKENS", "BetaFit", "BinStats", "MismatchError", "TAIL_THRESHOLD",
-    "acceptance_from_logits", "acceptance_from_logprobs", "acceptance_lower_bound",
-    "acceptance_lower_bound_from_dense", "bin_index", "bin_statistics", "bins_below",
-    "fit_beta_tail", "min_p5",
+    "BIN_TOKENS",
+    "BetaFit",
+    "BinStats",
+    "MismatchError",
+    "TAIL_THRESHOLD",
+    "acceptance_from_logits",
+    "acceptance_from_logprobs",
+    "acceptance_lower_bound",
+    "acceptance_lower_bound_from_dense",
+    "bin_index",
+    "bin_statistics",
+    "bins_below",
+    "fit_beta_tail",
+    "min_p5",
 ]
 
 # rows per chunk are chosen so one fp32 temporary stays near 128 MiB at any vocabulary size
@@ -52,7 +63,9 @@ def _check_float(name: str, tensor: Any) -> None:
     if not tensor.is_floating_point():
         raise MismatchError(f"{name} must be a floating-point tensor, got {tensor.dtype}")
     if tensor.dim() < 1 or tensor.shape[-1] < 1:
-        raise MismatchError(f"{name} needs a last (vocabulary) dimension, got {tuple(tensor.shape)}")
+        raise MismatchError(
+            f"{name} needs a last (vocabulary) dimension, got {tuple(tensor.shape)}"
+        )
 
 
 def _check_pair(name_a: str, a: Any, name_b: str, b: Any) -> torch.dtype:
@@ -60,7 +73,9 @@ def _check_pair(name_a: str, a: Any, name_b: str, b: Any) -> torch.dtype:
     _check_float(name_a, a)
     _check_float(name_b, b)
     if a.shape != b.shape:
-        raise MismatchError(f"{name_a} has shape {tuple(a.shape)} but {name_b} has {tuple(b.shape)}")
+        raise MismatchError(
+            f"{name_a} has shape {tuple(a.shape)} but {name_b} has {tuple(b.shape)}"
+        )
     if a.device != b.device:
         raise MismatchError(f"{name_a} is on {a.device} but {name_b} is on {b.device}")
     return torch.float64 if torch.float64 in (a.dtype, b.dtype) else torch.float32
@@ -82,7 +97,9 @@ def _by_row_chunks(fn: Callable[..., torch.Tensor], *tensors: torch.Tensor) -> t
     return out.reshape((*lead, *out.shape[1:]))
 
 
-def _exact(dense: torch.Tensor, actor: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
+def _exact(
+    dense: torch.Tensor, actor: torch.Tensor, dtype: torch.dtype, scale: float
+) -> torch.Tensor:
     def rows(dense_rows: torch.Tensor, actor_rows: torch.Tensor) -> torch.Tensor:
         dense_rows, actor_rows = dense_rows.to(dtype), actor_rows.to(dtype)
         if scale != 1.0:
@@ -94,7 +111,9 @@ def _exact(dense: torch.Tensor, actor: torch.Tensor, dtype: torch.dtype, scale: 
     return _by_row_chunks(rows, dense, actor)
 
 
-def acceptance_from_logprobs(dense_logprobs: torch.Tensor, actor_logprobs: torch.Tensor) -> torch.Tensor:
+def acceptance_from_logprobs(
+    dense_logprobs: torch.Tensor, actor_logprobs: torch.Tensor
+) -> torch.Tensor:
     """Exact alpha from two full distributions given as logprobs [..., V]; returns [...].
 
     Each side is renormalised (log_softmax) first, so bf16 rounding of the logprobs cannot

@@ -63,7 +63,7 @@ class BetaFit:
             raise MismatchError(f"BetaFit.ks must be in [0, 1], got {self.ks}")
 
     @classmethod
-    def unfitted(cls, n: int) -> "BetaFit":
+    def unfitted(cls, n: int) -> BetaFit:
         nan = float("nan")
         return cls(a=nan, b=nan, var=nan, ks=nan, n=n)
 

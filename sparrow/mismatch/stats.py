@@ -13,10 +13,10 @@ sparrow.mismatch.acceptance, which re-exports the public names; `sparrow mismatc
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any, Sequence
-
 import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,7 +43,11 @@ LOW_ACCEPTANCE = 0.5
 
 
 def _check_bins(bin_tokens: Any, num_bins: Any) -> None:
-    if isinstance(bin_tokens, bool) or not isinstance(bin_tokens, (int, np.integer)) or bin_tokens < 1:
+    if (
+        isinstance(bin_tokens, bool)
+        or not isinstance(bin_tokens, (int, np.integer))
+        or bin_tokens < 1
+    ):
         raise MismatchError(f"bin_tokens must be an integer >= 1, got {bin_tokens!r}")
     if num_bins is not None and (
         isinstance(num_bins, bool) or not isinstance(num_bins, (int, np.integer)) or num_bins < 1
@@ -57,7 +61,9 @@ def _integer_positions(array: np.ndarray) -> np.ndarray:
     elif array.dtype.kind == "f":
         bad = ~np.isfinite(array) | (array != np.floor(array))
         if bad.any():
-            raise MismatchError(f"position must hold whole numbers: {first_bad(bad.ravel(), array.ravel())}")
+            raise MismatchError(
+                f"position must hold whole numbers: {first_bad(bad.ravel(), array.ravel())}"
+            )
         values = array.astype(np.int64)
     else:
         raise MismatchError(f"position must be integers, got dtype {array.dtype}")
@@ -119,7 +125,9 @@ class BinStats:
                 f"got bin={self.bin}, n={self.n}, tail_n={self.tail_n}"
             )
         quantiles = (self.p1, self.p5, self.p10, self.p50)
-        if not all(0.0 <= v <= 1.0 for v in (self.mean, *quantiles)) or list(quantiles) != sorted(quantiles):
+        if not all(0.0 <= v <= 1.0 for v in (self.mean, *quantiles)) or list(quantiles) != sorted(
+            quantiles
+        ):
             raise MismatchError(
                 f"bin {self.bin}: mean and p1 <= p5 <= p10 <= p50 must lie in [0, 1], "
                 f"got mean={self.mean}, percentiles={quantiles}"
@@ -141,8 +149,18 @@ def _one_bin(bin_id: int, values: np.ndarray) -> BinStats:
     fit: BetaFit = fit_beta_tail(values, TAIL_THRESHOLD, MIN_TAIL)
     mean = float(min(max(values.mean(), 0.0), 1.0))  # rounding can step past 1 by an ulp
     return BinStats(
-        bin=bin_id, n=int(values.size), mean=mean, p1=p1, p5=p5, p10=p10, p50=p50,
-        beta_a=fit.a, beta_b=fit.b, beta_var=fit.var, ks=fit.ks, tail_n=fit.n,
+        bin=bin_id,
+        n=int(values.size),
+        mean=mean,
+        p1=p1,
+        p5=p5,
+        p10=p10,
+        p50=p50,
+        beta_a=fit.a,
+        beta_b=fit.b,
+        beta_var=fit.var,
+        ks=fit.ks,
+        tail_n=fit.n,
         min=min(float(values.min()), p1),
         share_below_half=float(np.count_nonzero(values < LOW_ACCEPTANCE)) / values.size,
     )

@@ -10,7 +10,7 @@ query heads, then torch's scaled_dot_product_attention runs per sequence (scale
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -46,7 +46,9 @@ def causal_attention(seq_lens: Sequence[int]) -> AttentionFn:
             qs = q[span].transpose(0, 1).unsqueeze(0)
             ks = k[span].repeat_interleave(group, dim=1).transpose(0, 1).unsqueeze(0)
             vs = v[span].repeat_interleave(group, dim=1).transpose(0, 1).unsqueeze(0)
-            out[span] = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)[0].transpose(0, 1)
+            out[span] = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)[0].transpose(
+                0, 1
+            )
             start += n
         return out
 

@@ -28,9 +28,16 @@ ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
 BUILTIN_MODELS = {"tiny": "tiny-qwen3"}
 RANDOM_STANDIN_NAME = "tiny-qwen3-random"
 # the shape scripts/train_tiny_model.py trains (its defaults)
-TINY_SHAPE = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=32, intermediate_size=384,
-                  max_position_embeddings=1024, rope_theta=10000.0)
+TINY_SHAPE = dict(
+    hidden_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    intermediate_size=384,
+    max_position_embeddings=1024,
+    rope_theta=10000.0,
+)
 STANDIN_SEED = 0
 
 _warned = False
@@ -45,7 +52,7 @@ def resolve_model_path(spec: str) -> Path:
     if not isinstance(spec, str) or not spec.strip():
         raise ModelPathError(f"model path must be a non-empty string, got {spec!r}")
     if spec.startswith(BUILTIN_PREFIX):
-        return _builtin(spec[len(BUILTIN_PREFIX):])
+        return _builtin(spec[len(BUILTIN_PREFIX) :])
     folder = Path(spec).expanduser()
     if not folder.is_dir():
         raise ModelPathError(f"model directory {folder} does not exist")
@@ -115,8 +122,12 @@ def _write_random_tiny(out: Path) -> None:
 
     vocab = char_vocab()
     config = transformers.Qwen3Config(
-        vocab_size=len(vocab), tie_word_embeddings=True, rms_norm_eps=1e-6,
-        eos_token_id=vocab[EOS_TOKEN], pad_token_id=vocab[PAD_TOKEN], bos_token_id=None,
+        vocab_size=len(vocab),
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-6,
+        eos_token_id=vocab[EOS_TOKEN],
+        pad_token_id=vocab[PAD_TOKEN],
+        bos_token_id=None,
         **TINY_SHAPE,
     )
     hf_logging.disable_progress_bar()

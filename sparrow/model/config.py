@@ -12,8 +12,9 @@ activation, MLP bias) is a ModelConfigError naming the key, never silently ignor
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from sparrow.errors import SparrowError
 
@@ -80,8 +81,16 @@ class ModelArch:
             raise ModelConfigError(
                 f"unknown model family {self.family!r}; valid: {', '.join(FAMILIES)}"
             )
-        for name in ("vocab_size", "hidden_size", "num_layers", "num_q_heads", "num_kv_heads",
-                     "head_dim", "intermediate_size", "max_position_embeddings"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_layers",
+            "num_q_heads",
+            "num_kv_heads",
+            "head_dim",
+            "intermediate_size",
+            "max_position_embeddings",
+        ):
             if getattr(self, name) < 1:
                 raise ModelConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if self.num_q_heads % self.num_kv_heads:
@@ -107,7 +116,7 @@ class ModelArch:
         return self.num_q_heads // self.num_kv_heads
 
     @classmethod
-    def from_hf_config(cls, config: Mapping[str, Any]) -> "ModelArch":
+    def from_hf_config(cls, config: Mapping[str, Any]) -> ModelArch:
         """Map a transformers config.json (as a dict) to a ModelArch."""
         family = _family(config)
         _check_unsupported(config)
@@ -176,8 +185,9 @@ def _check_unsupported(config: Mapping[str, Any]) -> None:
         raise ModelConfigError("partial_rotary_factor other than 1.0 is not supported")
     layer_types = config.get("layer_types") or []
     if any(t != "full_attention" for t in layer_types):
-        raise ModelConfigError(f"layer_types {sorted(set(layer_types))} are not supported; "
-                               "only 'full_attention' is")
+        raise ModelConfigError(
+            f"layer_types {sorted(set(layer_types))} are not supported; only 'full_attention' is"
+        )
 
 
 def _rope(config: Mapping[str, Any]) -> tuple[float, Llama3RopeScaling | None]:

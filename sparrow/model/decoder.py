@@ -19,7 +19,7 @@ tests/model -q`.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 from torch import Tensor, nn
@@ -93,8 +93,11 @@ class Decoder(nn.Module):
     @property
     def projections_fused(self) -> bool:
         """Whether every layer's projections are fused and still view the fused tensors."""
-        return all(module.projections_fused for module in self.modules()
-                   if isinstance(module, FusableProjections))
+        return all(
+            module.projections_fused
+            for module in self.modules()
+            if isinstance(module, FusableProjections)
+        )
 
     def output_embedding(self) -> Tensor:
         """The [vocab, hidden] matrix that maps hidden states to logits."""

@@ -43,13 +43,14 @@ class FusedRows:
         with torch.no_grad(), torch.inference_mode(False):
             self.weight = torch.cat([linear.weight.detach() for linear in linears])
             has_bias = linears[0].bias is not None
-            self.bias = (torch.cat([linear.bias.detach() for linear in linears])
-                         if has_bias else None)
+            self.bias = (
+                torch.cat([linear.bias.detach() for linear in linears]) if has_bias else None
+            )
         start = 0
         for linear, rows in zip(linears, self.rows):
-            linear.weight.data = self.weight[start:start + rows]
+            linear.weight.data = self.weight[start : start + rows]
             if has_bias:
-                linear.bias.data = self.bias[start:start + rows]
+                linear.bias.data = self.bias[start : start + rows]
             start += rows
 
     def serves(self, linears: tuple[nn.Module, ...]) -> bool:
@@ -58,8 +59,10 @@ class FusedRows:
             return False
         start = 0
         for linear, rows in zip(linears, self.rows):
-            if not (_is_slice(linear.weight, self.weight, start, rows)
-                    and (self.bias is None or _is_slice(linear.bias, self.bias, start, rows))):
+            if not (
+                _is_slice(linear.weight, self.weight, start, rows)
+                and (self.bias is None or _is_slice(linear.bias, self.bias, start, rows))
+            ):
                 return False
             start += rows
         return True
@@ -67,21 +70,35 @@ class FusedRows:
 
 def _is_slice(param: Tensor, fused: Tensor, start: int, rows: int) -> bool:
     offset = start * fused.stride(0) * fused.element_size()
-    return (param.data_ptr() == fused.data_ptr() + offset and param.shape[0] == rows
-            and param.dtype == fused.dtype and param.device == fused.device)
+    return (
+        param.data_ptr() == fused.data_ptr() + offset
+        and param.shape[0] == rows
+        and param.dtype == fused.dtype
+        and param.device == fused.device
+    )
 
 
 def _check_fusable(names: tuple[str, ...], linears: tuple[nn.Module, ...]) -> None:
     for name, linear in zip(names, linears):
         if type(linear) is not nn.Linear:
-            raise FusionError(f"{name} is a {type(linear).__name__}, not a plain nn.Linear: fuse "
-                              "projections before wrapping them (LoRA adapters and the like)")
-    kinds = {name: (str(linear.weight.dtype), str(linear.weight.device), linear.in_features,
-                    linear.bias is not None) for name, linear in zip(names, linears)}
+            raise FusionError(
+                f"{name} is a {type(linear).__name__}, not a plain nn.Linear: fuse "
+                "projections before wrapping them (LoRA adapters and the like)"
+            )
+    kinds = {
+        name: (
+            str(linear.weight.dtype),
+            str(linear.weight.device),
+            linear.in_features,
+            linear.bias is not None,
+        )
+        for name, linear in zip(names, linears)
+    }
     if len(set(kinds.values())) > 1:
         shown = "; ".join(f"{name} {kind}" for name, kind in kinds.items())
-        raise FusionError(f"cannot fuse {', '.join(names)}: they differ in (dtype, device, "
-                          f"inputs, bias): {shown}")
+        raise FusionError(
+            f"cannot fuse {', '.join(names)}: they differ in (dtype, device, inputs, bias): {shown}"
+        )
 
 
 class FusableProjections(nn.Module):
@@ -105,8 +122,11 @@ class FusableProjections(nn.Module):
     @property
     def projections_fused(self) -> bool:
         """Whether every group is fused and its Linears still view the fused tensors."""
-        return all(names in self._fused and self._fused[names].serves(
-            tuple(getattr(self, name) for name in names)) for names in self.FUSED_GROUPS)
+        return all(
+            names in self._fused
+            and self._fused[names].serves(tuple(getattr(self, name) for name in names))
+            for names in self.FUSED_GROUPS
+        )
 
     def fused_linear(self, names: tuple[str, ...], x: Tensor | Normed) -> Tensor | None:
         """x (or norm(x)) through the group's fused weight [.., sum of rows], or None: run
@@ -117,12 +137,17 @@ class FusableProjections(nn.Module):
             return None
         linears = tuple(getattr(self, name) for name in names)
         if not fused.serves(linears):
-            warnings.warn(f"{'/'.join(names)} no longer view their fused weight (a parameter "
-                          "or module was replaced); running them unfused until "
-                          "fuse_projections() is called again", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"{'/'.join(names)} no longer view their fused weight (a parameter "
+                "or module was replaced); running them unfused until "
+                "fuse_projections() is called again",
+                RuntimeWarning,
+                stacklevel=3,
+            )
             return None
         if torch.is_grad_enabled() and any(
-                p.requires_grad for linear in linears for p in linear.parameters()):
+            p.requires_grad for linear in linears for p in linear.parameters()
+        ):
             return None
         return stream.linear(x, fused.weight, fused.bias)
 

@@ -22,7 +22,7 @@ Run the checks with `python -m pytest tests/model tests/kernels -q`.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -40,6 +40,7 @@ from sparrow.model.stream import Normed, Stream, add_linear, open_stream, read
 # stores the layer's rotated k and v in its own launch, so the attention call that follows
 # must not store them again; None, or no such method: the attention call stores them.
 AttentionFn = Callable[[int, Tensor, Tensor, Tensor], Tensor]
+
 
 class RMSNorm(nn.Module):
     """RMSNorm over the last dimension, computed in float32 and cast back."""
@@ -64,7 +65,7 @@ def rope_inverse_frequencies(
     """Per-pair inverse frequencies [head_dim / 2] in float32, llama3 scaling applied."""
     # explicit cpu: the decoder may be built under a meta-device context
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
-    inv_freq = 1.0 / (theta ** exponents)
+    inv_freq = 1.0 / (theta**exponents)
     if scaling is None:
         return inv_freq
     # llama3: long wavelengths slow down by `factor`, short ones stay, the band between blends
@@ -128,8 +129,9 @@ class SelfAttention(FusableProjections):
         else:
             self.q_norm = self.k_norm = None
 
-    def forward(self, x: Tensor | Normed, cos: Tensor, sin: Tensor, attention: AttentionFn,
-                residual: Tensor) -> Stream:
+    def forward(
+        self, x: Tensor | Normed, cos: Tensor, sin: Tensor, attention: AttentionFn, residual: Tensor
+    ) -> Stream:
         """The stream residual + o_proj(attention(q, k, v)) for rows x (or norm(x))."""
         qkv = self.fused_linear(QKV, x)
         if qkv is None:
@@ -141,8 +143,11 @@ class SelfAttention(FusableProjections):
         q = q.view(tokens, self.num_q_heads, self.head_dim)
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
-        norm = ((self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
-                if self.q_norm is not None else (None, None, 0.0))
+        norm = (
+            (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+            if self.q_norm is not None
+            else (None, None, 0.0)
+        )
         offer = getattr(attention, "kv_store", None)  # optional: see AttentionFn
         store = None if offer is None else offer(self.layer_index)
         q, k = qk_norm_rope(q, k, cos, sin, *norm, v=None if store is None else v, store=store)
@@ -153,8 +158,9 @@ class SelfAttention(FusableProjections):
                 f"attention for layer {self.layer_index} returned shape {tuple(out.shape)}, "
                 f"expected {expected}"
             )
-        return add_linear(residual, out.reshape(tokens, self.num_q_heads * self.head_dim),
-                          self.o_proj)
+        return add_linear(
+            residual, out.reshape(tokens, self.num_q_heads * self.head_dim), self.o_proj
+        )
 
 
 class MLP(FusableProjections):
@@ -173,8 +179,9 @@ class MLP(FusableProjections):
         gate_up = self.fused_linear(GATE_UP, x)
         if gate_up is None:
             x = read(x)
-            return add_linear(residual, silu_mul(self.gate_proj(x), self.up_proj(x)),
-                              self.down_proj)
+            return add_linear(
+                residual, silu_mul(self.gate_proj(x), self.up_proj(x)), self.down_proj
+            )
         return add_linear(residual, gate_up, self.down_proj, gated=True)
 
 
@@ -192,8 +199,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
 
-    def forward(self, stream: Stream, cos: Tensor, sin: Tensor,
-                attention: AttentionFn) -> Stream:
+    def forward(self, stream: Stream, cos: Tensor, sin: Tensor, attention: AttentionFn) -> Stream:
         x, normed = self.input_layernorm.open(stream)
         stream = self.self_attn(normed, cos, sin, attention, residual=x)
         x, normed = self.post_attention_layernorm.open(stream)

@@ -12,8 +12,8 @@ Decoder.load_hf_state_dict(strict=True): a missing or misshapen tensor is an err
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Iterator, Mapping
 
 import torch
 from safetensors import safe_open

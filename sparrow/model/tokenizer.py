@@ -13,8 +13,9 @@ build_byte_tokenizer maps byte b to token id b (0..255) and puts SPECIAL_TOKENS 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from sparrow.errors import SparrowError
 
@@ -100,9 +101,11 @@ def _eos_ids(folder: Path, lookup) -> tuple[int, ...]:
             if isinstance(v, int) and v not in found:
                 found.append(v)
 
-    for name, key in (("generation_config.json", "eos_token_id"),
-                      ("config.json", "eos_token_id"),
-                      ("tokenizer_config.json", "eos_token")):
+    for name, key in (
+        ("generation_config.json", "eos_token_id"),
+        ("config.json", "eos_token_id"),
+        ("tokenizer_config.json", "eos_token"),
+    ):
         file = folder / name
         if file.is_file():
             value = json.loads(file.read_text()).get(key)
@@ -113,8 +116,11 @@ def _eos_ids(folder: Path, lookup) -> tuple[int, ...]:
 
 def byte_to_char() -> dict[int, str]:
     """The byte-level alphabet: printable bytes stand for themselves, others shift past 255."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     mapping, shifted = {}, 0
     for b in range(256):
         if b in printable:
@@ -135,8 +141,9 @@ def build_byte_tokenizer(out_dir: str | Path) -> Path:
     backend = FastTokenizer(models.BPE(vocab=vocab, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                                for t in SPECIAL_TOKENS])
+    backend.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS]
+    )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     backend.save(str(out / "tokenizer.json"))

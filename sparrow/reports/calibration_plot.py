@@ -22,8 +22,13 @@ from sparrow.control.calibration import AcceptanceTable
 from sparrow.control.choose import Choice
 
 
-def plot_calibration(table: AcceptanceTable, choice: Choice, target: float,
-                     path: str | Path, title: str = "calibration") -> Path:
+def plot_calibration(
+    table: AcceptanceTable,
+    choice: Choice,
+    target: float,
+    path: str | Path,
+    title: str = "calibration",
+) -> Path:
     figure = Figure(figsize=(8, 6.5), layout="constrained")
     top, bottom = figure.subplots(2, 1, sharex=True, height_ratios=(3, 1))
     starts = np.arange(table.num_bins) * table.bin_tokens
@@ -41,8 +46,13 @@ def plot_calibration(table: AcceptanceTable, choice: Choice, target: float,
     bottom.step(starts, choice.topk_pages, where="post", color="black")
     topk = np.array(choice.topk_pages)
     bottom.plot(starts[own], topk[own], "ks", label="measured bin")
-    bottom.plot(starts[~own], topk[~own], "ks", fillstyle="none",
-                label="too few tokens: neighbour's decision")
+    bottom.plot(
+        starts[~own],
+        topk[~own],
+        "ks",
+        fillstyle="none",
+        label="too few tokens: neighbour's decision",
+    )
     bottom.legend(fontsize=7, loc="upper left")
     bottom.set_ylabel("top-k pages")
     bottom.set_xlabel("total position (bin start, tokens)")

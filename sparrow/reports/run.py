@@ -33,9 +33,19 @@ LENGTH_METRIC = "response/length_mean"
 MIN_P5_METRIC = "mismatch/min_p5"
 # config keys shown in the summary, when the runs row holds the resolved config
 HIGHLIGHTS = (
-    "model.path", "schedule.name", "schedule.sparse", "schedule.target", "data.train",
-    "data.reward", "data.prompts_per_step", "rollout.samples_per_prompt",
-    "rollout.max_new_tokens", "algo.advantage", "algo.loss", "algo.lr", "pipeline.steps",
+    "model.path",
+    "schedule.name",
+    "schedule.sparse",
+    "schedule.target",
+    "data.train",
+    "data.reward",
+    "data.prompts_per_step",
+    "rollout.samples_per_prompt",
+    "rollout.max_new_tokens",
+    "algo.advantage",
+    "algo.loss",
+    "algo.lr",
+    "pipeline.steps",
     "pipeline.seed",
 )
 HISTOGRAM_BINS = 50
@@ -96,11 +106,12 @@ def load_run(workdir: str | Path, run_id: str) -> RunData:
     present = run_ids(workdir)
     if run_id not in present:
         listed = ", ".join(present) if present else "none yet"
-        raise ReportError(f"no run {run_id!r} in {Path(workdir) / 'sparrow.duckdb'}; runs: {listed}")
+        raise ReportError(
+            f"no run {run_id!r} in {Path(workdir) / 'sparrow.duckdb'}; runs: {listed}"
+        )
     tables = run_tables(workdir, run_id)
     runs, bins = tables["runs"], tables["bin_stats"]
-    events, schedules, stages = (tables["threshold_events"], tables["schedules"],
-                                 tables["stages"])
+    events, schedules, stages = (tables["threshold_events"], tables["schedules"], tables["stages"])
     run = runs[0] if runs else {"run_id": run_id}
     config = _parse_config(run.get("config_yaml"))
     metrics: dict[str, list[tuple[int, float]]] = {}
@@ -110,8 +121,18 @@ def load_run(workdir: str | Path, run_id: str) -> RunData:
     # starting schedule's record)
     trained = {s for name in (REWARD_METRIC, LENGTH_METRIC) for s, _ in metrics.get(name, [])}
     steps = sorted(trained | {b["step"] for b in bins})
-    return RunData(run_id, run, config, _target(config, schedules, events), metrics, bins,
-                   events, schedules, stages, steps)
+    return RunData(
+        run_id,
+        run,
+        config,
+        _target(config, schedules, events),
+        metrics,
+        bins,
+        events,
+        schedules,
+        stages,
+        steps,
+    )
 
 
 def _parse_config(text: str | None) -> dict[str, Any]:
@@ -135,14 +156,19 @@ def config_value(config: dict[str, Any], dotted: str) -> Any:
 
 def _target(config: dict, schedules: list[dict], events: list[dict]) -> float | None:
     """The acceptance target: the run's config, else its latest schedule, else its events."""
-    for value in (config_value(config, "schedule.target"),
-                  *(s["target"] for s in reversed(schedules)), *(e["target"] for e in events)):
+    for value in (
+        config_value(config, "schedule.target"),
+        *(s["target"] for s in reversed(schedules)),
+        *(e["target"] for e in events),
+    ):
         if value is not None:
             return float(value)
     return None
 
 
-def load_acceptance(workdir: str | Path, run_id: str, step: int | None = None) -> AcceptanceHistogram | None:
+def load_acceptance(
+    workdir: str | Path, run_id: str, step: int | None = None
+) -> AcceptanceHistogram | None:
     """The acceptance of one step's tokens (default: the last step with token rows).
 
     None when the run has no token rows at all; ReportError when `step` has none.
@@ -155,19 +181,33 @@ def load_acceptance(workdir: str | Path, run_id: str, step: int | None = None) -
     if step is None:
         step = steps_with_rows[-1]
     elif step not in steps_with_rows:
-        raise ReportError(f"run {run_id!r} has no per-token rows for step {step}; "
-                          f"steps with rows: {', '.join(map(str, steps_with_rows))}")
-    totals, by_bin, sampled = acceptance_of_step(workdir, run_id, step, bins=HISTOGRAM_BINS,
-                                                 below=TAIL_THRESHOLD, sample=TAIL_SAMPLE,
-                                                 seed=_SAMPLE_SEED)
+        raise ReportError(
+            f"run {run_id!r} has no per-token rows for step {step}; "
+            f"steps with rows: {', '.join(map(str, steps_with_rows))}"
+        )
+    totals, by_bin, sampled = acceptance_of_step(
+        workdir,
+        run_id,
+        step,
+        bins=HISTOGRAM_BINS,
+        below=TAIL_THRESHOLD,
+        sample=TAIL_SAMPLE,
+        seed=_SAMPLE_SEED,
+    )
     counts = np.zeros(HISTOGRAM_BINS, dtype=np.int64)
     for b, n in by_bin.items():
         counts[b] = n
     tail = np.array(sampled, dtype=np.float64)
     return AcceptanceHistogram(
-        step=int(step), n=int(totals["n"]), mean=float(totals["mean"]), p5=float(totals["p5"]),
-        edges=np.linspace(0.0, 1.0, HISTOGRAM_BINS + 1), counts=counts, tail=tail,
-        tail_n=int(totals["tail_n"]), fit=fit_beta_tail(tail),
+        step=int(step),
+        n=int(totals["n"]),
+        mean=float(totals["mean"]),
+        p5=float(totals["p5"]),
+        edges=np.linspace(0.0, 1.0, HISTOGRAM_BINS + 1),
+        counts=counts,
+        tail=tail,
+        tail_n=int(totals["tail_n"]),
+        fit=fit_beta_tail(tail),
     )
 
 
@@ -187,7 +227,9 @@ def summarize(data: RunData, hist: AcceptanceHistogram | None) -> dict[str, Any]
         "first_step": data.steps[0] if data.steps else None,
         "last_step": last_step,
         "target": data.target,
-        "first_reward": data.metrics[REWARD_METRIC][0][1] if REWARD_METRIC in data.metrics else None,
+        "first_reward": data.metrics[REWARD_METRIC][0][1]
+        if REWARD_METRIC in data.metrics
+        else None,
         "final_reward": final[REWARD_METRIC][1] if REWARD_METRIC in final else None,
         "final_length": final[LENGTH_METRIC][1] if LENGTH_METRIC in final else None,
         "final_min_p5": final[MIN_P5_METRIC][1] if MIN_P5_METRIC in final else None,
@@ -199,8 +241,11 @@ def summarize(data: RunData, hist: AcceptanceHistogram | None) -> dict[str, Any]
         ],
         "acceptance_step": hist.step if hist else None,
         "acceptance_p5": hist.p5 if hist else None,
-        "highlights": {k: config_value(data.config, k) for k in HIGHLIGHTS
-                       if config_value(data.config, k) is not None},
+        "highlights": {
+            k: config_value(data.config, k)
+            for k in HIGHLIGHTS
+            if config_value(data.config, k) is not None
+        },
     }
 
 
@@ -228,44 +273,75 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
 
 def summary_markdown(data: RunData, summary: dict[str, Any], files: list[str]) -> str:
     s = summary
-    lines = [f"# Sparrow run `{data.run_id}`", "",
-             f"status {fmt(s['status'])}, MLflow run {fmt(s['mlflow_run_id'])}, "
-             f"model {fmt(data.run.get('model_path'))}", "", "## Config highlights", ""]
+    lines = [
+        f"# Sparrow run `{data.run_id}`",
+        "",
+        f"status {fmt(s['status'])}, MLflow run {fmt(s['mlflow_run_id'])}, "
+        f"model {fmt(data.run.get('model_path'))}",
+        "",
+        "## Config highlights",
+        "",
+    ]
     lines += _table(["key", "value"], [[k, v] for k, v in s["highlights"].items()])
-    lines += ["", "## Steps", "",
-              f"- steps recorded: {s['steps']} (from {fmt(s['first_step'])} to {fmt(s['last_step'])})",
-              f"- {REWARD_METRIC}: first {fmt(s['first_reward'])}, final {fmt(s['final_reward'])}",
-              f"- {LENGTH_METRIC}: final {fmt(s['final_length'])}",
-              f"- {MIN_P5_METRIC}: final {fmt(s['final_min_p5'])} (target {fmt(s['target'])})"]
-    for key, label in (("worst_bin", "worst bin at the last step"), ("lowest_p5", "lowest p5 of the run")):
+    lines += [
+        "",
+        "## Steps",
+        "",
+        f"- steps recorded: {s['steps']} (from {fmt(s['first_step'])} to {fmt(s['last_step'])})",
+        f"- {REWARD_METRIC}: first {fmt(s['first_reward'])}, final {fmt(s['final_reward'])}",
+        f"- {LENGTH_METRIC}: final {fmt(s['final_length'])}",
+        f"- {MIN_P5_METRIC}: final {fmt(s['final_min_p5'])} (target {fmt(s['target'])})",
+    ]
+    for key, label in (
+        ("worst_bin", "worst bin at the last step"),
+        ("lowest_p5", "lowest p5 of the run"),
+    ):
         point = s[key]
-        lines.append(f"- {label}: " + ("-" if point is None else
-                     f"bin {point['bin']} at step {point['step']}, p5 {fmt(point['p5'])}"))
+        lines.append(
+            f"- {label}: "
+            + (
+                "-"
+                if point is None
+                else f"bin {point['bin']} at step {point['step']}, p5 {fmt(point['p5'])}"
+            )
+        )
     if s["acceptance_step"] is not None:
-        lines.append(f"- acceptance p5 over all tokens of step {s['acceptance_step']}: "
-                     f"{fmt(s['acceptance_p5'])}")
+        lines.append(
+            f"- acceptance p5 over all tokens of step {s['acceptance_step']}: "
+            f"{fmt(s['acceptance_p5'])}"
+        )
     lines += ["", f"## Threshold events ({len(data.events)})", ""]
-    lines += _table(["step", "bin", "kind", "p5", "target"],
-                    [[e["step"], e["bin"], e["kind"], e["p5"], e["target"]] for e in data.events])
+    lines += _table(
+        ["step", "bin", "kind", "p5", "target"],
+        [[e["step"], e["bin"], e["kind"], e["p5"], e["target"]] for e in data.events],
+    )
     lines += ["", f"## Schedule versions ({len(data.schedules)})", ""]
-    lines += _table(["name", "version", "step", "reason", "topk_pages"],
-                    [[r["name"], r["version"], r["step"], r["reason"], r["topk_pages"]]
-                     for r in data.schedules])
+    lines += _table(
+        ["name", "version", "step", "reason", "topk_pages"],
+        [
+            [r["name"], r["version"], r["step"], r["reason"], r["topk_pages"]]
+            for r in data.schedules
+        ],
+    )
     lines += ["", "## Stage times", ""]
-    lines += _table(["stage", "steps", "total s", "mean s"],
-                    [[r["stage"], r["steps"], r["total_s"], r["mean_s"]] for r in data.stages])
+    lines += _table(
+        ["stage", "steps", "total s", "mean s"],
+        [[r["stage"], r["steps"], r["total_s"], r["mean_s"]] for r in data.stages],
+    )
     lines += ["", "## Plots", ""] + [f"![{name}]({name})" for name in files]
     return "\n".join(lines) + "\n"
 
 
-def make_report(workdir: str | Path, run_id: str, out_dir: str | Path,
-                step: int | None = None) -> list[Path]:
+def make_report(
+    workdir: str | Path, run_id: str, out_dir: str | Path, step: int | None = None
+) -> list[Path]:
     """Write the plots, summary.png and summary.md for `run_id` into `out_dir`; their paths."""
     return write_report(workdir, run_id, out_dir, step)[0]
 
 
-def write_report(workdir: str | Path, run_id: str, out_dir: str | Path,
-                 step: int | None = None) -> tuple[list[Path], dict[str, Any]]:
+def write_report(
+    workdir: str | Path, run_id: str, out_dir: str | Path, step: int | None = None
+) -> tuple[list[Path], dict[str, Any]]:
     """make_report, also returning the summary's numbers (what `sparrow report --json` prints)."""
     from sparrow.reports import run_plots
 
@@ -273,10 +349,14 @@ def write_report(workdir: str | Path, run_id: str, out_dir: str | Path,
     hist = load_acceptance(workdir, run_id, step)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = [run_plots.plot_p5(data, out / "p5_per_bin.png"),
-             run_plots.plot_reward_length(data, out / "reward_length.png")]
+    paths = [
+        run_plots.plot_p5(data, out / "p5_per_bin.png"),
+        run_plots.plot_reward_length(data, out / "reward_length.png"),
+    ]
     if hist is not None:
-        paths.append(run_plots.plot_acceptance(hist, data.target, out / f"acceptance_step{hist.step}.png"))
+        paths.append(
+            run_plots.plot_acceptance(hist, data.target, out / f"acceptance_step{hist.step}.png")
+        )
     summary = summarize(data, hist)
     paths.append(run_plots.plot_summary_page(data, hist, summary, out / "summary.png"))
     md = out / "summary.md"

@@ -35,13 +35,20 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
-def _empty(ax: "Axes", what: str) -> None:
-    ax.text(0.5, 0.5, f"no {what} recorded yet", ha="center", va="center",
-            transform=ax.transAxes, color="gray")
+def _empty(ax: Axes, what: str) -> None:
+    ax.text(
+        0.5,
+        0.5,
+        f"no {what} recorded yet",
+        ha="center",
+        va="center",
+        transform=ax.transAxes,
+        color="gray",
+    )
     ax.set_yticks([])  # x ticks stay: a shared step axis would lose them in the other panel
 
 
-def _step_axis(ax: "Axes") -> None:
+def _step_axis(ax: Axes) -> None:
     """Whole-number steps on x; a run of one step gets a unit either side, not fractions."""
     low, high = ax.get_xlim()
     if high - low < 2:
@@ -57,7 +64,7 @@ def _bin_colors(bins: list[int]) -> dict[int, Any]:
     return {b: cmap(i / max(len(bins) - 1, 1) * 0.9) for i, b in enumerate(bins)}
 
 
-def _per_bin(data: "RunData", column: str) -> tuple[list[dict], dict[int, list[tuple]]]:
+def _per_bin(data: RunData, column: str) -> tuple[list[dict], dict[int, list[tuple]]]:
     """(the bin_stats rows with `column` set, {bin: [(step, value), ...]} in bin order)."""
     rows = [r for r in data.bins if r[column] is not None]
     series: dict[int, list[tuple]] = {}
@@ -66,7 +73,7 @@ def _per_bin(data: "RunData", column: str) -> tuple[list[dict], dict[int, list[t
     return rows, series
 
 
-def draw_p5(ax: "Axes", data: "RunData", legend: bool = True) -> None:
+def draw_p5(ax: Axes, data: RunData, legend: bool = True) -> None:
     """p5 per length bin over steps, the target as a dashed line, threshold events as crosses."""
     rows, series = _per_bin(data, "p5")
     if not rows:
@@ -75,36 +82,68 @@ def draw_p5(ax: "Axes", data: "RunData", legend: bool = True) -> None:
     bins = list(series)
     colors = _bin_colors(bins)
     for b, points in series.items():
-        ax.plot(*zip(*points), marker="o", markersize=3, linewidth=1.4, color=colors[b], label=f"bin {b}")
+        ax.plot(
+            *zip(*points),
+            marker="o",
+            markersize=3,
+            linewidth=1.4,
+            color=colors[b],
+            label=f"bin {b}",
+        )
     if data.target is not None:
         ax.axhline(data.target, **TARGET_STYLE, label=f"target {data.target:g}")
     below = [e for e in data.events if e["kind"] == "below_target" and e["p5"] is not None]
     if below:
-        ax.scatter([e["step"] for e in below], [e["p5"] for e in below], **EVENT_STYLE,
-                   label="threshold event")
+        ax.scatter(
+            [e["step"] for e in below],
+            [e["p5"] for e in below],
+            **EVENT_STYLE,
+            label="threshold event",
+        )
     ax.set_xlabel("step")
     ax.set_ylabel("acceptance p5")
     _step_axis(ax)
     ax.grid(alpha=0.3)
     if legend:
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8,
-                  ncol=1 if len(bins) <= 12 else 2, frameon=False)
+        ax.legend(
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1.0),
+            fontsize=8,
+            ncol=1 if len(bins) <= 12 else 2,
+            frameon=False,
+        )
     else:  # a small panel: names at the lines' ends, where a legend box would hide them
         _label_ends(ax, rows, bins if len(bins) <= 8 else [bins[0], bins[-1]], colors, data.target)
 
 
-def _label_ends(ax: "Axes", rows: list[dict], bins: list[int], colors: dict, target: float | None) -> None:
+def _label_ends(
+    ax: Axes, rows: list[dict], bins: list[int], colors: dict, target: float | None
+) -> None:
     for b in bins:
         step, p5 = max((r["step"], r["p5"]) for r in rows if r["bin"] == b)
-        ax.annotate(f"bin {b}", (step, p5), xytext=(5, 0), textcoords="offset points",
-                    va="center", fontsize=7, color=colors[b])
+        ax.annotate(
+            f"bin {b}",
+            (step, p5),
+            xytext=(5, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize=7,
+            color=colors[b],
+        )
     ax.margins(x=0.1)
     if target is not None:
-        ax.annotate(f"target {target:g}", (0, target), xycoords=("axes fraction", "data"),
-                    xytext=(3, 3), textcoords="offset points", fontsize=7, color="crimson")
+        ax.annotate(
+            f"target {target:g}",
+            (0, target),
+            xycoords=("axes fraction", "data"),
+            xytext=(3, 3),
+            textcoords="offset points",
+            fontsize=7,
+            color="crimson",
+        )
 
 
-def draw_pages_read(ax: "Axes", data: "RunData") -> None:
+def draw_pages_read(ax: Axes, data: RunData) -> None:
     """Pages read per step in each bin (bin_stats.pages_read) over steps, as steps."""
     rows, series = _per_bin(data, "pages_read")
     if not rows:
@@ -120,7 +159,7 @@ def draw_pages_read(ax: "Axes", data: "RunData") -> None:
     ax.grid(alpha=0.3)
 
 
-def plot_p5(data: "RunData", path: Path) -> Path:
+def plot_p5(data: RunData, path: Path) -> Path:
     fig = Figure(figsize=(9, 6.5), layout="constrained")
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[2.2, 1])
     draw_p5(top, data)
@@ -130,7 +169,7 @@ def plot_p5(data: "RunData", path: Path) -> Path:
     return _save(fig, path)
 
 
-def draw_metric(ax: "Axes", data: "RunData", name: str, label: str, color: str) -> None:
+def draw_metric(ax: Axes, data: RunData, name: str, label: str, color: str) -> None:
     steps, values = data.series(name)
     if not steps:
         _empty(ax, name)
@@ -142,7 +181,7 @@ def draw_metric(ax: "Axes", data: "RunData", name: str, label: str, color: str) 
     ax.grid(alpha=0.3)
 
 
-def plot_reward_length(data: "RunData", path: Path) -> Path:
+def plot_reward_length(data: RunData, path: Path) -> Path:
     from sparrow.reports.run import LENGTH_METRIC, REWARD_METRIC
 
     fig = Figure(figsize=(8, 6), layout="constrained")
@@ -154,10 +193,17 @@ def plot_reward_length(data: "RunData", path: Path) -> Path:
     return _save(fig, path)
 
 
-def draw_all_tokens(ax: "Axes", hist: "AcceptanceHistogram", target: float | None) -> None:
+def draw_all_tokens(ax: Axes, hist: AcceptanceHistogram, target: float | None) -> None:
     """Every token's acceptance, log counts: the mass at 1 and the tail below it."""
-    ax.bar(hist.edges[:-1], np.maximum(hist.counts, 0.8), width=np.diff(hist.edges), align="edge",
-           color="tab:blue", alpha=0.75, log=True)
+    ax.bar(
+        hist.edges[:-1],
+        np.maximum(hist.counts, 0.8),
+        width=np.diff(hist.edges),
+        align="edge",
+        color="tab:blue",
+        alpha=0.75,
+        log=True,
+    )
     ax.set_ylim(bottom=0.8)
     ax.axvline(hist.p5, color="black", linewidth=1.2, label=f"p5 {hist.p5:.3f}")
     if target is not None:
@@ -169,13 +215,20 @@ def draw_all_tokens(ax: "Axes", hist: "AcceptanceHistogram", target: float | Non
     ax.grid(alpha=0.3)
 
 
-def draw_tail(ax: "Axes", hist: "AcceptanceHistogram") -> None:
+def draw_tail(ax: Axes, hist: AcceptanceHistogram) -> None:
     """The tail (acceptance < 0.999) as a density, with the fitted scaled Beta on top."""
     if hist.tail.size == 0:
         _empty(ax, "tail tokens (all accept above 0.999)")
         return
-    ax.hist(hist.tail, bins=40, range=(0.0, TAIL_THRESHOLD), density=True, color="tab:green",
-            alpha=0.6, label=f"tail tokens ({hist.tail_n:,} of {hist.n:,})")
+    ax.hist(
+        hist.tail,
+        bins=40,
+        range=(0.0, TAIL_THRESHOLD),
+        density=True,
+        color="tab:green",
+        alpha=0.6,
+        label=f"tail tokens ({hist.tail_n:,} of {hist.n:,})",
+    )
     fit = hist.fit
     if fit.fitted:
         from scipy import stats
@@ -183,12 +236,24 @@ def draw_tail(ax: "Axes", hist: "AcceptanceHistogram") -> None:
         x = np.linspace(0.0, TAIL_THRESHOLD, 400)[1:-1]
         # x = acceptance / threshold ~ Beta(a, b), so the density of acceptance is scaled by 1 / threshold
         pdf = stats.beta(fit.a, fit.b).pdf(x / TAIL_THRESHOLD) / TAIL_THRESHOLD
-        ax.plot(x, pdf, color="black", linewidth=1.6,
-                label=f"Beta fit a={fit.a:.2f} b={fit.b:.2f}\nvar={fit.var:.3f} KS={fit.ks:.3f}")
+        ax.plot(
+            x,
+            pdf,
+            color="black",
+            linewidth=1.6,
+            label=f"Beta fit a={fit.a:.2f} b={fit.b:.2f}\nvar={fit.var:.3f} KS={fit.ks:.3f}",
+        )
         ax.set_ylim(0, max(np.quantile(pdf, 0.98), ax.get_ylim()[1]) * 1.05)
     else:
-        ax.text(0.02, 0.95, "too few tail tokens for a Beta fit", transform=ax.transAxes,
-                va="top", fontsize=8, color="gray")
+        ax.text(
+            0.02,
+            0.95,
+            "too few tail tokens for a Beta fit",
+            transform=ax.transAxes,
+            va="top",
+            fontsize=8,
+            color="gray",
+        )
     ax.set_xlim(0, 1)
     ax.set_xlabel(f"acceptance (< {TAIL_THRESHOLD})")
     ax.set_ylabel("density")
@@ -196,7 +261,7 @@ def draw_tail(ax: "Axes", hist: "AcceptanceHistogram") -> None:
     ax.grid(alpha=0.3)
 
 
-def plot_acceptance(hist: "AcceptanceHistogram", target: float | None, path: Path) -> Path:
+def plot_acceptance(hist: AcceptanceHistogram, target: float | None, path: Path) -> Path:
     fig = Figure(figsize=(11, 4.5), layout="constrained")
     left, right = fig.subplots(1, 2)
     draw_all_tokens(left, hist, target)
@@ -212,7 +277,9 @@ def _summary_lines(summary: dict[str, Any]) -> list[str]:
     def point(p: dict | None) -> str:
         return "-" if p is None else f"bin {p['bin']} at step {p['step']} (p5 {fmt(p['p5'])})"
 
-    versions = ", ".join(f"{v['name']} v{v['version']}" for v in summary["schedule_versions"]) or "-"
+    versions = (
+        ", ".join(f"{v['name']} v{v['version']}" for v in summary["schedule_versions"]) or "-"
+    )
     highlights = ", ".join(f"{k}={fmt(v)}" for k, v in summary["highlights"].items())
     return [
         f"status {fmt(summary['status'])}   steps {summary['steps']} "
@@ -232,16 +299,25 @@ def _wrap(text: str, width: int) -> list[str]:
     return textwrap.wrap(text, width) if text else []
 
 
-def plot_summary_page(data: "RunData", hist: "AcceptanceHistogram | None", summary: dict,
-                      path: Path) -> Path:
+def plot_summary_page(
+    data: RunData, hist: AcceptanceHistogram | None, summary: dict, path: Path
+) -> Path:
     """One page: the key numbers on top, then p5, reward, length and the acceptance tail."""
     from sparrow.reports.run import LENGTH_METRIC, REWARD_METRIC
 
     fig = Figure(figsize=(11, 11.5), layout="constrained")
     text_fig, plots_fig = fig.subfigures(2, 1, height_ratios=[1, 5])
     text_fig.suptitle(f"Sparrow run {data.run_id}", fontsize=15, fontweight="bold")
-    text_fig.text(0.01, 0.78, "\n".join(_summary_lines(summary)), va="top", ha="left",
-                  fontsize=9.5, family="monospace", linespacing=1.6)
+    text_fig.text(
+        0.01,
+        0.78,
+        "\n".join(_summary_lines(summary)),
+        va="top",
+        ha="left",
+        fontsize=9.5,
+        family="monospace",
+        linespacing=1.6,
+    )
     axes = plots_fig.subplots(2, 2)
     draw_p5(axes[0, 0], data, legend=False)
     axes[0, 0].set_title("acceptance p5 per bin (X: threshold event)")

@@ -18,9 +18,9 @@ from typing import Any
 
 import yaml
 
-from sparrow.reports.run import config_value
 from sparrow.config.study import StudyConfig, arm_workdir, study_from_yaml
 from sparrow.errors import SparrowError
+from sparrow.reports.run import config_value
 from sparrow.sparse import Schedule
 from sparrow.sparse.io import schedule_from_dict
 from sparrow.storage.schedule_rows import SCHEDULE_COLUMNS
@@ -85,8 +85,9 @@ def load_study_data(workdir: str | Path, study_id: str) -> StudyData:
     present = study_ids(workdir)
     if study_id not in present:
         listed = ", ".join(present) if present else "none yet"
-        raise StudyReportError(f"no study {study_id!r} in {Path(workdir) / 'sparrow.duckdb'}; "
-                               f"studies: {listed}")
+        raise StudyReportError(
+            f"no study {study_id!r} in {Path(workdir) / 'sparrow.duckdb'}; studies: {listed}"
+        )
     arms_rows = study_arm_rows(workdir, study_id)
     tables = _arm_tables(workdir, arms_rows)
     runs = {r["run_id"]: r for r in tables["runs"]}
@@ -97,13 +98,25 @@ def load_study_data(workdir: str | Path, study_id: str) -> StudyData:
     bins: dict[str, list[dict]] = {}
     for r in tables["bin_stats"]:
         bins.setdefault(r["run_id"], []).append(r)
-    arms = [ArmData(r["arm"], r["run_id"], list(r["overrides"] or []),
-                    runs.get(r["run_id"], {"run_id": r["run_id"]}),
-                    _config(runs.get(r["run_id"], {}).get("config_yaml")),
-                    metrics.get(r["run_id"], {}), bins.get(r["run_id"], []))
-            for r in arms_rows]
-    return StudyData(study_id, str(workdir), study_from_yaml(arms_rows[0]["study_yaml"]), arms,
-                     _schedules(tables["schedules"]))
+    arms = [
+        ArmData(
+            r["arm"],
+            r["run_id"],
+            list(r["overrides"] or []),
+            runs.get(r["run_id"], {"run_id": r["run_id"]}),
+            _config(runs.get(r["run_id"], {}).get("config_yaml")),
+            metrics.get(r["run_id"], {}),
+            bins.get(r["run_id"], []),
+        )
+        for r in arms_rows
+    ]
+    return StudyData(
+        study_id,
+        str(workdir),
+        study_from_yaml(arms_rows[0]["study_yaml"]),
+        arms,
+        _schedules(tables["schedules"]),
+    )
 
 
 def _arm_tables(workdir: str | Path, arms_rows: list[dict]) -> dict[str, list[dict]]:
@@ -113,8 +126,12 @@ def _arm_tables(workdir: str | Path, arms_rows: list[dict]) -> dict[str, list[di
     for row in arms_rows:
         where = arm_workdir(list(row["overrides"] or []), workdir)
         by_workdir.setdefault(where, []).append(row["run_id"])
-    tables: dict[str, list[dict]] = {"runs": [], "step_metrics": [], "bin_stats": [],
-                                     "schedules": []}
+    tables: dict[str, list[dict]] = {
+        "runs": [],
+        "step_metrics": [],
+        "bin_stats": [],
+        "schedules": [],
+    }
     for where, run_ids in by_workdir.items():
         for name, rows in run_tables(where, run_ids).items():
             tables[name].extend(rows)

@@ -11,8 +11,9 @@ returns its path; a panel with nothing recorded says so. Called by sparrow/repor
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 from matplotlib.figure import Figure
 
@@ -33,7 +34,7 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
-def _arm_colors(data: "StudyData") -> dict[str, str]:
+def _arm_colors(data: StudyData) -> dict[str, str]:
     palette = [f"C{i}" for i in range(10)]
     return {a.name: palette[i % len(palette)] for i, a in enumerate(data.arms)}
 
@@ -42,14 +43,22 @@ def _line(label: bool | None) -> str:
     return "--" if label else "-"
 
 
-def _series_panel(ax: "Axes", data: "StudyData", name: str, ylabel: str,
-                  labels: Mapping[str, bool | None]) -> None:
+def _series_panel(
+    ax: Axes, data: StudyData, name: str, ylabel: str, labels: Mapping[str, bool | None]
+) -> None:
     colors, drawn = _arm_colors(data), False
     for arm in data.arms:
         steps, values = arm.series(name)
         if steps:
-            ax.plot(steps, values, _line(labels.get(arm.name)), marker="o", markersize=3,
-                    color=colors[arm.name], label=arm.name)
+            ax.plot(
+                steps,
+                values,
+                _line(labels.get(arm.name)),
+                marker="o",
+                markersize=3,
+                color=colors[arm.name],
+                label=arm.name,
+            )
             drawn = True
     if not drawn:
         _empty(ax, name)
@@ -61,7 +70,7 @@ def _series_panel(ax: "Axes", data: "StudyData", name: str, ylabel: str,
     ax.legend(fontsize=8)
 
 
-def plot_reward(data: "StudyData", labels: Mapping[str, bool | None], path: Path) -> Path:
+def plot_reward(data: StudyData, labels: Mapping[str, bool | None], path: Path) -> Path:
     """Reward per step per arm; held-out accuracy beside it when any arm evaluated."""
     evaluated = any(arm.series("eval/accuracy")[0] for arm in data.arms)
     fig = Figure(figsize=(13 if evaluated else 8, 4.8), layout="constrained")
@@ -75,7 +84,7 @@ def plot_reward(data: "StudyData", labels: Mapping[str, bool | None], path: Path
     return _save(fig, path)
 
 
-def plot_p5_per_bin(data: "StudyData", path: Path) -> Path:
+def plot_p5_per_bin(data: StudyData, path: Path) -> Path:
     """One panel per arm: p5 of every length bin over steps, and the arm's target."""
     count = len(data.arms)
     columns = min(count, 2)
@@ -92,8 +101,14 @@ def plot_p5_per_bin(data: "StudyData", path: Path) -> Path:
         colors = _bin_colors(bins)
         for b in bins:
             line = [(r["step"], r["p5"]) for r in points if r["bin"] == b]
-            ax.plot(*zip(*line), marker="o", markersize=2.5, linewidth=1.2, color=colors[b],
-                    label=f"bin {b}")
+            ax.plot(
+                *zip(*line),
+                marker="o",
+                markersize=2.5,
+                linewidth=1.2,
+                color=colors[b],
+                label=f"bin {b}",
+            )
         target = arm.setting("schedule.target")
         if target is not None and arm.setting("schedule.sparse", True):
             ax.axhline(float(target), **TARGET_STYLE, label=f"target {float(target):g}")
@@ -109,8 +124,9 @@ def plot_p5_per_bin(data: "StudyData", path: Path) -> Path:
     return _save(fig, path)
 
 
-def plot_rollout_cost(data: "StudyData", costs: Mapping[str, Mapping[int, tuple[float, float]]],
-                      path: Path) -> Path:
+def plot_rollout_cost(
+    data: StudyData, costs: Mapping[str, Mapping[int, tuple[float, float]]], path: Path
+) -> Path:
     """Rollout seconds per step, predicted eFLOPs relative to dense, pages read per token."""
     fig = Figure(figsize=(14, 4.2), layout="constrained")
     seconds, predicted, pages = fig.subplots(1, 3)
@@ -120,8 +136,14 @@ def plot_rollout_cost(data: "StudyData", costs: Mapping[str, Mapping[int, tuple[
     for arm in data.arms:
         points = sorted(costs.get(arm.name, {}).items())
         if points:
-            predicted.plot([s for s, _ in points], [c / d for _, (c, d) in points], marker="o",
-                           markersize=3, color=colors[arm.name], label=arm.name)
+            predicted.plot(
+                [s for s, _ in points],
+                [c / d for _, (c, d) in points],
+                marker="o",
+                markersize=3,
+                color=colors[arm.name],
+                label=arm.name,
+            )
             drawn = True
     if drawn:
         predicted.set_xlabel("step")
@@ -138,7 +160,7 @@ def plot_rollout_cost(data: "StudyData", costs: Mapping[str, Mapping[int, tuple[
     return _save(fig, path)
 
 
-def plot_statistics(data: "StudyData", labels: Mapping[str, bool | None], path: Path) -> Path:
+def plot_statistics(data: StudyData, labels: Mapping[str, bool | None], path: Path) -> Path:
     """Per statistic, its worst length bin at every step, one line per arm."""
     from sparrow.experiments.study import worst_per_step
     from sparrow.reports.study import STATISTICS
@@ -151,8 +173,14 @@ def plot_statistics(data: "StudyData", labels: Mapping[str, bool | None], path: 
         for arm in data.arms:
             points = sorted(worst_per_step(arm.bins, statistic).items())
             if points:
-                ax.plot(*zip(*points), _line(labels.get(arm.name)), marker="o", markersize=2.5,
-                        color=colors[arm.name], label=arm.name)
+                ax.plot(
+                    *zip(*points),
+                    _line(labels.get(arm.name)),
+                    marker="o",
+                    markersize=2.5,
+                    color=colors[arm.name],
+                    label=arm.name,
+                )
                 drawn = True
         which = "lowest" if statistic.higher_is_better else "highest"
         ax.set_title(f"{statistic.name}: {which} bin per step")

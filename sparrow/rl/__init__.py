@@ -7,6 +7,7 @@ losses.py, losses_masked.py) and re-exported here; the config loader checks algo
 and algo.loss against them. The math is written out in docs/rl.md.
 """
 
+from sparrow.rl import losses_masked  # noqa: F401,E402 - registers the masking losses
 from sparrow.rl.advantages import (
     ADVANTAGE_ESTIMATORS,
     grpo_advantages,
@@ -16,7 +17,6 @@ from sparrow.rl.advantages import (
 from sparrow.rl.aggregate import AGGREGATIONS, aggregate, count_for, masked_mean
 from sparrow.rl.checks import RLInputError
 from sparrow.rl.losses import POLICY_LOSSES, PolicyLossConfig, ppo_clip_loss, tis_weights
-from sparrow.rl import losses_masked  # noqa: F401,E402 - registers the masking losses
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",

@@ -13,7 +13,7 @@ Formulas and the choice of std: docs/rl.md.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

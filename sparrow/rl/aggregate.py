@@ -65,4 +65,6 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
 
 def _check_mode(mode: str) -> None:
     if mode not in AGGREGATIONS:
-        raise RLInputError(f"loss aggregation {mode!r} is unknown; valid: {', '.join(AGGREGATIONS)}")
+        raise RLInputError(
+            f"loss aggregation {mode!r} is unknown; valid: {', '.join(AGGREGATIONS)}"
+        )

@@ -21,7 +21,9 @@ def check_same_2d(**tensors: torch.Tensor) -> tuple[int, int]:
         if not isinstance(tensor, torch.Tensor):
             raise RLInputError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
         if tensor.dim() != 2:
-            raise RLInputError(f"{name} must be 2-D [batch, tokens], got shape {tuple(tensor.shape)}")
+            raise RLInputError(
+                f"{name} must be 2-D [batch, tokens], got shape {tuple(tensor.shape)}"
+            )
         if shape is None:
             shape, first = tuple(tensor.shape), name
         elif tuple(tensor.shape) != shape:
@@ -37,8 +39,13 @@ def as_bool_mask(mask: torch.Tensor) -> torch.Tensor:
     """A 0/1 or boolean mask as bool; any other value is an error (weights are not masks)."""
     if mask.dtype == torch.bool:
         return mask
-    if mask.is_floating_point() or mask.dtype in (torch.int8, torch.int16, torch.int32, torch.int64,
-                                                  torch.uint8):
+    if mask.is_floating_point() or mask.dtype in (
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.uint8,
+    ):
         if not bool(((mask == 0) | (mask == 1)).all()):
             raise RLInputError("mask must hold only 0 and 1 (or booleans)")
         return mask != 0

@@ -21,8 +21,9 @@ clamped to [-20, 20] before exp (a ratio of e^20 is clipped anyway).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -69,8 +70,10 @@ class PolicyLossConfig:
             )
         for low, high in (("icepop_low", "icepop_high"), ("geo_low", "geo_high")):
             if not 0 <= getattr(self, low) <= getattr(self, high):
-                raise RLInputError(f"{low} and {high} must satisfy 0 <= low <= high, got "
-                                   f"{getattr(self, low)} and {getattr(self, high)}")
+                raise RLInputError(
+                    f"{low} and {high} must satisfy 0 <= low <= high, got "
+                    f"{getattr(self, low)} and {getattr(self, high)}"
+                )
         if not self.mis_cap > 0:
             raise RLInputError(f"mis_cap must be > 0, got {self.mis_cap}")
 
@@ -79,13 +82,23 @@ class PolicyLossConfig:
         return self.tis_cap > 0
 
     @classmethod
-    def from_algo(cls, algo: "AlgoConfig") -> "PolicyLossConfig":
+    def from_algo(cls, algo: AlgoConfig) -> PolicyLossConfig:
         correction = getattr(algo, "correction", None)
-        thresholds = {} if correction is None else {
-            name: getattr(correction, name)
-            for name in ("mis_cap", "icepop_low", "icepop_high", "geo_low", "geo_high")}
-        return cls(eps_low=algo.eps_low, eps_high=algo.eps_high, tis_cap=algo.tis_cap,
-                   loss_agg=algo.loss_agg, **thresholds)
+        thresholds = (
+            {}
+            if correction is None
+            else {
+                name: getattr(correction, name)
+                for name in ("mis_cap", "icepop_low", "icepop_high", "geo_low", "geo_high")
+            }
+        )
+        return cls(
+            eps_low=algo.eps_low,
+            eps_high=algo.eps_high,
+            tis_cap=algo.tis_cap,
+            loss_agg=algo.loss_agg,
+            **thresholds,
+        )
 
 
 def tis_weights(
@@ -113,8 +126,13 @@ def clipped_surrogate(logprobs, old_logprobs, actor_logprobs, advantages, mask, 
     """The checked inputs and the PPO clipped surrogate every policy loss here weighs:
     (bool mask, old logprobs, advantages, clamped log ratio, min(ratio A, clip(ratio) A)),
     in the compute dtype, zero off the mask."""
-    check_same_2d(logprobs=logprobs, old_logprobs=old_logprobs, actor_logprobs=actor_logprobs,
-                  advantages=advantages, mask=mask)
+    check_same_2d(
+        logprobs=logprobs,
+        old_logprobs=old_logprobs,
+        actor_logprobs=actor_logprobs,
+        advantages=advantages,
+        mask=mask,
+    )
     if not isinstance(cfg, PolicyLossConfig):
         raise RLInputError(f"cfg must be a PolicyLossConfig, got {type(cfg).__name__}")
     mask = as_bool_mask(mask)
@@ -142,7 +160,8 @@ def ppo_clip_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """-w * min(ratio A, clip(ratio, 1 - eps_low, 1 + eps_high) A), ratio = p_theta / p_old."""
     mask, old, adv, log_ratio, surrogate = clipped_surrogate(
-        logprobs, old_logprobs, actor_logprobs, advantages, mask, cfg)
+        logprobs, old_logprobs, actor_logprobs, advantages, mask, cfg
+    )
     weight, truncated = tis_weights(old, actor_logprobs, mask, cfg.tis_cap)
     loss = aggregate(-weight * surrogate, mask, cfg.loss_agg, normalizer)
     with torch.no_grad():
@@ -157,8 +176,9 @@ def _metrics(loss, log_ratio, adv, weight, truncated, old, actor_logprobs, mask,
     # k3 estimator (r - 1) - log r: per token >= 0, unbiased for KL when sampled from the
     # denominator's distribution
     approx_kl = (ratio - 1) - log_ratio
-    log_mismatch = torch.where(mask, old - actor_logprobs.detach().to(old.dtype),
-                               torch.zeros_like(old))
+    log_mismatch = torch.where(
+        mask, old - actor_logprobs.detach().to(old.dtype), torch.zeros_like(old)
+    )
     log_mismatch = log_mismatch.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
     mismatch_kl = torch.exp(log_mismatch) - 1 - log_mismatch
     return {

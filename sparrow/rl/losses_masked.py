@@ -39,7 +39,9 @@ def _token_band(log_rho: torch.Tensor, low: float, high: float) -> torch.Tensor:
     """rho where low <= rho <= high, else 0."""
     log_low = math.log(low) if low > 0 else -math.inf
     kept = (log_rho >= log_low) & (log_rho <= math.log(high))
-    return torch.where(kept, torch.exp(log_rho.clamp(max=math.log(high))), torch.zeros_like(log_rho))
+    return torch.where(
+        kept, torch.exp(log_rho.clamp(max=math.log(high))), torch.zeros_like(log_rho)
+    )
 
 
 def _mis_token(old, actor, mask, cfg):
@@ -66,8 +68,12 @@ def _geo_mask(old, actor, mask, cfg):
     return torch.where(kept, tis.to(old.dtype), torch.zeros_like(tis, dtype=old.dtype))
 
 
-_WEIGHTS = {"mis_token": _mis_token, "mis_sequence": _mis_sequence, "icepop": _icepop,
-            "geo_mask": _geo_mask}
+_WEIGHTS = {
+    "mis_token": _mis_token,
+    "mis_sequence": _mis_sequence,
+    "icepop": _icepop,
+    "geo_mask": _geo_mask,
+}
 
 
 def _masked_loss(name: str):
@@ -75,13 +81,15 @@ def _masked_loss(name: str):
 
     def loss_fn(logprobs, old_logprobs, actor_logprobs, advantages, mask, cfg, *, normalizer=None):
         mask, old, adv, log_ratio, surrogate = clipped_surrogate(
-            logprobs, old_logprobs, actor_logprobs, advantages, mask, cfg)
+            logprobs, old_logprobs, actor_logprobs, advantages, mask, cfg
+        )
         weight = weigh(old, actor_logprobs, mask, cfg).detach()
         loss = aggregate(-weight * surrogate, mask, cfg.loss_agg, normalizer)
         with torch.no_grad():
             masked = mask & (weight == 0)
-            metrics = _metrics(loss, log_ratio, adv, weight, torch.zeros_like(mask), old,
-                               actor_logprobs, mask, cfg)
+            metrics = _metrics(
+                loss, log_ratio, adv, weight, torch.zeros_like(mask), old, actor_logprobs, mask, cfg
+            )
             metrics["actor/is_masked_frac"] = masked_mean(masked, mask)
         return loss, metrics
 

@@ -39,8 +39,7 @@ class Placement:
             self.group = None
 
 
-def plan_placement(num_workers: int, placement: str, num_actors: int,
-                   use_gpu: bool) -> Placement:
+def plan_placement(num_workers: int, placement: str, num_actors: int, use_gpu: bool) -> Placement:
     import ray
 
     resources = ray.cluster_resources()
@@ -48,20 +47,23 @@ def plan_placement(num_workers: int, placement: str, num_actors: int,
     if gpus == 0:
         engines = num_actors or 1
         share = max(0.01, float(resources.get("CPU", 1)) / (num_workers + engines))
-        return Placement([{"num_cpus": share}] * num_workers, [{"num_cpus": share}] * engines,
-                         "cpu")
+        return Placement(
+            [{"num_cpus": share}] * num_workers, [{"num_cpus": share}] * engines, "cpu"
+        )
     if placement == "separate":
         engines = num_actors or gpus - num_workers
         if engines < 1 or num_workers + engines > gpus:
             raise PlacementError(
                 f"rollout.placement=separate needs {num_workers} trainer GPUs and at least one "
-                f"engine GPU ({engines} asked); the cluster has {gpus} GPUs")
+                f"engine GPU ({engines} asked); the cluster has {gpus} GPUs"
+            )
         whole = {"num_gpus": 1, "num_cpus": 1}
         return Placement([whole] * num_workers, [whole] * engines, "cuda")
     if num_workers > gpus or num_actors not in (0, num_workers):
         raise PlacementError(
             f"rollout.placement=colocated puts one engine on each of the trainer.num_workers="
-            f"{num_workers} GPUs (rollout.num_actors={num_actors}); the cluster has {gpus} GPUs")
+            f"{num_workers} GPUs (rollout.num_actors={num_actors}); the cluster has {gpus} GPUs"
+        )
     return _colocated(num_workers)
 
 
@@ -74,8 +76,14 @@ def _colocated(num_workers: int) -> Placement:
     ray.get(group.ready())
 
     def half(index: int) -> dict:
-        return {"num_gpus": 0.5, "num_cpus": 1, "scheduling_strategy":
-                PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)}
+        return {
+            "num_gpus": 0.5,
+            "num_cpus": 1,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                group, placement_group_bundle_index=index
+            ),
+        }
 
-    return Placement([half(i) for i in range(num_workers)],
-                     [half(i) for i in range(num_workers)], "cuda", group)
+    return Placement(
+        [half(i) for i in range(num_workers)], [half(i) for i in range(num_workers)], "cuda", group
+    )

@@ -11,11 +11,13 @@ error is raised (sparrow/runtime/trainer_group/group.py, sparrow/runtime/rollout
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
-def results_failing_fast(futures: list[Any],
-                         on_failure: Callable[[int, BaseException, list[Any]], None]) -> list[Any]:
+def results_failing_fast(
+    futures: list[Any], on_failure: Callable[[int, BaseException, list[Any]], None]
+) -> list[Any]:
     import ray
     import ray.exceptions
 

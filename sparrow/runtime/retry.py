@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sparrow.runtime.rollout.actors import RolloutActorLost
 from sparrow.errors import SparrowError
+from sparrow.runtime.rollout.actors import RolloutActorLost
 
 
 def is_infrastructure_fault(error: BaseException | None) -> bool:
@@ -24,9 +24,15 @@ def is_infrastructure_fault(error: BaseException | None) -> bool:
     import duckdb
     import ray.exceptions
 
-    infrastructure = (OSError, TimeoutError, RolloutActorLost, duckdb.IOException,
-                      ray.exceptions.RayActorError, ray.exceptions.NodeDiedError,
-                      ray.exceptions.ObjectLostError)
+    infrastructure = (
+        OSError,
+        TimeoutError,
+        RolloutActorLost,
+        duckdb.IOException,
+        ray.exceptions.RayActorError,
+        ray.exceptions.NodeDiedError,
+        ray.exceptions.ObjectLostError,
+    )
     return isinstance(error, infrastructure)
 
 
@@ -48,4 +54,5 @@ def retry_on_infrastructure(task: Any, task_run: Any, state: Any) -> bool:
 
 # keyword arguments for @task: one retry, after a second, for infrastructure faults only
 INFRA_RETRIES: dict[str, Any] = dict(
-    retries=1, retry_delay_seconds=1, retry_condition_fn=retry_on_infrastructure)
+    retries=1, retry_delay_seconds=1, retry_condition_fn=retry_on_infrastructure
+)

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparrow.runtime.ledger.stage import parse_fail_at
 from sparrow.config import SparrowConfig
 from sparrow.errors import SparrowError
+from sparrow.runtime.ledger.stage import parse_fail_at
 from sparrow.storage import RunLayout, Store
 from sparrow.storage.run_rows import stage_records
 
@@ -35,7 +35,7 @@ STATE_POINTER = "state.json"
 # steps (sparrow/stages/distill_lora.py); it lives and dies with the flow's runtime
 DISTILL_CACHE = "_distill_cache"
 
-_RUNTIMES: dict[tuple[str, str], "RunRuntime"] = {}
+_RUNTIMES: dict[tuple[str, str], RunRuntime] = {}
 
 
 class RuntimeMissingError(SparrowError):
@@ -91,8 +91,11 @@ class RunRuntime:
 
     def policy_folder_before(self, step: int) -> Path:
         """The newest recorded policy folder before `step`, else the initial model."""
-        updates = [r for r in stage_records(self.store, self.run_id)
-                   if r.stage == "policy_update" and r.step < step]
+        updates = [
+            r
+            for r in stage_records(self.store, self.run_id)
+            if r.stage == "policy_update" and r.step < step
+        ]
         return self.policy_state(updates[-1].output_dir) if updates else self.model_path
 
     def policy_state(self, policy_dir: str | Path, wait: bool = True) -> Path:
@@ -127,8 +130,9 @@ class RunRuntime:
         if self.cfg.trainer.num_workers:
             trainer = self._start_trainer_group(folder, dtype)
         elif folder == self.model_path:
-            trainer = PolicyTrainer(self.model_path, self.cfg.algo, device, dtype,
-                                    self.cfg.pipeline.seed)
+            trainer = PolicyTrainer(
+                self.model_path, self.cfg.algo, device, dtype, self.cfg.pipeline.seed
+            )
         else:
             trainer = PolicyTrainer.load(folder, self.cfg.algo, device, dtype)
         self.set_trainer(trainer, step - 1)
@@ -142,11 +146,17 @@ class RunRuntime:
 
         self.shutdown_trainer_group()
         setattr(self, DISTILL_CACHE, None)  # its distiller lived on the old group's ranks
-        spec = TrainerSpec(str(self.model_path), self.cfg.algo, seed=self.cfg.pipeline.seed,
-                           dtype=dtype, device=self.placement.device)
+        spec = TrainerSpec(
+            str(self.model_path),
+            self.cfg.algo,
+            seed=self.cfg.pipeline.seed,
+            dtype=dtype,
+            device=self.placement.device,
+        )
         resume = "" if folder == self.model_path else str(folder)
-        self._group = TrainerGroup.start(spec, self.cfg.trainer.num_workers,
-                                         self.placement.trainer, resume_from=resume)
+        self._group = TrainerGroup.start(
+            spec, self.cfg.trainer.num_workers, self.placement.trainer, resume_from=resume
+        )
         return self._group
 
     def shutdown_trainer_group(self) -> None:
@@ -210,7 +220,7 @@ def peak_memory():
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    yield lambda name: ({name: torch.cuda.max_memory_allocated() / 2**30} if cuda else {})
+    yield lambda name: {name: torch.cuda.max_memory_allocated() / 2**30} if cuda else {}
 
 
 def _key(workdir: str | Path, run_id: str) -> tuple[str, str]:
@@ -231,4 +241,5 @@ def lookup(workdir: str | Path, run_id: str) -> RunRuntime:
     except KeyError:
         raise RuntimeMissingError(
             f"no train flow is running run {run_id!r} in workdir {workdir} in this process; "
-            "stages run inside sparrow.flows.train.train_flow") from None
+            "stages run inside sparrow.flows.train.train_flow"
+        ) from None

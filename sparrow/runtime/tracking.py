@@ -26,9 +26,10 @@ import logging
 import numbers
 import os
 import time
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -53,8 +54,12 @@ _PARAMS_PER_BATCH = 100
 _METRICS_PER_BATCH = 1000
 # the names run statuses go by in storage's runs table and in MLflow
 # MLflow's run states; an interrupted run (Ctrl-C) is KILLED there and "interrupted" here
-_STATUSES = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED",
-             "interrupted": "KILLED"}
+_STATUSES = {
+    "finished": "FINISHED",
+    "failed": "FAILED",
+    "killed": "KILLED",
+    "interrupted": "KILLED",
+}
 
 
 class TrackingError(SparrowError):
@@ -103,16 +108,20 @@ def flatten_config(cfg: SparrowConfig) -> dict[str, str]:
 class Tracker:
     """Logs one Sparrow run into one MLflow run; `start` makes or resumes it."""
 
-    def __init__(self, client: "MlflowClient", mlflow_run_id: str, run_id: str, resumed: bool):
+    def __init__(self, client: MlflowClient, mlflow_run_id: str, run_id: str, resumed: bool):
         self.client = client
         self.mlflow_run_id = mlflow_run_id
         self.run_id = run_id
         self.resumed = resumed
 
     @classmethod
-    def start(cls, cfg: SparrowConfig, run_id: str, workdir: str | Path, quiet: bool = True) -> "Tracker":
+    def start(
+        cls, cfg: SparrowConfig, run_id: str, workdir: str | Path, quiet: bool = True
+    ) -> Tracker:
         if not run_id or "'" in run_id or "\\" in run_id:
-            raise TrackingError(f"run id {run_id!r} must be non-empty, without quotes or backslashes")
+            raise TrackingError(
+                f"run id {run_id!r} must be non-empty, without quotes or backslashes"
+            )
         if quiet:
             logging.getLogger("mlflow").setLevel(logging.WARNING)
             logging.getLogger("alembic").setLevel(logging.WARNING)
@@ -124,15 +133,18 @@ class Tracker:
         try:
             with _first_use_lock(uri, workdir):
                 client = MlflowClient(tracking_uri=uri)
-                experiment_id = _experiment(client,
-                                            None if _is_server(uri) else artifact_root(workdir))
+                experiment_id = _experiment(
+                    client, None if _is_server(uri) else artifact_root(workdir)
+                )
             existing = client.search_runs(
                 [experiment_id], f"tags.`{RUN_ID_TAG}` = '{run_id}'", max_results=2
             )
         except MlflowException as err:
             raise TrackingError(f"MLflow store {uri} cannot be used: {err.message}") from None
         if len(existing) > 1:
-            raise TrackingError(f"MLflow store {uri} holds several runs tagged {RUN_ID_TAG}={run_id}")
+            raise TrackingError(
+                f"MLflow store {uri} holds several runs tagged {RUN_ID_TAG}={run_id}"
+            )
         if existing:
             tracker = cls(client, existing[0].info.run_id, run_id, resumed=True)
             tracker._resume(cfg, existing[0])
@@ -171,7 +183,9 @@ class Tracker:
                 continue
             batch.append(Metric(str(name), _number(name, value), now, int(step)))
         for i in range(0, len(batch), _METRICS_PER_BATCH):
-            self._call(self.client.log_batch, self.mlflow_run_id, metrics=batch[i : i + _METRICS_PER_BATCH])
+            self._call(
+                self.client.log_batch, self.mlflow_run_id, metrics=batch[i : i + _METRICS_PER_BATCH]
+            )
 
     def log_threshold_event(self, step: int, bin: int, p5: float, target: float) -> None:
         """A bin whose p5 fell below target: two metrics at `step` and a tag naming step and bin."""
@@ -180,7 +194,9 @@ class Tracker:
             raise TrackingError(f"threshold event bin must be an integer >= 0, got {bin!r}")
         p5, target = _number("p5", p5), _number("target", target)
         self.log_step(step, {BELOW_TARGET_METRIC: 1.0, f"threshold/p5_bin_{int(bin)}": p5})
-        self.client.set_tag(self.mlflow_run_id, f"threshold.step{int(step)}.bin{int(bin)}", repr(p5))
+        self.client.set_tag(
+            self.mlflow_run_id, f"threshold.step{int(step)}.bin{int(bin)}", repr(p5)
+        )
         self.client.set_tag(self.mlflow_run_id, "threshold.target", repr(target))
 
     def log_schedule(self, schedule: Schedule, version: int, step: int) -> str:
@@ -189,8 +205,10 @@ class Tracker:
         if not isinstance(version, numbers.Integral) or version < 0:
             raise TrackingError(f"schedule version must be an integer >= 0, got {version!r}")
         artifact = f"{SCHEDULE_DIR}/{schedule.name}-v{int(version)}.yaml"
-        text = yaml.safe_dump({**schedule_to_dict(schedule), "version": int(version), "step": int(step)},
-                              sort_keys=False)
+        text = yaml.safe_dump(
+            {**schedule_to_dict(schedule), "version": int(version), "step": int(step)},
+            sort_keys=False,
+        )
         self.client.log_text(self.mlflow_run_id, text, artifact)
         self.client.set_tag(self.mlflow_run_id, SCHEDULE_TAG, schedule.name)
         self.client.set_tag(self.mlflow_run_id, SCHEDULE_VERSION_TAG, str(int(version)))
@@ -220,10 +238,12 @@ class Tracker:
         try:
             return fn(*args, **kwargs)
         except MlflowException as err:
-            raise TrackingError(f"MLflow refused a write to run {self.mlflow_run_id}: {err.message}") from None
+            raise TrackingError(
+                f"MLflow refused a write to run {self.mlflow_run_id}: {err.message}"
+            ) from None
 
 
-def _experiment(client: "MlflowClient", artifacts: Path | None) -> str:
+def _experiment(client: MlflowClient, artifacts: Path | None) -> str:
     experiment = client.get_experiment_by_name(EXPERIMENT)
     if experiment is not None:
         if experiment.lifecycle_stage == "deleted":

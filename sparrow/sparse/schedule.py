@@ -46,7 +46,9 @@ class Schedule:
     def __post_init__(self) -> None:
         # accept lists from YAML/JSON; store tuples so the schedule is hashable
         object.__setattr__(self, "topk_pages", _int_tuple(self.name, "topk_pages", self.topk_pages))
-        object.__setattr__(self, "skip_layers", _int_tuple(self.name, "skip_layers", self.skip_layers))
+        object.__setattr__(
+            self, "skip_layers", _int_tuple(self.name, "skip_layers", self.skip_layers)
+        )
         self.validate()
 
     def validate(self) -> None:
@@ -66,7 +68,9 @@ class Schedule:
         if not self.topk_pages:
             raise ScheduleError(f"{where}: topk_pages must list at least one bin")
         if any(pages < 1 for pages in self.topk_pages):
-            raise ScheduleError(f"{where}: topk_pages must be positive, got {list(self.topk_pages)}")
+            raise ScheduleError(
+                f"{where}: topk_pages must be positive, got {list(self.topk_pages)}"
+            )
         for i, (a, b) in enumerate(zip(self.topk_pages, self.topk_pages[1:])):
             if b < a:
                 raise ScheduleError(
@@ -109,8 +113,7 @@ class Schedule:
     def pages_for_topk(self, topk_pages, num_pages=None):
         """Pages read per step when `topk_pages` are chosen (a bin's or a grid candidate's):
         top-k plus this schedule's reserved pages, at most num_pages when given."""
-        return schedule_math.pages_read(topk_pages, self.reserved_bos, self.reserved_eos,
-                                        num_pages)
+        return schedule_math.pages_read(topk_pages, self.reserved_bos, self.reserved_eos, num_pages)
 
     def budget_tokens(self, position: int) -> int:
         """KV budget B in tokens at this position (pages read times page size)."""

@@ -35,15 +35,27 @@ def score_pages(q_mean: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
     return torch.einsum("bhd,bphd->bhp", q_mean.float(), centroids.float())
 
 
-def select_pages(q_mean: torch.Tensor, centroids: torch.Tensor, num_pages: torch.Tensor,
-                 topk: torch.Tensor | int, reserved_bos: int, reserved_eos: int) -> torch.Tensor:
+def select_pages(
+    q_mean: torch.Tensor,
+    centroids: torch.Tensor,
+    num_pages: torch.Tensor,
+    topk: torch.Tensor | int,
+    reserved_bos: int,
+    reserved_eos: int,
+) -> torch.Tensor:
     """Pages read per query and KV head: [B, Hkv, P] bool (see the module docstring)."""
-    return select_from_scores(score_pages(q_mean, centroids), num_pages, topk,
-                              reserved_bos, reserved_eos)
+    return select_from_scores(
+        score_pages(q_mean, centroids), num_pages, topk, reserved_bos, reserved_eos
+    )
 
 
-def select_from_scores(scores: torch.Tensor, num_pages: torch.Tensor, topk: torch.Tensor | int,
-                       reserved_bos: int, reserved_eos: int) -> torch.Tensor:
+def select_from_scores(
+    scores: torch.Tensor,
+    num_pages: torch.Tensor,
+    topk: torch.Tensor | int,
+    reserved_bos: int,
+    reserved_eos: int,
+) -> torch.Tensor:
     """The selection rule on given scores [B, Hkv, P]; num_pages, topk: [B] (or an int k)."""
     batch, _, width = scores.shape
     _check(num_pages, width, batch, reserved_bos, reserved_eos)
@@ -63,12 +75,14 @@ def select_from_scores(scores: torch.Tensor, num_pages: torch.Tensor, topk: torc
     return (present & ~eligible) | chosen
 
 
-def pages_read(num_pages: torch.Tensor | int, topk: torch.Tensor | int, reserved_bos: int,
-               reserved_eos: int) -> torch.Tensor:
+def pages_read(
+    num_pages: torch.Tensor | int, topk: torch.Tensor | int, reserved_bos: int, reserved_eos: int
+) -> torch.Tensor:
     """Pages one sparse step reads per KV head: min(n, top-k + reserved), n when dense
     (sparrow.schedule_math.pages_read on tensors)."""
-    return schedule_math.pages_read(torch.as_tensor(topk), reserved_bos, reserved_eos,
-                                    torch.as_tensor(num_pages))
+    return schedule_math.pages_read(
+        torch.as_tensor(topk), reserved_bos, reserved_eos, torch.as_tensor(num_pages)
+    )
 
 
 def token_mask(page_mask: torch.Tensor, page_size: int, num_tokens: torch.Tensor) -> torch.Tensor:
@@ -80,13 +94,16 @@ def token_mask(page_mask: torch.Tensor, page_size: int, num_tokens: torch.Tensor
     return tokens & (slot < num_tokens.to(page_mask.device).view(batch, 1, 1))
 
 
-def _check(num_pages: torch.Tensor, width: int, batch: int, reserved_bos: int,
-           reserved_eos: int) -> None:
+def _check(
+    num_pages: torch.Tensor, width: int, batch: int, reserved_bos: int, reserved_eos: int
+) -> None:
     if num_pages.shape != (batch,):
         raise ValueError(f"num_pages must have shape ({batch},), got {tuple(num_pages.shape)}")
     if batch and int(num_pages.max()) > width:
-        raise ValueError(f"a row holds {int(num_pages.max())} pages but the centroids have "
-                         f"only {width} columns")
+        raise ValueError(
+            f"a row holds {int(num_pages.max())} pages but the centroids have only {width} columns"
+        )
     if reserved_bos < 0 or reserved_eos < 1:
-        raise ValueError(f"need reserved_bos >= 0 and reserved_eos >= 1, "
-                         f"got {reserved_bos}, {reserved_eos}")
+        raise ValueError(
+            f"need reserved_bos >= 0 and reserved_eos >= 1, got {reserved_bos}, {reserved_eos}"
+        )

@@ -17,8 +17,8 @@ watched p5 only; p5 keeps every number exactly as before (oriented is the identi
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from sparrow.registry import Registry
 
@@ -57,8 +57,12 @@ for _statistic in (
     TargetStatistic("p10", "p10", description="10th percentile of acceptance"),
     TargetStatistic("mean", "mean", description="mean acceptance"),
     TargetStatistic("min", "min", description="lowest acceptance in the bin"),
-    TargetStatistic("share_below_half", "share_below_half", higher_is_better=False,
-                    description="share of tokens with acceptance below 0.5"),
+    TargetStatistic(
+        "share_below_half",
+        "share_below_half",
+        higher_is_better=False,
+        description="share of tokens with acceptance below 0.5",
+    ),
 ):
     TARGET_STATISTICS.register(_statistic.name)(_statistic)
 

@@ -31,26 +31,39 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NONE
 
-from sparrow.runtime.retry import INFRA_RETRIES
-from sparrow.runtime.run_runtime import RunRuntime, lookup
-from sparrow.runtime.ledger.stage import StageOutcome, StageWrite, run_stage
 from sparrow.data.rollouts import read_rollouts
 from sparrow.mismatch.acceptance import BinStats, bin_statistics, min_p5
+from sparrow.runtime.ledger.stage import StageOutcome, StageWrite, run_stage
+from sparrow.runtime.retry import INFRA_RETRIES
+from sparrow.runtime.run_runtime import RunRuntime, lookup
 from sparrow.sparse.io import schedule_from_dict
 from sparrow.sparse.schedule import Schedule
 from sparrow.sparse.target import DEFAULT_STATISTIC, get_statistic
-from sparrow.storage import mismatch_rows
 from sparrow.stages.dense_score import read_scores
 from sparrow.stages.rollout import ROLLOUTS_FILE, SCHEDULE_FILE
+from sparrow.storage import mismatch_rows
 
 BIN_STATS_FILE = "bin_stats.json"
+
+
 def token_table(run_id: str, step: int, records, scores, schedule: Schedule):
     """The per-token rows as a pyarrow table (columns of sparrow.storage.schema.TOKEN_COLUMNS)."""
     import pyarrow as pa
 
-    columns: dict[str, list] = {k: [] for k in (
-        "sample", "prompt", "position", "bin", "pages_read", "acceptance", "leftover_mass",
-        "actor_logprob", "dense_logprob")}
+    columns: dict[str, list] = {
+        k: []
+        for k in (
+            "sample",
+            "prompt",
+            "position",
+            "bin",
+            "pages_read",
+            "acceptance",
+            "leftover_mass",
+            "actor_logprob",
+            "dense_logprob",
+        )
+    }
     for i, record in enumerate(records):
         n, start = len(record.output_ids), len(record.prompt_ids)
         positions = list(range(start, start + n))
@@ -65,8 +78,10 @@ def token_table(run_id: str, step: int, records, scores, schedule: Schedule):
         columns["dense_logprob"] += list(scores["dense_logprobs"][i])
     count = len(columns["sample"])
     ints = {"sample", "prompt", "position", "bin", "pages_read"}
-    arrays = {"run_id": pa.array([run_id] * count, pa.string()),
-              "step": pa.array([step] * count, pa.int32())}
+    arrays = {
+        "run_id": pa.array([run_id] * count, pa.string()),
+        "step": pa.array([step] * count, pa.int32()),
+    }
     for name, values in columns.items():
         arrays[name] = pa.array(values, pa.int32() if name in ints else pa.float64())
     return pa.table(arrays)
@@ -97,55 +112,91 @@ class StepBins:
     @property
     def below(self) -> list[int]:
         statistic = get_statistic(self.statistic)
-        return sorted(s.bin for s in self.stats
-                      if statistic.misses(getattr(s, statistic.column), self.target))
+        return sorted(
+            s.bin for s in self.stats if statistic.misses(getattr(s, statistic.column), self.target)
+        )
 
     def as_json(self) -> str:
-        return json.dumps([{**{k: _finite(v) if isinstance(v, float) else v
-                               for k, v in s.as_dict().items()},
-                            "pages_read": self.pages_read[s.bin]} for s in self.stats], indent=2)
+        return json.dumps(
+            [
+                {
+                    **{
+                        k: _finite(v) if isinstance(v, float) else v for k, v in s.as_dict().items()
+                    },
+                    "pages_read": self.pages_read[s.bin],
+                }
+                for s in self.stats
+            ],
+            indent=2,
+        )
 
     def write_rows(self, conn) -> None:
         """Replace the step's bin_stats and threshold_events rows."""
         run_id, step, p5, below = self.run_id, self.step, self.p5, self.below
-        mismatch_rows.replace_bin_stats(conn, run_id, step, [
-            {**{k: _finite(v) if isinstance(v, float) else v for k, v in s.as_dict().items()},
-             "pages_read": self.pages_read[s.bin], "schedule_name": self.schedule_name,
-             "schedule_version": self.schedule_version} for s in self.stats])
+        mismatch_rows.replace_bin_stats(
+            conn,
+            run_id,
+            step,
+            [
+                {
+                    **{
+                        k: _finite(v) if isinstance(v, float) else v for k, v in s.as_dict().items()
+                    },
+                    "pages_read": self.pages_read[s.bin],
+                    "schedule_name": self.schedule_name,
+                    "schedule_version": self.schedule_version,
+                }
+                for s in self.stats
+            ],
+        )
         previous = mismatch_rows.below_target_bins(conn, run_id, step - 1)
         events = [(b, "below_target") for b in below]
         events += [(b, "recovered") for b in sorted(previous) if b in p5 and b not in below]
         mismatch_rows.replace_threshold_events(
-            conn, run_id, step, [(b, kind, p5[b], self.target) for b, kind in events])
+            conn, run_id, step, [(b, kind, p5[b], self.target) for b, kind in events]
+        )
 
 
-def aggregate_step(runtime: RunRuntime, step: int, rollout_dir: str, scores_path: str,
-                   out: Path) -> StageWrite:
+def aggregate_step(
+    runtime: RunRuntime, step: int, rollout_dir: str, scores_path: str, out: Path
+) -> StageWrite:
     import pyarrow.parquet as pq
 
     used = json.loads((Path(rollout_dir) / SCHEDULE_FILE).read_text())
     schedule = schedule_from_dict(used["schedule"], source=f"{rollout_dir}/{SCHEDULE_FILE}")
     records = read_rollouts(Path(rollout_dir) / ROLLOUTS_FILE)
-    table = token_table(runtime.run_id, step, records, read_scores(scores_path, records),
-                        schedule)
+    table = token_table(runtime.run_id, step, records, read_scores(scores_path, records), schedule)
     pq.write_table(table, out / runtime.layout.token_file(step).name)
     acceptance = table.column("acceptance").to_numpy()
-    stats = bin_statistics(table.column("position").to_numpy(), acceptance,
-                           bin_tokens=schedule.bin_tokens, num_bins=schedule.num_bins)
+    stats = bin_statistics(
+        table.column("position").to_numpy(),
+        acceptance,
+        bin_tokens=schedule.bin_tokens,
+        num_bins=schedule.num_bins,
+    )
     bins = StepBins(
-        runtime.run_id, step, stats,
-        {s.bin: schedule.pages_for_topk(schedule.topk_pages[s.bin]) if used["sparse"] else None
-         for s in stats},
-        schedule.name, used["version"], runtime.cfg.schedule.target,
-        runtime.cfg.schedule.target_statistic)
+        runtime.run_id,
+        step,
+        stats,
+        {
+            s.bin: schedule.pages_for_topk(schedule.topk_pages[s.bin]) if used["sparse"] else None
+            for s in stats
+        },
+        schedule.name,
+        used["version"],
+        runtime.cfg.schedule.target,
+        runtime.cfg.schedule.target_statistic,
+    )
     (out / BIN_STATS_FILE).write_text(bins.as_json())
     metrics = {f"mismatch/p5_bin_{b}": p5 for b, p5 in bins.p5.items()}
-    metrics.update({
-        "mismatch/min_p5": min_p5(stats),
-        "mismatch/acceptance_mean": float(acceptance.mean()),
-        "mismatch/leftover_mass_mean": float(np.mean(table.column("leftover_mass").to_numpy())),
-        "mismatch/bins_below": float(len(bins.below)),
-    })
+    metrics.update(
+        {
+            "mismatch/min_p5": min_p5(stats),
+            "mismatch/acceptance_mean": float(acceptance.mean()),
+            "mismatch/leftover_mass_mean": float(np.mean(table.column("leftover_mass").to_numpy())),
+            "mismatch/bins_below": float(len(bins.below)),
+        }
+    )
 
     def log_events(final: Path) -> None:
         if runtime.tracker is None:
@@ -158,8 +209,13 @@ def aggregate_step(runtime: RunRuntime, step: int, rollout_dir: str, scores_path
 
 
 @task(name="aggregate_mismatch", cache_policy=NONE, **INFRA_RETRIES)
-def aggregate_mismatch_task(workdir: str, run_id: str, step: int, rollout_dir: str,
-                            scores_path: str) -> StageOutcome:
+def aggregate_mismatch_task(
+    workdir: str, run_id: str, step: int, rollout_dir: str, scores_path: str
+) -> StageOutcome:
     runtime = lookup(workdir, run_id)
-    return run_stage(runtime, "aggregate_mismatch", step,
-                     lambda out: aggregate_step(runtime, step, rollout_dir, scores_path, out))
+    return run_stage(
+        runtime,
+        "aggregate_mismatch",
+        step,
+        lambda out: aggregate_step(runtime, step, rollout_dir, scores_path, out),
+    )

@@ -24,22 +24,22 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NONE
 
-from sparrow.runtime.retry import INFRA_RETRIES
-from sparrow.runtime.run_runtime import device_and_dtype
 from sparrow.config import SparrowConfig, load_config
 from sparrow.control.calibration import (
     STATISTICS,
     AcceptanceTable,
     Trajectory,
-    topk_grid,
     flat_schedule,
-    measure_topk_pages,
     measure_on_policy,
+    measure_topk_pages,
     sample_trajectories,
+    topk_grid,
 )
 from sparrow.data.datasets import load_prompts
 from sparrow.engine import EngineConfig, SamplingParams
 from sparrow.model.builtin import resolve_model_path
+from sparrow.runtime.retry import INFRA_RETRIES
+from sparrow.runtime.run_runtime import device_and_dtype
 from sparrow.sparse.io import resolve_schedule
 from sparrow.sparse.schedule import Schedule
 from sparrow.storage import atomic_file
@@ -79,28 +79,42 @@ def base_schedule(cfg: SparrowConfig) -> Schedule:
     return resolve_schedule(cfg.schedule.name)
 
 
-def calibration_requests(cfg: SparrowConfig, tokenizer: Any,
-                         max_context: int) -> tuple[list, list[SamplingParams]]:
+def calibration_requests(
+    cfg: SparrowConfig, tokenizer: Any, max_context: int
+) -> tuple[list, list[SamplingParams]]:
     """(prompt ids, sampling params) of the calibration prompts, seeded from pipeline.seed;
     new tokens are cut to what the context leaves after each prompt."""
     cal, rollout = cfg.calibrate, cfg.rollout
-    data = load_prompts(cal.prompts or cfg.data.train, cfg.data.prompt_key, cfg.data.answer_key,
-                        tokenizer, cfg.data.max_prompt_tokens, split="train",
-                        seed=cfg.pipeline.seed)
+    data = load_prompts(
+        cal.prompts or cfg.data.train,
+        cfg.data.prompt_key,
+        cfg.data.answer_key,
+        tokenizer,
+        cfg.data.max_prompt_tokens,
+        split="train",
+        seed=cfg.pipeline.seed,
+    )
     rows = [data.row(i) for i in range(min(cal.num_prompts, len(data)))]
     new_tokens = cal.max_new_tokens or rollout.max_new_tokens
     context = cfg.model.max_context or max_context
-    params = [SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p,
-                             top_k=rollout.top_k, n=cal.repeats,
-                             max_new_tokens=max(1, min(new_tokens, context - len(row.prompt_ids))),
-                             seed=cfg.pipeline.seed * 100_003 + i)
-              for i, row in enumerate(rows)]
+    params = [
+        SamplingParams(
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            top_k=rollout.top_k,
+            n=cal.repeats,
+            max_new_tokens=max(1, min(new_tokens, context - len(row.prompt_ids))),
+            seed=cfg.pipeline.seed * 100_003 + i,
+        )
+        for i, row in enumerate(rows)
+    ]
     return [list(r.prompt_ids) for r in rows], params
 
 
 def engine_config(cfg: SparrowConfig, schedule: Schedule) -> EngineConfig:
-    return EngineConfig.from_rollout(cfg.rollout, page_size=schedule.page_size,
-                                     max_context=cfg.model.max_context)
+    return EngineConfig.from_rollout(
+        cfg.rollout, page_size=schedule.page_size, max_context=cfg.model.max_context
+    )
 
 
 def sample(overrides: list[str], calibration_id: str) -> str:
@@ -109,22 +123,37 @@ def sample(overrides: list[str], calibration_id: str) -> str:
     cfg = load_config(overrides)
     model, tokenizer, _ = policy(cfg)
     template = base_schedule(cfg)
-    prompts, params = calibration_requests(cfg, tokenizer,
-                                           model.arch.max_position_embeddings)
+    prompts, params = calibration_requests(cfg, tokenizer, model.arch.max_position_embeddings)
     engine = engine_config(cfg, template)
     clock = time.perf_counter()
     trajectories = sample_trajectories(model, tokenizer, prompts, params, engine_config=engine)
     grid = grid_for(cfg, trajectories, template)
     by_topk = {}
     if cfg.calibrate.sample_sparse:
-        by_topk = {str(b): [as_dict(t) for t in sample_trajectories(
-            model, tokenizer, prompts, params, schedule=flat_schedule(template, b),
-            engine_config=engine)] for b in grid}
+        by_topk = {
+            str(b): [
+                as_dict(t)
+                for t in sample_trajectories(
+                    model,
+                    tokenizer,
+                    prompts,
+                    params,
+                    schedule=flat_schedule(template, b),
+                    engine_config=engine,
+                )
+            ]
+            for b in grid
+        }
     seconds = time.perf_counter() - clock
     out = calibration_dir(cfg.pipeline.workdir, calibration_id) / TRAJECTORIES_FILE
-    data = {"sample_s": seconds, "sparse": cfg.calibrate.sample_sparse, "prompts": len(prompts),
-            "topk_pages": list(grid), "trajectories": [as_dict(t) for t in trajectories],
-            "by_topk": by_topk}
+    data = {
+        "sample_s": seconds,
+        "sparse": cfg.calibrate.sample_sparse,
+        "prompts": len(prompts),
+        "topk_pages": list(grid),
+        "trajectories": [as_dict(t) for t in trajectories],
+        "by_topk": by_topk,
+    }
     return str(write_json(out, data))
 
 
@@ -156,19 +185,32 @@ def replay(overrides: list[str], calibration_id: str, trajectories_path: str) ->
     template = base_schedule(cfg)
     trajectories, data = read_trajectories(trajectories_path)
     # a file written before the rename holds "budgets" and "by_budget"
-    grid = tuple(data.get("topk_pages") or data.get("budgets")
-                 or grid_for(cfg, trajectories, template))
+    grid = tuple(
+        data.get("topk_pages") or data.get("budgets") or grid_for(cfg, trajectories, template)
+    )
     by_topk = data.get("by_topk") or data.get("by_budget")
     num_bins = cfg.calibrate.num_bins or template.num_bins
     temperature = cfg.rollout.temperature or 1.0
     clock = time.perf_counter()
     if by_topk:
-        table = measure_on_policy(model, {int(b): as_trajectories(rows) for b, rows in
-                                          by_topk.items()}, template, temperature,
-                                  num_bins=num_bins, centroid_dtype=cfg.rollout.centroid_dtype)
+        table = measure_on_policy(
+            model,
+            {int(b): as_trajectories(rows) for b, rows in by_topk.items()},
+            template,
+            temperature,
+            num_bins=num_bins,
+            centroid_dtype=cfg.rollout.centroid_dtype,
+        )
     else:
-        table = measure_topk_pages(model, trajectories, template, grid, temperature,
-                                num_bins=num_bins, centroid_dtype=cfg.rollout.centroid_dtype)
+        table = measure_topk_pages(
+            model,
+            trajectories,
+            template,
+            grid,
+            temperature,
+            num_bins=num_bins,
+            centroid_dtype=cfg.rollout.centroid_dtype,
+        )
     seconds = time.perf_counter() - clock
     out = calibration_dir(cfg.pipeline.workdir, calibration_id) / TABLE_FILE
     return str(write_json(out, {"replay_s": seconds, **table_to_dict(table)}))
@@ -178,21 +220,31 @@ def table_to_dict(table: AcceptanceTable) -> dict:
     def listed(array: np.ndarray) -> list:
         return [[None if np.isnan(v) else float(v) for v in row] for row in array]
 
-    return {"topk_pages": list(table.topk_pages), "bin_tokens": table.bin_tokens,
-            "tokens": [int(n) for n in table.tokens],
-            **{name: listed(getattr(table, name)) for name in STATISTICS
-               if getattr(table, name) is not None}}
+    return {
+        "topk_pages": list(table.topk_pages),
+        "bin_tokens": table.bin_tokens,
+        "tokens": [int(n) for n in table.tokens],
+        **{
+            name: listed(getattr(table, name))
+            for name in STATISTICS
+            if getattr(table, name) is not None
+        },
+    }
 
 
 def table_from_dict(data: dict) -> AcceptanceTable:
     def array(key: str) -> np.ndarray:
-        return np.array([[np.nan if v is None else v for v in row] for row in data[key]],
-                        dtype=np.float64)
+        return np.array(
+            [[np.nan if v is None else v for v in row] for row in data[key]], dtype=np.float64
+        )
 
     # a table written before min and share_below_half existed has neither
-    return AcceptanceTable(tuple(_grid_of(data)), data["bin_tokens"],
-                           np.array(data["tokens"], dtype=np.int64),
-                           **{name: array(name) for name in STATISTICS if name in data})
+    return AcceptanceTable(
+        tuple(_grid_of(data)),
+        data["bin_tokens"],
+        np.array(data["tokens"], dtype=np.int64),
+        **{name: array(name) for name in STATISTICS if name in data},
+    )
 
 
 def _grid_of(table: dict) -> list[int]:
@@ -205,15 +257,20 @@ def time_generation(overrides: list[str], calibration_id: str, table_path: str) 
     cfg = load_config(overrides)
     model, tokenizer, _ = policy(cfg)
     template = base_schedule(cfg)
-    prompts, params = calibration_requests(cfg, tokenizer,
-                                           model.arch.max_position_embeddings)
+    prompts, params = calibration_requests(cfg, tokenizer, model.arch.max_position_embeddings)
     grid = _grid_of(json.loads(Path(table_path).read_text()))
     seconds = {}
     for topk_pages in grid:
         schedule = flat_schedule(template, topk_pages)
         clock = time.perf_counter()
-        sample_trajectories(model, tokenizer, prompts, params, schedule=schedule,
-                            engine_config=engine_config(cfg, template))
+        sample_trajectories(
+            model,
+            tokenizer,
+            prompts,
+            params,
+            schedule=schedule,
+            engine_config=engine_config(cfg, template),
+        )
         seconds[int(topk_pages)] = time.perf_counter() - clock
     return {"generation_s_per_topk": seconds, "generation_s": sum(seconds.values())}
 

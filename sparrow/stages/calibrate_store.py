@@ -22,17 +22,15 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NONE
 
-from sparrow.reports.calibration_plot import plot_calibration
-from sparrow.runtime.ledger.schedules import insert_schedule
 from sparrow.config import SparrowConfig, load_config
 from sparrow.control.calibration import AcceptanceTable, model_shape
-from sparrow.control.choose import Choice, topk_cost_table, choose_topk_pages
-from sparrow.costmodel.eflops import get_hardware
+from sparrow.control.choose import Choice, choose_topk_pages, topk_cost_table
+from sparrow.costmodel import get_hardware
+from sparrow.reports.calibration_plot import plot_calibration
+from sparrow.runtime.ledger.schedules import insert_schedule
 from sparrow.sparse.io import save_schedule_yaml
 from sparrow.sparse.schedule import Schedule
 from sparrow.sparse.target import get_statistic
-from sparrow.storage import Store
-from sparrow.storage.schedule_rows import newest_version, replace_calibration
 from sparrow.stages.calibrate import (
     base_schedule,
     calibration_dir,
@@ -40,6 +38,8 @@ from sparrow.stages.calibrate import (
     table_from_dict,
     write_json,
 )
+from sparrow.storage import Store
+from sparrow.storage.schedule_rows import newest_version, replace_calibration
 
 SUMMARY_FILE = "summary.json"
 PLOT_FILE = "calibration.png"
@@ -49,36 +49,64 @@ def schedule_name(cfg: SparrowConfig, model_dir: Path) -> str:
     return cfg.calibrate.name or f"calibrated-{model_dir.name}-{cfg.schedule.target:g}"
 
 
-def choose(cfg: SparrowConfig, table: AcceptanceTable, prompt_len: int,
-           model_dir: Path) -> Choice:
+def choose(cfg: SparrowConfig, table: AcceptanceTable, prompt_len: int, model_dir: Path) -> Choice:
     template = base_schedule(cfg)
-    cost = topk_cost_table(table.topk_pages, table.num_bins, template,
-                             model=model_shape(model_dir),
-                             hardware=get_hardware(cfg.calibrate.hardware), prompt_len=prompt_len)
+    cost = topk_cost_table(
+        table.topk_pages,
+        table.num_bins,
+        template,
+        model=model_shape(model_dir),
+        hardware=get_hardware(cfg.calibrate.hardware),
+        prompt_len=prompt_len,
+    )
     # schedule.target_statistic (p5 by default) on its higher-is-better axis, as the chooser reads it
     statistic = get_statistic(cfg.schedule.target_statistic)
-    return choose_topk_pages(table.topk_pages, statistic.oriented(table.statistic(statistic.name)),
-                          table.tokens, cost, statistic.oriented(cfg.schedule.target),
-                          cfg.calibrate.min_tokens)
+    return choose_topk_pages(
+        table.topk_pages,
+        statistic.oriented(table.statistic(statistic.name)),
+        table.tokens,
+        cost,
+        statistic.oriented(cfg.schedule.target),
+        cfg.calibrate.min_tokens,
+    )
 
 
-def store_calibration(cfg: SparrowConfig, calibration_id: str, table: AcceptanceTable,
-                      schedule: Schedule, model_dir: Path) -> tuple[int, Path]:
+def store_calibration(
+    cfg: SparrowConfig,
+    calibration_id: str,
+    table: AcceptanceTable,
+    schedule: Schedule,
+    model_dir: Path,
+) -> tuple[int, Path]:
     """(version, yaml path): calibration rows and the new schedules version, in one transaction."""
     workdir = Path(cfg.pipeline.workdir)
     # a few seconds' write: wait out another calibration (or a study's planning) doing its own
     with Store.open_writer(workdir, wait_s=120.0) as store, store.connect() as conn:
         version = (newest_version(conn, schedule.name) or 0) + 1
-        yaml_path = save_schedule_yaml(schedule, workdir / "schedules" /
-                                       f"{schedule.name}-v{version}.yaml")
+        yaml_path = save_schedule_yaml(
+            schedule, workdir / "schedules" / f"{schedule.name}-v{version}.yaml"
+        )
         replace_calibration(conn, calibration_id, str(model_dir), table.rows())
-        insert_schedule(conn, schedule, version, calibration_id, 0,
-                        f"calibration {calibration_id}", str(yaml_path))
+        insert_schedule(
+            conn,
+            schedule,
+            version,
+            calibration_id,
+            0,
+            f"calibration {calibration_id}",
+            str(yaml_path),
+        )
     return version, yaml_path
 
 
-def track(cfg: SparrowConfig, calibration_id: str, schedule: Schedule, version: int,
-          files: list[Path], metrics: dict) -> str:
+def track(
+    cfg: SparrowConfig,
+    calibration_id: str,
+    schedule: Schedule,
+    version: int,
+    files: list[Path],
+    metrics: dict,
+) -> str:
     from sparrow.runtime.tracking import Tracker
 
     tracker = Tracker.start(cfg, calibration_id, cfg.pipeline.workdir)
@@ -90,8 +118,13 @@ def track(cfg: SparrowConfig, calibration_id: str, schedule: Schedule, version: 
     return tracker.mlflow_run_id
 
 
-def choose_and_store(overrides: list[str], calibration_id: str, trajectories_path: str,
-                     table_path: str, timing: dict | None = None) -> dict:
+def choose_and_store(
+    overrides: list[str],
+    calibration_id: str,
+    trajectories_path: str,
+    table_path: str,
+    timing: dict | None = None,
+) -> dict:
     cfg = load_config(overrides)
     from sparrow.stages.calibrate import policy
 
@@ -104,34 +137,60 @@ def choose_and_store(overrides: list[str], calibration_id: str, trajectories_pat
     template, name = base_schedule(cfg), schedule_name(cfg, model_dir)
     notes = choice.notes()
     schedule = dataclasses.replace(
-        template, name=name, topk_pages=choice.topk_pages, target=cfg.schedule.target,
+        template,
+        name=name,
+        topk_pages=choice.topk_pages,
+        target=cfg.schedule.target,
         description=f"calibrated ({calibration_id}) on {model_dir.name} from {template.name}"
-                    + (f"; {'; '.join(notes)}" if notes else ""))
+        + (f"; {'; '.join(notes)}" if notes else ""),
+    )
     version, yaml_path = store_calibration(cfg, calibration_id, table, schedule, model_dir)
     folder = calibration_dir(cfg.pipeline.workdir, calibration_id)
-    plot = plot_calibration(table, choice, cfg.schedule.target, folder / PLOT_FILE,
-                            title=f"{name} v{version}: p5 per bin for every budget")
+    plot = plot_calibration(
+        table,
+        choice,
+        cfg.schedule.target,
+        folder / PLOT_FILE,
+        title=f"{name} v{version}: p5 per bin for every budget",
+    )
     calibration_s = sampled["sample_s"] + table_data["replay_s"]
     summary = {
-        "calibration_id": calibration_id, "schedule": name, "version": version,
-        "topk_pages": list(choice.topk_pages), "target": cfg.schedule.target,
-        "topk_grid": list(table.topk_pages), "tokens_per_bin": [int(n) for n in table.tokens],
-        "notes": notes, "yaml": str(yaml_path), "plot": str(plot),
-        "trajectories": len(trajectories), "sample_s": sampled["sample_s"],
-        "replay_s": table_data["replay_s"], "calibration_s": calibration_s,
+        "calibration_id": calibration_id,
+        "schedule": name,
+        "version": version,
+        "topk_pages": list(choice.topk_pages),
+        "target": cfg.schedule.target,
+        "topk_grid": list(table.topk_pages),
+        "tokens_per_bin": [int(n) for n in table.tokens],
+        "notes": notes,
+        "yaml": str(yaml_path),
+        "plot": str(plot),
+        "trajectories": len(trajectories),
+        "sample_s": sampled["sample_s"],
+        "replay_s": table_data["replay_s"],
+        "calibration_s": calibration_s,
         **(timing or {}),
     }
     if timing:
         summary["generation_over_calibration"] = timing["generation_s"] / calibration_s
     summary_path = write_json(folder / SUMMARY_FILE, summary)
-    metrics = {f"calibration/{k}": summary[k] for k in ("sample_s", "replay_s", "calibration_s",
-                                                        "generation_s") if k in summary}
-    summary["mlflow_run_id"] = track(cfg, calibration_id, schedule, version,
-                                     [plot, Path(table_path), summary_path], metrics)
+    metrics = {
+        f"calibration/{k}": summary[k]
+        for k in ("sample_s", "replay_s", "calibration_s", "generation_s")
+        if k in summary
+    }
+    summary["mlflow_run_id"] = track(
+        cfg, calibration_id, schedule, version, [plot, Path(table_path), summary_path], metrics
+    )
     return summary
 
 
 @task(name="calibrate-choose", cache_policy=NONE)
-def choose_task(overrides: list[str], calibration_id: str, trajectories_path: str,
-                table_path: str, timing: dict | None = None) -> dict:
+def choose_task(
+    overrides: list[str],
+    calibration_id: str,
+    trajectories_path: str,
+    table_path: str,
+    timing: dict | None = None,
+) -> dict:
     return choose_and_store(overrides, calibration_id, trajectories_path, table_path, timing)

@@ -22,9 +22,9 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NONE
 
+from sparrow.runtime.ledger.stage import StageInputError, StageOutcome, StageWrite, run_stage
 from sparrow.runtime.retry import INFRA_RETRIES
 from sparrow.runtime.run_runtime import RunRuntime, lookup
-from sparrow.runtime.ledger.stage import StageInputError, StageOutcome, StageWrite, run_stage
 from sparrow.storage import atomic_dir
 
 CHECKPOINT_FILE = "checkpoint.json"
@@ -46,8 +46,9 @@ def link_tree(source: Path, target: Path) -> list[str]:
     return names
 
 
-def save_checkpoint(runtime: RunRuntime, step: int, policy_dir: str, out: Path,
-                    adapter_dir: str = "") -> StageWrite:
+def save_checkpoint(
+    runtime: RunRuntime, step: int, policy_dir: str, out: Path, adapter_dir: str = ""
+) -> StageWrite:
     source = runtime.policy_state(policy_dir)
     if not (source / "config.json").is_file():
         raise StageInputError(f"policy folder {policy_dir} holds no checkpoint (config.json)")
@@ -55,16 +56,25 @@ def save_checkpoint(runtime: RunRuntime, step: int, policy_dir: str, out: Path,
     with atomic_dir(target) as scratch:
         files = link_tree(source, scratch)
         if adapter_dir:
-            files += [f"distill/{name}" for name in link_tree(Path(adapter_dir),
-                                                               scratch / "distill")]
-    (out / CHECKPOINT_FILE).write_text(json.dumps(
-        {"step": step, "path": str(target), "source": policy_dir, "files": files}, indent=2))
+            files += [
+                f"distill/{name}" for name in link_tree(Path(adapter_dir), scratch / "distill")
+            ]
+    (out / CHECKPOINT_FILE).write_text(
+        json.dumps(
+            {"step": step, "path": str(target), "source": policy_dir, "files": files}, indent=2
+        )
+    )
     return StageWrite()
 
 
 @task(name="checkpoint", cache_policy=NONE, **INFRA_RETRIES)
-def checkpoint_task(workdir: str, run_id: str, step: int, policy_dir: str,
-                    adapter_dir: str = "") -> StageOutcome:
+def checkpoint_task(
+    workdir: str, run_id: str, step: int, policy_dir: str, adapter_dir: str = ""
+) -> StageOutcome:
     runtime = lookup(workdir, run_id)
-    return run_stage(runtime, "checkpoint", step,
-                     lambda out: save_checkpoint(runtime, step, policy_dir, out, adapter_dir))
+    return run_stage(
+        runtime,
+        "checkpoint",
+        step,
+        lambda out: save_checkpoint(runtime, step, policy_dir, out, adapter_dir),
+    )

@@ -14,16 +14,17 @@ scoring), time/dense_read_s (reading the rollout file), dense/tokens.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NONE
 
+from sparrow.data.rollouts import read_rollouts
+from sparrow.runtime.ledger.stage import StageInputError, StageOutcome, StageWrite, run_stage
 from sparrow.runtime.retry import INFRA_RETRIES
 from sparrow.runtime.run_runtime import RunRuntime, lookup, peak_memory
-from sparrow.runtime.ledger.stage import StageInputError, StageOutcome, StageWrite, run_stage
-from sparrow.data.rollouts import read_rollouts
 
 SCORES_FILE = "scores.parquet"
 SCORE_COLUMNS = ("dense_logprobs", "acceptance", "leftover_mass")
@@ -34,14 +35,18 @@ def write_scores(path: Path, records: Sequence[Any], scores: Sequence[Any]) -> N
     import pyarrow.parquet as pq
 
     floats = pa.list_(pa.float64())
-    columns = {"prompt_index": pa.array([r.prompt_index for r in records], pa.int32()),
-               "sample_index": pa.array([r.sample_index for r in records], pa.int32())}
+    columns = {
+        "prompt_index": pa.array([r.prompt_index for r in records], pa.int32()),
+        "sample_index": pa.array([r.sample_index for r in records], pa.int32()),
+    }
     for name in SCORE_COLUMNS:
         columns[name] = pa.array([getattr(s, name) for s in scores], floats)
     pq.write_table(pa.table(columns), path)
 
 
-def read_scores(path: str | Path, records: Sequence[Any] | None = None) -> dict[str, list[list[float]]]:
+def read_scores(
+    path: str | Path, records: Sequence[Any] | None = None
+) -> dict[str, list[list[float]]]:
     """Column name -> per-sample lists; checked against the rollout records when given."""
     import pyarrow.parquet as pq
 
@@ -54,7 +59,8 @@ def read_scores(path: str | Path, records: Sequence[Any] | None = None) -> dict[
             if len(values) != len(record.output_ids):
                 raise StageInputError(
                     f"{path}: sample ({record.prompt_index}, {record.sample_index}) has "
-                    f"{len(values)} scores for {len(record.output_ids)} generated tokens")
+                    f"{len(values)} scores for {len(record.output_ids)} generated tokens"
+                )
     return scores
 
 
@@ -69,13 +75,19 @@ def score_step(runtime: RunRuntime, step: int, rollouts_path: str, out: Path) ->
         seconds = time.perf_counter() - clock
     write_scores(out / SCORES_FILE, records, scores)
     tokens = sum(len(r.output_ids) for r in records)
-    return StageWrite(metrics={"dense/tokens": float(tokens), "time/dense_forward_s": seconds,
-                               "time/dense_read_s": read_seconds,
-                               **peak("memory/score_peak_gib")})
+    return StageWrite(
+        metrics={
+            "dense/tokens": float(tokens),
+            "time/dense_forward_s": seconds,
+            "time/dense_read_s": read_seconds,
+            **peak("memory/score_peak_gib"),
+        }
+    )
 
 
 @task(name="dense_score", cache_policy=NONE, **INFRA_RETRIES)
 def dense_score_task(workdir: str, run_id: str, step: int, rollouts_path: str) -> StageOutcome:
     runtime = lookup(workdir, run_id)
-    return run_stage(runtime, "dense_score", step,
-                     lambda out: score_step(runtime, step, rollouts_path, out))
+    return run_stage(
+        runtime, "dense_score", step, lambda out: score_step(runtime, step, rollouts_path, out)
+    )

@@ -25,16 +25,17 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+
 from prefect import task
 from prefect.cache_policies import NONE
 
+from sparrow.errors import SparrowError
+from sparrow.runtime.ledger.stage import StageInputError, StageOutcome, StageWrite, run_stage
 from sparrow.runtime.retry import INFRA_RETRIES
 from sparrow.runtime.run_runtime import DISTILL_CACHE as _CACHE
 from sparrow.runtime.run_runtime import RunRuntime, device_and_dtype, lookup, peak_memory
-from sparrow.runtime.ledger.stage import StageInputError, StageOutcome, StageWrite, run_stage
-from sparrow.errors import SparrowError
-from sparrow.storage.run_rows import stage_records
 from sparrow.stages.distill_switch import cheaper_candidate, write_measurement
+from sparrow.storage.run_rows import stage_records
 
 STAGE = "distill_lora"
 
@@ -45,8 +46,11 @@ class DistillNeedsSparseError(SparrowError):
 
 def adapter_folder_before(runtime: RunRuntime, step: int) -> str:
     """The newest recorded distill_lora folder before `step`, "" if none."""
-    folders = [r.output_dir for r in stage_records(runtime.store, runtime.run_id)
-               if r.stage == STAGE and r.step < step]
+    folders = [
+        r.output_dir
+        for r in stage_records(runtime.store, runtime.run_id)
+        if r.stage == STAGE and r.step < step
+    ]
     return folders[-1] if folders else ""
 
 
@@ -57,13 +61,13 @@ def _distiller_before(runtime: RunRuntime, step: int):
     setattr(runtime, _CACHE, None)
     group = runtime.trainer_before(step + 1) if runtime.cfg.trainer.num_workers else None
     # a group's distiller lives on its ranks: a restarted group starts one from the folder
-    if cached is not None and cached[0] == step - 1 \
-            and getattr(cached[1], "group", None) is group:
+    if cached is not None and cached[0] == step - 1 and getattr(cached[1], "group", None) is group:
         return cached[1]
     cfg = runtime.cfg
     device, dtype = device_and_dtype(cfg.model)
-    options = dict(temperature=cfg.rollout.temperature or 1.0,
-                   centroid_dtype=cfg.rollout.centroid_dtype)
+    options = dict(
+        temperature=cfg.rollout.temperature or 1.0, centroid_dtype=cfg.rollout.centroid_dtype
+    )
     folder = adapter_folder_before(runtime, step)
     if group is not None:  # the ranks' own distillers (sparrow/runtime/trainer_group/distill.py)
         from sparrow.runtime.trainer_group.distill import DistillSpec, GroupDistiller
@@ -71,8 +75,9 @@ def _distiller_before(runtime: RunRuntime, step: int):
         return GroupDistiller.start(group, DistillSpec(folder, cfg.pipeline.seed, **options))
     if folder:
         return SparseDistiller.load(folder, runtime.model_path, cfg.algo, device, dtype, **options)
-    return SparseDistiller(runtime.model_path, cfg.algo, device, dtype, cfg.pipeline.seed,
-                           **options)
+    return SparseDistiller(
+        runtime.model_path, cfg.algo, device, dtype, cfg.pipeline.seed, **options
+    )
 
 
 def _base_weights(runtime: RunRuntime, step: int, policy_dir: str):
@@ -87,37 +92,43 @@ def _base_weights(runtime: RunRuntime, step: int, policy_dir: str):
 
 def _inputs(rollout_dir: str, rewards_path: str, runtime: RunRuntime):
     from sparrow.data.rollouts import read_rollouts
-    from sparrow.trainer.distill import record_advantages
     from sparrow.sparse.io import schedule_from_dict
     from sparrow.stages.reward import read_rewards
     from sparrow.stages.rollout import ROLLOUTS_FILE, SCHEDULE_FILE
+    from sparrow.trainer.distill import record_advantages
 
     records = read_rollouts(Path(rollout_dir) / ROLLOUTS_FILE)
     used = json.loads((Path(rollout_dir) / SCHEDULE_FILE).read_text())
     if not used.get("sparse", True):
-        raise DistillNeedsSparseError("algo.distill.enabled needs sparse rollout "
-                                      "(schedule.sparse=true): the dense actor has no mismatch")
+        raise DistillNeedsSparseError(
+            "algo.distill.enabled needs sparse rollout "
+            "(schedule.sparse=true): the dense actor has no mismatch"
+        )
     schedule = schedule_from_dict(used["schedule"], f"{rollout_dir}/{SCHEDULE_FILE}")
     advantages = None
     if runtime.cfg.algo.distill.ppo_coef > 0:
         rewards = read_rewards(rewards_path)
         if len(rewards) != len(records):
-            raise StageInputError(f"{rewards_path} has {len(rewards)} rewards for "
-                                  f"{len(records)} rollouts")
-        advantages = record_advantages(records, rewards, runtime.cfg.rollout.samples_per_prompt,
-                                       runtime.cfg.algo)
+            raise StageInputError(
+                f"{rewards_path} has {len(rewards)} rewards for {len(records)} rollouts"
+            )
+        advantages = record_advantages(
+            records, rewards, runtime.cfg.rollout.samples_per_prompt, runtime.cfg.algo
+        )
     return records, schedule, advantages
 
 
-def distill_step(runtime: RunRuntime, step: int, rollout_dir: str, rewards_path: str,
-                 policy_dir: str, out: Path) -> StageWrite:
+def distill_step(
+    runtime: RunRuntime, step: int, rollout_dir: str, rewards_path: str, policy_dir: str, out: Path
+) -> StageWrite:
     settings = runtime.cfg.algo.distill
     due = step % settings.every == 0
     records, schedule, advantages = _inputs(rollout_dir, rewards_path, runtime)
     distiller = _distiller_before(runtime, step)  # out of the cache: mid-update from here on
     metrics: dict[str, float] = {"distill/due": float(due)}
-    cheaper = (cheaper_candidate(runtime.cfg, schedule)
-               if due and settings.switch_to_cheaper else None)
+    cheaper = (
+        cheaper_candidate(runtime.cfg, schedule) if due and settings.switch_to_cheaper else None
+    )
     if due:
         with peak_memory() as peak:
             clock = time.perf_counter()
@@ -127,8 +138,14 @@ def distill_step(runtime: RunRuntime, step: int, rollout_dir: str, rewards_path:
             metrics["time/distill_compute_s"] = time.perf_counter() - clock
         metrics.update(peak("memory/distill_peak_gib"))
     if cheaper is not None and "cheaper" in distiller.bin_stats:
-        write_measurement(out, step, schedule, cheaper, distiller.bin_stats["cheaper"],
-                          runtime.cfg.schedule.target_statistic)
+        write_measurement(
+            out,
+            step,
+            schedule,
+            cheaper,
+            distiller.bin_stats["cheaper"],
+            runtime.cfg.schedule.target_statistic,
+        )
     distiller.save(out)
 
     def after_commit(final: Path) -> None:
@@ -138,8 +155,13 @@ def distill_step(runtime: RunRuntime, step: int, rollout_dir: str, rewards_path:
 
 
 @task(name=STAGE, cache_policy=NONE, **INFRA_RETRIES)
-def distill_lora_task(workdir: str, run_id: str, step: int, rollout_dir: str, rewards_path: str,
-                      policy_dir: str) -> StageOutcome:
+def distill_lora_task(
+    workdir: str, run_id: str, step: int, rollout_dir: str, rewards_path: str, policy_dir: str
+) -> StageOutcome:
     runtime = lookup(workdir, run_id)
-    return run_stage(runtime, STAGE, step, lambda out: distill_step(
-        runtime, step, rollout_dir, rewards_path, policy_dir, out))
+    return run_stage(
+        runtime,
+        STAGE,
+        step,
+        lambda out: distill_step(runtime, step, rollout_dir, rewards_path, policy_dir, out),
+    )

@@ -47,16 +47,25 @@ def cheaper_candidate(cfg, schedule: Schedule) -> Schedule | None:
     return None if cheaper.topk_pages == schedule.topk_pages else cheaper
 
 
-def write_measurement(out: Path, step: int, schedule: Schedule, cheaper: Schedule, stats,
-                      statistic_name: str) -> Path:
+def write_measurement(
+    out: Path, step: int, schedule: Schedule, cheaper: Schedule, stats, statistic_name: str
+) -> Path:
     """cheaper.json: the schedules' top-k and the statistic per bin of `stats` (BinStats)."""
     statistic = get_statistic(statistic_name)
     values = {str(s.bin): float(statistic.oriented(getattr(s, statistic.column))) for s in stats}
     path = out / CHEAPER_FILE
-    path.write_text(json.dumps({"step": step, "statistic": statistic.name,
-                                "schedule_topk": list(schedule.topk_pages),
-                                "cheaper_topk": list(cheaper.topk_pages), "values": values},
-                               indent=2))
+    path.write_text(
+        json.dumps(
+            {
+                "step": step,
+                "statistic": statistic.name,
+                "schedule_topk": list(schedule.topk_pages),
+                "cheaper_topk": list(cheaper.topk_pages),
+                "values": values,
+            },
+            indent=2,
+        )
+    )
     return path
 
 
@@ -70,9 +79,14 @@ def read_measurements(runtime, step: int) -> list[CheaperMeasurement]:
             continue
         data = json.loads(path.read_text())
         if data["statistic"] == name:
-            out.append(CheaperMeasurement(
-                int(data["step"]), tuple(data["schedule_topk"]), tuple(data["cheaper_topk"]),
-                {int(b): float(v) for b, v in data["values"].items()}))
+            out.append(
+                CheaperMeasurement(
+                    int(data["step"]),
+                    tuple(data["schedule_topk"]),
+                    tuple(data["cheaper_topk"]),
+                    {int(b): float(v) for b, v in data["values"].items()},
+                )
+            )
     return out
 
 
@@ -81,5 +95,10 @@ def switch_for(runtime, step: int, schedule: Schedule, settings: ControlSettings
     distill = runtime.cfg.algo.distill
     if not (distill.enabled and distill.switch_to_cheaper):
         return None
-    return distill_switch(read_measurements(runtime, step), schedule, settings,
-                          distill.switch_patience, distill.switch_margin)
+    return distill_switch(
+        read_measurements(runtime, step),
+        schedule,
+        settings,
+        distill.switch_patience,
+        distill.switch_margin,
+    )

@@ -22,10 +22,10 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NONE
 
+from sparrow.data.reward_runner import score_completions
+from sparrow.runtime.ledger.stage import StageOutcome, StageWrite, run_stage
 from sparrow.runtime.retry import INFRA_RETRIES
 from sparrow.runtime.run_runtime import RunRuntime, lookup
-from sparrow.runtime.ledger.stage import StageOutcome, StageWrite, run_stage
-from sparrow.data.reward_runner import score_completions
 from sparrow.stages.rollout import sampling_params
 
 EVAL_FILE = "eval.json"
@@ -47,17 +47,39 @@ def evaluate_step(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
     results = runtime.pool.generate([list(row.prompt_ids) for row in rows], params)
     texts = [samples[0].text or "" for samples in results]
     data = runtime.cfg.data
-    batch = score_completions(data.reward, texts, [row.answer for row in rows],
-                              timeout_s=data.reward_timeout_s)
+    batch = score_completions(
+        data.reward, texts, [row.answer for row in rows], timeout_s=data.reward_timeout_s
+    )
     accuracy = float(np.mean(batch.rewards))
-    (out / EVAL_FILE).write_text(json.dumps({
-        "step": step, "dataset": data.eval, "temperature": temperature, "accuracy": accuracy,
-        "errors": batch.errors,
-        "rows": [{"row": row.row, "prompt": row.prompt, "answer": row.answer,
-                  "completion": text, "reward": reward}
-                 for row, text, reward in zip(rows, texts, batch.rewards)]}, indent=2))
-    return StageWrite(metrics={"eval/accuracy": accuracy, "eval/prompts": float(len(rows)),
-                               "eval/temperature": float(temperature)})
+    (out / EVAL_FILE).write_text(
+        json.dumps(
+            {
+                "step": step,
+                "dataset": data.eval,
+                "temperature": temperature,
+                "accuracy": accuracy,
+                "errors": batch.errors,
+                "rows": [
+                    {
+                        "row": row.row,
+                        "prompt": row.prompt,
+                        "answer": row.answer,
+                        "completion": text,
+                        "reward": reward,
+                    }
+                    for row, text, reward in zip(rows, texts, batch.rewards)
+                ],
+            },
+            indent=2,
+        )
+    )
+    return StageWrite(
+        metrics={
+            "eval/accuracy": accuracy,
+            "eval/prompts": float(len(rows)),
+            "eval/temperature": float(temperature),
+        }
+    )
 
 
 @task(name="evaluate", cache_policy=NONE, **INFRA_RETRIES)

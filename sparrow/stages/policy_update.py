@@ -14,24 +14,24 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import shutil
 import time
-import numbers
 from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NONE
 
+from sparrow.data.rollouts import read_rollouts
 from sparrow.runtime.ledger.retention import prune_policy_folders
+from sparrow.runtime.ledger.stage import StageInputError, StageOutcome, StageWrite, run_stage
 from sparrow.runtime.retry import INFRA_RETRIES
 from sparrow.runtime.run_runtime import STATE_POINTER, RunRuntime, lookup, peak_memory
-from sparrow.data.rollouts import read_rollouts
 from sparrow.stages.dense_score import read_scores
 from sparrow.stages.reward import read_rewards
 
 # the folder (beside the step's stage folders) a background save writes the trainer into
 POLICY_STATE = "policy_state"
-from sparrow.runtime.ledger.stage import StageInputError, StageOutcome, StageWrite, run_stage
 
 
 def numeric_metrics(metrics: dict) -> dict[str, float]:
@@ -45,20 +45,29 @@ def numeric_metrics(metrics: dict) -> dict[str, float]:
     return out
 
 
-def update_step(runtime: RunRuntime, step: int, rollouts_path: str, rewards_path: str,
-                scores_path: str, out: Path) -> StageWrite:
+def update_step(
+    runtime: RunRuntime,
+    step: int,
+    rollouts_path: str,
+    rewards_path: str,
+    scores_path: str,
+    out: Path,
+) -> StageWrite:
     records = read_rollouts(rollouts_path)
     rewards = read_rewards(rewards_path)
     if len(rewards) != len(records):
-        raise StageInputError(f"{rewards_path} has {len(rewards)} rewards for {len(records)} rollouts")
+        raise StageInputError(
+            f"{rewards_path} has {len(rewards)} rewards for {len(records)} rollouts"
+        )
     old_logprobs = read_scores(scores_path, records)["dense_logprobs"]
     trainer = runtime.trainer_before(step)
     # the in-memory trainer is mid-update from here on: a failure must not leave it in use
     runtime.set_trainer(None, -1)
     with peak_memory() as peak:
         clock = time.perf_counter()
-        metrics = trainer.update(records, rewards, old_logprobs,
-                                 runtime.cfg.rollout.samples_per_prompt)
+        metrics = trainer.update(
+            records, rewards, old_logprobs, runtime.cfg.rollout.samples_per_prompt
+        )
         metrics["time/update_compute_s"] = time.perf_counter() - clock
     trainer.free_gradients()
     clock = time.perf_counter()
@@ -73,6 +82,7 @@ def update_step(runtime: RunRuntime, step: int, rollouts_path: str, rewards_path
         trainer.save(out)
     metrics["time/update_save_s"] = time.perf_counter() - clock
     metrics.update(peak("memory/update_peak_gib"))
+
     def after_commit(final: Path) -> None:
         runtime.set_trainer(trainer, step)
         prune_policy_folders(runtime, step)
@@ -81,8 +91,13 @@ def update_step(runtime: RunRuntime, step: int, rollouts_path: str, rewards_path
 
 
 @task(name="policy_update", cache_policy=NONE, **INFRA_RETRIES)
-def policy_update_task(workdir: str, run_id: str, step: int, rollouts_path: str,
-                       rewards_path: str, scores_path: str) -> StageOutcome:
+def policy_update_task(
+    workdir: str, run_id: str, step: int, rollouts_path: str, rewards_path: str, scores_path: str
+) -> StageOutcome:
     runtime = lookup(workdir, run_id)
-    return run_stage(runtime, "policy_update", step, lambda out: update_step(
-        runtime, step, rollouts_path, rewards_path, scores_path, out))
+    return run_stage(
+        runtime,
+        "policy_update",
+        step,
+        lambda out: update_step(runtime, step, rollouts_path, rewards_path, scores_path, out),
+    )

@@ -39,11 +39,7 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NONE
 
-from sparrow.runtime.retry import INFRA_RETRIES
-from sparrow.runtime.run_runtime import RunRuntime, device_and_dtype, lookup
-from sparrow.runtime.ledger.schedules import insert_schedule, schedule_in_force
-from sparrow.runtime.ledger.stage import StageOutcome, StageWrite, run_stage
-from sparrow.control.calibration import Trajectory, topk_grid, measure_topk_pages
+from sparrow.control.calibration import Trajectory, measure_topk_pages, topk_grid
 from sparrow.control.controller import (
     Change,
     ControlSettings,
@@ -54,13 +50,17 @@ from sparrow.control.controller import (
 )
 from sparrow.control.grid_search import search_topk_pages
 from sparrow.data.rollouts import read_rollouts
+from sparrow.runtime.ledger.schedules import insert_schedule, schedule_in_force
+from sparrow.runtime.ledger.stage import StageOutcome, StageWrite, run_stage
+from sparrow.runtime.retry import INFRA_RETRIES
+from sparrow.runtime.run_runtime import RunRuntime, device_and_dtype, lookup
 from sparrow.sparse.io import save_schedule_yaml
 from sparrow.sparse.schedule import Schedule
 from sparrow.sparse.target import get_statistic
-from sparrow.storage.mismatch_rows import add_threshold_events, event_bins, statistic_history
-from sparrow.storage.schedule_rows import newest_version
 from sparrow.stages.distill_switch import EVENT_KIND, switch_for
 from sparrow.stages.rollout import ROLLOUTS_FILE
+from sparrow.storage.mismatch_rows import add_threshold_events, event_bins, statistic_history
+from sparrow.storage.schedule_rows import newest_version
 
 DECISION_FILE = "decision.json"
 GRID_TOP_KIND = "grid_top"
@@ -71,8 +71,12 @@ STAGE = "reoptimize_schedule"
 def settings_of(cfg) -> ControlSettings:
     """The controller's settings; its target on the statistic's higher-is-better axis."""
     target = get_statistic(cfg.schedule.target_statistic).oriented(cfg.schedule.target)
-    return ControlSettings(target=target, tolerance=cfg.calibrate.tolerance,
-                           patience=cfg.calibrate.patience, margin=cfg.calibrate.margin)
+    return ControlSettings(
+        target=target,
+        tolerance=cfg.calibrate.tolerance,
+        patience=cfg.calibrate.patience,
+        margin=cfg.calibrate.margin,
+    )
 
 
 def p5_history(runtime: RunRuntime, step: int) -> dict[int, dict[int, float]]:
@@ -89,8 +93,11 @@ def p5_history(runtime: RunRuntime, step: int) -> dict[int, dict[int, float]]:
 
 def step_trajectories(runtime: RunRuntime, step: int) -> list[Trajectory]:
     records = read_rollouts(runtime.layout.stage_dir(step, "rollout") / ROLLOUTS_FILE)
-    return [Trajectory(tuple(r.prompt_ids) + tuple(r.output_ids), len(r.prompt_ids))
-            for r in records if r.output_ids]
+    return [
+        Trajectory(tuple(r.prompt_ids) + tuple(r.output_ids), len(r.prompt_ids))
+        for r in records
+        if r.output_ids
+    ]
 
 
 def longest(trajectories: list[Trajectory], count: int) -> list[Trajectory]:
@@ -104,8 +111,9 @@ def longest(trajectories: list[Trajectory], count: int) -> list[Trajectory]:
     return [trajectories[i] for i in sorted(order[:count])]
 
 
-def remeasure(runtime: RunRuntime, step: int, schedule: Schedule,
-              decision: Decision) -> tuple[list[int], np.ndarray, list[int], int, list[int]]:
+def remeasure(
+    runtime: RunRuntime, step: int, schedule: Schedule, decision: Decision
+) -> tuple[list[int], np.ndarray, list[int], int, list[int]]:
     """(topk_pages, p5[topk index, bin], tokens per bin, trajectories replayed, the grid): the
     decision's bins, exact, on the longest calibrate.remeasure_samples of this step's
     trajectories, at the top-k values grid_search needs; "p5" is schedule.target_statistic,
@@ -116,8 +124,9 @@ def remeasure(runtime: RunRuntime, step: int, schedule: Schedule,
 
     cfg = runtime.cfg
     trajectories = longest(step_trajectories(runtime, step), cfg.calibrate.remeasure_samples)
-    grid = list(cfg.calibrate.topk_pages) or list(topk_grid(
-        -(-max(len(t.ids) for t in trajectories) // schedule.page_size)))
+    grid = list(cfg.calibrate.topk_pages) or list(
+        topk_grid(-(-max(len(t.ids) for t in trajectories) // schedule.page_size))
+    )
     statistic = get_statistic(cfg.schedule.target_statistic)
     tokens: list[int] = []
     models: list = []
@@ -125,55 +134,82 @@ def remeasure(runtime: RunRuntime, step: int, schedule: Schedule,
     def measure(topk_pages: list[int]) -> np.ndarray:
         if not models:  # loaded on the first probe: a bin at the grid's end needs none
             device, dtype = device_and_dtype(cfg.model)
-            models.append(load_model(runtime.policy_folder_before(step), getattr(torch, dtype),
-                                     device))
-        table = measure_topk_pages(models[0], trajectories, schedule, topk_pages,
-                                cfg.rollout.temperature or 1.0, num_bins=schedule.num_bins,
-                                bins=decision.raise_bins + decision.lower_bins,
-                                centroid_dtype=cfg.rollout.centroid_dtype)
+            models.append(
+                load_model(runtime.policy_folder_before(step), getattr(torch, dtype), device)
+            )
+        table = measure_topk_pages(
+            models[0],
+            trajectories,
+            schedule,
+            topk_pages,
+            cfg.rollout.temperature or 1.0,
+            num_bins=schedule.num_bins,
+            bins=decision.raise_bins + decision.lower_bins,
+            centroid_dtype=cfg.rollout.centroid_dtype,
+        )
         tokens[:] = [int(n) for n in table.tokens]
         return statistic.oriented(table.statistic(statistic.name))[:, : schedule.num_bins]
 
-    topk_pages, measured = search_topk_pages(schedule, decision, grid, measure,
-                                       settings_of(cfg).target)
+    topk_pages, measured = search_topk_pages(
+        schedule, decision, grid, measure, settings_of(cfg).target
+    )
     return topk_pages, measured, tokens, len(trajectories) if topk_pages else 0, grid
 
 
 def reoptimize(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
     cfg = runtime.cfg
-    schedule, version = schedule_in_force(runtime.store, runtime.run_id, runtime.schedule_name,
-                                          runtime.schedule_start_version, step)
+    schedule, version = schedule_in_force(
+        runtime.store, runtime.run_id, runtime.schedule_name, runtime.schedule_start_version, step
+    )
     every = cfg.pipeline.reoptimize_every
     decision, switch = Decision(step), None
     if cfg.schedule.sparse:
-        decision = decide(p5_history(runtime, step), step, schedule, settings_of(cfg),
-                          lowering_due=bool(every and step % every == 0))
+        decision = decide(
+            p5_history(runtime, step),
+            step,
+            schedule,
+            settings_of(cfg),
+            lowering_due=bool(every and step % every == 0),
+        )
         if not decision.raise_bins:  # a bin below target comes first
             switch = switch_for(runtime, step, schedule, settings_of(cfg))
     topk_pages, p5, changes, new, replayed, grid = [], np.zeros((0, 0)), [], schedule, 0, []
     if switch is not None:
         new, changes = switch
-        decision = Decision(step, reasons=("distill: the LoRA held the target on the cheaper "
-                                           "schedule",))
+        decision = Decision(
+            step, reasons=("distill: the LoRA held the target on the cheaper schedule",)
+        )
     elif decision.any:
         topk_pages, p5, tokens, replayed, grid = remeasure(runtime, step, schedule, decision)
-        new, changes = apply_measurement(schedule, decision, topk_pages, p5, settings_of(cfg),
-                                         tokens)
-    at_grid_top = [b for b in decision.raise_bins if switch is None
-                   and not candidate_topk_pages(schedule, b, grid, "raise")]
-    record = {"step": step, "schedule": schedule.name, "version": version,
-              "decision": asdict(decision), "topk_measured": topk_pages,
-              "at_grid_top": at_grid_top,
-              "p5": [[None if np.isnan(v) else float(v) for v in row] for row in p5],
-              "changes": [{**asdict(c), "p5": None if np.isnan(c.p5) else c.p5} for c in changes],
-              "topk_pages": list(new.topk_pages), "trajectories_replayed": replayed}
-    metrics = {"reoptimize/due": float(decision.any),
-               "reoptimize/raised": float(sum(c.kind == "raise" for c in changes)),
-               "reoptimize/lowered": float(sum(c.kind == "lower" for c in changes)),
-               "reoptimize/topk_measured": float(len(topk_pages)),
-               "reoptimize/trajectories_replayed": float(replayed),
-               "reoptimize/distill_switch": float(switch is not None),
-               "reoptimize/bins_at_grid_top": float(len(at_grid_top))}
+        new, changes = apply_measurement(
+            schedule, decision, topk_pages, p5, settings_of(cfg), tokens
+        )
+    at_grid_top = [
+        b
+        for b in decision.raise_bins
+        if switch is None and not candidate_topk_pages(schedule, b, grid, "raise")
+    ]
+    record = {
+        "step": step,
+        "schedule": schedule.name,
+        "version": version,
+        "decision": asdict(decision),
+        "topk_measured": topk_pages,
+        "at_grid_top": at_grid_top,
+        "p5": [[None if np.isnan(v) else float(v) for v in row] for row in p5],
+        "changes": [{**asdict(c), "p5": None if np.isnan(c.p5) else c.p5} for c in changes],
+        "topk_pages": list(new.topk_pages),
+        "trajectories_replayed": replayed,
+    }
+    metrics = {
+        "reoptimize/due": float(decision.any),
+        "reoptimize/raised": float(sum(c.kind == "raise" for c in changes)),
+        "reoptimize/lowered": float(sum(c.kind == "lower" for c in changes)),
+        "reoptimize/topk_measured": float(len(topk_pages)),
+        "reoptimize/trajectories_replayed": float(replayed),
+        "reoptimize/distill_switch": float(switch is not None),
+        "reoptimize/bins_at_grid_top": float(len(at_grid_top)),
+    }
     if not changes:
         (out / DECISION_FILE).write_text(json.dumps(record, indent=2))
         write = StageWrite(metrics=metrics)
@@ -182,8 +218,9 @@ def reoptimize(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
     return _with_grid_top(runtime, step, schedule, at_grid_top, write)
 
 
-def _with_grid_top(runtime: RunRuntime, step: int, schedule: Schedule, bins: list[int],
-                   write: StageWrite) -> StageWrite:
+def _with_grid_top(
+    runtime: RunRuntime, step: int, schedule: Schedule, bins: list[int], write: StageWrite
+) -> StageWrite:
     """The stage's write plus, for bins at the grid's top for the first time in the run, a
     grid_top event and an MLflow tag."""
     if not bins:
@@ -200,8 +237,9 @@ def _with_grid_top(runtime: RunRuntime, step: int, schedule: Schedule, bins: lis
     def db(conn) -> None:
         if db_before is not None:
             db_before(conn)
-        add_threshold_events(conn, runtime.run_id, step, [
-            (b, GRID_TOP_KIND, p5_now.get(b), target) for b in first])
+        add_threshold_events(
+            conn, runtime.run_id, step, [(b, GRID_TOP_KIND, p5_now.get(b), target) for b in first]
+        )
 
     def after_commit(final: Path) -> None:
         if after_before is not None:
@@ -212,17 +250,25 @@ def _with_grid_top(runtime: RunRuntime, step: int, schedule: Schedule, bins: lis
         for b in first:
             p5 = p5_now.get(b)
             tracker.client.set_tag(
-                tracker.mlflow_run_id, f"schedule.grid_top.bin{b}",
+                tracker.mlflow_run_id,
+                f"schedule.grid_top.bin{b}",
                 f"step {step}: {runtime.cfg.schedule.target_statistic} "
                 f"{'?' if p5 is None else f'{p5:.4f}'} < target {target} at "
-                f"{schedule.topk_pages[min(b, schedule.num_bins - 1)]} pages, the grid's largest")
+                f"{schedule.topk_pages[min(b, schedule.num_bins - 1)]} pages, the grid's largest",
+            )
 
     return StageWrite(metrics=write.metrics, db=db, after_commit=after_commit)
 
 
-
-def _new_version(runtime: RunRuntime, step: int, out: Path, new: Schedule, changes: list[Change],
-                 record: dict, metrics: dict) -> StageWrite:
+def _new_version(
+    runtime: RunRuntime,
+    step: int,
+    out: Path,
+    new: Schedule,
+    changes: list[Change],
+    record: dict,
+    metrics: dict,
+) -> StageWrite:
     with runtime.store.connect() as conn:
         version = (newest_version(conn, new.name) or 0) + 1
     save_schedule_yaml(new, out / SCHEDULE_FILE)
@@ -237,19 +283,27 @@ def _new_version(runtime: RunRuntime, step: int, out: Path, new: Schedule, chang
     def db(conn) -> None:
         insert_schedule(conn, new, version, runtime.run_id, step, reason, str(final_yaml))
         # one event per bin, as the threshold crossings are recorded
-        add_threshold_events(conn, runtime.run_id, step, [
-            (c.bin, EVENT_KIND, None if np.isnan(c.p5) else c.p5, target) for c in switched])
+        add_threshold_events(
+            conn,
+            runtime.run_id,
+            step,
+            [(c.bin, EVENT_KIND, None if np.isnan(c.p5) else c.p5, target) for c in switched],
+        )
 
     def after_commit(final: Path) -> None:
         tracker = runtime.tracker
         if tracker is None:
             return
         tracker.log_schedule(new, version, step)
-        tracker.client.set_tag(tracker.mlflow_run_id, f"schedule.change.step{step}",
-                               f"v{version}: {reason}")
+        tracker.client.set_tag(
+            tracker.mlflow_run_id, f"schedule.change.step{step}", f"v{version}: {reason}"
+        )
         if switched:
-            tracker.client.set_tag(tracker.mlflow_run_id, f"distill.switch.step{step}",
-                                   f"v{version}: {list(new.topk_pages)}")
+            tracker.client.set_tag(
+                tracker.mlflow_run_id,
+                f"distill.switch.step{step}",
+                f"v{version}: {list(new.topk_pages)}",
+            )
 
     metrics["reoptimize/new_version"] = float(version)
     return StageWrite(metrics=metrics, db=db, after_commit=after_commit)

@@ -23,12 +23,12 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NONE
 
-from sparrow.runtime.retry import INFRA_RETRIES
-from sparrow.runtime.run_runtime import RunRuntime, lookup
-from sparrow.runtime.ledger.stage import StageOutcome, StageWrite, run_stage
 from sparrow.data.reward_runner import score_completions
 from sparrow.data.rollouts import read_rollouts
 from sparrow.errors import SparrowError
+from sparrow.runtime.ledger.stage import StageOutcome, StageWrite, run_stage
+from sparrow.runtime.retry import INFRA_RETRIES
+from sparrow.runtime.run_runtime import RunRuntime, lookup
 
 REWARDS_FILE = "rewards.parquet"
 SUMMARY_FILE = "summary.json"
@@ -38,14 +38,19 @@ class RewardErrorsError(SparrowError):
     """Too many of a step's reward calls raised (data.reward_max_error_share)."""
 
 
-def write_rewards(path: Path, prompt_index: list[int], sample_index: list[int],
-                  rewards: list[float]) -> None:
+def write_rewards(
+    path: Path, prompt_index: list[int], sample_index: list[int], rewards: list[float]
+) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pa.table({"prompt_index": pa.array(prompt_index, pa.int32()),
-                      "sample_index": pa.array(sample_index, pa.int32()),
-                      "reward": pa.array(rewards, pa.float64())})
+    table = pa.table(
+        {
+            "prompt_index": pa.array(prompt_index, pa.int32()),
+            "sample_index": pa.array(sample_index, pa.int32()),
+            "reward": pa.array(rewards, pa.float64()),
+        }
+    )
     pq.write_table(table, path)
 
 
@@ -58,22 +63,41 @@ def read_rewards(path: str | Path) -> list[float]:
 def score_rollouts(runtime: RunRuntime, rollouts_path: str, out: Path) -> StageWrite:
     data = runtime.cfg.data
     records = read_rollouts(rollouts_path)
-    batch = score_completions(data.reward, [r.text for r in records], [r.answer for r in records],
-                              timeout_s=data.reward_timeout_s)
-    write_rewards(out / REWARDS_FILE, [r.prompt_index for r in records],
-                  [r.sample_index for r in records], batch.rewards)
-    (out / SUMMARY_FILE).write_text(json.dumps(
-        {"reward": data.reward, "samples": len(records), "errors": batch.errors,
-         "timeouts": batch.timeouts, "first_error": batch.first_error,
-         "first_traceback": batch.first_traceback}, indent=2))
+    batch = score_completions(
+        data.reward,
+        [r.text for r in records],
+        [r.answer for r in records],
+        timeout_s=data.reward_timeout_s,
+    )
+    write_rewards(
+        out / REWARDS_FILE,
+        [r.prompt_index for r in records],
+        [r.sample_index for r in records],
+        batch.rewards,
+    )
+    (out / SUMMARY_FILE).write_text(
+        json.dumps(
+            {
+                "reward": data.reward,
+                "samples": len(records),
+                "errors": batch.errors,
+                "timeouts": batch.timeouts,
+                "first_error": batch.first_error,
+                "first_traceback": batch.first_traceback,
+            },
+            indent=2,
+        )
+    )
     check_error_share(data.reward, batch, len(records), data.reward_max_error_share)
     rewards = np.asarray(batch.rewards, dtype=np.float64)
-    return StageWrite(metrics={
-        "reward/mean": float(rewards.mean()) if rewards.size else float("nan"),
-        "reward/std": float(rewards.std()) if rewards.size else float("nan"),
-        "reward/errors": float(batch.errors),
-        "reward/timeouts": float(batch.timeouts),
-    })
+    return StageWrite(
+        metrics={
+            "reward/mean": float(rewards.mean()) if rewards.size else float("nan"),
+            "reward/std": float(rewards.std()) if rewards.size else float("nan"),
+            "reward/errors": float(batch.errors),
+            "reward/timeouts": float(batch.timeouts),
+        }
+    )
 
 
 def check_error_share(name: str, batch, samples: int, max_share: float) -> None:
@@ -84,11 +108,13 @@ def check_error_share(name: str, batch, samples: int, max_share: float) -> None:
         f"reward function {name!r} raised on {batch.errors} of {samples} samples, more than "
         f"data.reward_max_error_share={max_share:g} of them; each scored 0. Fix the function "
         f"(or raise data.reward_max_error_share) and resume. The first sample that raised:\n"
-        f"{(batch.first_traceback or batch.first_error or '').rstrip()}")
+        f"{(batch.first_traceback or batch.first_error or '').rstrip()}"
+    )
 
 
 @task(name="reward", cache_policy=NONE, **INFRA_RETRIES)
 def reward_task(workdir: str, run_id: str, step: int, rollouts_path: str) -> StageOutcome:
     runtime = lookup(workdir, run_id)
-    return run_stage(runtime, "reward", step,
-                     lambda out: score_rollouts(runtime, rollouts_path, out))
+    return run_stage(
+        runtime, "reward", step, lambda out: score_rollouts(runtime, rollouts_path, out)
+    )

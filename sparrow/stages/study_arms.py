@@ -48,8 +48,14 @@ from sparrow.storage.schedule_rows import newest_schedule
 from sparrow.storage.study_rows import replace_study_arms, run_finished_through
 
 # what every arm of a study shares (checked on the resolved configs)
-SHARED_KEYS = ("model.path", "pipeline.workdir", "pipeline.seed", "rollout.seed", "data.train",
-               "ray.address")
+SHARED_KEYS = (
+    "model.path",
+    "pipeline.workdir",
+    "pipeline.seed",
+    "rollout.seed",
+    "data.train",
+    "ray.address",
+)
 # how long planning waits for the study's workdir while another arm's process plans
 PLAN_WAIT_S = 120.0
 
@@ -78,22 +84,30 @@ def _stored_schedule(conn, name: str) -> tuple[Schedule, int] | None:
     return schedule_from_dict(data, source=f"schedules row ({name}, v{version})"), version
 
 
-def pin_schedule(conn, study: StudyConfig, study_id: str, arm: StudyArm,
-                 cfg: SparrowConfig) -> Path:
+def pin_schedule(
+    conn, study: StudyConfig, study_id: str, arm: StudyArm, cfg: SparrowConfig
+) -> Path:
     """The arm's schedule file (written on the arm's first planning, reused after)."""
     path = study_dir(cfg.pipeline.workdir, study_id) / "schedules" / f"{arm.name}.yaml"
     if path.is_file():
         return path
     stored = _stored_schedule(conn, cfg.schedule.name)
-    base, source = ((stored[0], f"{stored[0].name} v{stored[1]}") if stored else
-                    (resolve_schedule(cfg.schedule.name), cfg.schedule.name))
+    base, source = (
+        (stored[0], f"{stored[0].name} v{stored[1]}")
+        if stored
+        else (resolve_schedule(cfg.schedule.name), cfg.schedule.name)
+    )
     topk_pages = base.topk_pages
     if arm.fixed_budget:
         topk_pages = (study.fixed_topk_pages,) * base.num_bins
         source += f", flat at {study.fixed_topk_pages} pages"
-    pinned = dataclasses.replace(base, name=f"{study_id}-{arm.name}", topk_pages=topk_pages,
-                                 target=cfg.schedule.target,
-                                 description=f"study {study_id}, arm {arm.name}: {source}")
+    pinned = dataclasses.replace(
+        base,
+        name=f"{study_id}-{arm.name}",
+        topk_pages=topk_pages,
+        target=cfg.schedule.target,
+        description=f"study {study_id}, arm {arm.name}: {source}",
+    )
     return save_schedule_yaml(pinned, path)
 
 
@@ -102,23 +116,29 @@ def arm_finished(conn, run_id: str, steps: int) -> bool:
     return run_status(conn, run_id) == "finished" and (last or 0) >= steps
 
 
-def arm_config(study: StudyConfig, arm: StudyArm, overrides: list[str],
-               base: SparrowConfig) -> tuple[list[str], SparrowConfig]:
+def arm_config(
+    study: StudyConfig, arm: StudyArm, overrides: list[str], base: SparrowConfig
+) -> tuple[list[str], SparrowConfig]:
     arm_overrides = [*study.common, *overrides, *arm.overrides]
     cfg = load_config(arm_overrides)
     if cfg.pipeline.run_id:
-        raise ConfigError(f"arm {arm.name!r}: pipeline.run_id is set by the study "
-                          f"(<study_id>-<arm>); leave it out")
+        raise ConfigError(
+            f"arm {arm.name!r}: pipeline.run_id is set by the study "
+            f"(<study_id>-<arm>); leave it out"
+        )
     for key in SHARED_KEYS:
         if _value(cfg, key) != _value(base, key):
-            raise ConfigError(f"arm {arm.name!r} changes {key} ({_value(base, key)!r} -> "
-                              f"{_value(cfg, key)!r}); a study's arms share model, data, seeds "
-                              f"and workdir: set it in `common` or on the command line")
+            raise ConfigError(
+                f"arm {arm.name!r} changes {key} ({_value(base, key)!r} -> "
+                f"{_value(cfg, key)!r}); a study's arms share model, data, seeds "
+                f"and workdir: set it in `common` or on the command line"
+            )
     return arm_overrides, cfg
 
 
-def plan_study(study_id: str, study_spec: str, study_overrides: list[str],
-               overrides: list[str]) -> list[dict]:
+def plan_study(
+    study_id: str, study_spec: str, study_overrides: list[str], overrides: list[str]
+) -> list[dict]:
     """One plan per arm: {arm, index, run_id, overrides, finished, workdir, arm_workdir,
     ray_address}."""
     check_study_id(study_id)
@@ -139,10 +159,18 @@ def plan_study(study_id: str, study_spec: str, study_overrides: list[str],
                     finished = run_finished_through(own, run_id, cfg.pipeline.steps)
                 else:
                     finished = arm_finished(conn, run_id, cfg.pipeline.steps)
-                plans.append({"arm": arm.name, "index": index, "run_id": run_id,
-                              "overrides": full, "workdir": base.pipeline.workdir,
-                              "arm_workdir": str(arm_workdir(full, base.pipeline.workdir)),
-                              "ray_address": base.ray.address, "finished": finished})
+                plans.append(
+                    {
+                        "arm": arm.name,
+                        "index": index,
+                        "run_id": run_id,
+                        "overrides": full,
+                        "workdir": base.pipeline.workdir,
+                        "arm_workdir": str(arm_workdir(full, base.pipeline.workdir)),
+                        "ray_address": base.ray.address,
+                        "finished": finished,
+                    }
+                )
             record_arms(conn, study_id, plans, study_yaml(study))
     finally:
         store.close()
@@ -155,6 +183,7 @@ def record_arms(conn, study_id: str, plans: list[dict], definition: str) -> None
 
 
 @task(name="plan_study", cache_policy=NONE)
-def plan_study_task(study_id: str, study_spec: str, study_overrides: list[str],
-                    overrides: list[str]) -> list[dict]:
+def plan_study_task(
+    study_id: str, study_spec: str, study_overrides: list[str], overrides: list[str]
+) -> list[dict]:
     return plan_study(study_id, study_spec, list(study_overrides), list(overrides))

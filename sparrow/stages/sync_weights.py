@@ -21,15 +21,16 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NONE
 
+from sparrow.runtime.ledger.stage import StageInputError, StageOutcome, StageWrite, run_stage
 from sparrow.runtime.retry import INFRA_RETRIES
 from sparrow.runtime.run_runtime import RunRuntime, lookup
-from sparrow.runtime.ledger.stage import StageInputError, StageOutcome, StageWrite, run_stage
 
 SYNCED_FILE = "synced.json"
 
 
-def sync(runtime: RunRuntime, step: int, policy_dir: str, out: Path,
-         adapter_dir: str = "") -> StageWrite:
+def sync(
+    runtime: RunRuntime, step: int, policy_dir: str, out: Path, adapter_dir: str = ""
+) -> StageWrite:
     clock = time.perf_counter()
     trainer = runtime.trainer_after(step)
     if runtime.cfg.trainer.num_workers and trainer is not None:
@@ -42,8 +43,11 @@ def sync(runtime: RunRuntime, step: int, policy_dir: str, out: Path,
         raise StageInputError(f"policy folder {policy_dir} holds no checkpoint (config.json)")
     if colocated:
         # colocated: the engines copy the trainer's weights GPU to GPU (CUDA IPC)
-        shared = (trainer.shared_weights(_engine_dtype(runtime)) if not adapter_dir
-                  else _merged_shared(trainer, adapter_dir, _engine_dtype(runtime)))
+        shared = (
+            trainer.shared_weights(_engine_dtype(runtime))
+            if not adapter_dir
+            else _merged_shared(trainer, adapter_dir, _engine_dtype(runtime))
+        )
         try:
             modes = runtime.pool.load_shared(shared.message(), policy_dir, adapter_dir)
         finally:
@@ -52,33 +56,63 @@ def sync(runtime: RunRuntime, step: int, policy_dir: str, out: Path,
         runtime.pool.load_weights(policy_dir, adapter_dir)
         modes = ["folder"] * len(runtime.pool.actors)
     seconds = time.perf_counter() - clock
-    (out / SYNCED_FILE).write_text(json.dumps(
-        {"weights_path": policy_dir, "adapter_path": adapter_dir, "modes": modes, "seconds": seconds,
-         "actors": runtime.pool.info()}, indent=2))
-    return StageWrite(metrics={"sync/actors": float(len(modes)), "time/sync_copy_s": seconds,
-                               "sync/ipc_actors": float(modes.count("ipc"))})
+    (out / SYNCED_FILE).write_text(
+        json.dumps(
+            {
+                "weights_path": policy_dir,
+                "adapter_path": adapter_dir,
+                "modes": modes,
+                "seconds": seconds,
+                "actors": runtime.pool.info(),
+            },
+            indent=2,
+        )
+    )
+    return StageWrite(
+        metrics={
+            "sync/actors": float(len(modes)),
+            "time/sync_copy_s": seconds,
+            "sync/ipc_actors": float(modes.count("ipc")),
+        }
+    )
 
 
-def _sync_group(runtime: RunRuntime, group, policy_dir: str, out: Path,
-                clock: float, adapter_dir: str = "") -> StageWrite:
+def _sync_group(
+    runtime: RunRuntime, group, policy_dir: str, out: Path, clock: float, adapter_dir: str = ""
+) -> StageWrite:
     """A trainer group's weights (merged with the adapter, if any, on rank 0) to every actor:
     CUDA IPC on rank 0's GPU, a bucketed broadcast to the others (sparrow/runtime/rollout/weight_sync.py);
     the folders are what replacements load. synced.json's phases: the sync's breakdown."""
     from sparrow.runtime.rollout.weight_sync import sync_group_to_pool
 
     policy_dir = str(runtime.policy_state(policy_dir, wait=False))
-    modes = sync_group_to_pool(group, runtime.pool, policy_dir,
-                               runtime.cfg.trainer.sync_bucket_mib << 20, adapter_dir)
+    modes = sync_group_to_pool(
+        group, runtime.pool, policy_dir, runtime.cfg.trainer.sync_bucket_mib << 20, adapter_dir
+    )
     seconds = time.perf_counter() - clock
     phases = dict(group.last_sync)
-    (out / SYNCED_FILE).write_text(json.dumps(
-        {"weights_path": policy_dir, "adapter_path": adapter_dir, "modes": modes,
-         "seconds": seconds, "phases": phases,
-         "actors": runtime.pool.info()}, indent=2))
-    return StageWrite(metrics={"sync/actors": float(len(modes)), "time/sync_copy_s": seconds,
-                               "time/sync_gather_s": float(phases.get("gather_s", 0.0)),
-                               "time/sync_transfer_s": float(phases.get("transfer_s", 0.0)),
-                               "sync/ipc_actors": float(modes.count("ipc"))})
+    (out / SYNCED_FILE).write_text(
+        json.dumps(
+            {
+                "weights_path": policy_dir,
+                "adapter_path": adapter_dir,
+                "modes": modes,
+                "seconds": seconds,
+                "phases": phases,
+                "actors": runtime.pool.info(),
+            },
+            indent=2,
+        )
+    )
+    return StageWrite(
+        metrics={
+            "sync/actors": float(len(modes)),
+            "time/sync_copy_s": seconds,
+            "time/sync_gather_s": float(phases.get("gather_s", 0.0)),
+            "time/sync_transfer_s": float(phases.get("transfer_s", 0.0)),
+            "sync/ipc_actors": float(modes.count("ipc")),
+        }
+    )
 
 
 def _merged_shared(trainer, adapter_dir: str, dtype):
@@ -98,8 +132,10 @@ def _engine_dtype(runtime: RunRuntime):
 
 
 @task(name="sync_weights", cache_policy=NONE, **INFRA_RETRIES)
-def sync_weights_task(workdir: str, run_id: str, step: int, policy_dir: str,
-                      adapter_dir: str = "") -> StageOutcome:
+def sync_weights_task(
+    workdir: str, run_id: str, step: int, policy_dir: str, adapter_dir: str = ""
+) -> StageOutcome:
     runtime = lookup(workdir, run_id)
-    return run_stage(runtime, "sync_weights", step,
-                     lambda out: sync(runtime, step, policy_dir, out, adapter_dir))
+    return run_stage(
+        runtime, "sync_weights", step, lambda out: sync(runtime, step, policy_dir, out, adapter_dir)
+    )

@@ -11,11 +11,11 @@ calibration), mismatch_rows (bin_stats, threshold_events), study_rows (study_arm
 study's report), report_rows (a run's report). Callers hold a transaction, never SQL.
 """
 
-from sparrow.storage.errors import StorageError, WorkdirBusyError, QueryRefusedError
+from sparrow.storage.errors import QueryRefusedError, StorageError, WorkdirBusyError
 from sparrow.storage.layout import RunLayout, atomic_dir, atomic_file
 from sparrow.storage.query import QueryResult, query, query_all
-from sparrow.storage.token_files import DamagedFileWarning, find_token_files
 from sparrow.storage.store import Store
+from sparrow.storage.token_files import DamagedFileWarning, find_token_files
 
 __all__ = [
     "DamagedFileWarning",

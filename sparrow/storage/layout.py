@@ -16,10 +16,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 DB_FILENAME = "sparrow.duckdb"
 _SCRATCH = re.compile(r"^\..+\.tmp-(\d+)$")

@@ -12,12 +12,28 @@ leaves exactly one copy of them.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 # bin_stats columns after (run_id, step), as a step's rows give them
-BIN_COLUMNS = ("bin", "n", "mean", "p1", "p5", "p10", "p50", "beta_a", "beta_b", "beta_var",
-               "ks", "pages_read", "schedule_name", "schedule_version", "min",
-               "share_below_half")
+BIN_COLUMNS = (
+    "bin",
+    "n",
+    "mean",
+    "p1",
+    "p5",
+    "p10",
+    "p50",
+    "beta_a",
+    "beta_b",
+    "beta_var",
+    "ks",
+    "pages_read",
+    "schedule_name",
+    "schedule_version",
+    "min",
+    "share_below_half",
+)
 # statistics a caller may ask the history of (a column name is put into SQL: never user text)
 STATISTIC_COLUMNS = ("mean", "p1", "p5", "p10", "p50", "min", "share_below_half")
 
@@ -28,47 +44,72 @@ def replace_bin_stats(conn, run_id: str, step: int, rows: Sequence[Mapping[str, 
         conn.execute(
             f"INSERT INTO bin_stats (run_id, step, {', '.join(BIN_COLUMNS)}) VALUES "
             f"({', '.join('?' * (2 + len(BIN_COLUMNS)))})",
-            [run_id, step, *(row[c] for c in BIN_COLUMNS)])
+            [run_id, step, *(row[c] for c in BIN_COLUMNS)],
+        )
 
 
 def below_target_bins(conn, run_id: str, step: int) -> set[int]:
     """The bins that recorded a below_target event at `step`."""
-    return {int(b) for (b,) in conn.execute(
-        "SELECT bin FROM threshold_events WHERE run_id = ? AND step = ? AND kind = "
-        "'below_target'", [run_id, step]).fetchall()}
+    return {
+        int(b)
+        for (b,) in conn.execute(
+            "SELECT bin FROM threshold_events WHERE run_id = ? AND step = ? AND kind = "
+            "'below_target'",
+            [run_id, step],
+        ).fetchall()
+    }
 
 
 def event_bins(conn, run_id: str, kind: str, before_step: int) -> set[int]:
     """The bins that recorded an event of `kind` at a step before `before_step`."""
-    return {int(b) for (b,) in conn.execute(
-        "SELECT DISTINCT bin FROM threshold_events WHERE run_id = ? AND kind = ? AND step < ?",
-        [run_id, kind, before_step]).fetchall()}
+    return {
+        int(b)
+        for (b,) in conn.execute(
+            "SELECT DISTINCT bin FROM threshold_events WHERE run_id = ? AND kind = ? AND step < ?",
+            [run_id, kind, before_step],
+        ).fetchall()
+    }
 
 
-def replace_threshold_events(conn, run_id: str, step: int,
-                             events: Sequence[tuple[int, str, float, float]]) -> None:
+def replace_threshold_events(
+    conn, run_id: str, step: int, events: Sequence[tuple[int, str, float, float]]
+) -> None:
     """One step's events, each (bin, kind, p5, target); kind is below_target or recovered.
     Only those two kinds are replaced: reoptimize_schedule records distill_switch events."""
-    conn.execute("DELETE FROM threshold_events WHERE run_id = ? AND step = ? AND kind IN "
-                 "('below_target', 'recovered')", [run_id, step])
+    conn.execute(
+        "DELETE FROM threshold_events WHERE run_id = ? AND step = ? AND kind IN "
+        "('below_target', 'recovered')",
+        [run_id, step],
+    )
     for b, kind, p5, target in events:
-        conn.execute("INSERT INTO threshold_events (run_id, step, bin, kind, p5, target) "
-                     "VALUES (?, ?, ?, ?, ?, ?)", [run_id, step, b, kind, p5, target])
+        conn.execute(
+            "INSERT INTO threshold_events (run_id, step, bin, kind, p5, target) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            [run_id, step, b, kind, p5, target],
+        )
 
 
-def statistic_history(conn, run_id: str, column: str,
-                      up_to_step: int) -> list[tuple[int, int, float]]:
+def statistic_history(
+    conn, run_id: str, column: str, up_to_step: int
+) -> list[tuple[int, int, float]]:
     """(step, bin, value) of one bin_stats statistic up to a step, NULLs left out."""
     if column not in STATISTIC_COLUMNS:
         raise ValueError(f"not a bin_stats statistic: {column!r}; one of {STATISTIC_COLUMNS}")
-    rows = conn.execute(f"SELECT step, bin, {column} FROM bin_stats WHERE run_id = ? AND "
-                        f"step <= ? AND {column} IS NOT NULL", [run_id, up_to_step]).fetchall()
+    rows = conn.execute(
+        f"SELECT step, bin, {column} FROM bin_stats WHERE run_id = ? AND "
+        f"step <= ? AND {column} IS NOT NULL",
+        [run_id, up_to_step],
+    ).fetchall()
     return [(int(s), int(b), float(v)) for s, b, v in rows]
 
 
-def add_threshold_events(conn, run_id: str, step: int,
-                         events: Sequence[tuple[int, str, float | None, float]]) -> None:
+def add_threshold_events(
+    conn, run_id: str, step: int, events: Sequence[tuple[int, str, float | None, float]]
+) -> None:
     """Events (bin, kind, p5, target) added beside the step's others (distill_switch)."""
     for b, kind, p5, target in events:
-        conn.execute("INSERT INTO threshold_events (run_id, step, bin, kind, p5, target) "
-                     "VALUES (?, ?, ?, ?, ?, ?)", [run_id, step, b, kind, p5, target])
+        conn.execute(
+            "INSERT INTO threshold_events (run_id, step, bin, kind, p5, target) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            [run_id, step, b, kind, p5, target],
+        )

@@ -15,9 +15,10 @@ are left out with a warning (sparrow.storage.token_files).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import duckdb
 
@@ -70,13 +71,15 @@ def query(workdir: str | Path, sql: str, params: Sequence[Any] | None = None) ->
     """Run one read-only statement against the workdir's DuckDB file; its rows."""
     statements = check_read_only(sql)
     if len(statements) > 1:
-        raise StorageError(f"query() runs one statement, got {len(statements)}; "
-                           f"use query_all() for several")
+        raise StorageError(
+            f"query() runs one statement, got {len(statements)}; use query_all() for several"
+        )
     return query_all(workdir, sql, params)[0]
 
 
-def query_all(workdir: str | Path, sql: str,
-              params: Sequence[Any] | None = None) -> list[QueryResult]:
+def query_all(
+    workdir: str | Path, sql: str, params: Sequence[Any] | None = None
+) -> list[QueryResult]:
     """Run every read-only statement of `sql` in order; one result per statement."""
     statements = check_read_only(sql)
     if params and len(statements) > 1:
@@ -88,7 +91,9 @@ def query_all(workdir: str | Path, sql: str,
             cursor = conn.execute(statement, params or None)
             columns = [d[0] for d in cursor.description] if cursor.description else []
             rows = cursor.fetchall() if columns else []
-            results.append(QueryResult(columns, rows, statement.strip().rstrip(";").strip(), damaged))
+            results.append(
+                QueryResult(columns, rows, statement.strip().rstrip(";").strip(), damaged)
+            )
         return results
     except duckdb.Error as err:
         raise StorageError(f"query failed: {err}") from None
@@ -105,8 +110,11 @@ def _open_sandboxed(workdir: str | Path) -> tuple[duckdb.DuckDBPyConnection, tup
     files = find_token_files(workdir)
     conn = _connect_with_retry(path, read_only=True)
     try:
-        conn.execute(token_view_sql([str(p) for p in files.readable],
-                                    frozenset(str(p) for p in files.old_columns)))
+        conn.execute(
+            token_view_sql(
+                [str(p) for p in files.readable], frozenset(str(p) for p in files.old_columns)
+            )
+        )
         # allowed_directories can only be set once the database is open, before access is cut
         runs = str(Path(workdir).resolve() / "runs") + "/"
         conn.execute("SET allowed_directories = ?", [[runs]])

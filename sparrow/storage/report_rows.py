@@ -18,8 +18,16 @@ from sparrow.storage.query import query
 from sparrow.storage.schema import renamed_row
 
 # the bin_stats columns a report reads
-BIN_REPORT_COLUMNS = ("step", "bin", "n", "mean", "p5", "pages_read", "schedule_name",
-                      "schedule_version")
+BIN_REPORT_COLUMNS = (
+    "step",
+    "bin",
+    "n",
+    "mean",
+    "p5",
+    "pages_read",
+    "schedule_name",
+    "schedule_version",
+)
 
 
 def _rows(workdir, sql: str, params: list | None = None) -> list[dict[str, Any]]:
@@ -38,22 +46,40 @@ def run_tables(workdir: str | Path, run_id: str) -> dict[str, list[dict[str, Any
     threshold_events, the schedules it stored or decoded with, stage times per stage."""
     return {
         "runs": _rows(workdir, "SELECT * FROM runs WHERE run_id = ?", [run_id]),
-        "step_metrics": _rows(workdir, "SELECT step, name, value FROM step_metrics "
-                                       "WHERE run_id = ? ORDER BY name, step", [run_id]),
-        "bin_stats": [_bin_row(r) for r in _rows(
-            workdir, "SELECT * FROM bin_stats WHERE run_id = ? ORDER BY step, bin", [run_id])],
-        "threshold_events": _rows(workdir, "SELECT step, bin, kind, p5, target FROM "
-                                           "threshold_events WHERE run_id = ? "
-                                           "ORDER BY step, bin, kind", [run_id]),
-        "schedules": _rows(workdir, """
+        "step_metrics": _rows(
+            workdir,
+            "SELECT step, name, value FROM step_metrics WHERE run_id = ? ORDER BY name, step",
+            [run_id],
+        ),
+        "bin_stats": [
+            _bin_row(r)
+            for r in _rows(
+                workdir, "SELECT * FROM bin_stats WHERE run_id = ? ORDER BY step, bin", [run_id]
+            )
+        ],
+        "threshold_events": _rows(
+            workdir,
+            "SELECT step, bin, kind, p5, target FROM "
+            "threshold_events WHERE run_id = ? "
+            "ORDER BY step, bin, kind",
+            [run_id],
+        ),
+        "schedules": _rows(
+            workdir,
+            """
             SELECT name, version, step, reason, topk_pages, target FROM schedules s
             WHERE run_id = ? OR EXISTS (SELECT 1 FROM bin_stats b WHERE b.run_id = ?
                   AND b.schedule_name = s.name AND b.schedule_version = s.version)
-            ORDER BY coalesce(step, -1), version""", [run_id, run_id]),
-        "stages": _rows(workdir, """
+            ORDER BY coalesce(step, -1), version""",
+            [run_id, run_id],
+        ),
+        "stages": _rows(
+            workdir,
+            """
             SELECT stage, count(*) AS steps, sum(duration_s) AS total_s, avg(duration_s) AS mean_s
             FROM stage_runs WHERE run_id = ? GROUP BY stage ORDER BY min(started_at), stage""",
-                        [run_id]),
+            [run_id],
+        ),
     }
 
 
@@ -69,24 +95,49 @@ def step_metric_rows(workdir: str | Path, run_id: str) -> list[dict[str, Any]]:
 
 def token_steps(workdir: str | Path, run_id: str) -> list[int]:
     """The steps of a run with per-token rows (token_mismatch), ascending."""
-    return [r["step"] for r in _rows(
-        workdir, "SELECT DISTINCT step FROM token_mismatch WHERE run_id = ? ORDER BY step", [run_id])]
+    return [
+        r["step"]
+        for r in _rows(
+            workdir,
+            "SELECT DISTINCT step FROM token_mismatch WHERE run_id = ? ORDER BY step",
+            [run_id],
+        )
+    ]
 
 
-def acceptance_of_step(workdir: str | Path, run_id: str, step: int, *, bins: int, below: float,
-                       sample: int, seed: int) -> tuple[dict[str, Any], dict[int, int], list[float]]:
+def acceptance_of_step(
+    workdir: str | Path, run_id: str, step: int, *, bins: int, below: float, sample: int, seed: int
+) -> tuple[dict[str, Any], dict[int, int], list[float]]:
     """One step's token acceptance: totals {n, mean, p5, tail_n} (tail_n: tokens below
     `below`), counts per histogram bin of [0, 1] in `bins` equal parts (1.0 in the last), and
     a repeatable reservoir sample of at most `sample` acceptances below `below`."""
     where = "FROM token_mismatch WHERE run_id = ? AND step = ?"
     params = [run_id, step]
-    totals = _rows(workdir, f"""SELECT count(*) AS n, avg(acceptance) AS mean,
+    totals = _rows(
+        workdir,
+        f"""SELECT count(*) AS n, avg(acceptance) AS mean,
         quantile_cont(acceptance, 0.05) AS p5,
-        count(*) FILTER (WHERE acceptance < {float(below)}) AS tail_n {where}""", params)[0]
-    counts = {row["b"]: row["n"] for row in _rows(workdir, f"""
+        count(*) FILTER (WHERE acceptance < {float(below)}) AS tail_n {where}""",
+        params,
+    )[0]
+    counts = {
+        row["b"]: row["n"]
+        for row in _rows(
+            workdir,
+            f"""
         SELECT least(CAST(floor(acceptance * {int(bins)}) AS INTEGER), {int(bins) - 1}) AS b,
-               count(*) AS n {where} GROUP BY b""", params)}
-    tail = [r["acceptance"] for r in _rows(workdir, f"""
+               count(*) AS n {where} GROUP BY b""",
+            params,
+        )
+    }
+    tail = [
+        r["acceptance"]
+        for r in _rows(
+            workdir,
+            f"""
         SELECT acceptance FROM (SELECT acceptance {where} AND acceptance < {float(below)})
-        USING SAMPLE reservoir({int(sample)} ROWS) REPEATABLE ({int(seed)})""", params)]
+        USING SAMPLE reservoir({int(sample)} ROWS) REPEATABLE ({int(seed)})""",
+            params,
+        )
+    ]
     return totals, counts, tail

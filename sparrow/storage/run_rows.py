@@ -15,10 +15,10 @@ read-only query path (sparrow.storage.query).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Mapping
 
 from sparrow.storage.query import QueryResult, query
 from sparrow.storage.store import Store
@@ -37,6 +37,7 @@ class StageRecord:
 
 # runs
 
+
 def run_config_yaml(conn, run_id: str) -> str | None:
     """The resolved configuration a run was started with; None when there is no such run."""
     row = conn.execute("SELECT config_yaml FROM runs WHERE run_id = ?", [run_id]).fetchone()
@@ -44,15 +45,19 @@ def run_config_yaml(conn, run_id: str) -> str | None:
 
 
 def insert_run(conn, run_id: str, model_path: str, config_yaml: str, config_hash: str) -> None:
-    conn.execute("INSERT INTO runs (run_id, model_path, config_yaml, config_hash, status) "
-                 "VALUES (?, ?, ?, ?, 'running')",
-                 [run_id, model_path, config_yaml, config_hash])
+    conn.execute(
+        "INSERT INTO runs (run_id, model_path, config_yaml, config_hash, status) "
+        "VALUES (?, ?, ?, ?, 'running')",
+        [run_id, model_path, config_yaml, config_hash],
+    )
 
 
 def set_run_status(conn, run_id: str, status: str, mlflow_run_id: str | None = None) -> None:
     """Set the status; the MLflow run id too when one is given (else it keeps the old one)."""
-    conn.execute("UPDATE runs SET status = ?, mlflow_run_id = coalesce(?, mlflow_run_id) "
-                 "WHERE run_id = ?", [status, mlflow_run_id, run_id])
+    conn.execute(
+        "UPDATE runs SET status = ?, mlflow_run_id = coalesce(?, mlflow_run_id) WHERE run_id = ?",
+        [status, mlflow_run_id, run_id],
+    )
 
 
 def run_status(conn, run_id: str) -> str | None:
@@ -61,6 +66,7 @@ def run_status(conn, run_id: str) -> str | None:
 
 
 # stage_runs
+
 
 def stage_record(store: Store, run_id: str, step: int, stage: str) -> StageRecord | None:
     with store.connect() as conn:
@@ -82,44 +88,63 @@ def stage_records(store: Store, run_id: str) -> list[StageRecord]:
     return [StageRecord(run_id, int(s), stage, float(d), out) for s, stage, d, out in rows]
 
 
-def record_stage(conn, run_id: str, step: int, stage: str, started: datetime,
-                 finished: datetime, duration_s: float, output_dir: str) -> None:
-    conn.execute("DELETE FROM stage_runs WHERE run_id = ? AND step = ? AND stage = ?",
-                 [run_id, step, stage])
-    conn.execute("INSERT INTO stage_runs VALUES (?, ?, ?, ?, ?, ?, ?)",
-                 [run_id, step, stage, started, finished, duration_s, output_dir])
+def record_stage(
+    conn,
+    run_id: str,
+    step: int,
+    stage: str,
+    started: datetime,
+    finished: datetime,
+    duration_s: float,
+    output_dir: str,
+) -> None:
+    conn.execute(
+        "DELETE FROM stage_runs WHERE run_id = ? AND step = ? AND stage = ?", [run_id, step, stage]
+    )
+    conn.execute(
+        "INSERT INTO stage_runs VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [run_id, step, stage, started, finished, duration_s, output_dir],
+    )
 
 
 def forget_stages(store: Store, run_id: str, step: int, stages) -> None:
     """Drop these stages' records at `step`, so a resumed flow runs them again."""
     with store.connect() as conn:
         for stage in stages:
-            conn.execute("DELETE FROM stage_runs WHERE run_id = ? AND step = ? AND stage = ?",
-                         [run_id, step, stage])
+            conn.execute(
+                "DELETE FROM stage_runs WHERE run_id = ? AND step = ? AND stage = ?",
+                [run_id, step, stage],
+            )
 
 
 def last_step_of_stage(conn, run_id: str, stage: str) -> int | None:
     """The highest step at which `stage` finished; None when it never did."""
-    row = conn.execute("SELECT max(step) FROM stage_runs WHERE run_id = ? AND stage = ?",
-                       [run_id, stage]).fetchone()
+    row = conn.execute(
+        "SELECT max(step) FROM stage_runs WHERE run_id = ? AND stage = ?", [run_id, stage]
+    ).fetchone()
     return None if row[0] is None else int(row[0])
 
 
 # step_metrics
 
+
 def replace_step_metrics(conn, run_id: str, step: int, metrics: Mapping[str, float]) -> None:
     """Write one step's metrics by name; a NaN or None is stored as NULL."""
     for name, value in metrics.items():
-        conn.execute("DELETE FROM step_metrics WHERE run_id = ? AND step = ? AND name = ?",
-                     [run_id, step, name])
+        conn.execute(
+            "DELETE FROM step_metrics WHERE run_id = ? AND step = ? AND name = ?",
+            [run_id, step, name],
+        )
         number = None if value is None or not math.isfinite(float(value)) else float(value)
         conn.execute("INSERT INTO step_metrics VALUES (?, ?, ?, ?)", [run_id, step, name, number])
 
 
 def step_metric(conn, run_id: str, step: int, name: str) -> float | None:
     """One metric of one step; None when it was never written (or is NULL)."""
-    row = conn.execute("SELECT value FROM step_metrics WHERE run_id = ? AND step = ? AND name = ?",
-                       [run_id, step, name]).fetchone()
+    row = conn.execute(
+        "SELECT value FROM step_metrics WHERE run_id = ? AND step = ? AND name = ?",
+        [run_id, step, name],
+    ).fetchone()
     return None if row is None else row[0]
 
 

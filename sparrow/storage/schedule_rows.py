@@ -12,13 +12,22 @@ Schedule class; sparrow.sparse.io.schedule_from_dict turns a row back into one.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from sparrow.storage.query import query
 
-SCHEDULE_COLUMNS = ("name", "page_size", "bin_tokens", "topk_pages", "reserved_bos",
-                    "reserved_eos", "skip_layers", "target")
+SCHEDULE_COLUMNS = (
+    "name",
+    "page_size",
+    "bin_tokens",
+    "topk_pages",
+    "reserved_bos",
+    "reserved_eos",
+    "skip_layers",
+    "target",
+)
 # the calibration table's per (topk_pages, bin) columns, as AcceptanceTable.rows() gives them
 CALIBRATION_COLUMNS = ("topk_pages", "bin", "n", "p5", "mean", "p1", "p10")
 
@@ -28,62 +37,89 @@ def newest_version(conn, name: str) -> int | None:
     return None if row is None or row[0] is None else int(row[0])
 
 
-def insert_schedule(conn, schedule: Mapping[str, Any], version: int, run_id: str, step: int,
-                    reason: str, yaml_path: str | None = None) -> None:
+def insert_schedule(
+    conn,
+    schedule: Mapping[str, Any],
+    version: int,
+    run_id: str,
+    step: int,
+    reason: str,
+    yaml_path: str | None = None,
+) -> None:
     """Write (replace) one version of a schedule; `schedule` holds SCHEDULE_COLUMNS."""
-    conn.execute("DELETE FROM schedules WHERE name = ? AND version = ?",
-                 [schedule["name"], version])
+    conn.execute(
+        "DELETE FROM schedules WHERE name = ? AND version = ?", [schedule["name"], version]
+    )
     conn.execute(
         f"INSERT INTO schedules (version, run_id, step, reason, yaml_path, "
         f"{', '.join(SCHEDULE_COLUMNS)}) VALUES ({', '.join('?' * (5 + len(SCHEDULE_COLUMNS)))})",
-        [version, run_id, step, reason, yaml_path,
-         *(_plain(schedule[c]) for c in SCHEDULE_COLUMNS)])
+        [
+            version,
+            run_id,
+            step,
+            reason,
+            yaml_path,
+            *(_plain(schedule[c]) for c in SCHEDULE_COLUMNS),
+        ],
+    )
 
 
 def _plain(value):
     return list(value) if isinstance(value, tuple) else value
 
 
-def schedule_in_force(conn, name: str, run_id: str, start_version: int,
-                      step: int) -> tuple[dict[str, Any], int] | None:
+def schedule_in_force(
+    conn, name: str, run_id: str, start_version: int, step: int
+) -> tuple[dict[str, Any], int] | None:
     """(row, version): the newest version `run_id` stored before `step` above the one it
     started with, else the one it started with; None when even that one is missing."""
     row = conn.execute(
         f"SELECT version, {', '.join(SCHEDULE_COLUMNS)} FROM schedules WHERE name = ? AND "
         "((run_id = ? AND step < ? AND version > ?) OR version = ?) "
         "ORDER BY version DESC LIMIT 1",
-        [name, run_id, step, start_version, start_version]).fetchone()
+        [name, run_id, step, start_version, start_version],
+    ).fetchone()
     return None if row is None else (dict(zip(SCHEDULE_COLUMNS, row[1:])), int(row[0]))
 
 
 def newest_schedule(conn, name: str) -> tuple[dict[str, Any], int] | None:
     """(row, version) of the newest stored version of `name`; None when it has none."""
-    row = conn.execute(f"SELECT version, {', '.join(SCHEDULE_COLUMNS)} FROM schedules "
-                       "WHERE name = ? ORDER BY version DESC LIMIT 1", [name]).fetchone()
+    row = conn.execute(
+        f"SELECT version, {', '.join(SCHEDULE_COLUMNS)} FROM schedules "
+        "WHERE name = ? ORDER BY version DESC LIMIT 1",
+        [name],
+    ).fetchone()
     return None if row is None else (dict(zip(SCHEDULE_COLUMNS, row[1:])), int(row[0]))
 
 
-def stored_schedule(workdir: str | Path, name: str,
-                    version: int | None = None) -> tuple[dict[str, Any], int, str] | None:
+def stored_schedule(
+    workdir: str | Path, name: str, version: int | None = None
+) -> tuple[dict[str, Any], int, str] | None:
     """(row, version, reason) of `name` at `version` (default: the newest), read-only; None
     when there is no such row."""
     where, params = "name = ?", [name]
     if version is not None:
         where, params = where + " AND version = ?", params + [int(version)]
-    result = query(workdir, f"SELECT version, reason, {', '.join(SCHEDULE_COLUMNS)} FROM "
-                            f"schedules WHERE {where} ORDER BY version DESC LIMIT 1", params)
+    result = query(
+        workdir,
+        f"SELECT version, reason, {', '.join(SCHEDULE_COLUMNS)} FROM "
+        f"schedules WHERE {where} ORDER BY version DESC LIMIT 1",
+        params,
+    )
     if not result.rows:
         return None
     row = result.rows[0]
     return dict(zip(SCHEDULE_COLUMNS, row[2:])), int(row[0]), row[1]
 
 
-def replace_calibration(conn, calibration_id: str, model_path: str,
-                        rows: Sequence[Mapping[str, Any]]) -> None:
+def replace_calibration(
+    conn, calibration_id: str, model_path: str, rows: Sequence[Mapping[str, Any]]
+) -> None:
     """A calibration's table: one row per (topk_pages, bin) holding CALIBRATION_COLUMNS."""
     conn.execute("DELETE FROM calibration WHERE calibration_id = ?", [calibration_id])
     if rows:
         conn.executemany(
             f"INSERT INTO calibration (calibration_id, model_path, {', '.join(CALIBRATION_COLUMNS)}) "
             f"VALUES ({', '.join('?' * (2 + len(CALIBRATION_COLUMNS)))})",
-            [[calibration_id, model_path, *(r[c] for c in CALIBRATION_COLUMNS)] for r in rows])
+            [[calibration_id, model_path, *(r[c] for c in CALIBRATION_COLUMNS)] for r in rows],
+        )

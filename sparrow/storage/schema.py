@@ -93,14 +93,20 @@ TOKEN_FILE_GLOB = "runs/*/step-*/aggregate_mismatch/tokens.parquet"
 # columns added after a table first shipped: (table, column, type), applied to older files
 # when a writer opens them (their old rows hold NULL there); readers of a file no writer has
 # opened since select * and take a missing column as NULL
-MIGRATIONS = [("calibration", "p1", "DOUBLE"), ("calibration", "p10", "DOUBLE"),
-              ("bin_stats", "min", "DOUBLE"), ("bin_stats", "share_below_half", "DOUBLE")]
+MIGRATIONS = [
+    ("calibration", "p1", "DOUBLE"),
+    ("calibration", "p10", "DOUBLE"),
+    ("bin_stats", "min", "DOUBLE"),
+    ("bin_stats", "share_below_half", "DOUBLE"),
+]
 
 # columns renamed after a table first shipped (version 4, docs/glossary.md): (table, old, new).
 # A writer renames them in an older file; a reader of a file no writer has opened since gets
 # its rows under the new names through renamed_row
-RENAMED_COLUMNS = [("calibration", "budget_pages", "topk_pages"),   # it held top-k alone
-                   ("bin_stats", "budget_pages", "pages_read")]     # it held pages read
+RENAMED_COLUMNS = [
+    ("calibration", "budget_pages", "topk_pages"),  # it held top-k alone
+    ("bin_stats", "budget_pages", "pages_read"),
+]  # it held pages read
 # the per-token Parquet column renamed the same way (token_view_sql reads both)
 OLD_TOKEN_COLUMNS = {"budget_pages": "pages_read"}
 
@@ -113,14 +119,16 @@ def create_tables(conn) -> None:
             conn.execute(f"ALTER TABLE {table} RENAME COLUMN {old} TO {new}")
     for table, column, kind in MIGRATIONS:
         conn.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {kind}")
-    conn.execute(
-        "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)]
-    )
+    conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
 
 
 def _columns(conn, table: str) -> set[str]:
-    return {r[0] for r in conn.execute(
-        "SELECT column_name FROM duckdb_columns() WHERE table_name = ?", [table]).fetchall()}
+    return {
+        r[0]
+        for r in conn.execute(
+            "SELECT column_name FROM duckdb_columns() WHERE table_name = ?", [table]
+        ).fetchall()
+    }
 
 
 def renamed_row(table: str, row: dict) -> dict:
@@ -137,8 +145,10 @@ def token_view_sql(files: list[str], old_files: frozenset[str] = frozenset()) ->
     its old name (OLD_TOKEN_COLUMNS): the view gives it under the new one."""
     if files:
         listed = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
-        source = f"SELECT {_token_select(files, old_files)} FROM read_parquet([{listed}], " \
-                 f"union_by_name = true)"
+        source = (
+            f"SELECT {_token_select(files, old_files)} FROM read_parquet([{listed}], "
+            f"union_by_name = true)"
+        )
     else:
         columns = ", ".join(f"CAST(NULL AS {t}) AS {c}" for c, t in TOKEN_COLUMNS.items())
         source = f"SELECT {columns} WHERE false"

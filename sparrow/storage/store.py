@@ -12,9 +12,9 @@ from __future__ import annotations
 import fcntl
 import os
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import duckdb
 
@@ -36,7 +36,7 @@ class Store:
             create_tables(conn)
 
     @classmethod
-    def open_writer(cls, workdir: str | Path, wait_s: float = 0.0) -> "Store":
+    def open_writer(cls, workdir: str | Path, wait_s: float = 0.0) -> Store:
         """Take the workdir; a busy one is tried again for up to `wait_s` seconds (for short
         writers such as a study's planning, which its arms' processes do at once)."""
         workdir = Path(workdir)
@@ -70,7 +70,7 @@ class Store:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -15,8 +15,9 @@ the arms' rows with study_arm_rows and each workdir's with run_tables.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from sparrow.storage.errors import StorageError
 from sparrow.storage.layout import db_path
@@ -25,15 +26,17 @@ from sparrow.storage.schedule_rows import SCHEDULE_COLUMNS
 from sparrow.storage.schema import renamed_row
 
 
-def replace_study_arms(conn, study_id: str, plans: Sequence[Mapping[str, Any]],
-                       definition: str) -> None:
+def replace_study_arms(
+    conn, study_id: str, plans: Sequence[Mapping[str, Any]], definition: str
+) -> None:
     """The study's rows, replaced by the arms as planned now (arm, index, run_id, overrides)."""
     conn.execute("DELETE FROM study_arms WHERE study_id = ?", [study_id])
     for plan in plans:
-        conn.execute("INSERT INTO study_arms (study_id, arm, arm_index, run_id, overrides, "
-                     "study_yaml) VALUES (?, ?, ?, ?, ?, ?)",
-                     [study_id, plan["arm"], plan["index"], plan["run_id"], plan["overrides"],
-                      definition])
+        conn.execute(
+            "INSERT INTO study_arms (study_id, arm, arm_index, run_id, overrides, "
+            "study_yaml) VALUES (?, ?, ?, ?, ?, ?)",
+            [study_id, plan["arm"], plan["index"], plan["run_id"], plan["overrides"], definition],
+        )
 
 
 def _rows(workdir, sql: str, params: list | None = None) -> list[dict[str, Any]]:
@@ -50,29 +53,44 @@ def study_ids(workdir: str | Path) -> list[str]:
 
 def study_arm_rows(workdir: str | Path, study_id: str) -> list[dict[str, Any]]:
     """The study's arms in arm order: arm, run_id, overrides, study_yaml."""
-    return _rows(workdir, "SELECT arm, run_id, overrides, study_yaml FROM study_arms "
-                          "WHERE study_id = ? ORDER BY arm_index", [study_id])
+    return _rows(
+        workdir,
+        "SELECT arm, run_id, overrides, study_yaml FROM study_arms "
+        "WHERE study_id = ? ORDER BY arm_index",
+        [study_id],
+    )
 
 
 def run_tables(workdir: str | Path, run_ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
     """Rows of these runs, read-only: runs, step_metrics, bin_stats (by step and bin) and the
     schedules their bin_stats name. A workdir with no DuckDB file yet gives empty lists."""
     tables: dict[str, list[dict[str, Any]]] = {
-        "runs": [], "step_metrics": [], "bin_stats": [], "schedules": []}
+        "runs": [],
+        "step_metrics": [],
+        "bin_stats": [],
+        "schedules": [],
+    }
     if not run_ids or not db_path(workdir).is_file():
         return tables
     mine = f"run_id IN ({', '.join('?' for _ in run_ids)})"
     ids = list(run_ids)
     tables["runs"] = _rows(workdir, f"SELECT * FROM runs WHERE {mine}", ids)
     tables["step_metrics"] = _rows(
-        workdir, f"SELECT run_id, step, name, value FROM step_metrics WHERE {mine}", ids)
+        workdir, f"SELECT run_id, step, name, value FROM step_metrics WHERE {mine}", ids
+    )
     # a file from before schema version 4 gives its rows under the new column names
-    tables["bin_stats"] = [renamed_row("bin_stats", r) for r in _rows(
-        workdir, f"SELECT * FROM bin_stats WHERE {mine} ORDER BY step, bin", ids)]
-    tables["schedules"] = _rows(workdir, f"""
-        SELECT version, {', '.join(SCHEDULE_COLUMNS)} FROM schedules s WHERE EXISTS (
+    tables["bin_stats"] = [
+        renamed_row("bin_stats", r)
+        for r in _rows(workdir, f"SELECT * FROM bin_stats WHERE {mine} ORDER BY step, bin", ids)
+    ]
+    tables["schedules"] = _rows(
+        workdir,
+        f"""
+        SELECT version, {", ".join(SCHEDULE_COLUMNS)} FROM schedules s WHERE EXISTS (
             SELECT 1 FROM bin_stats b WHERE b.{mine} AND b.schedule_name = s.name
-            AND b.schedule_version = s.version)""", ids)
+            AND b.schedule_version = s.version)""",
+        ids,
+    )
     return tables
 
 
@@ -88,7 +106,11 @@ def run_finished_through(workdir: str | Path, run_id: str, steps: int) -> bool:
     `steps`; read-only, False for a workdir without a DuckDB file."""
     if not db_path(workdir).is_file():
         return False
-    rows = _rows(workdir, "SELECT (SELECT status FROM runs WHERE run_id = ?) AS status, "
-                          "(SELECT max(step) FROM stage_runs WHERE run_id = ? "
-                          "AND stage = 'sync_weights') AS last", [run_id, run_id])
+    rows = _rows(
+        workdir,
+        "SELECT (SELECT status FROM runs WHERE run_id = ?) AS status, "
+        "(SELECT max(step) FROM stage_runs WHERE run_id = ? "
+        "AND stage = 'sync_weights') AS last",
+        [run_id, run_id],
+    )
     return bool(rows) and rows[0]["status"] == "finished" and (rows[0]["last"] or 0) >= steps

@@ -60,9 +60,13 @@ def find_token_files(workdir: str | Path, warn: bool = True) -> TokenFiles:
             reason = str(err).splitlines()[0] if str(err) else type(err).__name__
             files.damaged.append(Damaged(path, reason))
             if warn:
-                warnings.warn(DamagedFileWarning(
-                    f"skipped damaged Parquet file {path} ({reason}); its step's tokens are "
-                    f"missing from token_mismatch"), stacklevel=2)
+                warnings.warn(
+                    DamagedFileWarning(
+                        f"skipped damaged Parquet file {path} ({reason}); its step's tokens are "
+                        f"missing from token_mismatch"
+                    ),
+                    stacklevel=2,
+                )
         else:
             files.readable.append(path)
             if any(old in names for old in OLD_TOKEN_COLUMNS):

@@ -40,8 +40,14 @@ class BackgroundSaver:
             pending, self._pending = self._pending, None
             pending.result()
 
-    def save(self, folder: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             tokenizer_source: str | Path, meta: dict[str, Any]) -> Future:
+    def save(
+        self,
+        folder: str | Path,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        tokenizer_source: str | Path,
+        meta: dict[str, Any],
+    ) -> Future:
         self.wait()  # the buffers are reused: the last write must be done with them
         out = Path(folder)
         if out.exists():
@@ -54,15 +60,25 @@ class BackgroundSaver:
         config = model.config.to_json_string()
         generation = getattr(model, "generation_config", None)
         generation = generation.to_json_string() if generation is not None else None
-        self._pending = self._pool.submit(_write, out, weights, optimizer_state, rng, config,
-                                          generation, Path(tokenizer_source), meta)
+        self._pending = self._pool.submit(
+            _write,
+            out,
+            weights,
+            optimizer_state,
+            rng,
+            config,
+            generation,
+            Path(tokenizer_source),
+            meta,
+        )
         return self._pending
 
     def _host(self, key: str, tensor: torch.Tensor) -> torch.Tensor:
         buffer = self._buffers.get(key)
         if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
-            buffer = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu",
-                                 pin_memory=tensor.is_cuda)
+            buffer = torch.empty(
+                tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=tensor.is_cuda
+            )
             self._buffers[key] = buffer
         return buffer.copy_(tensor.detach(), non_blocking=True)
 
@@ -80,15 +96,25 @@ class BackgroundSaver:
         state = optimizer.state_dict()
         copied = {}
         for index, values in state["state"].items():
-            copied[index] = {key: self._host(f"o:{index}:{key}", value)
-                             if torch.is_tensor(value) and value.dim() > 0 else
-                             (value.clone() if torch.is_tensor(value) else value)
-                             for key, value in values.items()}
+            copied[index] = {
+                key: self._host(f"o:{index}:{key}", value)
+                if torch.is_tensor(value) and value.dim() > 0
+                else (value.clone() if torch.is_tensor(value) else value)
+                for key, value in values.items()
+            }
         return {"state": copied, "param_groups": state["param_groups"]}
 
 
-def _write(out: Path, weights, optimizer_state, rng, config, generation, tokenizer_source: Path,
-           meta: dict[str, Any]) -> Path:
+def _write(
+    out: Path,
+    weights,
+    optimizer_state,
+    rng,
+    config,
+    generation,
+    tokenizer_source: Path,
+    meta: dict[str, Any],
+) -> Path:
     from safetensors.torch import save_file
 
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -37,9 +37,17 @@ TRAINER_STATE = "trainer_state.json"
 OPTIMIZER_STATE = "optimizer.pt"
 SHARDED_STATE = "sharded_state"  # a trainer group's AdamW shards (rl/sharded_checkpoint.py)
 RNG_STATE = "rng_state.pt"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model",
-                   "chat_template.jinja", "chat_template.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "chat_template.json",
+)
 FORMAT_VERSION = 1
 
 
@@ -68,10 +76,16 @@ def restore_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(out_dir: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    tokenizer_source: str | Path, meta: dict[str, Any], *,
-                    state_dict: dict[str, torch.Tensor] | None = None,
-                    optimizer_state: dict[str, Any] | None = None) -> Path:
+def save_checkpoint(
+    out_dir: str | Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    tokenizer_source: str | Path,
+    meta: dict[str, Any],
+    *,
+    state_dict: dict[str, torch.Tensor] | None = None,
+    optimizer_state: dict[str, Any] | None = None,
+) -> Path:
     """Write the checkpoint folder (see the module doc); returns out_dir. state_dict and
     optimizer_state replace the model's and optimizer's own (rl/sharded.py: gathered ones)."""
     out = Path(out_dir)
@@ -90,9 +104,13 @@ def save_checkpoint(out_dir: str | Path, model: torch.nn.Module, optimizer: torc
     return out
 
 
-def write_trainer_files(folder: Path, optimizer_state: dict[str, Any] | None,
-                        rng: dict[str, Any], tokenizer_source: str | Path,
-                        meta: dict[str, Any]) -> None:
+def write_trainer_files(
+    folder: Path,
+    optimizer_state: dict[str, Any] | None,
+    rng: dict[str, Any],
+    tokenizer_source: str | Path,
+    meta: dict[str, Any],
+) -> None:
     """Everything of a checkpoint folder but the model's weights and config (optimizer_state
     None: the optimizer is saved elsewhere, rl/sharded_checkpoint.py's shards)."""
     for name in TOKENIZER_FILES:
@@ -121,14 +139,24 @@ def read_checkpoint_state(folder: str | Path) -> CheckpointState:
     sharded = (folder / SHARDED_STATE).is_dir()
     if not sharded and not (folder / OPTIMIZER_STATE).is_file():
         raise TrainerCheckpointError(
-            f"checkpoint folder {folder} has neither {OPTIMIZER_STATE} nor {SHARDED_STATE}/")
+            f"checkpoint folder {folder} has neither {OPTIMIZER_STATE} nor {SHARDED_STATE}/"
+        )
     try:
         meta = json.loads((folder / TRAINER_STATE).read_text())
-        optimizer = None if sharded else torch.load(folder / OPTIMIZER_STATE, map_location="cpu",
-                                                    weights_only=True)
+        optimizer = (
+            None
+            if sharded
+            else torch.load(folder / OPTIMIZER_STATE, map_location="cpu", weights_only=True)
+        )
         rng = torch.load(folder / RNG_STATE, map_location="cpu", weights_only=True)
-    except (json.JSONDecodeError, pickle.UnpicklingError, RuntimeError, ValueError, OSError,
-            EOFError) as err:
+    except (
+        json.JSONDecodeError,
+        pickle.UnpicklingError,
+        RuntimeError,
+        ValueError,
+        OSError,
+        EOFError,
+    ) as err:
         raise TrainerCheckpointError(f"checkpoint folder {folder} is unreadable: {err}") from None
     if meta.get("format_version") != FORMAT_VERSION:
         raise TrainerCheckpointError(

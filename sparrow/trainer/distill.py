@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -39,6 +40,8 @@ from sparrow.engine.teacher.forced import teacher_forced_hidden
 from sparrow.mismatch.acceptance import bin_statistics, min_p5
 from sparrow.rl.aggregate import count_for
 from sparrow.rl.distill_loss import DISTILL_LOSSES, acceptance, distill_token_loss, k3, token_terms
+from sparrow.rl.losses import POLICY_LOSSES, PolicyLossConfig
+from sparrow.sparse import Schedule
 from sparrow.trainer.lora import (
     Adapter,
     LoraSpec,
@@ -49,11 +52,9 @@ from sparrow.trainer.lora import (
     load_base,
     lora_parameters,
 )
-from sparrow.rl.losses import POLICY_LOSSES, PolicyLossConfig
 from sparrow.trainer.memory import names_out_of_memory
-from sparrow.trainer.scoring import effective_temperature, micro_batches
 from sparrow.trainer.policy_trainer import resolve_device, resolve_dtype
-from sparrow.sparse import Schedule
+from sparrow.trainer.scoring import effective_temperature, micro_batches
 
 if TYPE_CHECKING:
     from sparrow.config.schema import AlgoConfig
@@ -62,7 +63,7 @@ OPTIMIZER_FILE = "distill_optimizer.pt"
 STATE_FILE = "distill_state.json"
 
 
-def lora_spec(algo: "AlgoConfig") -> LoraSpec:
+def lora_spec(algo: AlgoConfig) -> LoraSpec:
     d = algo.distill
     return LoraSpec(rank=d.lora_rank, alpha=float(d.lora_alpha), targets=tuple(d.targets))
 
@@ -70,26 +71,38 @@ def lora_spec(algo: "AlgoConfig") -> LoraSpec:
 class SparseDistiller:
     """The student (Decoder + LoRA), its AdamW, and the count of distill updates done."""
 
-    def __init__(self, model_path: str | Path, algo: "AlgoConfig", device="auto", dtype="auto",
-                 seed: int = 0, temperature: float = 1.0, centroid_dtype: str = "cache"):
+    def __init__(
+        self,
+        model_path: str | Path,
+        algo: AlgoConfig,
+        device="auto",
+        dtype="auto",
+        seed: int = 0,
+        temperature: float = 1.0,
+        centroid_dtype: str = "cache",
+    ):
         from sparrow.model import load_model
 
         if algo.distill.loss not in DISTILL_LOSSES:
-            raise ValueError(f"algo.distill.loss {algo.distill.loss!r} is unknown; valid: "
-                             f"{', '.join(DISTILL_LOSSES)}")
+            raise ValueError(
+                f"algo.distill.loss {algo.distill.loss!r} is unknown; valid: "
+                f"{', '.join(DISTILL_LOSSES)}"
+            )
         self.algo, self.settings = algo, algo.distill
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.temperature = effective_temperature(temperature)
         self.centroid_dtype = centroid_dtype
         self.spec = lora_spec(algo)
-        self.model = attach_lora(load_model(model_path, dtype=self.dtype, device=self.device),
-                                 self.spec, seed)
+        self.model = attach_lora(
+            load_model(model_path, dtype=self.dtype, device=self.device), self.spec, seed
+        )
         for param in lora_parameters(self.model):  # fp32 adapters whatever the base's dtype
             param.data = param.data.float()
         self.loss_config = PolicyLossConfig.from_algo(algo)
-        self.optimizer = torch.optim.AdamW(lora_parameters(self.model), weight_decay=0.0,
-                                           lr=algo.lr * self.settings.lr_scale)
+        self.optimizer = torch.optim.AdamW(
+            lora_parameters(self.model), weight_decay=0.0, lr=algo.lr * self.settings.lr_scale
+        )
         self.updates = 0
         self.bin_stats: dict[str, list] = {}  # the last distill()'s per-bin statistics
         self._released: dict[str, torch.Size] = {}  # base parameter -> shape, while released
@@ -124,9 +137,14 @@ class SparseDistiller:
     # one distill step
 
     @names_out_of_memory("the DistillSparse step")
-    def distill(self, records: Sequence[RolloutRecord], schedule: Schedule,
-                advantages: Sequence[float] | None = None, update: bool = True,
-                cheaper: Schedule | None = None) -> dict[str, float]:
+    def distill(
+        self,
+        records: Sequence[RolloutRecord],
+        schedule: Schedule,
+        advantages: Sequence[float] | None = None,
+        update: bool = True,
+        cheaper: Schedule | None = None,
+    ) -> dict[str, float]:
         """One AdamW step of the LoRA on these rollouts (none when update=False: metrics only).
         advantages: per record (needed when algo.distill.ppo_coef > 0); cheaper: also measure
         the LoRA under this schedule (one more sparse forward, no gradient; the controller's
@@ -172,21 +190,26 @@ class SparseDistiller:
     def _reduce_gradients(self) -> None:
         pass
 
-    def _micro_batch(self, chunk, schedule, advantages, normalizer, sums, tokens,
-                     cheaper=None) -> torch.Tensor:
+    def _micro_batch(
+        self, chunk, schedule, advantages, normalizer, sums, tokens, cheaper=None
+    ) -> torch.Tensor:
         settings = self.settings
         sequences = [list(r.prompt_ids) + list(r.output_ids) for r in chunk]
         prompt_lens = [len(r.prompt_ids) for r in chunk]
         weight = self.model.output_embedding()
         with torch.no_grad(), adapters_disabled(self.model):
             dense = self._hidden(sequences, prompt_lens, None, chunk)
-            base = (self._hidden(sequences, prompt_lens, schedule, chunk)
-                    if settings.measure else None)
+            base = (
+                self._hidden(sequences, prompt_lens, schedule, chunk) if settings.measure else None
+            )
         if cheaper is not None:
             with torch.no_grad():
                 lora_cheaper = self._hidden(sequences, prompt_lens, cheaper, chunk)
-            tokens.setdefault("cheaper", []).append(acceptance(
-                lora_cheaper, dense, weight, self.temperature, self.algo.logits_chunk_tokens).cpu())
+            tokens.setdefault("cheaper", []).append(
+                acceptance(
+                    lora_cheaper, dense, weight, self.temperature, self.algo.logits_chunk_tokens
+                ).cpu()
+            )
             del lora_cheaper
         sparse = self._hidden(sequences, prompt_lens, schedule, chunk)
         targets = torch.tensor([t for r in chunk for t in r.output_ids], device=self.device)
@@ -202,36 +225,46 @@ class SparseDistiller:
             sums["ppo_loss"] += float(ppo.detach()) * normalizer
             loss = loss + settings.ppo_coef * ppo
         sums["loss"] += float(loss.detach()) * normalizer
-        tokens["lora"].append(acceptance(sparse.detach(), dense, weight, self.temperature,
-                                         chunk_tokens).cpu())
+        tokens["lora"].append(
+            acceptance(sparse.detach(), dense, weight, self.temperature, chunk_tokens).cpu()
+        )
         if base is not None:
-            tokens["base"].append(acceptance(base, dense, weight, self.temperature,
-                                             chunk_tokens).cpu())
-        tokens["position"] += [p + j for p, r in zip(prompt_lens, chunk)
-                               for j in range(len(r.output_ids))]
+            tokens["base"].append(
+                acceptance(base, dense, weight, self.temperature, chunk_tokens).cpu()
+            )
+        tokens["position"] += [
+            p + j for p, r in zip(prompt_lens, chunk) for j in range(len(r.output_ids))
+        ]
         return loss
 
     def _hidden(self, sequences, prompt_lens, schedule, chunk) -> torch.Tensor:
         """Final hidden states [N, H] at the positions that predict each generated token."""
-        hidden = teacher_forced_hidden(self.model, sequences, prompt_lens, schedule,
-                                       centroid_dtype=self.centroid_dtype)
-        return torch.cat([h[p - 1:p - 1 + len(r.output_ids)]
-                          for h, p, r in zip(hidden, prompt_lens, chunk)])
+        hidden = teacher_forced_hidden(
+            self.model, sequences, prompt_lens, schedule, centroid_dtype=self.centroid_dtype
+        )
+        return torch.cat(
+            [h[p - 1 : p - 1 + len(r.output_ids)] for h, p, r in zip(hidden, prompt_lens, chunk)]
+        )
 
     def _ppo(self, chunk, sparse_logprobs, advantages) -> torch.Tensor:
         """algo.loss on the sparse forward; the rollout's logprobs are the old policy's."""
         lengths = [len(r.output_ids) for r in chunk]
         mask = torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]
         mask = mask.to(self.device)
-        logprobs = torch.zeros(mask.shape, device=self.device).masked_scatter(mask,
-                                                                              sparse_logprobs)
+        logprobs = torch.zeros(mask.shape, device=self.device).masked_scatter(mask, sparse_logprobs)
         actor = torch.zeros(mask.shape, device=self.device)
-        actor[mask] = torch.tensor([x for r in chunk for x in r.actor_logprobs],
-                                   device=self.device)
+        actor[mask] = torch.tensor([x for r in chunk for x in r.actor_logprobs], device=self.device)
         adv = torch.tensor(advantages, dtype=torch.float32, device=self.device)[:, None]
         loss_fn = POLICY_LOSSES.get(self.algo.loss)
-        loss, _ = loss_fn(logprobs, actor, actor, adv.expand(mask.shape), mask, self.loss_config,
-                          normalizer=max(count_for(mask, self.loss_config.loss_agg), 1))
+        loss, _ = loss_fn(
+            logprobs,
+            actor,
+            actor,
+            adv.expand(mask.shape),
+            mask,
+            self.loss_config,
+            normalizer=max(count_for(mask, self.loss_config.loss_agg), 1),
+        )
         return loss
 
     def _clip(self) -> float:
@@ -253,33 +286,45 @@ class SparseDistiller:
         return folder
 
     @classmethod
-    def load(cls, folder: str | Path, model_path: str | Path, algo: "AlgoConfig",
-             device="auto", dtype="auto", temperature: float = 1.0,
-             centroid_dtype: str = "cache") -> "SparseDistiller":
+    def load(
+        cls,
+        folder: str | Path,
+        model_path: str | Path,
+        algo: AlgoConfig,
+        device="auto",
+        dtype="auto",
+        temperature: float = 1.0,
+        centroid_dtype: str = "cache",
+    ) -> SparseDistiller:
         """A distiller holding the adapter and optimizer state saved in `folder` (the base is
         set separately, set_base); lr comes from `algo`."""
         folder = Path(folder)
         distiller = cls(model_path, algo, device, dtype, 0, temperature, centroid_dtype)
         adapter = Adapter.read(folder)
         if adapter.spec != distiller.spec:
-            raise ValueError(f"the adapter in {folder} has {adapter.spec}; algo.distill asks "
-                             f"for {distiller.spec}")
+            raise ValueError(
+                f"the adapter in {folder} has {adapter.spec}; algo.distill asks "
+                f"for {distiller.spec}"
+            )
         load_adapter_state(distiller.model, adapter.state)
-        distiller.optimizer.load_state_dict(torch.load(folder / OPTIMIZER_FILE,
-                                                       map_location=distiller.device))
+        distiller.optimizer.load_state_dict(
+            torch.load(folder / OPTIMIZER_FILE, map_location=distiller.device)
+        )
         for group in distiller.optimizer.param_groups:
             group["lr"] = algo.lr * algo.distill.lr_scale
         distiller.updates = int(json.loads((folder / STATE_FILE).read_text())["updates"])
         return distiller
 
 
-def record_advantages(records: Sequence[RolloutRecord], rewards: Sequence[float],
-                      group_size: int, algo: "AlgoConfig") -> list[float]:
+def record_advantages(
+    records: Sequence[RolloutRecord], rewards: Sequence[float], group_size: int, algo: AlgoConfig
+) -> list[float]:
     """Per-record advantages (algo.advantage over each prompt's group), in the records' order."""
     from sparrow.rl.advantages import ADVANTAGE_ESTIMATORS
 
-    order = sorted(range(len(records)),
-                   key=lambda i: (records[i].prompt_index, records[i].sample_index))
+    order = sorted(
+        range(len(records)), key=lambda i: (records[i].prompt_index, records[i].sample_index)
+    )
     ordered = torch.tensor([float(rewards[i]) for i in order], dtype=torch.float32)
     values = ADVANTAGE_ESTIMATORS.get(algo.advantage)(ordered, group_size, eps=algo.adv_eps)
     out = [0.0] * len(records)

@@ -21,14 +21,19 @@ import torch
 
 
 def _fused_forward(self, hidden: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.rms_norm(hidden, (hidden.shape[-1],), self.weight,
-                                        self.variance_epsilon)
+    return torch.nn.functional.rms_norm(
+        hidden, (hidden.shape[-1],), self.weight, self.variance_epsilon
+    )
 
 
 def is_rms_norm(module: torch.nn.Module) -> bool:
     weight = getattr(module, "weight", None)
-    return (type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon")
-            and isinstance(weight, torch.Tensor) and weight.dim() == 1)
+    return (
+        type(module).__name__.endswith("RMSNorm")
+        and hasattr(module, "variance_epsilon")
+        and isinstance(weight, torch.Tensor)
+        and weight.dim() == 1
+    )
 
 
 def fuse_rms_norms(model: torch.nn.Module) -> int:

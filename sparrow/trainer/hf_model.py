@@ -47,7 +47,9 @@ def load_hf_model(path: Path, device: torch.device) -> torch.nn.Module:
     hf_logging.disable_progress_bar()
     dtype_key = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path), attn_implementation="sdpa", local_files_only=True,
+        str(path),
+        attn_implementation="sdpa",
+        local_files_only=True,
         **{dtype_key: torch.float32},
     )
     return model.to(device).eval()
@@ -65,7 +67,8 @@ def empty_hf_model(path: Path) -> torch.nn.Module:
     dtype_key = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
     with init_empty_weights(include_buffers=False):
         model = transformers.AutoModelForCausalLM.from_config(
-            config, attn_implementation="sdpa", **{dtype_key: torch.float32})
+            config, attn_implementation="sdpa", **{dtype_key: torch.float32}
+        )
     model.tie_weights()  # from_pretrained ties a tied output embedding; from_config does not
     return model.eval()
 
@@ -105,8 +108,9 @@ def checkpoint_parts(path: Path, keys, tied: dict[str, str]) -> list[tuple[str, 
     source = {k: (k if k in where else tied.get(k)) for k in keys}
     missing = sorted(k for k, v in source.items() if v not in where)
     if missing:
-        raise RLInputError(f"{path}: the checkpoint lacks {len(missing)} tensors the model has, "
-                           f"e.g. {missing[:3]}")
+        raise RLInputError(
+            f"{path}: the checkpoint lacks {len(missing)} tensors the model has, e.g. {missing[:3]}"
+        )
     parts: dict[str, dict[str, str]] = {}
     for key, name in source.items():
         parts.setdefault(where[name], {})[key] = name
@@ -143,11 +147,13 @@ def enable_checkpointing(model: torch.nn.Module) -> None:
     model.train()
 
 
-def move_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                device: torch.device) -> None:
+def move_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device
+) -> None:
     """Parameters, buffers, the optimizer's parameters (the fp32 masters, if any) and its
     moments to `device`, in place (the optimizer keeps its parameter objects). Host copies
     are pinned, so both directions are async copies that one synchronize at the end completes."""
+
     def move(tensor: torch.Tensor) -> torch.Tensor:
         if device.type == "cpu" and tensor.is_cuda:
             host = torch.empty_like(tensor, device="cpu", pin_memory=True)

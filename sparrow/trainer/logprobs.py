@@ -30,8 +30,9 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 
-def _normalized_at(logits: torch.Tensor, targets: torch.Tensor, extra_ids: torch.Tensor | None,
-                   temperature: float):
+def _normalized_at(
+    logits: torch.Tensor, targets: torch.Tensor, extra_ids: torch.Tensor | None, temperature: float
+):
     """Float32 log-softmax of logits / temperature at targets [N] (and at extra_ids [N, K],
     else None), and the log-normalizer [N]."""
     logits = logits.float() / temperature
@@ -42,11 +43,11 @@ def _normalized_at(logits: torch.Tensor, targets: torch.Tensor, extra_ids: torch
     return at_targets, logits.gather(-1, extra_ids) - normalizer, normalizer[:, 0]
 
 
-def _chunk_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                    temperature: float) -> torch.Tensor:
+def _chunk_logprobs(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float
+) -> torch.Tensor:
     """One chunk's logprobs at targets from hidden states (the checkpointed update path)."""
-    return _normalized_at(torch.nn.functional.linear(hidden, weight), targets, None,
-                          temperature)[0]
+    return _normalized_at(torch.nn.functional.linear(hidden, weight), targets, None, temperature)[0]
 
 
 @functools.cache
@@ -54,8 +55,13 @@ def _compiled_normalized_at():
     return torch.compile(_normalized_at, dynamic=True)
 
 
-def _logits_grad(logits: torch.Tensor, normalizer: torch.Tensor, targets: torch.Tensor,
-                 upstream: torch.Tensor, temperature: float) -> torch.Tensor:
+def _logits_grad(
+    logits: torch.Tensor,
+    normalizer: torch.Tensor,
+    targets: torch.Tensor,
+    upstream: torch.Tensor,
+    temperature: float,
+) -> torch.Tensor:
     """d(sum upstream * logprob at targets) / d logits, in the logits' dtype: upstream / T x
     (one_hot(targets) - softmax(logits / T))."""
     probs = torch.exp(logits.float() / temperature - normalizer[:, None])
@@ -103,14 +109,24 @@ class LinearLogprob(torch.autograd.Function):
             del logits
             grad_hidden = grad_logits @ w if ctx.needs_input_grad[0] else None
             grad_weight = grad_logits.t() @ h if ctx.needs_input_grad[1] else None
-        return (None if grad_hidden is None else grad_hidden.to(hidden.dtype),
-                None if grad_weight is None else grad_weight.to(weight.dtype),
-                None, None, None)
+        return (
+            None if grad_hidden is None else grad_hidden.to(hidden.dtype),
+            None if grad_weight is None else grad_weight.to(weight.dtype),
+            None,
+            None,
+            None,
+        )
 
 
-def chunked_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                     temperature: float, chunk_tokens: int,
-                     extra_ids: torch.Tensor | None = None, compiled: bool = False):
+def chunked_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    chunk_tokens: int,
+    extra_ids: torch.Tensor | None = None,
+    compiled: bool = False,
+):
     """Logprobs of `targets` (and of `extra_ids` if given) chunk by chunk (module doc)."""
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
@@ -122,19 +138,31 @@ def chunked_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.
         rows = slice(start, start + chunk_tokens)
         if grad:
             if compiled:
-                outputs.append(LinearLogprob.apply(hidden[rows], weight, targets[rows],
-                                                   temperature, True))
+                outputs.append(
+                    LinearLogprob.apply(hidden[rows], weight, targets[rows], temperature, True)
+                )
             else:
-                outputs.append(checkpoint(_chunk_logprobs, hidden[rows], weight, targets[rows],
-                                          temperature, use_reentrant=False))
+                outputs.append(
+                    checkpoint(
+                        _chunk_logprobs,
+                        hidden[rows],
+                        weight,
+                        targets[rows],
+                        temperature,
+                        use_reentrant=False,
+                    )
+                )
             if extra_ids is not None:
                 with torch.no_grad():
                     extras.append(_at_ids(hidden[rows], weight, extra_ids[rows], temperature))
             continue
         normalized_at = _compiled_normalized_at() if compiled else _normalized_at
         at_targets, at_extra, _ = normalized_at(
-            torch.nn.functional.linear(hidden[rows], weight), targets[rows],
-            None if extra_ids is None else extra_ids[rows], temperature)
+            torch.nn.functional.linear(hidden[rows], weight),
+            targets[rows],
+            None if extra_ids is None else extra_ids[rows],
+            temperature,
+        )
         outputs.append(at_targets)
         if extra_ids is not None:
             extras.append(at_extra)
@@ -147,7 +175,8 @@ def chunked_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.
     return logprobs, at_ids
 
 
-def _at_ids(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor,
-            temperature: float) -> torch.Tensor:
+def _at_ids(
+    hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, temperature: float
+) -> torch.Tensor:
     logits = torch.nn.functional.linear(hidden, weight).float() / temperature
     return logits.gather(-1, ids) - torch.logsumexp(logits, dim=-1, keepdim=True)

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping
 
 import torch
 from torch import nn
@@ -60,8 +60,10 @@ class LoraSpec:
             raise LoraError(f"LoRA alpha must be > 0, got {self.alpha}")
         unknown = sorted(set(self.targets) - set(PROJECTIONS))
         if unknown or not self.targets:
-            raise LoraError(f"LoRA targets {list(self.targets)} must be a non-empty subset of "
-                            f"{', '.join(PROJECTIONS)}")
+            raise LoraError(
+                f"LoRA targets {list(self.targets)} must be a non-empty subset of "
+                f"{', '.join(PROJECTIONS)}"
+            )
 
     @property
     def scaling(self) -> float:
@@ -74,8 +76,13 @@ def attach_lora(model: nn.Module, spec: LoraSpec, seed: int = 0) -> nn.Module:
 
     if getattr(model, "projections_fused", False):
         raise LoraError("attach the LoRA to a Decoder whose projections are not fused")
-    config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, target_modules=list(spec.targets),
-                        lora_dropout=0.0, bias="none")
+    config = LoraConfig(
+        r=spec.rank,
+        lora_alpha=spec.alpha,
+        target_modules=list(spec.targets),
+        lora_dropout=0.0,
+        bias="none",
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # A's init; the caller's generator is left as it was
         inject_adapter_in_model(config, model, adapter_name=_PEFT_NAME)
@@ -111,7 +118,7 @@ def adapters_disabled(model: nn.Module):
 
 
 def base_name(parameter_name: str) -> str:
-    """"...q_proj.base_layer.weight" -> "...q_proj.weight" (transformers' name)."""
+    """ "...q_proj.base_layer.weight" -> "...q_proj.weight" (transformers' name)."""
     return parameter_name.replace(".base_layer.", ".")
 
 
@@ -126,8 +133,10 @@ def load_base(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> None:
     for name, param in params.items():
         source = state_dict[name]
         if tuple(source.shape) != tuple(param.shape):
-            raise LoraError(f"base tensor {name!r} has shape {tuple(source.shape)}, the model "
-                            f"expects {tuple(param.shape)}")
+            raise LoraError(
+                f"base tensor {name!r} has shape {tuple(source.shape)}, the model "
+                f"expects {tuple(param.shape)}"
+            )
         param.copy_(source)
 
 
@@ -146,8 +155,9 @@ def load_adapter_state(model: nn.Module, state: Mapping[str, torch.Tensor]) -> N
     expected = {f"{n}.lora_{s}.weight" for n in layers for s in "AB"}
     if set(state) != expected:
         extra, missing = sorted(set(state) - expected), sorted(expected - set(state))
-        raise LoraError(f"adapter tensors do not fit the model: unexpected {extra[:3]}, "
-                        f"missing {missing[:3]}")
+        raise LoraError(
+            f"adapter tensors do not fit the model: unexpected {extra[:3]}, missing {missing[:3]}"
+        )
     for name, module in layers.items():
         module.lora_A[_PEFT_NAME].weight.copy_(state[f"{name}.lora_A.weight"])
         module.lora_B[_PEFT_NAME].weight.copy_(state[f"{name}.lora_B.weight"])
@@ -175,13 +185,21 @@ class Adapter:
 
         folder = Path(folder)
         save_file({k: v.contiguous() for k, v in self.state.items()}, str(folder / ADAPTER_FILE))
-        (folder / ADAPTER_CONFIG).write_text(json.dumps(
-            {"rank": self.spec.rank, "alpha": self.spec.alpha,
-             "targets": list(self.spec.targets), "modules": self.modules}, indent=2))
+        (folder / ADAPTER_CONFIG).write_text(
+            json.dumps(
+                {
+                    "rank": self.spec.rank,
+                    "alpha": self.spec.alpha,
+                    "targets": list(self.spec.targets),
+                    "modules": self.modules,
+                },
+                indent=2,
+            )
+        )
         return folder
 
     @classmethod
-    def read(cls, folder: str | Path) -> "Adapter":
+    def read(cls, folder: str | Path) -> Adapter:
         from safetensors.torch import load_file
 
         folder = Path(folder)
@@ -220,13 +238,16 @@ class MergedWeights(Mapping[str, torch.Tensor]):
         return len(self.base)
 
 
-def merge_weights(base: Mapping[str, torch.Tensor], adapter: Adapter | None) -> Mapping[str, torch.Tensor]:
+def merge_weights(
+    base: Mapping[str, torch.Tensor], adapter: Adapter | None
+) -> Mapping[str, torch.Tensor]:
     """The weights a rollout engine loads: base + the adapter's deltas (base when None)."""
     return base if adapter is None else MergedWeights(base, adapter)
 
 
-def merged_for_engine(base: Mapping[str, torch.Tensor], adapter: Adapter,
-                      dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def merged_for_engine(
+    base: Mapping[str, torch.Tensor], adapter: Adapter, dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
     """base with every adapted weight merged (fp32) and cast to `dtype`, held as tensors: for
     packers that read a mapping twice (engine/weight_share.py); the rest are base's own."""
     out = dict(base)

@@ -23,7 +23,7 @@ Tests: `python -m pytest tests/trainer/test_master_weights.py -q`.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -53,6 +53,7 @@ class MasterWeights:
             else:
                 master.grad.add_(grad)
             param.grad = None
+
         return accumulate
 
     def parameters(self) -> list[torch.Tensor]:

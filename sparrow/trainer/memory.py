@@ -16,7 +16,8 @@ their memory back.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -33,6 +34,7 @@ class TrainerMemoryError(SparrowError, RuntimeError):
 def names_out_of_memory(stage: str, checkpointing: bool = False) -> Callable:
     """Wrap a trainer method (self has .algo and .device): torch.OutOfMemoryError becomes
     TrainerMemoryError about `stage` (`checkpointing`: algo.gradient_checkpointing applies)."""
+
     def wrap(method: Callable) -> Callable:
         @functools.wraps(method)
         def call(self, *args: Any, **kwargs: Any) -> Any:
@@ -43,27 +45,40 @@ def names_out_of_memory(stage: str, checkpointing: bool = False) -> Callable:
             # outside the except block: the failed call's frames (and their tensors) are gone,
             # so their blocks can go back to the device before its figures are read
             return_cached_blocks()
-            raise TrainerMemoryError(memory_message(stage, self.algo, self.device, said,
-                                                    checkpointing))
+            raise TrainerMemoryError(
+                memory_message(stage, self.algo, self.device, said, checkpointing)
+            )
+
         return call
+
     return wrap
 
 
-def memory_message(stage: str, algo: Any, device: torch.device, said: str,
-                   checkpointing: bool = False) -> str:
+def memory_message(
+    stage: str, algo: Any, device: torch.device, said: str, checkpointing: bool = False
+) -> str:
     """The error's text, with the device's figures as they are now (a CUDA device)."""
     figures = ""
     if device.type == "cuda" and torch.cuda.is_available():
         free, total = torch.cuda.mem_get_info(device)
         held = torch.cuda.memory_reserved(device)
-        figures = (f" (after it, this process holds {held / GIB:.1f} GiB and {free / GIB:.1f} "
-                   f"of the device's {total / GIB:.1f} GiB are free)")
+        figures = (
+            f" (after it, this process holds {held / GIB:.1f} GiB and {free / GIB:.1f} "
+            f"of the device's {total / GIB:.1f} GiB are free)"
+        )
     fixes = [f"lower algo.micro_batch_tokens (now {algo.micro_batch_tokens})"]
     if checkpointing and not algo.gradient_checkpointing:
-        fixes.append("set algo.gradient_checkpointing=true (the backward recomputes each "
-                     "layer instead of keeping its activations)")
-    fixes.append("keep rollout.release_memory=true (colocated engines free their KV caches "
-                 "for scoring and the update)")
+        fixes.append(
+            "set algo.gradient_checkpointing=true (the backward recomputes each "
+            "layer instead of keeping its activations)"
+        )
+    fixes.append(
+        "keep rollout.release_memory=true (colocated engines free their KV caches "
+        "for scoring and the update)"
+    )
     fixes.append("or spread the trainer over more GPUs (trainer.num_workers)")
-    return (f"{stage} ran out of GPU memory on {device}{figures}: {said}. To fit: "
-            + "; ".join(fixes) + ".")
+    return (
+        f"{stage} ran out of GPU memory on {device}{figures}: {said}. To fit: "
+        + "; ".join(fixes)
+        + "."
+    )

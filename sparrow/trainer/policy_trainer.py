@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import contextlib
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -40,14 +41,14 @@ from sparrow.data.rollouts import RolloutRecord
 from sparrow.model.builtin import resolve_model_path
 from sparrow.rl.advantages import ADVANTAGE_ESTIMATORS, per_token_advantages
 from sparrow.rl.aggregate import count_for
+from sparrow.rl.checks import RLInputError
+from sparrow.rl.losses import POLICY_LOSSES, PolicyLossConfig
 from sparrow.trainer.checkpoint import (
     SHARDED_STATE,
     read_checkpoint_state,
     restore_rng_state,
     save_checkpoint,
 )
-from sparrow.rl.checks import RLInputError
-from sparrow.rl.losses import POLICY_LOSSES, PolicyLossConfig
 from sparrow.trainer.compiled_layers import compile_layers
 from sparrow.trainer.fused_norms import fuse_rms_norms
 from sparrow.trainer.hf_model import (
@@ -71,12 +72,19 @@ from sparrow.trainer.sharded_checkpoint import read_full_optimizer
 if TYPE_CHECKING:  # the library's config types, without importing the config loader
     from sparrow.config.schema import AlgoConfig
 
+
 class PolicyTrainer:
     """The dense policy, its AdamW optimizer, and the step counter (see the module doc)."""
 
-    def __init__(self, model_path: str | Path, algo: AlgoConfig,
-                 device: str | torch.device = "auto", dtype: str | torch.dtype = "auto",
-                 seed: int = 0, temperature: float = 1.0):
+    def __init__(
+        self,
+        model_path: str | Path,
+        algo: AlgoConfig,
+        device: str | torch.device = "auto",
+        dtype: str | torch.dtype = "auto",
+        seed: int = 0,
+        temperature: float = 1.0,
+    ):
         self.model_path = resolve_model_path(str(model_path))
         self.algo = algo
         self.device = resolve_device(device)
@@ -127,15 +135,25 @@ class PolicyTrainer:
     def score(self, records: Sequence[RolloutRecord]) -> list[TokenScores]:
         """Dense logprob, acceptance lower bound and leftover mass per generated token."""
         with self._autocast():
-            return score_rollouts(self.model, records, self.algo.micro_batch_tokens,
-                                  self.temperature, self.algo.logits_chunk_tokens,
-                                  forward=self._token_logprobs)
+            return score_rollouts(
+                self.model,
+                records,
+                self.algo.micro_batch_tokens,
+                self.temperature,
+                self.algo.logits_chunk_tokens,
+                forward=self._token_logprobs,
+            )
 
     # update
 
     @names_out_of_memory("the policy update", checkpointing=True)
-    def update(self, records: Sequence[RolloutRecord], rewards: Sequence[float],
-               old_logprobs: Sequence[Sequence[float]], group_size: int) -> dict[str, float]:
+    def update(
+        self,
+        records: Sequence[RolloutRecord],
+        rewards: Sequence[float],
+        old_logprobs: Sequence[Sequence[float]],
+        group_size: int,
+    ) -> dict[str, float]:
         """algo.ppo_epochs optimizer steps on these rollouts; returns "actor/..." metrics."""
         ordered, old, advantages = self._prepare(records, rewards, old_logprobs, group_size)
         batches = self._micro_batches(ordered)
@@ -143,8 +161,10 @@ class PolicyTrainer:
         full_mask = torch.arange(int(lengths.max()))[None, :] < lengths[:, None]
         # the whole batch's denominator, handed to every micro-batch (aggregate.py)
         normalizer = count_for(full_mask, self.loss_config.loss_agg)
-        passes = [self._one_pass(ordered, old, advantages, batches, normalizer)
-                  for _ in range(self.algo.ppo_epochs)]
+        passes = [
+            self._one_pass(ordered, old, advantages, batches, normalizer)
+            for _ in range(self.algo.ppo_epochs)
+        ]
         self.step += 1
         metrics = {key: sum(p[key] for p in passes) / len(passes) for key in passes[0]}
         metrics["actor/lr"] = float(self.optimizer.param_groups[0]["lr"])
@@ -157,29 +177,39 @@ class PolicyTrainer:
 
     def _token_logprobs(self, batch, extra_ids=None):
         """scoring.token_logprobs on this trainer's model (rl/sharded.py calls its FSDP root)."""
-        return token_logprobs(self.model, batch, self.temperature,
-                              self.algo.logits_chunk_tokens, extra_ids,
-                              compiled=self.compiles("compile_logprobs"))
+        return token_logprobs(
+            self.model,
+            batch,
+            self.temperature,
+            self.algo.logits_chunk_tokens,
+            extra_ids,
+            compiled=self.compiles("compile_logprobs"),
+        )
 
     def _prepare(self, records, rewards, old_logprobs, group_size):
         """Records, old logprobs and per-sample advantages in (prompt, sample) order."""
         if not len(records) == len(rewards) == len(old_logprobs):
-            raise RLInputError(f"update needs one reward and one old_logprobs list per record; got "
-                               f"{len(records)} records, {len(rewards)} rewards, "
-                               f"{len(old_logprobs)} old_logprobs")
+            raise RLInputError(
+                f"update needs one reward and one old_logprobs list per record; got "
+                f"{len(records)} records, {len(rewards)} rewards, "
+                f"{len(old_logprobs)} old_logprobs"
+            )
         if not records:
             raise RLInputError("update got no rollout records")
-        order = sorted(range(len(records)),
-                       key=lambda i: (records[i].prompt_index, records[i].sample_index))
+        order = sorted(
+            range(len(records)), key=lambda i: (records[i].prompt_index, records[i].sample_index)
+        )
         ordered = [records[i] for i in order]
         _check_groups(ordered, group_size)
         old = []
         for i in order:
             if len(old_logprobs[i]) != len(records[i].output_ids):
                 r = records[i]
-                raise RLInputError(f"rollout ({r.prompt_index}, {r.sample_index}) has "
-                                   f"{len(r.output_ids)} generated tokens but "
-                                   f"{len(old_logprobs[i])} old logprobs")
+                raise RLInputError(
+                    f"rollout ({r.prompt_index}, {r.sample_index}) has "
+                    f"{len(r.output_ids)} generated tokens but "
+                    f"{len(old_logprobs[i])} old logprobs"
+                )
             old.append(old_logprobs[i])
         reward_tensor = torch.tensor([float(rewards[i]) for i in order], dtype=torch.float32)
         advantages = self.advantage_fn(reward_tensor, group_size, eps=self.algo.adv_eps)
@@ -192,8 +222,9 @@ class PolicyTrainer:
         sums: dict[str, float] = defaultdict(float)
         loss_total, tokens_total = 0.0, 0
         for indices in batches:
-            loss, metrics, tokens = self._micro_batch(ordered, old, advantages, indices,
-                                                      max(normalizer, 1))
+            loss, metrics, tokens = self._micro_batch(
+                ordered, old, advantages, indices, max(normalizer, 1)
+            )
             loss.backward()
             loss_total += float(loss.detach())
             tokens_total += tokens
@@ -207,8 +238,14 @@ class PolicyTrainer:
                 self.masters.publish()
         # the loss's masked means, token-weighted over micro-batches, are the full batch's means
         metrics = {key: value / max(tokens_total, 1) for key, value in sums.items()}
-        metrics.update({"actor/pg_loss": loss_total, "actor/loss": loss_total,
-                        "actor/tokens": float(tokens_total), "actor/grad_norm": grad_norm})
+        metrics.update(
+            {
+                "actor/pg_loss": loss_total,
+                "actor/loss": loss_total,
+                "actor/tokens": float(tokens_total),
+                "actor/grad_norm": grad_norm,
+            }
+        )
         return metrics
 
     def _micro_batch(self, ordered, old, advantages, indices, normalizer):
@@ -221,13 +258,18 @@ class PolicyTrainer:
         old_t = _padded([old[i] for i in indices], batch.mask.shape).to(self.device)
         actor_t = _padded([r.actor_logprobs for r in chunk], batch.mask.shape).to(self.device)
         adv_t = per_token_advantages(advantages[indices].to(self.device), batch.mask)
-        loss, metrics = self.loss_fn(logprobs, old_t, actor_t, adv_t, batch.mask, self.loss_config,
-                                     normalizer=normalizer)
+        loss, metrics = self.loss_fn(
+            logprobs, old_t, actor_t, adv_t, batch.mask, self.loss_config, normalizer=normalizer
+        )
         return loss, metrics, int(batch.mask.sum())
 
     def _clip_gradients(self) -> float:
-        params = [p for group in self.optimizer.param_groups for p in group["params"]
-                  if p.grad is not None]
+        params = [
+            p
+            for group in self.optimizer.param_groups
+            for p in group["params"]
+            if p.grad is not None
+        ]
         if not params:
             return 0.0
         limit = self.algo.grad_clip if self.algo.grad_clip > 0 else float("inf")
@@ -273,10 +315,16 @@ class PolicyTrainer:
         return SharedWeights.pack(self.state_dict_for_sync(), dtype)
 
     def _meta(self) -> dict:
-        return {"step": self.step, "optimizer_steps": self.optimizer_steps, "seed": self.seed,
-                "temperature": self.temperature, "dtype": str(self.dtype).replace("torch.", ""),
-                "master_weights": self.masters is not None,
-                "algo": asdict(self.algo), "source_model": str(self.model_path)}
+        return {
+            "step": self.step,
+            "optimizer_steps": self.optimizer_steps,
+            "seed": self.seed,
+            "temperature": self.temperature,
+            "dtype": str(self.dtype).replace("torch.", ""),
+            "master_weights": self.masters is not None,
+            "algo": asdict(self.algo),
+            "source_model": str(self.model_path),
+        }
 
     def save(self, folder: str | Path) -> Path:
         """Write a checkpoint folder (sparrow/trainer/checkpoint.py) that load() resumes."""
@@ -304,18 +352,30 @@ class PolicyTrainer:
             self._saver.wait()
 
     @classmethod
-    def load(cls, folder: str | Path, algo: AlgoConfig, device: str | torch.device = "auto",
-             dtype: str | torch.dtype = "auto") -> "PolicyTrainer":
+    def load(
+        cls,
+        folder: str | Path,
+        algo: AlgoConfig,
+        device: str | torch.device = "auto",
+        dtype: str | torch.dtype = "auto",
+    ) -> PolicyTrainer:
         """The trainer saved in `folder` (save(), or a trainer group's save() or export()),
         ready for its next update. lr and weight_decay come from `algo` (a resumed run may
         change them); the moments and step counts from disk."""
         state = read_checkpoint_state(folder)
-        trainer = cls(folder, algo, device, dtype, seed=int(state.meta.get("seed", 0)),
-                      temperature=float(state.meta.get("temperature", 1.0)))
+        trainer = cls(
+            folder,
+            algo,
+            device,
+            dtype,
+            seed=int(state.meta.get("seed", 0)),
+            temperature=float(state.meta.get("temperature", 1.0)),
+        )
         optimizer_state = state.optimizer
         if optimizer_state is None:  # a group's shards, read whole without a process group
-            optimizer_state = read_full_optimizer(Path(folder) / SHARDED_STATE, trainer.model,
-                                                  trainer.optimizer)
+            optimizer_state = read_full_optimizer(
+                Path(folder) / SHARDED_STATE, trainer.model, trainer.optimizer
+            )
         trainer.optimizer.load_state_dict(optimizer_state)
         for group in trainer.optimizer.param_groups:
             group["lr"], group["weight_decay"] = algo.lr, algo.weight_decay
@@ -334,13 +394,15 @@ def _check_groups(ordered: Sequence[RolloutRecord], group_size: int) -> None:
         counts[r.prompt_index].append(r.sample_index)
     for prompt, samples in counts.items():
         if len(samples) != group_size or len(set(samples)) != len(samples):
-            raise RLInputError(f"prompt {prompt} has samples {samples}; each prompt needs "
-                               f"group_size={group_size} distinct samples")
+            raise RLInputError(
+                f"prompt {prompt} has samples {samples}; each prompt needs "
+                f"group_size={group_size} distinct samples"
+            )
 
 
 def _padded(rows: Sequence[Sequence[float]], shape: torch.Size) -> torch.Tensor:
     out = torch.zeros(shape, dtype=torch.float32)
     for i, row in enumerate(rows):
         if len(row):
-            out[i, :len(row)] = torch.tensor(row, dtype=torch.float32)
+            out[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
     return out

@@ -29,8 +29,9 @@ Tests: `python -m pytest tests/trainer/test_scoring.py -q`.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -38,8 +39,8 @@ import torch
 from sparrow.data.rollouts import RolloutRecord
 from sparrow.mismatch.acceptance import acceptance_lower_bound
 from sparrow.rl.checks import RLInputError
-from sparrow.trainer.logprobs import chunked_logprobs
 from sparrow.token_arrays import token_matrix
+from sparrow.trainer.logprobs import chunked_logprobs
 
 
 @dataclass(frozen=True)
@@ -74,13 +75,23 @@ def effective_temperature(temperature: float) -> float:
 
 def micro_batches(records: Sequence[RolloutRecord], micro_batch_tokens: int) -> list[list[int]]:
     """Indices of `records` in micro-batches: shortest first, padded size within the budget."""
-    if isinstance(micro_batch_tokens, bool) or not isinstance(micro_batch_tokens, int) \
-            or micro_batch_tokens < 1:
+    if (
+        isinstance(micro_batch_tokens, bool)
+        or not isinstance(micro_batch_tokens, int)
+        or micro_batch_tokens < 1
+    ):
         raise RLInputError(
-            f"micro_batch_tokens must be an integer >= 1, got {micro_batch_tokens!r}")
-    order = sorted(range(len(records)), key=lambda i: (records[i].total_length,
-                                                      records[i].prompt_index,
-                                                      records[i].sample_index, i))
+            f"micro_batch_tokens must be an integer >= 1, got {micro_batch_tokens!r}"
+        )
+    order = sorted(
+        range(len(records)),
+        key=lambda i: (
+            records[i].total_length,
+            records[i].prompt_index,
+            records[i].sample_index,
+            i,
+        ),
+    )
     batches: list[list[int]] = []
     current: list[int] = []
     for i in order:
@@ -108,14 +119,18 @@ def pad_batch(records: Sequence[RolloutRecord], device: torch.device | str) -> P
         prompt, end = int(prompts[row, 0]), int(ends[row, 0])
         input_ids[row, :prompt] = r.prompt_ids
         input_ids[row, prompt:end] = r.output_ids
-        targets[row, :end - prompt] = r.output_ids
+        targets[row, : end - prompt] = r.output_ids
     attention_mask = (np.arange(input_ids.shape[1]) < ends).astype(np.int64)
     steps = np.arange(targets.shape[1])
     # padding columns read the last real position; they are masked out anyway
     gather = np.minimum(steps + prompts - 1, ends - 1)
     mask = steps < outs
-    return PaddedBatch(*(torch.from_numpy(t).to(device)
-                         for t in (input_ids, attention_mask, gather, targets, mask)))
+    return PaddedBatch(
+        *(
+            torch.from_numpy(t).to(device)
+            for t in (input_ids, attention_mask, gather, targets, mask)
+        )
+    )
 
 
 def output_hidden(model: torch.nn.Module, batch: PaddedBatch) -> torch.Tensor:
@@ -127,30 +142,43 @@ def output_hidden(model: torch.nn.Module, batch: PaddedBatch) -> torch.Tensor:
         kwargs["attention_mask"] = None
     else:
         kwargs["attention_mask"] = batch.attention_mask
-    hidden = model.get_decoder()(input_ids=batch.input_ids, use_cache=False,
-                                 **kwargs).last_hidden_state
+    hidden = model.get_decoder()(
+        input_ids=batch.input_ids, use_cache=False, **kwargs
+    ).last_hidden_state
     index = batch.gather_positions[..., None].expand(-1, -1, hidden.shape[-1])
     return hidden.gather(1, index)[batch.mask]
 
 
-def token_logprobs(model: torch.nn.Module, batch: PaddedBatch, temperature: float,
-                   chunk_tokens: int, extra_ids: torch.Tensor | None = None,
-                   compiled: bool = False):
+def token_logprobs(
+    model: torch.nn.Module,
+    batch: PaddedBatch,
+    temperature: float,
+    chunk_tokens: int,
+    extra_ids: torch.Tensor | None = None,
+    compiled: bool = False,
+):
     """chunked_logprobs of the generated tokens [N] (and at extra_ids [N, K]) in
     batch.mask order; [chunk_tokens, vocab] logits at most at any moment; compiled: the
     no-gradient log-softmax compiled (algo.compile_logprobs)."""
     hidden = output_hidden(model, batch)
     weight = model.get_output_embeddings().weight
-    return chunked_logprobs(hidden, weight, batch.targets[batch.mask],
-                            effective_temperature(temperature), chunk_tokens, extra_ids,
-                            compiled=compiled)
+    return chunked_logprobs(
+        hidden,
+        weight,
+        batch.targets[batch.mask],
+        effective_temperature(temperature),
+        chunk_tokens,
+        extra_ids,
+        compiled=compiled,
+    )
 
 
 def output_logits(model: torch.nn.Module, batch: PaddedBatch, temperature: float) -> torch.Tensor:
     """fp32 logits / temperature [b, L, V] at the positions that predict generated tokens
     (the whole batch's logits at once: for small vocabularies and tests)."""
-    hidden = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                                 use_cache=False).last_hidden_state
+    hidden = model.get_decoder()(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
+    ).last_hidden_state
     index = batch.gather_positions[..., None].expand(-1, -1, hidden.shape[-1])
     picked = hidden.gather(1, index)
     logits = model.get_output_embeddings()(picked).float()
@@ -176,8 +204,10 @@ def _actor_topk(records: Sequence[RolloutRecord], width: int, vocab: int):
         ids[row, :n, :kr] = record_ids
         logprobs[row, :n, :kr] = record_logprobs
     if ids.size and not (0 <= ids.min() and ids.max() < vocab):
-        raise RLInputError(f"actor top-K ids must lie in [0, {vocab}) (the dense model's "
-                           f"vocabulary), got [{int(ids.min())}, {int(ids.max())}]")
+        raise RLInputError(
+            f"actor top-K ids must lie in [0, {vocab}) (the dense model's "
+            f"vocabulary), got [{int(ids.min())}, {int(ids.max())}]"
+        )
     return torch.from_numpy(ids), torch.from_numpy(logprobs)
 
 
@@ -190,21 +220,30 @@ def _topk_matrices(r: RolloutRecord) -> tuple[np.ndarray, np.ndarray]:
         ids = logprobs = None
     if ids is None or (len(ids) and ids.shape[1] != logprobs.shape[1]):
         widths = {len(t) for t in r.topk_ids} | {len(t) for t in r.topk_logprobs}
-        raise RLInputError(f"rollout ({r.prompt_index}, {r.sample_index}): top-K lists differ "
-                           f"in length across tokens ({sorted(widths)})")
+        raise RLInputError(
+            f"rollout ({r.prompt_index}, {r.sample_index}): top-K lists differ "
+            f"in length across tokens ({sorted(widths)})"
+        )
     return ids, logprobs
 
 
 @torch.no_grad()
-def score_rollouts(model: torch.nn.Module, records: Sequence[RolloutRecord],
-                   micro_batch_tokens: int, temperature: float = 1.0,
-                   chunk_tokens: int = 4096, forward=None) -> list[TokenScores]:
+def score_rollouts(
+    model: torch.nn.Module,
+    records: Sequence[RolloutRecord],
+    micro_batch_tokens: int,
+    temperature: float = 1.0,
+    chunk_tokens: int = 4096,
+    forward=None,
+) -> list[TokenScores]:
     """TokenScores per record, in the order given (see the module doc). `forward(batch,
     extra_ids)` replaces token_logprobs(model, ...) (rl/sharded.py: the FSDP root's forward)."""
     effective_temperature(temperature)
     if forward is None:
+
         def forward(batch, extra_ids):
             return token_logprobs(model, batch, temperature, chunk_tokens, extra_ids)
+
     device = next(model.parameters()).device
     vocab = model.get_output_embeddings().weight.shape[0]
     scores: list[TokenScores | None] = [None] * len(records)

@@ -32,8 +32,8 @@ tests: `python -m pytest tests/trainer/test_sharded_trainer.py -q`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 import torch.distributed as dist
@@ -42,8 +42,8 @@ from sparrow.data.rollouts import RolloutRecord
 from sparrow.trainer.checkpoint import save_checkpoint
 from sparrow.trainer.hf_model import checkpoint_parts, empty_hf_model, read_part, tied_names
 from sparrow.trainer.memory import names_out_of_memory
-from sparrow.trainer.scoring import TokenScores, micro_batches, score_rollouts, token_logprobs
 from sparrow.trainer.policy_trainer import PolicyTrainer
+from sparrow.trainer.scoring import TokenScores, micro_batches, score_rollouts, token_logprobs
 
 PADDING = None  # a micro-batch that only keeps the ranks' collectives in step
 
@@ -73,17 +73,26 @@ class LogprobRoot(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, batch, temperature: float, chunk_tokens: int, extra_ids=None,
-                compiled: bool = False):
-        return token_logprobs(self.model, batch, temperature, chunk_tokens, extra_ids,
-                              compiled=compiled)
+    def forward(
+        self, batch, temperature: float, chunk_tokens: int, extra_ids=None, compiled: bool = False
+    ):
+        return token_logprobs(
+            self.model, batch, temperature, chunk_tokens, extra_ids, compiled=compiled
+        )
 
 
 class ShardedPolicyTrainer(PolicyTrainer):
     """PolicyTrainer's update and scoring on this rank's shard (see the module doc)."""
 
-    def __init__(self, model_path: str | Path, algo, dtype: str | torch.dtype = "auto",
-                 seed: int = 0, temperature: float = 1.0, group=None):
+    def __init__(
+        self,
+        model_path: str | Path,
+        algo,
+        dtype: str | torch.dtype = "auto",
+        seed: int = 0,
+        temperature: float = 1.0,
+        group=None,
+    ):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -94,12 +103,16 @@ class ShardedPolicyTrainer(PolicyTrainer):
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
-        device = torch.device("cuda", torch.cuda.current_device()) \
-            if dist.get_backend(group) == "nccl" else torch.device("cpu")
+        device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if dist.get_backend(group) == "nccl"
+            else torch.device("cpu")
+        )
         # fp32 parameters on the meta device (_load_model): FSDP shards them, then
         # _materialize gives them memory and the checkpoint's values; bf16 compute is FSDP's
-        super().__init__(model_path, algo, device="cpu", dtype=torch.float32, seed=seed,
-                         temperature=temperature)
+        super().__init__(
+            model_path, algo, device="cpu", dtype=torch.float32, seed=seed, temperature=temperature
+        )
         tied = tied_names(self.model)
         self.compute_dtype = resolve_dtype(dtype, device)
         policy = MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32)
@@ -107,6 +120,7 @@ class ShardedPolicyTrainer(PolicyTrainer):
             mesh = init_device_mesh(device.type, (self.world_size,))
         else:
             from torch.distributed.device_mesh import DeviceMesh
+
             mesh = DeviceMesh.from_group(group, device.type)
         for layer in self.model.get_decoder().layers:
             fully_shard(layer, mesh=mesh, mp_policy=policy)
@@ -118,8 +132,9 @@ class ShardedPolicyTrainer(PolicyTrainer):
                 module.set_force_sum_reduction_for_comms(True)
         self.device = device
         self._materialize(device, tied)
-        self.optimizer = torch.optim.AdamW(list(self.model.parameters()), lr=algo.lr,
-                                           weight_decay=algo.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            list(self.model.parameters()), lr=algo.lr, weight_decay=algo.weight_decay
+        )
 
     def _load_model(self) -> torch.nn.Module:
         return empty_hf_model(self.model_path)
@@ -131,8 +146,7 @@ class ShardedPolicyTrainer(PolicyTrainer):
         (to_empty wipes them); tied parameters (the output embedding) are pointed at one
         sharded tensor again in case to_empty split them (FSDP2 keeps them in torch 2.13), so
         its gradient stays the sum of both uses."""
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions,
-                                                             set_model_state_dict)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
         buffers = {name: b.detach().clone() for name, b in self.model.named_buffers()}
         self.model.to_empty(device=device)
@@ -167,8 +181,13 @@ class ShardedPolicyTrainer(PolicyTrainer):
     # forwards through the FSDP root
 
     def _token_logprobs(self, batch, extra_ids=None):
-        return self.root(batch, self.temperature, self.algo.logits_chunk_tokens, extra_ids,
-                         self.compiles("compile_logprobs"))
+        return self.root(
+            batch,
+            self.temperature,
+            self.algo.logits_chunk_tokens,
+            extra_ids,
+            self.compiles("compile_logprobs"),
+        )
 
     @names_out_of_memory("dense scoring")
     def score(self, records: Sequence[RolloutRecord]) -> list[TokenScores]:
@@ -177,12 +196,20 @@ class ShardedPolicyTrainer(PolicyTrainer):
         local = [records[i] for i in mine]
         # score_rollouts runs a forward per micro-batch with a generated token; the count is
         # agreed before any forward, as collectives pair up in the order they are called
-        forwards = sum(1 for batch in micro_batches(local, self.algo.micro_batch_tokens)
-                       if any(len(local[i].output_ids) for i in batch))
+        forwards = sum(
+            1
+            for batch in micro_batches(local, self.algo.micro_batch_tokens)
+            if any(len(local[i].output_ids) for i in batch)
+        )
         padding = self._max(forwards) - forwards
-        local_scores = score_rollouts(self.model, local, self.algo.micro_batch_tokens,
-                                      self.temperature, self.algo.logits_chunk_tokens,
-                                      forward=self._token_logprobs)
+        local_scores = score_rollouts(
+            self.model,
+            local,
+            self.algo.micro_batch_tokens,
+            self.temperature,
+            self.algo.logits_chunk_tokens,
+            forward=self._token_logprobs,
+        )
         with torch.no_grad():
             for _ in range(padding):
                 self._padding_forward(records[0])
@@ -203,9 +230,10 @@ class ShardedPolicyTrainer(PolicyTrainer):
 
     def _micro_batches(self, ordered) -> list:
         mine = shares(ordered, self.world_size)[self.rank]
-        batches = [[mine[j] for j in batch]
-                   for batch in micro_batches([ordered[i] for i in mine],
-                                              self.algo.micro_batch_tokens)]
+        batches = [
+            [mine[j] for j in batch]
+            for batch in micro_batches([ordered[i] for i in mine], self.algo.micro_batch_tokens)
+        ]
         return batches + [PADDING] * (self._max(len(batches)) - len(batches))
 
     def _micro_batch(self, ordered, old, advantages, indices, normalizer):
@@ -219,13 +247,21 @@ class ShardedPolicyTrainer(PolicyTrainer):
         # token-weighted means and sums over ranks (grad_norm is already global)
         tokens = metrics["actor/tokens"]
         keys = sorted(k for k in metrics if k != "actor/grad_norm")
-        summed = [metrics[k] if k in ("actor/loss", "actor/pg_loss", "actor/tokens")
-                  else metrics[k] * tokens for k in keys]
+        summed = [
+            metrics[k]
+            if k in ("actor/loss", "actor/pg_loss", "actor/tokens")
+            else metrics[k] * tokens
+            for k in keys
+        ]
         t = torch.tensor(summed, dtype=torch.float64, device=self._comm_device())
         dist.all_reduce(t, group=self.group)
         total = dict(zip(keys, t.tolist()))
-        out = {k: total[k] if k in ("actor/loss", "actor/pg_loss", "actor/tokens")
-               else total[k] / max(total["actor/tokens"], 1) for k in keys}
+        out = {
+            k: total[k]
+            if k in ("actor/loss", "actor/pg_loss", "actor/tokens")
+            else total[k] / max(total["actor/tokens"], 1)
+            for k in keys
+        }
         out["actor/grad_norm"] = metrics["actor/grad_norm"]
         return out
 
@@ -275,18 +311,23 @@ class ShardedPolicyTrainer(PolicyTrainer):
         if self.rank != 0:
             return {}
         number = {name: i for i, (name, _) in enumerate(self.model.named_parameters())}
-        groups = [{**g, "params": [number[n] for n in g["params"]]}
-                  for g in state["param_groups"]]
-        return {"state": {number[n]: s for n, s in state["state"].items()},
-                "param_groups": groups}
+        groups = [{**g, "params": [number[n] for n in g["params"]]} for g in state["param_groups"]]
+        return {"state": {number[n]: s for n, s in state["state"].items()}, "param_groups": groups}
 
     def export(self, folder: str | Path) -> Path:
         """rl/checkpoint.py's folder, written by rank 0 (a collective: every rank calls it)."""
         weights = self.full_state_dict()
         optimizer_state = self.full_optimizer_state()
         if self.rank == 0:
-            save_checkpoint(folder, self.model, self.optimizer, self.model_path, self._meta(),
-                            state_dict=weights, optimizer_state=optimizer_state)
+            save_checkpoint(
+                folder,
+                self.model,
+                self.optimizer,
+                self.model_path,
+                self._meta(),
+                state_dict=weights,
+                optimizer_state=optimizer_state,
+            )
         dist.barrier(group=self.group)
         return Path(folder)
 
@@ -321,15 +362,22 @@ class ShardedPolicyTrainer(PolicyTrainer):
         self.offloaded = False
 
     @classmethod
-    def load(cls, folder: str | Path, algo, dtype: str | torch.dtype = "auto",
-             group=None) -> "ShardedPolicyTrainer":
+    def load(
+        cls, folder: str | Path, algo, dtype: str | torch.dtype = "auto", group=None
+    ) -> ShardedPolicyTrainer:
         """The trainer saved in `folder` (save(), export() or PolicyTrainer.save), on this
         group's ranks, whatever number of ranks wrote it. lr and weight_decay come from
         `algo`. A collective: every rank calls it."""
         from sparrow.trainer.sharded_checkpoint import read_meta, restore
 
         meta = read_meta(folder)
-        trainer = cls(folder, algo, dtype, seed=int(meta.get("seed", 0)),
-                      temperature=float(meta.get("temperature", 1.0)), group=group)
+        trainer = cls(
+            folder,
+            algo,
+            dtype,
+            seed=int(meta.get("seed", 0)),
+            temperature=float(meta.get("temperature", 1.0)),
+            group=group,
+        )
         restore(trainer, folder, meta)
         return trainer

@@ -56,8 +56,11 @@ from sparrow.trainer.checkpoint import (
 
 def _broadcast_path(trainer, path: Path | None) -> Path:
     holder = [str(path) if path is not None else None]
-    dist.broadcast_object_list(holder, src=dist.get_global_rank(trainer.group, 0)
-                               if trainer.group is not None else 0, group=trainer.group)
+    dist.broadcast_object_list(
+        holder,
+        src=dist.get_global_rank(trainer.group, 0) if trainer.group is not None else 0,
+        group=trainer.group,
+    )
     return Path(holder[0])
 
 
@@ -76,8 +79,11 @@ def save_sharded(trainer, folder: str | Path) -> Path:
     scratch = _broadcast_path(trainer, scratch)
     weights = trainer.full_state_dict()
     optimizer = get_optimizer_state_dict(trainer.model, trainer.optimizer)
-    dcp.save({"optimizer": optimizer}, checkpoint_id=str(scratch / SHARDED_STATE),
-             process_group=trainer.group)
+    dcp.save(
+        {"optimizer": optimizer},
+        checkpoint_id=str(scratch / SHARDED_STATE),
+        process_group=trainer.group,
+    )
     if trainer.rank == 0:
         try:
             trainer.model.save_pretrained(scratch, safe_serialization=True, state_dict=weights)
@@ -95,10 +101,12 @@ def read_meta(folder: str | Path) -> dict[str, Any]:
     for name in (TRAINER_STATE, RNG_STATE, "config.json"):
         if not (folder / name).is_file():
             raise TrainerCheckpointError(
-                f"checkpoint folder {folder} has no {name} (not a trainer checkpoint?)")
+                f"checkpoint folder {folder} has no {name} (not a trainer checkpoint?)"
+            )
     if not ((folder / SHARDED_STATE).is_dir() or (folder / OPTIMIZER_STATE).is_file()):
         raise TrainerCheckpointError(
-            f"checkpoint folder {folder} has neither {SHARDED_STATE}/ nor {OPTIMIZER_STATE}")
+            f"checkpoint folder {folder} has neither {SHARDED_STATE}/ nor {OPTIMIZER_STATE}"
+        )
     return json.loads((folder / TRAINER_STATE).read_text())
 
 
@@ -138,15 +146,20 @@ def _restore_full(trainer, numbered: dict[str, Any]) -> None:
     )
 
     names = [name for name, _ in trainer.model.named_parameters()]
-    state = {"state": {names[int(i)]: s for i, s in numbered["state"].items()},
-             "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]}
-                              for g in numbered["param_groups"]]}
-    set_optimizer_state_dict(trainer.model, trainer.optimizer, state,
-                             options=StateDictOptions(full_state_dict=True))
+    state = {
+        "state": {names[int(i)]: s for i, s in numbered["state"].items()},
+        "param_groups": [
+            {**g, "params": [names[int(i)] for i in g["params"]]} for g in numbered["param_groups"]
+        ],
+    }
+    set_optimizer_state_dict(
+        trainer.model, trainer.optimizer, state, options=StateDictOptions(full_state_dict=True)
+    )
 
 
-def read_full_optimizer(path: str | Path, model: torch.nn.Module,
-                        optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def read_full_optimizer(
+    path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> dict[str, Any]:
     """The shards under `path` (a folder's sharded_state/) read whole in this process, with no
     process group, as `optimizer`'s state_dict: parameters numbered in `model`'s order (the
     names ShardedPolicyTrainer keys them by), the param groups `optimizer`'s own."""
@@ -163,16 +176,24 @@ def read_full_optimizer(path: str | Path, model: torch.nn.Module,
         if tuple(where[:2]) == ("optimizer", "state"):
             entry = metadata.state_dict_metadata[key]
             template.setdefault(where[2], {})[where[3]] = torch.empty(
-                entry.size, dtype=entry.properties.dtype)
+                entry.size, dtype=entry.properties.dtype
+            )
     parameters = dict(model.named_parameters())
-    misfits = sorted(name for name, state in template.items()
-                     if name not in parameters or any(
-                         t.dim() and t.shape != parameters[name].shape for t in state.values()))
+    misfits = sorted(
+        name
+        for name, state in template.items()
+        if name not in parameters
+        or any(t.dim() and t.shape != parameters[name].shape for t in state.values())
+    )
     if not template or misfits:
         raise TrainerCheckpointError(
-            f"optimizer shards {path} do not fit this model: " + (
+            f"optimizer shards {path} do not fit this model: "
+            + (
                 f"parameters {misfits[:3]} are not the model's or have other shapes"
-                if misfits else "they hold no parameter's state"))
+                if misfits
+                else "they hold no parameter's state"
+            )
+        )
     try:
         with warnings.catch_warnings():  # the intent is one process; torch warns it assumes so
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
@@ -181,5 +202,7 @@ def read_full_optimizer(path: str | Path, model: torch.nn.Module,
         causes = "; ".join(f"{type(c).__name__}: {c}" for c, _ in err.failures.values())
         raise TrainerCheckpointError(f"optimizer shards {path} are unreadable: {causes}") from None
     number = {name: i for i, name in enumerate(parameters)}
-    return {"state": {number[name]: state for name, state in template.items()},
-            "param_groups": optimizer.state_dict()["param_groups"]}
+    return {
+        "state": {number[name]: state for name, state in template.items()},
+        "param_groups": optimizer.state_dict()["param_groups"],
+    }

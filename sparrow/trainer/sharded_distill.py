@@ -24,8 +24,8 @@ only where the micro-batches do. Tests: tests/trainer/test_sharded_distill.py (g
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -104,7 +104,7 @@ class ShardedDistiller(SparseDistiller):
         dist.all_reduce(flat, group=self.group)
         offset = 0
         for p in used:
-            p.grad.copy_(flat[offset: offset + p.numel()].view_as(p.grad))
+            p.grad.copy_(flat[offset : offset + p.numel()].view_as(p.grad))
             offset += p.numel()
 
     def save(self, folder: str | Path) -> Path:

@@ -19,8 +19,9 @@ import torch
 
 
 @torch.no_grad()
-def move_shards(root: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                device: torch.device) -> None:
+def move_shards(
+    root: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device
+) -> None:
     """The FSDP root's parameters and buffers, and the optimizer's moments, to `device`."""
     if any(p.grad is not None for p in root.parameters()):
         raise RuntimeError("free the gradients before moving the shards")

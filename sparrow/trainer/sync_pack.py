@@ -37,8 +37,9 @@ def _numel(shape: tuple[int, ...]) -> int:
     return count
 
 
-def sync_layout(model: torch.nn.Module) -> tuple[dict[str, tuple[int, tuple[int, ...]]],
-                                                 dict[str, str], int]:
+def sync_layout(
+    model: torch.nn.Module,
+) -> tuple[dict[str, tuple[int, tuple[int, ...]]], dict[str, str], int]:
     """(name -> (element offset, full shape), name -> the first name of its tensor, total
     elements) over model.state_dict(keep_vars=True), tied tensors laid out once."""
     layout: dict[str, tuple[int, tuple[int, ...]]] = {}
@@ -63,8 +64,9 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def pack_full_weights(trainer: Any, dtype: torch.dtype, adapter: Any = None,
-                      group=None) -> SharedWeights | None:
+def pack_full_weights(
+    trainer: Any, dtype: torch.dtype, adapter: Any = None, group=None
+) -> SharedWeights | None:
     """See the module doc. `trainer` is a ShardedPolicyTrainer (its .model and .device);
     `adapter` an rl/lora.py Adapter or None. A collective over `group` (default: the FSDP
     ranks' default group)."""
@@ -83,7 +85,7 @@ def pack_full_weights(trainer: Any, dtype: torch.dtype, adapter: Any = None,
             full = _full(tensor.detach().to(dtype))
         if rank == 0:
             offset, shape = layout[name]
-            buffer[offset: offset + full.numel()].view(shape).copy_(full)
+            buffer[offset : offset + full.numel()].view(shape).copy_(full)
         del full
     if rank != 0:
         return None

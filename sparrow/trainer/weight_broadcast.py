@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import datetime
 import pickle
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -37,8 +37,9 @@ import torch.distributed as dist
 Bucket = tuple[list[tuple[str, int, tuple[int, ...]]], int]
 
 
-def plan_buckets(state: Mapping[str, torch.Tensor], bucket_bytes: int,
-                 element_size: int) -> list[Bucket]:
+def plan_buckets(
+    state: Mapping[str, torch.Tensor], bucket_bytes: int, element_size: int
+) -> list[Bucket]:
     """Tensors in order, laid end to end per bucket; a name whose storage (data pointer and
     shape) was already laid out points at the same place (tied embeddings travel once)."""
     if bucket_bytes < 1:
@@ -67,8 +68,9 @@ def plan_buckets(state: Mapping[str, torch.Tensor], bucket_bytes: int,
     return buckets
 
 
-def plan_packed(layout: Mapping[str, tuple[int, tuple[int, ...]]], bucket_bytes: int,
-                element_size: int) -> list[tuple[int, Bucket]]:
+def plan_packed(
+    layout: Mapping[str, tuple[int, tuple[int, ...]]], bucket_bytes: int, element_size: int
+) -> list[tuple[int, Bucket]]:
     """Buckets over one packed flat buffer (engine/weight_share.py's layout: name -> (element
     offset, shape), tied names at one offset): (first element, bucket) per bucket, the
     buckets contiguous slices of the buffer cut at tensor boundaries, as plan_buckets cuts."""
@@ -104,8 +106,15 @@ class SyncGroup:
     device: torch.device
 
     @classmethod
-    def connect(cls, host: str, port: int, rank: int, world_size: int, backend: str = "gloo",
-                timeout_s: float = 600.0) -> "SyncGroup":
+    def connect(
+        cls,
+        host: str,
+        port: int,
+        rank: int,
+        world_size: int,
+        backend: str = "gloo",
+        timeout_s: float = 600.0,
+    ) -> SyncGroup:
         """Every member calls this at once; rank 0 listens on (host, port)."""
         timeout = datetime.timedelta(seconds=timeout_s)
         store = dist.TCPStore(host, port, world_size, rank == 0, timeout=timeout)
@@ -140,8 +149,7 @@ class SyncGroup:
         return value if self.rank == 0 else pickle.loads(data.cpu().numpy().tobytes())
 
     @torch.no_grad()
-    def send(self, state: Mapping[str, torch.Tensor], dtype: torch.dtype,
-             bucket_bytes: int) -> int:
+    def send(self, state: Mapping[str, torch.Tensor], dtype: torch.dtype, bucket_bytes: int) -> int:
         """Broadcast `state` (rank 0 only); returns the bytes sent in buckets."""
         if self.rank != 0:
             raise RuntimeError("only rank 0 of the sync group sends weights")
@@ -153,26 +161,35 @@ class SyncGroup:
             flat = torch.empty(numel, dtype=dtype, device=self.device)
             for name, offset, shape in entries:
                 tensor = state[name]
-                flat[offset: offset + tensor.numel()].view(shape).copy_(tensor)
+                flat[offset : offset + tensor.numel()].view(shape).copy_(tensor)
             self._broadcast(flat)
             sent += flat.numel() * element
         return sent
 
     @torch.no_grad()
-    def send_packed(self, buffer: torch.Tensor,
-                    layout: Mapping[str, tuple[int, tuple[int, ...]]], bucket_bytes: int) -> int:
+    def send_packed(
+        self,
+        buffer: torch.Tensor,
+        layout: Mapping[str, tuple[int, tuple[int, ...]]],
+        bucket_bytes: int,
+    ) -> int:
         """Broadcast a packed flat buffer (rl/sync_pack.py) on the group's device, its buckets
         slices of it (no copy); receive() takes it as it takes send(). Returns the bytes."""
         if self.rank != 0:
             raise RuntimeError("only rank 0 of the sync group sends weights")
         if buffer.device != self.device:
-            raise ValueError(f"the packed buffer is on {buffer.device}, the sync group sends "
-                             f"from {self.device}")
+            raise ValueError(
+                f"the packed buffer is on {buffer.device}, the sync group sends from {self.device}"
+            )
         buckets = plan_packed(layout, bucket_bytes, buffer.element_size())
-        self._broadcast_object({"dtype": str(buffer.dtype).replace("torch.", ""),
-                                "buckets": [bucket for _, bucket in buckets]})
+        self._broadcast_object(
+            {
+                "dtype": str(buffer.dtype).replace("torch.", ""),
+                "buckets": [bucket for _, bucket in buckets],
+            }
+        )
         for start, (_, numel) in buckets:
-            self._broadcast(buffer[start: start + numel])
+            self._broadcast(buffer[start : start + numel])
         return sum(numel for _, (_, numel) in buckets) * buffer.element_size()
 
     @torch.no_grad()
@@ -185,8 +202,12 @@ class SyncGroup:
         for entries, numel in plan["buckets"]:
             flat = torch.empty(numel, dtype=dtype, device=self.device)
             self._broadcast(flat)
-            consume({name: flat[offset: offset + _numel(shape)].view(shape)
-                     for name, offset, shape in entries})
+            consume(
+                {
+                    name: flat[offset : offset + _numel(shape)].view(shape)
+                    for name, offset, shape in entries
+                }
+            )
             count += len(entries)
         return count
 

@@ -24,10 +24,12 @@ from typing import TYPE_CHECKING
 from sparrow.errors import SparrowError
 
 if TYPE_CHECKING:
-    from sparrow.vllm.engine import VllmEngine
+    from sparrow.vllm.engine import VllmEngine  # noqa: F401 - the annotations' type
 
-INSTALL_HINT = ("install vLLM 0.23.0 on the GPU machine (docs/backends.md, 'Installing vLLM "
-                "on the GPU machine': scripts/pack_vllm.sh packs it with its requirements)")
+INSTALL_HINT = (
+    "install vLLM 0.23.0 on the GPU machine (docs/backends.md, 'Installing vLLM "
+    "on the GPU machine': scripts/pack_vllm.sh packs it with its requirements)"
+)
 
 
 class VllmBackendError(SparrowError):
@@ -41,13 +43,15 @@ def vllm_available() -> bool:
 
 def require_vllm() -> None:
     if not vllm_available():
-        raise VllmBackendError(f"rollout.backend=vllm needs the package 'vllm', which is not "
-                               f"importable here; {INSTALL_HINT}")
+        raise VllmBackendError(
+            f"rollout.backend=vllm needs the package 'vllm', which is not "
+            f"importable here; {INSTALL_HINT}"
+        )
 
 
 def __getattr__(name: str):
     if name == "VllmEngine":  # imported on use: it needs vllm and CUDA
-        from sparrow.vllm.engine import VllmEngine
+        from sparrow.vllm.engine import VllmEngine  # noqa: F401 - the annotations' type
 
         return VllmEngine
     raise AttributeError(name)

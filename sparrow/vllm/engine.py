@@ -30,8 +30,9 @@ rest. Tested on a GPU only (tests/vllm/test_vllm_engine_gpu.py).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from sparrow.engine.config import EngineConfig
 from sparrow.engine.sequence import SampleResult
@@ -58,13 +59,21 @@ class KVCapacity:
 
 
 class VllmEngine:
-    def __init__(self, model_path: str, config: EngineConfig, tokenizer: Any = None,
-                 schedule: Schedule | None = None, dtype: str = "bfloat16",
-                 device: str = "cuda"):
+    def __init__(
+        self,
+        model_path: str,
+        config: EngineConfig,
+        tokenizer: Any = None,
+        schedule: Schedule | None = None,
+        dtype: str = "bfloat16",
+        device: str = "cuda",
+    ):
         require_vllm()
         if not str(device).startswith("cuda"):
-            raise VllmBackendError(f"rollout.backend=vllm needs a CUDA GPU; this actor's device "
-                                   f"is {device!r} (rollout.backend=native runs on CPU)")
+            raise VllmBackendError(
+                f"rollout.backend=vllm needs a CUDA GPU; this actor's device "
+                f"is {device!r} (rollout.backend=native runs on CPU)"
+            )
         self.arch = read_arch(model_path)
         self.config, self.tokenizer = config, tokenizer
         self.max_context = config.max_context or self.arch.max_position_embeddings
@@ -72,10 +81,11 @@ class VllmEngine:
         # the attention backend is fixed when vLLM starts: sparse only if asked from the start
         self.sparse_backend = self._makes_sparse(schedule)
         if self.sparse_backend and config.page_size != SPARSE_BLOCK_SIZE:
-            raise VllmBackendError(f"the sparse vLLM backend needs page_size "
-                                   f"{SPARSE_BLOCK_SIZE} (vLLM's block), got {config.page_size}")
-        self.llm = _start_llm(str(model_path), config, dtype, self.max_context,
-                              self.sparse_backend)
+            raise VllmBackendError(
+                f"the sparse vLLM backend needs page_size "
+                f"{SPARSE_BLOCK_SIZE} (vLLM's block), got {config.page_size}"
+            )
+        self.llm = _start_llm(str(model_path), config, dtype, self.max_context, self.sparse_backend)
         self._calls = 0
         self._weights_awake = self._kv_awake = True
         self._released = 0  # device bytes vLLM gave back asleep and takes again at wake
@@ -84,8 +94,9 @@ class VllmEngine:
     # the trainer's hooks
 
     def _makes_sparse(self, schedule: Schedule | None) -> bool:
-        return schedule is not None and any(schedule.is_sparse_layer(i)
-                                            for i in range(self.arch.num_layers))
+        return schedule is not None and any(
+            schedule.is_sparse_layer(i) for i in range(self.arch.num_layers)
+        )
 
     def set_schedule(self, schedule: Schedule | None) -> None:
         """Decode with this schedule from the next generate() on (None: dense). A schedule
@@ -96,16 +107,22 @@ class VllmEngine:
                 f"this vLLM engine started with dense attention (FLASH_ATTN) and decodes "
                 f"densely; it cannot take the sparse schedule {schedule.name!r}: start it with "
                 f"a sparse schedule (the block-sparse vLLM backend), or use "
-                f"rollout.backend=native")
+                f"rollout.backend=native"
+            )
         if sparse and schedule.page_size != SPARSE_BLOCK_SIZE:
-            raise VllmBackendError(f"schedule {schedule.name!r} has page_size "
-                                   f"{schedule.page_size}; vLLM's blocks hold {SPARSE_BLOCK_SIZE}")
+            raise VllmBackendError(
+                f"schedule {schedule.name!r} has page_size "
+                f"{schedule.page_size}; vLLM's blocks hold {SPARSE_BLOCK_SIZE}"
+            )
         if self.sparse_backend:
-            layers = self.llm.collective_rpc("sparrow_set_schedule",
-                                             args=(schedule if sparse else None,))
+            layers = self.llm.collective_rpc(
+                "sparrow_set_schedule", args=(schedule if sparse else None,)
+            )
             if min(layers) < self.arch.num_layers:
-                raise VllmBackendError(f"the sparse vLLM backend holds {min(layers)} of "
-                                       f"{self.arch.num_layers} attention layers")
+                raise VllmBackendError(
+                    f"the sparse vLLM backend holds {min(layers)} of "
+                    f"{self.arch.num_layers} attention layers"
+                )
         self.schedule = schedule if sparse else None
 
     def update_weights(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:
@@ -135,8 +152,11 @@ class VllmEngine:
         same size as at start, since vLLM does not resize it. VllmBackendError, before vLLM
         tries, when the device has less free memory than that (a colocated trainer that kept
         its state: algo.offload_during_rollout)."""
-        tags = [tag for tag, awake in (("weights", self._weights_awake),
-                                       ("kv_cache", self._kv_awake)) if not awake]
+        tags = [
+            tag
+            for tag, awake in (("weights", self._weights_awake), ("kv_cache", self._kv_awake))
+            if not awake
+        ]
         if tags:
             free = _free_bytes()
             if free is not None and self._released > free:
@@ -145,7 +165,8 @@ class VllmEngine:
                     f"{self._released / 2**30:.1f} GiB of the GPU again (vLLM does not resize "
                     f"its cache) but {free / 2**30:.1f} GiB are free; a colocated trainer holds "
                     f"the rest: set algo.offload_during_rollout=true, or start vLLM smaller "
-                    f"(rollout.gpu_memory_utilization or rollout.kv_cache_mib)")
+                    f"(rollout.gpu_memory_utilization or rollout.kv_cache_mib)"
+                )
             self.llm.wake_up(tags=tags)
             self.llm.reset_prefix_cache()  # the blocks' contents are gone
             self._weights_awake = self._kv_awake = True
@@ -161,9 +182,12 @@ class VllmEngine:
 
     # generation
 
-    def generate(self, prompts: Sequence[Sequence[int]],
-                 params: SamplingParams | Sequence[SamplingParams],
-                 progress: bool = False) -> list[list[SampleResult]]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams],
+        progress: bool = False,
+    ) -> list[list[SampleResult]]:
         """Samples for every prompt: outer list per prompt, inner per sample (params.n)."""
         import vllm
 
@@ -173,8 +197,14 @@ class VllmEngine:
         requests, vllm_params, keys = [], [], []
         for index, (prompt, request) in enumerate(zip(prompts, per_prompt)):
             prompt = [int(t) for t in prompt]
-            check_request(index, prompt, request, self.arch.vocab_size, self.max_context,
-                          self.config.max_batch_size)
+            check_request(
+                index,
+                prompt,
+                request,
+                self.arch.vocab_size,
+                self.max_context,
+                self.config.max_batch_size,
+            )
             stop = self._stop_ids(request)
             for sample in range(request.n):
                 seed = sample_seed(request, sample, (self.config.seed, self._calls, index))
@@ -185,9 +215,18 @@ class VllmEngine:
         results: list[list[SampleResult]] = [[] for _ in per_prompt]
         for (index, sample, prompt_len, topk), output in zip(keys, outputs):
             completion = output.outputs[0]
-            results[index].append(to_sample_result(
-                completion, index, sample, prompt_len, self.config.page_size, topk,
-                self._text(completion.token_ids), self.schedule))
+            results[index].append(
+                to_sample_result(
+                    completion,
+                    index,
+                    sample,
+                    prompt_len,
+                    self.config.page_size,
+                    topk,
+                    self._text(completion.token_ids),
+                    self.schedule,
+                )
+            )
         return results
 
     def _stop_ids(self, params: SamplingParams) -> set[int]:
@@ -235,7 +274,8 @@ def _instance_share(target: float) -> float:
             f"rollout.gpu_memory_utilization={target} leaves vLLM {max(share, 0):.0%} of the GPU: "
             f"{(total - free) / 2**30:.1f} of {total / 2**30:.1f} GiB are in use already (a "
             f"colocated trainer?); raise it, offload the trainer during the rollout "
-            f"(algo.offload_during_rollout=true) or size the cache with rollout.kv_cache_mib")
+            f"(algo.offload_during_rollout=true) or size the cache with rollout.kv_cache_mib"
+        )
     return share
 
 
@@ -256,8 +296,9 @@ def kv_bytes_beside_centroids(total_bytes: int, block_size: int) -> int:
     return total_bytes * 2 * block_size // (2 * block_size + 1)
 
 
-def _start_llm(model_path: str, config: EngineConfig, dtype: str, max_context: int,
-               sparse: bool = False):
+def _start_llm(
+    model_path: str, config: EngineConfig, dtype: str, max_context: int, sparse: bool = False
+):
     # engine core and worker in this process: weights reach the model as tensors
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
@@ -269,8 +310,9 @@ def _start_llm(model_path: str, config: EngineConfig, dtype: str, max_context: i
         # the V2 runner gives the backend no is_prefilling (sparse_backend.py)
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
         plugin.register()  # vLLM may have loaded the plugins before the variable was set
-        backend = dict(attention_config={"backend": SPARSE_ATTENTION_BACKEND},
-                       block_size=SPARSE_BLOCK_SIZE)
+        backend = dict(
+            attention_config={"backend": SPARSE_ATTENTION_BACKEND}, block_size=SPARSE_BLOCK_SIZE
+        )
     import vllm
 
     if config.memory_utilization > 0:
@@ -281,13 +323,23 @@ def _start_llm(model_path: str, config: EngineConfig, dtype: str, max_context: i
             total = kv_bytes_beside_centroids(total, SPARSE_BLOCK_SIZE)
         # vLLM still checks gpu_memory_utilization x the device against free memory at start
         # (a colocated trainer or another engine may hold some): ask only for what is free
-        memory = dict(kv_cache_memory_bytes=total,
-                      gpu_memory_utilization=_free_fraction(default=0.92))
+        memory = dict(
+            kv_cache_memory_bytes=total, gpu_memory_utilization=_free_fraction(default=0.92)
+        )
     return vllm.LLM(
-        model=model_path, dtype=dtype, seed=config.seed, skip_tokenizer_init=True,
-        generation_config="vllm", max_model_len=max_context,
-        max_num_seqs=config.max_batch_size, max_logprobs=MAX_LOGPROBS,
-        logprobs_mode="processed_logprobs", enable_prefix_caching=True,
-        enable_sleep_mode=True, distributed_executor_backend="uni",
+        model=model_path,
+        dtype=dtype,
+        seed=config.seed,
+        skip_tokenizer_init=True,
+        generation_config="vllm",
+        max_model_len=max_context,
+        max_num_seqs=config.max_batch_size,
+        max_logprobs=MAX_LOGPROBS,
+        logprobs_mode="processed_logprobs",
+        enable_prefix_caching=True,
+        enable_sleep_mode=True,
+        distributed_executor_backend="uni",
         worker_extension_cls="sparrow.vllm.worker_extension.WeightLoader",
-        **backend, **memory)
+        **backend,
+        **memory,
+    )

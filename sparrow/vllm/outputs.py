@@ -25,7 +25,8 @@ min(n, top-k of p's bin + reserved pages) (Schedule.pages_read).
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -44,13 +45,19 @@ def sampling_kwargs(params: SamplingParams, seed: int, stop_ids: Iterable[int]) 
     (the request's stop ids plus the model's eos unless ignore_eos), so vLLM's own eos is off;
     ids come back undecoded (the engine decodes text with the project's tokenizer)."""
     greedy = params.greedy
-    return dict(n=1, temperature=float(params.temperature),
-                top_p=1.0 if greedy else float(params.top_p),
-                top_k=0 if greedy else int(params.top_k),
-                max_tokens=int(params.max_new_tokens), seed=int(seed),
-                logprobs=int(params.logprobs_topk), flat_logprobs=True,
-                stop_token_ids=sorted(int(t) for t in stop_ids), ignore_eos=True,
-                detokenize=False)
+    return dict(
+        n=1,
+        temperature=float(params.temperature),
+        top_p=1.0 if greedy else float(params.top_p),
+        top_k=0 if greedy else int(params.top_k),
+        max_tokens=int(params.max_new_tokens),
+        seed=int(seed),
+        logprobs=int(params.logprobs_topk),
+        flat_logprobs=True,
+        stop_token_ids=sorted(int(t) for t in stop_ids),
+        ignore_eos=True,
+        detokenize=False,
+    )
 
 
 def dense_pages_read(prompt_len: int, count: int, page_size: int) -> tuple[int, ...]:
@@ -58,15 +65,17 @@ def dense_pages_read(prompt_len: int, count: int, page_size: int) -> tuple[int, 
     return tuple(-(-(prompt_len + j) // page_size) for j in range(count))
 
 
-def pages_read(prompt_len: int, count: int, page_size: int,
-               schedule: Schedule | None = None) -> tuple[int, ...]:
+def pages_read(
+    prompt_len: int, count: int, page_size: int, schedule: Schedule | None = None
+) -> tuple[int, ...]:
     """Pages read per KV head in sparse layers for each of `count` generated tokens: dense
     without a schedule (pass None for one that keeps every layer dense), else the schedule's."""
     dense = dense_pages_read(prompt_len, count, page_size)
     if schedule is None:
         return dense
-    return dense[:1] + tuple(schedule.pages_read(prompt_len + j - 1, num_pages=dense[j])
-                             for j in range(1, count))
+    return dense[:1] + tuple(
+        schedule.pages_read(prompt_len + j - 1, num_pages=dense[j]) for j in range(1, count)
+    )
 
 
 def ranked_topk(position: Mapping[int, Any], sampled: int, k: int) -> list[tuple[int, float]]:
@@ -82,9 +91,16 @@ def _rank(entry: Any) -> float:
     return math.inf if entry.rank is None else entry.rank
 
 
-def to_sample_result(completion: Any, prompt_index: int, sample_index: int, prompt_len: int,
-                     page_size: int, topk: int, text: str | None = None,
-                     schedule: Schedule | None = None) -> SampleResult:
+def to_sample_result(
+    completion: Any,
+    prompt_index: int,
+    sample_index: int,
+    prompt_len: int,
+    page_size: int,
+    topk: int,
+    text: str | None = None,
+    schedule: Schedule | None = None,
+) -> SampleResult:
     """A CompletionOutput (token_ids, logprobs, finish_reason) as a SampleResult."""
     ids = tuple(int(t) for t in completion.token_ids)
     positions: Sequence[Mapping[int, Any]] | None = completion.logprobs
@@ -92,24 +108,36 @@ def to_sample_result(completion: Any, prompt_index: int, sample_index: int, prom
     if positions is None:
         raise VllmOutputError(f"vLLM returned no logprobs for {where} (requested with logprobs=k)")
     if len(positions) != len(ids):
-        raise VllmOutputError(f"vLLM returned {len(positions)} logprob positions for {len(ids)} "
-                              f"tokens ({where})")
+        raise VllmOutputError(
+            f"vLLM returned {len(positions)} logprob positions for {len(ids)} tokens ({where})"
+        )
     rows = _flat_rows(positions, ids, topk, where)
     if rows is None:
         rows = _dict_rows(positions, ids, topk, where)
     logprobs, topk_ids, topk_logprobs = rows
     reason = completion.finish_reason
     if reason not in FINISH_REASONS:
-        raise VllmOutputError(f"vLLM finished {where} with finish_reason {reason!r}; the "
-                              f"rollout takes {' or '.join(FINISH_REASONS)} (an abort is a fault)")
-    return SampleResult(prompt_index, sample_index, ids, tuple(logprobs), topk_ids,
-                        topk_logprobs, pages_read(prompt_len, len(ids), page_size, schedule),
-                        reason, text)
+        raise VllmOutputError(
+            f"vLLM finished {where} with finish_reason {reason!r}; the "
+            f"rollout takes {' or '.join(FINISH_REASONS)} (an abort is a fault)"
+        )
+    return SampleResult(
+        prompt_index,
+        sample_index,
+        ids,
+        tuple(logprobs),
+        topk_ids,
+        topk_logprobs,
+        pages_read(prompt_len, len(ids), page_size, schedule),
+        reason,
+        text,
+    )
 
 
 def _sampled_missing(where: str, j: int, token: int) -> VllmOutputError:
-    return VllmOutputError(f"vLLM's logprobs at token {j} of {where} lack the sampled token "
-                           f"{token}")
+    return VllmOutputError(
+        f"vLLM's logprobs at token {j} of {where} lack the sampled token {token}"
+    )
 
 
 def _flat_rows(positions: Any, ids: Sequence[int], topk: int, where: str):
@@ -121,8 +149,9 @@ def _flat_rows(positions: Any, ids: Sequence[int], topk: int, where: str):
     width = topk + 1
     starts = np.asarray(positions.start_indices, np.int64)
     ends = np.asarray(positions.end_indices, np.int64)
-    if not (np.array_equal(starts, np.arange(len(ids)) * width)
-            and np.array_equal(ends, starts + width)):
+    if not (
+        np.array_equal(starts, np.arange(len(ids)) * width) and np.array_equal(ends, starts + width)
+    ):
         return None
     flat_ids = np.asarray(positions.token_ids, np.int64).reshape(len(ids), width)
     flat_logprobs = np.asarray(positions.logprobs, np.float64).reshape(len(ids), width)
@@ -132,8 +161,7 @@ def _flat_rows(positions: Any, ids: Sequence[int], topk: int, where: str):
     return flat_logprobs[:, 0].tolist(), flat_ids[:, 1:], flat_logprobs[:, 1:]
 
 
-def _dict_rows(positions: Sequence[Mapping[int, Any]], ids: Sequence[int], topk: int,
-               where: str):
+def _dict_rows(positions: Sequence[Mapping[int, Any]], ids: Sequence[int], topk: int, where: str):
     """The same from one dict per position (vLLM's default form, or FlatLogprobs iterated)."""
     logprobs, topk_ids, topk_logprobs = [], [], []
     for j, (token, position) in enumerate(zip(ids, positions)):

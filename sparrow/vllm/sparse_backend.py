@@ -33,9 +33,12 @@ from typing import Any
 
 import torch
 from vllm.v1.attention.backend import AttentionCGSupport, AttentionType
-from vllm.v1.attention.backends.flash_attn import (FlashAttentionBackend, FlashAttentionImpl,
-                                                   FlashAttentionMetadata,
-                                                   FlashAttentionMetadataBuilder)
+from vllm.v1.attention.backends.flash_attn import (
+    FlashAttentionBackend,
+    FlashAttentionImpl,
+    FlashAttentionMetadata,
+    FlashAttentionMetadataBuilder,
+)
 
 from sparrow.sparse.schedule import Schedule
 from sparrow.vllm.sparse_decode import (
@@ -70,11 +73,11 @@ class SparseAttentionBackend(FlashAttentionBackend):
         return attn_type == AttentionType.DECODER
 
     @staticmethod
-    def get_impl_cls() -> type["SparseAttentionImpl"]:
+    def get_impl_cls() -> type[SparseAttentionImpl]:
         return SparseAttentionImpl
 
     @staticmethod
-    def get_builder_cls() -> type["SparseMetadataBuilder"]:
+    def get_builder_cls() -> type[SparseMetadataBuilder]:
         return SparseMetadataBuilder
 
 
@@ -107,8 +110,10 @@ class SparseMetadataBuilder(FlashAttentionMetadataBuilder):
         if vllm_config.speculative_config is not None:
             raise ValueError("the sparse attention backend does not take speculative decoding")
         if kv_cache_spec.block_size != BLOCK_SIZE:
-            raise ValueError(f"the sparse attention backend needs block_size {BLOCK_SIZE} (the "
-                             f"sparse page), got {kv_cache_spec.block_size}")
+            raise ValueError(
+                f"the sparse attention backend needs block_size {BLOCK_SIZE} (the "
+                f"sparse page), got {kv_cache_spec.block_size}"
+            )
         self._init_reorder_batch_threshold(1)  # decode rows first
 
     def use_cascade_attention(self, *args, **kwargs) -> bool:
@@ -117,7 +122,7 @@ class SparseMetadataBuilder(FlashAttentionMetadataBuilder):
     def build(self, common_prefix_len: int, common_attn_metadata, fast_build: bool = False):
         common = common_attn_metadata
         reqs = common.num_reqs
-        starts = common.query_start_loc_cpu[:reqs + 1]
+        starts = common.query_start_loc_cpu[: reqs + 1]
         prefilling = None if common.is_prefilling is None else common.is_prefilling[:reqs].cpu()
         split = split_batch(starts, prefilling)
         seq_lens_cpu = common.seq_lens_cpu_upper_bound
@@ -131,10 +136,18 @@ class SparseMetadataBuilder(FlashAttentionMetadataBuilder):
         if decodes == 0:
             full = super().build(0, common, fast_build)
         elif split.num_prefill_tokens:
-            prefill = super().build(0, prefill_rows(common, decodes, split.num_prefill_tokens),
-                                    fast_build)
-        return SparseMetadata(decodes, split.num_prefill_tokens, full, prefill,
-                              table[:decodes], common.seq_lens[:decodes], filled)
+            prefill = super().build(
+                0, prefill_rows(common, decodes, split.num_prefill_tokens), fast_build
+            )
+        return SparseMetadata(
+            decodes,
+            split.num_prefill_tokens,
+            full,
+            prefill,
+            table[:decodes],
+            common.seq_lens[:decodes],
+            filled,
+        )
 
 
 def prefill_rows(common, decodes: int, tokens: int):
@@ -142,28 +155,42 @@ def prefill_rows(common, decodes: int, tokens: int):
     reqs = common.num_reqs
     cut = lambda t: None if t is None else t[decodes:reqs]  # noqa: E731
     return common.replace(
-        query_start_loc=common.query_start_loc[decodes:reqs + 1] - decodes,
-        query_start_loc_cpu=common.query_start_loc_cpu[decodes:reqs + 1] - decodes,
-        seq_lens=common.seq_lens[decodes:reqs], num_reqs=reqs - decodes,
-        num_actual_tokens=tokens, block_table_tensor=common.block_table_tensor[decodes:reqs],
-        slot_mapping=common.slot_mapping[decodes:decodes + tokens],
+        query_start_loc=common.query_start_loc[decodes : reqs + 1] - decodes,
+        query_start_loc_cpu=common.query_start_loc_cpu[decodes : reqs + 1] - decodes,
+        seq_lens=common.seq_lens[decodes:reqs],
+        num_reqs=reqs - decodes,
+        num_actual_tokens=tokens,
+        block_table_tensor=common.block_table_tensor[decodes:reqs],
+        slot_mapping=common.slot_mapping[decodes : decodes + tokens],
         seq_lens_cpu_upper_bound=cut(common.seq_lens_cpu_upper_bound),
-        is_prefilling=cut(common.is_prefilling), _seq_lens_cpu=cut(common._seq_lens_cpu),
+        is_prefilling=cut(common.is_prefilling),
+        _seq_lens_cpu=cut(common._seq_lens_cpu),
         _num_computed_tokens_cpu=cut(common._num_computed_tokens_cpu),
         _num_computed_tokens_cache=None,
-        positions=None if common.positions is None else common.positions[decodes:decodes + tokens])
+        positions=None
+        if common.positions is None
+        else common.positions[decodes : decodes + tokens],
+    )
 
 
 class SparseAttentionImpl(FlashAttentionImpl):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        unsupported = [name for name, off in (
-            ("ALiBi", self.alibi_slopes is None), ("a sliding window", self.sliding_window ==
-                                                   (-1, -1)),
-            ("a logits soft cap", not self.logits_soft_cap), ("sinks", self.sinks is None),
-            ("a quantized KV cache", self.kv_cache_dtype in ("auto", "float16", "bfloat16")),
-            ("a scale other than 1/sqrt(head_dim)",
-             abs(self.scale * self.head_size ** 0.5 - 1.0) < 1e-6)) if not off]
+        unsupported = [
+            name
+            for name, off in (
+                ("ALiBi", self.alibi_slopes is None),
+                ("a sliding window", self.sliding_window == (-1, -1)),
+                ("a logits soft cap", not self.logits_soft_cap),
+                ("sinks", self.sinks is None),
+                ("a quantized KV cache", self.kv_cache_dtype in ("auto", "float16", "bfloat16")),
+                (
+                    "a scale other than 1/sqrt(head_dim)",
+                    abs(self.scale * self.head_size**0.5 - 1.0) < 1e-6,
+                ),
+            )
+            if not off
+        ]
         if unsupported:
             raise ValueError(f"the sparse attention backend does not take {', '.join(unsupported)}")
         self.schedule: Schedule | None = None
@@ -171,27 +198,44 @@ class SparseAttentionImpl(FlashAttentionImpl):
         self.sparsity = None
         self.centroids: torch.Tensor | None = None
 
-    def set_schedule(self, schedule: Schedule | None, layer_index: int,
-                     device: torch.device) -> None:
+    def set_schedule(
+        self, schedule: Schedule | None, layer_index: int, device: torch.device
+    ) -> None:
         """This layer's decode from now on: sparse under `schedule` unless among its
         skip_layers; None decodes densely (centroids are kept up to date either way)."""
         if schedule is not None and schedule.page_size != BLOCK_SIZE:
-            raise ValueError(f"schedule {schedule.name!r} has page_size {schedule.page_size}; "
-                             f"vLLM's blocks hold {BLOCK_SIZE} tokens")
+            raise ValueError(
+                f"schedule {schedule.name!r} has page_size {schedule.page_size}; "
+                f"vLLM's blocks hold {BLOCK_SIZE} tokens"
+            )
         self.schedule, self.layer_index = schedule, layer_index
         self.sparsity = layer_sparsity(schedule, layer_index, device)
 
     def _centroids(self, kv_cache: torch.Tensor) -> torch.Tensor:
         blocks, _, _, kv_heads, dim = kv_cache.shape
-        if (self.centroids is None or self.centroids.shape[0] != blocks
-                or self.centroids.device != kv_cache.device):
+        if (
+            self.centroids is None
+            or self.centroids.shape[0] != blocks
+            or self.centroids.device != kv_cache.device
+        ):
             # a (re)allocated cache: no page holds keys of an earlier one
-            self.centroids = torch.zeros(blocks, kv_heads, dim, dtype=kv_cache.dtype,
-                                         device=kv_cache.device)
+            self.centroids = torch.zeros(
+                blocks, kv_heads, dim, dtype=kv_cache.dtype, device=kv_cache.device
+            )
         return self.centroids
 
-    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
-                output_scale=None, output_block_scale=None):
+    def forward(
+        self,
+        layer,
+        query,
+        key,
+        value,
+        kv_cache,
+        attn_metadata,
+        output,
+        output_scale=None,
+        output_block_scale=None,
+    ):
         if output_scale is not None or output_block_scale is not None:
             raise NotImplementedError("the sparse attention backend fuses no output quantization")
         if attn_metadata is None or kv_cache.numel() == 0:  # profiling run
@@ -205,11 +249,24 @@ class SparseAttentionImpl(FlashAttentionImpl):
         decodes = meta.num_decodes
         if meta.prefill is not None:
             end = decodes + meta.num_prefill_tokens
-            super().forward(layer, query[decodes:end], key[decodes:end], value[decodes:end],
-                            kv_cache, meta.prefill, output[decodes:end])
-        output[:decodes] = decode_attention(query[:decodes], key_cache, value_cache, centroids,
-                                            meta.decode_block_table, meta.decode_seq_lens,
-                                            self.sparsity)
+            super().forward(
+                layer,
+                query[decodes:end],
+                key[decodes:end],
+                value[decodes:end],
+                kv_cache,
+                meta.prefill,
+                output[decodes:end],
+            )
+        output[:decodes] = decode_attention(
+            query[:decodes],
+            key_cache,
+            value_cache,
+            centroids,
+            meta.decode_block_table,
+            meta.decode_seq_lens,
+            self.sparsity,
+        )
         return output
 
 

@@ -64,15 +64,16 @@ def split_batch(query_start_loc: torch.Tensor, is_prefilling: torch.Tensor | Non
     return BatchSplit(decodes, sum(query_lens[decodes:]))
 
 
-def filled_pages(query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
-                 page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def filled_pages(
+    query_start_loc: torch.Tensor, seq_lens: torch.Tensor, page_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(rows, logical pages) of the pages this step's tokens complete, as long host tensors.
 
     Row r writes positions [seq_len - query_len, seq_len); page j is complete when its last
     position (j + 1) * page_size - 1 is among them. Gather the physical ids with
     block_table[rows, pages] (one gather per step, shared by every layer)."""
     query_lens = (query_start_loc[1:] - query_start_loc[:-1]).long()
-    ends = seq_lens[:query_lens.shape[0]].long()
+    ends = seq_lens[: query_lens.shape[0]].long()
     starts = ends - query_lens
     # page j is complete when start <= (j + 1) * page_size - 1 < end
     lo = starts // page_size
@@ -80,12 +81,12 @@ def filled_pages(query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
     counts = (hi - lo).clamp(min=0)
     rows = torch.repeat_interleave(torch.arange(query_lens.shape[0]), counts)
     offsets = torch.arange(int(counts.sum())) - torch.repeat_interleave(
-        counts.cumsum(0) - counts, counts)
+        counts.cumsum(0) - counts, counts
+    )
     return rows, lo[rows] + offsets
 
 
-def update_centroids(key_cache: torch.Tensor, centroids: torch.Tensor,
-                     pages: torch.Tensor) -> None:
+def update_centroids(key_cache: torch.Tensor, centroids: torch.Tensor, pages: torch.Tensor) -> None:
     """Centroids of the listed full pages: key_cache one layer [num_blocks, block_size, Hkv,
     D] (vLLM's token-major keys), centroids [num_blocks, Hkv, D]; pages [F] physical ids."""
     if pages.numel():
@@ -111,15 +112,17 @@ class LayerSparsity:
         return self.topk_per_bin[bins]
 
 
-def layer_sparsity(schedule: Schedule | None, layer: int,
-                   device: torch.device | str) -> LayerSparsity | None:
+def layer_sparsity(
+    schedule: Schedule | None, layer: int, device: torch.device | str
+) -> LayerSparsity | None:
     """The layer's sparsity under `schedule`; None when it decodes densely (no schedule, or
     the layer is among skip_layers)."""
     if schedule is None or not schedule.is_sparse_layer(layer):
         return None
     table = torch.tensor(schedule.topk_pages, dtype=torch.int32, device=device)
-    return LayerSparsity(table, schedule.bin_tokens, schedule.page_size,
-                         schedule.reserved_bos, schedule.reserved_eos)
+    return LayerSparsity(
+        table, schedule.bin_tokens, schedule.page_size, schedule.reserved_bos, schedule.reserved_eos
+    )
 
 
 def head_major(cache: torch.Tensor) -> torch.Tensor:
@@ -127,10 +130,16 @@ def head_major(cache: torch.Tensor) -> torch.Tensor:
     return cache.transpose(1, 2)
 
 
-def decode_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                     centroids: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
-                     sparsity: LayerSparsity | None,
-                     selection: list | None = None) -> torch.Tensor:
+def decode_attention(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    centroids: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sparsity: LayerSparsity | None,
+    selection: list | None = None,
+) -> torch.Tensor:
     """One decode token per row: q [B, Hq, D] over each row's cached tokens (seq_lens [B],
     block_table [B, W]); dense without sparsity, else block-sparse over the selected pages.
     With `selection` (a list), the [B, Hkv, W] page mask is appended to it (tests)."""
@@ -138,12 +147,21 @@ def decode_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
     if sparsity is None:
         return paged_decode_attention(q, k_pages, v_pages, block_table, seq_lens)
     if sparsity.page_size != key_cache.shape[1]:
-        raise ValueError(f"the schedule's page_size {sparsity.page_size} differs from vLLM's "
-                         f"block_size {key_cache.shape[1]}")
+        raise ValueError(
+            f"the schedule's page_size {sparsity.page_size} differs from vLLM's "
+            f"block_size {key_cache.shape[1]}"
+        )
     lists, counts, mask = select_page_lists(
-        q, centroids, block_table, seq_lens, sparsity.topk(seq_lens), sparsity.page_size,
-        sparsity.reserved_bos, sparsity.reserved_eos, want_mask=selection is not None)
+        q,
+        centroids,
+        block_table,
+        seq_lens,
+        sparsity.topk(seq_lens),
+        sparsity.page_size,
+        sparsity.reserved_bos,
+        sparsity.reserved_eos,
+        want_mask=selection is not None,
+    )
     if selection is not None:
         selection.append(mask)
-    return sparse_paged_decode_attention(q, k_pages, v_pages, block_table, seq_lens, lists,
-                                         counts)
+    return sparse_paged_decode_attention(q, k_pages, v_pages, block_table, seq_lens, lists, counts)

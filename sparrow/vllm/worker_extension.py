@@ -8,7 +8,8 @@ takes transformers names and fuses q/k/v and gate/up itself, as when it reads a 
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 
 class WeightLoader:
@@ -23,8 +24,10 @@ class WeightLoader:
         if strict:
             missing = sorted({name for name, _ in model.named_parameters()} - loaded)
             if missing:
-                raise ValueError(f"{len(missing)} vLLM parameters got no weights, e.g. "
-                                 f"{missing[:3]} (strict load of {len(weights)} tensors)")
+                raise ValueError(
+                    f"{len(missing)} vLLM parameters got no weights, e.g. "
+                    f"{missing[:3]} (strict load of {len(weights)} tensors)"
+                )
         torch.cuda.synchronize()
         return len(loaded)
 

@@ -20,5 +20,9 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 def run_benchmark(script: str, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
     """benchmarks/<script> with args in a fresh interpreter that cannot import BLOCKED."""
-    return subprocess.run([sys.executable, "-c", RUNNER, str(ROOT / "benchmarks" / script),
-                           *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", RUNNER, str(ROOT / "benchmarks" / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

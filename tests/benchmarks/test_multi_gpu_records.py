@@ -13,10 +13,16 @@ from sparrow.engine.sequence import SampleResult  # noqa: E402
 
 
 def test_records_of_carries_every_field_of_a_sample():
-    sample = SampleResult(prompt_index=0, sample_index=1, output_ids=(5, 6),
-                          logprobs=(-0.5, -1.5), topk_ids=((5, 7), (6, 8)),
-                          topk_logprobs=((-0.5, -2.0), (-1.5, -1.6)), pages_read=(3, 4),
-                          finish_reason="length")
+    sample = SampleResult(
+        prompt_index=0,
+        sample_index=1,
+        output_ids=(5, 6),
+        logprobs=(-0.5, -1.5),
+        topk_ids=((5, 7), (6, 8)),
+        topk_logprobs=((-0.5, -2.0), (-1.5, -1.6)),
+        pages_read=(3, 4),
+        finish_reason="length",
+    )
     records = multi_gpu.records_of([[1, 2, 3]], [[sample]])
     assert len(records) == 1
     record = records[0]
@@ -27,15 +33,31 @@ def test_records_of_carries_every_field_of_a_sample():
 
 
 def fake_step(scale: float) -> dict:
-    engines = [{"busy_s": 2.0 * scale, "seconds": 1.5 * scale, "capture_s": 0.25,
-                "decode_steps": 1024},
-               {"busy_s": 3.0 * scale, "seconds": 2.5 * scale, "decode_steps": 2048}]
-    sync = {"connect_s": 0.01, "gather_s": 0.5 * scale, "pack_s": 0.4, "transfer_s": 0.25,
-            "engines": [{"mode": "ipc", "load_s": 0.02}, {"mode": "nccl", "load_s": 0.125}]}
-    step = {"rollout": {"wake_s": 0.1, "generate_s": 3.5 * scale, "engines": engines},
-            "rollout_s": 4.0 * scale, "score_s": 1.0, "score_ranks": [0.5, 0.75],
-            "update_s": 2.0, "update_ranks": [1.5, 1.25], "sync": sync, "sync_s": 1.0,
-            "step_s": 8.0, "loss": 0.5, "generated_tokens": 128.0, "sync_modes": ["ipc"]}
+    engines = [
+        {"busy_s": 2.0 * scale, "seconds": 1.5 * scale, "capture_s": 0.25, "decode_steps": 1024},
+        {"busy_s": 3.0 * scale, "seconds": 2.5 * scale, "decode_steps": 2048},
+    ]
+    sync = {
+        "connect_s": 0.01,
+        "gather_s": 0.5 * scale,
+        "pack_s": 0.4,
+        "transfer_s": 0.25,
+        "engines": [{"mode": "ipc", "load_s": 0.02}, {"mode": "nccl", "load_s": 0.125}],
+    }
+    step = {
+        "rollout": {"wake_s": 0.1, "generate_s": 3.5 * scale, "engines": engines},
+        "rollout_s": 4.0 * scale,
+        "score_s": 1.0,
+        "score_ranks": [0.5, 0.75],
+        "update_s": 2.0,
+        "update_ranks": [1.5, 1.25],
+        "sync": sync,
+        "sync_s": 1.0,
+        "step_s": 8.0,
+        "loss": 0.5,
+        "generated_tokens": 128.0,
+        "sync_modes": ["ipc"],
+    }
     step.update(multi_gpu.summary(step))
     return step
 
@@ -70,8 +92,16 @@ def arm_report(tmp_path, ranks: int, step_s: float, **case) -> str:
 
     args = multi_gpu.parse_args([])
     fields = {k: getattr(args, k) for k in multi_gpu.CASE_KEYS} | case
-    arm = {"ranks": ranks, "steps": [], "mean": {"step_s": step_s, "rollout_s": step_s / 2,
-                                                 "score_s": step_s / 4, "update_s": step_s / 4}}
+    arm = {
+        "ranks": ranks,
+        "steps": [],
+        "mean": {
+            "step_s": step_s,
+            "rollout_s": step_s / 2,
+            "score_s": step_s / 4,
+            "update_s": step_s / 4,
+        },
+    }
     path = tmp_path / f"arm{ranks}.json"
     path.write_text(json.dumps(multi_gpu.report_of(fields, [arm], {"gpu": "H100"})))
     return str(path)
@@ -84,7 +114,8 @@ def test_merge_joins_arms_of_separate_calls_in_rank_order(tmp_path):
     assert report["step_speedup"] == 1.5
     assert "speedup" not in report["arms"][0]
     assert report["arms"][1]["speedup"] == dict.fromkeys(
-        ("step_s", "rollout_s", "score_s", "update_s"), 1.5)
+        ("step_s", "rollout_s", "score_s", "update_s"), 1.5
+    )
     assert report["merged_from"] == [two, one] and len(report["facts"]) == 2
 
 

@@ -19,15 +19,35 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_smoke_run_reports_every_case_key(tmp_path, flow_environment):
     out = tmp_path / "rl_step.json"
     env, ray_address = flow_environment.subprocess_env(tmp_path / "prefect-home")
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "rl_step.py"), "--smoke",
-                           "--workdir", str(tmp_path / "work"), "--out", str(out),
-                           "--set", f"ray.address={ray_address}"],
-                          env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "rl_step.py"),
+            "--smoke",
+            "--workdir",
+            str(tmp_path / "work"),
+            "--out",
+            str(out),
+            "--set",
+            f"ray.address={ray_address}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     payload = json.loads(out.read_text())
     (case,) = payload["cases"]
-    for key in ("new_tokens", "batch", "rollout_speedup", "step_speedup", "mfu_score",
-                "mfu_update", "peak_memory_gib"):
+    for key in (
+        "new_tokens",
+        "batch",
+        "rollout_speedup",
+        "step_speedup",
+        "mfu_score",
+        "mfu_update",
+        "peak_memory_gib",
+    ):
         assert key in case
     assert case["new_tokens"] == 24 and case["batch"] == 4
     for arm in ("dense", "sparse"):
@@ -36,8 +56,11 @@ def test_smoke_run_reports_every_case_key(tmp_path, flow_environment):
         assert stats["tokens"] == 4 * 24
         assert all(stats["stage_s"][s] > 0 for s in ("rollout", "dense_score", "policy_update"))
         # the hand-over's two parts, each within the rollout stage
-        assert 0 <= stats["rollout_release_s"] + stats["rollout_engine_wake_s"] \
+        assert (
+            0
+            <= stats["rollout_release_s"] + stats["rollout_engine_wake_s"]
             <= stats["stage_s"]["rollout"]
+        )
         # a CPU engine has no CUDA graphs: nothing captured, nothing kept
         assert stats["rollout_capture_s"] == 0 and stats["rollout_graphs_kept"] == 0
     assert case["rollout_speedup"] > 0 and case["step_speedup"] > 0

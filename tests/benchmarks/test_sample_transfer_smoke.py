@@ -11,12 +11,14 @@ import sample_transfer  # noqa: E402
 
 def test_both_paths_give_the_same_records_and_every_stage_is_timed(tmp_path):
     out = tmp_path / "st.json"
-    result = sample_transfer.main(["--seqs", "4", "--tokens", "40", "--topk", "5", "--reps", "1",
-                                   "--out", str(out)])
+    result = sample_transfer.main(
+        ["--seqs", "4", "--tokens", "40", "--topk", "5", "--reps", "1", "--out", str(out)]
+    )
     assert result["identical"] is True
     assert set(result["speedup"]) == set(sample_transfer.STAGES)
-    assert all(result["median_s"][f"{s}_{w}"] >= 0 for s in sample_transfer.STAGES
-               for w in ("old", "new"))
+    assert all(
+        result["median_s"][f"{s}_{w}"] >= 0 for s in sample_transfer.STAGES for w in ("old", "new")
+    )
     assert out.is_file()
 
 

@@ -36,8 +36,18 @@ def test_smoke_backward_times_forward_and_backward_per_path(tmp_path):
     """--backward on CPU: the triton path (its launchers' references here) against the
     reference path, forward and backward of one layer; FlexAttention has no CPU backward."""
     out = tmp_path / "teacher_forced_backward.json"
-    done = run_benchmark("teacher_forced.py", "--smoke", "--skip-model", "--backward",
-                         "--backends", "triton,flex,reference", "--reps", "1", "--out", str(out))
+    done = run_benchmark(
+        "teacher_forced.py",
+        "--smoke",
+        "--skip-model",
+        "--backward",
+        "--backends",
+        "triton,flex,reference",
+        "--reps",
+        "1",
+        "--out",
+        str(out),
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     [row] = json.loads(out.read_text())["rows"]
     for key in ("dense_fwd_bwd_layer_s", "triton_fwd_bwd_layer_s", "reference_fwd_bwd_layer_s"):

@@ -21,7 +21,7 @@ from benchmarks.generation import random_prompts  # noqa: E402
 
 # The stand-in records what it was asked (vLLM 0.23.0's names: the real module took these
 # keywords on CPU) and answers with max_tokens ids per prompt.
-FAKE_VLLM = '''
+FAKE_VLLM = """
 import json, os
 from types import SimpleNamespace
 __version__ = "0.23.0-standin"
@@ -56,7 +56,7 @@ class LLM:
             json.dump(self.calls, f)
         n = params.kw["max_tokens"]
         return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[1] * n)]) for _ in prompts]
-'''
+"""
 
 
 @pytest.fixture
@@ -98,10 +98,12 @@ def test_vllm_requests_carry_the_native_prompts_and_the_issue_sampling():
 
 
 def test_ratios_are_native_tokens_per_second_over_vllm_dense():
-    rows = [vllm_baseline.arm_row("vllm_dense", 16, 8, 4.0, 0.0, 128, 1000),
-            vllm_baseline.arm_row("native_sparse", 16, 8, 1.6, 0.1, 128, 900),
-            vllm_baseline.arm_row("native_dense", 16, 8, 5.0, 0.1, 128, 900),
-            vllm_baseline.arm_row("native_dense", 64, 8, 2.0, 0.0, 512, 900)]
+    rows = [
+        vllm_baseline.arm_row("vllm_dense", 16, 8, 4.0, 0.0, 128, 1000),
+        vllm_baseline.arm_row("native_sparse", 16, 8, 1.6, 0.1, 128, 900),
+        vllm_baseline.arm_row("native_dense", 16, 8, 5.0, 0.1, 128, 900),
+        vllm_baseline.arm_row("native_dense", 64, 8, 2.0, 0.0, 512, 900),
+    ]
     case, other, missing = vllm_baseline.cases_table(rows, [(16, 8), (64, 8), (64, 32)])
     assert case["native_sparse_over_vllm_dense"] == pytest.approx(2.5)
     assert case["native_dense_over_vllm_dense"] == pytest.approx(0.8)
@@ -112,8 +114,9 @@ def test_ratios_are_native_tokens_per_second_over_vllm_dense():
 @pytest.mark.slow
 def test_smoke_run_times_all_three_arms_on_one_workload(tmp_path, fake_vllm):
     out = tmp_path / "vllm_baseline.json"
-    done = run_benchmark("vllm_baseline.py", "--smoke", "--workdir", str(tmp_path / "work"),
-                         "--out", str(out))
+    done = run_benchmark(
+        "vllm_baseline.py", "--smoke", "--workdir", str(tmp_path / "work"), "--out", str(out)
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
     [case] = report["cases"]
@@ -124,7 +127,8 @@ def test_smoke_run_times_all_three_arms_on_one_workload(tmp_path, fake_vllm):
         assert row["tokens_per_s"] == pytest.approx(row["tokens"] / row["seconds"])
     assert case["vllm_dense"]["kv_capacity_tokens"] == 100 * 16
     assert case["native_sparse_over_vllm_dense"] == pytest.approx(
-        case["native_sparse"]["tokens_per_s"] / case["vllm_dense"]["tokens_per_s"])
+        case["native_sparse"]["tokens_per_s"] / case["vllm_dense"]["tokens_per_s"]
+    )
     assert report["vllm"]["attention_backend"] == "FLASH_ATTN"
     assert report["native"]["schedule"] == "tiny-0.86"
     # vLLM got the native engine's prompts, warm-up then timed run, no prefix caching
@@ -140,14 +144,23 @@ def test_smoke_run_times_all_three_arms_on_one_workload(tmp_path, fake_vllm):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fail_at, cases_done", [("start", 0), ("3", 1)])
-def test_a_failing_backend_keeps_its_finished_cases_and_says_why(tmp_path, fake_vllm,
-                                                                 monkeypatch, fail_at,
-                                                                 cases_done):
+def test_a_failing_backend_keeps_its_finished_cases_and_says_why(
+    tmp_path, fake_vllm, monkeypatch, fail_at, cases_done
+):
     """Failing at start-up, or at the second case's warm-up (the third generate call)."""
     monkeypatch.setenv("FAKE_VLLM_FAIL", fail_at)
     out = tmp_path / "vllm_baseline.json"
-    done = run_benchmark("vllm_baseline.py", "--smoke", "--skip-native", "--cases", "2x16,2x24",
-                         "--workdir", str(tmp_path / "work"), "--out", str(out))
+    done = run_benchmark(
+        "vllm_baseline.py",
+        "--smoke",
+        "--skip-native",
+        "--cases",
+        "2x16,2x24",
+        "--workdir",
+        str(tmp_path / "work"),
+        "--out",
+        str(out),
+    )
     assert done.returncode == 1
     report = json.loads(out.read_text())
     assert "RuntimeError: stand-in vLLM" in report["vllm"]["error"]
@@ -158,14 +171,19 @@ def test_a_failing_backend_keeps_its_finished_cases_and_says_why(tmp_path, fake_
 
 def test_merge_puts_runs_of_separate_calls_in_one_table(tmp_path):
     def run(arms, gpu):
-        rows = [vllm_baseline.arm_row(arm, 16, 32768, s, 0.0, 16 * 32768, 10**6)
-                for arm, s in arms]
-        return {"facts": {"gpu": gpu}, "prompt_len": 1024, "model": "m", "vllm": {},
-                "native": {}, "cases": vllm_baseline.cases_table(rows, [(16, 32768)])}
+        rows = [vllm_baseline.arm_row(arm, 16, 32768, s, 0.0, 16 * 32768, 10**6) for arm, s in arms]
+        return {
+            "facts": {"gpu": gpu},
+            "prompt_len": 1024,
+            "model": "m",
+            "vllm": {},
+            "native": {},
+            "cases": vllm_baseline.cases_table(rows, [(16, 32768)]),
+        }
+
     first, second = tmp_path / "vllm.json", tmp_path / "native.json"
     first.write_text(json.dumps(run([("vllm_dense", 300.0)], "H100")))
-    second.write_text(json.dumps(run([("native_dense", 400.0), ("native_sparse", 120.0)],
-                                     "H100")))
+    second.write_text(json.dumps(run([("native_dense", 400.0), ("native_sparse", 120.0)], "H100")))
     out = tmp_path / "merged.json"
     assert vllm_baseline.main(["--merge", str(first), str(second), "--out", str(out)]) == 0
     merged = json.loads(out.read_text())
@@ -176,9 +194,18 @@ def test_merge_puts_runs_of_separate_calls_in_one_table(tmp_path):
     # a merged table merges again as the runs it holds (a later case joins the table)
     third = tmp_path / "b64.json"
     rows = [vllm_baseline.arm_row("vllm_dense", 64, 8192, 120.0, 0.0, 64 * 8192, 10**6)]
-    third.write_text(json.dumps({"facts": {"gpu": "H200"}, "prompt_len": 1024, "model": "m",
-                                 "vllm": {"v": 1}, "native": {},
-                                 "cases": vllm_baseline.cases_table(rows, [(64, 8192)])}))
+    third.write_text(
+        json.dumps(
+            {
+                "facts": {"gpu": "H200"},
+                "prompt_len": 1024,
+                "model": "m",
+                "vllm": {"v": 1},
+                "native": {},
+                "cases": vllm_baseline.cases_table(rows, [(64, 8192)]),
+            }
+        )
+    )
     again = vllm_baseline.merge([str(out), str(third)])
     assert [(c["batch"], c["new_tokens"]) for c in again["cases"]] == [(16, 32768), (64, 8192)]
     assert again["cases"][0] == case

@@ -10,8 +10,12 @@ from sparrow.cli.main import build_parser
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sparrow.cli.main", *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "sparrow.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_calibrate_is_a_command():
@@ -31,11 +35,22 @@ def test_a_bad_topk_grid_names_the_key():
 
 
 def test_summary_names_times_notes_and_how_to_train(capsys):
-    summary = {"schedule": "tiny-cal", "version": 2, "target": 0.86, "topk_pages": [6, 12],
-               "tokens_per_bin": [0, 300], "notes": ["bin 0: 0 tokens; takes bin 1's decision"],
-               "calibration_s": 30.0, "sample_s": 20.0, "replay_s": 10.0, "topk_grid": [2, 6, 12],
-               "generation_s": 90.0, "generation_over_calibration": 3.0, "yaml": "/w/s.yaml",
-               "plot": "/w/p.png"}
+    summary = {
+        "schedule": "tiny-cal",
+        "version": 2,
+        "target": 0.86,
+        "topk_pages": [6, 12],
+        "tokens_per_bin": [0, 300],
+        "notes": ["bin 0: 0 tokens; takes bin 1's decision"],
+        "calibration_s": 30.0,
+        "sample_s": 20.0,
+        "replay_s": 10.0,
+        "topk_grid": [2, 6, 12],
+        "generation_s": 90.0,
+        "generation_over_calibration": 3.0,
+        "yaml": "/w/s.yaml",
+        "plot": "/w/p.png",
+    }
     print_summary(summary)
     out = capsys.readouterr().out
     assert "tiny-cal v2" in out and "takes bin 1's decision" in out
@@ -52,7 +67,9 @@ def test_schedule_show_reads_stored_versions_from_a_workdir(tmp_path):
 
     base = get_preset("tiny-0.86")
     first = base.__class__(**{**base.__dict__, "name": "cal-x", "topk_pages": (6,) * 8})
-    second = base.__class__(**{**base.__dict__, "name": "cal-x", "topk_pages": (6, 6, 12) + (12,) * 5})
+    second = base.__class__(
+        **{**base.__dict__, "name": "cal-x", "topk_pages": (6, 6, 12) + (12,) * 5}
+    )
     with Store.open_writer(tmp_path) as store, store.connect() as conn:
         insert_schedule(conn, first, 1, "cal-1", 0, "calibration cal-1")
         insert_schedule(conn, second, 2, "r1", 4, "bin 2 raise 6->12")

@@ -18,8 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_version_is_the_package_version(capsys):
     declared = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
-    done = subprocess.run([sys.executable, "-m", "sparrow.cli.main", "--version"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "sparrow.cli.main", "--version"], capture_output=True, text=True
+    )
     assert done.returncode == 0
     assert done.stdout.strip() == f"sparrow {declared.group(1)}"
 

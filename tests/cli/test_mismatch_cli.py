@@ -34,14 +34,30 @@ def _error(capsys) -> str:
 
 def test_json_rows_match_numpy_per_bin(tmp_path, capsys):
     positions, acceptance = _tokens()
-    path = _write(tmp_path / "t.parquet", position=positions, acceptance=acceptance,
-                  step=np.zeros(positions.size, dtype=np.int64), sample=["s"] * positions.size)
+    path = _write(
+        tmp_path / "t.parquet",
+        position=positions,
+        acceptance=acceptance,
+        step=np.zeros(positions.size, dtype=np.int64),
+        sample=["s"] * positions.size,
+    )
     assert main(["mismatch", "stats", path, "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["bin"] for r in rows] == [0, 1, 2, 3]
     for row in rows:
-        assert list(row) == ["bin", "n", "mean", "p1", "p5", "p10", "p50",
-                             "beta_a", "beta_b", "beta_var", "ks"]
+        assert list(row) == [
+            "bin",
+            "n",
+            "mean",
+            "p1",
+            "p5",
+            "p10",
+            "p50",
+            "beta_a",
+            "beta_b",
+            "beta_var",
+            "ks",
+        ]
         values = acceptance[positions // 2000 == row["bin"]]
         assert row["n"] == values.size
         assert row["mean"] == pytest.approx(values.mean(), abs=1e-12)
@@ -56,12 +72,14 @@ def test_bin_tokens_and_num_bins(tmp_path, capsys):
     assert main(["mismatch", "stats", path, "--json", "--bin-tokens", "5000"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [(r["bin"], r["n"]) for r in rows] == [
-        (0, int((positions < 5000).sum())), (1, int((positions >= 5000).sum()))
+        (0, int((positions < 5000).sum())),
+        (1, int((positions >= 5000).sum())),
     ]
     assert main(["mismatch", "stats", path, "--json", "--num-bins", "2"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [(r["bin"], r["n"]) for r in rows] == [
-        (0, int((positions < 2000).sum())), (1, int((positions >= 2000).sum()))
+        (0, int((positions < 2000).sum())),
+        (1, int((positions >= 2000).sum())),
     ]
 
 
@@ -121,7 +139,9 @@ def test_negative_positions(tmp_path, capsys):
 
 
 def test_null_and_non_numeric_columns(tmp_path, capsys):
-    path = _write(tmp_path / "a.parquet", position=pa.array([1, None, None]), acceptance=[0.1, 0.2, 0.3])
+    path = _write(
+        tmp_path / "a.parquet", position=pa.array([1, None, None]), acceptance=[0.1, 0.2, 0.3]
+    )
     assert main(["mismatch", "stats", path]) == 2
     assert _error(capsys) == f"error: {path}: column 'position' has 2 null rows, first at row 1"
     path = _write(tmp_path / "b.parquet", position=[1, 2], acceptance=["high", "low"])
@@ -130,7 +150,10 @@ def test_null_and_non_numeric_columns(tmp_path, capsys):
 
 
 def test_empty_file_prints_no_rows(tmp_path, capsys):
-    path = _write(tmp_path / "t.parquet", position=pa.array([], pa.int64()),
-                  acceptance=pa.array([], pa.float64()))
+    path = _write(
+        tmp_path / "t.parquet",
+        position=pa.array([], pa.int64()),
+        acceptance=pa.array([], pa.float64()),
+    )
     assert main(["mismatch", "stats", path, "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == []

@@ -23,18 +23,31 @@ def workdir(tmp_path_factory):
     root = tmp_path_factory.mktemp("work")
     with Store.open_writer(root) as store, store.connect() as conn:
         conn.execute("INSERT INTO runs (run_id, status) VALUES ('cli-run', 'finished')")
-        conn.executemany("INSERT INTO step_metrics VALUES ('cli-run', ?, 'reward/mean', ?)",
-                         list(enumerate(REWARDS)))
-        conn.executemany("INSERT INTO bin_stats (run_id, step, bin, p5) VALUES ('cli-run', ?, ?, ?)",
-                         [(s, b, p5) for (s, b), p5 in P5.items()])
-        conn.execute("INSERT INTO threshold_events (run_id, step, bin, kind, p5, target) "
-                     "VALUES ('cli-run', 1, 1, 'below_target', 0.84, 0.86)")
+        conn.executemany(
+            "INSERT INTO step_metrics VALUES ('cli-run', ?, 'reward/mean', ?)",
+            list(enumerate(REWARDS)),
+        )
+        conn.executemany(
+            "INSERT INTO bin_stats (run_id, step, bin, p5) VALUES ('cli-run', ?, ?, ?)",
+            [(s, b, p5) for (s, b), p5 in P5.items()],
+        )
+        conn.execute(
+            "INSERT INTO threshold_events (run_id, step, bin, kind, p5, target) "
+            "VALUES ('cli-run', 1, 1, 'below_target', 0.84, 0.86)"
+        )
     acceptance = np.concatenate([np.linspace(0.05, 0.99, 300), np.ones(700)])
     path = RunLayout(root, "cli-run").token_file(2)
     path.parent.mkdir(parents=True)
-    pq.write_table(pa.table({"run_id": ["cli-run"] * acceptance.size,
-                             "step": np.full(acceptance.size, 2, np.int32),
-                             "acceptance": acceptance}), path)
+    pq.write_table(
+        pa.table(
+            {
+                "run_id": ["cli-run"] * acceptance.size,
+                "step": np.full(acceptance.size, 2, np.int32),
+                "acceptance": acceptance,
+            }
+        ),
+        path,
+    )
     return root, acceptance
 
 
@@ -43,15 +56,22 @@ def test_prints_the_paths_into_the_default_folder(workdir, capsys):
     assert main(["report", "cli-run", "--workdir", str(root)]) == 0
     printed = [Path(line) for line in capsys.readouterr().out.splitlines()]
     folder = root / "reports" / "cli-run"
-    assert [p.name for p in printed] == ["p5_per_bin.png", "reward_length.png", "acceptance_step2.png",
-                                         "summary.png", "summary.md"]
+    assert [p.name for p in printed] == [
+        "p5_per_bin.png",
+        "reward_length.png",
+        "acceptance_step2.png",
+        "summary.png",
+        "summary.md",
+    ]
     assert all(p.parent == folder and p.is_file() for p in printed)
     assert all(p.read_bytes()[:8] == PNG_MAGIC for p in printed if p.suffix == ".png")
 
 
 def test_json_holds_files_and_the_inserted_numbers(workdir, tmp_path, capsys):
     root, acceptance = workdir
-    assert main(["report", "cli-run", "--workdir", str(root), "--out", str(tmp_path), "--json"]) == 0
+    assert (
+        main(["report", "cli-run", "--workdir", str(root), "--out", str(tmp_path), "--json"]) == 0
+    )
     data = json.loads(capsys.readouterr().out)
     assert data["out_dir"] == str(tmp_path)
     assert all(Path(f).is_file() and Path(f).parent == tmp_path for f in data["files"])
@@ -85,7 +105,10 @@ def test_unknown_run_is_one_line_listing_the_runs(workdir, tmp_path, capsys):
 
 def test_step_without_tokens_and_missing_workdir(workdir, tmp_path, capsys):
     root, _ = workdir
-    assert main(["report", "cli-run", "--workdir", str(root), "--out", str(tmp_path), "--step", "0"]) == 2
+    assert (
+        main(["report", "cli-run", "--workdir", str(root), "--out", str(tmp_path), "--step", "0"])
+        == 2
+    )
     assert "steps with rows: 2" in _one_line_error(capsys)
     assert main(["report", "cli-run", "--workdir", str(tmp_path / "nowhere")]) == 2
     assert "no mismatch history" in _one_line_error(capsys)

@@ -13,25 +13,37 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from sparrow.runtime.ledger.run_record import finish_run, open_run
 from sparrow.cli.main import main
 from sparrow.config import load_config
+from sparrow.runtime.ledger.run_record import finish_run, open_run
 from sparrow.storage import Store
 from sparrow.storage.run_rows import record_stage
 
 
 def record(conn, run_id: str, step: int, stage: str, minute: int) -> None:
     start = datetime(2026, 1, 1, 12, minute)
-    record_stage(conn, run_id, step, stage, start, start + timedelta(seconds=30), 30.0,
-                 f"/w/runs/{run_id}/step-{step}/{stage}")
+    record_stage(
+        conn,
+        run_id,
+        step,
+        stage,
+        start,
+        start + timedelta(seconds=30),
+        30.0,
+        f"/w/runs/{run_id}/step-{step}/{stage}",
+    )
 
 
 @pytest.fixture
 def workdir(tmp_path):
     store = Store.open_writer(tmp_path)
     for run_id, steps in (("done", 2), ("broken", 3)):
-        open_run(store, load_config([f"pipeline.run_id={run_id}", f"pipeline.steps={steps}"]),
-                 run_id, tmp_path / "model")
+        open_run(
+            store,
+            load_config([f"pipeline.run_id={run_id}", f"pipeline.steps={steps}"]),
+            run_id,
+            tmp_path / "model",
+        )
     with store.connect() as conn:
         minute = 0
         for step in (1, 2):
@@ -54,7 +66,11 @@ def test_runs_show_status_and_steps_done(workdir, capsys):
     rows = runs_json(capsys, "--workdir", str(workdir))
     by_id = {r["run_id"]: r for r in rows}
     assert by_id["done"]["status"] == "finished" and by_id["done"]["mlflow_run_id"] == "mlflow-7"
-    assert (by_id["done"]["steps_done"], by_id["done"]["steps"], by_id["done"]["stages"]) == (2, 2, 6)
+    assert (by_id["done"]["steps_done"], by_id["done"]["steps"], by_id["done"]["stages"]) == (
+        2,
+        2,
+        6,
+    )
     assert by_id["done"]["last_stage"] == "step-2/sync_weights"
     assert by_id["broken"]["status"] == "interrupted"
     assert (by_id["broken"]["steps_done"], by_id["broken"]["steps"]) == (1, 3)
@@ -63,13 +79,23 @@ def test_runs_show_status_and_steps_done(workdir, capsys):
 
 def test_a_live_writer_keeps_a_run_running(workdir):
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from sparrow.storage import Store; "
-         f"s = Store.open_writer({str(workdir)!r}); print('held', flush=True); sys.stdin.read()"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys; from sparrow.storage import Store; "
+            f"s = Store.open_writer({str(workdir)!r}); print('held', flush=True); sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
-        listed = subprocess.run([sys.executable, "-m", "sparrow.cli.main", "runs", "--workdir",
-                                 str(workdir), "--json"], capture_output=True, text=True)
+        listed = subprocess.run(
+            [sys.executable, "-m", "sparrow.cli.main", "runs", "--workdir", str(workdir), "--json"],
+            capture_output=True,
+            text=True,
+        )
     finally:
         holder.communicate("")
     statuses = {r["run_id"]: r["status"] for r in json.loads(listed.stdout)}
@@ -78,9 +104,14 @@ def test_a_live_writer_keeps_a_run_running(workdir):
 
 def test_one_run_lists_its_stages_in_order(workdir, capsys):
     rows = runs_json(capsys, "broken", "--workdir", str(workdir))
-    assert [(r["step"], r["stage"]) for r in rows] == [(1, "rollout"), (1, "sync_weights"),
-                                                        (2, "rollout")]
-    assert rows[0]["duration_s"] == 30.0 and rows[0]["output_dir"] == "/w/runs/broken/step-1/rollout"
+    assert [(r["step"], r["stage"]) for r in rows] == [
+        (1, "rollout"),
+        (1, "sync_weights"),
+        (2, "rollout"),
+    ]
+    assert (
+        rows[0]["duration_s"] == 30.0 and rows[0]["output_dir"] == "/w/runs/broken/step-1/rollout"
+    )
 
 
 def test_table_output_and_errors(workdir, capsys, tmp_path):
@@ -89,7 +120,8 @@ def test_table_output_and_errors(workdir, capsys, tmp_path):
     assert "interrupted" in out and "step-2/sync_weights" in out
     assert main(["runs", "nope", "--workdir", str(workdir)]) == 2
     assert capsys.readouterr().err.strip() == (
-        f"error: workdir {workdir} has no run 'nope'; runs: broken, done")
+        f"error: workdir {workdir} has no run 'nope'; runs: broken, done"
+    )
     assert main(["runs", "--workdir", str(tmp_path / "empty")]) == 2
     assert "no mismatch history" in capsys.readouterr().err
 
@@ -103,8 +135,10 @@ def test_a_damaged_token_file_flags_its_step(workdir, capsys):
     layout = RunLayout(workdir, "done")
     for step in (1, 2):
         layout.token_file(step).parent.mkdir(parents=True)
-        pq.write_table(pa.table({"run_id": ["done"], "step": [step], "acceptance": [0.9]}),
-                       layout.token_file(step))
+        pq.write_table(
+            pa.table({"run_id": ["done"], "step": [step], "acceptance": [0.9]}),
+            layout.token_file(step),
+        )
     layout.token_file(2).write_bytes(b"too short")
     with Store.open_writer(workdir) as store, store.connect() as conn:
         record(conn, "done", 2, "aggregate_mismatch", 50)

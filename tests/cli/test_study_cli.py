@@ -34,8 +34,9 @@ def test_gpus_all_needs_a_gpu(monkeypatch, capsys):
 
 
 def test_overrides_may_follow_options_in_order():
-    args = parse_args(build_parser(), ["study", "run", "s1", "a=1", "--gpus", "0,1", "b=2",
-                                       "study.c=3"])
+    args = parse_args(
+        build_parser(), ["study", "run", "s1", "a=1", "--gpus", "0,1", "b=2", "study.c=3"]
+    )
     assert args.overrides == ["a=1", "b=2", "study.c=3"] and args.gpus == ["0", "1"]
     with pytest.raises(SystemExit):  # an unknown option is still one error
         parse_args(build_parser(), ["study", "run", "s1", "--nope", "a=1"])

@@ -52,18 +52,31 @@ def test_real_run_prints_the_table_and_where_to_look(base_run):
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["step", "reward"])
-    assert [line.split()[0] for line in lines[header + 1:header + 3]] == ["1", "2"]
+    assert [line.split()[0] for line in lines[header + 1 : header + 3]] == ["1", "2"]
     assert f"mlflow ui --backend-store-uri sqlite:///{workdir.resolve()}/mlflow.db" in done.stdout
     assert f"sparrow query --workdir {workdir}" in done.stdout
-    noise = [line for line in (done.stdout + done.stderr).splitlines()
-             if " | INFO" in line or "INFO mlflow" in line or "temporary server" in line
-             or "Ray instance" in line]
+    noise = [
+        line
+        for line in (done.stdout + done.stderr).splitlines()
+        if " | INFO" in line
+        or "INFO mlflow" in line
+        or "temporary server" in line
+        or "Ray instance" in line
+    ]
     assert noise == []
-    listed = subprocess.run([sys.executable, "-m", "sparrow.cli.main", "runs", "--workdir",
-                             str(workdir), "--json"], capture_output=True, text=True, env=env)
+    listed = subprocess.run(
+        [sys.executable, "-m", "sparrow.cli.main", "runs", "--workdir", str(workdir), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     [run] = json.loads(listed.stdout)
     assert (run["run_id"], run["status"], run["steps_done"], run["steps"]) == (
-        base_run.run_id, "finished", 2, 2)
+        base_run.run_id,
+        "finished",
+        2,
+        2,
+    )
 
 
 @pytest.mark.slow
@@ -114,10 +127,21 @@ def test_kill_9_leaves_no_prefect_server_behind(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "RAY_"))}
     env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sparrow.cli.main", "train", f"pipeline.workdir={tmp_path / 'w'}",
-         "pipeline.steps=50", "data.prompts_per_step=2", "rollout.samples_per_prompt=2",
-         "rollout.max_new_tokens=16"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "sparrow.cli.main",
+            "train",
+            f"pipeline.workdir={tmp_path / 'w'}",
+            "pipeline.steps=50",
+            "data.prompts_per_step=2",
+            "rollout.samples_per_prompt=2",
+            "rollout.max_new_tokens=16",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     servers: list[int] = []
     deadline = time.time() + 300
     while not servers and time.time() < deadline and proc.poll() is None:
@@ -130,8 +154,12 @@ def test_kill_9_leaves_no_prefect_server_behind(tmp_path):
     deadline = time.time() + 20
     while time.time() < deadline and any(Path(f"/proc/{pid}").exists() for pid in servers):
         time.sleep(0.5)
-    alive = [pid for pid in servers if Path(f"/proc/{pid}").exists()
-             and b"create_app" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    alive = [
+        pid
+        for pid in servers
+        if Path(f"/proc/{pid}").exists()
+        and b"create_app" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
     assert alive == []
 
 
@@ -145,28 +173,49 @@ def test_real_ctrl_c_is_one_line_and_the_run_resumes(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "RAY_"))}
     env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
     workdir = tmp_path / "w"
-    command = [sys.executable, "-m", "sparrow.cli.main", "train", f"pipeline.workdir={workdir}",
-               "pipeline.run_id=c", "pipeline.steps=2", "data.prompts_per_step=2",
-               "rollout.samples_per_prompt=2", "rollout.max_new_tokens=16",
-               "pipeline.report=false"]
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    command = [
+        sys.executable,
+        "-m",
+        "sparrow.cli.main",
+        "train",
+        f"pipeline.workdir={workdir}",
+        "pipeline.run_id=c",
+        "pipeline.steps=2",
+        "data.prompts_per_step=2",
+        "rollout.samples_per_prompt=2",
+        "rollout.max_new_tokens=16",
+        "pipeline.report=false",
+    ]
+    proc = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.time() + 300
     # the rollout stage's scratch folder appears once the flow is running its first stage
-    while time.time() < deadline and proc.poll() is None and \
-            not list((workdir / "runs" / "c").glob("step-1/*rollout*")):
+    while (
+        time.time() < deadline
+        and proc.poll() is None
+        and not list((workdir / "runs" / "c").glob("step-1/*rollout*"))
+    ):
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("interrupted"), err[-2000:]
-    listed = subprocess.run([sys.executable, "-m", "sparrow.cli.main", "runs", "--workdir",
-                             str(workdir), "--json"], capture_output=True, text=True, env=env)
+    listed = subprocess.run(
+        [sys.executable, "-m", "sparrow.cli.main", "runs", "--workdir", str(workdir), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert json.loads(listed.stdout)[0]["status"] == "interrupted"
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=540)
     assert done.returncode == 0, done.stderr[-3000:]
-    listed = subprocess.run([sys.executable, "-m", "sparrow.cli.main", "runs", "--workdir",
-                             str(workdir), "--json"], capture_output=True, text=True, env=env)
+    listed = subprocess.run(
+        [sys.executable, "-m", "sparrow.cli.main", "runs", "--workdir", str(workdir), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     [run] = json.loads(listed.stdout)
     assert (run["status"], run["steps_done"]) == ("finished", 2)

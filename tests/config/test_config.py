@@ -115,7 +115,9 @@ def test_every_yaml_key_has_a_comment_and_every_field_is_listed(group):
             continue
         depth = len(match.group(1)) // 2
         stack = stack[:depth] + [match.group(2)]
-        assert text[i - 1].strip().startswith("#"), f"sparrow/conf/{group}: {line.strip()} lacks a comment"
+        assert text[i - 1].strip().startswith("#"), (
+            f"sparrow/conf/{group}: {line.strip()} lacks a comment"
+        )
         keys.add(".".join(stack))
     schema_type = {f.name: f.default_factory for f in fields(SparrowConfig)}[group]
     expected = set(_leaf_paths(type(schema_type())))
@@ -133,8 +135,11 @@ def test_vllm_backend_with_sparse_schedule_loads_where_vllm_is_importable(monkey
 def test_vllm_backend_without_vllm_names_the_package_and_the_install(monkeypatch):
     import sparrow.vllm as backend
 
-    monkeypatch.setattr(backend.importlib.util, "find_spec",
-                        lambda name, *rest: None if name == "vllm" else object())
+    monkeypatch.setattr(
+        backend.importlib.util,
+        "find_spec",
+        lambda name, *rest: None if name == "vllm" else object(),
+    )
     with pytest.raises(ConfigError) as err:
         load_config(["rollout.backend=vllm", "schedule.sparse=false"])
     message = str(err.value)

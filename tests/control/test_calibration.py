@@ -7,26 +7,26 @@ import numpy as np
 import pytest
 import torch
 
-from sparrow.costmodel.eflops import get_hardware
-from sparrow.data.datasets import load_prompts
-from sparrow.engine import SamplingParams
-from sparrow.model import load_model, load_tokenizer
-from sparrow.model.builtin import resolve_model_path
 from sparrow.control.calibration import (
     PAPER_TOPK_PAGES,
     CalibrationError,
     Trajectory,
-    topk_grid,
     flat_schedule,
-    measure_topk_pages,
     measure_on_policy,
+    measure_topk_pages,
     model_shape,
     replay_acceptance,
     sample_trajectories,
     schedule_acceptance,
     table_from_tokens,
+    topk_grid,
 )
-from sparrow.control.choose import topk_cost_table, choose_topk_pages
+from sparrow.control.choose import choose_topk_pages, topk_cost_table
+from sparrow.costmodel import get_hardware
+from sparrow.data.datasets import load_prompts
+from sparrow.engine import SamplingParams
+from sparrow.model import load_model, load_tokenizer
+from sparrow.model.builtin import resolve_model_path
 from sparrow.sparse.presets import get_preset
 from sparrow.sparse.schedule import Schedule
 
@@ -47,14 +47,14 @@ def test_table_matches_a_plain_loop():
             else:
                 assert np.isnan(table.p5[j, i])
     rows = table.rows()
-    assert {(r["topk_pages"], r["bin"]) for r in rows} == {(b, i) for b in (4, 8)
-                                                             for i in range(6) if table.tokens[i]}
+    assert {(r["topk_pages"], r["bin"]) for r in rows} == {
+        (b, i) for b in (4, 8) for i in range(6) if table.tokens[i]
+    }
 
 
 def test_table_restricted_to_some_bins_keeps_counts():
     positions = np.array([0, 1, 70, 71, 140])
-    table = table_from_tokens([4], positions, [np.array([0.1, 0.2, 0.3, 0.4, 0.5])], 64,
-                              bins=[1])
+    table = table_from_tokens([4], positions, [np.array([0.1, 0.2, 0.3, 0.4, 0.5])], 64, bins=[1])
     assert list(table.tokens) == [2, 2, 1]
     assert np.isnan(table.p5[0, 0]) and table.p5[0, 1] == pytest.approx(0.3 + 0.05 * 0.1)
 
@@ -76,19 +76,23 @@ def test_trajectory_checks_its_split():
 def replay_case(seed: int) -> tuple[Schedule, list[Trajectory]]:
     """A one-bin template of 4-token pages and two random trajectories (40 and 33 tokens,
     6 of prompt)."""
-    template = Schedule("t", (2,), page_size=4, bin_tokens=16, reserved_bos=1, reserved_eos=1,
-                        skip_layers=())
+    template = Schedule(
+        "t", (2,), page_size=4, bin_tokens=16, reserved_bos=1, reserved_eos=1, skip_layers=()
+    )
     generator = torch.Generator().manual_seed(seed)
-    trajectories = [Trajectory(tuple(torch.randint(0, 256, (n,), generator=generator).tolist()), 6)
-                    for n in (40, 33)]
+    trajectories = [
+        Trajectory(tuple(torch.randint(0, 256, (n,), generator=generator).tolist()), 6)
+        for n in (40, 33)
+    ]
     return template, trajectories
 
 
 def test_replay_is_exact_dense_when_the_budget_covers_every_page(qwen3_checkpoint):
     model = load_model(qwen3_checkpoint)
     template, trajectories = replay_case(seed=0)
-    wide, narrow = replay_acceptance(model, trajectories, [flat_schedule(template, 64),
-                                                           flat_schedule(template, 1)])
+    wide, narrow = replay_acceptance(
+        model, trajectories, [flat_schedule(template, 64), flat_schedule(template, 1)]
+    )
     assert wide.shape == narrow.shape == (34 + 27,)
     assert np.allclose(wide, 1.0, atol=1e-6)
     # the first generated token of each trajectory comes from the dense prefill
@@ -97,7 +101,8 @@ def test_replay_is_exact_dense_when_the_budget_covers_every_page(qwen3_checkpoin
 
 
 def test_replay_computes_logits_a_chunk_at_a_time_with_the_whole_sequences_numbers(
-        qwen3_checkpoint):
+    qwen3_checkpoint,
+):
     """A 32K-token trajectory's float32 logits at the real vocabulary are 19 GB: the replay
     turns hidden states into logits `batch_tokens` rows at a time, with the same acceptance as
     the whole sequences' logits at once."""
@@ -110,8 +115,7 @@ def test_replay_computes_logits_a_chunk_at_a_time_with_the_whole_sequences_numbe
     rows = []
     compute_logits = model.compute_logits
     model.compute_logits = lambda hidden: (rows.append(hidden.shape[0]), compute_logits(hidden))[1]
-    [chunked] = replay_acceptance(model, trajectories, [schedule], temperature=0.7,
-                                  batch_tokens=8)
+    [chunked] = replay_acceptance(model, trajectories, [schedule], temperature=0.7, batch_tokens=8)
     del model.compute_logits
     assert rows and max(rows) <= 8
     want = []
@@ -119,7 +123,9 @@ def test_replay_computes_logits_a_chunk_at_a_time_with_the_whole_sequences_numbe
         span = slice(t.prompt_len - 1, len(t.ids) - 1)
         [dense] = teacher_forced_logits(model, [list(t.ids)])
         [sparse] = teacher_forced_logits(model, [list(t.ids)], [t.prompt_len], schedule=schedule)
-        want.append(acceptance_from_logits(dense[span], sparse[span], 0.7).detach().double().numpy())
+        want.append(
+            acceptance_from_logits(dense[span], sparse[span], 0.7).detach().double().numpy()
+        )
     np.testing.assert_allclose(chunked, np.concatenate(want), atol=1e-6)
     assert chunked.min() < 0.99
 
@@ -128,21 +134,25 @@ def test_on_policy_table_replays_each_budget_on_its_own_trajectories(qwen3_check
     """Budget b's column is its own trajectories replayed under b alone (a plain loop), and a
     bin's token count is the fewest any budget put there."""
     model = load_model(qwen3_checkpoint)
-    template = Schedule("t", (2,), page_size=4, bin_tokens=16, reserved_bos=1, reserved_eos=1,
-                        skip_layers=())
+    template = Schedule(
+        "t", (2,), page_size=4, bin_tokens=16, reserved_bos=1, reserved_eos=1, skip_layers=()
+    )
     generator = torch.Generator().manual_seed(1)
 
     def paths(*lengths):
-        return [Trajectory(tuple(torch.randint(0, 256, (n,), generator=generator).tolist()), 6)
-                for n in lengths]
+        return [
+            Trajectory(tuple(torch.randint(0, 256, (n,), generator=generator).tolist()), 6)
+            for n in lengths
+        ]
 
     by_topk = {1: paths(40, 33), 3: paths(20, 52, 30)}
     table = measure_on_policy(model, by_topk, template, num_bins=5)
     assert table.topk_pages == (1, 3) and table.p5.shape == (2, 5)
     counts = []
     for j, topk_pages in enumerate((1, 3)):
-        [alpha] = replay_acceptance(model, by_topk[topk_pages],
-                                    [flat_schedule(template, topk_pages)])
+        [alpha] = replay_acceptance(
+            model, by_topk[topk_pages], [flat_schedule(template, topk_pages)]
+        )
         bins = np.minimum(np.concatenate([t.positions for t in by_topk[topk_pages]]) // 16, 4)
         counts.append(np.bincount(bins, minlength=5))
         for i in range(5):
@@ -182,21 +192,44 @@ def test_embedded_model_calibrates_and_holds_its_target_on_held_out_prompts(tiny
     template, target, tolerance = get_preset("tiny-0.86"), 0.86, 0.15
     params = [SamplingParams(temperature=1.0, max_new_tokens=128, n=4, seed=s) for s in range(8)]
     prompts, grid = _prompts(tokenizer, "train", 8), (4, 6, 8, 12, 16)
-    table = measure_on_policy(model, {b: sample_trajectories(
-        model, tokenizer, prompts, params, schedule=flat_schedule(template, b)) for b in grid},
-        template, num_bins=template.num_bins)
+    table = measure_on_policy(
+        model,
+        {
+            b: sample_trajectories(
+                model, tokenizer, prompts, params, schedule=flat_schedule(template, b)
+            )
+            for b in grid
+        },
+        template,
+        num_bins=template.num_bins,
+    )
     shape = model_shape(resolve_model_path("builtin:tiny"))
-    cost = topk_cost_table(grid, table.num_bins, template, model=shape,
-                             hardware=get_hardware("h200"), prompt_len=len(prompts[0]))
+    cost = topk_cost_table(
+        grid,
+        table.num_bins,
+        template,
+        model=shape,
+        hardware=get_hardware("h200"),
+        prompt_len=len(prompts[0]),
+    )
     choice = choose_topk_pages(grid, table.p5, table.tokens, cost, target, min_tokens=50)
-    schedule = Schedule("tiny-calibrated", choice.topk_pages, page_size=8, bin_tokens=64,
-                        reserved_bos=1, reserved_eos=2, skip_layers=template.skip_layers,
-                        target=target)
+    schedule = Schedule(
+        "tiny-calibrated",
+        choice.topk_pages,
+        page_size=8,
+        bin_tokens=64,
+        reserved_bos=1,
+        reserved_eos=2,
+        skip_layers=template.skip_layers,
+        target=target,
+    )
     measured = [i for i in range(table.num_bins) if table.tokens[i] >= 50]
-    assert measured and all(table.p5[grid.index(schedule.topk_pages[i]), i] >= target
-                            for i in measured)
-    held = sample_trajectories(model, tokenizer, _prompts(tokenizer, "eval", 8), params,
-                               schedule=schedule)
+    assert measured and all(
+        table.p5[grid.index(schedule.topk_pages[i]), i] >= target for i in measured
+    )
+    held = sample_trajectories(
+        model, tokenizer, _prompts(tokenizer, "eval", 8), params, schedule=schedule
+    )
     positions, alpha = schedule_acceptance(model, held, schedule)
     bins = positions // 64
     for i in np.unique(bins):
@@ -210,11 +243,13 @@ def test_replay_selects_with_the_rollout_engines_centroid_dtype(qwen3_checkpoint
     from sparrow.control import calibration
 
     model = load_model(qwen3_checkpoint)
-    template = Schedule("t", (2,), page_size=4, bin_tokens=16, reserved_bos=1, reserved_eos=1,
-                        skip_layers=())
+    template = Schedule(
+        "t", (2,), page_size=4, bin_tokens=16, reserved_bos=1, reserved_eos=1, skip_layers=()
+    )
     generator = torch.Generator().manual_seed(1)
-    trajectories = [Trajectory(tuple(torch.randint(0, 256, (48,), generator=generator).tolist()),
-                               6)]
+    trajectories = [
+        Trajectory(tuple(torch.randint(0, 256, (48,), generator=generator).tolist()), 6)
+    ]
     seen = []
     replay = calibration.teacher_forced_hidden
 
@@ -225,12 +260,18 @@ def test_replay_selects_with_the_rollout_engines_centroid_dtype(qwen3_checkpoint
     monkeypatch.setattr(calibration, "teacher_forced_hidden", recording)
     measure_topk_pages(model, trajectories, template, [1, 2], centroid_dtype="float8_e4m3fn")
     schedule_acceptance(model, trajectories, template, centroid_dtype="float8_e4m3fn")
-    assert seen == [(False, None), (True, "float8_e4m3fn"), (True, "float8_e4m3fn"),
-                    (False, None), (True, "float8_e4m3fn")]
+    assert seen == [
+        (False, None),
+        (True, "float8_e4m3fn"),
+        (True, "float8_e4m3fn"),
+        (False, None),
+        (True, "float8_e4m3fn"),
+    ]
     seen.clear()
     measure_topk_pages(model, trajectories, template, [1])
     assert seen == [(False, None), (True, "cache")]
-    float8, = replay_acceptance(model, trajectories, [flat_schedule(template, 1)],
-                                centroid_dtype="float8_e4m3fn")
-    cache, = replay_acceptance(model, trajectories, [flat_schedule(template, 1)])
+    (float8,) = replay_acceptance(
+        model, trajectories, [flat_schedule(template, 1)], centroid_dtype="float8_e4m3fn"
+    )
+    (cache,) = replay_acceptance(model, trajectories, [flat_schedule(template, 1)])
     assert not np.array_equal(float8, cache)

@@ -7,9 +7,9 @@ import itertools
 import numpy as np
 import pytest
 
-from sparrow.costmodel.eflops import get_hardware, get_model
+from sparrow.control.choose import ChooseError, choose_topk_pages, topk_cost_table
+from sparrow.costmodel import get_hardware, get_model
 from sparrow.costmodel.segments import segment_cost
-from sparrow.control.choose import ChooseError, topk_cost_table, choose_topk_pages
 from sparrow.sparse.presets import get_preset
 
 
@@ -59,9 +59,7 @@ def test_chooser_matches_brute_force(seed):
 def test_hand_worked_table():
     topk_pages = [2, 4, 8]
     # bin 0 meets 0.86 at 2 pages, bin 1 at 4, bin 2 only at 8, bin 3 has too few tokens
-    p5 = np.array([[0.90, 0.70, 0.50, 0.99],
-                   [0.95, 0.88, 0.80, 0.99],
-                   [0.99, 0.93, 0.87, 0.99]])
+    p5 = np.array([[0.90, 0.70, 0.50, 0.99], [0.95, 0.88, 0.80, 0.99], [0.99, 0.93, 0.87, 0.99]])
     cost = np.array([[1.0, 1.0, 1.0, 1.0], [2.0, 2.0, 2.0, 2.0], [4.0, 4.0, 4.0, 4.0]])
     choice = choose_topk_pages(topk_pages, p5, [500, 500, 500, 3], cost, 0.86, min_tokens=100)
     assert choice.topk_pages == (2, 4, 8, 8)
@@ -91,15 +89,24 @@ def test_leading_thin_bin_takes_the_next_bins_decision():
     assert "takes bin 1's decision" in choice.bins[0].note
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(topk_pages=[4, 4]), "strictly increasing"),
-    (dict(tokens=[1, 1]), "min_tokens"),
-    (dict(p5=np.ones((3, 2))), "shape"),
-    (dict(target=1.5), "target"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(topk_pages=[4, 4]), "strictly increasing"),
+        (dict(tokens=[1, 1]), "min_tokens"),
+        (dict(p5=np.ones((3, 2))), "shape"),
+        (dict(target=1.5), "target"),
+    ],
+)
 def test_bad_input_is_one_clear_error(kwargs, match):
-    args = dict(topk_pages=[4, 8], p5=np.ones((2, 2)), tokens=[100, 100], cost=np.ones((2, 2)),
-                target=0.86, min_tokens=10)
+    args = dict(
+        topk_pages=[4, 8],
+        p5=np.ones((2, 2)),
+        tokens=[100, 100],
+        cost=np.ones((2, 2)),
+        target=0.86,
+        min_tokens=10,
+    )
     args.update(kwargs)
     with pytest.raises(ChooseError, match=match):
         choose_topk_pages(**args)
@@ -108,10 +115,17 @@ def test_bad_input_is_one_clear_error(kwargs, match):
 def test_cost_table_is_segment_cost_per_bin():
     template = get_preset("qwen3-1.7b-0.86")
     model, hardware = get_model("qwen3-1.7b"), get_hardware("h200")
-    table = topk_cost_table([29, 61], 3, template, model=model, hardware=hardware,
-                              prompt_len=1000)
+    table = topk_cost_table([29, 61], 3, template, model=model, hardware=hardware, prompt_len=1000)
     # bin 0 holds generated tokens [0, 1000), bin 2 holds [3000, 5000)
-    expected = segment_cost(model=model, hardware=hardware, prompt_len=1000, start=3000,
-                            end=5000, samples=1, budget_tokens=(61 + 3) * 16, page_size=16).total
+    expected = segment_cost(
+        model=model,
+        hardware=hardware,
+        prompt_len=1000,
+        start=3000,
+        end=5000,
+        samples=1,
+        budget_tokens=(61 + 3) * 16,
+        page_size=16,
+    ).total
     assert table[1, 2] == pytest.approx(expected)
     assert table[0, 0] < table[0, 2] and table[0, 2] < table[1, 2]

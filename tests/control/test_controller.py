@@ -59,14 +59,18 @@ def test_raise_takes_the_smallest_larger_budget_meeting_target_and_lifts_later_b
     new, changes = apply_measurement(SCHEDULE, decision, topk_pages, p5, settings)
     assert new.topk_pages == (4, 12, 12, 12)
     assert [(c.bin, c.kind, c.old_topk, c.new_topk) for c in changes] == [
-        (1, "raise", 6, 12), (2, "follow", 8, 12), (3, "follow", 8, 12)]
+        (1, "raise", 6, 12),
+        (2, "follow", 8, 12),
+        (3, "follow", 8, 12),
+    ]
     assert changes[0].p5 == pytest.approx(0.90) and math.isnan(changes[1].p5)
 
 
 def test_raise_with_no_budget_meeting_target_takes_the_largest_measured():
     p5 = np.array([[np.nan, 0.5, np.nan, np.nan], [np.nan, 0.6, np.nan, np.nan]])
-    new, _ = apply_measurement(SCHEDULE, Decision(1, raise_bins=(1,)), [8, 12], p5,
-                               ControlSettings())
+    new, _ = apply_measurement(
+        SCHEDULE, Decision(1, raise_bins=(1,)), [8, 12], p5, ControlSettings()
+    )
     assert new.topk_pages == (4, 12, 12, 12)
 
 
@@ -75,8 +79,8 @@ def test_lower_takes_the_smallest_budget_meeting_target_but_never_below_the_bin_
     decision = Decision(step=5, lower_bins=(0, 2))
     topk_pages = [1, 2, 3, 4, 6]
     p5 = np.full((5, 4), np.nan)
-    p5[:, 0] = [0.2, 0.87, 0.9, 0.95, 0.99]   # bin 0: 4 -> 2
-    p5[:, 2] = [0.5, 0.6, 0.7, 0.88, 0.99]    # bin 2: 8 -> 4, then up to bin 1's 6
+    p5[:, 0] = [0.2, 0.87, 0.9, 0.95, 0.99]  # bin 0: 4 -> 2
+    p5[:, 2] = [0.5, 0.6, 0.7, 0.88, 0.99]  # bin 2: 8 -> 4, then up to bin 1's 6
     new, changes = apply_measurement(SCHEDULE, decision, topk_pages, p5, settings)
     assert new.topk_pages == (2, 6, 6, 8)
     assert [(c.bin, c.kind, c.new_topk) for c in changes] == [(0, "lower", 2), (2, "lower", 6)]
@@ -84,13 +88,15 @@ def test_lower_takes_the_smallest_budget_meeting_target_but_never_below_the_bin_
 
 def test_nothing_meets_target_lower_leaves_the_bin():
     p5 = np.array([[0.5, np.nan, np.nan, np.nan]])
-    new, changes = apply_measurement(SCHEDULE, Decision(1, lower_bins=(0,)), [2], p5,
-                                     ControlSettings())
+    new, changes = apply_measurement(
+        SCHEDULE, Decision(1, lower_bins=(0,)), [2], p5, ControlSettings()
+    )
     assert new == SCHEDULE and changes == []
 
 
-@pytest.mark.parametrize("kwargs", [dict(target=0.0), dict(patience=0), dict(margin=1.0),
-                                    dict(tolerance=-0.1)])
+@pytest.mark.parametrize(
+    "kwargs", [dict(target=0.0), dict(patience=0), dict(margin=1.0), dict(tolerance=-0.1)]
+)
 def test_bad_settings_are_one_clear_error(kwargs):
     with pytest.raises(ControllerError):
         ControlSettings(**kwargs)
@@ -99,8 +105,9 @@ def test_bad_settings_are_one_clear_error(kwargs):
 def test_budgets_on_the_wrong_side_of_the_current_one_are_ignored():
     # bin 1 (6 pages) is raised: 4 pages measured well but is not a raise
     p5 = np.array([[np.nan, 0.99, np.nan, np.nan], [np.nan, 0.9, np.nan, np.nan]])
-    new, _ = apply_measurement(SCHEDULE, Decision(1, raise_bins=(1,)), [4, 8], p5,
-                               ControlSettings())
+    new, _ = apply_measurement(
+        SCHEDULE, Decision(1, raise_bins=(1,)), [4, 8], p5, ControlSettings()
+    )
     assert new.topk_pages == (4, 8, 8, 8)
 
 
@@ -109,11 +116,13 @@ def test_bins_without_tokens_follow_a_lowered_bin_down():
     p5 = np.full((2, 4), np.nan)
     p5[:, 2] = [0.9, 0.99]
     decision = Decision(3, lower_bins=(2,))
-    new, changes = apply_measurement(schedule, decision, [2, 4], p5, ControlSettings(),
-                                     tokens=[0, 0, 80, 40])
+    new, changes = apply_measurement(
+        schedule, decision, [2, 4], p5, ControlSettings(), tokens=[0, 0, 80, 40]
+    )
     assert new.topk_pages == (2, 2, 2, 8)
     assert [c.kind for c in changes] == ["follow", "follow", "lower"]
     # with tokens in bin 1 it blocks: the lowered bin stops at bin 1's budget
-    blocked, _ = apply_measurement(schedule, decision, [2, 4], p5, ControlSettings(),
-                                   tokens=[0, 30, 80, 40])
+    blocked, _ = apply_measurement(
+        schedule, decision, [2, 4], p5, ControlSettings(), tokens=[0, 30, 80, 40]
+    )
     assert blocked.topk_pages == (8, 8, 8, 8)

@@ -28,8 +28,9 @@ def measured(step, values, schedule_topk=SCHEDULE.topk_pages, cheaper=CHEAPER):
 def test_one_notch_cheaper_takes_the_next_grid_budget_down_per_bin():
     assert one_notch_cheaper(SCHEDULE, GRID).topk_pages == CHEAPER
     # nothing below a bin's budget: it stays, and later bins never fall under it
-    assert one_notch_cheaper(Schedule("t", (1, 3, 5), page_size=8, bin_tokens=64),
-                             (4,)).topk_pages == (1, 3, 4)
+    assert one_notch_cheaper(
+        Schedule("t", (1, 3, 5), page_size=8, bin_tokens=64), (4,)
+    ).topk_pages == (1, 3, 4)
     assert one_notch_cheaper(SCHEDULE, ()).topk_pages == SCHEDULE.topk_pages
 
 
@@ -39,15 +40,21 @@ def test_switch_after_patience_steps_at_target():
     new, changes = distill_switch(history, SCHEDULE, SETTINGS, patience=2)
     assert new.topk_pages == CHEAPER and new.name == SCHEDULE.name
     assert [(c.bin, c.kind, c.old_topk, c.new_topk) for c in changes] == [
-        (0, "distill", 4, 2), (1, "distill", 8, 6), (2, "distill", 16, 12), (3, "distill", 16, 12)]
+        (0, "distill", 4, 2),
+        (1, "distill", 8, 6),
+        (2, "distill", 16, 12),
+        (3, "distill", 16, 12),
+    ]
     assert changes[1].p5 == pytest.approx(0.861)  # the lowest measured of the bin
     # one measurement is not enough at patience 2; enough at patience 1
     assert distill_switch(history[-1:], SCHEDULE, SETTINGS, patience=2) is None
     assert distill_switch(history[-1:], SCHEDULE, SETTINGS, patience=1)[0].topk_pages == CHEAPER
 
 
-@pytest.mark.parametrize("case", ["below", "margin", "other_schedule", "other_candidate",
-                                  "older_below", "nothing_measured"])
+@pytest.mark.parametrize(
+    "case",
+    ["below", "margin", "other_schedule", "other_candidate", "older_below", "nothing_measured"],
+)
 def test_no_switch(case):
     good = {0: 0.95, 1: 0.9, 2: 0.9}
     first, last = measured(5, good), measured(6, good)

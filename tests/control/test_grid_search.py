@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sparrow.control.grid_search import search_topk_pages
 from sparrow.control.controller import (
     ControlSettings,
     Decision,
     apply_measurement,
     candidate_topk_pages,
 )
+from sparrow.control.grid_search import search_topk_pages
 from sparrow.sparse.schedule import Schedule
 
 GRID = (29, 45, 61, 77, 93, 125, 157, 189, 221, 253, 317, 381, 445, 509)
@@ -32,9 +32,14 @@ class FakeMeasure:
 
 
 def exhaustive(schedule, decision, table):
-    topk_pages = sorted({b for kind, bins in (("raise", decision.raise_bins),
-                                           ("lower", decision.lower_bins))
-                      for bin_ in bins for b in candidate_topk_pages(schedule, bin_, GRID, kind)})
+    topk_pages = sorted(
+        {
+            b
+            for kind, bins in (("raise", decision.raise_bins), ("lower", decision.lower_bins))
+            for bin_ in bins
+            for b in candidate_topk_pages(schedule, bin_, GRID, kind)
+        }
+    )
     rows = table[[GRID.index(b) for b in topk_pages]].reshape(len(topk_pages), table.shape[1])
     return apply_measurement(schedule, decision, topk_pages, rows, SETTINGS)
 
@@ -42,7 +47,9 @@ def exhaustive(schedule, decision, table):
 def searched(schedule, decision, table):
     measure = FakeMeasure(table)
     topk_pages, rows = search_topk_pages(schedule, decision, GRID, measure, SETTINGS.target)
-    assert topk_pages == sorted(set(measure.topk_pages)) and len(measure.topk_pages) == len(topk_pages)
+    assert topk_pages == sorted(set(measure.topk_pages)) and len(measure.topk_pages) == len(
+        topk_pages
+    )
     return apply_measurement(schedule, decision, topk_pages, rows, SETTINGS), measure
 
 
@@ -94,7 +101,7 @@ def test_next_notch_meeting_costs_one_budget_and_nothing_meeting_costs_a_gallop(
 def test_a_lower_probes_from_the_notch_below_and_an_empty_bin_stays():
     schedule = Schedule("s", (253, 253), page_size=16, bin_tokens=1024)
     table = np.full((len(GRID), 2), 0.99)
-    table[:GRID.index(125), 0] = 0.5  # 125 is the smallest meeting budget of bin 0
+    table[: GRID.index(125), 0] = 0.5  # 125 is the smallest meeting budget of bin 0
     table[:, 1] = np.nan  # no generated token in bin 1
     decision = Decision(1, lower_bins=(0, 1))
     (new, changes), measure = searched(schedule, decision, table)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparrow.costmodel.eflops import (
+from sparrow.costmodel import (
     HARDWARE,
     MODELS,
     CostModelError,
@@ -18,7 +18,9 @@ from sparrow.costmodel.eflops import (
 
 # small integers for every symbol
 P, N, L_IN, L_OUT, D, R, I, B, S = 10, 2, 3, 4, 5, 2, 7, 6, 2
-SYMBOLS = dict(params=P, samples=N, prompt_len=L_IN, gen_len=L_OUT, kv_dim=D, gqa_ratio=R, intensity=I)
+SYMBOLS = dict(
+    params=P, samples=N, prompt_len=L_IN, gen_len=L_OUT, kv_dim=D, gqa_ratio=R, intensity=I
+)
 
 
 def test_dense_paper_by_hand():
@@ -66,7 +68,9 @@ def test_attended_tokens_limits():
     assert attended_tokens(100, 50, 10_000) == (200 + 50) * 50
     # with H = 2 B L_out the appendix sparse cost is the paper's plus 2 P L_out of memory
     paper = sparse_cost(**{**SYMBOLS, "prompt_len": 9}, budget_tokens=B, page_size=S)
-    appendix = sparse_cost(**{**SYMBOLS, "prompt_len": 9}, budget_tokens=B, page_size=S, variant="appendix")
+    appendix = sparse_cost(
+        **{**SYMBOLS, "prompt_len": 9}, budget_tokens=B, page_size=S, variant="appendix"
+    )
     assert appendix.compute == pytest.approx(paper.compute)
     assert appendix.memory == pytest.approx(paper.memory + 2 * P * L_OUT)
 
@@ -125,8 +129,17 @@ def _hf_count(shape: ModelShape):
 def test_parameter_count_matches_transformers_tiny():
     for tied in (True, False):
         # head_dim deliberately not hidden / heads, and q_heads * head_dim != hidden
-        shape = ModelShape("tiny", layers=3, hidden=24, q_heads=6, kv_heads=2, head_dim=8,
-                           intermediate=40, vocab=97, tied_embeddings=tied)
+        shape = ModelShape(
+            "tiny",
+            layers=3,
+            hidden=24,
+            q_heads=6,
+            kv_heads=2,
+            head_dim=8,
+            intermediate=40,
+            vocab=97,
+            tied_embeddings=tied,
+        )
         count, config = _hf_count(shape)
         assert shape.parameters == count, tied
         assert ModelShape.from_hf_config(config).parameters == count

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparrow.costmodel.eflops import (
+from sparrow.costmodel import (
     CostModelError,
     dense_cost,
     get_hardware,
@@ -20,8 +20,15 @@ MODEL, HW = get_model("qwen3-1.7b"), get_hardware("h200")
 
 
 def _symbols(prompt_len, gen_len, samples, model=MODEL, hardware=HW):
-    return dict(params=model.parameters, samples=samples, prompt_len=prompt_len, gen_len=gen_len,
-                kv_dim=model.kv_dim, gqa_ratio=model.gqa_ratio, intensity=hardware.intensity)
+    return dict(
+        params=model.parameters,
+        samples=samples,
+        prompt_len=prompt_len,
+        gen_len=gen_len,
+        kv_dim=model.kv_dim,
+        gqa_ratio=model.gqa_ratio,
+        intensity=hardware.intensity,
+    )
 
 
 def _loop(schedule, prompt_len, gen_len, samples, offset, variant="paper", model=MODEL):
@@ -53,8 +60,9 @@ def _loop(schedule, prompt_len, gen_len, samples, offset, variant="paper", model
 def test_closed_forms_equal_midpoint_loop(variant):
     # qwen3-1.7b-0.86 over 9 bins, prompt 1500: bins 0 and 1 are partly dense
     s = get_preset("qwen3-1.7b-0.86")
-    result = schedule_cost(s, model=MODEL, hardware=HW, prompt_len=1500, gen_len=16_000,
-                           samples=4, variant=variant)
+    result = schedule_cost(
+        s, model=MODEL, hardware=HW, prompt_len=1500, gen_len=16_000, samples=4, variant=variant
+    )
     dense, sparse = _loop(s, 1500, 16_000, 4, offset=0.5, variant=variant)
     assert result.dense.total == pytest.approx(dense, rel=1e-12)
     assert result.sparse.total == pytest.approx(sparse, rel=1e-12)
@@ -67,7 +75,9 @@ def test_closed_forms_against_discrete_loop_within_continuous_approximation():
     # step and by at most one token's cost at each bin edge and dense/sparse switch
     s = get_preset("tiny-0.86")
     prompt_len, gen_len = 37, 2000
-    result = schedule_cost(s, model=MODEL, hardware=HW, prompt_len=prompt_len, gen_len=gen_len, samples=8)
+    result = schedule_cost(
+        s, model=MODEL, hardware=HW, prompt_len=prompt_len, gen_len=gen_len, samples=8
+    )
     dense, sparse = _loop(s, prompt_len, gen_len, 8, offset=1.0)
     bound = (1 + 2 * s.num_bins) / gen_len
     assert abs(result.dense.total - dense) / dense < bound
@@ -77,8 +87,15 @@ def test_closed_forms_against_discrete_loop_within_continuous_approximation():
 
 @pytest.mark.parametrize("variant", ["paper", "appendix"])
 def test_dense_sum_over_bins_is_the_dense_formula(variant):
-    result = schedule_cost(get_preset("qwen3-1.7b-0.80"), model=MODEL, hardware=HW,
-                           prompt_len=1024, gen_len=32_768, samples=8, variant=variant)
+    result = schedule_cost(
+        get_preset("qwen3-1.7b-0.80"),
+        model=MODEL,
+        hardware=HW,
+        prompt_len=1024,
+        gen_len=32_768,
+        samples=8,
+        variant=variant,
+    )
     published = dense_cost(**_symbols(1024, 32_768, 8), variant=variant)
     assert result.dense.compute == pytest.approx(published.compute, rel=1e-12)
     assert result.dense.memory == pytest.approx(published.memory, rel=1e-12)
@@ -88,8 +105,12 @@ def test_dense_sum_over_bins_is_the_dense_formula(variant):
 def test_constant_budget_below_prompt_is_the_sparse_formula(variant):
     # one budget (29 + 3 pages = 512 tokens) below the prompt: every step sparse
     s = Schedule(name="flat", topk_pages=(29,) * 5)
-    result = schedule_cost(s, model=MODEL, hardware=HW, prompt_len=2048, gen_len=9000, samples=8, variant=variant)
-    published = sparse_cost(**_symbols(2048, 9000, 8), budget_tokens=512, page_size=16, variant=variant)
+    result = schedule_cost(
+        s, model=MODEL, hardware=HW, prompt_len=2048, gen_len=9000, samples=8, variant=variant
+    )
+    published = sparse_cost(
+        **_symbols(2048, 9000, 8), budget_tokens=512, page_size=16, variant=variant
+    )
     assert result.sparse.total == pytest.approx(published.total, rel=1e-12)
     assert all(b.dense_tokens == 0 for b in result.bins)
     # and the midpoint loop lands on the published formula too
@@ -111,10 +132,16 @@ def test_budget_above_prompt_is_cheaper_than_published_sparse():
 def test_dense_tokens_and_bins_by_hand():
     # with prompt 10: bin 0 is generated [0, 118), budget (2+3)*16 = 80 covers the
     # context while 10 + t <= 80, so 70 tokens are dense; bin 1 (budget 96 < 128) none
-    schedule = Schedule(name="small", topk_pages=(2, 3, 4, 5, 6, 6, 6, 6), page_size=16,
-                        bin_tokens=128, skip_layers=(0,))
-    result = schedule_cost(schedule, model=MODEL, hardware=HW, prompt_len=10,
-                           gen_len=300, samples=2)
+    schedule = Schedule(
+        name="small",
+        topk_pages=(2, 3, 4, 5, 6, 6, 6, 6),
+        page_size=16,
+        bin_tokens=128,
+        skip_layers=(0,),
+    )
+    result = schedule_cost(
+        schedule, model=MODEL, hardware=HW, prompt_len=10, gen_len=300, samples=2
+    )
     first, second, third = result.bins
     assert (first.start_position, first.end_position, first.budget_tokens) == (10, 128, 80)
     assert first.dense_tokens == 70 and second.dense_tokens == 0
@@ -128,8 +155,14 @@ def test_budget_covering_everything_gives_speedup_one():
 
 
 def test_generation_starting_past_early_bins_skips_them():
-    result = schedule_cost(get_preset("qwen3-1.7b-0.86"), model=MODEL, hardware=HW,
-                           prompt_len=5000, gen_len=1000, samples=1)
+    result = schedule_cost(
+        get_preset("qwen3-1.7b-0.86"),
+        model=MODEL,
+        hardware=HW,
+        prompt_len=5000,
+        gen_len=1000,
+        samples=1,
+    )
     assert [b.index for b in result.bins] == [2]
     assert result.bins[0].budget_tokens == (93 + 3) * 16
 
@@ -148,7 +181,16 @@ def test_segment_and_schedule_errors():
     with pytest.raises(CostModelError, match="start <= end"):
         segment_cost(model=MODEL, hardware=HW, prompt_len=0, start=5, end=2, samples=1)
     with pytest.raises(CostModelError, match="gen_len"):
-        schedule_cost(get_preset("tiny-0.86"), model=MODEL, hardware=HW, prompt_len=0, gen_len=0, samples=1)
+        schedule_cost(
+            get_preset("tiny-0.86"), model=MODEL, hardware=HW, prompt_len=0, gen_len=0, samples=1
+        )
     with pytest.raises(CostModelError, match="variant"):
-        schedule_cost(get_preset("tiny-0.86"), model=MODEL, hardware=HW, prompt_len=0,
-                      gen_len=10, samples=1, variant="nope")
+        schedule_cost(
+            get_preset("tiny-0.86"),
+            model=MODEL,
+            hardware=HW,
+            prompt_len=0,
+            gen_len=10,
+            samples=1,
+            variant="nope",
+        )

@@ -47,11 +47,22 @@ def test_the_code_spec_loads_through_load_prompts_with_a_time_limit():
 
 def test_taco_and_code_contests_rows_from_parquet(tmp_path):
     path = tmp_path / "mixed.parquet"
-    taco = {"question": "Add.", "input_output": json.dumps({"inputs": ["1 2"], "outputs": ["3"]}),
-            "starter_code": "", "description": None, "public_tests": None, "private_tests": None}
-    contest = {"question": None, "input_output": None, "starter_code": None,
-               "description": "Double it.", "public_tests": {"input": ["2\n"], "output": ["4\n"]},
-               "private_tests": {"input": ["5\n"], "output": ["10\n"]}}
+    taco = {
+        "question": "Add.",
+        "input_output": json.dumps({"inputs": ["1 2"], "outputs": ["3"]}),
+        "starter_code": "",
+        "description": None,
+        "public_tests": None,
+        "private_tests": None,
+    }
+    contest = {
+        "question": None,
+        "input_output": None,
+        "starter_code": None,
+        "description": "Double it.",
+        "public_tests": {"input": ["2\n"], "output": ["4\n"]},
+        "private_tests": {"input": ["5\n"], "output": ["10\n"]},
+    }
     pq.write_table(pa.Table.from_pylist([taco, contest]), path)
     prompts, answers = read_code_file(path)
     assert prompts[0].startswith("Add.") and prompts[1].startswith("Double it.")
@@ -60,12 +71,18 @@ def test_taco_and_code_contests_rows_from_parquet(tmp_path):
     assert score_completions("code", [program], [answers[1]], workers=1).rewards == [1.0]
 
 
-@pytest.mark.parametrize("row, message", [
-    ({"input_output": json.dumps({"inputs": ["1"], "outputs": ["1"]})}, "no problem text"),
-    ({"question": "q"}, "no tests"),
-    ({"question": "q", "input_output": "{not json"}, "not JSON"),
-    ({"question": "q", "input_output": json.dumps({"inputs": ["1"], "outputs": []})}, "equal length"),
-])
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        ({"input_output": json.dumps({"inputs": ["1"], "outputs": ["1"]})}, "no problem text"),
+        ({"question": "q"}, "no tests"),
+        ({"question": "q", "input_output": "{not json"}, "not JSON"),
+        (
+            {"question": "q", "input_output": json.dumps({"inputs": ["1"], "outputs": []})},
+            "equal length",
+        ),
+    ],
+)
 def test_a_bad_row_is_one_error_naming_the_row(tmp_path, row, message):
     path = tmp_path / "bad.jsonl"
     good = {"question": "q", "input_output": json.dumps({"inputs": ["1"], "outputs": ["1"]})}

@@ -23,8 +23,9 @@ from sparrow.data.sandbox import SandboxLimits, SandboxUnavailableError
 
 FAST = CodeReward(SandboxLimits(time_limit_s=0.5, startup_allowance_s=1.0))
 SUM_TESTS = json.dumps({"inputs": ["1 2\n", "10 -3\n", "0 0\n"], "outputs": ["3\n", "7", "0"]})
-CALL_TESTS = json.dumps({"inputs": [[1, 2], [2, 5], [0, 0]], "outputs": [[3], [7], [0]],
-                         "fn_name": "add"})
+CALL_TESTS = json.dumps(
+    {"inputs": [[1, 2], [2, 5], [0, 0]], "outputs": [[3], [7], [0]], "fn_name": "add"}
+)
 
 
 def fenced(code: str, tag: str = "python") -> str:
@@ -43,9 +44,14 @@ def test_parse_tests_reads_taco_rows_and_refuses_bad_ones():
     tests = parse_tests(json.dumps({"inputs": [["a", "b"]], "outputs": [["c"]]}))
     assert tests.inputs == ("a\nb",) and tests.outputs == ("c",) and tests.fn_name is None
     assert parse_tests(CALL_TESTS).inputs[1] == [2, 5]
-    for bad in ("not json", "[1]", '{"inputs": [], "outputs": []}',
-                '{"inputs": ["1"], "outputs": []}', '{"inputs": [1], "outputs": [1], "fn_name": "a b"}',
-                '{"inputs": [1], "outputs": [1], "time_limit_s": -1}'):
+    for bad in (
+        "not json",
+        "[1]",
+        '{"inputs": [], "outputs": []}',
+        '{"inputs": ["1"], "outputs": []}',
+        '{"inputs": [1], "outputs": [1], "fn_name": "a b"}',
+        '{"inputs": [1], "outputs": [1], "time_limit_s": -1}',
+    ):
         with pytest.raises(ValueError):
             parse_tests(bad)
 
@@ -59,15 +65,18 @@ def test_outputs_compare_by_whitespace_normalised_lines_and_values_by_json():
     assert not same_value(True, 1) and not same_value([1, 2], [1, 2, 3]) and not same_value("1", 1)
 
 
-@pytest.mark.parametrize("program, share", [
-    ("a, b = map(int, input().split())\nprint(a + b)", 1.0),          # correct
-    ("a, b = map(int, input().split())\nprint(a + b if a else 1)", 2 / 3),  # one test wrong
-    ("print(0)", 1 / 3),                                              # right only by chance
-    ("import sys\nsys.exit(3)", 0.0),                                 # exits non-zero
-    ("raise RuntimeError('crash')", 0.0),                             # crashes
-    ("while True:\n    pass", 0.0),                                   # times out
-    ("def broken(:\n", 0.0),                                          # does not compile
-])
+@pytest.mark.parametrize(
+    "program, share",
+    [
+        ("a, b = map(int, input().split())\nprint(a + b)", 1.0),  # correct
+        ("a, b = map(int, input().split())\nprint(a + b if a else 1)", 2 / 3),  # one test wrong
+        ("print(0)", 1 / 3),  # right only by chance
+        ("import sys\nsys.exit(3)", 0.0),  # exits non-zero
+        ("raise RuntimeError('crash')", 0.0),  # crashes
+        ("while True:\n    pass", 0.0),  # times out
+        ("def broken(:\n", 0.0),  # does not compile
+    ],
+)
 def test_stdin_programs_score_the_share_of_tests_passed(program, share):
     assert FAST(fenced(program), SUM_TESTS) == pytest.approx(share)
 
@@ -78,9 +87,13 @@ def test_a_program_that_prints_the_right_answer_then_crashes_fails():
 
 
 def test_function_call_tests_use_the_entry_point_and_ignore_prints():
-    assert FAST(fenced("def add(a, b):\n    print('debug', a)\n    return a + b"), CALL_TESTS) == 1.0
-    assert FAST(fenced("class Solution:\n    def add(self, a, b):\n        return a + b"),
-                CALL_TESTS) == 1.0
+    assert (
+        FAST(fenced("def add(a, b):\n    print('debug', a)\n    return a + b"), CALL_TESTS) == 1.0
+    )
+    assert (
+        FAST(fenced("class Solution:\n    def add(self, a, b):\n        return a + b"), CALL_TESTS)
+        == 1.0
+    )
     assert FAST(fenced("def add(a, b):\n    return a * b"), CALL_TESTS) == pytest.approx(1 / 3)
     assert FAST(fenced("def plus(a, b):\n    return a + b"), CALL_TESTS) == 0.0
     # printing the expected value instead of returning it earns nothing
@@ -104,8 +117,12 @@ def test_a_row_time_limit_overrides_the_default():
 
 
 def test_the_runner_scores_code_in_parallel_workers():
-    completions = [fenced("a, b = map(int, input().split())\nprint(a + b)"), fenced("print(0)"),
-                   fenced("raise SystemExit(2)"), "no code at all"]
+    completions = [
+        fenced("a, b = map(int, input().split())\nprint(a + b)"),
+        fenced("print(0)"),
+        fenced("raise SystemExit(2)"),
+        "no code at all",
+    ]
     batch = score_completions("code", completions, [SUM_TESTS] * 4, timeout_s=30.0, workers=2)
     assert batch.rewards == pytest.approx([1.0, 1 / 3, 0.0, 0.0])
     assert batch.errors == 0 and batch.timeouts == 0

@@ -1,6 +1,6 @@
 """Prompt datasets: synthetic rows, Parquet and JSONL files, per-step batches, named errors.
 
-    python -m pytest tests/data/test_datasets.py -q
+python -m pytest tests/data/test_datasets.py -q
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ def write_jsonl(path, rows):
 
 # synthetic
 
+
 def test_synthetic_rows_are_consistent_and_deterministic(char_tokenizer):
     data = load_prompts("builtin:synthetic", "prompt", "answer", char_tokenizer, 1024, seed=3)
     batch = data.batch(step=2, prompts_per_step=3)
@@ -68,7 +69,9 @@ def test_synthetic_rows_are_consistent_and_deterministic(char_tokenizer):
 
 def test_synthetic_train_and_eval_differ(char_tokenizer):
     train = load_prompts("builtin:synthetic", "prompt", "answer", char_tokenizer, 1024)
-    evals = load_prompts("builtin:synthetic", "prompt", "answer", char_tokenizer, 1024, split="eval")
+    evals = load_prompts(
+        "builtin:synthetic", "prompt", "answer", char_tokenizer, 1024, split="eval"
+    )
     train_prompts = {r.prompt for r in train.batch(0, 100)}
     eval_prompts = {r.prompt for r in evals.batch(0, 100)}
     assert len(train_prompts) == 100 and len(eval_prompts) == 100
@@ -87,8 +90,11 @@ def test_synthetic_row_seeds_are_distinct_and_split_by_parity():
 
 
 def test_synthetic_prompt_over_the_limit_fails_at_load(char_tokenizer):
-    with pytest.raises(DatasetError, match=r"row 0: the prompt is \d+ tokens, longer than "
-                                           r"data.max_prompt_tokens=20"):
+    with pytest.raises(
+        DatasetError,
+        match=r"row 0: the prompt is \d+ tokens, longer than "
+        r"data.max_prompt_tokens=20",
+    ):
         load_prompts("builtin:synthetic", "prompt", "answer", char_tokenizer, 20)
 
 
@@ -103,11 +109,14 @@ def test_file_batches_walk_a_fresh_shuffle_each_epoch(tmp_path, kind):
     path = writer(tmp_path / f"data.{kind}", ROWS)
     data = load_prompts(str(path), "question", "solution", ByteEncoder(), 64, seed=11)
     assert len(data) == 10
-    epochs = [[r.row for step in range(5 * e, 5 * e + 5) for r in data.batch(step, 2)]
-              for e in range(3)]
+    epochs = [
+        [r.row for step in range(5 * e, 5 * e + 5) for r in data.batch(step, 2)] for e in range(3)
+    ]
     for order in epochs:
         assert sorted(order) == list(range(10))
-    assert len({tuple(o) for o in epochs}) == 3  # 3 equal shuffles of 10 would be a 1 in 10**13 event
+    assert (
+        len({tuple(o) for o in epochs}) == 3
+    )  # 3 equal shuffles of 10 would be a 1 in 10**13 event
     for r in data.batch(7, 4):
         assert r.prompt == ROWS[r.row]["question"]
         assert r.answer == str(r.row % 7)
@@ -123,8 +132,11 @@ def test_file_batches_walk_a_fresh_shuffle_each_epoch(tmp_path, kind):
 def test_jsonl_skips_blank_lines_and_names_lines(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text('{"prompt": "a", "answer": "1"}\n\n{"prompt": "b"}\n')
-    with pytest.raises(DatasetError, match=r"d.jsonl: row 1 \(line 3\) has no 'answer' field; "
-                                           r"fields present: prompt"):
+    with pytest.raises(
+        DatasetError,
+        match=r"d.jsonl: row 1 \(line 3\) has no 'answer' field; "
+        r"fields present: prompt",
+    ):
         load_prompts(str(path), "prompt", "answer", ByteEncoder(), 8)
     path.write_text('{"prompt": "a", "answer": "1"}\nnot json\n')
     with pytest.raises(DatasetError, match=r"row 1 \(line 2\) is not valid JSON"):
@@ -133,9 +145,11 @@ def test_jsonl_skips_blank_lines_and_names_lines(tmp_path):
 
 # errors
 
+
 def test_missing_and_unsupported_files(tmp_path):
-    with pytest.raises(DatasetError, match=re.escape(f"dataset file {tmp_path / 'no.parquet'} "
-                                                     "does not exist")):
+    with pytest.raises(
+        DatasetError, match=re.escape(f"dataset file {tmp_path / 'no.parquet'} does not exist")
+    ):
         load_prompts(str(tmp_path / "no.parquet"), "prompt", "answer", ByteEncoder(), 8)
     (tmp_path / "d.csv").write_text("prompt,answer\n")
     with pytest.raises(DatasetError, match=r"unsupported file type '.csv'"):
@@ -153,19 +167,29 @@ def test_corrupt_parquet(tmp_path):
 
 def test_missing_column_lists_the_columns_present(tmp_path):
     path = write_parquet(tmp_path / "d.parquet", [{"prompt": "a", "label": "1"}])
-    with pytest.raises(DatasetError, match=r"d.parquet has no answer column 'answer' "
-                                           r"\(data.answer_key\); columns present: prompt, label"):
+    with pytest.raises(
+        DatasetError,
+        match=r"d.parquet has no answer column 'answer' "
+        r"\(data.answer_key\); columns present: prompt, label",
+    ):
         load_prompts(str(path), "prompt", "answer", ByteEncoder(), 8)
 
 
-@pytest.mark.parametrize("bad, message", [(None, "is null"), ("  ", "is empty"),
-                                          ([1, 2], "is list")])
+@pytest.mark.parametrize(
+    "bad, message", [(None, "is null"), ("  ", "is empty"), ([1, 2], "is list")]
+)
 def test_bad_answer_names_the_row(tmp_path, bad, message):
-    rows = [{"prompt": "a", "answer": "1"}, {"prompt": "b", "answer": "2"},
-            {"prompt": "c", "answer": bad}]
+    rows = [
+        {"prompt": "a", "answer": "1"},
+        {"prompt": "b", "answer": "2"},
+        {"prompt": "c", "answer": bad},
+    ]
     path = write_jsonl(tmp_path / "d.jsonl", rows)
-    with pytest.raises(DatasetError, match=rf"d.jsonl: row 2 \(line 3\): the answer 'answer' "
-                                           rf"{message}"):
+    with pytest.raises(
+        DatasetError,
+        match=rf"d.jsonl: row 2 \(line 3\): the answer 'answer' "
+        rf"{message}",
+    ):
         load_prompts(str(path), "prompt", "answer", ByteEncoder(), 8)
 
 
@@ -178,8 +202,11 @@ def test_null_answer_in_parquet_names_the_row(tmp_path):
 def test_long_prompt_gives_length_and_limit(tmp_path):
     rows = [{"prompt": "short", "answer": "1"}, {"prompt": "x" * 13, "answer": "2"}]
     path = write_parquet(tmp_path / "d.parquet", rows)
-    with pytest.raises(DatasetError, match=r"d.parquet: row 1: the prompt is 13 tokens, longer "
-                                           r"than data.max_prompt_tokens=12"):
+    with pytest.raises(
+        DatasetError,
+        match=r"d.parquet: row 1: the prompt is 13 tokens, longer "
+        r"than data.max_prompt_tokens=12",
+    ):
         load_prompts(str(path), "prompt", "answer", ByteEncoder(), 12)
     assert len(load_prompts(str(path), "prompt", "answer", ByteEncoder(), 13)) == 2
 
@@ -207,8 +234,9 @@ def test_bad_arguments(tmp_path):
 
 
 def test_prompt_without_tokens_names_the_row(tmp_path, char_tokenizer):
-    path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "abc", "answer": "1"},
-                                              {"prompt": "!!!", "answer": "2"}])
+    path = write_jsonl(
+        tmp_path / "d.jsonl", [{"prompt": "abc", "answer": "1"}, {"prompt": "!!!", "answer": "2"}]
+    )
     with pytest.raises(DatasetError, match=r"d.jsonl: row 1: the prompt encodes to no tokens"):
         load_prompts(str(path), "prompt", "answer", char_tokenizer, 8)
 
@@ -219,8 +247,11 @@ def test_a_prompt_that_fills_the_context_is_named_with_the_right_advice(tmp_path
     rows = [{"prompt": "x" * 15, "answer": "1"}, {"prompt": "x" * 16, "answer": "2"}]
     path = write_parquet(tmp_path / "d.parquet", rows)
     # 15 tokens leave one to generate in a context of 16; 16 leave none
-    with pytest.raises(PromptTooLongError, match=r"d.parquet: row 1: the prompt is 16 tokens but "
-                                                 r"the model's context is 16 tokens") as err:
+    with pytest.raises(
+        PromptTooLongError,
+        match=r"d.parquet: row 1: the prompt is 16 tokens but "
+        r"the model's context is 16 tokens",
+    ) as err:
         load_prompts(str(path), "prompt", "answer", ByteEncoder(), 100, max_context=16)
     assert "shorten or drop that row" in str(err.value)
     assert "max_prompt_tokens" not in str(err.value)  # lowering it would not help

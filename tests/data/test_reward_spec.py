@@ -49,8 +49,13 @@ def test_a_registry_name_is_the_registered_function():
 def test_a_file_function_loads_and_scores_in_the_workers(reward_file):
     function = load_reward(f"{reward_file}:length_match")
     assert function("abc", "3") == 1.0 and function("ab", "3") == 0.0
-    batch = score_completions(f"{reward_file}:length_match", ["abc", "ab", "abcd"], ["3", "3", "4"],
-                              timeout_s=30.0, workers=2)
+    batch = score_completions(
+        f"{reward_file}:length_match",
+        ["abc", "ab", "abcd"],
+        ["3", "3", "4"],
+        timeout_s=30.0,
+        workers=2,
+    )
     assert batch.rewards == [1.0, 0.0, 1.0] and batch.errors == 0
 
 
@@ -65,27 +70,36 @@ def test_a_module_function_loads(reward_file, monkeypatch):
     monkeypatch.syspath_prepend(str(reward_file.parent))
     function = load_reward("scoring:length_match")
     assert function("abcd", "4") == 1.0
-    batch = score_completions("scoring:length_match", ["x", "xy"], ["1", "1"], timeout_s=30.0,
-                              workers=1)
+    batch = score_completions(
+        "scoring:length_match", ["x", "xy"], ["1", "1"], timeout_s=30.0, workers=1
+    )
     assert batch.rewards == [1.0, 0.0]
 
 
 def test_a_raising_user_function_scores_zero_with_its_traceback(reward_file):
-    batch = score_completions(f"{reward_file}:picky", ["good", "bad one", "bad two"],
-                              ["", "", ""], timeout_s=30.0, workers=1)
+    batch = score_completions(
+        f"{reward_file}:picky",
+        ["good", "bad one", "bad two"],
+        ["", "", ""],
+        timeout_s=30.0,
+        workers=1,
+    )
     assert batch.rewards == [0.5, 0.0, 0.0] and batch.errors == 2
     assert batch.first_error == "sample 1: ValueError: cannot score 'bad one'"
     assert "Traceback" in batch.first_traceback and "scoring.py" in batch.first_traceback
     assert "in picky" in batch.first_traceback
 
 
-@pytest.mark.parametrize("suffix, message", [
-    ("nope.py:score", "no file"),
-    ("scoring.py:missing", "has no 'missing'"),
-    ("scoring.py:NOT_A_FUNCTION", "is a int, not a function"),
-    ("scoring.py:two_args_too_many", r"must take \(completion: str, answer: str\)"),
-    ("scoring.py:", "not module:function"),
-])
+@pytest.mark.parametrize(
+    "suffix, message",
+    [
+        ("nope.py:score", "no file"),
+        ("scoring.py:missing", "has no 'missing'"),
+        ("scoring.py:NOT_A_FUNCTION", "is a int, not a function"),
+        ("scoring.py:two_args_too_many", r"must take \(completion: str, answer: str\)"),
+        ("scoring.py:", "not module:function"),
+    ],
+)
 def test_a_bad_file_spec_names_what_is_wrong(reward_file, suffix, message):
     spec = f"{reward_file.parent}/{suffix}"
     with pytest.raises(RewardSpecError, match=message):
@@ -93,7 +107,9 @@ def test_a_bad_file_spec_names_what_is_wrong(reward_file, suffix, message):
 
 
 def test_bad_names_name_the_choices():
-    with pytest.raises(RewardSpecError, match=r"valid: code, code_all, exact_match, math.*module:function"):
+    with pytest.raises(
+        RewardSpecError, match=r"valid: code, code_all, exact_match, math.*module:function"
+    ):
         load_reward("exakt_match")
     with pytest.raises(RewardSpecError, match=r"cannot import 'no_such_module_here'"):
         load_reward("no_such_module_here:score")

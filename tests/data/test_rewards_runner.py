@@ -19,7 +19,7 @@ def flaky_reward(completion: str, answer: str) -> float:
     if completion == "sleep":
         time.sleep(30)
     if completion == "hang":
-        return float(9 ** (9 ** 9) % 7)  # one C-level big-int power: holds the GIL for minutes
+        return float(9 ** (9**9) % 7)  # one C-level big-int power: holds the GIL for minutes
     if completion == "crash":
         os._exit(3)
     if completion == "nan":

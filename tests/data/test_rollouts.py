@@ -18,11 +18,18 @@ from sparrow.data.rollouts import (
 
 def _record(i, n):
     return RolloutRecord(
-        prompt_index=i, sample_index=1, dataset_row=10 + i, prompt_ids=(1, 2, 3),
-        output_ids=tuple(range(n)), actor_logprobs=tuple(-0.5 * k for k in range(n)),
+        prompt_index=i,
+        sample_index=1,
+        dataset_row=10 + i,
+        prompt_ids=(1, 2, 3),
+        output_ids=tuple(range(n)),
+        actor_logprobs=tuple(-0.5 * k for k in range(n)),
         topk_ids=tuple((k, k + 1) for k in range(n)),
-        topk_logprobs=tuple((-0.25, -1.5) for _ in range(n)), pages_read=tuple([5] * n),
-        finish_reason="stop", answer="7", text="abc",
+        topk_logprobs=tuple((-0.25, -1.5) for _ in range(n)),
+        pages_read=tuple([5] * n),
+        finish_reason="stop",
+        answer="7",
+        text="abc",
     )
 
 
@@ -55,8 +62,11 @@ def test_top_k_reads_back_as_arrays(tmp_path):
 
 def test_equality_by_value_whatever_the_form():
     record = _record(0, 3)
-    as_arrays = dataclasses.replace(record, topk_ids=np.array(record.topk_ids, np.int32),
-                                    topk_logprobs=np.array(record.topk_logprobs, np.float32))
+    as_arrays = dataclasses.replace(
+        record,
+        topk_ids=np.array(record.topk_ids, np.int32),
+        topk_logprobs=np.array(record.topk_logprobs, np.float32),
+    )
     assert as_arrays == record and record == as_arrays and hash(as_arrays) == hash(record)
     changed = as_arrays.topk_ids.copy()
     changed[2, 1] = 9
@@ -70,8 +80,9 @@ def test_equality_by_value_whatever_the_form():
 
 def test_ragged_top_k_survives_the_round_trip(tmp_path):
     # not what the engine writes, but readable: such a row comes back as tuples
-    ragged = dataclasses.replace(_record(0, 2), topk_ids=((0, 1), (5,)),
-                                 topk_logprobs=((-0.25, -1.5), (-0.5,)))
+    ragged = dataclasses.replace(
+        _record(0, 2), topk_ids=((0, 1), (5,)), topk_logprobs=((-0.25, -1.5), (-0.5,))
+    )
     back = read_rollouts(write_rollouts(tmp_path / "r.parquet", [ragged, _record(1, 2)]))
     assert back[0].topk_ids == ((0, 1), (5,)) and back[0].topk_logprobs == ((-0.25, -1.5), (-0.5,))
     assert isinstance(back[1].topk_ids, np.ndarray)
@@ -84,8 +95,9 @@ def test_a_file_from_before_the_rename_reads_its_pages_read(tmp_path):
     records = [_record(i, 3 + i) for i in range(2)]
     path = write_rollouts(tmp_path / "r.parquet", records)
     table = pq.read_table(path)
-    old = table.rename_columns(["budget_pages" if c == "pages_read" else c
-                                for c in table.column_names])
+    old = table.rename_columns(
+        ["budget_pages" if c == "pages_read" else c for c in table.column_names]
+    )
     pq.write_table(old, tmp_path / "old.parquet")
     assert read_rollouts(tmp_path / "old.parquet") == records
 
@@ -96,7 +108,9 @@ def test_no_records(tmp_path):
 
 def test_mismatched_lengths_rejected():
     with pytest.raises(ValueError, match="disagree in length"):
-        RolloutRecord(0, 0, 0, (1,), (1, 2), (0.0,), ((1,), (2,)), ((0.0,), (0.0,)), (3, 3), "stop", "1")
+        RolloutRecord(
+            0, 0, 0, (1,), (1, 2), (0.0,), ((1,), (2,)), ((0.0,), (0.0,)), (3, 3), "stop", "1"
+        )
 
 
 def test_bad_files(tmp_path):

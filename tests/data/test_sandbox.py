@@ -8,7 +8,6 @@ test command installs it). Run: `python -m pytest tests/data/test_sandbox.py -q`
 from __future__ import annotations
 
 import hashlib
-import os
 import signal
 import socket
 import subprocess
@@ -24,8 +23,13 @@ from sparrow.data.code_reward import program_box, run_test
 from sparrow.data.sandbox import SandboxLimits
 
 REPO = Path(__file__).resolve().parents[2]
-LIMITS = SandboxLimits(time_limit_s=1.0, startup_allowance_s=1.0, memory_bytes=256 << 20,
-                       max_processes=16, max_output_bytes=64 << 10)
+LIMITS = SandboxLimits(
+    time_limit_s=1.0,
+    startup_allowance_s=1.0,
+    memory_bytes=256 << 20,
+    max_processes=16,
+    max_output_bytes=64 << 10,
+)
 
 
 def run(program: str, stdin: str = "", limits: SandboxLimits = LIMITS):
@@ -35,8 +39,11 @@ def run(program: str, stdin: str = "", limits: SandboxLimits = LIMITS):
 
 def snapshot(folder: Path) -> dict[str, tuple[int, str]]:
     """Every file under folder: (mode, content hash), by relative path."""
-    return {str(p.relative_to(folder)): (p.stat().st_mode, hashlib.sha1(p.read_bytes()).hexdigest())
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): (p.stat().st_mode, hashlib.sha1(p.read_bytes()).hexdigest())
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture
@@ -47,7 +54,13 @@ def canary(tmp_path):
     (folder / "sub").mkdir(parents=True)
     (folder / "keep.txt").write_text("canary\n")
     (folder / "sub" / "deep.txt").write_text("deep\n")
-    for path in (tmp_path, folder, folder / "sub", folder / "keep.txt", folder / "sub" / "deep.txt"):
+    for path in (
+        tmp_path,
+        folder,
+        folder / "sub",
+        folder / "keep.txt",
+        folder / "sub" / "deep.txt",
+    ):
         path.chmod(0o777 if path.is_dir() else 0o666)
     return folder
 
@@ -115,7 +128,7 @@ def test_writes_outside_the_private_tmp_fail_and_tmp_is_private(canary):
     name = f"sparrow-sandbox-{uuid.uuid4().hex}"
     before = snapshot(canary)
     result = run(f"""
-        for path in ({str(canary / 'new.txt')!r}, {str(canary / 'keep.txt')!r}, "/sandbox/x",
+        for path in ({str(canary / "new.txt")!r}, {str(canary / "keep.txt")!r}, "/sandbox/x",
                      "/usr/x", "/x", "/proc/x", {str(REPO / name)!r}, "/tmp/{name}"):
             try:
                 with open(path, "w") as handle:
@@ -154,7 +167,7 @@ def test_sockets_reach_neither_the_host_loopback_nor_the_outside():
 def test_etc_passwd_and_the_repository_cannot_be_read():
     result = run(f"""
         import os
-        for path in ("/etc/passwd", "/etc/shadow", {str(REPO / 'README.md')!r},
+        for path in ("/etc/passwd", "/etc/shadow", {str(REPO / "README.md")!r},
                      {str(Path(__file__).resolve())!r}, "/root/.bashrc"):
             try:
                 print("read", path, len(open(path).read()))
@@ -233,14 +246,23 @@ def test_killing_the_caller_kills_the_sandbox():
     """The reward runner kills a worker past its deadline: its sandbox must go with it."""
     marker = f"orphan-{uuid.uuid4().hex}"
     # the marker is spelled backwards here, so only the sandboxed process's command line holds it
-    program = f"import os, sys; os.execv(sys.executable, [sys.executable, '-c', " \
-              f"'import time; time.sleep(60)', '{marker[::-1]}'[::-1]])"
-    caller = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    program = (
+        f"import os, sys; os.execv(sys.executable, [sys.executable, '-c', "
+        f"'import time; time.sleep(60)', '{marker[::-1]}'[::-1]])"
+    )
+    caller = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         from sparrow.data.code_reward import program_box, run_test
         from sparrow.data.sandbox import SandboxLimits
         with program_box({program!r}) as box:
             run_test(box, 0, "", SandboxLimits(time_limit_s=60.0))
-        """)], cwd=REPO)
+        """),
+        ],
+        cwd=REPO,
+    )
     try:
         deadline = time.monotonic() + 10.0
         while not processes_with(marker) and time.monotonic() < deadline:

@@ -42,7 +42,7 @@ def test_definitions_form_one_cycle_so_no_name_recurs_within_num_defs_hops():
     assert len(set(seen)) == 50 and current == start
     sources = [line.split()[1].split("=")[0] for line in ex.completion.split("\n")[:-1]]
     assert all(sources[i] == sources[i - 50] for i in range(50, len(sources)))
-    assert all(len(set(sources[i:i + 50])) == 50 for i in range(len(sources) - 49))
+    assert all(len(set(sources[i : i + 50])) == 50 for i in range(len(sources) - 49))
 
 
 def test_default_sizes_put_the_definitions_thousands_of_tokens_back():
@@ -88,21 +88,26 @@ def test_sixteen_thousand_token_chains_are_configurable():
 def test_dataset_spec_carries_sizes():
     assert synthetic_spec("builtin:pointer_chase_long") == ("pointer_chase_long", {})
     assert synthetic_spec("builtin:pointer_chase_long:num_defs=20,num_hops=30") == (
-        "pointer_chase_long", {"num_defs": 20, "num_hops": 30})
+        "pointer_chase_long",
+        {"num_defs": 20, "num_hops": 30},
+    )
     assert synthetic_spec("builtin:synthetic:num_hops=3") == ("pointer_chase", {"num_hops": 3})
 
     class Chars:
         def encode(self, text):
             return list(text.encode())
 
-    data = load_prompts("builtin:pointer_chase_long:num_defs=20,num_hops=30", "prompt",
-                        "answer", Chars(), 512)
+    data = load_prompts(
+        "builtin:pointer_chase_long:num_defs=20,num_hops=30", "prompt", "answer", Chars(), 512
+    )
     row = data.row(3)
     assert row.prompt.count("=") == 20 and row.prompt.endswith("hops 30\n")
     assert data.row(3) == row
-    for bad, message in [("builtin:pointer_chase_long:num_defs", "not <name>=<integer>"),
-                         ("builtin:pointer_chase_long:num_defs=1", "2 <= num_defs"),
-                         ("builtin:pointer_chase_long:width=3", "no size 'width'"),
-                         ("builtin:long", "unknown built-in dataset")]:
+    for bad, message in [
+        ("builtin:pointer_chase_long:num_defs", "not <name>=<integer>"),
+        ("builtin:pointer_chase_long:num_defs=1", "2 <= num_defs"),
+        ("builtin:pointer_chase_long:width=3", "no size 'width'"),
+        ("builtin:long", "unknown built-in dataset"),
+    ]:
         with pytest.raises(DatasetError, match=message):
             load_prompts(bad, "prompt", "answer", Chars(), 512)

@@ -58,8 +58,8 @@ class BruteForceSparse:
         if t < self.prompt_len or not s.is_sparse_layer(layer):
             return list(range(n))
         keys = k[: t + 1, head]
-        centroids = [keys[p * size:(p + 1) * size].mean(0) for p in range((t + 1) // size)]
-        q_mean = q[t, head * group:(head + 1) * group].mean(0)
+        centroids = [keys[p * size : (p + 1) * size].mean(0) for p in range((t + 1) // size)]
+        q_mean = q[t, head * group : (head + 1) * group].mean(0)
         eligible = list(range(s.reserved_bos, n - s.reserved_eos))
         ranked = sorted(eligible, key=lambda p: (-float(q_mean @ centroids[p]), p))
         chosen = (set(range(n)) - set(eligible)) | set(ranked[: s.topk_for_position(t)])

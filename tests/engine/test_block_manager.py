@@ -70,8 +70,16 @@ def test_out_of_pages_and_double_free():
         manager.free(page)
 
 
-ARCH = ModelArch(family="qwen3", vocab_size=32, hidden_size=16, num_layers=3, num_q_heads=4,
-                 num_kv_heads=2, head_dim=8, intermediate_size=32)
+ARCH = ModelArch(
+    family="qwen3",
+    vocab_size=32,
+    hidden_size=16,
+    num_layers=3,
+    num_q_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    intermediate_size=32,
+)
 
 
 def test_cache_write_centroids_and_copy():

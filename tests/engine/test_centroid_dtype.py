@@ -18,15 +18,19 @@ from sparrow.sparse.schedule import Schedule
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 F8 = torch.float8_e4m3fn
-SCHEDULE = Schedule("tight", (1, 2, 3), page_size=4, bin_tokens=16, reserved_bos=1,
-                    reserved_eos=1, skip_layers=())
+SCHEDULE = Schedule(
+    "tight", (1, 2, 3), page_size=4, bin_tokens=16, reserved_bos=1, reserved_eos=1, skip_layers=()
+)
 PROMPTS = [[1, 2, 3, 4, 5, 6], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50], [7, 7]]
 
 
 def test_config_refuses_an_unknown_centroid_dtype():
     assert EngineConfig().centroid_dtype == "cache"
-    with pytest.raises(EngineError, match=r"EngineConfig\.centroid_dtype must be one of "
-                                          r"cache, float8_e4m3fn, got 'fp8'"):
+    with pytest.raises(
+        EngineError,
+        match=r"EngineConfig\.centroid_dtype must be one of "
+        r"cache, float8_e4m3fn, got 'fp8'",
+    ):
         EngineConfig(centroid_dtype="fp8")
     with pytest.raises(EngineError, match="centroid_dtype"):
         EngineConfig(centroid_dtype="bfloat16")
@@ -40,13 +44,14 @@ def test_config_refuses_an_unknown_centroid_dtype():
 
 def test_update_centroids_stores_the_float32_mean_rounded_once_to_float8():
     arch = SimpleNamespace(num_layers=2, num_kv_heads=2, head_dim=8)
-    cache = KVCache.allocate(arch, num_pages=5, page_size=4, dtype=torch.float32,
-                             device="cpu", centroid_dtype=F8)
+    cache = KVCache.allocate(
+        arch, num_pages=5, page_size=4, dtype=torch.float32, device="cpu", centroid_dtype=F8
+    )
     gen = torch.Generator().manual_seed(0)
     cache.k.copy_(torch.randn(cache.k.shape, generator=gen) * 3)
     # page 2: every key 1.0625 + 2^-10, which rounds to 1.125 in float8 directly but to 1.0
     # through bf16 (1.0625, a tie, to even)
-    cache.k[1, 2] = 1.0625 + 2 ** -10
+    cache.k[1, 2] = 1.0625 + 2**-10
     cache.update_centroids(1, torch.tensor([3, 0, 2]))
     # by hand: float32 sums over the page's 4 keys, / 4, then one rounding
     for page in (0, 2, 3):
@@ -66,17 +71,18 @@ def test_float8_centroids_cost_one_byte_per_element():
     assert bytes_per_page(arch, 16, torch.bfloat16, F8) == per_element * (2 * 16 * 2 + 1)
     assert bytes_per_page(arch, 16, torch.float32, F8) == per_element * (2 * 16 * 4 + 1)
     mib = 1.0
-    assert pages_for_budget(arch, 16, torch.bfloat16, mib, F8) == \
-        2**20 // (per_element * 65)
+    assert pages_for_budget(arch, 16, torch.bfloat16, mib, F8) == 2**20 // (per_element * 65)
     assert pages_for_budget(arch, 16, torch.bfloat16, mib, F8) > pages_for_budget(
-        arch, 16, torch.bfloat16, mib)
+        arch, 16, torch.bfloat16, mib
+    )
 
 
 def selections(model, centroid_dtype):
     """(decode log, teacher-forced picks, sequences): the pages read by every sparse layer at
     every generated position, by the engine and by the teacher-forced replay."""
-    config = EngineConfig(page_size=4, num_pages=64, record_selection=True,
-                          centroid_dtype=centroid_dtype)
+    config = EngineConfig(
+        page_size=4, num_pages=64, record_selection=True, centroid_dtype=centroid_dtype
+    )
     engine = Engine(model, config=config, schedule=SCHEDULE)
     results = engine.generate(PROMPTS, SamplingParams(temperature=0, max_new_tokens=36))
     assert engine.cache.centroids.dtype == (F8 if centroid_dtype != "cache" else torch.float32)
@@ -87,11 +93,18 @@ def selections(model, centroid_dtype):
     def record(layer, index, mask):
         for position in range(len(PROMPTS[index]), mask.shape[0]):
             replayed[(index, layer, position)] = tuple(
-                tuple(torch.nonzero(head).flatten().tolist()) for head in mask[position])
+                tuple(torch.nonzero(head).flatten().tolist()) for head in mask[position]
+            )
 
     with torch.no_grad():
-        teacher_forced_logits(model, sequences, [len(p) for p in PROMPTS], SCHEDULE,
-                              on_selection=record, centroid_dtype=centroid_dtype)
+        teacher_forced_logits(
+            model,
+            sequences,
+            [len(p) for p in PROMPTS],
+            SCHEDULE,
+            on_selection=record,
+            centroid_dtype=centroid_dtype,
+        )
     return decoded, replayed
 
 
@@ -115,9 +128,14 @@ def test_float8_centroids_change_some_selections(qwen3_model):
     for centroid_dtype in CENTROID_DTYPES:
         masks = []
         with torch.no_grad():
-            teacher_forced_logits(qwen3_model, sequences, [len(p) for p in PROMPTS], SCHEDULE,
-                                  on_selection=lambda layer, index, mask: masks.append(mask),
-                                  centroid_dtype=centroid_dtype)
+            teacher_forced_logits(
+                qwen3_model,
+                sequences,
+                [len(p) for p in PROMPTS],
+                SCHEDULE,
+                on_selection=lambda layer, index, mask: masks.append(mask),
+                centroid_dtype=centroid_dtype,
+            )
         picks[centroid_dtype] = torch.cat([m.flatten() for m in masks])
     changed = (picks["cache"] != picks["float8_e4m3fn"]).sum()
     assert 0 < changed < 0.2 * picks["cache"].sum()
@@ -125,5 +143,6 @@ def test_float8_centroids_change_some_selections(qwen3_model):
 
 def test_teacher_forced_refuses_an_unknown_centroid_dtype(qwen3_model):
     with pytest.raises(EngineError, match="centroid_dtype must be one of"):
-        teacher_forced_logits(qwen3_model, [[1, 2, 3, 4, 5]], [2], SCHEDULE,
-                              centroid_dtype="float8")
+        teacher_forced_logits(
+            qwen3_model, [[1, 2, 3, 4, 5]], [2], SCHEDULE, centroid_dtype="float8"
+        )

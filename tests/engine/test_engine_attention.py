@@ -35,8 +35,8 @@ def test_prefill_is_causal_within_each_sequence():
         for t in range(n):
             for h in range(hq):
                 g = h // (hq // hkv)
-                keys = kn[start:start + t + 1, g]
-                want = softmax_attend(qn[start + t, h], keys, vn[start:start + t + 1, g])
+                keys = kn[start : start + t + 1, g]
+                want = softmax_attend(qn[start + t, h], keys, vn[start : start + t + 1, g])
                 np.testing.assert_allclose(out[start + t, h], want, atol=1e-5)
         start += n
     with pytest.raises(ValueError, match="seq_lens sum to 8"):
@@ -75,8 +75,9 @@ def test_dense_decode_reads_every_cached_token_of_its_sequence():
 def test_sparse_decode_reads_only_the_selected_pages_per_kv_head():
     q, k_pages, v_pages, tables, counts = paged_setup(2)
     # sequence 0: head 0 reads logical pages 0 and 2 (the partial one), head 1 reads 1 and 2
-    mask = torch.tensor([[[True, False, True], [False, True, True]],
-                         [[True, False, False], [True, False, False]]])
+    mask = torch.tensor(
+        [[[True, False, True], [False, True, True]], [[True, False, False], [True, False, False]]]
+    )
     out = sparse_decode_attention(q, k_pages, v_pages, tables, counts, mask).double().numpy()
     kn, vn, qn = k_pages.double().numpy(), v_pages.double().numpy(), q.double().numpy()
     for b in range(2):

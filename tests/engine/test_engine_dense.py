@@ -22,22 +22,31 @@ def prompts_for(vocab_size, seed=0):
 
 
 def hf_greedy(path, prompts, max_new_tokens):
-    hf = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager",
-                                              dtype=torch.float32)
+    hf = AutoModelForCausalLM.from_pretrained(
+        path, attn_implementation="eager", dtype=torch.float32
+    )
     outs = []
     for prompt in prompts:
         ids = torch.tensor([prompt])
-        got = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                          do_sample=False, output_logits=True, return_dict_in_generate=True,
-                          pad_token_id=0)
-        new = got.sequences[0, len(prompt):].tolist()
+        got = hf.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+        )
+        new = got.sequences[0, len(prompt) :].tolist()
         logprobs = torch.log_softmax(torch.cat(got.logits).float(), dim=-1)
         outs.append((new, logprobs))
     return outs
 
 
-@pytest.mark.parametrize("checkpoint", ["qwen3_checkpoint", "qwen3_gqa3_checkpoint",
-                                        "qwen2_checkpoint", "llama_checkpoint"])
+@pytest.mark.parametrize(
+    "checkpoint",
+    ["qwen3_checkpoint", "qwen3_gqa3_checkpoint", "qwen2_checkpoint", "llama_checkpoint"],
+)
 def test_greedy_dense_equals_transformers(checkpoint, request):
     path = request.getfixturevalue(checkpoint)
     model = load_model(path)
@@ -45,14 +54,14 @@ def test_greedy_dense_equals_transformers(checkpoint, request):
     # page size 4 and 2 slots: pages fill and sequences wait for a slot
     engine = Engine(model, config=EngineConfig(page_size=4, num_pages=64, max_batch_size=2))
     results = engine.generate(prompts, SamplingParams(temperature=0, max_new_tokens=NEW_TOKENS))
-    for prompt, [sample], (want, hf_logprobs) in zip(prompts, results,
-                                                     hf_greedy(path, prompts, NEW_TOKENS)):
+    for prompt, [sample], (want, hf_logprobs) in zip(
+        prompts, results, hf_greedy(path, prompts, NEW_TOKENS)
+    ):
         assert list(sample.output_ids) == want
         steps = len(want)
         rows = torch.arange(steps)
         want_logprobs = hf_logprobs[rows, torch.tensor(want)]
-        torch.testing.assert_close(torch.tensor(sample.logprobs), want_logprobs,
-                                   atol=2e-4, rtol=0)
+        torch.testing.assert_close(torch.tensor(sample.logprobs), want_logprobs, atol=2e-4, rtol=0)
         # top-20 ids of the first step (prefill) and the last (decode) agree with transformers
         for step in (0, steps - 1):
             assert list(sample.topk_ids[step]) == hf_logprobs[step].topk(20).indices.tolist()
@@ -69,7 +78,8 @@ def test_finish_reasons_and_stop_tokens(qwen3_model):
     stop = free.output_ids[4]
     first = free.output_ids.index(stop)
     [[stopped]] = engine.generate(
-        [prompt], SamplingParams(temperature=0, max_new_tokens=12, stop_token_ids=(stop,)))
+        [prompt], SamplingParams(temperature=0, max_new_tokens=12, stop_token_ids=(stop,))
+    )
     assert stopped.finish_reason == "stop"
     assert stopped.output_ids == free.output_ids[: first + 1]
     [[one]] = engine.generate([prompt], SamplingParams(temperature=0, max_new_tokens=1))
@@ -86,8 +96,9 @@ def test_model_eos_stops_unless_ignored(qwen3_model):
     qwen3_model.arch = patched
     try:
         [[stopped]] = engine.generate([prompt], SamplingParams(temperature=0, max_new_tokens=10))
-        ignoring = Engine(qwen3_model, config=EngineConfig(page_size=4, num_pages=32,
-                                                           ignore_eos=True))
+        ignoring = Engine(
+            qwen3_model, config=EngineConfig(page_size=4, num_pages=32, ignore_eos=True)
+        )
         [[kept]] = ignoring.generate([prompt], SamplingParams(temperature=0, max_new_tokens=10))
     finally:
         qwen3_model.arch = arch
@@ -98,8 +109,9 @@ def test_model_eos_stops_unless_ignored(qwen3_model):
 
 def test_text_is_decoded_with_the_tokenizer(qwen3_model, qwen3_tokenizer):
     engine = Engine(qwen3_model, qwen3_tokenizer, EngineConfig(page_size=4, num_pages=32))
-    [[sample]] = engine.generate([qwen3_tokenizer.encode("ab")],
-                                 SamplingParams(temperature=0, max_new_tokens=5))
+    [[sample]] = engine.generate(
+        [qwen3_tokenizer.encode("ab")], SamplingParams(temperature=0, max_new_tokens=5)
+    )
     assert sample.text == qwen3_tokenizer.decode(list(sample.output_ids))
 
 
@@ -114,8 +126,9 @@ def test_update_weights_and_set_schedule(qwen3_checkpoint, qwen3_sharded_checkpo
     engine.update_weights(hf.state_dict())
     after = engine.generate(prompt, params)
     assert after[0][0].output_ids == other[0][0].output_ids != before[0][0].output_ids
-    tight = Schedule("t", (1,), page_size=4, bin_tokens=64, reserved_bos=1, reserved_eos=1,
-                     skip_layers=())
+    tight = Schedule(
+        "t", (1,), page_size=4, bin_tokens=64, reserved_bos=1, reserved_eos=1, skip_layers=()
+    )
     engine.set_schedule(tight)
     assert max(engine.generate(prompt, params)[0][0].pages_read) == 3
     engine.set_schedule(None)

@@ -14,16 +14,19 @@ from sparrow.sparse.schedule import Schedule
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-SCHEDULE = Schedule("tight", (1, 2), page_size=4, bin_tokens=16, reserved_bos=1,
-                    reserved_eos=1, skip_layers=(0,))
+SCHEDULE = Schedule(
+    "tight", (1, 2), page_size=4, bin_tokens=16, reserved_bos=1, reserved_eos=1, skip_layers=(0,)
+)
 # about one token in sixteen stops a sample: stops land at many different steps
 STOPS = tuple(range(3, 384, 16))
 
 
 def prompts(count, seed=0):
     gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, 256, (int(n),), generator=gen).tolist()
-            for n in torch.randint(1, 14, (count,), generator=gen)]
+    return [
+        torch.randint(0, 256, (int(n),), generator=gen).tolist()
+        for n in torch.randint(1, 14, (count,), generator=gen)
+    ]
 
 
 def both(model, batch, params, schedule=None, kernel_path=False, **config):
@@ -44,8 +47,9 @@ def both(model, batch, params, schedule=None, kernel_path=False, **config):
 
 
 def assert_same(want, got):
-    assert [[s.to_dict() for s in group] for group in got] == \
-        [[s.to_dict() for s in group] for group in want]
+    assert [[s.to_dict() for s in group] for group in got] == [
+        [s.to_dict() for s in group] for group in want
+    ]
 
 
 def lengths(results):
@@ -65,8 +69,15 @@ def test_stops_at_different_steps(qwen3_model):
 
 def test_different_max_new_tokens_and_greedy_rows(qwen3_model):
     batch = prompts(5, seed=1)
-    params = [SamplingParams(temperature=0 if i == 2 else 0.9, top_k=0 if i % 2 else 20,
-                             max_new_tokens=5 + 7 * i, seed=i) for i in range(5)]
+    params = [
+        SamplingParams(
+            temperature=0 if i == 2 else 0.9,
+            top_k=0 if i % 2 else 20,
+            max_new_tokens=5 + 7 * i,
+            seed=i,
+        )
+        for i in range(5)
+    ]
     want, got, engine = both(qwen3_model, batch, params, ignore_eos=True)
     assert_same(want, got)
     assert lengths(want) == [5 + 7 * i for i in range(5)]
@@ -75,8 +86,9 @@ def test_different_max_new_tokens_and_greedy_rows(qwen3_model):
 
 def test_n_samples_and_more_prompts_than_slots(qwen3_model):
     # 3 slots, 2 samples per prompt: groups wait and enter as others finish
-    params = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=24, n=2,
-                            stop_token_ids=STOPS, logprobs_topk=5)
+    params = SamplingParams(
+        temperature=1.0, top_p=0.9, max_new_tokens=24, n=2, stop_token_ids=STOPS, logprobs_topk=5
+    )
     want, got, engine = both(qwen3_model, prompts(6, seed=2), params, max_batch_size=3)
     assert_same(want, got)
     assert engine.stats["prefill_steps"] == 6 and engine.stats["overlapped_steps"] > 10
@@ -85,8 +97,7 @@ def test_n_samples_and_more_prompts_than_slots(qwen3_model):
 
 def test_sparse_schedule_with_engine_seeds(qwen3_model):
     params = SamplingParams(temperature=1.0, max_new_tokens=36, stop_token_ids=STOPS[:8])
-    want, got, engine = both(qwen3_model, prompts(4, seed=3), params, schedule=SCHEDULE,
-                             seed=17)
+    want, got, engine = both(qwen3_model, prompts(4, seed=3), params, schedule=SCHEDULE, seed=17)
     assert_same(want, got)
     assert max(b for group in want for s in group for b in s.pages_read) < 12
     assert engine.stats["overlapped_steps"] > 20
@@ -104,8 +115,7 @@ def test_fixed_lengths_ignoring_eos(qwen3_model):
 
 
 def test_every_step_writes_only_pages_its_sample_owns(qwen3_model):
-    engine = Engine(qwen3_model, config=EngineConfig(page_size=4, num_pages=64,
-                                                     max_batch_size=4))
+    engine = Engine(qwen3_model, config=EngineConfig(page_size=4, num_pages=64, max_batch_size=4))
     decode = engine.runner.decode
     checked = []
 
@@ -119,8 +129,7 @@ def test_every_step_writes_only_pages_its_sample_owns(qwen3_model):
         return decode(seqs, schedule, on_selection, pending_ids)
 
     engine.runner.decode = spy
-    params = SamplingParams(temperature=1.0, max_new_tokens=30, stop_token_ids=STOPS, n=2,
-                            seed=1)
+    params = SamplingParams(temperature=1.0, max_new_tokens=30, stop_token_ids=STOPS, n=2, seed=1)
     engine.generate(prompts(5, seed=6), params)
     assert any(checked) and not all(checked)
     assert engine.stats["discarded_steps"] >= 1
@@ -137,10 +146,15 @@ def test_recording_selection_keeps_steps_synchronous(qwen3_model):
 
 
 def test_decode_graphs_path_takes_the_ids_from_the_device_tensor(qwen3_model):
-    params = SamplingParams(temperature=1.0, max_new_tokens=20, n=2, stop_token_ids=STOPS,
-                            seed=3)
-    want, got, engine = both(qwen3_model, prompts(5, seed=7), params, schedule=SCHEDULE,
-                             kernel_path=True, max_batch_size=4)
+    params = SamplingParams(temperature=1.0, max_new_tokens=20, n=2, stop_token_ids=STOPS, seed=3)
+    want, got, engine = both(
+        qwen3_model,
+        prompts(5, seed=7),
+        params,
+        schedule=SCHEDULE,
+        kernel_path=True,
+        max_batch_size=4,
+    )
     assert_same(want, got)
     assert engine.stats["overlapped_steps"] > 10
 
@@ -152,10 +166,12 @@ def test_cuda_graphs_overlapped_equals_synchronous(qwen3_checkpoint, schedule):
     from sparrow.model import load_model
 
     model = load_model(qwen3_checkpoint, dtype=torch.bfloat16, device="cuda")
-    params = SamplingParams(temperature=1.0, max_new_tokens=120, n=2, stop_token_ids=STOPS[:4],
-                            seed=11)
-    want, got, engine = both(model, prompts(9, seed=8), params, schedule=schedule,
-                             num_pages=512, max_batch_size=8)
+    params = SamplingParams(
+        temperature=1.0, max_new_tokens=120, n=2, stop_token_ids=STOPS[:4], seed=11
+    )
+    want, got, engine = both(
+        model, prompts(9, seed=8), params, schedule=schedule, num_pages=512, max_batch_size=8
+    )
     assert engine.runner.graphs is not None and engine.runner.graphs.graphs
     assert_same(want, got)
     assert engine.stats["overlapped_steps"] > 100 and engine.stats["discarded_steps"] >= 1

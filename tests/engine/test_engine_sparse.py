@@ -18,8 +18,15 @@ VOCAB = 384
 
 def tight(skip_layers=()):
     # 4-token pages; top-k 1, 2, 3 pages over 16-token bins; 1 bos + 1 recent page kept
-    return Schedule("tight", (1, 2, 3), page_size=4, bin_tokens=16, reserved_bos=1,
-                    reserved_eos=1, skip_layers=skip_layers)
+    return Schedule(
+        "tight",
+        (1, 2, 3),
+        page_size=4,
+        bin_tokens=16,
+        reserved_bos=1,
+        reserved_eos=1,
+        skip_layers=skip_layers,
+    )
 
 
 def run(model, schedule, max_new_tokens=40, record=False, **params):
@@ -30,8 +37,9 @@ def run(model, schedule, max_new_tokens=40, record=False, **params):
 
 
 def test_budget_covering_every_page_is_exactly_dense(qwen3_model):
-    wide = Schedule("wide", (64,), page_size=4, bin_tokens=16, reserved_bos=1, reserved_eos=1,
-                    skip_layers=())
+    wide = Schedule(
+        "wide", (64,), page_size=4, bin_tokens=16, reserved_bos=1, reserved_eos=1, skip_layers=()
+    )
     _, dense = run(qwen3_model, None, logprobs_topk=VOCAB)
     _, sparse = run(qwen3_model, wide, logprobs_topk=VOCAB)
     for [d], [s] in zip(dense, sparse):
@@ -52,8 +60,9 @@ def test_tight_budget_changes_the_output(qwen3_model):
 @pytest.mark.parametrize("skip_layers", [(), (0,)])
 def test_selected_pages_match_brute_force(qwen3_model, brute_force, skip_layers):
     schedule = tight(skip_layers)
-    engine, results = run(qwen3_model, schedule, max_new_tokens=30, record=True,
-                          logprobs_topk=VOCAB)
+    engine, results = run(
+        qwen3_model, schedule, max_new_tokens=30, record=True, logprobs_topk=VOCAB
+    )
     log = {(r.prompt_index, r.layer, r.position): r.pages for r in engine.selection_log}
     assert {layer for _, layer, _ in log} == {0, 1} - set(skip_layers)
     compared = 0
@@ -67,7 +76,7 @@ def test_selected_pages_match_brute_force(qwen3_model, brute_force, skip_layers)
                 assert log[(index, layer, position)] == pages, (index, layer, position)
                 compared += 1
         # the engine's full distributions equal the loop reference's, position by position
-        want = torch.log_softmax(logits[len(prompt) - 1: len(tokens) - 1], dim=-1)
+        want = torch.log_softmax(logits[len(prompt) - 1 : len(tokens) - 1], dim=-1)
         got = torch.tensor(sample.topk_logprobs)
         got_ids = torch.tensor(sample.topk_ids)
         torch.testing.assert_close(got, want.gather(1, got_ids), atol=1e-4, rtol=0)
@@ -85,8 +94,9 @@ def test_selected_pages_match_brute_force(qwen3_model, brute_force, skip_layers)
 
 def test_sampling_seeds(qwen3_model):
     def sample(seed, n=1):
-        engine = Engine(qwen3_model, config=EngineConfig(page_size=4, num_pages=64),
-                        schedule=tight())
+        engine = Engine(
+            qwen3_model, config=EngineConfig(page_size=4, num_pages=64), schedule=tight()
+        )
         params = SamplingParams(temperature=1.0, max_new_tokens=16, seed=seed, n=n)
         return [s.output_ids for s in engine.generate([PROMPTS[0]], params)[0]]
 

@@ -11,8 +11,9 @@ from sparrow.token_arrays import TokenRows
 
 
 def result(topk_ids, topk_logprobs, n=2):
-    return SampleResult(0, 1, tuple(range(n)), (-0.5,) * n, topk_ids, topk_logprobs,
-                        (3,) * n, "length")
+    return SampleResult(
+        0, 1, tuple(range(n)), (-0.5,) * n, topk_ids, topk_logprobs, (3,) * n, "length"
+    )
 
 
 def test_nested_tuples_become_arrays_and_compare_equal_to_them():

@@ -105,8 +105,10 @@ def test_greedy_takes_the_argmax_with_temperature_one_logprobs():
     torch.testing.assert_close(out.logprobs, expected)
 
 
-@pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (1, 1.0), (4, 1.0), (0, 0.3), (0, 0.9),
-                                         (5, 0.6), (20, 0.99), (200, 0.5)])
+@pytest.mark.parametrize(
+    "top_k,top_p",
+    [(0, 1.0), (1, 1.0), (4, 1.0), (0, 0.3), (0, 0.9), (5, 0.6), (20, 0.99), (200, 0.5)],
+)
 def test_truncation_mask_matches_a_plain_loop(top_k, top_p):
     generator = _generator(top_k * 1000 + int(top_p * 100))
     # integer logits make ties at the k-th value, which must be kept
@@ -122,9 +124,12 @@ def test_truncation_mask_matches_a_plain_loop(top_k, top_p):
 def test_logprobs_are_under_the_truncated_renormalised_distribution():
     generator = _generator(1)
     logits = torch.randn(4, 40, generator=generator) * 3
-    params = [SamplingParams(temperature=0.7, top_k=6), SamplingParams(top_p=0.8),
-              SamplingParams(temperature=1.3, top_k=10, top_p=0.7, logprobs_topk=3),
-              SamplingParams(temperature=0.5, logprobs_topk=12)]
+    params = [
+        SamplingParams(temperature=0.7, top_k=6),
+        SamplingParams(top_p=0.8),
+        SamplingParams(temperature=1.3, top_k=10, top_p=0.7, logprobs_topk=3),
+        SamplingParams(temperature=0.5, logprobs_topk=12),
+    ]
     out = _draw(logits, params, range(4), [0, 5, 9, 2])
     assert out.topk_ids.shape == out.topk_logprobs.shape == (4, 20)
     for row, p in enumerate(params):
@@ -143,14 +148,15 @@ def test_logprobs_are_under_the_truncated_renormalised_distribution():
 
 def test_the_drawn_token_is_the_exponential_race_of_the_documented_noise():
     logits = torch.randn(3, 30, generator=_generator(9)) * 2
-    params = [SamplingParams(temperature=0.8), SamplingParams(top_k=5),
-              SamplingParams(top_p=0.6)]
+    params = [SamplingParams(temperature=0.8), SamplingParams(top_k=5), SamplingParams(top_p=0.6)]
     seeds, counters = [5, 2**40 + 3, 77], [0, 12, 3]
     out = _draw(logits, params, seeds, counters)
     for row, p in enumerate(params):
         probs = _reference_distribution(logits[row].tolist(), p.temperature, p.top_k, p.top_p)
-        races = [probs[t] / -math.log((_bits_reference(seeds[row], counters[row], t) + 0.5)
-                                      / 2**32) for t in range(30)]
+        races = [
+            probs[t] / -math.log((_bits_reference(seeds[row], counters[row], t) + 0.5) / 2**32)
+            for t in range(30)
+        ]
         assert int(out.token_ids[row]) == max(range(30), key=races.__getitem__)
 
 
@@ -204,8 +210,7 @@ def _chi_square_pvalue(tokens, probs):
     return stats.chisquare(counts[support], len(tokens) * probs[support]).pvalue
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.6, 4, 1.0),
-                                                     (1.5, 0, 0.75)])
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.6, 4, 1.0), (1.5, 0, 0.75)])
 def test_empirical_frequencies_match_the_distribution(temperature, top_k, top_p):
     logits_row = torch.tensor([1.5, 0.2, -0.3, 0.9, -1.0, 0.0])
     probs = np.array(_reference_distribution(logits_row.tolist(), temperature, top_k, top_p))
@@ -223,23 +228,36 @@ def test_consecutive_draws_of_a_row_are_independent():
     probs = np.array([0.4, 0.3, 0.2, 0.1])
     draws = 8000
     logits = torch.tensor(probs, dtype=torch.float32).log().expand(draws, -1).contiguous()
-    tokens = _draw(logits, [SamplingParams()] * draws, [3] * draws,
-                   torch.arange(draws)).token_ids.numpy()
+    tokens = _draw(
+        logits, [SamplingParams()] * draws, [3] * draws, torch.arange(draws)
+    ).token_ids.numpy()
     pairs = np.zeros((4, 4))
     np.add.at(pairs, (tokens[:-1], tokens[1:]), 1)
     assert stats.chi2_contingency(pairs).pvalue > 1e-3
     # and two seeds at the same counters
-    other = _draw(logits, [SamplingParams()] * draws, [4] * draws,
-                  torch.arange(draws)).token_ids.numpy()
+    other = _draw(
+        logits, [SamplingParams()] * draws, [4] * draws, torch.arange(draws)
+    ).token_ids.numpy()
     pairs = np.zeros((4, 4))
     np.add.at(pairs, (tokens, other), 1)
     assert stats.chi2_contingency(pairs).pvalue > 1e-3
 
 
-@pytest.mark.parametrize("field,value", [("temperature", -0.1), ("temperature", math.inf),
-                                         ("top_p", 0.0), ("top_p", 1.5), ("top_k", -1),
-                                         ("max_new_tokens", 0), ("n", 0), ("logprobs_topk", -2),
-                                         ("seed", -1), ("stop_token_ids", (3, -1))])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("temperature", -0.1),
+        ("temperature", math.inf),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("top_k", -1),
+        ("max_new_tokens", 0),
+        ("n", 0),
+        ("logprobs_topk", -2),
+        ("seed", -1),
+        ("stop_token_ids", (3, -1)),
+    ],
+)
 def test_invalid_params_name_the_field(field, value):
     with pytest.raises(SamplingError, match=field):
         SamplingParams(**{field: value})
@@ -270,15 +288,23 @@ def test_mismatched_inputs_are_errors():
 
 def test_untruncated_rows_skip_the_sort_and_mix_with_greedy_rows():
     logits = torch.randn(3, 50, generator=_generator(8))
-    params = [SamplingParams(temperature=0.7), SamplingParams(temperature=1.3),
-              SamplingParams(temperature=0.0)]
+    params = [
+        SamplingParams(temperature=0.7),
+        SamplingParams(temperature=1.3),
+        SamplingParams(temperature=0.0),
+    ]
     out = _draw(logits, params, [1, 2, 3], [0, 0, 0])
     for row, p in enumerate(params):
         want = _reference_distribution(logits[row].tolist(), p.temperature or 1.0, 0, 1.0)
         assert float(out.logprobs[row]) == pytest.approx(
-            math.log(want[int(out.token_ids[row])]), abs=1e-5)
-        np.testing.assert_allclose(out.topk_logprobs[row].exp().numpy(),
-                                   sorted(want, reverse=True)[:20], rtol=1e-5, atol=1e-7)
+            math.log(want[int(out.token_ids[row])]), abs=1e-5
+        )
+        np.testing.assert_allclose(
+            out.topk_logprobs[row].exp().numpy(),
+            sorted(want, reverse=True)[:20],
+            rtol=1e-5,
+            atol=1e-7,
+        )
     assert int(out.token_ids[2]) == int(logits[2].argmax())
     # the global generator's state does not matter to seeded rows
     torch.manual_seed(6)

@@ -16,8 +16,14 @@ class Params:
 
 def group(first_id, prompt_len, n=1, max_new_tokens=4):
     params = Params(max_new_tokens)
-    return SequenceGroup([Sequence(first_id + i, first_id, i, [1] * prompt_len, prompt_len,
-                                   params, None, frozenset()) for i in range(n)])
+    return SequenceGroup(
+        [
+            Sequence(
+                first_id + i, first_id, i, [1] * prompt_len, prompt_len, params, None, frozenset()
+            )
+            for i in range(n)
+        ]
+    )
 
 
 def test_slots_turn_over_in_arrival_order():
@@ -58,8 +64,9 @@ def test_worst_case_pages_gate_admission():
 
 
 def test_prefill_token_cap_splits_batches_but_admits_a_long_prompt_alone():
-    scheduler = Scheduler(EngineConfig(max_batch_size=8, page_size=4, max_prefill_tokens=10),
-                          BlockManager(100, 4))
+    scheduler = Scheduler(
+        EngineConfig(max_batch_size=8, page_size=4, max_prefill_tokens=10), BlockManager(100, 4)
+    )
     long, short = group(0, 12), group(10, 4)
     scheduler.add(long)
     scheduler.add(short)
@@ -68,10 +75,16 @@ def test_prefill_token_cap_splits_batches_but_admits_a_long_prompt_alone():
 
 
 def test_engine_config_checks_itself_and_reads_the_rollout_group():
-    config = EngineConfig.from_rollout(RolloutConfig(kv_cache_mib=64, max_batch_size=8, seed=3),
-                                       page_size=4, max_context=512)
-    assert (config.kv_cache_mib, config.max_batch_size, config.seed, config.page_size,
-            config.max_context) == (64.0, 8, 3, 4, 512)
+    config = EngineConfig.from_rollout(
+        RolloutConfig(kv_cache_mib=64, max_batch_size=8, seed=3), page_size=4, max_context=512
+    )
+    assert (
+        config.kv_cache_mib,
+        config.max_batch_size,
+        config.seed,
+        config.page_size,
+        config.max_context,
+    ) == (64.0, 8, 3, 4, 512)
     with pytest.raises(EngineError, match="page_size must be a power of two, got 12"):
         EngineConfig(page_size=12)
     with pytest.raises(EngineError, match="max_batch_size must be a positive integer, got 0"):

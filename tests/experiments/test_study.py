@@ -11,9 +11,7 @@ import pytest
 from sparrow.config import ConfigError, load_config
 from sparrow.config.load import conf_dir
 from sparrow.config.study import StudyConfig, load_study, study_from_yaml, study_yaml
-from sparrow.costmodel.eflops import get_hardware, get_model, schedule_cost
-from sparrow.sparse import get_preset
-from sparrow.sparse.target import get_statistic
+from sparrow.costmodel import get_hardware, get_model, schedule_cost
 from sparrow.experiments.study import (
     auc,
     collapse_labels,
@@ -23,6 +21,8 @@ from sparrow.experiments.study import (
     step_rollout_cost,
     worst_per_step,
 )
+from sparrow.sparse import get_preset
+from sparrow.sparse.target import get_statistic
 
 
 def plain_auc(stable, collapsed):
@@ -45,8 +45,12 @@ def test_auc_equals_the_double_loop():
 
 
 def test_collapse_compares_the_last_window_with_the_reference():
-    rewards = {"dense": [0.2, 0.6, 0.8], "cheap": [0.2, 0.3, 0.5], "ctl": [0.1, 0.7, 0.6],
-               "empty": []}
+    rewards = {
+        "dense": [0.2, 0.6, 0.8],
+        "cheap": [0.2, 0.3, 0.5],
+        "ctl": [0.1, 0.7, 0.6],
+        "empty": [],
+    }
     labels, reference = collapse_labels(rewards, "dense", window=2, ratio=0.8)
     assert reference == pytest.approx(0.7)
     # cheap: (0.3 + 0.5) / 2 = 0.4 < 0.56; ctl: 0.65 >= 0.56
@@ -54,18 +58,31 @@ def test_collapse_compares_the_last_window_with_the_reference():
     assert last_mean([1.0, 2.0], window=5) == 1.5 and last_mean([], 3) is None
     # a reference without reward, or with a mean <= 0, labels nothing
     assert collapse_labels({"dense": [], "x": [0.1]}, "dense", 2, 0.8)[0] == {
-        "dense": None, "x": None}
+        "dense": None,
+        "x": None,
+    }
     assert collapse_labels({"dense": [0.0], "x": [0.1]}, "dense", 2, 0.8)[0]["x"] is None
 
 
 def test_worst_bin_per_step_and_separation():
-    rows = [{"step": s, "bin": b, "p5": p5, "share_below_half": share}
-            for s, b, p5, share in [(1, 0, 0.9, 0.0), (1, 1, 0.7, 0.1), (2, 0, 0.95, None),
-                                    (2, 1, 0.8, 0.05), (3, 0, None, 0.2)]]
+    rows = [
+        {"step": s, "bin": b, "p5": p5, "share_below_half": share}
+        for s, b, p5, share in [
+            (1, 0, 0.9, 0.0),
+            (1, 1, 0.7, 0.1),
+            (2, 0, 0.95, None),
+            (2, 1, 0.8, 0.05),
+            (3, 0, None, 0.2),
+        ]
+    ]
     assert worst_per_step(rows, get_statistic("p5")) == {1: 0.7, 2: 0.8}
     assert worst_per_step(rows, get_statistic("share_below_half")) == {1: 0.1, 2: 0.05, 3: 0.2}
-    per_arm = {"dense": {1: 0.99, 2: 0.98}, "ctl": {1: 0.9, 2: 0.7}, "cheap": {1: 0.8, 2: 0.5},
-               "unlabelled": {1: 0.1}}
+    per_arm = {
+        "dense": {1: 0.99, 2: 0.98},
+        "ctl": {1: 0.9, 2: 0.7},
+        "cheap": {1: 0.8, 2: 0.5},
+        "unlabelled": {1: 0.1},
+    }
     labels = {"dense": False, "ctl": False, "cheap": True, "unlabelled": None}
     result = separation(per_arm, labels, get_statistic("p5"))
     assert result["step_auc"] == pytest.approx(plain_auc([0.99, 0.98, 0.9, 0.7], [0.8, 0.5]))
@@ -80,8 +97,13 @@ def test_worst_bin_per_step_and_separation():
 
 
 def test_passes_at_target_counts_steps_meeting_each_arms_own_target():
-    per_arm = {"dense": {1: 0.99, 2: 0.99}, "p86": {1: 0.9, 2: 0.8, 3: 0.86},
-               "p90": {1: 0.88, 2: 0.95}, "ok": {1: 0.5, 2: 0.95}, "unlabelled": {1: 0.99}}
+    per_arm = {
+        "dense": {1: 0.99, 2: 0.99},
+        "p86": {1: 0.9, 2: 0.8, 3: 0.86},
+        "p90": {1: 0.88, 2: 0.95},
+        "ok": {1: 0.5, 2: 0.95},
+        "unlabelled": {1: 0.99},
+    }
     labels = {"dense": False, "p86": True, "p90": True, "ok": False, "unlabelled": None}
     targets = {"dense": None, "p86": 0.86, "p90": 0.90, "ok": 0.86, "unlabelled": 0.86}
     result = passes_at_target(per_arm, labels, targets, get_statistic("p5"))
@@ -94,15 +116,34 @@ def test_passes_at_target_counts_steps_meeting_each_arms_own_target():
 
 
 def test_step_rollout_cost_is_the_cost_models():
-    schedule, model, hw = get_preset("qwen3-1.7b-0.86"), get_model("qwen3-1.7b"), get_hardware("h200")
-    sparse, dense = step_rollout_cost(schedule, model=model, hardware=hw, prompt_len=300.4,
-                                      gen_len=20000.2, samples_per_prompt=8, prompts=3)
-    want = schedule_cost(schedule, model=model, hardware=hw, prompt_len=300, gen_len=20000,
-                         samples=8)
+    schedule, model, hw = (
+        get_preset("qwen3-1.7b-0.86"),
+        get_model("qwen3-1.7b"),
+        get_hardware("h200"),
+    )
+    sparse, dense = step_rollout_cost(
+        schedule,
+        model=model,
+        hardware=hw,
+        prompt_len=300.4,
+        gen_len=20000.2,
+        samples_per_prompt=8,
+        prompts=3,
+    )
+    want = schedule_cost(
+        schedule, model=model, hardware=hw, prompt_len=300, gen_len=20000, samples=8
+    )
     assert sparse == pytest.approx(3 * want.sparse.total)
     assert dense == pytest.approx(3 * want.dense.total) and dense > sparse
-    assert step_rollout_cost(None, model=model, hardware=hw, prompt_len=300, gen_len=20000,
-                             samples_per_prompt=8, prompts=3) == pytest.approx((dense, dense))
+    assert step_rollout_cost(
+        None,
+        model=model,
+        hardware=hw,
+        prompt_len=300,
+        gen_len=20000,
+        samples_per_prompt=8,
+        prompts=3,
+    ) == pytest.approx((dense, dense))
 
 
 def test_the_default_study_loads_and_round_trips():
@@ -120,13 +161,16 @@ def test_every_key_of_the_default_study_has_a_comment():
             assert lines[i - 1].strip().startswith("#"), f"{line.strip()} lacks a comment"
 
 
-@pytest.mark.parametrize("override, message", [
-    (["reference_arm=nope"], "reference_arm 'nope' is not an arm"),
-    (["collapse_ratio=1.5"], "collapse_ratio must be in"),
-    (["fixed_topk_pages=0"], "must be >= 1"),
-    (["no_such_key=1"], "unknown config key 'no_such_key'"),
-    (["arms"], "not of the form key=value"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (["reference_arm=nope"], "reference_arm 'nope' is not an arm"),
+        (["collapse_ratio=1.5"], "collapse_ratio must be in"),
+        (["fixed_topk_pages=0"], "must be >= 1"),
+        (["no_such_key=1"], "unknown config key 'no_such_key'"),
+        (["arms"], "not of the form key=value"),
+    ],
+)
 def test_bad_studies_are_one_clear_error(override, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_study("default", override)

@@ -40,11 +40,21 @@ def _small_overrides(workdir: Path, run_id: str, *extra: str) -> list[str]:
     from raising them within the 2 steps, so the schedule stays tiny-0.86 version 1
     (tests/stages/test_reoptimize.py covers raising). No end-of-run report: the session's base
     run writes one (tests/cli/test_train_cli.py checks it)."""
-    return [f"pipeline.workdir={workdir}", f"pipeline.run_id={run_id}", "pipeline.steps=2",
-            "data.prompts_per_step=2", "rollout.samples_per_prompt=2",
-            "rollout.max_new_tokens=24", "rollout.temperature=2.0", "data.reward=test_char_code",
-            "data.eval=builtin:synthetic", "pipeline.eval_every=2", "calibrate.patience=3",
-            "pipeline.report=false", *extra]
+    return [
+        f"pipeline.workdir={workdir}",
+        f"pipeline.run_id={run_id}",
+        "pipeline.steps=2",
+        "data.prompts_per_step=2",
+        "rollout.samples_per_prompt=2",
+        "rollout.max_new_tokens=24",
+        "rollout.temperature=2.0",
+        "data.reward=test_char_code",
+        "data.eval=builtin:synthetic",
+        "pipeline.eval_every=2",
+        "calibrate.patience=3",
+        "pipeline.report=false",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="session")

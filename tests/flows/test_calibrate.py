@@ -26,9 +26,15 @@ def calibrated(flow_environment, tmp_path_factory):
     from sparrow.flows.calibrate import calibrate_flow
 
     workdir = tmp_path_factory.mktemp("cal") / "work"
-    overrides = [f"pipeline.workdir={workdir}", "calibrate.num_prompts=2", "calibrate.repeats=2",
-                 f"calibrate.topk_pages=[{','.join(map(str, GRID))}]", "calibrate.min_tokens=20",
-                 "calibrate.max_new_tokens=200", "calibrate.name=tiny-cal"]
+    overrides = [
+        f"pipeline.workdir={workdir}",
+        "calibrate.num_prompts=2",
+        "calibrate.repeats=2",
+        f"calibrate.topk_pages=[{','.join(map(str, GRID))}]",
+        "calibrate.min_tokens=20",
+        "calibrate.max_new_tokens=200",
+        "calibrate.name=tiny-cal",
+    ]
     summary = calibrate_flow(overrides, calibration_id="cal-test")
     return workdir, summary
 
@@ -57,18 +63,22 @@ def test_duckdb_yaml_and_mlflow_hold_the_same_schedule(calibrated):
     assert schedule.page_size == 8 and schedule.bin_tokens == 64
     table = json.loads((workdir / "calibrations/cal-test/table.json").read_text())
     with duckdb.connect(str(workdir / "sparrow.duckdb"), read_only=True) as conn:
-        row = conn.execute("SELECT version, topk_pages, yaml_path, run_id FROM schedules "
-                           "WHERE name = 'tiny-cal'").fetchall()
-        cal = conn.execute("SELECT topk_pages, bin, n, p5, p1, p10 FROM calibration "
-                           "WHERE calibration_id = 'cal-test'").fetchall()
+        row = conn.execute(
+            "SELECT version, topk_pages, yaml_path, run_id FROM schedules WHERE name = 'tiny-cal'"
+        ).fetchall()
+        cal = conn.execute(
+            "SELECT topk_pages, bin, n, p5, p1, p10 FROM calibration "
+            "WHERE calibration_id = 'cal-test'"
+        ).fetchall()
     assert row == [(1, summary["topk_pages"], summary["yaml"], "cal-test")]
     measured = [i for i, n in enumerate(table["tokens"]) if n]
     assert len(cal) == len(GRID) * len(measured)
     for budget, b, n, p5, p1, p10 in cal:
         assert n == table["tokens"][b]
         assert p5 == pytest.approx(table["p5"][GRID.index(budget)][b])
-        assert (p1, p10) == pytest.approx((table["p1"][GRID.index(budget)][b],
-                                           table["p10"][GRID.index(budget)][b]))
+        assert (p1, p10) == pytest.approx(
+            (table["p1"][GRID.index(budget)][b], table["p10"][GRID.index(budget)][b])
+        )
         assert p1 <= p5 <= p10
     assert Path(summary["plot"]).read_bytes()[:4] == b"\x89PNG"
     from mlflow.tracking import MlflowClient

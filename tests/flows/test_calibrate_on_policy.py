@@ -33,20 +33,39 @@ def test_calibrated_p5_is_the_p5_the_next_train_step_measures(tmp_path):
 
     workdir = tmp_path / "work"
     # calibration prompts and seeds (pipeline.seed=1) differ from the train step's (seed 0)
-    summary = calibrate_flow([f"pipeline.workdir={workdir}", "pipeline.seed=1",
-                              "calibrate.max_new_tokens=128", f"calibrate.min_tokens={MIN_TOKENS}",
-                              f"calibrate.topk_pages=[{','.join(map(str, GRID))}]",
-                              "calibrate.name=tiny-on-policy"], calibration_id="cal-op")
+    summary = calibrate_flow(
+        [
+            f"pipeline.workdir={workdir}",
+            "pipeline.seed=1",
+            "calibrate.max_new_tokens=128",
+            f"calibrate.min_tokens={MIN_TOKENS}",
+            f"calibrate.topk_pages=[{','.join(map(str, GRID))}]",
+            "calibrate.name=tiny-on-policy",
+        ],
+        calibration_id="cal-op",
+    )
     table = json.loads((workdir / "calibrations/cal-op/table.json").read_text())
     sampled = json.loads((workdir / "calibrations/cal-op/trajectories.json").read_text())
     assert sampled["sparse"] and sorted(map(int, sampled["by_topk"])) == GRID
     chosen = summary["topk_pages"]
-    train_flow([f"pipeline.workdir={workdir}", "pipeline.run_id=after-cal", "pipeline.steps=1",
-                "schedule.name=tiny-on-policy", "rollout.max_new_tokens=128",
-                "pipeline.report=false"], show_table=False)
-    measured = {r["bin"]: r for r in query(
-        workdir, "SELECT bin, n, p5, pages_read FROM bin_stats WHERE run_id = 'after-cal' "
-        "AND step = 1").as_dicts()}
+    train_flow(
+        [
+            f"pipeline.workdir={workdir}",
+            "pipeline.run_id=after-cal",
+            "pipeline.steps=1",
+            "schedule.name=tiny-on-policy",
+            "rollout.max_new_tokens=128",
+            "pipeline.report=false",
+        ],
+        show_table=False,
+    )
+    measured = {
+        r["bin"]: r
+        for r in query(
+            workdir,
+            "SELECT bin, n, p5, pages_read FROM bin_stats WHERE run_id = 'after-cal' AND step = 1",
+        ).as_dicts()
+    }
     bins = [i for i, n in enumerate(table["tokens"]) if n >= MIN_TOKENS]
     assert bins
     for i in bins:

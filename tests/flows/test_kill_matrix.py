@@ -23,17 +23,36 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-STEP2_STAGES = ("rollout", "reward", "dense_score", "aggregate_mismatch", "reoptimize_schedule",
-                "policy_update", "sync_weights", "checkpoint")
+STEP2_STAGES = (
+    "rollout",
+    "reward",
+    "dense_score",
+    "aggregate_mismatch",
+    "reoptimize_schedule",
+    "policy_update",
+    "sync_weights",
+    "checkpoint",
+)
 # metrics that measure wall-clock time or memory, and so differ between two runs of one input
 VARYING = ("time/", "rollout/tokens_per_s")
 
 
 def _train(workdir: Path, run_id: str, env: dict, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "sparrow.cli.main", "train", f"pipeline.workdir={workdir}",
-         f"pipeline.run_id={run_id}", *args],
-        env=env, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "sparrow.cli.main",
+            "train",
+            f"pipeline.workdir={workdir}",
+            f"pipeline.run_id={run_id}",
+            *args,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def _rows(workdir: Path, sql: str) -> list[tuple]:
@@ -44,8 +63,7 @@ def _rows(workdir: Path, sql: str) -> list[tuple]:
 
 
 @pytest.mark.slow
-def test_kill_in_every_stage_of_step_2_then_resume_ends_equal(tmp_path, flow_environment,
-                                                              base_run):
+def test_kill_in_every_stage_of_step_2_then_resume_ends_equal(tmp_path, flow_environment, base_run):
     env, ray_address = flow_environment.subprocess_env(tmp_path / "prefect-home")
     # the chain's last process skips the end-of-run report (the base run writes one)
     args = (*base_run.args, f"ray.address={ray_address}", "pipeline.report=false")

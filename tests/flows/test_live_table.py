@@ -15,12 +15,30 @@ from sparrow.flows.live_table import COLUMNS, LiveTable, format_cell
 def test_rows_show_the_step_metrics_and_the_header_once():
     out = io.StringIO()
     table = LiveTable(Console(file=out, width=200))
-    metrics = {"reward/mean": 0.25, "response/length_mean": 103.26, "mismatch/min_p5": 0.8571,
-               "schedule/pages_read_mean": 5.5, "rollout/tokens_per_s": 1234.4,
-               "time/rollout_s": 12.04, "reward/errors": 3.0}
+    metrics = {
+        "reward/mean": 0.25,
+        "response/length_mean": 103.26,
+        "mismatch/min_p5": 0.8571,
+        "schedule/pages_read_mean": 5.5,
+        "rollout/tokens_per_s": 1234.4,
+        "time/rollout_s": 12.04,
+        "reward/errors": 3.0,
+    }
     first = table.row(1, metrics, resumed=True)
-    assert first == ["1", "0.250", "3", "103.3", "0.857", "5.50", "1234", "12.0", "-", "-", "-",
-                     "resumed"]
+    assert first == [
+        "1",
+        "0.250",
+        "3",
+        "103.3",
+        "0.857",
+        "5.50",
+        "1234",
+        "12.0",
+        "-",
+        "-",
+        "-",
+        "resumed",
+    ]
     second = table.row(2, {"reward/mean": float("nan")}, resumed=False)
     assert second[:2] == ["2", "-"] and second[-1] == ""
     lines = out.getvalue().splitlines()

@@ -36,8 +36,14 @@ def free_port() -> int:
 
 
 def start(args: list[str], env: dict, log: Path) -> subprocess.Popen:
-    return subprocess.Popen(args, env=env, cwd=REPO, stdout=log.open("w"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        args,
+        env=env,
+        cwd=REPO,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def stop(process: subprocess.Popen) -> None:
@@ -77,8 +83,9 @@ def wait_healthy(api_url: str, server: subprocess.Popen, log: Path, timeout: flo
 
 
 def prefect(env: dict, *args: str, timeout: float = 300) -> str:
-    done = subprocess.run([*PREFECT, *args], env=env, cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout)
+    done = subprocess.run(
+        [*PREFECT, *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
     assert done.returncode == 0, f"prefect {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
     return done.stdout
 
@@ -89,13 +96,15 @@ def server_env(tmp_path, flow_environment):
     address of the shared Ray)."""
     api_url = f"http://127.0.0.1:{free_port()}/api"
     env, ray_address = flow_environment.subprocess_env(tmp_path / "prefect-home")
-    env.update(PREFECT_API_URL=api_url,
-               PREFECT_SERVER_ANALYTICS_ENABLED="false", SPARROW_REPO=str(REPO),
-               COLUMNS="200")
+    env.update(
+        PREFECT_API_URL=api_url,
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        SPARROW_REPO=str(REPO),
+        COLUMNS="200",
+    )
     port = api_url.rsplit(":", 1)[1].removesuffix("/api")
     log = tmp_path / "server.log"
-    server = start([*PREFECT, "server", "start", "--host", "127.0.0.1", "--port", port],
-                   env, log)
+    server = start([*PREFECT, "server", "start", "--host", "127.0.0.1", "--port", port], env, log)
     try:
         wait_healthy(api_url, server, log)
         yield env, ray_address
@@ -112,24 +121,57 @@ def test_deploy_all_and_run_both_flows_on_a_local_server(server_env, tmp_path):
     assert "train/sparrow-train" in listed and "calibrate/sparrow-calibrate" in listed, listed
 
     # the worker asks for scheduled runs every second, not every 10 s (Prefect's default)
-    worker = start([*PREFECT, "worker", "start", "--pool", "sparrow", "--type", "process"],
-                   dict(env, PREFECT_WORKER_QUERY_SECONDS="1"), tmp_path / "worker.log")
+    worker = start(
+        [*PREFECT, "worker", "start", "--pool", "sparrow", "--type", "process"],
+        dict(env, PREFECT_WORKER_QUERY_SECONDS="1"),
+        tmp_path / "worker.log",
+    )
     try:
         # the smallest run of the embedded default: 1 step of 2 prompts x 2 samples, no report
-        overrides = [f"pipeline.workdir={workdir}", "pipeline.run_id=served", "pipeline.steps=1",
-                     f"ray.address={ray_address}",
-                     "data.prompts_per_step=2", "rollout.samples_per_prompt=2",
-                     "rollout.max_new_tokens=24", "pipeline.report=false"]
-        run = prefect(env, "deployment", "run", "train/sparrow-train",
-                      "-p", f"overrides={json.dumps(overrides)}",
-                      "--watch", "--watch-timeout", "480", timeout=540)
+        overrides = [
+            f"pipeline.workdir={workdir}",
+            "pipeline.run_id=served",
+            "pipeline.steps=1",
+            f"ray.address={ray_address}",
+            "data.prompts_per_step=2",
+            "rollout.samples_per_prompt=2",
+            "rollout.max_new_tokens=24",
+            "pipeline.report=false",
+        ]
+        run = prefect(
+            env,
+            "deployment",
+            "run",
+            "train/sparrow-train",
+            "-p",
+            f"overrides={json.dumps(overrides)}",
+            "--watch",
+            "--watch-timeout",
+            "480",
+            timeout=540,
+        )
         # and the calibration flow, as small: 1 prompt x 2 samples, two budgets
-        calibrate = [f"pipeline.workdir={workdir}", "calibrate.num_prompts=1",
-                     "calibrate.repeats=2", "calibrate.topk_pages=[2,4]", "calibrate.min_tokens=5",
-                     "calibrate.max_new_tokens=48", "calibrate.name=served-cal"]
-        calibrated = prefect(env, "deployment", "run", "calibrate/sparrow-calibrate",
-                             "-p", f"overrides={json.dumps(calibrate)}",
-                             "--watch", "--watch-timeout", "480", timeout=540)
+        calibrate = [
+            f"pipeline.workdir={workdir}",
+            "calibrate.num_prompts=1",
+            "calibrate.repeats=2",
+            "calibrate.topk_pages=[2,4]",
+            "calibrate.min_tokens=5",
+            "calibrate.max_new_tokens=48",
+            "calibrate.name=served-cal",
+        ]
+        calibrated = prefect(
+            env,
+            "deployment",
+            "run",
+            "calibrate/sparrow-calibrate",
+            "-p",
+            f"overrides={json.dumps(calibrate)}",
+            "--watch",
+            "--watch-timeout",
+            "480",
+            timeout=540,
+        )
     finally:
         stop(worker)
     assert not group_alive(worker.pid), "the worker left a process behind"

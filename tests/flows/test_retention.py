@@ -14,13 +14,23 @@ def test_old_policy_folders_are_pruned(flow_environment, small_overrides, tmp_pa
 
     flow_environment.start()
     workdir = tmp_path / "work"
-    summary = train_flow(small_overrides(workdir, "k", "pipeline.steps=3",
-                                         "pipeline.keep_checkpoints=1", "pipeline.keep_every=2",
-                                         "pipeline.eval_every=0"), show_table=False)
+    summary = train_flow(
+        small_overrides(
+            workdir,
+            "k",
+            "pipeline.steps=3",
+            "pipeline.keep_checkpoints=1",
+            "pipeline.keep_every=2",
+            "pipeline.eval_every=0",
+        ),
+        show_table=False,
+    )
     assert summary["status"] == "finished"
     folder = workdir / "runs" / "k"
-    kept = {step: (folder / f"step-{step}" / "policy_update" / "model.safetensors").exists()
-            for step in (1, 2, 3)}
+    kept = {
+        step: (folder / f"step-{step}" / "policy_update" / "model.safetensors").exists()
+        for step in (1, 2, 3)
+    }
     assert kept == {1: False, 2: True, 3: True}
     marker = json.loads((folder / "step-1" / "policy_update" / "pruned.json").read_text())
     assert "model.safetensors" in marker["removed"] and "optimizer.pt" in marker["removed"]
@@ -45,24 +55,30 @@ def test_pruning_never_waits_for_a_background_save(tmp_path, monkeypatch):
     (done / "config.json").write_text("{}")  # step 2's save has not reached its config yet
     (done / "sharded_state").mkdir()  # a trainer group's optimizer shards go too
     (done / "sharded_state" / "__0_0.distcp").write_text("x")
-    records = [StageRecord("r", s, "policy_update", 1.0, str(f)) for s, f in ((1, done),
-                                                                             (2, writing))]
+    records = [
+        StageRecord("r", s, "policy_update", 1.0, str(f)) for s, f in ((1, done), (2, writing))
+    ]
     monkeypatch.setattr(retention, "stage_records", lambda store, run_id: records)
 
     def policy_state(folder, wait=True):
         assert not wait, "pruning joined a background save"
         return type(done)(folder)
 
-    runtime = SimpleNamespace(store=None, run_id="r", policy_state=policy_state,
-                              cfg=SimpleNamespace(pipeline=SimpleNamespace(keep_checkpoints=1,
-                                                                           keep_every=0)))
+    runtime = SimpleNamespace(
+        store=None,
+        run_id="r",
+        policy_state=policy_state,
+        cfg=SimpleNamespace(pipeline=SimpleNamespace(keep_checkpoints=1, keep_every=0)),
+    )
     assert retention.prune_policy_folders(runtime, 3) == [done]
     assert not (done / "model.safetensors").exists() and not (done / "sharded_state").exists()
     assert (writing / "model.safetensors").exists()
     retention.wait_for_deletions()  # the tensors went to a worker thread, renamed at once
     assert not (done / retention.TRASH).exists()
-    assert json.loads((done / retention.MARKER).read_text())["removed"] == ["model.safetensors",
-                                                                           "sharded_state"]
+    assert json.loads((done / retention.MARKER).read_text())["removed"] == [
+        "model.safetensors",
+        "sharded_state",
+    ]
 
 
 def test_a_trash_left_by_a_dead_process_goes_on_resume(tmp_path, monkeypatch):
@@ -76,9 +92,13 @@ def test_a_trash_left_by_a_dead_process_goes_on_resume(tmp_path, monkeypatch):
     (folder / retention.TRASH / "optimizer.pt").write_text("x")
     (folder / "config.json").write_text("{}")
     (folder / retention.MARKER).write_text("{}")
-    monkeypatch.setattr(retention, "stage_records", lambda store, run_id: [
-        StageRecord("r", 1, "policy_update", 1.0, str(folder))])
-    runtime = SimpleNamespace(store=None, run_id="r",
-                              policy_state=lambda f, wait=True: type(folder)(f))
+    monkeypatch.setattr(
+        retention,
+        "stage_records",
+        lambda store, run_id: [StageRecord("r", 1, "policy_update", 1.0, str(folder))],
+    )
+    runtime = SimpleNamespace(
+        store=None, run_id="r", policy_state=lambda f, wait=True: type(folder)(f)
+    )
     assert retention.repair_unsaved_policies(runtime) == []
     assert not (folder / retention.TRASH).exists() and (folder / "config.json").exists()

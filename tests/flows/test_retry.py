@@ -11,13 +11,16 @@ import pytest
 from prefect import task
 from prefect.cache_policies import NONE
 
+from sparrow.model import CheckpointError
+from sparrow.runtime.ledger.stage import StageFailedOnPurpose
 from sparrow.runtime.retry import INFRA_RETRIES, is_infrastructure_fault
 from sparrow.runtime.rollout.actors import RolloutActorLost
-from sparrow.runtime.ledger.stage import StageFailedOnPurpose
-from sparrow.model import CheckpointError
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("flow_env"),
-              pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.usefixtures("flow_env"),
+    pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning"),
+]
 
 CALLS: list[str] = []
 
@@ -30,14 +33,27 @@ def fails_once(error: str) -> str:
     return "ok"
 
 
-ERRORS = {"os": OSError, "actor": RolloutActorLost, "value": ValueError,
-          "assert": AssertionError, "checkpoint": CheckpointError,
-          "on_purpose": StageFailedOnPurpose}
+ERRORS = {
+    "os": OSError,
+    "actor": RolloutActorLost,
+    "value": ValueError,
+    "assert": AssertionError,
+    "checkpoint": CheckpointError,
+    "on_purpose": StageFailedOnPurpose,
+}
 
 
-@pytest.mark.parametrize("error, retried", [
-    ("os", True), ("actor", True), ("value", False), ("assert", False), ("checkpoint", False),
-    ("on_purpose", False)])
+@pytest.mark.parametrize(
+    "error, retried",
+    [
+        ("os", True),
+        ("actor", True),
+        ("value", False),
+        ("assert", False),
+        ("checkpoint", False),
+        ("on_purpose", False),
+    ],
+)
 def test_only_infrastructure_faults_are_retried(error, retried):
     CALLS.clear()
     if retried:

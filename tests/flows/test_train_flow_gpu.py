@@ -18,8 +18,16 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-STAGES = ("rollout", "reward", "dense_score", "aggregate_mismatch", "reoptimize_schedule",
-          "policy_update", "sync_weights", "checkpoint")
+STAGES = (
+    "rollout",
+    "reward",
+    "dense_score",
+    "aggregate_mismatch",
+    "reoptimize_schedule",
+    "policy_update",
+    "sync_weights",
+    "checkpoint",
+)
 
 
 @pytest.fixture(scope="module")
@@ -27,9 +35,19 @@ def model_1p7b_4_layers(tmp_path_factory):
     from sparrow.model.random_checkpoint import make_random_checkpoint
 
     return make_random_checkpoint(
-        tmp_path_factory.mktemp("q17") / "model", "qwen3", vocab_size=151_936, hidden_size=2048,
-        num_layers=4, num_q_heads=16, num_kv_heads=8, head_dim=128, intermediate_size=6144,
-        rope_theta=1_000_000.0, max_position_embeddings=8192, seed=0)
+        tmp_path_factory.mktemp("q17") / "model",
+        "qwen3",
+        vocab_size=151_936,
+        hidden_size=2048,
+        num_layers=4,
+        num_q_heads=16,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=6144,
+        rope_theta=1_000_000.0,
+        max_position_embeddings=8192,
+        seed=0,
+    )
 
 
 def test_two_sparse_steps_share_the_gpu(flow_environment, tmp_path, model_1p7b_4_layers):
@@ -40,17 +58,33 @@ def test_two_sparse_steps_share_the_gpu(flow_environment, tmp_path, model_1p7b_4
 
     flow_environment.start()
     workdir = tmp_path / "work"
-    summary = train_flow([
-        f"model.path={model_1p7b_4_layers}", f"pipeline.workdir={workdir}", "pipeline.run_id=g",
-        "pipeline.steps=2", "data.prompts_per_step=2", "rollout.samples_per_prompt=4",
-        "rollout.max_new_tokens=1024", "rollout.ignore_eos=true", "data.reward=test_char_code",
-        "schedule.name=qwen3-1.7b-0.86", "rollout.gpu_memory_utilization=0.5",
-        "algo.lr=1e-4", "algo.gradient_checkpointing=true"], show_table=False)
+    summary = train_flow(
+        [
+            f"model.path={model_1p7b_4_layers}",
+            f"pipeline.workdir={workdir}",
+            "pipeline.run_id=g",
+            "pipeline.steps=2",
+            "data.prompts_per_step=2",
+            "rollout.samples_per_prompt=4",
+            "rollout.max_new_tokens=1024",
+            "rollout.ignore_eos=true",
+            "data.reward=test_char_code",
+            "schedule.name=qwen3-1.7b-0.86",
+            "rollout.gpu_memory_utilization=0.5",
+            "algo.lr=1e-4",
+            "algo.gradient_checkpointing=true",
+        ],
+        show_table=False,
+    )
     assert summary["status"] == "finished"
     rows = query(workdir, "SELECT step, stage FROM stage_runs WHERE run_id = 'g'").as_dicts()
     assert {(r["step"], r["stage"]) for r in rows} >= {(s, st) for s in (1, 2) for st in STAGES[:7]}
-    metrics = {(r["step"], r["name"]): r["value"] for r in query(
-        workdir, "SELECT step, name, value FROM step_metrics WHERE run_id = 'g'").as_dicts()}
+    metrics = {
+        (r["step"], r["name"]): r["value"]
+        for r in query(
+            workdir, "SELECT step, name, value FROM step_metrics WHERE run_id = 'g'"
+        ).as_dicts()
+    }
     for step in (1, 2):
         assert metrics[(step, "rollout/tokens")] == 2 * 4 * 1024  # eos off: every sample full
         assert metrics[(step, "sync/ipc_actors")] == 1.0  # weights over CUDA IPC
@@ -58,13 +92,15 @@ def test_two_sparse_steps_share_the_gpu(flow_environment, tmp_path, model_1p7b_4
         # the KV cache was allocated for the rollout (its peak) and freed before the update
         assert metrics[(step, "memory/rollout_peak_gib")] > 1.0
         assert metrics[(step, "memory/update_peak_gib")] > 0
-        assert metrics[(step, "memory/engine_after_release_gib")] < \
-            0.25 * metrics[(step, "memory/rollout_peak_gib")]
+        assert (
+            metrics[(step, "memory/engine_after_release_gib")]
+            < 0.25 * metrics[(step, "memory/rollout_peak_gib")]
+        )
     before = load_file(str(model_1p7b_4_layers / "model.safetensors"))
     # on GPU the trainer's state is written in the background beside the stage folders
     assert (workdir / "runs" / "g" / "step-2" / "policy_update" / "state.json").is_file()
-    after = load_file(str(workdir / "runs" / "g" / "step-2" / "policy_state" /
-                          "model.safetensors"))
-    changed = [name for name in before if not torch.equal(before[name].float(),
-                                                          after[name].float())]
+    after = load_file(str(workdir / "runs" / "g" / "step-2" / "policy_state" / "model.safetensors"))
+    changed = [
+        name for name in before if not torch.equal(before[name].float(), after[name].float())
+    ]
     assert len(changed) > len(before) // 2

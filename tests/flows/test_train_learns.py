@@ -25,12 +25,23 @@ def test_default_run_reward_rises_with_nonzero_gradients(tmp_path):
     workdir = tmp_path / "work"
     # the defaults but 3 steps, and a cutoff that only stops a sample that never ends (and no
     # end-of-run report, which changes nothing the test reads)
-    summary = train_flow([f"pipeline.workdir={workdir}", "pipeline.run_id=learn",
-                          "pipeline.steps=3", "rollout.max_new_tokens=128",
-                          "pipeline.report=false"], show_table=False)
+    summary = train_flow(
+        [
+            f"pipeline.workdir={workdir}",
+            "pipeline.run_id=learn",
+            "pipeline.steps=3",
+            "rollout.max_new_tokens=128",
+            "pipeline.report=false",
+        ],
+        show_table=False,
+    )
     assert summary["status"] == "finished"
-    metrics = {(r["step"], r["name"]): r["value"] for r in query(
-        workdir, "SELECT step, name, value FROM step_metrics WHERE run_id = 'learn'").as_dicts()}
+    metrics = {
+        (r["step"], r["name"]): r["value"]
+        for r in query(
+            workdir, "SELECT step, name, value FROM step_metrics WHERE run_id = 'learn'"
+        ).as_dicts()
+    }
     rewards = [metrics[(s, "reward/mean")] for s in STEPS]
     # the model starts partly right (dense sampled accuracy 0.45) ...
     assert 0.2 <= rewards[0] <= 0.6, rewards

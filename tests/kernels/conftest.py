@@ -35,8 +35,9 @@ def bf16_dot(monkeypatch):
     def widen(x):
         if x.dtype.scalar != tl.bfloat16:
             return x
-        return interpreter.TensorHandle((x.data.astype(np.uint32) << 16).view(np.float32),
-                                        tl.float32)
+        return interpreter.TensorHandle(
+            (x.data.astype(np.uint32) << 16).view(np.float32), tl.float32
+        )
 
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
         return original(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from sparrow.engine import Engine, EngineConfig, SamplingParams
-from sparrow.engine import cuda_graphs
+from sparrow.engine import Engine, EngineConfig, SamplingParams, cuda_graphs
 from sparrow.engine.cuda_graphs import (
     DecodeGraphs,
     KernelDecodeAttention,
@@ -20,14 +19,29 @@ from sparrow.engine.kv_cache import KVCache
 from sparrow.model import layers, load_model
 from sparrow.sparse.schedule import Schedule
 
-SCHEDULE = Schedule(name="test", topk_pages=(1, 2), page_size=4, bin_tokens=16,
-                    reserved_bos=1, reserved_eos=1, skip_layers=(0,))
+SCHEDULE = Schedule(
+    name="test",
+    topk_pages=(1, 2),
+    page_size=4,
+    bin_tokens=16,
+    reserved_bos=1,
+    reserved_eos=1,
+    skip_layers=(0,),
+)
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14], [40, 41, 42]]
 
 
 def test_buckets():
     assert [batch_bucket(b) for b in (1, 3, 8, 9, 17, 64, 65, 100)] == [
-        1, 4, 8, 16, 24, 64, 96, 128]
+        1,
+        4,
+        8,
+        16,
+        24,
+        64,
+        96,
+        128,
+    ]
     assert [width_bucket(w) for w in (1, 64, 65, 2049)] == [64, 64, 128, 4096]
     assert sparsity_key(None, 3) is None
     assert sparsity_key(SCHEDULE, 3) == (4, 1, 1, (False, True, True))
@@ -36,8 +50,9 @@ def test_buckets():
 
 
 def generate(model, device, kernels, use_graphs=True, max_new_tokens=4, centroid_dtype="cache"):
-    config = EngineConfig(num_pages=48, page_size=4, max_batch_size=4,
-                          centroid_dtype=centroid_dtype)
+    config = EngineConfig(
+        num_pages=48, page_size=4, max_batch_size=4, centroid_dtype=centroid_dtype
+    )
     engine = Engine(model, None, config, SCHEDULE)
     if kernels and engine.runner.graphs is None:
         engine.runner.graphs = DecodeGraphs(model, engine.cache, use_graphs=use_graphs)
@@ -56,8 +71,7 @@ def assert_same(got, want, atol):
 
 
 @pytest.mark.parametrize("centroid_dtype", ["cache", "float8_e4m3fn"])
-def test_kernel_decode_equals_the_reference_engine(interpreted, qwen3_checkpoint,
-                                                   centroid_dtype):
+def test_kernel_decode_equals_the_reference_engine(interpreted, qwen3_checkpoint, centroid_dtype):
     model = load_model(qwen3_checkpoint)
     want = generate(model, "cpu", kernels=False, centroid_dtype=centroid_dtype)
     got = generate(model, "cpu", kernels=True, use_graphs=False, centroid_dtype=centroid_dtype)
@@ -69,10 +83,15 @@ def test_kernel_decode_equals_the_reference_engine(interpreted, qwen3_checkpoint
 @pytest.mark.parametrize("use_graphs", [True, False])
 def test_cuda_decode_equals_the_reference_engine(qwen3_checkpoint, use_graphs, centroid_dtype):
     model = load_model(qwen3_checkpoint, device="cuda", dtype=torch.float32)
-    want = generate(model, "cuda", kernels=False, max_new_tokens=40,
-                    centroid_dtype=centroid_dtype)
-    got = generate(model, "cuda", kernels=True, use_graphs=use_graphs, max_new_tokens=40,
-                   centroid_dtype=centroid_dtype)
+    want = generate(model, "cuda", kernels=False, max_new_tokens=40, centroid_dtype=centroid_dtype)
+    got = generate(
+        model,
+        "cuda",
+        kernels=True,
+        use_graphs=use_graphs,
+        max_new_tokens=40,
+        centroid_dtype=centroid_dtype,
+    )
     assert_same(got, want, atol=1e-3)
 
 
@@ -83,8 +102,14 @@ POSITIONS = np.array([11, 13, 3])
 
 
 def random_cache(model, dtype, centroid_dtype=None):
-    cache = KVCache.allocate(model.arch, num_pages=12, page_size=4, dtype=dtype, device="cpu",
-                             centroid_dtype=centroid_dtype)
+    cache = KVCache.allocate(
+        model.arch,
+        num_pages=12,
+        page_size=4,
+        dtype=dtype,
+        device="cpu",
+        centroid_dtype=centroid_dtype,
+    )
     gen = torch.Generator().manual_seed(7)
     for t in (cache.k, cache.v, cache.centroids):  # earlier steps' keys and values
         t.copy_(torch.randn(t.shape, generator=gen))
@@ -114,7 +139,7 @@ def counted_writes(monkeypatch, cache):
 def decode_step(model, cache, fuse_kv_write):
     tables = np.zeros((3, 4), dtype=np.int32)
     for row, table in enumerate(TABLES):
-        tables[row, :len(table)] = table
+        tables[row, : len(table)] = table
     slots = tables[np.arange(3), POSITIONS // 4] * 4 + POSITIONS % 4
     topk = np.array([SCHEDULE.topk_for_position(int(p)) for p in POSITIONS])
     graphs = DecodeGraphs(model, cache, use_graphs=False, fuse_kv_write=fuse_kv_write)
@@ -127,10 +152,13 @@ def bits(t):
 
 
 @pytest.mark.parametrize("checkpoint", ["qwen3_checkpoint", "llama_checkpoint"])
-@pytest.mark.parametrize("dtype,centroid_dtype", [(torch.float32, None), (torch.bfloat16, None),
-                                                  (torch.bfloat16, torch.float8_e4m3fn)])
-def test_decode_writes_each_layer_once_as_write_kv_did(interpreted, monkeypatch, request,
-                                                       checkpoint, dtype, centroid_dtype):
+@pytest.mark.parametrize(
+    "dtype,centroid_dtype",
+    [(torch.float32, None), (torch.bfloat16, None), (torch.bfloat16, torch.float8_e4m3fn)],
+)
+def test_decode_writes_each_layer_once_as_write_kv_did(
+    interpreted, monkeypatch, request, checkpoint, dtype, centroid_dtype
+):
     model = load_model(request.getfixturevalue(checkpoint), dtype=dtype)
     before = random_cache(model, dtype, centroid_dtype)
     results = {}
@@ -173,15 +201,17 @@ def test_a_layer_store_is_handed_out_once_per_call(interpreted, monkeypatch, qwe
     attention(1, q, k, k)  # no store taken since the last call: write_kv
     assert writes == [("write_kv", 1)]
     assert attention.kv_store(1) is not None  # the call settled the earlier one
-    unfused = KernelDecodeAttention(cache, torch.tensor([-1]), table, zeros, zeros, None,
-                                    fuse_kv_write=False)
+    unfused = KernelDecodeAttention(
+        cache, torch.tensor([-1]), table, zeros, zeros, None, fuse_kv_write=False
+    )
     assert unfused.kv_store(0) is None
 
 
 def test_graphs_outlive_a_cache_only_at_its_addresses_and_shapes(qwen3_checkpoint):
     model = load_model(qwen3_checkpoint)
-    cache = KVCache.allocate(model.arch, num_pages=12, page_size=4, dtype=torch.float32,
-                             device="cpu")
+    cache = KVCache.allocate(
+        model.arch, num_pages=12, page_size=4, dtype=torch.float32, device="cpu"
+    )
     graphs = DecodeGraphs(model, cache, use_graphs=False)
     captured = {(8, 64, None): ("graph", "logits")}
     graphs.graphs.update(captured)
@@ -198,14 +228,16 @@ def test_graphs_outlive_a_cache_only_at_its_addresses_and_shapes(qwen3_checkpoin
     assert graphs.graphs == {} and graphs.pool is None and graphs.cache is fewer_pages
     graphs.graphs.update(captured)
     graphs.release_cache()
-    moved = KVCache.allocate(model.arch, num_pages=6, page_size=4, dtype=torch.float32,
-                             device="cpu")  # while `cache` lives: other addresses
+    moved = KVCache.allocate(
+        model.arch, num_pages=6, page_size=4, dtype=torch.float32, device="cpu"
+    )  # while `cache` lives: other addresses
     assert not graphs.attach(moved) and graphs.graphs == {} and graphs.kept_wakes == 1
 
 
 @pytest.mark.parametrize("keep_graphs", [True, False])
-def test_engine_keeps_its_graphs_through_sleep_with_keep_graphs(interpreted, qwen3_checkpoint,
-                                                                keep_graphs):
+def test_engine_keeps_its_graphs_through_sleep_with_keep_graphs(
+    interpreted, qwen3_checkpoint, keep_graphs
+):
     model = load_model(qwen3_checkpoint)
     config = EngineConfig(num_pages=48, page_size=4, max_batch_size=4, keep_graphs=keep_graphs)
     engine = Engine(model, None, config, SCHEDULE)

@@ -25,7 +25,7 @@ def e4m3fn_value(code: int) -> float:
     sign = -1.0 if code & 0x80 else 1.0
     exponent, mantissa = (code >> 3) & 0xF, code & 0x7
     if exponent == 0:
-        return sign * mantissa * 2.0 ** -9
+        return sign * mantissa * 2.0**-9
     return sign * (1 + mantissa / 8) * 2.0 ** (exponent - 7)
 
 
@@ -47,10 +47,25 @@ def targets() -> torch.Tensor:
     values = sorted({v for _, v in FINITE})
     mids = [(a + b) / 2 for a, b in zip(values, values[1:])]
     mids32 = torch.tensor(mids, dtype=torch.float32)
-    near = torch.cat([torch.nextafter(mids32, torch.tensor(1e9)),
-                      torch.nextafter(mids32, torch.tensor(-1e9))])
-    extra = torch.tensor([449.0, 463.9, 464.0, 465.0, 1e4, -1e4, 2.0 ** -10, 3 * 2.0 ** -11,
-                          2.0 ** -12, 1.0625 + 2.0 ** -10, -(1.0625 + 2.0 ** -10), 0.7265625])
+    near = torch.cat(
+        [torch.nextafter(mids32, torch.tensor(1e9)), torch.nextafter(mids32, torch.tensor(-1e9))]
+    )
+    extra = torch.tensor(
+        [
+            449.0,
+            463.9,
+            464.0,
+            465.0,
+            1e4,
+            -1e4,
+            2.0**-10,
+            3 * 2.0**-11,
+            2.0**-12,
+            1.0625 + 2.0**-10,
+            -(1.0625 + 2.0**-10),
+            0.7265625,
+        ]
+    )
     return torch.cat([torch.tensor(values), mids32, near, extra]).float()
 
 
@@ -59,7 +74,7 @@ def test_round_centroids_is_the_nearest_float8_value():
     got = round_centroids(x, F8).view(torch.uint8).tolist()
     want = [nearest_code(float(v)) for v in x]
     assert got == want
-    trap = torch.tensor([1.0625 + 2.0 ** -10])
+    trap = torch.tensor([1.0625 + 2.0**-10])
     assert float(round_centroids(trap, F8).float()) == 1.125
     assert float(trap.bfloat16().to(F8).float()) == 1.0  # what a bf16 step would give
     # other dtypes: a plain cast (no clamp at 448)
@@ -72,7 +87,7 @@ def page_of_values(values: torch.Tensor, page_size: int, kv_heads: int, dim: int
     per_page = kv_heads * dim
     pages = -(-values.numel() // per_page)
     flat = torch.zeros(pages * per_page)
-    flat[:values.numel()] = values
+    flat[: values.numel()] = values
     return flat.view(pages, kv_heads, 1, dim).expand(pages, kv_heads, page_size, dim).clone()
 
 
@@ -86,7 +101,7 @@ def test_fused_write_rounds_means_to_the_nearest_float8(interpreted):
     # each page's last token is written now (the same values): the write fills every page
     slots = torch.arange(pages) * page_size + page_size - 1
     write_kv(k_cache, v_cache, centroids, slots, keys[:, :, -1], keys[:, :, -1])
-    got = centroids.view(torch.uint8).flatten()[:x.numel()].tolist()
+    got = centroids.view(torch.uint8).flatten()[: x.numel()].tolist()
     assert got == [nearest_code(float(v)) for v in x]
 
 
@@ -95,8 +110,9 @@ def test_cache_update_equals_the_fused_write(interpreted):
     random bf16 keys whose float32 sums are exact in any order."""
     gen = torch.Generator().manual_seed(2)
     page_size, kv_heads, dim, pages = 16, 2, 32, 6
-    keys = (torch.randint(-2000, 2000, (pages, kv_heads, page_size, dim), generator=gen)
-            * 2.0 ** -8).bfloat16()
+    keys = (
+        torch.randint(-2000, 2000, (pages, kv_heads, page_size, dim), generator=gen) * 2.0**-8
+    ).bfloat16()
     arch = SimpleNamespace(num_layers=1, num_kv_heads=kv_heads, head_dim=dim)
     cache = KVCache.allocate(arch, pages, page_size, torch.bfloat16, "cpu", F8)
     assert cache.centroids.dtype == F8 and cache.k.dtype == torch.bfloat16
@@ -121,9 +137,8 @@ def test_cuda_fused_writes_round_means_to_the_nearest_float8():
     want = [nearest_code(float(v)) for v in x.cpu()]
     slots = torch.arange(pages, device="cuda") * page_size + page_size - 1
     centroids = torch.zeros(pages, kv_heads, dim, dtype=F8, device="cuda")
-    write_kv(keys.clone(), torch.zeros_like(keys), centroids, slots, keys[:, :, -1],
-             keys[:, :, -1])
-    assert centroids.view(torch.uint8).flatten()[:x.numel()].tolist() == want
+    write_kv(keys.clone(), torch.zeros_like(keys), centroids, slots, keys[:, :, -1], keys[:, :, -1])
+    assert centroids.view(torch.uint8).flatten()[: x.numel()].tolist() == want
     # qk_norm_rope with a store: RoPE at position 0 (cos 1, sin 0) leaves k as it is
     k = keys[:, :, -1].contiguous()
     q = torch.zeros(pages, 2 * kv_heads, dim, device="cuda")
@@ -132,6 +147,6 @@ def test_cuda_fused_writes_round_means_to_the_nearest_float8():
     stored = torch.zeros(pages, kv_heads, dim, dtype=F8, device="cuda")
     store = KVStore(keys.clone(), torch.zeros_like(keys), stored, slots)
     qk_norm_rope(q, k, cos, sin, None, None, 1e-6, v=k, store=store)
-    assert stored.view(torch.uint8).flatten()[:x.numel()].tolist() == want
+    assert stored.view(torch.uint8).flatten()[: x.numel()].tolist() == want
     # torch's own CUDA cast agrees once clamped (round_centroids)
     assert round_centroids(x, F8).view(torch.uint8).tolist() == want

@@ -23,7 +23,7 @@ def numpy_rms(x, w, eps):
 def assert_bf16_close(got, want):
     """Within one bf16 step (the interpreter truncates where a GPU rounds to nearest)."""
     got, want = got.double(), torch.as_tensor(want, dtype=torch.float64)
-    step = want.abs().clamp(min=1e-30) * 2 ** -7 + 1e-6
+    step = want.abs().clamp(min=1e-30) * 2**-7 + 1e-6
     assert torch.all((got - want).abs() <= 2 * step), float((got - want).abs().max())
 
 
@@ -39,8 +39,7 @@ def test_rms_norm_and_residual_add(interpreted, dtype):
     if dtype == torch.float32:
         np.testing.assert_allclose(y.numpy(), numpy_rms(x, w, 1e-6), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(summed.numpy(), want_sum.numpy(), rtol=1e-6)
-        np.testing.assert_allclose(y2.numpy(), numpy_rms(want_sum, w, 1e-6), rtol=1e-5,
-                                   atol=1e-6)
+        np.testing.assert_allclose(y2.numpy(), numpy_rms(want_sum, w, 1e-6), rtol=1e-5, atol=1e-6)
     else:
         assert_bf16_close(summed, want_sum)
         assert_bf16_close(y, numpy_rms(x.float(), w.float(), 1e-6))
@@ -74,10 +73,12 @@ def test_qk_norm_rope_equals_a_plain_loop(interpreted, norm):
     positions = torch.tensor([0, 3, 17, 250])
     cos, sin = Rotary(dim, 10000.0, None).cos_sin(positions, torch.float32)
     got_q, got_k = qk_norm_rope(q, k, cos, sin, qw, kw, 1e-6)
-    np.testing.assert_allclose(got_q.numpy(), numpy_rope(q, positions.tolist(), 1e4, qw),
-                               rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(got_k.numpy(), numpy_rope(k, positions.tolist(), 1e4, kw),
-                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        got_q.numpy(), numpy_rope(q, positions.tolist(), 1e4, qw), rtol=1e-4, atol=1e-5
+    )
+    np.testing.assert_allclose(
+        got_k.numpy(), numpy_rope(k, positions.tolist(), 1e4, kw), rtol=1e-4, atol=1e-5
+    )
 
 
 def test_qk_norm_rope_bf16_matches_the_reference(interpreted):
@@ -115,8 +116,15 @@ def test_fused_launchers_check_inputs():
     with pytest.raises(KernelInputError, match="residual must"):
         rms_norm(torch.zeros(2, 8), torch.ones(8), 1e-6, residual=torch.zeros(3, 8))
     with pytest.raises(KernelInputError, match="cos must be"):
-        qk_norm_rope(torch.zeros(2, 4, 8), torch.zeros(2, 2, 8), torch.zeros(2, 8),
-                     torch.zeros(2, 1, 8), None, None, 1e-6)
+        qk_norm_rope(
+            torch.zeros(2, 4, 8),
+            torch.zeros(2, 2, 8),
+            torch.zeros(2, 8),
+            torch.zeros(2, 1, 8),
+            None,
+            None,
+            1e-6,
+        )
     with pytest.raises(KernelInputError, match="gate and up"):
         silu_mul(torch.zeros(2, 8), torch.zeros(2, 9))
 

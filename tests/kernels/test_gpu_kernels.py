@@ -42,7 +42,7 @@ def paged_inputs(seed, batch, hq, hkv, dtype, max_tokens=3000, dim=128):
     k = torch.randn(pages, hkv, PAGE, dim, generator=gen, device="cuda").to(dtype)  # head-major
     v = torch.randn(pages, hkv, PAGE, dim, generator=gen, device="cuda").to(dtype)
     q = torch.randn(batch, hq, dim, generator=gen, device="cuda").to(dtype)
-    tables = torch.randperm(pages, generator=gen, device="cuda")[:batch * width]
+    tables = torch.randperm(pages, generator=gen, device="cuda")[: batch * width]
     tables = tables.view(batch, width).int()
     return q, k, v, tables, lengths.int()
 
@@ -87,23 +87,31 @@ def test_sparse_pipeline(dtype, tol, centroid_dtype):
     want = sparse_paged_decode_reference(q, k, v, tables, lengths, lists, counts)
     assert relative_error(out, want) < tol
     # page ids loaded one block ahead (prefetch_ids, off by default) read the same pages
-    tuned = sparse_paged_decode_attention(q, k, v, tables, lengths, lists, counts,
-                                          prefetch_ids=True)
+    tuned = sparse_paged_decode_attention(
+        q, k, v, tables, lengths, lists, counts, prefetch_ids=True
+    )
     assert relative_error(tuned, want) < tol
     # scoring and selection through the one call the engine makes
     selected = select_page_lists(q, centroids, tables, lengths, topk, PAGE, 1, 2)
     assert torch.equal(selected[1], counts)
 
 
-@pytest.mark.parametrize("dtype,centroid_dtype", [(torch.bfloat16, torch.bfloat16),
-                                                  (torch.bfloat16, torch.float32),
-                                                  (torch.float32, torch.float32),
-                                                  (torch.bfloat16, F8), (torch.float32, F8)])
+@pytest.mark.parametrize(
+    "dtype,centroid_dtype",
+    [
+        (torch.bfloat16, torch.bfloat16),
+        (torch.bfloat16, torch.float32),
+        (torch.float32, torch.float32),
+        (torch.bfloat16, F8),
+        (torch.float32, F8),
+    ],
+)
 def test_kv_write_with_centroids(dtype, centroid_dtype):
     gen = torch.Generator(device="cuda").manual_seed(2)
     pages, hkv, dim, tokens = 300, 8, 128, 64
-    caches = [torch.randn(pages, hkv, PAGE, dim, generator=gen, device="cuda").to(dtype)
-              for _ in range(2)]
+    caches = [
+        torch.randn(pages, hkv, PAGE, dim, generator=gen, device="cuda").to(dtype) for _ in range(2)
+    ]
     centroids = torch.randn(pages, hkv, dim, generator=gen, device="cuda").to(centroid_dtype)
     # as in decode, no two tokens of one launch share a page: one token per page
     pages_hit = torch.randperm(pages, generator=gen, device="cuda")[:tokens]
@@ -120,7 +128,7 @@ def test_kv_write_with_centroids(dtype, centroid_dtype):
     if centroid_dtype == F8:  # bits, up to a mean that sums in another order: one step
         equal = centroids.view(torch.uint8) == want[2].view(torch.uint8)
         assert equal.float().mean() > 0.99
-        step = want[2].float().abs().clamp(min=2 ** -6) * 2 ** -3
+        step = want[2].float().abs().clamp(min=2**-6) * 2**-3
         assert bool(((centroids.float() - want[2].float()).abs() <= step).all())
         filled = pages_hit[:8]
         assert not (centroids[filled].view(torch.uint8) == 0).all()
@@ -138,12 +146,12 @@ def test_prefill_sdpa():
     out = prefill_attention_sdpa(q, k, v, lens)
     start = 0
     for n in lens:
-        qs, ks, vs = q[start:start + n], k[start:start + n], v[start:start + n]
+        qs, ks, vs = q[start : start + n], k[start : start + n], v[start : start + n]
         ks, vs = ks.repeat_interleave(2, dim=1), vs.repeat_interleave(2, dim=1)
         s = torch.einsum("qhd,khd->hqk", qs.double(), ks.double()) / math.sqrt(128)
         s = s.masked_fill(~torch.ones(n, n, dtype=torch.bool, device="cuda").tril(), -math.inf)
         want = torch.einsum("hqk,khd->qhd", torch.softmax(s, -1), vs.double())
-        assert relative_error(out[start:start + n], want) < 1e-3
+        assert relative_error(out[start : start + n], want) < 1e-3
         start += n
 
 
@@ -163,7 +171,7 @@ def test_fused_layer_kernels_bf16():
     def close(got, want, equal_share=0.98):
         assert got.dtype == want.dtype and got.shape == want.shape and not got.isnan().any()
         diff = (got.float() - want.float()).abs()
-        assert float(diff.max()) <= 2 ** -6 * float(want.float().abs().max())
+        assert float(diff.max()) <= 2**-6 * float(want.float().abs().max())
         assert float((got == want).float().mean()) > equal_share
 
     x, delta, w = randn(64, 2048), randn(64, 2048), randn(2048, scale=0.3) + 1
@@ -178,8 +186,10 @@ def test_fused_layer_kernels_bf16():
     positions = torch.randint(0, 32768, (64,), generator=gen, device="cuda")
     cos, sin = Rotary(128, 1e6, None).cos_sin(positions, torch.bfloat16)
     poison()
-    for got, want in zip(qk_norm_rope(q, k, cos, sin, qw, kw, 1e-6),
-                         qk_norm_rope_reference(q, k, cos, sin, qw, kw, 1e-6)):
+    for got, want in zip(
+        qk_norm_rope(q, k, cos, sin, qw, kw, 1e-6),
+        qk_norm_rope_reference(q, k, cos, sin, qw, kw, 1e-6),
+    ):
         # H100, 2026-11-21: 78.7% bitwise equal, the rest within the bound above; the
         # compiled kernel rounds x * cos and rotated * sin less often than PyTorch's three
         # bf16 ops (to be pinned down)

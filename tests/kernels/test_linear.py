@@ -12,15 +12,17 @@ from sparrow.kernels.linear import LinearLaunch, default_launch, skinny_linear
 from sparrow.kernels.runtime import KernelInputError
 from sparrow.kernels.silu_mul import silu_mul
 
-LAUNCHES = [LinearLaunch(block_n=16, block_k=64, split=1, w_major=True),
-            LinearLaunch(block_n=32, block_k=64, split=2, w_major=False),
-            LinearLaunch(block_n=16, block_k=32, split=4, w_major=True, num_stages=2)]
+LAUNCHES = [
+    LinearLaunch(block_n=16, block_k=64, split=1, w_major=True),
+    LinearLaunch(block_n=32, block_k=64, split=2, w_major=False),
+    LinearLaunch(block_n=16, block_k=32, split=4, w_major=True, num_stages=2),
+]
 
 
 def operands(rows, n_out, k_len, dtype, seed=0, device="cpu"):
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, k_len, generator=gen).to(dtype).to(device)
-    w = (torch.randn(n_out, k_len, generator=gen) / k_len ** 0.5).to(dtype).to(device)
+    w = (torch.randn(n_out, k_len, generator=gen) / k_len**0.5).to(dtype).to(device)
     b = torch.randn(n_out, generator=gen).to(dtype).to(device)
     return x, w, b
 
@@ -29,7 +31,7 @@ def assert_rounded_product(got, x, w, b=None):
     """got equals the float64 product to the output's rounding (one step of its dtype, plus
     float32 summation noise), and is in x's dtype."""
     want = x.double() @ w.double().T + (0 if b is None else b.double())
-    step = 2.0 ** -7 if x.dtype == torch.bfloat16 else 2.0 ** -10
+    step = 2.0**-7 if x.dtype == torch.bfloat16 else 2.0**-10
     assert got.dtype == x.dtype and got.shape == want.shape
     err = (got.double() - want).abs()
     assert torch.all(err <= want.abs() * step + 1e-4), float(err.max())
@@ -80,8 +82,10 @@ def test_shapes_it_does_not_take_run_the_reference(interpreted):
     assert torch.equal(skinny_linear(x32, w32, b32), F.linear(x32, w32, b32))
     gate_up = torch.randn(3, 32)
     w_down = torch.randn(5, 16)
-    assert torch.equal(skinny_linear(gate_up, w_down, gated=True),
-                       F.linear(silu_mul(gate_up[:, :16], gate_up[:, 16:]), w_down))
+    assert torch.equal(
+        skinny_linear(gate_up, w_down, gated=True),
+        F.linear(silu_mul(gate_up[:, :16], gate_up[:, 16:]), w_down),
+    )
 
 
 def test_autograd_takes_the_reference(interpreted):
@@ -102,8 +106,14 @@ def test_checks_name_the_operand():
 
 
 def test_default_launch_covers_every_sm():
-    for rows, n_out, k_len in ((16, 4096, 2048), (16, 2048, 2048), (16, 12288, 2048),
-                               (16, 2048, 6144), (16, 151936, 2048), (8, 2560, 9728)):
+    for rows, n_out, k_len in (
+        (16, 4096, 2048),
+        (16, 2048, 2048),
+        (16, 12288, 2048),
+        (16, 2048, 6144),
+        (16, 151936, 2048),
+        (8, 2560, 9728),
+    ):
         launch = default_launch(rows, n_out, k_len, 132)
         programs = -(-n_out // launch.block_n) * launch.split
         assert programs >= 128 and k_len % (launch.block_k * launch.split) == 0
@@ -124,24 +134,28 @@ gpu = pytest.mark.gpu
 
 @gpu
 @pytest.mark.parametrize("rows", [1, 16, 64])  # 64: past MAX_ROWS, the reference
-@pytest.mark.parametrize("n_out,k_len", [(4096, 2048), (2048, 2048), (12288, 2048),
-                                         (2048, 6144), (151936, 2048), (2560, 9728)])
+@pytest.mark.parametrize(
+    "n_out,k_len",
+    [(4096, 2048), (2048, 2048), (12288, 2048), (2048, 6144), (151936, 2048), (2560, 9728)],
+)
 def test_model_shapes_on_gpu(rows, n_out, k_len):
     x, w, _ = operands(rows, n_out, k_len, torch.bfloat16, device="cuda")
     got = skinny_linear(x, w)
     want = F.linear(x.float(), w.float())
     err = (got.float() - want).abs()
-    assert torch.all(err <= want.abs() * 2 ** -7 + 1e-3), float(err.max())
+    assert torch.all(err <= want.abs() * 2**-7 + 1e-3), float(err.max())
     gated = skinny_linear(torch.cat([x, x.flip(0)], dim=1), w, gated=True)
     hidden = silu_mul(x, x.flip(0))
-    torch.testing.assert_close(gated.float(), F.linear(hidden.float(), w.float()),
-                               atol=1e-3, rtol=2 ** -7)
+    torch.testing.assert_close(
+        gated.float(), F.linear(hidden.float(), w.float()), atol=1e-3, rtol=2**-7
+    )
 
 
 @gpu
 @pytest.mark.parametrize("rows", [1, 16])
-@pytest.mark.parametrize("n_out,k_len,gated", [(2048, 2048, False), (2048, 6144, True),
-                                               (2560, 9728, True)])
+@pytest.mark.parametrize(
+    "n_out,k_len,gated", [(2048, 2048, False), (2048, 6144, True), (2560, 9728, True)]
+)
 def test_residual_and_norm_fold_on_gpu(rows, n_out, k_len, gated):
     """Model shapes (o_proj; down_proj split over K, gated; then q/k/v and gate/up reading
     the sum through its norm): the residual sum is bit for bit residual + the plain call's
@@ -159,13 +173,13 @@ def test_residual_and_norm_fold_on_gpu(rows, n_out, k_len, gated):
     torch.testing.assert_close(sumsq.sum(0), summed.float().pow(2).sum(-1), rtol=1e-5, atol=0)
     norm_weight = (1 + 0.2 * torch.randn(n_out, device="cuda")).bfloat16()
     for n_next in (4096, 12288):
-        w_next = (torch.randn(n_next, n_out, device="cuda") / n_out ** 0.5).bfloat16()
+        w_next = (torch.randn(n_next, n_out, device="cuda") / n_out**0.5).bfloat16()
         got = skinny_linear(summed, w_next, norm=RowNorm(norm_weight, 1e-6, sumsq))
         normed = rms_norm(summed, norm_weight, 1e-6)
         want = skinny_linear(normed, w_next)
         # x * weight rounded, scaled by 1 / rms after the sums, against the normalised x
         # rounded twice: a step or two of bf16 per term apart
-        bound = 2 ** -7 * (normed.float().abs() @ w_next.float().abs().T) + 1e-3
+        bound = 2**-7 * (normed.float().abs() @ w_next.float().abs().T) + 1e-3
         assert torch.all((got.float() - want.float()).abs() <= bound)
         unnormed = skinny_linear(summed, w_next)
         assert (got.float() - unnormed.float()).abs().max() > 10 * bound.max()
@@ -185,8 +199,9 @@ def test_split_launch_replays_in_a_cuda_graph():
 
 
 @gpu
-@pytest.mark.parametrize("late_trigger,prefetch_k", [(False, 0), (True, 0), (True, 256),
-                                                     (False, 64)])
+@pytest.mark.parametrize(
+    "late_trigger,prefetch_k", [(False, 0), (True, 0), (True, 256), (False, 64)]
+)
 def test_dependent_chain_under_programmatic_launch(late_trigger, prefetch_k):
     """A layer's chain of dependent calls (o_proj adding the residual, gate/up through the
     norm, the gated split down_proj adding the residual, q/k/v through the norm) replayed
@@ -207,9 +222,13 @@ def test_dependent_chain_under_programmatic_launch(late_trigger, prefetch_k):
 
     def layer():
         def call(x, w, **kw):
-            launch = replace(default_launch(rows, w.shape[0], w.shape[1], 132),
-                             late_trigger=late_trigger, prefetch_k=prefetch_k)
+            launch = replace(
+                default_launch(rows, w.shape[0], w.shape[1], 132),
+                late_trigger=late_trigger,
+                prefetch_k=prefetch_k,
+            )
             return skinny_linear(x, w, launch=launch, **kw)
+
         s, sq = call(attended, w_o, residual=residual)
         gate_up = call(s, w_gate_up, norm=RowNorm(norm_weight, 1e-6, sq))
         s, sq = call(gate_up, w_down, gated=True, residual=s)
@@ -242,7 +261,7 @@ def test_residual_and_norm_fold(interpreted, launch):
     summed, sumsq = skinny_linear(a, w_out, residual=residual, launch=launch)
     product = a.double() @ w_out.double().T
     # one rounding of the product, one of the sum (the interpreter truncates: two steps)
-    step = 2.0 ** -7
+    step = 2.0**-7
     want = residual.double() + product
     assert summed.dtype == torch.bfloat16
     assert torch.all((summed.double() - want).abs() <= 2 * step * (want.abs() + product.abs()))
@@ -251,8 +270,7 @@ def test_residual_and_norm_fold(interpreted, launch):
 
     norm_weight = (1 + 0.2 * torch.randn(256, generator=gen)).bfloat16()
     w = (torch.randn(48, 256, generator=gen) / 16).bfloat16()
-    got = skinny_linear(summed, w, launch=launch,
-                        norm=RowNorm(norm_weight, 1e-6, sumsq))
+    got = skinny_linear(summed, w, launch=launch, norm=RowNorm(norm_weight, 1e-6, sumsq))
     normed = rms_norm_reference(summed, norm_weight, 1e-6).double()
     # each normalised x may sit a rounding step (two where the interpreter truncates) off
     bound = 2 * step * (normed.abs() @ w.double().abs().T) + step * (normed @ w.double().T).abs()
@@ -300,5 +318,6 @@ def test_norm_and_residual_checks():
         skinny_linear(x, w, residual=torch.zeros(4, 31).bfloat16())
     gate_up = torch.zeros(4, 128).bfloat16()
     with pytest.raises(KernelInputError, match="gated call takes no norm"):
-        skinny_linear(gate_up, w, gated=True,
-                      norm=RowNorm(torch.ones(64).bfloat16(), 1e-6, torch.zeros(1, 4)))
+        skinny_linear(
+            gate_up, w, gated=True, norm=RowNorm(torch.ones(64).bfloat16(), 1e-6, torch.zeros(1, 4))
+        )

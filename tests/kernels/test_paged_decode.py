@@ -39,8 +39,12 @@ def loop_attention(q, k, v, tables, num_tokens, pages_read):
     for b in range(batch):
         for h in range(hq):
             g = h // (hq // hkv)
-            pos = [p * page_size + o for p in sorted(pages_read(b, g)) for o in range(page_size)
-                   if p * page_size + o < int(num_tokens[b])]
+            pos = [
+                p * page_size + o
+                for p in sorted(pages_read(b, g))
+                for o in range(page_size)
+                if p * page_size + o < int(num_tokens[b])
+            ]
             if not pos:
                 continue
             keys = np.stack([k[tables[b, p // page_size], g, p % page_size] for p in pos])
@@ -51,13 +55,22 @@ def loop_attention(q, k, v, tables, num_tokens, pages_read):
     return out
 
 
-@pytest.mark.parametrize("splits,per_block,prefetch", [
-    (1, 1, False), (3, 2, False), (8, 1, False), (None, None, False), (1, 1, True),
-    (3, 2, True)])
+@pytest.mark.parametrize(
+    "splits,per_block,prefetch",
+    [(1, 1, False), (3, 2, False), (8, 1, False), (None, None, False), (1, 1, True), (3, 2, True)],
+)
 def test_dense_equals_a_plain_loop(interpreted, splits, per_block, prefetch):
     q, k, v, tables, num_tokens = make_inputs(seed=splits or 0)
-    out = paged_decode_attention(q, k, v, tables, num_tokens, num_splits=splits,
-                                 pages_per_block=per_block, prefetch_ids=prefetch)
+    out = paged_decode_attention(
+        q,
+        k,
+        v,
+        tables,
+        num_tokens,
+        num_splits=splits,
+        pages_per_block=per_block,
+        prefetch_ids=prefetch,
+    )
     want = loop_attention(q, k, v, tables, num_tokens, lambda b, g: range(tables.shape[1]))
     np.testing.assert_allclose(out.double().numpy(), want, atol=1e-5)
     assert not out[2].any()  # the empty row is zero, not NaN
@@ -67,18 +80,38 @@ def test_dense_equals_a_plain_loop(interpreted, splits, per_block, prefetch):
 
 def test_sparse_reads_only_the_listed_pages(interpreted):
     q, k, v, tables, num_tokens = make_inputs(seed=5)
-    lists = torch.tensor([[[6, 0, 3, 1, 0], [2, 5, 0, 0, 0]],
-                          [[0, 4, 4, 4, 4], [0, 0, 0, 0, 0]],
-                          [[0, 1, 0, 0, 0], [0, 0, 0, 0, 0]]], dtype=torch.int32)
+    lists = torch.tensor(
+        [
+            [[6, 0, 3, 1, 0], [2, 5, 0, 0, 0]],
+            [[0, 4, 4, 4, 4], [0, 0, 0, 0, 0]],
+            [[0, 1, 0, 0, 0], [0, 0, 0, 0, 0]],
+        ],
+        dtype=torch.int32,
+    )
     counts = torch.tensor([[4, 2], [1, 1], [2, 0]], dtype=torch.int32)
-    read = lambda b, g: lists[b, g, :counts[b, g]].tolist()
+    read = lambda b, g: lists[b, g, : counts[b, g]].tolist()
     # prefetched page ids (loaded a block ahead) must read exactly the same pages
-    for splits, per_block, prefetch in ((1, 1, False), (2, 1, False), (None, 1, False),
-                                        (1, 1, True), (2, 1, True), (2, 2, True),
-                                        (3, 1, True)):
-        out = sparse_paged_decode_attention(q, k, v, tables, num_tokens, lists, counts,
-                                            num_splits=splits, pages_per_block=per_block,
-                                            prefetch_ids=prefetch)
+    for splits, per_block, prefetch in (
+        (1, 1, False),
+        (2, 1, False),
+        (None, 1, False),
+        (1, 1, True),
+        (2, 1, True),
+        (2, 2, True),
+        (3, 1, True),
+    ):
+        out = sparse_paged_decode_attention(
+            q,
+            k,
+            v,
+            tables,
+            num_tokens,
+            lists,
+            counts,
+            num_splits=splits,
+            pages_per_block=per_block,
+            prefetch_ids=prefetch,
+        )
         want = loop_attention(q, k, v, tables, num_tokens, read)
         np.testing.assert_allclose(out.double().numpy(), want, atol=1e-5)
     mask = torch.zeros(2, 2, tables.shape[1], dtype=torch.bool)
@@ -116,14 +149,13 @@ def split_inputs(seed, group, dtype, hkv=2, dim=24, page_size=4, pages=40, width
 @pytest.mark.parametrize("splits", [1, 2, 3, 5])
 @pytest.mark.parametrize("group", [1, 3])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_splits_and_their_combine_equal_the_reference(interpreted, bf16_dot, sparse, splits,
-                                                      group, dtype, tol):
-    q, k, v, tables, num_tokens, lists, counts = split_inputs(splits * 10 + group, group,
-                                                              dtype)
+def test_splits_and_their_combine_equal_the_reference(
+    interpreted, bf16_dot, sparse, splits, group, dtype, tol
+):
+    q, k, v, tables, num_tokens, lists, counts = split_inputs(splits * 10 + group, group, dtype)
     launch = dict(num_splits=splits, pages_per_block=1)
     if sparse:
-        out = sparse_paged_decode_attention(q, k, v, tables, num_tokens, lists, counts,
-                                            **launch)
+        out = sparse_paged_decode_attention(q, k, v, tables, num_tokens, lists, counts, **launch)
         want = sparse_paged_decode_reference(q, k, v, tables, num_tokens, lists, counts)
     else:
         out = paged_decode_attention(q, k, v, tables, num_tokens, **launch)
@@ -147,8 +179,7 @@ def test_combine_splits_equals_softmax_over_all_keys(interpreted):
             continue
         lses.append(torch.logsumexp(s, -1) / math.log(2))
         outs.append(torch.einsum("bhk,bhkd->bhd", torch.softmax(s, -1), vv))
-    out = combine_splits(torch.stack(outs, 2).float(), torch.stack(lses, 2).float(),
-                         torch.float32)
+    out = combine_splits(torch.stack(outs, 2).float(), torch.stack(lses, 2).float(), torch.float32)
     want = torch.einsum("bhk,bhkd->bhd", torch.softmax(scores, -1), values)
     np.testing.assert_allclose(out.numpy(), want.numpy(), atol=1e-5)
 
@@ -164,6 +195,12 @@ def test_launchers_name_what_is_wrong():
     with pytest.raises(KernelInputError, match="page_tables must hold integers"):
         paged_decode_attention(q, k, v, tables.float(), num_tokens)
     with pytest.raises(KernelInputError, match="page_counts must be"):
-        sparse_paged_decode_attention(q, k, v, tables, num_tokens,
-                                      torch.zeros(3, 2, 4, dtype=torch.int32),
-                                      torch.zeros(3, dtype=torch.int32))
+        sparse_paged_decode_attention(
+            q,
+            k,
+            v,
+            tables,
+            num_tokens,
+            torch.zeros(3, 2, 4, dtype=torch.int32),
+            torch.zeros(3, dtype=torch.int32),
+        )

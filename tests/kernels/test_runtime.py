@@ -21,10 +21,18 @@ from sparrow.kernels.runtime import (
 )
 
 
-@pytest.mark.parametrize("setting, families", [
-    ("", set()), ("0", set()), ("none", set()), ("1", set(PDL_FAMILIES)),
-    ("all", set(PDL_FAMILIES)), ("linear", {"linear"}),
-    (" Attention , linear ", {"attention", "linear"})])
+@pytest.mark.parametrize(
+    "setting, families",
+    [
+        ("", set()),
+        ("0", set()),
+        ("none", set()),
+        ("1", set(PDL_FAMILIES)),
+        ("all", set(PDL_FAMILIES)),
+        ("linear", {"linear"}),
+        (" Attention , linear ", {"attention", "linear"}),
+    ],
+)
 def test_pdl_setting_names_kernel_families(setting, families):
     assert pdl_families(setting) == families
 
@@ -43,8 +51,9 @@ def test_the_defaults_are_every_family_the_skinny_kernel_and_folded_norms():
 
 
 def test_kernel_options_and_programmatic_launch_scope_the_options():
-    chosen = KernelOptions(programmatic_launch=frozenset({"attention"}), skinny_linear=False,
-                           fold_norms=False)
+    chosen = KernelOptions(
+        programmatic_launch=frozenset({"attention"}), skinny_linear=False, fold_norms=False
+    )
     with kernel_options(chosen):
         assert current_options() is chosen
         with programmatic_launch("linear"):
@@ -72,8 +81,11 @@ def test_the_environment_switches_nothing():
     """The switches once read from SPARROW_PDL, SPARROW_SKINNY_LINEAR and SPARROW_FOLD_NORMS
     at import time are options now (EngineConfig): those variables change no default."""
     env = dict(os.environ, SPARROW_PDL="0", SPARROW_SKINNY_LINEAR="0", SPARROW_FOLD_NORMS="0")
-    code = ("from sparrow.kernels import runtime; o = runtime.current_options(); "
-            "print(','.join(sorted(o.programmatic_launch)), o.skinny_linear, o.fold_norms)")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                         text=True, check=True).stdout.strip()
+    code = (
+        "from sparrow.kernels import runtime; o = runtime.current_options(); "
+        "print(','.join(sorted(o.programmatic_launch)), o.skinny_linear, o.fold_norms)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert out == f"{','.join(sorted(PDL_FAMILIES))} True True"

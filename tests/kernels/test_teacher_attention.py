@@ -58,8 +58,9 @@ def test_pack_and_unpack_are_inverse_and_put_page_p_at_bit_p_mod_32():
     assert not unpack_page_bits(bits, 96)[..., 70:].any()
 
 
-@pytest.mark.parametrize("levels,first,prompt_len", [(None, 0, 9), (3, 0, 9), (None, 40, 50),
-                                                     (2, 17, 0), (None, 0, 200)])
+@pytest.mark.parametrize(
+    "levels,first,prompt_len", [(None, 0, 9), (3, 0, 9), (None, 40, 50), (2, 17, 0), (None, 0, 200)]
+)
 def test_selection_bits_equal_the_decode_rule(interpreted, levels, first, prompt_len):
     """Ties (few score levels), -0.0, rows before, across and after the prompt's end, k of 0
     and k above the eligible pages, bins changing inside the chunk."""
@@ -76,8 +77,9 @@ def test_selection_bits_equal_the_decode_rule(interpreted, levels, first, prompt
     got = unpack_page_bits(bits, 64)
     for r in range(rows):
         for h in range(heads):
-            want = loop_selection(scores[r, h], first + r, prompt_len, int(topk[r]), page_size,
-                                  bos, eos)
+            want = loop_selection(
+                scores[r, h], first + r, prompt_len, int(topk[r]), page_size, bos, eos
+            )
             assert set(torch.nonzero(got[r, h]).flatten().tolist()) == want, (r, h)
     position = torch.arange(first, first + rows)
     decode = select_from_scores(scores, position // page_size + 1, topk, bos, eos)
@@ -128,23 +130,36 @@ def test_attention_equals_a_plain_loop_and_the_reference(interpreted, bf16_dot, 
     lens, heads, kv_heads, dim, page_size, density, block_m, block_n, dtype = case
     gen = torch.Generator().manual_seed(len(lens) + heads)
     total = sum(lens)
-    q, k, v = (torch.randn(total, h, dim, generator=gen).to(dtype)
-               for h in (heads, kv_heads, kv_heads))
+    q, k, v = (
+        torch.randn(total, h, dim, generator=gen).to(dtype) for h in (heads, kv_heads, kv_heads)
+    )
     words = -(-(-(-max(lens) // page_size)) // 32)
     bits = random_bits(gen, lens, kv_heads, page_size, words, density)
     starts = torch.tensor(np.cumsum((0,) + lens[:-1]), dtype=torch.int32)
     seq_lens = torch.tensor(lens, dtype=torch.int32)
     out = torch.full_like(q, float("nan"))  # poisoned: every row of every sequence written
-    teacher_sparse_attention(q, k, v, bits, starts, seq_lens, page_size, block_m=block_m,
-                             block_n=block_n, out=out)
+    teacher_sparse_attention(
+        q, k, v, bits, starts, seq_lens, page_size, block_m=block_m, block_n=block_n, out=out
+    )
     want = loop_attention(q, k, v, bits, starts.tolist(), lens, page_size)
     atol = 1e-5 if dtype == torch.float32 else 2e-2
     np.testing.assert_allclose(out.double().numpy(), want, atol=atol)
-    reference = teacher_attention_reference(q, k, v, bits, starts, seq_lens, page_size,
-                                            query_chunk=7)
+    reference = teacher_attention_reference(
+        q, k, v, bits, starts, seq_lens, page_size, query_chunk=7
+    )
     torch.testing.assert_close(out.float(), reference.float(), atol=atol, rtol=0)
-    skipped = teacher_sparse_attention(q, k, v, bits, starts, seq_lens, page_size,
-                                       block_m=block_m, block_n=block_n, skip_empty=True)
+    skipped = teacher_sparse_attention(
+        q,
+        k,
+        v,
+        bits,
+        starts,
+        seq_lens,
+        page_size,
+        block_m=block_m,
+        block_n=block_n,
+        skip_empty=True,
+    )
     torch.testing.assert_close(skipped, out, atol=atol, rtol=0)
     if density < 1.0:  # the masks do matter here
         dense = pack_page_bits(torch.ones(total, kv_heads, words * 32, dtype=torch.bool), words)
@@ -159,22 +174,32 @@ def test_attention_equals_the_decode_kernel_on_each_positions_pages(interpreted)
     length, heads, kv_heads, dim, page_size = 61, 4, 2, 16, 4
     q, k, v = (torch.randn(length, h, dim, generator=gen) for h in (heads, kv_heads, kv_heads))
     bits = random_bits(gen, [length], kv_heads, page_size, 1, 0.4)
-    got = teacher_sparse_attention(q, k, v, bits, torch.tensor([0]), torch.tensor([length]),
-                                   page_size, block_m=16, block_n=16)
+    got = teacher_sparse_attention(
+        q, k, v, bits, torch.tensor([0]), torch.tensor([length]), page_size, block_m=16, block_n=16
+    )
     pages = -(-length // page_size)
     padded = torch.zeros(pages * page_size, kv_heads, dim)
     k_pages = padded.clone().index_copy_(0, torch.arange(length), k)
     v_pages = padded.clone().index_copy_(0, torch.arange(length), v)
     # the cache's head-major layout [P, Hkv, page_size, D]
-    k_pages, v_pages = (t.view(pages, page_size, kv_heads, dim).transpose(1, 2).contiguous()
-                        for t in (k_pages, v_pages))
+    k_pages, v_pages = (
+        t.view(pages, page_size, kv_heads, dim).transpose(1, 2).contiguous()
+        for t in (k_pages, v_pages)
+    )
     mask = unpack_page_bits(bits, pages)  # [T, Hkv, P]
     order = torch.sort((~mask).to(torch.int8), dim=-1, stable=True).indices.to(torch.int32)
     counts = mask.sum(-1, dtype=torch.int32)
     tables = torch.arange(pages, dtype=torch.int32).expand(length, pages).contiguous()
-    want = sparse_paged_decode_attention(q, k_pages, v_pages, tables,
-                                         torch.arange(1, length + 1, dtype=torch.int32),
-                                         order.contiguous(), counts, num_splits=2)
+    want = sparse_paged_decode_attention(
+        q,
+        k_pages,
+        v_pages,
+        tables,
+        torch.arange(1, length + 1, dtype=torch.int32),
+        order.contiguous(),
+        counts,
+        num_splits=2,
+    )
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
 
 

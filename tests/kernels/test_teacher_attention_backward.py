@@ -27,8 +27,9 @@ from .test_teacher_attention import random_bits
 def inputs(lens, heads, kv_heads, dim, page_size, density, dtype, seed):
     gen = torch.Generator().manual_seed(seed)
     total = sum(lens)
-    q, k, v = (torch.randn(total, h, dim, generator=gen).to(dtype)
-               for h in (heads, kv_heads, kv_heads))
+    q, k, v = (
+        torch.randn(total, h, dim, generator=gen).to(dtype) for h in (heads, kv_heads, kv_heads)
+    )
     words = -(-(-(-max(lens) // page_size)) // 32)
     bits = random_bits(gen, lens, kv_heads, page_size, words, density)
     starts = torch.tensor(np.cumsum((0,) + tuple(lens[:-1])), dtype=torch.int32)
@@ -49,26 +50,48 @@ CASES = [  # lengths, Hq, Hkv, D, page_size, density, block_m, block_n, dtype
 @pytest.mark.parametrize("case", CASES)
 def test_gradients_equal_the_reference_gradient(interpreted, bf16_dot, case):
     lens, heads, kv_heads, dim, page_size, density, block_m, block_n, dtype = case
-    q, k, v, bits, starts, seq_lens, grad_out = inputs(lens, heads, kv_heads, dim, page_size,
-                                                       density, dtype, len(lens) + heads)
+    q, k, v, bits, starts, seq_lens, grad_out = inputs(
+        lens, heads, kv_heads, dim, page_size, density, dtype, len(lens) + heads
+    )
     lse = torch.full(q.shape[:2], float("nan"))  # poisoned: every row of a sequence written
-    out = teacher_sparse_attention(q, k, v, bits, starts, seq_lens, page_size, block_m=block_m,
-                                   block_n=block_n, lse=lse)
-    got = teacher_attention_backward(q, k, v, bits, starts, seq_lens, page_size, out, lse,
-                                     grad_out, block_m=block_m, block_n=block_n)
-    want = teacher_attention_reference_grad(q.float(), k.float(), v.float(), bits, starts,
-                                            seq_lens, page_size, grad_out.float())
+    out = teacher_sparse_attention(
+        q, k, v, bits, starts, seq_lens, page_size, block_m=block_m, block_n=block_n, lse=lse
+    )
+    got = teacher_attention_backward(
+        q,
+        k,
+        v,
+        bits,
+        starts,
+        seq_lens,
+        page_size,
+        out,
+        lse,
+        grad_out,
+        block_m=block_m,
+        block_n=block_n,
+    )
+    want = teacher_attention_reference_grad(
+        q.float(), k.float(), v.float(), bits, starts, seq_lens, page_size, grad_out.float()
+    )
     tol = 1e-4 if dtype == torch.float32 else 5e-2
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
         assert g.dtype == dtype and g.shape == w.shape, name
         scale = float(w.abs().max())
-        torch.testing.assert_close(g.float(), w, atol=tol * max(scale, 1.0), rtol=0,
-                                   msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(
+            g.float(),
+            w,
+            atol=tol * max(scale, 1.0),
+            rtol=0,
+            msg=lambda m, name=name: f"{name}: {m}",
+        )
     if density < 1.0:  # the masks matter: the dense gradient is another one
-        dense = pack_page_bits(torch.ones(q.shape[0], kv_heads, bits.shape[2] * 32,
-                                          dtype=torch.bool), bits.shape[2])
-        other = teacher_attention_reference_grad(q.float(), k.float(), v.float(), dense, starts,
-                                                 seq_lens, page_size, grad_out.float())
+        dense = pack_page_bits(
+            torch.ones(q.shape[0], kv_heads, bits.shape[2] * 32, dtype=torch.bool), bits.shape[2]
+        )
+        other = teacher_attention_reference_grad(
+            q.float(), k.float(), v.float(), dense, starts, seq_lens, page_size, grad_out.float()
+        )
         assert (other[1] - got[1].float()).abs().max() > 1e-2
 
 
@@ -86,13 +109,14 @@ def test_stored_lse_is_the_reference_log2_sum_exp2(interpreted):
 
 def test_autograd_function_matches_the_reference_and_leaves_padding_rows_at_zero(interpreted):
     """Rows after the last sequence (a packing's padding) get no gradient."""
-    q, k, v, bits, starts, seq_lens, grad_out = inputs((23, 41), 6, 2, 16, 4, 0.3,
-                                                       torch.float32, 9)
+    q, k, v, bits, starts, seq_lens, grad_out = inputs((23, 41), 6, 2, 16, 4, 0.3, torch.float32, 9)
     pad = 5
-    q, k, v, grad_out = (torch.cat([t, torch.randn(pad, *t.shape[1:])]) for t in
-                         (q, k, v, grad_out))
-    bits = torch.cat([bits, torch.zeros(bits.shape[0], pad, bits.shape[2], dtype=torch.int32)],
-                     dim=1)
+    q, k, v, grad_out = (
+        torch.cat([t, torch.randn(pad, *t.shape[1:])]) for t in (q, k, v, grad_out)
+    )
+    bits = torch.cat(
+        [bits, torch.zeros(bits.shape[0], pad, bits.shape[2], dtype=torch.int32)], dim=1
+    )
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     out = teacher_sparse_attention_trainable(*leaves, bits, starts, seq_lens, 4)
     out.backward(grad_out)
@@ -116,22 +140,28 @@ def test_reference_gradient_of_a_row_reading_nothing_is_zero():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("launch", [{}, {"block_m": 32, "block_n": 64},
-                                    {"block_m": 128, "block_n": 32}])
+@pytest.mark.parametrize(
+    "launch", [{}, {"block_m": 32, "block_n": 64}, {"block_m": 128, "block_n": 32}]
+)
 def test_gradients_equal_the_reference_on_cuda_at_model_heads(dtype, launch):
     """Compiled kernels, Qwen3-1.7B heads (16 q, 8 kv, dim 128), pages of 16, a sequence of
     several bit words, a short one, one of a single position."""
     assert torch.cuda.is_available(), "a gpu test: run it where CUDA is (pytest -m gpu)"
     cuda = torch.device("cuda")
     q, k, v, bits, starts, seq_lens, grad_out = (
-        t.to(cuda) for t in inputs((3000, 700, 1), 16, 8, 128, 16, 0.15, dtype, 7))
+        t.to(cuda) for t in inputs((3000, 700, 1), 16, 8, 128, 16, 0.15, dtype, 7)
+    )
     lse = torch.full(q.shape[:2], float("nan"), device=cuda)
     out = teacher_sparse_attention(q, k, v, bits, starts, seq_lens, 16, lse=lse)
-    got = teacher_attention_backward(q, k, v, bits, starts, seq_lens, 16, out, lse, grad_out,
-                                     **launch)
-    want = teacher_attention_reference_grad(q.float(), k.float(), v.float(), bits, starts,
-                                            seq_lens, 16, grad_out.float())
+    got = teacher_attention_backward(
+        q, k, v, bits, starts, seq_lens, 16, out, lse, grad_out, **launch
+    )
+    want = teacher_attention_reference_grad(
+        q.float(), k.float(), v.float(), bits, starts, seq_lens, 16, grad_out.float()
+    )
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
         error = float((g.float() - w).norm() / w.norm())
-        assert torch.isfinite(g).all() and error < (1e-4 if dtype == torch.float32 else 2e-2), \
-            (name, error)
+        assert torch.isfinite(g).all() and error < (1e-4 if dtype == torch.float32 else 2e-2), (
+            name,
+            error,
+        )

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from sparrow.mismatch import acceptance as mismatch
 from sparrow.errors import SparrowError
+from sparrow.mismatch import acceptance as mismatch
 from sparrow.mismatch.acceptance import (
     MismatchError,
     acceptance_from_logits,
@@ -66,7 +66,9 @@ def test_identical_is_exactly_one_and_disjoint_is_zero():
     masked[:, :3] = 0.0
     other = masked.flip(-1)  # mass on the other three ids
     # 1 - TV is exact at 1; at 0 it carries the fp32 rounding of sum(p)
-    torch.testing.assert_close(acceptance_from_logits(masked, other), torch.zeros(2), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        acceptance_from_logits(masked, other), torch.zeros(2), atol=1e-6, rtol=0
+    )
 
 
 def test_logprobs_are_renormalised():
@@ -188,7 +190,9 @@ def test_bin_index_matches_loop_for_every_input_kind():
 
 
 def test_bin_index_errors():
-    with pytest.raises(MismatchError, match=r"position must be >= 0: 2 bad rows, first at row 1: -3"):
+    with pytest.raises(
+        MismatchError, match=r"position must be >= 0: 2 bad rows, first at row 1: -3"
+    ):
         bin_index(np.array([5, -3, -1]))
     with pytest.raises(MismatchError, match="position must be >= 0"):
         bin_index(torch.tensor([5, -3]))

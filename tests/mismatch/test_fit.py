@@ -14,7 +14,9 @@ from sparrow.mismatch.acceptance import BetaFit, MismatchError, fit_beta_tail
 def _standard_errors(a: float, b: float, n: int) -> tuple[float, float]:
     """Asymptotic MLE standard errors of (a, b) from the Beta Fisher information."""
     both = special.polygamma(1, a + b)
-    info = np.array([[special.polygamma(1, a) - both, -both], [-both, special.polygamma(1, b) - both]])
+    info = np.array(
+        [[special.polygamma(1, a) - both, -both], [-both, special.polygamma(1, b) - both]]
+    )
     cov = np.linalg.inv(info) / n
     return math.sqrt(cov[0, 0]), math.sqrt(cov[1, 1])
 
@@ -85,12 +87,16 @@ def test_too_small_or_degenerate_tail_is_nan_with_its_count():
     none = fit_beta_tail(np.ones(10))
     assert none.n == 0 and math.isnan(none.ks)
     # exact zeros (disjoint supports) are clipped, not fatal
-    zeros = fit_beta_tail(np.concatenate([np.zeros(10), np.random.default_rng(7).random(100) * 0.9]))
+    zeros = fit_beta_tail(
+        np.concatenate([np.zeros(10), np.random.default_rng(7).random(100) * 0.9])
+    )
     assert zeros.fitted and zeros.n == 110
 
 
 def test_errors_and_invariants():
-    with pytest.raises(MismatchError, match=r"acceptance must be in \[0, 1\].*first at row 1: 1\.2"):
+    with pytest.raises(
+        MismatchError, match=r"acceptance must be in \[0, 1\].*first at row 1: 1\.2"
+    ):
         fit_beta_tail(np.array([0.5, 1.2]))
     with pytest.raises(MismatchError, match="threshold"):
         fit_beta_tail(np.array([0.5]), threshold=0.0)

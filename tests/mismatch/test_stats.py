@@ -46,17 +46,24 @@ def test_per_bin_values_match_numpy_on_masks():
         assert s.tail_n == int((values < 0.999).sum())
         assert s.p5 == pytest.approx(_linear_percentile(values, 5), abs=1e-12)
         for name, q in (("p1", 1), ("p5", 5), ("p10", 10), ("p50", 50)):
-            assert getattr(s, name) == pytest.approx(np.percentile(values, q, method="linear"), abs=1e-12)
+            assert getattr(s, name) == pytest.approx(
+                np.percentile(values, q, method="linear"), abs=1e-12
+            )
         fit = fit_beta_tail(values)
         assert (s.beta_a, s.beta_b, s.beta_var, s.ks) == (fit.a, fit.b, fit.var, fit.ks)
 
 
 def test_empty_bins_are_skipped_and_num_bins_clamps():
     rng = np.random.default_rng(1)
-    positions = np.concatenate([rng.integers(0, 2000, 50), rng.integers(6000, 7000, 40), [50000, 90000]])
+    positions = np.concatenate(
+        [rng.integers(0, 2000, 50), rng.integers(6000, 7000, 40), [50000, 90000]]
+    )
     acceptance = rng.random(positions.size)
     assert [(s.bin, s.n) for s in bin_statistics(positions, acceptance)] == [
-        (0, 50), (3, 40), (25, 1), (45, 1)
+        (0, 50),
+        (3, 40),
+        (25, 1),
+        (45, 1),
     ]
     clamped = bin_statistics(positions, acceptance, num_bins=4)
     assert [(s.bin, s.n) for s in clamped] == [(0, 50), (3, 42)]
@@ -88,7 +95,9 @@ def test_bad_acceptance_names_count_first_row_and_value():
     acceptance = np.array([0.5, 0.9, 1.5, np.nan, 0.2, -0.1])
     with pytest.raises(MismatchError, match=r"acceptance .*3 bad rows, first at row 2: 1\.5"):
         bin_statistics(positions, acceptance)
-    with pytest.raises(MismatchError, match=r"positions has shape \(6,\) but acceptance has \(5,\)"):
+    with pytest.raises(
+        MismatchError, match=r"positions has shape \(6,\) but acceptance has \(5,\)"
+    ):
         bin_statistics(positions, acceptance[:5])
     with pytest.raises(MismatchError, match="position must be >= 0"):
         bin_statistics(np.array([0, -2]), np.array([0.5, 0.5]))
@@ -97,8 +106,20 @@ def test_bad_acceptance_names_count_first_row_and_value():
 def _stats(p5_by_bin: dict[int, float]) -> list[BinStats]:
     nan = float("nan")
     return [
-        BinStats(bin=b, n=100, mean=0.99, p1=p5 / 2, p5=p5, p10=p5, p50=1.0,
-                 beta_a=nan, beta_b=nan, beta_var=nan, ks=nan, tail_n=10)
+        BinStats(
+            bin=b,
+            n=100,
+            mean=0.99,
+            p1=p5 / 2,
+            p5=p5,
+            p10=p5,
+            p50=1.0,
+            beta_a=nan,
+            beta_b=nan,
+            beta_var=nan,
+            ks=nan,
+            tail_n=10,
+        )
         for b, p5 in p5_by_bin.items()
     ]
 
@@ -126,8 +147,20 @@ def test_bin_stats_checks_its_invariants():
     with pytest.raises(MismatchError, match="share_below_half in"):
         BinStats(**{**good.as_dict(), "share_below_half": 1.5})
     assert list(good.as_dict()) == [
-        "bin", "n", "mean", "p1", "p5", "p10", "p50", "beta_a", "beta_b", "beta_var", "ks", "tail_n",
-        "min", "share_below_half",
+        "bin",
+        "n",
+        "mean",
+        "p1",
+        "p5",
+        "p10",
+        "p50",
+        "beta_a",
+        "beta_b",
+        "beta_var",
+        "ks",
+        "tail_n",
+        "min",
+        "share_below_half",
     ]
     # rows built without the two newer statistics still validate (NaN: not computed)
     assert math.isnan(good.min) and math.isnan(good.share_below_half)

@@ -1,6 +1,6 @@
 """resolve_model_path: built-in names, the random stand-in, and local directories.
 
-    python -m pytest tests/model/test_builtin.py -q
+python -m pytest tests/model/test_builtin.py -q
 """
 
 from __future__ import annotations
@@ -72,7 +72,9 @@ def test_char_tokenizer_ids_follow_the_sorted_alphabet(no_shipped_model, tmp_pat
 
 
 def test_char_tokenizer_matches_the_training_script(tmp_path):
-    spec = importlib.util.spec_from_file_location("train_tiny", REPO / "scripts" / "train_tiny_model.py")
+    spec = importlib.util.spec_from_file_location(
+        "train_tiny", REPO / "scripts" / "train_tiny_model.py"
+    )
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     from sparrow.data.char_tokenizer import build_char_tokenizer

@@ -26,8 +26,9 @@ def _random_sequences(lengths, vocab, seed):
 def _packed_logits(model, sequences, offsets=None):
     offsets = offsets or [0] * len(sequences)
     ids = torch.cat(sequences)
-    positions = torch.cat([torch.arange(n) + o for n, o in
-                           zip((len(s) for s in sequences), offsets)])
+    positions = torch.cat(
+        [torch.arange(n) + o for n, o in zip((len(s) for s in sequences), offsets)]
+    )
     with torch.no_grad():
         hidden = model(ids, positions, causal_attention([len(s) for s in sequences]))
         return model.compute_logits(hidden)

@@ -17,9 +17,8 @@ import pytest
 import torch
 from torch import nn
 
-from sparrow.model import causal_attention, load_model
+from sparrow.model import causal_attention, load_model, stream
 from sparrow.model.builtin import resolve_model_path
-from sparrow.model import stream
 from sparrow.model.fusion import FusionError
 
 # builtin: the tiny Qwen3 (q/k norm, tied); qwen2: q/k/v bias, untied; llama: no q/k norm,
@@ -50,8 +49,7 @@ def token_ids(model, count=19, seed=0):
 
 
 def assert_same_logits(got, want, dtype=torch.float32):
-    torch.testing.assert_close(got, want, atol=TOLERANCE[dtype] * want.abs().max().item(),
-                               rtol=0)
+    torch.testing.assert_close(got, want, atol=TOLERANCE[dtype] * want.abs().max().item(), rtol=0)
 
 
 def logits(model, ids, lens=None):
@@ -93,8 +91,7 @@ def assert_runs_fused(model, monkeypatch):
     calls = LinearCalls(monkeypatch)
     device = model.output_embedding().device
     with torch.no_grad():
-        model(token_ids(model, 3).to(device), torch.arange(3, device=device),
-              causal_attention([3]))
+        model(token_ids(model, 3).to(device), torch.arange(3, device=device), causal_attention([3]))
     monkeypatch.undo()
     qkv = (arch.num_q_heads + 2 * arch.num_kv_heads) * arch.head_dim
     per_layer = [qkv, arch.hidden_size, 2 * arch.intermediate_size, arch.hidden_size]
@@ -270,16 +267,19 @@ def test_decode_kernels_in_bfloat16(request, monkeypatch):
     want = logits(exact, ids)
     torch_error = (logits(fused, ids) - want).abs().max()
     launches = []
-    monkeypatch.setattr(linear, "_skinny_linear_kernel", Recording(
-        linear._skinny_linear_kernel, launches, ("NORM", "RESIDUAL", "GATED")))
-    monkeypatch.setattr(rms_norm, "_rms_norm_kernel", Recording(
-        rms_norm._rms_norm_kernel, launches, ("HAS_RES",)))
+    monkeypatch.setattr(
+        linear,
+        "_skinny_linear_kernel",
+        Recording(linear._skinny_linear_kernel, launches, ("NORM", "RESIDUAL", "GATED")),
+    )
+    monkeypatch.setattr(
+        rms_norm, "_rms_norm_kernel", Recording(rms_norm._rms_norm_kernel, launches, ("HAS_RES",))
+    )
     with cpu_interpreter():
         got = logits(fused, ids)
     assert (got - want).abs().max() <= 3 * torch_error
     # (NORM, RESIDUAL, GATED) per skinny launch, (HAS_RES,) per norm launch
-    layer = [(True, False, False), (False, True, False), (True, False, False),
-             (False, True, True)]
+    layer = [(True, False, False), (False, True, False), (True, False, False), (False, True, True)]
     first = [(False,), (False, False, False)] + layer[1:]
     expected = first + layer * (fused.arch.num_layers - 1) + [(False,), (False, False, False)]
     assert launches == (expected if HAS_TRITON else [])  # no triton: all in PyTorch
@@ -295,6 +295,7 @@ class Recording:
         def launch(*args, **kwargs):
             self.launches.append(tuple(kwargs[flag] for flag in self.flags))
             return self.kernel[grid](*args, **kwargs)
+
         return launch
 
 
@@ -309,8 +310,9 @@ def test_engine_generates_the_same_samples_fused(request):
     for want, got in zip(*results):
         for a, b in zip(want, got):
             assert list(a.output_ids) == list(b.output_ids)
-            torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs),
-                                       atol=2e-4, rtol=0)
+            torch.testing.assert_close(
+                torch.tensor(b.logprobs), torch.tensor(a.logprobs), atol=2e-4, rtol=0
+            )
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -345,5 +347,6 @@ def test_cuda_engine_generates_the_same_samples_fused(request):
     results = [Engine(m, config=config).generate(prompts, params) for m in models]
     for [want], [got] in zip(*results):
         assert list(got.output_ids) == list(want.output_ids)
-        torch.testing.assert_close(torch.tensor(got.logprobs), torch.tensor(want.logprobs),
-                                   atol=2e-4, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(got.logprobs), torch.tensor(want.logprobs), atol=2e-4, rtol=0
+        )

@@ -28,13 +28,18 @@ def test_cuda_logits_match_transformers(any_checkpoint, dtype, atol):
 
     model = load_model(any_checkpoint, dtype=dtype, device="cuda")
     assert model.output_embedding().is_cuda
-    reference = AutoModelForCausalLM.from_pretrained(
-        any_checkpoint, attn_implementation="eager", dtype=dtype).to("cuda").eval()
+    reference = (
+        AutoModelForCausalLM.from_pretrained(
+            any_checkpoint, attn_implementation="eager", dtype=dtype
+        )
+        .to("cuda")
+        .eval()
+    )
     generator = torch.Generator().manual_seed(0)
-    sequences = [torch.randint(0, model.arch.vocab_size, (n,), generator=generator)
-                 for n in (9, 4, 30)]
+    sequences = [
+        torch.randint(0, model.arch.vocab_size, (n,), generator=generator) for n in (9, 4, 30)
+    ]
     ours = _packed(model, sequences)
     with torch.no_grad():
-        theirs = torch.cat([reference(s[None].cuda()).logits[0].float().cpu()
-                            for s in sequences])
+        theirs = torch.cat([reference(s[None].cuda()).logits[0].float().cpu() for s in sequences])
     torch.testing.assert_close(ours, theirs, atol=atol, rtol=0)

@@ -23,7 +23,9 @@ from sparrow.model.loader import INDEX_FILE, SafetensorsCheckpoint
 
 def _logits(model, ids):
     with torch.no_grad():
-        return model.compute_logits(model(ids, torch.arange(len(ids)), causal_attention([len(ids)])))
+        return model.compute_logits(
+            model(ids, torch.arange(len(ids)), causal_attention([len(ids)]))
+        )
 
 
 def test_sharded_checkpoint_loads_and_matches_transformers(qwen3_sharded_checkpoint):
@@ -33,7 +35,8 @@ def test_sharded_checkpoint_loads_and_matches_transformers(qwen3_sharded_checkpo
     assert len(set(index["weight_map"].values())) > 1
     model = load_model(qwen3_sharded_checkpoint)
     reference = AutoModelForCausalLM.from_pretrained(
-        qwen3_sharded_checkpoint, attn_implementation="eager", dtype=torch.float32).eval()
+        qwen3_sharded_checkpoint, attn_implementation="eager", dtype=torch.float32
+    ).eval()
     ids = torch.randint(0, model.arch.vocab_size, (11,), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         theirs = reference(ids[None]).logits[0]

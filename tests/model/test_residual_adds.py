@@ -36,8 +36,9 @@ def _adds_one_by_one(model, ids, positions, attention):
     x = model.model.embed_tokens(ids)
     cos, sin = model.rotary.cos_sin(positions, x.dtype)
     for layer in model.model.layers:
-        x = x + _output(layer.self_attn(layer.input_layernorm(x), cos, sin, attention,
-                                        residual=x), x)
+        x = x + _output(
+            layer.self_attn(layer.input_layernorm(x), cos, sin, attention, residual=x), x
+        )
         x = x + _output(layer.mlp(layer.post_attention_layernorm(x), residual=x), x)
     return model.model.norm(x)
 
@@ -75,10 +76,13 @@ def test_layer_returns_its_mlp_output_pending(qwen3_checkpoint):
         cos, sin = model.rotary.cos_sin(positions, x.dtype)
         stream = layer(Stream(x), cos, sin, attention)
         residual, delta = stream.x, stream.delta
-        after_attention = x + _output(layer.self_attn(layer.input_layernorm(x), cos, sin,
-                                                      attention, residual=x), x)
-        mlp_out = _output(layer.mlp(layer.post_attention_layernorm(after_attention),
-                                    residual=after_attention), after_attention)
+        after_attention = x + _output(
+            layer.self_attn(layer.input_layernorm(x), cos, sin, attention, residual=x), x
+        )
+        mlp_out = _output(
+            layer.mlp(layer.post_attention_layernorm(after_attention), residual=after_attention),
+            after_attention,
+        )
     # the attention's add is done, the MLP's is not: the caller's next norm adds delta
     assert torch.equal(residual, after_attention)
     assert torch.equal(delta, mlp_out)

@@ -44,11 +44,17 @@ def test_fallback_to_transformers_without_tokenizer_json(tmp_path):
     vocab.update(SPECIAL_TOKENS)
     (tmp_path / "vocab.json").write_text(json.dumps(vocab))
     (tmp_path / "merges.txt").write_text("#version: 0.2\n")
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "GPT2Tokenizer", "eos_token": "<|endoftext|>",
-        "unk_token": "<|endoftext|>"}))
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "GPT2Tokenizer",
+                "eos_token": "<|endoftext|>",
+                "unk_token": "<|endoftext|>",
+            }
+        )
+    )
     tokenizer = load_tokenizer(tmp_path)
-    assert tokenizer.encode("héllo") == list("héllo".encode("utf-8"))
+    assert tokenizer.encode("héllo") == list("héllo".encode())
     assert tokenizer.decode(tokenizer.encode("héllo")) == "héllo"
     assert tokenizer.eos_token_ids == (256,)
 

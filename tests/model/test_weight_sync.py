@@ -21,7 +21,9 @@ def _other_hf_model(path, seed):
 
 def _logits(model, ids):
     with torch.no_grad():
-        return model.compute_logits(model(ids, torch.arange(len(ids)), causal_attention([len(ids)])))
+        return model.compute_logits(
+            model(ids, torch.arange(len(ids)), causal_attention([len(ids)]))
+        )
 
 
 @pytest.mark.parametrize("fixture", ["qwen3_checkpoint", "llama_checkpoint"])
@@ -76,8 +78,9 @@ def test_missing_key_is_an_error_unless_not_strict(qwen3_checkpoint):
 def test_unexpected_key_is_an_error(qwen3_checkpoint):
     model = load_model(qwen3_checkpoint)
     with pytest.raises(WeightLoadError, match="model.layers.9.mlp.up_proj.weight"):
-        model.load_hf_state_dict({"model.layers.9.mlp.up_proj.weight": torch.zeros(1)},
-                                 strict=False)
+        model.load_hf_state_dict(
+            {"model.layers.9.mlp.up_proj.weight": torch.zeros(1)}, strict=False
+        )
 
 
 def test_untied_model_needs_its_lm_head(llama_checkpoint):

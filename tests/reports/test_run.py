@@ -13,7 +13,6 @@ import pytest
 
 from sparrow.config import load_config, to_yaml
 from sparrow.mismatch.fit import fit_beta_tail
-from sparrow.storage import RunLayout, Store
 from sparrow.reports.run import (
     HISTOGRAM_BINS,
     ReportError,
@@ -22,6 +21,7 @@ from sparrow.reports.run import (
     make_report,
     summarize,
 )
+from sparrow.storage import RunLayout, Store
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 STEPS = 6
@@ -47,43 +47,67 @@ def build_workdir(root, run_id="r1", target=0.86):
     lengths = 300.0 - 20.0 * np.arange(STEPS)
     config = to_yaml(load_config([f"schedule.target={target}", "algo.lr=2e-6"]))
     with Store.open_writer(root) as store, store.connect() as conn:
-        conn.execute("INSERT INTO runs (run_id, model_path, config_yaml, status, mlflow_run_id) "
-                     "VALUES (?, 'builtin:tiny', ?, 'finished', 'mlf123'), ('r0', NULL, NULL, "
-                     "'failed', NULL)", [run_id, config])
+        conn.execute(
+            "INSERT INTO runs (run_id, model_path, config_yaml, status, mlflow_run_id) "
+            "VALUES (?, 'builtin:tiny', ?, 'finished', 'mlf123'), ('r0', NULL, NULL, "
+            "'failed', NULL)",
+            [run_id, config],
+        )
         for step in range(STEPS):
             budgets = [4, 4, 6, 8 if step < 3 else 10]
             p5s = [_p5(step, b) for b in range(BINS)]
-            conn.executemany("INSERT INTO step_metrics VALUES (?, ?, ?, ?)", [
-                (run_id, step, "reward/mean", float(rewards[step])),
-                (run_id, step, "response/length_mean", float(lengths[step])),
-                (run_id, step, "mismatch/min_p5", min(p5s)),
-            ])
+            conn.executemany(
+                "INSERT INTO step_metrics VALUES (?, ?, ?, ?)",
+                [
+                    (run_id, step, "reward/mean", float(rewards[step])),
+                    (run_id, step, "response/length_mean", float(lengths[step])),
+                    (run_id, step, "mismatch/min_p5", min(p5s)),
+                ],
+            )
             conn.executemany(
                 "INSERT INTO bin_stats (run_id, step, bin, n, p5, pages_read, schedule_name, "
                 "schedule_version) VALUES (?, ?, ?, 100, ?, ?, 'tiny-0.86', ?)",
-                [(run_id, step, b, p5s[b], budgets[b], 0 if step < 3 else 1) for b in range(BINS)])
-            conn.executemany("INSERT INTO stage_runs (run_id, step, stage, duration_s) VALUES (?, ?, ?, ?)",
-                             [(run_id, step, "rollout", 2.0 + step), (run_id, step, "reward", 0.5)])
-        conn.execute("INSERT INTO threshold_events (run_id, step, bin, kind, p5, target) VALUES "
-                     "(?, 1, 3, 'below_target', ?, ?), (?, 2, 3, 'below_target', ?, ?)",
-                     [run_id, _p5(1, 3), target, run_id, _p5(2, 3), target])
-        conn.execute("INSERT INTO schedules (name, version, run_id, step, reason, topk_pages, target) "
-                     "VALUES ('tiny-0.86', 0, ?, 0, 'initial', [4, 4, 6, 8], ?), "
-                     "('tiny-0.86', 1, ?, 3, 'threshold event', [4, 4, 6, 10], ?)",
-                     [run_id, target, run_id, target])
+                [(run_id, step, b, p5s[b], budgets[b], 0 if step < 3 else 1) for b in range(BINS)],
+            )
+            conn.executemany(
+                "INSERT INTO stage_runs (run_id, step, stage, duration_s) VALUES (?, ?, ?, ?)",
+                [(run_id, step, "rollout", 2.0 + step), (run_id, step, "reward", 0.5)],
+            )
+        conn.execute(
+            "INSERT INTO threshold_events (run_id, step, bin, kind, p5, target) VALUES "
+            "(?, 1, 3, 'below_target', ?, ?), (?, 2, 3, 'below_target', ?, ?)",
+            [run_id, _p5(1, 3), target, run_id, _p5(2, 3), target],
+        )
+        conn.execute(
+            "INSERT INTO schedules (name, version, run_id, step, reason, topk_pages, target) "
+            "VALUES ('tiny-0.86', 0, ?, 0, 'initial', [4, 4, 6, 8], ?), "
+            "('tiny-0.86', 1, ?, 3, 'threshold event', [4, 4, 6, 10], ?)",
+            [run_id, target, run_id, target],
+        )
     layout = RunLayout(root, run_id)
     for step in TOKEN_STEPS:
         acceptance = _acceptance(step)
         path = layout.token_file(step)
         path.parent.mkdir(parents=True, exist_ok=True)
         n = acceptance.size
-        pq.write_table(pa.table({
-            "run_id": [run_id] * n, "step": np.full(n, step, np.int32),
-            "sample": np.arange(n, dtype=np.int32) // 500, "prompt": np.zeros(n, np.int32),
-            "position": np.arange(n, dtype=np.int32), "bin": (np.arange(n) // 1000).astype(np.int32),
-            "pages_read": np.full(n, 6, np.int32), "acceptance": acceptance,
-            "leftover_mass": np.zeros(n), "actor_logprob": np.zeros(n), "dense_logprob": np.zeros(n),
-        }), path)
+        pq.write_table(
+            pa.table(
+                {
+                    "run_id": [run_id] * n,
+                    "step": np.full(n, step, np.int32),
+                    "sample": np.arange(n, dtype=np.int32) // 500,
+                    "prompt": np.zeros(n, np.int32),
+                    "position": np.arange(n, dtype=np.int32),
+                    "bin": (np.arange(n) // 1000).astype(np.int32),
+                    "pages_read": np.full(n, 6, np.int32),
+                    "acceptance": acceptance,
+                    "leftover_mass": np.zeros(n),
+                    "actor_logprob": np.zeros(n),
+                    "dense_logprob": np.zeros(n),
+                }
+            ),
+            path,
+        )
     return {"rewards": rewards, "lengths": lengths}
 
 
@@ -104,8 +128,13 @@ def report(workdir, tmp_path_factory):
 def test_report_files_are_pngs_and_markdown(report):
     out, paths = report
     names = [p.name for p in paths]
-    assert names == ["p5_per_bin.png", "reward_length.png", f"acceptance_step{TOKEN_STEPS[-1]}.png",
-                     "summary.png", "summary.md"]
+    assert names == [
+        "p5_per_bin.png",
+        "reward_length.png",
+        f"acceptance_step{TOKEN_STEPS[-1]}.png",
+        "summary.png",
+        "summary.md",
+    ]
     for path in paths[:-1]:
         assert path.parent == out and path.read_bytes()[:8] == PNG_MAGIC
         from matplotlib.image import imread
@@ -130,11 +159,21 @@ def test_summary_numbers_equal_the_inserted_rows(workdir):
     assert summary["first_reward"] == inserted["rewards"][0]
     assert summary["final_length"] == inserted["lengths"][-1]
     assert summary["final_min_p5"] == pytest.approx(min(last_p5))
-    assert summary["worst_bin"] == {"step": last, "bin": int(np.argmin(last_p5)), "p5": pytest.approx(min(last_p5))}
-    assert summary["lowest_p5"] == {"step": int(low_step), "bin": int(low_bin), "p5": pytest.approx(all_p5.min())}
+    assert summary["worst_bin"] == {
+        "step": last,
+        "bin": int(np.argmin(last_p5)),
+        "p5": pytest.approx(min(last_p5)),
+    }
+    assert summary["lowest_p5"] == {
+        "step": int(low_step),
+        "bin": int(low_bin),
+        "p5": pytest.approx(all_p5.min()),
+    }
     assert summary["threshold_events"] == 2
-    assert summary["schedule_versions"] == [{"name": "tiny-0.86", "version": 0, "step": 0},
-                                            {"name": "tiny-0.86", "version": 1, "step": 3}]
+    assert summary["schedule_versions"] == [
+        {"name": "tiny-0.86", "version": 0, "step": 0},
+        {"name": "tiny-0.86", "version": 1, "step": 3},
+    ]
     assert summary["target"] == 0.86 and summary["mlflow_run_id"] == "mlf123"
     assert summary["highlights"]["algo.lr"] == pytest.approx(2e-6)
     stages = {r["stage"]: r for r in data.stages}
@@ -185,6 +224,11 @@ def test_step_without_tokens_lists_the_steps_that_have_them(workdir, tmp_path):
 def test_run_with_no_steps_still_reports(workdir, tmp_path):
     root, _ = workdir
     paths = make_report(root, "r0", tmp_path)
-    assert [p.name for p in paths] == ["p5_per_bin.png", "reward_length.png", "summary.png", "summary.md"]
+    assert [p.name for p in paths] == [
+        "p5_per_bin.png",
+        "reward_length.png",
+        "summary.png",
+        "summary.md",
+    ]
     text = paths[-1].read_text()
     assert "steps recorded: 0" in text and "status failed" in text

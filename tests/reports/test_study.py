@@ -12,14 +12,14 @@ import json
 import duckdb
 import pytest
 
-from sparrow.reports.study import write_study_report
-from sparrow.runtime.ledger.schedules import insert_schedule
 from sparrow.cli.main import main
 from sparrow.config import load_config, to_yaml
 from sparrow.config.study import StudyArm, StudyConfig, study_yaml
 from sparrow.control.calibration import model_shape
-from sparrow.costmodel.eflops import get_hardware, schedule_cost
+from sparrow.costmodel import get_hardware, schedule_cost
 from sparrow.model.builtin import resolve_model_path
+from sparrow.reports.study import write_study_report
+from sparrow.runtime.ledger.schedules import insert_schedule
 from sparrow.sparse import get_preset
 from sparrow.storage import Store
 
@@ -28,15 +28,24 @@ ARMS = {  # arm -> (overrides, rewards per step, p5 of bin 1 per step)
     "cheap": ([], [0.5, 0.4, 0.2, 0.1], [0.60, 0.55, 0.50, 0.45]),
     "ctl": (["schedule.target=0.9"], [0.5, 0.6, 0.7, 0.75], [0.88, 0.90, 0.86, 0.91]),
 }
-STUDY = StudyConfig(arms=[StudyArm(name, overrides) for name, (overrides, *_) in ARMS.items()],
-                    collapse_window=2, collapse_ratio=0.8)
+STUDY = StudyConfig(
+    arms=[StudyArm(name, overrides) for name, (overrides, *_) in ARMS.items()],
+    collapse_window=2,
+    collapse_ratio=0.8,
+)
 STATS = ("p1", "p5", "p10", "mean", "min", "share_below_half")
 
 
 def bin_row(p5: float) -> dict:
     """A bin's statistics built from its p5, so every column orders arms like p5 does."""
-    return {"p1": p5 - 0.05, "p5": p5, "p10": p5 + 0.005, "mean": 0.99, "min": p5 - 0.1,
-            "share_below_half": round(1 - p5, 3)}
+    return {
+        "p1": p5 - 0.05,
+        "p5": p5,
+        "p10": p5 + 0.005,
+        "mean": 0.99,
+        "min": p5 - 0.1,
+        "share_below_half": round(1 - p5, 3),
+    }
 
 
 def build(workdir, old_columns: bool = False) -> None:
@@ -46,25 +55,38 @@ def build(workdir, old_columns: bool = False) -> None:
         insert_schedule(conn, schedule, 1, "s-cheap", 0, "initial")
         for index, (arm, (overrides, rewards, p5s)) in enumerate(ARMS.items()):
             run_id, cfg = f"s-{arm}", load_config(overrides)
-            conn.execute("INSERT INTO study_arms (study_id, arm, arm_index, run_id, overrides, "
-                         "study_yaml) VALUES ('s', ?, ?, ?, ?, ?)",
-                         [arm, index, run_id, overrides, study_yaml(STUDY)])
-            conn.execute("INSERT INTO runs (run_id, model_path, config_yaml, status) VALUES "
-                         "(?, ?, ?, 'finished')", [run_id, str(tiny), to_yaml(cfg)])
+            conn.execute(
+                "INSERT INTO study_arms (study_id, arm, arm_index, run_id, overrides, "
+                "study_yaml) VALUES ('s', ?, ?, ?, ?, ?)",
+                [arm, index, run_id, overrides, study_yaml(STUDY)],
+            )
+            conn.execute(
+                "INSERT INTO runs (run_id, model_path, config_yaml, status) VALUES "
+                "(?, ?, ?, 'finished')",
+                [run_id, str(tiny), to_yaml(cfg)],
+            )
             for step, (reward, p5) in enumerate(zip(rewards, p5s), start=1):
-                metrics = {"reward/mean": reward, "time/rollout_generate_s": 2.0 + index,
-                           "rollout/prompt_tokens_mean": 40.0, "response/length_mean": 200.0,
-                           "rollout/samples": 16.0, "schedule/pages_read_mean": 10.0}
+                metrics = {
+                    "reward/mean": reward,
+                    "time/rollout_generate_s": 2.0 + index,
+                    "rollout/prompt_tokens_mean": 40.0,
+                    "response/length_mean": 200.0,
+                    "rollout/samples": 16.0,
+                    "schedule/pages_read_mean": 10.0,
+                }
                 if step % 2 == 0:
                     metrics["eval/accuracy"] = reward / 2
                 for name, value in metrics.items():
-                    conn.execute("INSERT INTO step_metrics VALUES (?, ?, ?, ?)",
-                                 [run_id, step, name, value])
+                    conn.execute(
+                        "INSERT INTO step_metrics VALUES (?, ?, ?, ?)", [run_id, step, name, value]
+                    )
                 for b, row in ((0, bin_row(0.99)), (1, bin_row(p5))):
                     conn.execute(
                         f"INSERT INTO bin_stats (run_id, step, bin, n, {', '.join(STATS)}, "
                         "schedule_name, schedule_version) VALUES (?, ?, ?, 100, ?, ?, ?, ?, ?, "
-                        "?, 'tiny-0.86', 1)", [run_id, step, b, *(row[s] for s in STATS)])
+                        "?, 'tiny-0.86', 1)",
+                        [run_id, step, b, *(row[s] for s in STATS)],
+                    )
         if old_columns:  # as a workdir from before min and share_below_half
             conn.execute("ALTER TABLE bin_stats DROP COLUMN min")
             conn.execute("ALTER TABLE bin_stats DROP COLUMN share_below_half")
@@ -86,9 +108,16 @@ def report(tmp_path_factory):
 
 def test_files_are_pngs_json_and_markdown(report):
     _, out, paths, summary = report
-    assert sorted(p.name for p in paths) == sorted([
-        "reward.png", "p5_per_bin.png", "rollout_cost.png", "statistics.png", "summary.json",
-        "summary.md"])
+    assert sorted(p.name for p in paths) == sorted(
+        [
+            "reward.png",
+            "p5_per_bin.png",
+            "rollout_cost.png",
+            "statistics.png",
+            "summary.json",
+            "summary.md",
+        ]
+    )
     for path in paths[:4]:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((out / "summary.json").read_text()) == json.loads(json.dumps(summary))
@@ -107,7 +136,8 @@ def test_collapse_and_per_arm_numbers(report):
     assert arms["ctl"]["rollout_s_per_step"] == pytest.approx(4.0)
     assert arms["cheap"]["worst_bin_mean"]["p5"] == pytest.approx(sum(ARMS["cheap"][2]) / 4)
     assert arms["cheap"]["worst_bin_mean"]["share_below_half"] == pytest.approx(
-        sum(round(1 - p, 3) for p in ARMS["cheap"][2]) / 4)
+        sum(round(1 - p, 3) for p in ARMS["cheap"][2]) / 4
+    )
 
 
 def test_separation_per_statistic_equals_a_plain_loop(report):
@@ -115,6 +145,7 @@ def test_separation_per_statistic_equals_a_plain_loop(report):
     by_name = {s["statistic"]: s for s in summary["separation"]}
     assert sorted(by_name) == sorted(STATS)
     for name in STATS:
+
         def worst(arm):  # per step, the worst of the two bins on the higher-is-better axis
             sign = -1 if name == "share_below_half" else 1
             return [min(sign * bin_row(0.99)[name], sign * bin_row(p)[name]) for p in ARMS[arm][2]]
@@ -130,6 +161,7 @@ def test_passes_at_each_arms_target_equal_a_plain_loop(report):
     by_name = {s["statistic"]: s for s in summary["passes_at_target"]}
     assert sorted(by_name) == sorted(s for s in STATS if s != "share_below_half")
     for name in by_name:
+
         def passing(arm, target):  # worst of the two bins meeting the arm's target
             return [min(bin_row(0.99)[name], bin_row(p)[name]) >= target for p in ARMS[arm][2]]
 
@@ -156,8 +188,14 @@ def test_a_note_when_the_only_stable_arm_is_dense(report, tmp_path):
 def test_predicted_cost_is_the_cost_models(report):
     _, _, _, summary = report
     arms = {a["arm"]: a for a in summary["arms"]}
-    cost = schedule_cost(get_preset("tiny-0.86"), model=model_shape(resolve_model_path("builtin:tiny")),
-                         hardware=get_hardware("h200"), prompt_len=40, gen_len=200, samples=8)
+    cost = schedule_cost(
+        get_preset("tiny-0.86"),
+        model=model_shape(resolve_model_path("builtin:tiny")),
+        hardware=get_hardware("h200"),
+        prompt_len=40,
+        gen_len=200,
+        samples=8,
+    )
     assert arms["cheap"]["predicted_eflops_per_step"] == pytest.approx(2 * cost.sparse.total)
     assert arms["cheap"]["predicted_speedup"] == pytest.approx(cost.predicted_speedup)
     assert arms["dense"]["predicted_speedup"] == pytest.approx(1.0)
@@ -174,8 +212,23 @@ def test_an_older_workdir_without_the_new_columns_still_reports(tmp_path):
 
 def test_cli_report_takes_the_workdir(report, tmp_path, capsys):
     workdir, _, _, summary = report
-    assert main(["study", "report", "s", "--workdir", str(workdir), "--out", str(tmp_path),
-                 "--collapse-window", "4", "--json"]) == 0
+    assert (
+        main(
+            [
+                "study",
+                "report",
+                "s",
+                "--workdir",
+                str(workdir),
+                "--out",
+                str(tmp_path),
+                "--collapse-window",
+                "4",
+                "--json",
+            ]
+        )
+        == 0
+    )
     printed = json.loads(capsys.readouterr().out)
     assert printed["out_dir"] == str(tmp_path) and len(printed["files"]) == 6
     # the whole run's mean: cheap 0.3 < 0.8 x dense 0.65, ctl 0.6375 is not

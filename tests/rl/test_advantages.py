@@ -11,7 +11,7 @@ from sparrow.rl import ADVANTAGE_ESTIMATORS, RLInputError, per_token_advantages
 def grpo_loop(rewards, group_size, eps=1e-6):
     out = []
     for start in range(0, len(rewards), group_size):
-        group = rewards[start:start + group_size]
+        group = rewards[start : start + group_size]
         if len(set(group)) == 1:
             out += [0.0] * len(group)
             continue
@@ -24,7 +24,7 @@ def grpo_loop(rewards, group_size, eps=1e-6):
 def rloo_loop(rewards, group_size):
     out = []
     for start in range(0, len(rewards), group_size):
-        group = rewards[start:start + group_size]
+        group = rewards[start : start + group_size]
         for i, r in enumerate(group):
             others = [x for j, x in enumerate(group) if j != i]
             out.append(r - sum(others) / len(others))
@@ -65,8 +65,9 @@ def test_constant_group_is_exactly_zero(name):
 
 
 def test_grpo_single_sample_groups_give_zero_and_rloo_refuses():
-    assert torch.equal(ADVANTAGE_ESTIMATORS.get("grpo")(torch.tensor([0.0, 1.0, 0.5]), 1),
-                       torch.zeros(3))
+    assert torch.equal(
+        ADVANTAGE_ESTIMATORS.get("grpo")(torch.tensor([0.0, 1.0, 0.5]), 1), torch.zeros(3)
+    )
     with pytest.raises(RLInputError, match="group_size"):
         ADVANTAGE_ESTIMATORS.get("rloo")(torch.tensor([0.0, 1.0]), 1)
 

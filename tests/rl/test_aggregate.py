@@ -46,8 +46,9 @@ def test_micro_batches_with_global_normalizer_sum_to_full_batch(mode):
     mask = torch.rand(6, 5, generator=gen) > 0.3
     full = aggregate(values, mask, mode)
     total = count_for(mask, mode)
-    parts = sum(aggregate(values[s], mask[s], mode, normalizer=total)
-                for s in (slice(0, 2), slice(2, 6)))
+    parts = sum(
+        aggregate(values[s], mask[s], mode, normalizer=total) for s in (slice(0, 2), slice(2, 6))
+    )
     assert float(parts) == pytest.approx(float(full), rel=1e-6)
 
 

@@ -27,8 +27,9 @@ def weight_loop(name, old, actor, mask, cfg):
             cap = cfg.tis_cap if cfg.tis_cap > 0 else math.inf
             row = [min(r, cap) if kept else 0.0 for r in rhos]
         else:
-            low, high = (0.0, cfg.mis_cap) if name == "mis_token" else (cfg.icepop_low,
-                                                                        cfg.icepop_high)
+            low, high = (
+                (0.0, cfg.mis_cap) if name == "mis_token" else (cfg.icepop_low, cfg.icepop_high)
+            )
             row = [r if low <= r <= high else 0.0 for r in rhos]
         out.append(row)
     return out
@@ -76,8 +77,9 @@ def test_matches_the_loop(name, loss_agg, seed):
     cfg = PolicyLossConfig(**{**CFG.__dict__, "loss_agg": loss_agg})
     lp, old, actor, adv, mask = make_batch(seed)
     loss, metrics = POLICY_LOSSES.get(name)(lp, old, actor, adv, mask, cfg)
-    expected, masked = loss_loop(name, lp.tolist(), old.tolist(), actor.tolist(), adv.tolist(),
-                                 mask.tolist(), cfg)
+    expected, masked = loss_loop(
+        name, lp.tolist(), old.tolist(), actor.tolist(), adv.tolist(), mask.tolist(), cfg
+    )
     assert float(loss) == pytest.approx(expected, rel=1e-10, abs=1e-12)
     assert metrics["actor/is_masked_frac"] == pytest.approx(masked)
     assert 0 < masked < 1  # the batch exercises both sides of every rule
@@ -98,9 +100,12 @@ def test_gradient_skips_masked_tokens_and_micro_batches_add_up(name):
     assert lp.grad[~mask].abs().sum() == 0
     # two micro-batches with the whole batch's normalizer sum to the full loss
     normalizer = count_for(mask, CFG.loss_agg)
-    parts = [POLICY_LOSSES.get(name)(lp[s], old[s], actor[s], adv[s], mask[s], CFG,
-                                     normalizer=normalizer)[0]
-             for s in (slice(0, 2), slice(2, None))]
+    parts = [
+        POLICY_LOSSES.get(name)(
+            lp[s], old[s], actor[s], adv[s], mask[s], CFG, normalizer=normalizer
+        )[0]
+        for s in (slice(0, 2), slice(2, None))
+    ]
     assert float(sum(parts).detach()) == pytest.approx(float(loss.detach()), rel=1e-12)
 
 
@@ -108,7 +113,11 @@ def test_tis_and_masking_part_ways_on_a_high_ratio():
     """TIS keeps a token with rho above the cap at weight C; masked IS drops it."""
     old = torch.tensor([[-0.1, -1.0]], dtype=torch.float64)
     actor = torch.tensor([[-2.0, -1.0]], dtype=torch.float64)  # rho = e^1.9 ~ 6.7, then 1
-    lp, adv, mask = old.clone(), torch.ones(1, 2, dtype=torch.float64), torch.ones(1, 2, dtype=torch.bool)
+    lp, adv, mask = (
+        old.clone(),
+        torch.ones(1, 2, dtype=torch.float64),
+        torch.ones(1, 2, dtype=torch.bool),
+    )
     cfg = PolicyLossConfig(tis_cap=2.0, mis_cap=2.0)
     tis, _ = POLICY_LOSSES.get("ppo_clip")(lp, old, actor, adv, mask, cfg)
     mis, metrics = POLICY_LOSSES.get("mis_token")(lp, old, actor, adv, mask, cfg)

@@ -40,9 +40,13 @@ def loop_reference(lp, old, actor, adv, mask, cfg):
     else:
         means = [sum(r) / len(r) for r in rows if r]
         loss = sum(means) / len(means)
-    metrics = {"actor/clip_frac": n_clip / n_tokens, "actor/tis_truncated_frac": n_trunc / n_tokens,
-               "actor/tis_weight_mean": w_sum / n_tokens, "actor/ratio_mean": ratio_sum / n_tokens,
-               "actor/approx_kl": kl_sum / n_tokens}
+    metrics = {
+        "actor/clip_frac": n_clip / n_tokens,
+        "actor/tis_truncated_frac": n_trunc / n_tokens,
+        "actor/tis_weight_mean": w_sum / n_tokens,
+        "actor/ratio_mean": ratio_sum / n_tokens,
+        "actor/approx_kl": kl_sum / n_tokens,
+    }
     return loss, metrics
 
 
@@ -63,8 +67,9 @@ def test_loss_and_metrics_match_loops(loss_agg, tis_cap):
     cfg = PolicyLossConfig(eps_low=0.2, eps_high=0.28, tis_cap=tis_cap, loss_agg=loss_agg)
     lp, old, actor, adv, mask = make_batch(seed=int(tis_cap * 10) + len(loss_agg))
     loss, metrics = LOSS(lp, old, actor, adv, mask, cfg)
-    want_loss, want_metrics = loop_reference(lp.tolist(), old.tolist(), actor.tolist(),
-                                             adv.tolist(), mask.tolist(), cfg)
+    want_loss, want_metrics = loop_reference(
+        lp.tolist(), old.tolist(), actor.tolist(), adv.tolist(), mask.tolist(), cfg
+    )
     assert float(loss) == pytest.approx(want_loss, rel=1e-5)
     assert metrics["actor/pg_loss"] == pytest.approx(want_loss, rel=1e-5)
     for key, value in want_metrics.items():
@@ -140,18 +145,29 @@ def test_micro_batches_sum_to_full_batch(loss_agg):
     cfg = PolicyLossConfig(loss_agg=loss_agg)
     full, _ = LOSS(lp, old, actor, adv, mask, cfg)
     total = count_for(mask, loss_agg)
-    parts = sum(LOSS(lp[s], old[s], actor[s], adv[s], mask[s], cfg, normalizer=total)[0]
-                for s in (slice(0, 4), slice(4, 6)))
+    parts = sum(
+        LOSS(lp[s], old[s], actor[s], adv[s], mask[s], cfg, normalizer=total)[0]
+        for s in (slice(0, 4), slice(4, 6))
+    )
     assert float(parts) == pytest.approx(float(full), rel=1e-12)
 
 
 def test_config_from_algo_and_its_checks():
     algo = AlgoConfig(eps_low=0.1, eps_high=0.3, tis_cap=-1.0, loss_agg="sequence_mean")
     cfg = PolicyLossConfig.from_algo(algo)
-    assert (cfg.eps_low, cfg.eps_high, cfg.tis_cap, cfg.loss_agg) == (0.1, 0.3, -1.0, "sequence_mean")
+    assert (cfg.eps_low, cfg.eps_high, cfg.tis_cap, cfg.loss_agg) == (
+        0.1,
+        0.3,
+        -1.0,
+        "sequence_mean",
+    )
     assert not cfg.tis_enabled and PolicyLossConfig().tis_enabled
-    for bad, match in [({"tis_cap": 0.0}, "tis_cap"), ({"eps_low": 1.0}, "eps_low"),
-                       ({"eps_high": -0.1}, "eps_high"), ({"loss_agg": "sum"}, "loss_agg")]:
+    for bad, match in [
+        ({"tis_cap": 0.0}, "tis_cap"),
+        ({"eps_low": 1.0}, "eps_low"),
+        ({"eps_high": -0.1}, "eps_high"),
+        ({"loss_agg": "sum"}, "loss_agg"),
+    ]:
         with pytest.raises(RLInputError, match=match):
             PolicyLossConfig(**bad)
 

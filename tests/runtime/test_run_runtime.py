@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from sparrow.runtime.run_runtime import DISTILL_CACHE, RunRuntime
 from sparrow.config import load_config
+from sparrow.runtime.run_runtime import DISTILL_CACHE, RunRuntime
 from sparrow.storage import Store
 
 
@@ -22,10 +22,21 @@ class Distiller:
 
 @pytest.mark.parametrize("release", [True, False])
 def test_before_rollout_frees_the_distillers_base(tmp_path, release):
-    cfg = load_config([f"pipeline.workdir={tmp_path}",
-                       f"algo.distill.release_during_rollout={str(release).lower()}"])
-    runtime = RunRuntime(cfg, "r1", Store.open_writer(tmp_path), tmp_path, None, None,
-                         pool=SimpleNamespace(wake=lambda: None))
+    cfg = load_config(
+        [
+            f"pipeline.workdir={tmp_path}",
+            f"algo.distill.release_during_rollout={str(release).lower()}",
+        ]
+    )
+    runtime = RunRuntime(
+        cfg,
+        "r1",
+        Store.open_writer(tmp_path),
+        tmp_path,
+        None,
+        None,
+        pool=SimpleNamespace(wake=lambda: None),
+    )
     times = runtime.before_rollout()  # no distiller yet: nothing to free
     assert set(times) == {"release_s", "engine_wake_s"} and min(times.values()) >= 0
     distiller = Distiller()

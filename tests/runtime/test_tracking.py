@@ -11,8 +11,8 @@ import math
 import pytest
 import yaml
 
-from sparrow.runtime.tracking import Tracker, TrackingError, flatten_config
 from sparrow.config import load_config, to_yaml
+from sparrow.runtime.tracking import Tracker, TrackingError, flatten_config
 from sparrow.sparse.schedule import Schedule
 
 mlflow = pytest.importorskip("mlflow")
@@ -64,14 +64,25 @@ def test_log_step_metrics_read_back(workdir, cfg):
     tracker = Tracker.start(cfg, "run-metrics", workdir)
     rewards = [0.125, 0.25, float("nan")]
     for step, reward in enumerate(rewards):
-        tracker.log_step(step, {"reward/mean": reward, "mismatch/p5_bin_3": 0.9 - 0.01 * step,
-                                "time/rollout_s": 2.0 * step, "loss/kl": None})
+        tracker.log_step(
+            step,
+            {
+                "reward/mean": reward,
+                "mismatch/p5_bin_3": 0.9 - 0.01 * step,
+                "time/rollout_s": 2.0 * step,
+                "loss/kl": None,
+            },
+        )
     client = _client(workdir)
-    history = sorted(client.get_metric_history(tracker.mlflow_run_id, "reward/mean"), key=lambda m: m.step)
+    history = sorted(
+        client.get_metric_history(tracker.mlflow_run_id, "reward/mean"), key=lambda m: m.step
+    )
     assert [m.step for m in history] == [0, 1, 2]
     assert [m.value for m in history[:2]] == rewards[:2]
     assert math.isnan(history[2].value)
-    p5 = sorted(client.get_metric_history(tracker.mlflow_run_id, "mismatch/p5_bin_3"), key=lambda m: m.step)
+    p5 = sorted(
+        client.get_metric_history(tracker.mlflow_run_id, "mismatch/p5_bin_3"), key=lambda m: m.step
+    )
     assert [m.value for m in p5] == pytest.approx([0.9, 0.89, 0.88])
     assert "loss/kl" not in client.get_run(tracker.mlflow_run_id).data.metrics
 
@@ -93,9 +104,13 @@ def test_resume_same_run_id_logs_into_same_mlflow_run(workdir, cfg, tmp_path):
     assert run.data.tags["sparrow.resumes"] == "1"
     # params stay those of the first start; the changed config is kept beside them
     assert run.data.params["pipeline.fail_at"] == "reward@1"
-    resumed = yaml.safe_load(_artifact_text(client, first.mlflow_run_id, "config-resume-1.yaml", tmp_path))
+    resumed = yaml.safe_load(
+        _artifact_text(client, first.mlflow_run_id, "config-resume-1.yaml", tmp_path)
+    )
     assert resumed["pipeline"]["fail_at"] == ""
-    history = sorted(client.get_metric_history(first.mlflow_run_id, "reward/mean"), key=lambda m: m.step)
+    history = sorted(
+        client.get_metric_history(first.mlflow_run_id, "reward/mean"), key=lambda m: m.step
+    )
     assert [(m.step, m.value) for m in history] == [(0, 0.5), (1, 0.75)]
     tagged = client.search_runs([run.info.experiment_id], "tags.`sparrow.run_id` = 'run-resume'")
     assert len(tagged) == 1
@@ -146,7 +161,9 @@ def test_schedule_and_artifacts(workdir, cfg, tmp_path):
 def test_custom_sqlite_uri_keeps_artifacts_in_the_workdir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # MLflow's own default would be ./mlruns here
     uri = f"sqlite:///{tmp_path}/elsewhere.db"
-    tracker = Tracker.start(load_config([f"pipeline.mlflow_uri={uri}"]), "run-uri", tmp_path / "work")
+    tracker = Tracker.start(
+        load_config([f"pipeline.mlflow_uri={uri}"]), "run-uri", tmp_path / "work"
+    )
     tracker.log_step(0, {"reward/mean": 1.0})
     assert (tmp_path / "elsewhere.db").is_file()
     assert not (tmp_path / "work" / "mlflow.db").exists()
@@ -187,8 +204,11 @@ def test_the_library_never_imports_mlflow():
     pattern = re.compile(r"^\s*(import|from)\s+mlflow\b", re.MULTILINE)
     root = Path(sparrow.__file__).parent
     system = {"runtime", "stages", "flows", "cli"}  # the roles that may track
-    offenders = [str(p.relative_to(root)) for p in root.rglob("*.py")
-                 if p.relative_to(root).parts[0] not in system and pattern.search(p.read_text())]
+    offenders = [
+        str(p.relative_to(root))
+        for p in root.rglob("*.py")
+        if p.relative_to(root).parts[0] not in system and pattern.search(p.read_text())
+    ]
     assert offenders == []
     assert pattern.search((root / "runtime" / "tracking.py").read_text())
 
@@ -216,12 +236,22 @@ def test_two_processes_open_a_new_store_at_once(tmp_path):
 
     barrier = tmp_path / "barrier"
     barrier.mkdir()
-    procs = [subprocess.Popen([sys.executable, "-c", _CHILD, str(tmp_path / "work"), name,
-                               str(barrier)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for name in ("cal-a", "cal-b")]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _CHILD, str(tmp_path / "work"), name, str(barrier)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in ("cal-a", "cal-b")
+    ]
     outputs = [proc.communicate(timeout=300) for proc in procs]
     assert [proc.returncode for proc in procs] == [0, 0], [err[-2000:] for _, err in outputs]
     assert len({out.strip() for out, _ in outputs}) == 2
-    tags = {r.data.tags["sparrow.run_id"] for r in _client(tmp_path / "work").search_runs(
-        [e.experiment_id for e in _client(tmp_path / "work").search_experiments()])}
+    tags = {
+        r.data.tags["sparrow.run_id"]
+        for r in _client(tmp_path / "work").search_runs(
+            [e.experiment_id for e in _client(tmp_path / "work").search_experiments()]
+        )
+    }
     assert tags == {"cal-a", "cal-b"}

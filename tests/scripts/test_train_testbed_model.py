@@ -30,8 +30,13 @@ def _sha(path: Path) -> str:
 def test_smoke_run_writes_a_checkpoint_and_its_record(script, tmp_path):
     info = script.main(["--out", str(tmp_path / "a"), "--smoke", "--device", "cpu"])
     out = tmp_path / "a"
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-                 "training_info.json"):
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "training_info.json",
+    ):
         assert (out / name).is_file(), name
     assert json.loads((out / "training_info.json").read_text()) == info
     assert info["model_safetensors_sha256"] == _sha(out / "model.safetensors")
@@ -42,8 +47,12 @@ def test_smoke_run_writes_a_checkpoint_and_its_record(script, tmp_path):
     # 8 steps, 2 noisy at full length; each step about batch_tokens (1024) tokens
     assert 8 * 512 <= info["tokens_seen"] <= 8 * 2048
     assert info["hop_noise"] == 0.05 and math.isfinite(info["final_loss"])
-    for key in ("held_out_greedy_accuracy", "held_out_sampled_accuracy",
-                "held_out_sampled_accuracy_estimate", "held_out_hop_accuracy"):
+    for key in (
+        "held_out_greedy_accuracy",
+        "held_out_sampled_accuracy",
+        "held_out_sampled_accuracy_estimate",
+        "held_out_hop_accuracy",
+    ):
         assert 0.0 <= info[key] <= 1.0, key
     assert info["sampled_eval"]["prompts"] == 2 and info["sampled_eval"]["samples"] == 2
     by_hops = info["held_out_sampled_estimate_by_hops"]
@@ -54,7 +63,12 @@ def test_smoke_run_writes_a_checkpoint_and_its_record(script, tmp_path):
     # record at each stage's end and one after the noisy tail
     stage_eval = info["stage_eval"]
     assert [(r["stage"], r["steps_done"], r["reason"]) for r in stage_eval] == [
-        (1, 4, "steps"), (2, 5, "steps"), (3, 6, "steps"), (4, 7, "steps"), ("end", 8, "end")]
+        (1, 4, "steps"),
+        (2, 5, "steps"),
+        (3, 6, "steps"),
+        (4, 7, "steps"),
+        ("end", 8, "end"),
+    ]
     assert [r["num_hops"] for r in stage_eval] == [1, 2, 6, 12, 12]
     for record in stage_eval:
         assert 0.0 <= record["hop_accuracy_stage_length"] <= 1.0
@@ -71,16 +85,46 @@ def test_smoke_run_writes_a_checkpoint_and_its_record(script, tmp_path):
     assert config["num_attention_heads"] > config["num_key_value_heads"]
     text = "def ab=cd\nfrom ab hops 3\n"
     ids = vocab()
-    tokens = ["de", "f", " ", "ab", "=", "cd", "\n", "fr", "om", " ", "ab", " ", "ho", "ps", " ",
-              "3", "\n"]
+    tokens = [
+        "de",
+        "f",
+        " ",
+        "ab",
+        "=",
+        "cd",
+        "\n",
+        "fr",
+        "om",
+        " ",
+        "ab",
+        " ",
+        "ho",
+        "ps",
+        " ",
+        "3",
+        "\n",
+    ]
     assert load_tokenizer(out).encode(text) == [ids[t] for t in tokens]
     assert config["vocab_size"] == len(ids) == 43 + 26 * 26
 
 
 def test_same_seed_same_bytes_other_seed_other_bytes(script, tmp_path):
-    runs = {name: script.main(["--out", str(tmp_path / name), "--smoke", "--device", "cpu",
-                               "--seed", str(seed), "--steps", "3"])
-            for name, seed in (("a", 1), ("b", 1), ("c", 2))}
+    runs = {
+        name: script.main(
+            [
+                "--out",
+                str(tmp_path / name),
+                "--smoke",
+                "--device",
+                "cpu",
+                "--seed",
+                str(seed),
+                "--steps",
+                "3",
+            ]
+        )
+        for name, seed in (("a", 1), ("b", 1), ("c", 2))
+    }
     assert runs["a"]["model_safetensors_sha256"] == runs["b"]["model_safetensors_sha256"]
     assert runs["a"]["model_safetensors_sha256"] != runs["c"]["model_safetensors_sha256"]
     assert runs["a"]["final_loss"] == runs["b"]["final_loss"]
@@ -101,7 +145,18 @@ def test_the_embedding_is_not_decayed(script):
 
 
 def test_steps_zero_fits_the_run_to_the_budget(script, tmp_path):
-    info = script.main(["--out", str(tmp_path / "fit"), "--smoke", "--device", "cpu",
-                        "--steps", "0", "--max-minutes", "0.05"])
+    info = script.main(
+        [
+            "--out",
+            str(tmp_path / "fit"),
+            "--smoke",
+            "--device",
+            "cpu",
+            "--steps",
+            "0",
+            "--max-minutes",
+            "0.05",
+        ]
+    )
     assert info["steps_planned"] >= 1
     assert info["steps_done"] <= info["steps_planned"]

@@ -12,23 +12,33 @@ import pytest
 from sparrow.data.rollouts import RolloutRecord
 from sparrow.mismatch.acceptance import bin_statistics
 from sparrow.sparse import Schedule
-from sparrow.storage import Store, query
 from sparrow.stages.aggregate_mismatch import StepBins, token_table
+from sparrow.storage import Store, query
 
 
 def record(prompt: int, sample: int, prompt_len: int, out_len: int) -> RolloutRecord:
     return RolloutRecord(
-        prompt_index=prompt, sample_index=sample, dataset_row=7, prompt_ids=(1,) * prompt_len,
-        output_ids=tuple(range(out_len)), actor_logprobs=tuple(-0.1 * i for i in range(out_len)),
-        topk_ids=((0,),) * out_len, topk_logprobs=((0.0,),) * out_len,
-        pages_read=tuple(3 + i for i in range(out_len)), finish_reason="stop", answer="1")
+        prompt_index=prompt,
+        sample_index=sample,
+        dataset_row=7,
+        prompt_ids=(1,) * prompt_len,
+        output_ids=tuple(range(out_len)),
+        actor_logprobs=tuple(-0.1 * i for i in range(out_len)),
+        topk_ids=((0,),) * out_len,
+        topk_logprobs=((0.0,),) * out_len,
+        pages_read=tuple(3 + i for i in range(out_len)),
+        finish_reason="stop",
+        answer="1",
+    )
 
 
 def test_token_rows_carry_total_positions_and_bins():
     records = [record(0, 0, 5, 3), record(1, 1, 9, 2)]
-    scores = {"acceptance": [[0.9, 0.8, 0.7], [0.6, 0.5]],
-              "leftover_mass": [[0.01, 0.02, 0.03], [0.04, 0.05]],
-              "dense_logprobs": [[-1.0, -2.0, -3.0], [-4.0, -5.0]]}
+    scores = {
+        "acceptance": [[0.9, 0.8, 0.7], [0.6, 0.5]],
+        "leftover_mass": [[0.01, 0.02, 0.03], [0.04, 0.05]],
+        "dense_logprobs": [[-1.0, -2.0, -3.0], [-4.0, -5.0]],
+    }
     schedule = Schedule("s", topk_pages=(1, 2, 3), page_size=2, bin_tokens=6)
     table = token_table("r", 4, records, scores, schedule).to_pydict()
     assert table["position"] == [5, 6, 7, 9, 10]
@@ -43,8 +53,11 @@ def test_token_rows_carry_total_positions_and_bins():
 def test_positions_past_the_last_bin_are_in_the_last_bin():
     # sparrow-method.md: the last bin covers everything from its start on; two bins of 4 tokens
     records = [record(0, 0, 3, 9)]
-    scores = {"acceptance": [[0.9] * 9], "leftover_mass": [[0.0] * 9],
-              "dense_logprobs": [[-1.0] * 9]}
+    scores = {
+        "acceptance": [[0.9] * 9],
+        "leftover_mass": [[0.0] * 9],
+        "dense_logprobs": [[-1.0] * 9],
+    }
     schedule = Schedule("s", topk_pages=(1, 2), page_size=2, bin_tokens=4)
     table = token_table("r", 1, records, scores, schedule).to_pydict()
     assert table["position"] == list(range(3, 12))
@@ -54,8 +67,11 @@ def test_positions_past_the_last_bin_are_in_the_last_bin():
 def bins_for(step: int, low_bin_acceptance: float) -> StepBins:
     rng = np.random.default_rng(step)
     positions = np.arange(300)
-    acceptance = np.where(positions < 100, rng.uniform(0.95, 1.0, 300),
-                          np.where(positions < 200, low_bin_acceptance, 0.99))
+    acceptance = np.where(
+        positions < 100,
+        rng.uniform(0.95, 1.0, 300),
+        np.where(positions < 200, low_bin_acceptance, 0.99),
+    )
     stats = bin_statistics(positions, acceptance, bin_tokens=100)
     return StepBins("r", step, stats, {0: 4, 1: 5, 2: 6}, "s", 1, target=0.86)
 
@@ -70,8 +86,9 @@ def test_events_below_then_recovered_and_rows_replaced(tmp_path):
         store.close()
     events = query(tmp_path, "SELECT step, bin, kind FROM threshold_events ORDER BY step").rows
     assert events == [(1, 1, "below_target"), (2, 1, "recovered")]
-    stats = query(tmp_path, "SELECT step, bin, n, p5, pages_read FROM bin_stats "
-                            "WHERE step = 1 ORDER BY bin").rows
+    stats = query(
+        tmp_path, "SELECT step, bin, n, p5, pages_read FROM bin_stats WHERE step = 1 ORDER BY bin"
+    ).rows
     assert [(s[1], s[2], s[4]) for s in stats] == [(0, 100, 4), (1, 100, 5), (2, 100, 6)]
     assert stats[1][3] == pytest.approx(0.5)
     assert query(tmp_path, "SELECT count(*) FROM bin_stats").rows == [(9,)]
@@ -80,11 +97,19 @@ def test_events_below_then_recovered_and_rows_replaced(tmp_path):
 def test_bin_rows_hold_min_and_share_below_half_of_their_tokens(tmp_path):
     rng = np.random.default_rng(1)
     positions = np.arange(300)
-    acceptance = np.where(positions < 100, rng.uniform(0.95, 1.0, 300),
-                          np.where(positions < 200, 0.5, 0.99))
+    acceptance = np.where(
+        positions < 100, rng.uniform(0.95, 1.0, 300), np.where(positions < 200, 0.5, 0.99)
+    )
     acceptance[150:160] = 0.3  # ten tokens of bin 1 below 0.5
-    bins = StepBins("r", 1, bin_statistics(positions, acceptance, bin_tokens=100),
-                    {0: 4, 1: 5, 2: 6}, "s", 1, target=0.86)
+    bins = StepBins(
+        "r",
+        1,
+        bin_statistics(positions, acceptance, bin_tokens=100),
+        {0: 4, 1: 5, 2: 6},
+        "s",
+        1,
+        target=0.86,
+    )
     with Store.open_writer(tmp_path) as store, store.connect() as conn:
         bins.write_rows(conn)
     rows = query(tmp_path, "SELECT bin, min, share_below_half FROM bin_stats ORDER BY bin").rows
@@ -102,9 +127,11 @@ def test_threshold_events_follow_the_target_statistic():
     acceptance = np.where(positions < 100, 0.99, 0.9) - rng.uniform(0, 0.001, 200)
     acceptance[10] = 0.1
     stats = bin_statistics(positions, acceptance, bin_tokens=100)
-    on = {name: StepBins("r", 1, stats, {0: 4, 1: 5}, "s", 1, target=target, statistic=name)
-          for name, target in (("p5", 0.95), ("min", 0.5), ("share_below_half", 0.005))}
-    assert on["p5"].below == [1]          # the default reads p5, as before
-    assert on["min"].below == [0]         # the lone 0.1 token
+    on = {
+        name: StepBins("r", 1, stats, {0: 4, 1: 5}, "s", 1, target=target, statistic=name)
+        for name, target in (("p5", 0.95), ("min", 0.5), ("share_below_half", 0.005))
+    }
+    assert on["p5"].below == [1]  # the default reads p5, as before
+    assert on["min"].below == [0]  # the lone 0.1 token
     assert on["share_below_half"].below == [0]  # 1 % of bin 0 lies below 0.5, above 0.5 %
     assert StepBins("r", 1, stats, {0: 4, 1: 5}, "s", 1, target=0.95).below == [1]

@@ -14,16 +14,16 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from sparrow.runtime.ledger.schedules import insert_schedule, schedule_in_force
-from sparrow.runtime.ledger.stage import run_stage
 from sparrow.config import load_config
 from sparrow.mismatch.acceptance import bin_statistics
+from sparrow.runtime.ledger.schedules import insert_schedule, schedule_in_force
+from sparrow.runtime.ledger.stage import run_stage
 from sparrow.sparse.schedule import Schedule
-from sparrow.storage import RunLayout, Store
-from sparrow.storage.run_rows import record_stage
 from sparrow.stages.aggregate_mismatch import StepBins
 from sparrow.stages.distill_switch import cheaper_candidate, write_measurement
 from sparrow.stages.reoptimize_schedule import DECISION_FILE, reoptimize
+from sparrow.storage import RunLayout, Store
+from sparrow.storage.run_rows import record_stage
 
 RUN = "r1"
 TOPK = (4, 12, 28, 28)
@@ -43,17 +43,33 @@ class Tracker:
 
 
 def runtime_for(tmp_path, *overrides):
-    cfg = load_config([f"pipeline.workdir={tmp_path}", "schedule.name=tiny-ctl",
-                       f"calibrate.topk_pages={GRID}", "algo.distill.enabled=true",
-                       "algo.distill.switch_to_cheaper=true", "algo.distill.switch_patience=2",
-                       *overrides])
+    cfg = load_config(
+        [
+            f"pipeline.workdir={tmp_path}",
+            "schedule.name=tiny-ctl",
+            f"calibrate.topk_pages={GRID}",
+            "algo.distill.enabled=true",
+            "algo.distill.switch_to_cheaper=true",
+            "algo.distill.switch_patience=2",
+            *overrides,
+        ]
+    )
     store = Store.open_writer(tmp_path)
     schedule = Schedule("tiny-ctl", TOPK, page_size=8, bin_tokens=64, skip_layers=(0,))
     with store.connect() as conn:
         insert_schedule(conn, schedule, 1, RUN, 0, "initial")
-    return SimpleNamespace(cfg=cfg, run_id=RUN, store=store, layout=RunLayout(tmp_path, RUN),
-                           fail_at=None, kill_at=None, stages_run=Counter(), tracker=Tracker(),
-                           schedule_name="tiny-ctl", schedule_start_version=1), schedule
+    return SimpleNamespace(
+        cfg=cfg,
+        run_id=RUN,
+        store=store,
+        layout=RunLayout(tmp_path, RUN),
+        fail_at=None,
+        kill_at=None,
+        stages_run=Counter(),
+        tracker=Tracker(),
+        schedule_name="tiny-ctl",
+        schedule_start_version=1,
+    ), schedule
 
 
 def measure(runtime, schedule, step, p5_by_bin):
@@ -66,15 +82,18 @@ def measure(runtime, schedule, step, p5_by_bin):
     now = datetime.now()
     with runtime.store.connect() as conn:
         record_stage(conn, RUN, step, "distill_lora", now, now, 0.1, str(out))
-        for b, v in p5_by_bin.items():  # the rolled-out schedule's own p5: no raise due
-            conn.execute("INSERT INTO bin_stats (run_id, step, bin, n, p5) VALUES "
-                         "(?, ?, ?, 50, 0.97)", [RUN, step, b])
+        for b in p5_by_bin:  # the rolled-out schedule's own p5: no raise due
+            conn.execute(
+                "INSERT INTO bin_stats (run_id, step, bin, n, p5) VALUES (?, ?, ?, 50, 0.97)",
+                [RUN, step, b],
+            )
     return cheaper
 
 
 def reoptimize_at(runtime, step):
-    return run_stage(runtime, "reoptimize_schedule", step,
-                     lambda out: reoptimize(runtime, step, out))
+    return run_stage(
+        runtime, "reoptimize_schedule", step, lambda out: reoptimize(runtime, step, out)
+    )
 
 
 def test_two_measurements_at_target_switch_to_the_cheaper_schedule(tmp_path):
@@ -87,16 +106,26 @@ def test_two_measurements_at_target_switch_to_the_cheaper_schedule(tmp_path):
     reoptimize_at(runtime, 3)
     new, version = schedule_in_force(runtime.store, RUN, "tiny-ctl", 1, 4)
     assert new.topk_pages == (4, 8, 20, 20) and version == 2
-    decision = json.loads((runtime.layout.stage_dir(3, "reoptimize_schedule")
-                           / DECISION_FILE).read_text())
+    decision = json.loads(
+        (runtime.layout.stage_dir(3, "reoptimize_schedule") / DECISION_FILE).read_text()
+    )
     assert {c["kind"] for c in decision["changes"]} == {"distill"}
     with runtime.store.connect() as conn:
-        events = conn.execute("SELECT bin, kind, p5, target FROM threshold_events WHERE "
-                              "run_id = ? AND step = 3 ORDER BY bin", [RUN]).fetchall()
-        metric = conn.execute("SELECT value FROM step_metrics WHERE run_id = ? AND step = 3 "
-                              "AND name = 'reoptimize/distill_switch'", [RUN]).fetchone()
-    assert [(b, k) for b, k, _, _ in events] == [(1, "distill_switch"), (2, "distill_switch"),
-                                                 (3, "distill_switch")]
+        events = conn.execute(
+            "SELECT bin, kind, p5, target FROM threshold_events WHERE "
+            "run_id = ? AND step = 3 ORDER BY bin",
+            [RUN],
+        ).fetchall()
+        metric = conn.execute(
+            "SELECT value FROM step_metrics WHERE run_id = ? AND step = 3 "
+            "AND name = 'reoptimize/distill_switch'",
+            [RUN],
+        ).fetchone()
+    assert [(b, k) for b, k, _, _ in events] == [
+        (1, "distill_switch"),
+        (2, "distill_switch"),
+        (3, "distill_switch"),
+    ]
     assert events[0][2] == pytest.approx(0.88) and events[1][2] == pytest.approx(0.87)
     assert events[2][2] is None  # bin 3 held no token in either measurement
     assert events[0][3] == pytest.approx(0.86) and metric == (1.0,)
@@ -106,8 +135,9 @@ def test_two_measurements_at_target_switch_to_the_cheaper_schedule(tmp_path):
     stats = bin_statistics(np.array([3, 70]), np.array([0.5, 0.99]), 64, 4)
     with runtime.store.connect() as conn:
         StepBins(RUN, 3, stats, {0: 5, 1: 9}, "tiny-ctl", 2, 0.86).write_rows(conn)
-        kinds = conn.execute("SELECT kind, count(*) FROM threshold_events WHERE step = 3 "
-                             "GROUP BY kind ORDER BY kind").fetchall()
+        kinds = conn.execute(
+            "SELECT kind, count(*) FROM threshold_events WHERE step = 3 GROUP BY kind ORDER BY kind"
+        ).fetchall()
     assert kinds == [("below_target", 1), ("distill_switch", 3)]
 
 
@@ -115,8 +145,11 @@ def test_two_measurements_at_target_switch_to_the_cheaper_schedule(tmp_path):
 def test_no_switch(tmp_path, case):
     overrides = ["algo.distill.switch_to_cheaper=false"] if case == "off" else []
     runtime, schedule = runtime_for(tmp_path, *overrides)
-    first = schedule if case != "other_schedule" else Schedule(
-        "tiny-ctl", (4, 8, 28, 28), page_size=8, bin_tokens=64, skip_layers=(0,))
+    first = (
+        schedule
+        if case != "other_schedule"
+        else Schedule("tiny-ctl", (4, 8, 28, 28), page_size=8, bin_tokens=64, skip_layers=(0,))
+    )
     measure(runtime, first, 1, {0: 0.95, 1: 0.9})
     measure(runtime, schedule, 2, {0: 0.95, 1: 0.85 if case == "short" else 0.9})
     reoptimize_at(runtime, 3)

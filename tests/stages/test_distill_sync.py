@@ -17,14 +17,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from sparrow.runtime.rollout.worker import RolloutWorker, WorkerSpec
 from sparrow.config.schema import AlgoConfig
 from sparrow.engine import EngineConfig
 from sparrow.model.builtin import resolve_model_path
-from sparrow.trainer.lora import Adapter, LoraSpec, PROJECTIONS
-from sparrow.trainer.policy_trainer import PolicyTrainer
+from sparrow.runtime.rollout.worker import RolloutWorker, WorkerSpec
 from sparrow.sparse import get_preset
 from sparrow.stages.sync_weights import sync
+from sparrow.trainer.lora import PROJECTIONS, Adapter, LoraSpec
+from sparrow.trainer.policy_trainer import PolicyTrainer
 
 
 class InProcessPool:
@@ -68,13 +68,20 @@ def setup(tmp_path):
     adapter_dir.mkdir()
     adapter = random_adapter(model_dir)
     adapter.save(adapter_dir)
-    spec = WorkerSpec(model_path=str(model_dir), weights_path=str(model_dir),
-                      schedule=get_preset("tiny-0.86"), engine=EngineConfig(page_size=8))
+    spec = WorkerSpec(
+        model_path=str(model_dir),
+        weights_path=str(model_dir),
+        schedule=get_preset("tiny-0.86"),
+        engine=EngineConfig(page_size=8),
+    )
     # one trainer process (trainer.num_workers=0): the group's broadcast is test_trainer_group's
-    runtime = SimpleNamespace(cfg=SimpleNamespace(trainer=SimpleNamespace(num_workers=0)),
-                              trainer_after=lambda step: trainer, pool_on_gpu=False,
-                              pool=InProcessPool(spec),
-                              policy_state=lambda folder, wait=True: Path(folder))
+    runtime = SimpleNamespace(
+        cfg=SimpleNamespace(trainer=SimpleNamespace(num_workers=0)),
+        trainer_after=lambda step: trainer,
+        pool_on_gpu=False,
+        pool=InProcessPool(spec),
+        policy_state=lambda folder, wait=True: Path(folder),
+    )
     return runtime, trainer, Path(policy), adapter_dir, adapter
 
 

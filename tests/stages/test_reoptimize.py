@@ -17,8 +17,6 @@ import numpy as np
 import pytest
 import torch
 
-from sparrow.runtime.ledger.schedules import insert_schedule, schedule_in_force
-from sparrow.runtime.ledger.stage import run_stage
 from sparrow.config import load_config
 from sparrow.control.calibration import Trajectory, flat_schedule, schedule_acceptance
 from sparrow.data.datasets import load_prompts
@@ -26,9 +24,11 @@ from sparrow.data.rollouts import RolloutRecord, write_rollouts
 from sparrow.engine import Engine, EngineConfig, SamplingParams
 from sparrow.model import load_model, load_tokenizer
 from sparrow.model.builtin import resolve_model_path
+from sparrow.runtime.ledger.schedules import insert_schedule, schedule_in_force
+from sparrow.runtime.ledger.stage import run_stage
 from sparrow.sparse.schedule import Schedule
-from sparrow.storage import RunLayout, Store
 from sparrow.stages.reoptimize_schedule import DECISION_FILE, longest, reoptimize
+from sparrow.storage import RunLayout, Store
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +40,9 @@ class FakeTracker:
     def __init__(self):
         self.schedules, self.tags, self.steps = [], {}, []
         self.mlflow_run_id = "m1"
-        self.client = SimpleNamespace(set_tag=lambda run, key, value: self.tags.__setitem__(key, value))
+        self.client = SimpleNamespace(
+            set_tag=lambda run, key, value: self.tags.__setitem__(key, value)
+        )
 
     def log_schedule(self, schedule, version, step):
         self.schedules.append((schedule.topk_pages, version, step))
@@ -57,19 +59,40 @@ def sampled():
     data = load_prompts("builtin:synthetic", "prompt", "answer", tokenizer, 1024)
     rows = [data.row(i) for i in range(2)]
     engine = Engine(model, tokenizer, EngineConfig(page_size=8, num_pages=256))
-    params = [SamplingParams(temperature=1.0, max_new_tokens=120, n=2, seed=7 + i) for i in range(2)]
+    params = [
+        SamplingParams(temperature=1.0, max_new_tokens=120, n=2, seed=7 + i) for i in range(2)
+    ]
     results = engine.generate([list(r.prompt_ids) for r in rows], params)
-    records = [RolloutRecord(p, s.sample_index, row.row, tuple(row.prompt_ids), s.output_ids,
-                             s.logprobs, s.topk_ids, s.topk_logprobs, s.pages_read,
-                             s.finish_reason, row.answer)
-               for p, (row, samples) in enumerate(zip(rows, results)) for s in samples]
+    records = [
+        RolloutRecord(
+            p,
+            s.sample_index,
+            row.row,
+            tuple(row.prompt_ids),
+            s.output_ids,
+            s.logprobs,
+            s.topk_ids,
+            s.topk_logprobs,
+            s.pages_read,
+            s.finish_reason,
+            row.answer,
+        )
+        for p, (row, samples) in enumerate(zip(rows, results))
+        for s in samples
+    ]
     return model, path, records
 
 
 def make_runtime(tmp_path: Path, sampled, topk, *overrides):
     model, path, records = sampled
-    cfg = load_config([f"pipeline.workdir={tmp_path}", "schedule.name=tiny-ctl",
-                       f"calibrate.topk_pages=[{','.join(map(str, GRID))}]", *overrides])
+    cfg = load_config(
+        [
+            f"pipeline.workdir={tmp_path}",
+            "schedule.name=tiny-ctl",
+            f"calibrate.topk_pages=[{','.join(map(str, GRID))}]",
+            *overrides,
+        ]
+    )
     store = Store.open_writer(tmp_path)
     schedule = Schedule("tiny-ctl", topk, page_size=8, bin_tokens=64, skip_layers=(0,))
     with store.connect() as conn:
@@ -77,18 +100,29 @@ def make_runtime(tmp_path: Path, sampled, topk, *overrides):
     layout = RunLayout(tmp_path, RUN)
     for step in (1, 2):
         write_rollouts(layout.stage_dir(step, "rollout") / "rollouts.parquet", records)
-    runtime = SimpleNamespace(cfg=cfg, run_id=RUN, store=store, layout=layout, fail_at=None,
-                              kill_at=None,
-                              stages_run=Counter(), tracker=FakeTracker(), schedule_name="tiny-ctl",
-                              schedule_start_version=1, policy_folder_before=lambda step: path)
+    runtime = SimpleNamespace(
+        cfg=cfg,
+        run_id=RUN,
+        store=store,
+        layout=layout,
+        fail_at=None,
+        kill_at=None,
+        stages_run=Counter(),
+        tracker=FakeTracker(),
+        schedule_name="tiny-ctl",
+        schedule_start_version=1,
+        policy_folder_before=lambda step: path,
+    )
     return runtime, schedule
 
 
 def set_p5(runtime, step, p5_by_bin):
     with runtime.store.connect() as conn:
         for b, p5 in p5_by_bin.items():
-            conn.execute("INSERT INTO bin_stats (run_id, step, bin, n, p5) VALUES (?, ?, ?, 50, ?)",
-                         [RUN, step, b, p5])
+            conn.execute(
+                "INSERT INTO bin_stats (run_id, step, bin, n, p5) VALUES (?, ?, ?, 50, ?)",
+                [RUN, step, b, p5],
+            )
 
 
 def expected_topk(model, records, schedule, bin_, topk_pages, target=0.86):
@@ -103,7 +137,9 @@ def expected_topk(model, records, schedule, bin_, topk_pages, target=0.86):
 
 
 def run(runtime, step):
-    return run_stage(runtime, "reoptimize_schedule", step, lambda out: reoptimize(runtime, step, out))
+    return run_stage(
+        runtime, "reoptimize_schedule", step, lambda out: reoptimize(runtime, step, out)
+    )
 
 
 def test_a_crossing_raises_the_bin_as_a_new_version(tmp_path, sampled):
@@ -121,7 +157,9 @@ def test_a_crossing_raises_the_bin_as_a_new_version(tmp_path, sampled):
     assert runtime.tracker.schedules == [(new.topk_pages, 2, 1)]
     assert f"bin 3 raise 2->{want}" in runtime.tracker.tags["schedule.change.step1"]
     with duckdb.connect(str(tmp_path / "sparrow.duckdb"), read_only=True) as conn:
-        row = conn.execute("SELECT step, reason, yaml_path FROM schedules WHERE version = 2").fetchone()
+        row = conn.execute(
+            "SELECT step, reason, yaml_path FROM schedules WHERE version = 2"
+        ).fetchone()
     assert row[0] == 1 and "raise" in row[1] and Path(row[2]).is_file()
 
 
@@ -170,8 +208,13 @@ def test_a_raise_replays_the_capped_trajectories_at_the_budgets_the_search_needs
     assert decision["trajectories_replayed"] == 2 and decision["topk_pages"][3] == want
     # galloping from the next notch: 4 alone when it meets, else 28 and perhaps 12
     measured = decision["topk_measured"]
-    assert measured == ([4] if want == 4 else [4, 12, 28] if want == 12
-                        else [b for b in GRID if b != 12 or b in measured])
+    assert measured == (
+        [4]
+        if want == 4
+        else [4, 12, 28]
+        if want == 12
+        else [b for b in GRID if b != 12 or b in measured]
+    )
     [metrics] = [m for s, m in runtime.tracker.steps if s == 1]
     assert metrics["reoptimize/trajectories_replayed"] == 2.0
     assert metrics["reoptimize/topk_measured"] == len(measured)
@@ -185,18 +228,22 @@ def test_a_bin_below_target_at_the_grids_largest_budget_is_an_event_once(tmp_pat
     set_p5(runtime, 2, {2: 0.99, 3: 0.12})
     try:
         first, second = (run(runtime, step) for step in (1, 2))
-        decisions = [json.loads(Path(o.output_dir, DECISION_FILE).read_text())
-                     for o in (first, second)]
+        decisions = [
+            json.loads(Path(o.output_dir, DECISION_FILE).read_text()) for o in (first, second)
+        ]
         _, version = schedule_in_force(runtime.store, RUN, "tiny-ctl", 1, step=3)
     finally:
         runtime.store.close()
     assert [d["at_grid_top"] for d in decisions] == [[3], [3]]
     assert all(d["changes"] == [] for d in decisions) and version == 1
     with duckdb.connect(str(tmp_path / "sparrow.duckdb"), read_only=True) as conn:
-        events = conn.execute("SELECT step, bin, kind, p5, target FROM threshold_events "
-                              "WHERE kind = 'grid_top'").fetchall()
-        counted = conn.execute("SELECT step, value FROM step_metrics WHERE "
-                               "name = 'reoptimize/bins_at_grid_top' ORDER BY step").fetchall()
+        events = conn.execute(
+            "SELECT step, bin, kind, p5, target FROM threshold_events WHERE kind = 'grid_top'"
+        ).fetchall()
+        counted = conn.execute(
+            "SELECT step, value FROM step_metrics WHERE "
+            "name = 'reoptimize/bins_at_grid_top' ORDER BY step"
+        ).fetchall()
     assert events == [(1, 3, "grid_top", pytest.approx(0.10), pytest.approx(0.86))]
     assert counted == [(1, 1.0), (2, 1.0)]
     assert "28 pages" in runtime.tracker.tags["schedule.grid_top.bin3"]

@@ -9,14 +9,20 @@ import pytest
 from sparrow.data.reward_runner import RewardBatch
 from sparrow.stages.reward import RewardErrorsError, check_error_share
 
-TRACE = 'Traceback (most recent call last):\n  File "/x/scoring.py", line 7, in picky\nValueError: no\n'
+TRACE = (
+    'Traceback (most recent call last):\n  File "/x/scoring.py", line 7, in picky\nValueError: no\n'
+)
 
 
 def batch(errors: int, samples: int = 8, timeouts: int = 0) -> RewardBatch:
     failed = errors + timeouts
-    return RewardBatch(rewards=[0.0] * samples, errors=errors, timeouts=timeouts,
-                       first_error="sample 0: ValueError: no" if failed else None,
-                       first_traceback=TRACE if errors else None)
+    return RewardBatch(
+        rewards=[0.0] * samples,
+        errors=errors,
+        timeouts=timeouts,
+        first_error="sample 0: ValueError: no" if failed else None,
+        first_traceback=TRACE if errors else None,
+    )
 
 
 def test_more_than_the_share_stops_with_the_function_and_traceback():

@@ -32,8 +32,9 @@ def workdir(tmp_path):
     for step in (1, 2, 3):
         path = layout.token_file(step)
         path.parent.mkdir(parents=True)
-        pq.write_table(pa.table({"run_id": ["r1"] * 2, "step": [step] * 2,
-                                 "acceptance": [0.5, 0.9]}), path)
+        pq.write_table(
+            pa.table({"run_id": ["r1"] * 2, "step": [step] * 2, "acceptance": [0.5, 0.9]}), path
+        )
     return work
 
 
@@ -69,8 +70,12 @@ def test_the_fence_cannot_be_taken_down_from_inside(workdir):
     """The statement check refuses SET, but the connection holds on its own too."""
     conn, _ = _open_sandboxed(workdir)
     try:
-        for sql in ("SET enable_external_access = true", "RESET allowed_directories",
-                    "SET allowed_directories = ['/']", "SET lock_configuration = false"):
+        for sql in (
+            "SET enable_external_access = true",
+            "RESET allowed_directories",
+            "SET allowed_directories = ['/']",
+            "SET lock_configuration = false",
+        ):
             with pytest.raises(duckdb.Error, match="locked"):
                 conn.execute(sql)
         with pytest.raises(duckdb.Error, match="disabled"):
@@ -95,19 +100,32 @@ def test_every_statement_gives_its_result(workdir, capsys):
     with pytest.raises(StorageError, match="one statement"):
         query(workdir, "SELECT 1; SELECT 2")
 
-    assert main(["query", "--workdir", str(workdir), "SELECT 11 AS first; SELECT 22 AS second"]) == 0
+    assert (
+        main(["query", "--workdir", str(workdir), "SELECT 11 AS first; SELECT 22 AS second"]) == 0
+    )
     out = capsys.readouterr().out
     assert "11" in out and "22" in out and "SELECT 11" in out and "SELECT 22" in out
     assert main(["query", "--workdir", str(workdir), "--json", "SELECT 1 AS a; SELECT 2 AS b"]) == 0
     assert json.loads(capsys.readouterr().out) == [
         {"statement": "SELECT 1 AS a", "rows": [{"a": 1}]},
-        {"statement": "SELECT 2 AS b", "rows": [{"b": 2}]}]
+        {"statement": "SELECT 2 AS b", "rows": [{"b": 2}]},
+    ]
 
 
 def test_json_carries_timestamps(workdir, capsys):
-    assert main(["query", "--workdir", str(workdir), "--json",
-                 "SELECT run_id, created_at, TIMESTAMP '2026-01-02 03:04:05' AS t, DATE '2026-01-02' AS d,"
-                 " 1.5::DECIMAL(4, 2) AS x FROM runs"]) == 0
+    assert (
+        main(
+            [
+                "query",
+                "--workdir",
+                str(workdir),
+                "--json",
+                "SELECT run_id, created_at, TIMESTAMP '2026-01-02 03:04:05' AS t, DATE '2026-01-02' AS d,"
+                " 1.5::DECIMAL(4, 2) AS x FROM runs",
+            ]
+        )
+        == 0
+    )
     [row] = json.loads(capsys.readouterr().out)
     assert row["t"] == "2026-01-02T03:04:05" and row["d"] == "2026-01-02" and row["x"] == 1.5
     assert row["created_at"][:2] == "20" and "T" in row["created_at"]
@@ -125,7 +143,9 @@ def test_a_damaged_parquet_file_is_skipped_with_a_warning(workdir, capsys):
         warnings.simplefilter("ignore", DamagedFileWarning)
         assert query(workdir, "SELECT count(*) FROM bin_stats").rows == [(1,)]
 
-    assert main(["query", "--workdir", str(workdir), "SELECT count(*) AS n FROM token_mismatch"]) == 0
+    assert (
+        main(["query", "--workdir", str(workdir), "SELECT count(*) AS n FROM token_mismatch"]) == 0
+    )
     captured = capsys.readouterr()
     assert "4" in captured.out
     [line] = captured.err.strip().splitlines()

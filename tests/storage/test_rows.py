@@ -16,23 +16,32 @@ from sparrow.storage.mismatch_rows import (
 from sparrow.storage.run_rows import (
     last_step_of_stage,
     record_stage,
-    step_metric,
     replace_step_metrics,
+    step_metric,
 )
 from sparrow.storage.schedule_rows import insert_schedule, newest_schedule, schedule_in_force
 
 
 def _bin_row(bin_: int, p5: float) -> dict:
     row = dict.fromkeys(BIN_COLUMNS)
-    return {**row, "bin": bin_, "n": 10, "mean": 0.9, "p5": p5, "schedule_name": "s",
-            "schedule_version": 1}
+    return {
+        **row,
+        "bin": bin_,
+        "n": 10,
+        "mean": 0.9,
+        "p5": p5,
+        "schedule_name": "s",
+        "schedule_version": 1,
+    }
 
 
 def test_bin_stats_and_events_replace_one_step(tmp_path):
     with Store.open_writer(tmp_path) as store:
         for attempt in range(2):  # a re-run stage writes the same step again
             with store.connect() as conn:
-                replace_bin_stats(conn, "r", 3, [_bin_row(0, 0.5 + attempt / 10), _bin_row(1, 0.95)])
+                replace_bin_stats(
+                    conn, "r", 3, [_bin_row(0, 0.5 + attempt / 10), _bin_row(1, 0.95)]
+                )
                 replace_threshold_events(conn, "r", 3, [(0, "below_target", 0.5, 0.86)])
         with store.connect() as conn:
             assert statistic_history(conn, "r", "p5", 3) == [(3, 0, 0.6), (3, 1, 0.95)]
@@ -43,8 +52,16 @@ def test_bin_stats_and_events_replace_one_step(tmp_path):
 
 
 def test_schedule_rows_round_trip_and_the_version_in_force(tmp_path):
-    row = {"name": "s", "page_size": 16, "bin_tokens": 2000, "topk_pages": (4, 8),
-           "reserved_bos": 1, "reserved_eos": 2, "skip_layers": (), "target": 0.86}
+    row = {
+        "name": "s",
+        "page_size": 16,
+        "bin_tokens": 2000,
+        "topk_pages": (4, 8),
+        "reserved_bos": 1,
+        "reserved_eos": 2,
+        "skip_layers": (),
+        "target": 0.86,
+    }
     with Store.open_writer(tmp_path) as store, store.connect() as conn:
         insert_schedule(conn, row, 1, "r", 0, "initial")
         insert_schedule(conn, {**row, "topk_pages": (6, 8)}, 2, "r", 5, "raise")

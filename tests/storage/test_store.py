@@ -4,7 +4,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -16,7 +15,6 @@ from sparrow.storage import (
     RunLayout,
     StorageError,
     Store,
-    WorkdirBusyError,
     atomic_dir,
     query,
 )
@@ -36,10 +34,14 @@ def _add_bins(store, rows):
 
 
 def test_query_answers_a_question(store, tmp_path):
-    _add_bins(store, [("r1", s, b, 100, 0.80 + 0.01 * s + 0.02 * b) for s in range(4) for b in range(3)])
+    _add_bins(
+        store, [("r1", s, b, 100, 0.80 + 0.01 * s + 0.02 * b) for s in range(4) for b in range(3)]
+    )
     result = query(tmp_path, "SELECT step, bin FROM bin_stats WHERE p5 < 0.86 ORDER BY step, bin")
     # p5 = 0.80 + 0.01 step + 0.02 bin < 0.86
-    expected = [(s, b) for s in range(4) for b in range(3) if 0.80 + 0.01 * s + 0.02 * b < 0.86 - 1e-12]
+    expected = [
+        (s, b) for s in range(4) for b in range(3) if 0.80 + 0.01 * s + 0.02 * b < 0.86 - 1e-12
+    ]
     assert result.rows == expected
     assert result.columns == ["step", "bin"]
 
@@ -77,7 +79,9 @@ def test_second_writer_in_another_process_is_refused(store, tmp_path):
         "try:\n    Store.open_writer(sys.argv[1])\nexcept WorkdirBusyError as e:\n"
         "    print(e); sys.exit(3)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True
+    )
     assert out.returncode == 3, out.stderr
     assert "being written by another process" in out.stdout and str(tmp_path) in out.stdout
 
@@ -92,10 +96,19 @@ def test_token_view_reads_parquet_files(store, tmp_path):
     for step in (0, 1):
         path = layout.token_file(step)
         path.parent.mkdir(parents=True)
-        table = pa.table({"run_id": ["r1"] * 3, "step": [step] * 3, "position": [1, 2, 3],
-                          "acceptance": [0.5, 0.9, 1.0]})
+        table = pa.table(
+            {
+                "run_id": ["r1"] * 3,
+                "step": [step] * 3,
+                "position": [1, 2, 3],
+                "acceptance": [0.5, 0.9, 1.0],
+            }
+        )
         pq.write_table(table, path)
-    rows = query(tmp_path, "SELECT step, count(*), min(acceptance) FROM token_mismatch GROUP BY step ORDER BY step").rows
+    rows = query(
+        tmp_path,
+        "SELECT step, count(*), min(acceptance) FROM token_mismatch GROUP BY step ORDER BY step",
+    ).rows
     assert rows == [(0, 3, 0.5), (1, 3, 0.5)]
 
 
@@ -124,7 +137,10 @@ def test_atomic_dir_leaves_nothing_on_failure(tmp_path):
 
 def test_cli_query_json_and_refusal(store, tmp_path, capsys):
     _add_bins(store, [("r1", 3, 0, 10, 0.81)])
-    assert main(["query", "--workdir", str(tmp_path), "--json", "SELECT run_id, p5 FROM bin_stats"]) == 0
+    assert (
+        main(["query", "--workdir", str(tmp_path), "--json", "SELECT run_id, p5 FROM bin_stats"])
+        == 0
+    )
     assert json.loads(capsys.readouterr().out) == [{"run_id": "r1", "p5": 0.81}]
     assert main(["query", "--workdir", str(tmp_path), "DELETE FROM bin_stats"]) == 2
     assert "refused" in capsys.readouterr().err
@@ -134,9 +150,11 @@ def test_older_calibration_table_gains_the_new_columns(tmp_path):
     import duckdb
 
     conn = duckdb.connect(str(tmp_path / "sparrow.duckdb"))
-    conn.execute("CREATE TABLE calibration (calibration_id VARCHAR, model_path VARCHAR, "
-                 "budget_pages INTEGER, bin INTEGER, n BIGINT, p5 DOUBLE, mean DOUBLE, "
-                 "created_at TIMESTAMP, PRIMARY KEY (calibration_id, budget_pages, bin))")
+    conn.execute(
+        "CREATE TABLE calibration (calibration_id VARCHAR, model_path VARCHAR, "
+        "budget_pages INTEGER, bin INTEGER, n BIGINT, p5 DOUBLE, mean DOUBLE, "
+        "created_at TIMESTAMP, PRIMARY KEY (calibration_id, budget_pages, bin))"
+    )
     conn.execute("INSERT INTO calibration VALUES ('c', 'm', 8, 0, 10, 0.9, 0.99, NULL)")
     conn.close()
     Store.open_writer(tmp_path).close()
@@ -151,21 +169,54 @@ def test_older_bin_stats_stays_readable_and_gains_min_and_share(tmp_path):
 
     # bin_stats as schema version 2 wrote it
     conn = duckdb.connect(str(tmp_path / "sparrow.duckdb"))
-    conn.execute("CREATE TABLE bin_stats (run_id VARCHAR, step INTEGER, bin INTEGER, n BIGINT, "
-                 "mean DOUBLE, p1 DOUBLE, p5 DOUBLE, p10 DOUBLE, p50 DOUBLE, beta_a DOUBLE, "
-                 "beta_b DOUBLE, beta_var DOUBLE, ks DOUBLE, budget_pages INTEGER, "
-                 "schedule_name VARCHAR, schedule_version INTEGER, "
-                 "PRIMARY KEY (run_id, step, bin))")
-    conn.execute("INSERT INTO bin_stats VALUES ('old', 1, 0, 10, 0.99, 0.5, 0.8, 0.9, 1.0, NULL, "
-                 "NULL, NULL, NULL, 4, 's', 1)")
+    conn.execute(
+        "CREATE TABLE bin_stats (run_id VARCHAR, step INTEGER, bin INTEGER, n BIGINT, "
+        "mean DOUBLE, p1 DOUBLE, p5 DOUBLE, p10 DOUBLE, p50 DOUBLE, beta_a DOUBLE, "
+        "beta_b DOUBLE, beta_var DOUBLE, ks DOUBLE, budget_pages INTEGER, "
+        "schedule_name VARCHAR, schedule_version INTEGER, "
+        "PRIMARY KEY (run_id, step, bin))"
+    )
+    conn.execute(
+        "INSERT INTO bin_stats VALUES ('old', 1, 0, 10, 0.99, 0.5, 0.8, 0.9, 1.0, NULL, "
+        "NULL, NULL, NULL, 4, 's', 1)"
+    )
     conn.close()
     # a reader before any writer opened it: the old columns, as they were
     assert query(tmp_path, "SELECT run_id, p5 FROM bin_stats").rows == [("old", 0.8)]
     with Store.open_writer(tmp_path) as store, store.connect() as conn:
-        replace_bin_stats(conn, "new", 1, [dict(zip(BIN_COLUMNS, [
-            0, 10, 0.99, 0.5, 0.8, 0.9, 1.0, None, None, None, None, 4, "s", 1, 0.25, 0.1]))])
-    rows = query(tmp_path, "SELECT run_id, p5, min, share_below_half FROM bin_stats "
-                           "ORDER BY run_id").rows
+        replace_bin_stats(
+            conn,
+            "new",
+            1,
+            [
+                dict(
+                    zip(
+                        BIN_COLUMNS,
+                        [
+                            0,
+                            10,
+                            0.99,
+                            0.5,
+                            0.8,
+                            0.9,
+                            1.0,
+                            None,
+                            None,
+                            None,
+                            None,
+                            4,
+                            "s",
+                            1,
+                            0.25,
+                            0.1,
+                        ],
+                    )
+                )
+            ],
+        )
+    rows = query(
+        tmp_path, "SELECT run_id, p5, min, share_below_half FROM bin_stats ORDER BY run_id"
+    ).rows
     assert rows == [("new", 0.8, 0.25, 0.1), ("old", 0.8, None, None)]
     pages = query(tmp_path, "SELECT run_id, pages_read FROM bin_stats ORDER BY run_id").rows
     assert pages == [("new", 4), ("old", 4)]
@@ -176,8 +227,12 @@ def test_older_bin_stats_stays_readable_and_gains_min_and_share(tmp_path):
 def test_the_next_writer_removes_a_dead_writers_scratch(tmp_path):
     """kill -9 in the middle of a stage leaves `.rollout.tmp-<pid>`; the next writer removes
     it, and leaves a live process's scratch and every finished folder alone."""
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     dead_pid = int(dead.stdout)
     step = RunLayout(tmp_path, "r1").step_dir(2)
     (step / f".rollout.tmp-{dead_pid}").mkdir(parents=True)

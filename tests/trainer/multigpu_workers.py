@@ -6,13 +6,15 @@ import torch
 import torch.distributed as dist
 
 
-def update_rank(rank, world_size, port, checkpoint, algo, records, rewards, old, group_size,
-                out_dir):
+def update_rank(
+    rank, world_size, port, checkpoint, algo, records, rewards, old, group_size, out_dir
+):
     from sparrow.trainer.sharded import ShardedPolicyTrainer
 
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size)
+    dist.init_process_group(
+        "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
+    )
     try:
         # fp32 compute, so the two ranks' sum can be held to the one-GPU trainer closely
         trainer = ShardedPolicyTrainer(checkpoint, algo, dtype="float32", seed=0)

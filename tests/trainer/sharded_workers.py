@@ -24,18 +24,29 @@ def run_ranks(world_size: int, *args, body=None) -> None:
     """body(rank, world_size, port, *args) in world_size spawned processes (one_rank if None)."""
     import torch.multiprocessing as mp
 
-    mp.spawn(body or one_rank, args=(world_size, free_port(), *args), nprocs=world_size,
-             join=True)
+    mp.spawn(body or one_rank, args=(world_size, free_port(), *args), nprocs=world_size, join=True)
 
 
 def _join(rank, world_size, port) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
+    )
 
 
-def one_rank(rank, world_size, port, checkpoint, algo, records, update_records, rewards, old,
-             group_size, out_dir):
+def one_rank(
+    rank,
+    world_size,
+    port,
+    checkpoint,
+    algo,
+    records,
+    update_records,
+    rewards,
+    old,
+    group_size,
+    out_dir,
+):
     from sparrow.trainer.sharded import ShardedPolicyTrainer
 
     _join(rank, world_size, port)
@@ -46,14 +57,16 @@ def one_rank(rank, world_size, port, checkpoint, algo, records, update_records, 
         weights = trainer.full_state_dict()
         trainer.export(out_dir / "export")
         if rank == 0:
-            torch.save({"scores": scores, "metrics": metrics, "weights": weights},
-                       out_dir / "rank0.pt")
+            torch.save(
+                {"scores": scores, "metrics": metrics, "weights": weights}, out_dir / "rank0.pt"
+            )
     finally:
         dist.destroy_process_group()
 
 
-def save_then_update(rank, world_size, port, checkpoint, algo, update_records, rewards, old,
-                     group_size, out_dir):
+def save_then_update(
+    rank, world_size, port, checkpoint, algo, update_records, rewards, old, group_size, out_dir
+):
     """rewards: two lists, one per update; out_dir gets sharded/ (save), export/ (export)
     after the first update and, from rank 0, continued.pt after the second."""
     from sparrow.trainer.sharded import ShardedPolicyTrainer
@@ -73,16 +86,28 @@ def save_then_update(rank, world_size, port, checkpoint, algo, update_records, r
         dist.destroy_process_group()
 
 
-def offload_round_trip(rank, world_size, port, checkpoint, algo, update_records, rewards, old,
-                       group_size, out_dir, backend="gloo"):
+def offload_round_trip(
+    rank,
+    world_size,
+    port,
+    checkpoint,
+    algo,
+    update_records,
+    rewards,
+    old,
+    group_size,
+    out_dir,
+    backend="gloo",
+):
     """Two trainers, three updates each; one offloads and onloads its shards between the first
     and second. Rank 0 saves both ends (weights, optimizer) and where the shards lived."""
     from sparrow.trainer.sharded import ShardedPolicyTrainer
 
     if backend == "nccl":
         torch.cuda.set_device(rank)
-        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world_size)
+        dist.init_process_group(
+            "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
+        )
     else:
         _join(rank, world_size, port)
     try:
@@ -94,8 +119,9 @@ def offload_round_trip(rank, world_size, port, checkpoint, algo, update_records,
                 if name == "offloaded" and k == 0:
                     pointers["before"] = _local_pointers(trainer)
                     memory["before"] = _allocated()
-                    memory["shard_bytes"] = sum(t.numel() * t.element_size()
-                                                for t in _local_tensors(trainer))
+                    memory["shard_bytes"] = sum(
+                        t.numel() * t.element_size() for t in _local_tensors(trainer)
+                    )
                     trainer.offload()
                     pointers["offloaded"] = _local_pointers(trainer)
                     memory["offloaded"] = _allocated()
@@ -103,12 +129,15 @@ def offload_round_trip(rank, world_size, port, checkpoint, algo, update_records,
                     trainer.onload()
                     pointers["onloaded"] = _local_pointers(trainer)
                     pointers["offloaded_devices"] = sorted(devices)
-            ends[name] = {"weights": trainer.full_state_dict(),
-                          "optimizer": trainer.full_optimizer_state()}
+            ends[name] = {
+                "weights": trainer.full_state_dict(),
+                "optimizer": trainer.full_optimizer_state(),
+            }
             del trainer
         if rank == 0:
-            torch.save({"ends": ends, "pointers": pointers, "memory": memory},
-                       out_dir / "offload.pt")
+            torch.save(
+                {"ends": ends, "pointers": pointers, "memory": memory}, out_dir / "offload.pt"
+            )
     finally:
         dist.destroy_process_group()
 
@@ -117,8 +146,11 @@ def _local_tensors(trainer) -> list:
     """This rank's parameter shards and AdamW moments (local tensors)."""
     local = [p.to_local() if hasattr(p, "to_local") else p for p in trainer.model.parameters()]
     for state in trainer.optimizer.state.values():
-        local += [v.to_local() if hasattr(v, "to_local") else v
-                  for v in state.values() if torch.is_tensor(v) and v.dim() > 0]
+        local += [
+            v.to_local() if hasattr(v, "to_local") else v
+            for v in state.values()
+            if torch.is_tensor(v) and v.dim() > 0
+        ]
     return local
 
 
@@ -152,8 +184,15 @@ def distill_rank(rank, world_size, port, model_path, algo, records, schedule, ou
         resumed.set_base_from(trainer)
         second = resumed.distill(records, schedule)
         if rank == 0:
-            torch.save({"first": first, "second": second, "bin_stats": resumed.bin_stats,
-                        "lora": adapter_state(resumed.model)}, out_dir / "distill0.pt")
+            torch.save(
+                {
+                    "first": first,
+                    "second": second,
+                    "bin_stats": resumed.bin_stats,
+                    "lora": adapter_state(resumed.model),
+                },
+                out_dir / "distill0.pt",
+            )
     finally:
         dist.destroy_process_group()
 
@@ -168,13 +207,19 @@ def pack_rank(rank, world_size, port, checkpoint, algo, adapter, out_dir):
     try:
         trainer = ShardedPolicyTrainer(checkpoint, algo, seed=0)
         full = trainer.full_state_dict()
-        packs = {key: pack_full_weights(trainer, dtype, merge)
-                 for key, dtype, merge in (("fp32", torch.float32, None),
-                                           ("bf16", torch.bfloat16, None),
-                                           ("merged", torch.float32, adapter))}
+        packs = {
+            key: pack_full_weights(trainer, dtype, merge)
+            for key, dtype, merge in (
+                ("fp32", torch.float32, None),
+                ("bf16", torch.bfloat16, None),
+                ("merged", torch.float32, adapter),
+            )
+        }
         if rank == 0:
-            torch.save({"full": full, "packs": {k: (p.buffer, p.layout) for k, p in
-                                                packs.items()}}, out_dir / "packs.pt")
+            torch.save(
+                {"full": full, "packs": {k: (p.buffer, p.layout) for k, p in packs.items()}},
+                out_dir / "packs.pt",
+            )
         else:
             assert all(p is None for p in packs.values())
     finally:

@@ -1,6 +1,6 @@
 """A checkpoint written in the background equals one written by save(), and loads back.
 
-    python -m pytest tests/trainer/test_async_save.py -q
+python -m pytest tests/trainer/test_async_save.py -q
 """
 
 from __future__ import annotations
@@ -30,8 +30,12 @@ def test_background_save_equals_save(qwen3_checkpoint, tmp_path):
     assert all(torch.equal(want[k], got[k]) for k in want)
     state_want, state_got = (read_checkpoint_state(tmp_path / n) for n in ("sync", "background"))
     assert state_want.meta == state_got.meta
-    moments = [(a, b) for a, b in zip(state_want.optimizer["state"].values(),
-                                      state_got.optimizer["state"].values())]
+    moments = [
+        (a, b)
+        for a, b in zip(
+            state_want.optimizer["state"].values(), state_got.optimizer["state"].values()
+        )
+    ]
     assert moments and all(torch.equal(a["exp_avg_sq"], b["exp_avg_sq"]) for a, b in moments)
     # the background folder is a checkpoint the trainer resumes from
     resumed = PolicyTrainer.load(tmp_path / "background", ALGO, device="cpu")
@@ -45,4 +49,6 @@ def test_a_second_save_waits_for_the_first(qwen3_checkpoint, tmp_path):
     second = trainer.save_in_background(tmp_path / "b")
     assert first.done()
     second.result()
-    assert (tmp_path / "a" / "optimizer.pt").is_file() and (tmp_path / "b" / "config.json").is_file()
+    assert (tmp_path / "a" / "optimizer.pt").is_file() and (
+        tmp_path / "b" / "config.json"
+    ).is_file()

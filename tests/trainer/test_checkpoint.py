@@ -1,6 +1,6 @@
 """Trainer checkpoint folders: layout, write-then-rename, refusals and named read errors.
 
-    python -m pytest tests/trainer/test_checkpoint.py -q
+python -m pytest tests/trainer/test_checkpoint.py -q
 """
 
 from __future__ import annotations
@@ -36,14 +36,22 @@ def test_layout_and_round_trip(model_and_optimizer, qwen3_checkpoint, tmp_path):
     torch.manual_seed(123)
     folder = save_checkpoint(tmp_path / "ck", model, optimizer, qwen3_checkpoint, {"step": 4})
     names = {p.name for p in folder.iterdir()}
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-            "optimizer.pt", "rng_state.pt", "trainer_state.json"} <= names
+    assert {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "optimizer.pt",
+        "rng_state.pt",
+        "trainer_state.json",
+    } <= names
     assert [p.name for p in tmp_path.iterdir()] == ["ck"]  # no scratch folder left behind
     state = read_checkpoint_state(folder)
     assert state.meta["step"] == 4 and state.meta["format_version"] == 1
     saved = optimizer.state_dict()["state"]
-    assert all(torch.equal(state.optimizer["state"][i]["exp_avg"], saved[i]["exp_avg"])
-               for i in saved)
+    assert all(
+        torch.equal(state.optimizer["state"][i]["exp_avg"], saved[i]["exp_avg"]) for i in saved
+    )
     torch.rand(5)  # move the generator on, then restore it
     restore_rng_state(state.rng)
     assert torch.equal(torch.rand(3), expected_draw)

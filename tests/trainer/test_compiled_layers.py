@@ -33,8 +33,9 @@ def test_every_layer_is_compiled_in_place_keeping_its_parameters(qwen3_checkpoin
 
 def test_the_trainer_compiles_only_when_asked(qwen3_checkpoint):
     plain = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu")
-    asked = PolicyTrainer(qwen3_checkpoint, dataclasses.replace(ALGO, compile_layers=True),
-                          device="cpu")
+    asked = PolicyTrainer(
+        qwen3_checkpoint, dataclasses.replace(ALGO, compile_layers=True), device="cpu"
+    )
     assert not any(is_compiled(layer) for layer in decoder_layers(plain.model))
     assert all(is_compiled(layer) for layer in decoder_layers(asked.model))
 
@@ -52,10 +53,13 @@ def assert_no_further_from_fp32(reference, eager, compiled, field="dense_logprob
     """Two bf16 computations of the same numbers differ by bf16 rounding (logprobs near -10
     by up to about 0.1): the compiled layers must be no further from the float32 model's
     numbers than twice the eager bf16 model's distance (a wrong fusion is far beyond that)."""
+
     def distance(scores):
-        return max(float(np.max(np.abs(np.asarray(getattr(b, field)) -
-                                       np.asarray(getattr(a, field)))))
-                   for a, b in zip(reference, scores))
+        return max(
+            float(np.max(np.abs(np.asarray(getattr(b, field)) - np.asarray(getattr(a, field)))))
+            for a, b in zip(reference, scores)
+        )
+
     eager_error, compiled_error = distance(eager), distance(compiled)
     assert compiled_error <= max(2 * eager_error, 0.02), (field, compiled_error, eager_error)
 
@@ -67,8 +71,12 @@ def test_compiled_layers_score_and_update_like_eager_on_gpu(qwen3_checkpoint, ch
     algo = dataclasses.replace(ALGO, gradient_checkpointing=checkpointing)
     reference = PolicyTrainer(qwen3_checkpoint, algo, device="cuda", dtype="float32")
     eager = PolicyTrainer(qwen3_checkpoint, algo, device="cuda", dtype="auto")
-    compiled = PolicyTrainer(qwen3_checkpoint, dataclasses.replace(algo, compile_layers=True),
-                             device="cuda", dtype="auto")
+    compiled = PolicyTrainer(
+        qwen3_checkpoint,
+        dataclasses.replace(algo, compile_layers=True),
+        device="cuda",
+        dtype="auto",
+    )
     assert eager.dtype == compiled.dtype == torch.bfloat16
 
     def check(records):
@@ -78,8 +86,10 @@ def test_compiled_layers_score_and_update_like_eager_on_gpu(qwen3_checkpoint, ch
 
     records = make_records(seed=4)
     check(records)
-    records = [dataclasses.replace(r, actor_logprobs=s.dense_logprobs)
-               for r, s in zip(records, reference.score(records))]
+    records = [
+        dataclasses.replace(r, actor_logprobs=s.dense_logprobs)
+        for r, s in zip(records, reference.score(records))
+    ]
     rewards = [1.0, 0.0, 0.0, 1.0]
     old = [s.dense_logprobs for s in reference.score(records)]
     want = reference.update(records, rewards, old, group_size=2)
@@ -88,8 +98,12 @@ def test_compiled_layers_score_and_update_like_eager_on_gpu(qwen3_checkpoint, ch
     # the same step: loss and gradient norm (before clipping) as close to float32's as eager's
     for key in ("actor/loss", "actor/grad_norm"):
         eager_error = abs(plain[key] - want[key])
-        assert abs(got[key] - want[key]) <= max(2 * eager_error, 0.02 * abs(want[key]), 1e-4), \
-            (key, got[key], plain[key], want[key])
+        assert abs(got[key] - want[key]) <= max(2 * eager_error, 0.02 * abs(want[key]), 1e-4), (
+            key,
+            got[key],
+            plain[key],
+            want[key],
+        )
     check(records)  # after the step
     # a second length compiles nothing new that fails, and scoring still agrees
     check(make_records(seed=9, prompts=3))

@@ -11,9 +11,9 @@ import torch
 from sparrow.config.schema import AlgoConfig, DistillConfig
 from sparrow.model.builtin import resolve_model_path
 from sparrow.model.loader import SafetensorsCheckpoint
+from sparrow.sparse import get_preset
 from sparrow.trainer.distill import SparseDistiller, record_advantages
 from sparrow.trainer.lora import lora_parameters
-from sparrow.sparse import get_preset
 from tests.trainer.distill_fixtures import sparse_rollouts
 
 SCHEDULE = get_preset("tiny-0.80")
@@ -67,8 +67,9 @@ def test_only_the_lora_moves_by_adams_first_step(path, records):
             continue
         g = grads[name]
         # AdamW's first step (no decay): -lr * g / (|g| + eps)
-        torch.testing.assert_close(value - before[name], -lr * g / (g.abs() + eps),
-                                   rtol=1e-3, atol=1e-7)
+        torch.testing.assert_close(
+            value - before[name], -lr * g / (g.abs() + eps), rtol=1e-3, atol=1e-7
+        )
     assert any(not torch.equal(after[n], before[n]) for n in after if ".lora_B" in n)
     assert metrics["distill/updates"] == 1.0 and metrics["distill/tokens"] == total
 
@@ -84,9 +85,11 @@ def test_distillation_lowers_kl_on_a_fixed_batch(path, records):
     assert last["distill/acceptance_mean_lora"] > first["distill/acceptance_mean_lora"]
     # without the LoRA nothing changed: the same tokens, the same base
     assert last["distill/acceptance_mean_base"] == pytest.approx(
-        first["distill/acceptance_mean_base"], abs=1e-6)
+        first["distill/acceptance_mean_base"], abs=1e-6
+    )
     assert first["distill/acceptance_mean_lora"] == pytest.approx(
-        first["distill/acceptance_mean_base"], abs=1e-6)  # a fresh LoRA is the base
+        first["distill/acceptance_mean_base"], abs=1e-6
+    )  # a fresh LoRA is the base
 
 
 def test_saved_state_resumes_to_the_same_adapter(path, records, tmp_path):
@@ -109,12 +112,12 @@ def test_ppo_term_joins_the_loss(path, records):
     rewards = [float(i % 2) for i in range(len(records))]
     advantages = record_advantages(records, rewards, 2, algo())
     assert len(advantages) == len(records) and abs(sum(advantages)) < 1e-5
-    with_ppo = distiller(path, ppo_coef=1.0).distill(records, SCHEDULE, advantages,
-                                                     update=False)
+    with_ppo = distiller(path, ppo_coef=1.0).distill(records, SCHEDULE, advantages, update=False)
     plain = distiller(path).distill(records, SCHEDULE, update=False)
     assert "distill/ppo_loss" in with_ppo and "distill/ppo_loss" not in plain
     assert with_ppo["distill/loss"] == pytest.approx(
-        plain["distill/loss"] + with_ppo["distill/ppo_loss"], rel=1e-5, abs=1e-7)
+        plain["distill/loss"] + with_ppo["distill/ppo_loss"], rel=1e-5, abs=1e-7
+    )
     with pytest.raises(ValueError, match="advantages"):
         distiller(path, ppo_coef=1.0).distill(records, SCHEDULE)
 

@@ -1,6 +1,6 @@
 """fuse_rms_norms: every transformers RMSNorm runs torch.rms_norm, with the same results.
 
-    python -m pytest tests/trainer/test_fused_norms.py -q
+python -m pytest tests/trainer/test_fused_norms.py -q
 """
 
 from __future__ import annotations
@@ -41,8 +41,13 @@ def test_trainer_with_fused_norms_scores_and_updates_alike(qwen3_checkpoint, dty
     rewards = [0, 1, 0, 1, 1, 0]
     exact = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu", dtype="float32").score(records)
     plain = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu", dtype=dtype, seed=2)
-    fused = PolicyTrainer(qwen3_checkpoint, dataclasses.replace(ALGO, fused_norms=True),
-                          device="cpu", dtype=dtype, seed=2)
+    fused = PolicyTrainer(
+        qwen3_checkpoint,
+        dataclasses.replace(ALGO, fused_norms=True),
+        device="cpu",
+        dtype=dtype,
+        seed=2,
+    )
     tolerance = 1e-5 if dtype == "float32" else 0.15
     for want, a, b in zip(exact, plain.score(records), fused.score(records)):
         np.testing.assert_allclose(a.dense_logprobs, want.dense_logprobs, atol=tolerance)

@@ -23,8 +23,9 @@ def read_full_state(path, keys, tied):
     return state
 
 
-@pytest.mark.parametrize("fixture", ["qwen3_checkpoint", "llama_checkpoint",
-                                     "qwen3_sharded_checkpoint"])
+@pytest.mark.parametrize(
+    "fixture", ["qwen3_checkpoint", "llama_checkpoint", "qwen3_sharded_checkpoint"]
+)
 def test_empty_model_reads_back_equal_to_the_loaded_one(fixture, request):
     """Tied (qwen3) and untied with llama3 RoPE scaling (llama) models, one file or shards:
     no parameter has memory, every buffer equals the loaded model's, and the state read for
@@ -35,8 +36,9 @@ def test_empty_model_reads_back_equal_to_the_loaded_one(fixture, request):
     for (name, buffer), (other, want) in zip(empty.named_buffers(), loaded.named_buffers()):
         assert name == other and not buffer.is_meta and torch.equal(buffer, want), name
     tied = tied_names(empty)
-    assert (tied == {"lm_head.weight": "model.embed_tokens.weight"}) == \
-        loaded.config.tie_word_embeddings
+    assert (
+        tied == {"lm_head.weight": "model.embed_tokens.weight"}
+    ) == loaded.config.tie_word_embeddings
     state = read_full_state(path, empty.state_dict(), tied)
     want = loaded.state_dict()
     assert state.keys() == want.keys()

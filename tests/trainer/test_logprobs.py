@@ -1,6 +1,6 @@
 """Chunked logprobs equal the whole-batch computation, forward and backward.
 
-    python -m pytest tests/trainer/test_logprobs.py -q
+python -m pytest tests/trainer/test_logprobs.py -q
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ def assert_like_the_whole_batch(logprobs, seed, rows=23, vocab=50):
 @pytest.mark.parametrize("chunk", [1, 5, 7, 100])
 def test_chunks_equal_the_whole_batch_with_gradients(chunk):
     assert_like_the_whole_batch(
-        lambda h, w, t, temperature: chunked_logprobs(h, w, t, temperature, chunk), chunk)
+        lambda h, w, t, temperature: chunked_logprobs(h, w, t, temperature, chunk), chunk
+    )
 
 
 def test_extra_ids_are_logprobs_at_those_ids():
@@ -49,14 +50,16 @@ def test_extra_ids_are_logprobs_at_those_ids():
     lp, at_ids = chunked_logprobs(hidden, weight, targets, 1.0, 4, extra_ids=ids)
     table = torch.log_softmax((hidden @ weight.T).double(), -1)
     torch.testing.assert_close(at_ids.double(), table.gather(-1, ids), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(lp.double(), table.gather(-1, targets[:, None])[:, 0],
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        lp.double(), table.gather(-1, targets[:, None])[:, 0], rtol=1e-5, atol=1e-5
+    )
 
 
 def test_bad_chunk_is_refused():
     with pytest.raises(ValueError, match="chunk_tokens"):
-        chunked_logprobs(torch.zeros(2, 3), torch.zeros(4, 3), torch.zeros(2, dtype=torch.long),
-                         1.0, 0)
+        chunked_logprobs(
+            torch.zeros(2, 3), torch.zeros(4, 3), torch.zeros(2, dtype=torch.long), 1.0, 0
+        )
 
 
 def compiled_against_plain(device, dtype, tolerance):
@@ -69,8 +72,9 @@ def compiled_against_plain(device, dtype, tolerance):
         for ids in (None, extra):
             plain = chunked_logprobs(hidden, weight, targets, 0.7, 16, ids)
             got = chunked_logprobs(hidden, weight, targets, 0.7, 16, ids, compiled=True)
-            for a, b in zip(plain if ids is not None else [plain],
-                            got if ids is not None else [got]):
+            for a, b in zip(
+                plain if ids is not None else [plain], got if ids is not None else [got]
+            ):
                 assert b.dtype == torch.float32 and b.shape == a.shape
                 torch.testing.assert_close(b, a, rtol=tolerance, atol=tolerance)
     # against float64 log-softmax of the same (low-precision) logits
@@ -91,8 +95,9 @@ def test_the_compiled_log_softmax_gives_the_plain_numbers_on_gpu():
 
 
 @pytest.mark.slow
-def test_the_trainer_scores_through_the_compiled_log_softmax_when_asked(qwen3_checkpoint,
-                                                                        monkeypatch):
+def test_the_trainer_scores_through_the_compiled_log_softmax_when_asked(
+    qwen3_checkpoint, monkeypatch
+):
     import dataclasses
 
     import numpy as np
@@ -112,9 +117,12 @@ def test_the_trainer_scores_through_the_compiled_log_softmax_when_asked(qwen3_ch
     monkeypatch.setattr(logprobs, "_compiled_normalized_at", counting)
     algo = AlgoConfig(lr=1e-3, micro_batch_tokens=64, logits_chunk_tokens=8)
     records = make_records(seed=2)
-    trainers = [PolicyTrainer(qwen3_checkpoint, algo, device="cpu"),
-                PolicyTrainer(qwen3_checkpoint, dataclasses.replace(algo, compile_logprobs=True),
-                              device="cpu")]
+    trainers = [
+        PolicyTrainer(qwen3_checkpoint, algo, device="cpu"),
+        PolicyTrainer(
+            qwen3_checkpoint, dataclasses.replace(algo, compile_logprobs=True), device="cpu"
+        ),
+    ]
     plain = trainers[0].score(records)
     assert not calls
     asked = trainers[1].score(records)
@@ -123,8 +131,9 @@ def test_the_trainer_scores_through_the_compiled_log_softmax_when_asked(qwen3_ch
         np.testing.assert_allclose(b.dense_logprobs, a.dense_logprobs, atol=1e-5)
         np.testing.assert_allclose(b.acceptance, a.acceptance, atol=1e-5)
     # the update through LinearLogprob: the same loss and gradient norm, the same new weights
-    records = [dataclasses.replace(r, actor_logprobs=s.dense_logprobs)
-               for r, s in zip(records, plain)]
+    records = [
+        dataclasses.replace(r, actor_logprobs=s.dense_logprobs) for r, s in zip(records, plain)
+    ]
     old = [s.dense_logprobs for s in plain]
     metrics = [t.update(records, [1.0, 0.0, 0.0, 1.0], old, group_size=2) for t in trainers]
     for key in ("actor/loss", "actor/grad_norm"):
@@ -152,7 +161,10 @@ def test_the_linear_logprob_function_gives_autograds_values_and_gradients(compil
 
     assert_like_the_whole_batch(
         lambda h, w, t, temperature: LinearLogprob.apply(h, w, t, temperature, compile_parts),
-        11, rows=19, vocab=60)
+        11,
+        rows=19,
+        vocab=60,
+    )
 
 
 @pytest.mark.parametrize("chunk", [4, 100])
@@ -187,8 +199,9 @@ def gradients_in_low_precision(device, autocast):
         with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
             lp = chunked_logprobs(hidden, weight, targets, 1.0, 16, compiled=compiled)
         (lp * upstream).sum().backward()
-        results.append((lp.detach().float(), hidden.grad.float().clone(),
-                        weight.grad.float().clone()))
+        results.append(
+            (lp.detach().float(), hidden.grad.float().clone(), weight.grad.float().clone())
+        )
         hidden.grad = weight.grad = None
     for a, b in zip(*results):
         torch.testing.assert_close(b, a, rtol=2e-2, atol=2e-2)

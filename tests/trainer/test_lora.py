@@ -60,12 +60,14 @@ def test_merge_unmerge_round_trip(path):
     merged = merge_weights(base, adapter)
     for name, layer in lora_layers(model):
         layer.merge()
-        torch.testing.assert_close(layer.base_layer.weight, merged[f"{name}.weight"],
-                                   rtol=0, atol=1e-6)
+        torch.testing.assert_close(
+            layer.base_layer.weight, merged[f"{name}.weight"], rtol=0, atol=1e-6
+        )
         assert not torch.equal(merged[f"{name}.weight"], base[f"{name}.weight"])
         layer.unmerge()
-        torch.testing.assert_close(layer.base_layer.weight, base[f"{name}.weight"],
-                                   rtol=0, atol=1e-6)
+        torch.testing.assert_close(
+            layer.base_layer.weight, base[f"{name}.weight"], rtol=0, atol=1e-6
+        )
     untouched = "model.layers.0.self_attn.k_proj.weight"
     assert merged[untouched] is base[untouched]
 
@@ -78,8 +80,9 @@ def test_engine_weights_from_merge_give_the_adapted_forward(path):
     model = adapted(path)
     plain = load_model(path)
     merged = load_model(path)
-    merged.load_hf_state_dict(merge_weights(SafetensorsCheckpoint(path),
-                                            Adapter(SPEC, adapter_state(model))))
+    merged.load_hf_state_dict(
+        merge_weights(SafetensorsCheckpoint(path), Adapter(SPEC, adapter_state(model)))
+    )
     schedule = get_preset("tiny-0.80")
     with torch.no_grad():
         for sched, lens in ((None, None), (schedule, [8, 6])):

@@ -1,6 +1,6 @@
 """MasterWeights: bf16 parameters stepped through fp32 masters, and the trainer that uses them.
 
-    python -m pytest tests/trainer/test_master_weights.py -q
+python -m pytest tests/trainer/test_master_weights.py -q
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def test_trainer_holds_bf16_and_saves_the_fp32_masters(qwen3_checkpoint, tmp_pat
     saved = load_file(str(folder / "model.safetensors"))
     assert all(t.dtype == torch.float32 for t in saved.values())
     names = dict(trainer.model.named_parameters())
-    for (name, param), master in zip(names.items(), trainer.masters.parameters()):
+    for name, master in zip(names, trainer.masters.parameters()):
         if name in saved:
             assert torch.equal(saved[name], master)
     assert all(p.dtype == torch.bfloat16 for p in trainer.model.parameters())

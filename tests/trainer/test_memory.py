@@ -13,16 +13,19 @@ from sparrow.trainer.memory import TrainerMemoryError, names_out_of_memory
 from sparrow.trainer.policy_trainer import PolicyTrainer
 from tests.trainer.test_policy_trainer import ALGO, make_records
 
-DEVICE_SAID = ("CUDA out of memory. Tried to allocate 2.32 GiB. GPU 0 has a total capacity of "
-               "79.18 GiB of which 2.28 GiB is free. Including non-PyTorch memory, ...")
+DEVICE_SAID = (
+    "CUDA out of memory. Tried to allocate 2.32 GiB. GPU 0 has a total capacity of "
+    "79.18 GiB of which 2.28 GiB is free. Including non-PyTorch memory, ..."
+)
 
 
 def out_of_memory(*args, **kwargs):
     raise torch.OutOfMemoryError(DEVICE_SAID)
 
 
-def test_scoring_and_the_update_name_the_settings_that_lower_their_memory(qwen3_checkpoint,
-                                                                          monkeypatch):
+def test_scoring_and_the_update_name_the_settings_that_lower_their_memory(
+    qwen3_checkpoint, monkeypatch
+):
     trainer = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu", seed=0)
     records = make_records()
     monkeypatch.setattr(trainer, "_token_logprobs", out_of_memory)
@@ -30,9 +33,11 @@ def test_scoring_and_the_update_name_the_settings_that_lower_their_memory(qwen3_
         trainer.score(records)
     text = str(err.value)
     assert isinstance(err.value, SparrowError) and "\n" not in text
-    assert text.startswith("dense scoring ran out of GPU memory on cpu: CUDA out of memory. "
-                           "Tried to allocate 2.32 GiB. To fit: lower algo.micro_batch_tokens "
-                           "(now 10000)")
+    assert text.startswith(
+        "dense scoring ran out of GPU memory on cpu: CUDA out of memory. "
+        "Tried to allocate 2.32 GiB. To fit: lower algo.micro_batch_tokens "
+        "(now 10000)"
+    )
     assert "rollout.release_memory" in text and "trainer.num_workers" in text
     assert "gradient_checkpointing" not in text  # scoring keeps no activations
     assert err.value.__context__ is None  # the failed call's frames are not held
@@ -40,8 +45,11 @@ def test_scoring_and_the_update_name_the_settings_that_lower_their_memory(qwen3_
     monkeypatch.setattr(trainer, "_one_pass", out_of_memory)
     scores = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu", seed=0).score(records)
     old = [s.dense_logprobs for s in scores]
-    with pytest.raises(TrainerMemoryError, match=r"^the policy update ran out of GPU memory.*"
-                       r"set algo\.gradient_checkpointing=true"):
+    with pytest.raises(
+        TrainerMemoryError,
+        match=r"^the policy update ran out of GPU memory.*"
+        r"set algo\.gradient_checkpointing=true",
+    ):
         trainer.update(records, [0.0, 1.0] * 3, old, 3)
     trainer.algo = dataclasses.replace(ALGO, gradient_checkpointing=True)
     with pytest.raises(TrainerMemoryError) as err:

@@ -26,13 +26,25 @@ def test_two_gpus_are_there():
     assert torch.cuda.device_count() >= 2, "the multigpu tests need 2 CUDA GPUs"
 
 
-def test_nccl_broadcast_gives_the_sender_weights(qwen3_checkpoint, qwen3_sharded_checkpoint,
-                                                 tmp_path):
+def test_nccl_broadcast_gives_the_sender_weights(
+    qwen3_checkpoint, qwen3_sharded_checkpoint, tmp_path
+):
     assert torch.cuda.device_count() >= 2
     want = load_model(qwen3_checkpoint).state_dict()
-    mp.spawn(one_member, args=(2, free_port(), "nccl", qwen3_checkpoint,
-                               qwen3_sharded_checkpoint, 64 << 10, tmp_path),
-             nprocs=2, join=True)
+    mp.spawn(
+        one_member,
+        args=(
+            2,
+            free_port(),
+            "nccl",
+            qwen3_checkpoint,
+            qwen3_sharded_checkpoint,
+            64 << 10,
+            tmp_path,
+        ),
+        nprocs=2,
+        join=True,
+    )
     got = torch.load(tmp_path / "receiver1.pt")
     assert len(got["buckets"]) > 3
     for name, tensor in want.items():
@@ -48,8 +60,12 @@ def test_two_nccl_ranks_update_like_one_gpu(qwen3_checkpoint, tmp_path):
     scores = single.score(records)
     update_records = with_actor_logprobs(records, scores, [0.1 * (i % 3) for i in range(6)])
     old = [s.dense_logprobs for s in scores]
-    mp.spawn(update_rank, args=(2, free_port(), qwen3_checkpoint, algo, update_records,
-                                rewards, old, 2, tmp_path), nprocs=2, join=True)
+    mp.spawn(
+        update_rank,
+        args=(2, free_port(), qwen3_checkpoint, algo, update_records, rewards, old, 2, tmp_path),
+        nprocs=2,
+        join=True,
+    )
     expected = single.update(update_records, rewards, old, 2)
     got = torch.load(tmp_path / "nccl_rank0.pt", weights_only=False)
     for key, value in expected.items():
@@ -64,8 +80,23 @@ def test_nccl_ranks_offload_their_shards_and_update_alike(qwen3_checkpoint, tmp_
 
     assert torch.cuda.device_count() >= 2
     algo, update_records, old = update_batch(qwen3_checkpoint)
-    mp.spawn(offload_round_trip, args=(2, free_port(), qwen3_checkpoint, algo, update_records,
-                                       REWARDS, old, 2, tmp_path, "nccl"), nprocs=2, join=True)
+    mp.spawn(
+        offload_round_trip,
+        args=(
+            2,
+            free_port(),
+            qwen3_checkpoint,
+            algo,
+            update_records,
+            REWARDS,
+            old,
+            2,
+            tmp_path,
+            "nccl",
+        ),
+        nprocs=2,
+        join=True,
+    )
     got = torch.load(tmp_path / "offload.pt", weights_only=False)
     assert got["pointers"]["offloaded_devices"] == ["cpu"]
     memory = got["memory"]

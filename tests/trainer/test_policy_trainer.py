@@ -32,16 +32,31 @@ def make_records(prompts=2, group=3, seed=0):
         for s in range(group):
             out = tuple(rng.randrange(VOCAB) for _ in range(rng.randint(1, 8)))
             n = len(out)
-            records.append(RolloutRecord(p, s, p, prompt, out, (-1.0,) * n, ((0,),) * n,
-                                         ((-1.0,),) * n, (1,) * n, "stop", "0"))
+            records.append(
+                RolloutRecord(
+                    p,
+                    s,
+                    p,
+                    prompt,
+                    out,
+                    (-1.0,) * n,
+                    ((0,),) * n,
+                    ((-1.0,),) * n,
+                    (1,) * n,
+                    "stop",
+                    "0",
+                )
+            )
     return records
 
 
 def with_actor_logprobs(records, scores, shifts):
     """The records as if the actor had sampled them with the dense policy, shifted per record
     (so TIS weights differ between samples and no loss cancels to 0 by symmetry)."""
-    return [dataclasses.replace(r, actor_logprobs=tuple(v + shift for v in s.dense_logprobs))
-            for r, s, shift in zip(records, scores, shifts)]
+    return [
+        dataclasses.replace(r, actor_logprobs=tuple(v + shift for v in s.dense_logprobs))
+        for r, s, shift in zip(records, scores, shifts)
+    ]
 
 
 def rollout_step(trainer, records, rewards, group):
@@ -83,7 +98,9 @@ def test_micro_batches_sum_to_the_full_batch(qwen3_checkpoint, loss_agg):
     (m_full, g_full, w_full), (m_micro, g_micro, w_micro) = results
     assert abs(m_full["actor/loss"]) > 1e-3
     assert m_micro["actor/loss"] == pytest.approx(m_full["actor/loss"], rel=1e-6)
-    assert m_micro["actor/tis_weight_mean"] == pytest.approx(m_full["actor/tis_weight_mean"], rel=1e-6)
+    assert m_micro["actor/tis_weight_mean"] == pytest.approx(
+        m_full["actor/tis_weight_mean"], rel=1e-6
+    )
     for name in g_full:
         # float32 sums in another order: each entry's rounding is a few float32 steps of the
         # tensor's largest entry (13 measured), whatever that entry's own size; a micro-batch
@@ -107,8 +124,10 @@ def test_grpo_reference_loss_by_hand(qwen3_checkpoint):
     metrics = rollout_step(trainer, records, rewards, group=3)
     lengths = np.array([len(r.output_ids) for r in records])
     grouped = np.array(rewards).reshape(2, 3)
-    adv = ((grouped - grouped.mean(1, keepdims=True)) / (grouped.std(1, ddof=1, keepdims=True)
-                                                          + algo.adv_eps)).reshape(-1)
+    adv = (
+        (grouped - grouped.mean(1, keepdims=True))
+        / (grouped.std(1, ddof=1, keepdims=True) + algo.adv_eps)
+    ).reshape(-1)
     assert metrics["actor/loss"] == pytest.approx(-(adv * lengths).sum() / lengths.sum(), rel=1e-5)
 
 
@@ -117,7 +136,8 @@ def test_gradient_clipping_reports_the_norm_before_clipping(qwen3_checkpoint):
     trainer = PolicyTrainer(qwen3_checkpoint, algo, device="cpu")
     metrics = rollout_step(trainer, make_records(seed=4), [0, 1, 0, 1, 1, 0], group=3)
     clipped = torch.linalg.vector_norm(
-        torch.stack([torch.linalg.vector_norm(p.grad) for p in trainer.model.parameters()]))
+        torch.stack([torch.linalg.vector_norm(p.grad) for p in trainer.model.parameters()])
+    )
     assert metrics["actor/grad_norm"] > 1e-2
     assert float(clipped) == pytest.approx(1e-3, rel=1e-4)
 
@@ -180,8 +200,11 @@ def test_bad_update_inputs_are_named(qwen3_checkpoint):
     old = [[0.0] * len(r.output_ids) for r in records]
     with pytest.raises(RLInputError, match="4 records, 3 rewards"):
         trainer.update(records, [0, 1, 0], old, 2)
-    with pytest.raises(RLInputError, match=r"prompt 0 has samples \[0, 1\]; each prompt needs "
-                                           r"group_size=3"):
+    with pytest.raises(
+        RLInputError,
+        match=r"prompt 0 has samples \[0, 1\]; each prompt needs "
+        r"group_size=3",
+    ):
         trainer.update(records, [0, 1, 0, 1], old, 3)
     short = [o[:-1] for o in old]
     with pytest.raises(RLInputError, match=r"rollout \(0, 0\) has \d+ generated tokens but"):
@@ -202,8 +225,12 @@ def test_nothing_generated_leaves_the_weights(qwen3_checkpoint):
     trainer = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu")
     usual = rollout_step(trainer, make_records(seed=9), [0, 1, 0, 1, 1, 0], group=3)
     before = weights(trainer)
-    empty = [dataclasses.replace(r, output_ids=(), actor_logprobs=(), topk_ids=(),
-                                 topk_logprobs=(), pages_read=()) for r in make_records(seed=9)]
+    empty = [
+        dataclasses.replace(
+            r, output_ids=(), actor_logprobs=(), topk_ids=(), topk_logprobs=(), pages_read=()
+        )
+        for r in make_records(seed=9)
+    ]
     metrics = trainer.update(empty, [0, 1, 0, 1, 1, 0], [()] * 6, 3)
     assert set(metrics) == set(usual)  # the same keys every step, for the step tables
     assert metrics["actor/tokens"] == 0 and metrics["actor/loss"] == 0
@@ -211,8 +238,7 @@ def test_nothing_generated_leaves_the_weights(qwen3_checkpoint):
     assert trainer.step == 2 and trainer.optimizer_steps == 1
 
 
-@pytest.mark.parametrize("change", [dict(logits_chunk_tokens=3),
-                                    dict(gradient_checkpointing=True)])
+@pytest.mark.parametrize("change", [dict(logits_chunk_tokens=3), dict(gradient_checkpointing=True)])
 def test_trainer_memory_options_keep_the_update(qwen3_checkpoint, change):
     records = make_records(prompts=2, group=3, seed=7)
     rewards = [1.0, 0.0, 0.5, 0.0, 1.0, 0.2]
@@ -256,4 +282,6 @@ def test_gradient_checkpointing_wraps_every_layer_in_the_update(qwen3_checkpoint
     assert calls[0] == len(layers)  # one micro-batch
     plain = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu", seed=0)
     assert not plain.model.training and not any(
-        getattr(layer, "gradient_checkpointing", False) for layer in plain.model.get_decoder().layers)
+        getattr(layer, "gradient_checkpointing", False)
+        for layer in plain.model.get_decoder().layers
+    )

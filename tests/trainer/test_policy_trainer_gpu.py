@@ -1,6 +1,6 @@
 """PolicyTrainer on a CUDA device: bf16 compute over fp32 master weights (marked gpu).
 
-    python -m pytest tests/trainer/test_policy_trainer_gpu.py -q     # on a GPU machine
+python -m pytest tests/trainer/test_policy_trainer_gpu.py -q     # on a GPU machine
 """
 
 from __future__ import annotations
@@ -33,8 +33,21 @@ def make_records(seed=0, prompts=2, group=2, vocab=384):
             out = tuple(rng.randrange(vocab) for _ in range(rng.randint(3, 9)))
             top = tuple(tuple(rng.sample(range(vocab), 4)) for _ in out)
             n = len(out)
-            records.append(RolloutRecord(p, s, p, prompt, out, (-2.0,) * n, top,
-                                         ((-1.5, -2.0, -2.5, -3.0),) * n, (1,) * n, "stop", "0"))
+            records.append(
+                RolloutRecord(
+                    p,
+                    s,
+                    p,
+                    prompt,
+                    out,
+                    (-2.0,) * n,
+                    top,
+                    ((-1.5, -2.0, -2.5, -3.0),) * n,
+                    (1,) * n,
+                    "stop",
+                    "0",
+                )
+            )
     return records
 
 
@@ -57,8 +70,9 @@ def test_gpu_update_direction_sync_and_resume(qwen3_checkpoint, tmp_path):
     records = make_records(seed=1)
     rewards = [1.0, 0.0, 0.0, 1.0]
     before = trainer.score(records)
-    records = [dataclasses.replace(r, actor_logprobs=s.dense_logprobs)
-               for r, s in zip(records, before)]
+    records = [
+        dataclasses.replace(r, actor_logprobs=s.dense_logprobs) for r, s in zip(records, before)
+    ]
     trainer.update(records, rewards, [s.dense_logprobs for s in before], 2)
     after = trainer.score(records)
     for i, reward in enumerate(rewards):
@@ -68,8 +82,9 @@ def test_gpu_update_direction_sync_and_resume(qwen3_checkpoint, tmp_path):
     ids = torch.tensor([4, 9, 200, 31], device="cuda")
     with torch.no_grad(), trainer.masters.swapped_in() as exact:
         want = exact(input_ids=ids[None]).logits[0].float()
-        got = engine_model.compute_logits(engine_model(ids, torch.arange(4, device="cuda"),
-                                                       causal_attention([4])))
+        got = engine_model.compute_logits(
+            engine_model(ids, torch.arange(4, device="cuda"), causal_attention([4]))
+        )
     torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
     resumed = PolicyTrainer.load(folder, ALGO, device="cuda", dtype="auto")
     old = [s.dense_logprobs for s in after]
@@ -91,8 +106,9 @@ def test_offload_keeps_masters_and_moments(qwen3_checkpoint):
     trainer.offload()
     assert not any(m.is_cuda for m in trainer.masters.parameters())
     assert not any(p.is_cuda for p in trainer.model.parameters())
-    assert all(not v.is_cuda for s in trainer.optimizer.state.values() for v in s.values()
-               if v.dim() > 0)
+    assert all(
+        not v.is_cuda for s in trainer.optimizer.state.values() for v in s.values() if v.dim() > 0
+    )
     trainer.onload()
     assert all(torch.equal(a, b) for a, b in zip(masters, trainer.masters.parameters()))
     assert all(p.is_cuda and p.dtype == torch.bfloat16 for p in trainer.model.parameters())
@@ -103,8 +119,9 @@ def test_offload_keeps_masters_and_moments(qwen3_checkpoint):
 def test_fused_norms_on_gpu_stay_close_to_fp32_cpu(qwen3_checkpoint):
     records = make_records(seed=3)
     cpu = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu").score(records)
-    fused = PolicyTrainer(qwen3_checkpoint, dataclasses.replace(ALGO, fused_norms=True),
-                          device="cuda", dtype="auto")
+    fused = PolicyTrainer(
+        qwen3_checkpoint, dataclasses.replace(ALGO, fused_norms=True), device="cuda", dtype="auto"
+    )
     for a, b in zip(cpu, fused.score(records)):
         np.testing.assert_allclose(b.dense_logprobs, a.dense_logprobs, atol=0.15)
         np.testing.assert_allclose(b.acceptance, a.acceptance, atol=0.03)

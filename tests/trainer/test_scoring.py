@@ -1,6 +1,6 @@
 """Dense scoring: equal to a plain per-sample forward, acceptance equal to a hand computation.
 
-    python -m pytest tests/trainer/test_scoring.py -q
+python -m pytest tests/trainer/test_scoring.py -q
 """
 
 from __future__ import annotations
@@ -25,16 +25,27 @@ def hf_model(qwen3_checkpoint):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(
-        qwen3_checkpoint, dtype=torch.float32, attn_implementation="sdpa").eval()
+        qwen3_checkpoint, dtype=torch.float32, attn_implementation="sdpa"
+    ).eval()
 
 
 def record(prompt_index, sample_index, prompt, output, topk_ids=None, topk_logprobs=None):
     n = len(output)
     topk_ids = topk_ids if topk_ids is not None else [[t] for t in output]
     topk_logprobs = topk_logprobs if topk_logprobs is not None else [[-1.0]] * n
-    return RolloutRecord(prompt_index, sample_index, prompt_index, tuple(prompt), tuple(output),
-                         tuple([-1.0] * n), tuple(map(tuple, topk_ids)),
-                         tuple(map(tuple, topk_logprobs)), tuple([1] * n), "stop", "0")
+    return RolloutRecord(
+        prompt_index,
+        sample_index,
+        prompt_index,
+        tuple(prompt),
+        tuple(output),
+        tuple([-1.0] * n),
+        tuple(map(tuple, topk_ids)),
+        tuple(map(tuple, topk_logprobs)),
+        tuple([1] * n),
+        "stop",
+        "0",
+    )
 
 
 def random_records(count, seed, k=5):
@@ -44,9 +55,15 @@ def random_records(count, seed, k=5):
         prompt = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 9))]
         output = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 12))]
         ids = [rng.sample(range(VOCAB), k) for _ in output]
-        logprobs = [sorted(np.log(np.random.default_rng(seed * 100 + i * 10 + j)
-                                  .dirichlet(np.ones(k + 1))[:k]).tolist(), reverse=True)
-                    for j in range(len(output))]
+        logprobs = [
+            sorted(
+                np.log(
+                    np.random.default_rng(seed * 100 + i * 10 + j).dirichlet(np.ones(k + 1))[:k]
+                ).tolist(),
+                reverse=True,
+            )
+            for j in range(len(output))
+        ]
         records.append(record(i // 2, i % 2, prompt, output, ids, logprobs))
     return records
 
@@ -57,7 +74,7 @@ def plain_logprobs(model, rec, temperature):
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0].double() / temperature
     start = len(rec.prompt_ids) - 1
-    return torch.log_softmax(logits[start:start + len(rec.output_ids)], dim=-1)
+    return torch.log_softmax(logits[start : start + len(rec.output_ids)], dim=-1)
 
 
 @pytest.mark.parametrize("budget", [1, 30, 10_000])
@@ -78,8 +95,14 @@ def test_scores_equal_a_plain_forward_per_sample(hf_model, budget):
 
 
 def test_acceptance_by_hand_on_a_tiny_case(hf_model):
-    rec = record(0, 0, [5, 6, 7], [8, 9], topk_ids=[[8, 1], [9, 2]],
-                 topk_logprobs=[[math.log(0.5), math.log(0.25)], [math.log(0.9), -math.inf]])
+    rec = record(
+        0,
+        0,
+        [5, 6, 7],
+        [8, 9],
+        topk_ids=[[8, 1], [9, 2]],
+        topk_logprobs=[[math.log(0.5), math.log(0.25)], [math.log(0.9), -math.inf]],
+    )
     got = score_rollouts(hf_model, [rec], 64)[0]
     p = plain_logprobs(hf_model, rec, 1.0).exp()
     first = min(float(p[0, 8]), 0.5) + min(float(p[0, 1]), 0.25)
@@ -118,9 +141,15 @@ def test_empty_outputs_and_order(hf_model):
 
 def test_records_read_back_as_arrays_score_like_tuples(hf_model, tmp_path):
     # float32-exact logprobs: the file keeps float32, so both forms hold the same values
-    records = [dataclasses.replace(r, topk_logprobs=tuple(
-        tuple(float(np.float32(v)) for v in row) for row in r.topk_logprobs))
-        for r in random_records(6, seed=5)]
+    records = [
+        dataclasses.replace(
+            r,
+            topk_logprobs=tuple(
+                tuple(float(np.float32(v)) for v in row) for row in r.topk_logprobs
+            ),
+        )
+        for r in random_records(6, seed=5)
+    ]
     records.insert(2, record(7, 0, [4, 5], []))
     back = read_rollouts(write_rollouts(tmp_path / "rollouts.parquet", records))
     assert isinstance(back[0].topk_ids, np.ndarray) and back == records
@@ -154,7 +183,9 @@ def test_micro_batches_keep_the_budget():
     # the packing ignores the order records come in
     shuffled = list(reversed(records))
     as_keys = lambda rs, bs: [[(rs[i].prompt_index, rs[i].sample_index) for i in b] for b in bs]
-    assert as_keys(shuffled, micro_batches(shuffled, 40)) == as_keys(records, micro_batches(records, 40))
+    assert as_keys(shuffled, micro_batches(shuffled, 40)) == as_keys(
+        records, micro_batches(records, 40)
+    )
     with pytest.raises(RLInputError, match="micro_batch_tokens"):
         micro_batches(records, 0)
 
@@ -172,7 +203,8 @@ def test_every_family_scores_like_its_plain_forward(any_checkpoint):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
-        any_checkpoint, dtype=torch.float32, attn_implementation="sdpa").eval()
+        any_checkpoint, dtype=torch.float32, attn_implementation="sdpa"
+    ).eval()
     records = random_records(4, seed=11)
     scores = score_rollouts(model, records, micro_batch_tokens=40)
     for rec, got in zip(records, scores):

@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 from sparrow.trainer.checkpoint import TrainerCheckpointError
-from sparrow.trainer.sharded_checkpoint import SHARDED_STATE
 from sparrow.trainer.policy_trainer import PolicyTrainer
+from sparrow.trainer.sharded_checkpoint import SHARDED_STATE
 from tests.trainer.sharded_workers import run_ranks, save_then_update
 from tests.trainer.test_policy_trainer import ALGO, make_records, weights, with_actor_logprobs
 
@@ -39,19 +39,32 @@ def moments_close(have: dict, want: dict) -> None:
         assert torch.equal(have[index]["step"], state["step"]), index
         for key in ("exp_avg", "exp_avg_sq"):
             scale = float(state[key].abs().max())
-            torch.testing.assert_close(have[index][key], state[key], rtol=0, atol=1e-5 * scale,
-                                       msg=f"parameter {index} {key}")
+            torch.testing.assert_close(
+                have[index][key],
+                state[key],
+                rtol=0,
+                atol=1e-5 * scale,
+                msg=f"parameter {index} {key}",
+            )
 
 
-def test_one_process_resumes_two_ranks_shards(qwen3_checkpoint, qwen3_gqa3_checkpoint,
-                                              tmp_path):
+def test_one_process_resumes_two_ranks_shards(qwen3_checkpoint, qwen3_gqa3_checkpoint, tmp_path):
     records = make_records(prompts=3, group=2, seed=12)
     single = PolicyTrainer(qwen3_checkpoint, GROUP_ALGO, device="cpu", seed=0)
     scores = single.score(records)
     update_records = with_actor_logprobs(records, scores, [0.1 * (i % 3) for i in range(6)])
     old = [s.dense_logprobs for s in scores]
-    run_ranks(2, qwen3_checkpoint, GROUP_ALGO, update_records, REWARDS, old, 2, tmp_path,
-              body=save_then_update)
+    run_ranks(
+        2,
+        qwen3_checkpoint,
+        GROUP_ALGO,
+        update_records,
+        REWARDS,
+        old,
+        2,
+        tmp_path,
+        body=save_then_update,
+    )
     folder = tmp_path / "sharded"
     assert (folder / SHARDED_STATE).is_dir() and not (folder / "optimizer.pt").exists()
 
@@ -72,8 +85,11 @@ def test_one_process_resumes_two_ranks_shards(qwen3_checkpoint, qwen3_gqa3_check
     masters = PolicyTrainer.load(folder, GROUP_ALGO, device="cpu", dtype="bfloat16")
     assert masters.masters is not None
     on_masters = masters.optimizer.state_dict()["state"]
-    assert all(torch.equal(on_masters[i][k], loaded["state"][i][k])
-               for i in loaded["state"] for k in loaded["state"][i])
+    assert all(
+        torch.equal(on_masters[i][k], loaded["state"][i][k])
+        for i in loaded["state"]
+        for k in loaded["state"][i]
+    )
 
     # the next update is the group's second one (weights and moments)
     before = weights(resumed)
@@ -89,8 +105,7 @@ def test_one_process_resumes_two_ranks_shards(qwen3_checkpoint, qwen3_gqa3_check
         single.update(update_records, rewards, old, 2)
     for name, tensor in weights(single).items():
         torch.testing.assert_close(after[name], tensor, rtol=0, atol=1e-5, msg=name)
-    moments_close(resumed.optimizer.state_dict()["state"],
-                  single.optimizer.state_dict()["state"])
+    moments_close(resumed.optimizer.state_dict()["state"], single.optimizer.state_dict()["state"])
 
     # a lost shard file and shards of another model are named errors
     broken = tmp_path / "broken"
@@ -102,6 +117,8 @@ def test_one_process_resumes_two_ranks_shards(qwen3_checkpoint, qwen3_gqa3_check
     shutil.copytree(folder, other)
     for name in ("config.json", "model.safetensors"):
         shutil.copyfile(qwen3_gqa3_checkpoint / name, other / name)
-    with pytest.raises(TrainerCheckpointError,
-                       match=r"do not fit this model: parameters \['model.layers.0.self_attn"):
+    with pytest.raises(
+        TrainerCheckpointError,
+        match=r"do not fit this model: parameters \['model.layers.0.self_attn",
+    ):
         PolicyTrainer.load(other, GROUP_ALGO, device="cpu", dtype="auto")

@@ -15,17 +15,20 @@ import torch
 from sparrow.config.schema import AlgoConfig, DistillConfig
 from sparrow.model.builtin import resolve_model_path
 from sparrow.model.loader import SafetensorsCheckpoint
+from sparrow.sparse import get_preset
 from sparrow.trainer.distill import SparseDistiller
 from sparrow.trainer.lora import adapter_state
-from sparrow.sparse import get_preset
 from tests.trainer.distill_fixtures import sparse_rollouts
 from tests.trainer.sharded_workers import distill_rank, run_ranks
 
 SCHEDULE = get_preset("tiny-0.80")
 # several micro-batches per rank, and a clip that is active (the global norm matters)
-ALGO = AlgoConfig(lr=1e-6, grad_clip=1e-3, micro_batch_tokens=64,
-                  distill=DistillConfig(enabled=True, lora_rank=4, lora_alpha=8,
-                                        lr_scale=1000.0, loss="full_kl"))
+ALGO = AlgoConfig(
+    lr=1e-6,
+    grad_clip=1e-3,
+    micro_batch_tokens=64,
+    distill=DistillConfig(enabled=True, lora_rank=4, lora_alpha=8, lr_scale=1000.0, loss="full_kl"),
+)
 
 
 def close_metrics(have: dict, want: dict) -> None:

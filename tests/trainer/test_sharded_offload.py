@@ -14,8 +14,11 @@ import torch
 from tests.trainer.sharded_workers import offload_round_trip, run_ranks
 from tests.trainer.test_policy_trainer import ALGO, make_records, with_actor_logprobs
 
-REWARDS = ([0.0, 1.0, 1.0, 0.5, 0.2, 0.0], [1.0, 0.0, 0.0, 1.0, 0.5, 0.5],
-           [0.3, 0.9, 0.0, 0.1, 1.0, 0.0])
+REWARDS = (
+    [0.0, 1.0, 1.0, 0.5, 0.2, 0.0],
+    [1.0, 0.0, 0.0, 1.0, 0.5, 0.5],
+    [0.3, 0.9, 0.0, 0.1, 1.0, 0.0],
+)
 
 
 def update_batch(checkpoint):
@@ -45,8 +48,17 @@ def check_round_trip(got: dict, exact: bool) -> None:
 
 def test_offload_round_trip_keeps_the_updates(qwen3_checkpoint, tmp_path):
     algo, update_records, old = update_batch(qwen3_checkpoint)
-    run_ranks(2, qwen3_checkpoint, algo, update_records, REWARDS, old, 2, tmp_path,
-              body=offload_round_trip)
+    run_ranks(
+        2,
+        qwen3_checkpoint,
+        algo,
+        update_records,
+        REWARDS,
+        old,
+        2,
+        tmp_path,
+        body=offload_round_trip,
+    )
     got = torch.load(tmp_path / "offload.pt", weights_only=False)
     pointers = got["pointers"]
     assert pointers["offloaded_devices"] == ["cpu"]

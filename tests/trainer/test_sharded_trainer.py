@@ -13,8 +13,8 @@ import torch
 
 from sparrow.model import load_model
 from sparrow.model.attention import causal_attention
-from sparrow.trainer.sharded import shares
 from sparrow.trainer.policy_trainer import PolicyTrainer
+from sparrow.trainer.sharded import shares
 from tests.trainer.sharded_workers import run_ranks
 from tests.trainer.test_policy_trainer import ALGO, make_records, weights, with_actor_logprobs
 
@@ -31,9 +31,15 @@ def test_shares_keep_prompts_whole_and_balance_tokens():
     assert shares(records[:3], 2)[1] == []  # one prompt: the second rank idles
 
 
-@pytest.mark.parametrize("fixture, checkpointing", [
-    ("qwen3_checkpoint", False), ("qwen3_sharded_checkpoint", False),
-    ("llama_checkpoint", False), ("qwen3_checkpoint", True)])
+@pytest.mark.parametrize(
+    "fixture, checkpointing",
+    [
+        ("qwen3_checkpoint", False),
+        ("qwen3_sharded_checkpoint", False),
+        ("llama_checkpoint", False),
+        ("qwen3_checkpoint", True),
+    ],
+)
 def test_two_gloo_ranks_equal_one_process(fixture, checkpointing, request, tmp_path):
     """Tied embeddings in one file, the same in three files (rank 0 broadcasts them file by
     file), untied with llama3 RoPE scaling (buffers kept through the meta-device init); and
@@ -49,15 +55,28 @@ def test_two_gloo_ranks_equal_one_process(fixture, checkpointing, request, tmp_p
     scores = single.score(records)
     update_records = with_actor_logprobs(records, scores, [0.1 * (i % 3) for i in range(6)])
     old = [s.dense_logprobs for s in scores]
-    run_ranks(2, qwen3_checkpoint, dataclasses.replace(algo, gradient_checkpointing=checkpointing),
-              records, update_records, rewards, old, 2, tmp_path)
+    run_ranks(
+        2,
+        qwen3_checkpoint,
+        dataclasses.replace(algo, gradient_checkpointing=checkpointing),
+        records,
+        update_records,
+        rewards,
+        old,
+        2,
+        tmp_path,
+    )
     expected = single.update(update_records, rewards, old, 2)
     got = torch.load(tmp_path / "rank0.pt", weights_only=False)
 
     for want, have in zip(scores, got["scores"]):
         for field in ("dense_logprobs", "acceptance", "leftover_mass"):
-            torch.testing.assert_close(torch.tensor(getattr(have, field)),
-                                       torch.tensor(getattr(want, field)), rtol=0, atol=1e-5)
+            torch.testing.assert_close(
+                torch.tensor(getattr(have, field)),
+                torch.tensor(getattr(want, field)),
+                rtol=0,
+                atol=1e-5,
+            )
     assert abs(expected["actor/loss"]) > 1e-3
     assert expected["actor/grad_norm"] > algo.grad_clip  # the clip is active
     assert set(got["metrics"]) == set(expected)
@@ -80,8 +99,9 @@ def test_two_gloo_ranks_equal_one_process(fixture, checkpointing, request, tmp_p
     assert exported["param_groups"][0]["params"] == single_state["param_groups"][0]["params"]
     for index, state in single_state["state"].items():
         scale = float(state["exp_avg"].abs().max())
-        torch.testing.assert_close(exported["state"][index]["exp_avg"], state["exp_avg"],
-                                   rtol=1e-4, atol=1e-5 * scale)
+        torch.testing.assert_close(
+            exported["state"][index]["exp_avg"], state["exp_avg"], rtol=1e-4, atol=1e-5 * scale
+        )
         assert float(exported["state"][index]["step"]) == 1
 
     # the exported folder: the engine's logits equal the single-process trainer's

@@ -14,14 +14,14 @@ import torch
 
 from sparrow.trainer.lora import merged_for_engine
 from sparrow.trainer.weight_broadcast import plan_buckets, plan_packed
+from tests.stages.test_distill_sync import random_adapter
 from tests.trainer.sharded_workers import pack_rank, run_ranks
 from tests.trainer.test_policy_trainer import ALGO
-from tests.stages.test_distill_sync import random_adapter
 
 
 def _view(buffer: torch.Tensor, place: tuple) -> torch.Tensor:
     offset, shape = place
-    return buffer[offset: offset + torch.Size(shape).numel()].view(shape)
+    return buffer[offset : offset + torch.Size(shape).numel()].view(shape)
 
 
 @pytest.mark.slow  # 2 spawned ranks per case
@@ -49,23 +49,33 @@ def test_rank0_packs_the_full_weights_once(fixture, request, tmp_path):
     want = merged_for_engine(unique, adapter, torch.float32)
     changed = 0
     for name, tensor in want.items():
-        torch.testing.assert_close(_view(merged, layout[name]), tensor, rtol=0, atol=1e-6,
-                                   msg=name)
+        torch.testing.assert_close(_view(merged, layout[name]), tensor, rtol=0, atol=1e-6, msg=name)
         changed += not torch.equal(tensor, unique[name])
     assert changed == len(adapter.modules) > 0
 
 
 def test_packed_buckets_cut_where_state_buckets_cut():
     embed = torch.zeros(4, 3)
-    state = {"a": torch.zeros(5), "embed": embed, "b": torch.zeros(2), "c": torch.zeros(20),
-             "lm_head": embed}
-    layout = {"a": (0, (5,)), "embed": (5, (4, 3)), "b": (17, (2,)), "c": (19, (20,)),
-              "lm_head": (5, (4, 3))}
+    state = {
+        "a": torch.zeros(5),
+        "embed": embed,
+        "b": torch.zeros(2),
+        "c": torch.zeros(20),
+        "lm_head": embed,
+    }
+    layout = {
+        "a": (0, (5,)),
+        "embed": (5, (4, 3)),
+        "b": (17, (2,)),
+        "c": (19, (20,)),
+        "lm_head": (5, (4, 3)),
+    }
     for bucket_bytes in (8 * 4, 14 * 4, 1 << 20):
         packed = plan_packed(layout, bucket_bytes, element_size=4)
         # the same entries per bucket (an alias's place in its bucket's list may differ)
-        assert [(sorted(entries), numel) for _, (entries, numel) in packed] == \
-            [(sorted(entries), numel) for entries, numel in plan_buckets(state, bucket_bytes, 4)]
+        assert [(sorted(entries), numel) for _, (entries, numel) in packed] == [
+            (sorted(entries), numel) for entries, numel in plan_buckets(state, bucket_bytes, 4)
+        ]
         starts = [start for start, _ in packed]
         sizes = [numel for _, (_, numel) in packed]
         assert starts == [sum(sizes[:i]) for i in range(len(sizes))]  # contiguous slices

@@ -75,7 +75,7 @@ class FlatLogprobs:
         self.start_indices, self.end_indices = [], []
         self.token_ids, self.logprobs, self.ranks = [], [], []
 
-    def append(self, logprobs: list[float], sampled: int, k: int) -> "FlatLogprobs":
+    def append(self, logprobs: list[float], sampled: int, k: int) -> FlatLogprobs:
         self.start_indices.append(len(self.token_ids))
         order = sorted(range(len(logprobs)), key=lambda t: -logprobs[t])[:k]
         rank = 1 + sum(lp > logprobs[sampled] for lp in logprobs)
@@ -91,8 +91,10 @@ class FlatLogprobs:
 
     def __iter__(self):
         for start, end in zip(self.start_indices, self.end_indices):
-            yield {self.token_ids[i]: Logprob(self.logprobs[i], self.ranks[i])
-                   for i in range(start, end)}
+            yield {
+                self.token_ids[i]: Logprob(self.logprobs[i], self.ranks[i])
+                for i in range(start, end)
+            }
 
 
 def vllm_position(logprobs: list[float], sampled: int, k: int) -> dict[int, Logprob]:
@@ -112,25 +114,37 @@ def test_ranked_topk_sampled_inside_and_outside():
     assert len(outside) == 4
     assert ranked_topk(outside, 0, 3) == [(1, logprobs[1]), (2, logprobs[2]), (3, logprobs[3])]
     # the sampled token at rank 1 is first whatever the dict's order
-    assert ranked_topk(vllm_position(logprobs, 1, 2), 1, 2) == [(1, logprobs[1]),
-                                                               (2, logprobs[2])]
+    assert ranked_topk(vllm_position(logprobs, 1, 2), 1, 2) == [(1, logprobs[1]), (2, logprobs[2])]
 
 
 def test_to_sample_result_reads_ids_logprobs_topk_and_pages():
-    vocab = [[math.log(p) for p in row] for row in
-             ((0.1, 0.6, 0.2, 0.1), (0.5, 0.1, 0.3, 0.1), (0.25, 0.25, 0.4, 0.1))]
+    vocab = [
+        [math.log(p) for p in row]
+        for row in ((0.1, 0.6, 0.2, 0.1), (0.5, 0.1, 0.3, 0.1), (0.25, 0.25, 0.4, 0.1))
+    ]
     sampled = [1, 3, 2]
     positions = [vllm_position(row, t, 2) for row, t in zip(vocab, sampled)]
     for container in (positions, FlatPositions(positions)):
-        out = to_sample_result(CompletionOutput(0, sampled, container, "length"), 4, 1,
-                               prompt_len=7, page_size=4, topk=2, text="abc")
+        out = to_sample_result(
+            CompletionOutput(0, sampled, container, "length"),
+            4,
+            1,
+            prompt_len=7,
+            page_size=4,
+            topk=2,
+            text="abc",
+        )
         assert out.output_ids == (1, 3, 2)
         assert out.logprobs == pytest.approx([math.log(0.6), math.log(0.1), math.log(0.4)])
         assert out.topk_ids.tolist() == [[1, 2], [0, 2], [2, 0]]
         assert out.topk_logprobs[1] == pytest.approx([math.log(0.5), math.log(0.3)])
         assert out.pages_read == (2, 2, 3)  # 7, 8 then 9 tokens in pages of 4
-        assert (out.prompt_index, out.sample_index, out.finish_reason, out.text) == \
-            (4, 1, "length", "abc")
+        assert (out.prompt_index, out.sample_index, out.finish_reason, out.text) == (
+            4,
+            1,
+            "length",
+            "abc",
+        )
 
 
 def test_flat_logprobs_read_as_arrays_equal_the_dicts():
@@ -170,10 +184,21 @@ def test_sparse_pages_read_is_the_native_engines_count():
     (top-k per bin plus reserved pages from the first decode step on, all pages before)."""
     torch.manual_seed(0)
     model = load_model(resolve_model_path("builtin:tiny"))
-    schedule = Schedule("tiny-sparse", topk_pages=(1, 2), page_size=4, bin_tokens=12,
-                        reserved_bos=1, reserved_eos=1, skip_layers=(0,))
-    engine = Engine(model, None, EngineConfig(max_batch_size=4, num_pages=64, page_size=4,
-                                              ignore_eos=True), schedule)
+    schedule = Schedule(
+        "tiny-sparse",
+        topk_pages=(1, 2),
+        page_size=4,
+        bin_tokens=12,
+        reserved_bos=1,
+        reserved_eos=1,
+        skip_layers=(0,),
+    )
+    engine = Engine(
+        model,
+        None,
+        EngineConfig(max_batch_size=4, num_pages=64, page_size=4, ignore_eos=True),
+        schedule,
+    )
     prompts = [[5, 6, 7, 8, 9], [11, 12, 13]]
     params = SamplingParams(temperature=0.0, max_new_tokens=20, logprobs_topk=1)
     for prompt, (native,) in zip(prompts, engine.generate(prompts, params)):
@@ -194,20 +219,38 @@ def test_missing_or_short_logprobs_are_errors():
     with pytest.raises(VllmOutputError, match="no logprobs"):
         to_sample_result(CompletionOutput(0, [0], None, "stop"), 0, 0, 3, 16, 1)
     with pytest.raises(VllmOutputError, match="1 logprob positions for 2 tokens"):
-        to_sample_result(CompletionOutput(0, [0, 1], [{0: Logprob(0.0, 1)}], "stop"),
-                         0, 0, 3, 16, 1)
+        to_sample_result(
+            CompletionOutput(0, [0, 1], [{0: Logprob(0.0, 1)}], "stop"), 0, 0, 3, 16, 1
+        )
     with pytest.raises(VllmOutputError, match="lack the sampled token 1"):
-        to_sample_result(CompletionOutput(0, [1], [{0: Logprob(0.0, 1)}], "stop"),
-                         0, 0, 3, 16, 1)
+        to_sample_result(CompletionOutput(0, [1], [{0: Logprob(0.0, 1)}], "stop"), 0, 0, 3, 16, 1)
 
 
 def test_sampling_kwargs_one_sample_own_stops_and_greedy_untruncated():
-    sampled = SamplingParams(temperature=0.7, top_p=0.9, top_k=5, max_new_tokens=12, n=4,
-                             seed=3, logprobs_topk=20, stop_token_ids=(9,))
+    sampled = SamplingParams(
+        temperature=0.7,
+        top_p=0.9,
+        top_k=5,
+        max_new_tokens=12,
+        n=4,
+        seed=3,
+        logprobs_topk=20,
+        stop_token_ids=(9,),
+    )
     kwargs = sampling_kwargs(sampled, seed=123, stop_ids={9, 1})
-    assert kwargs == dict(n=1, temperature=0.7, top_p=0.9, top_k=5, max_tokens=12, seed=123,
-                          logprobs=20, flat_logprobs=True, stop_token_ids=[1, 9], ignore_eos=True,
-                          detokenize=False)
+    assert kwargs == dict(
+        n=1,
+        temperature=0.7,
+        top_p=0.9,
+        top_k=5,
+        max_tokens=12,
+        seed=123,
+        logprobs=20,
+        flat_logprobs=True,
+        stop_token_ids=[1, 9],
+        ignore_eos=True,
+        detokenize=False,
+    )
     greedy = sampling_kwargs(SamplingParams(temperature=0.0, top_p=0.5, top_k=3), 7, ())
     assert (greedy["temperature"], greedy["top_p"], greedy["top_k"]) == (0.0, 1.0, 0)
 
@@ -223,14 +266,20 @@ def test_native_results_survive_the_round_trip_through_vllm_shapes():
     for p, samples in enumerate(engine.generate(prompts, params)):
         for native in samples:
             positions = []
-            for token, logprob, ids, lps in zip(native.output_ids, native.logprobs,
-                                                native.topk_ids.tolist(), native.topk_logprobs.tolist()):
+            for token, logprob, ids, lps in zip(
+                native.output_ids,
+                native.logprobs,
+                native.topk_ids.tolist(),
+                native.topk_logprobs.tolist(),
+            ):
                 rank = ids.index(token) + 1 if token in ids else len(ids) + 1
                 position = {token: Logprob(logprob, rank)}
                 position.update({t: Logprob(lp, r + 1) for r, (t, lp) in enumerate(zip(ids, lps))})
                 positions.append(position)
-            completion = CompletionOutput(native.sample_index, list(native.output_ids),
-                                          positions, native.finish_reason)
-            back = to_sample_result(completion, p, native.sample_index, len(prompts[p]),
-                                    page_size=4, topk=3)
+            completion = CompletionOutput(
+                native.sample_index, list(native.output_ids), positions, native.finish_reason
+            )
+            back = to_sample_result(
+                completion, p, native.sample_index, len(prompts[p]), page_size=4, topk=3
+            )
             assert back == native

@@ -28,15 +28,22 @@ MEDIAN_ATOL = 0.02  # the median token: bf16 rounding alone
 MAX_FAR_FRACTION = 0.05  # tokens whose selection met a near tie between two pages
 FAR_BOUND = 0.5
 TIE_MARGIN = 0.1
-SHAPE = dict(hidden_size=256, num_layers=3, num_q_heads=4, num_kv_heads=2, head_dim=64,
-             intermediate_size=512)
+SHAPE = dict(
+    hidden_size=256, num_layers=3, num_q_heads=4, num_kv_heads=2, head_dim=64, intermediate_size=512
+)
 # top-k 2 then 4 pages per 160-token bin, 1 + 2 reserved, layer 0 dense
-SCHEDULE = Schedule("gpu-test", topk_pages=(2, 4), page_size=16, bin_tokens=160,
-                    reserved_bos=1, reserved_eos=2, skip_layers=(0,))
+SCHEDULE = Schedule(
+    "gpu-test",
+    topk_pages=(2, 4),
+    page_size=16,
+    bin_tokens=160,
+    reserved_bos=1,
+    reserved_eos=2,
+    skip_layers=(0,),
+)
 PROMPTS = [list(range(3, 120)), [7, 11, 13] * 40, list(range(380, 210, -1)), [5] * 33]
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=96, logprobs_topk=5)
-CONFIG = EngineConfig(max_batch_size=8, kv_cache_mib=64, page_size=16, seed=0,
-                      ignore_eos=True)
+CONFIG = EngineConfig(max_batch_size=8, kv_cache_mib=64, page_size=16, seed=0, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +51,9 @@ def checkpoint(tmp_path_factory):
     pytest.importorskip("vllm")
     from sparrow.model.random_checkpoint import make_random_checkpoint
 
-    return make_random_checkpoint(tmp_path_factory.mktemp("sparse-vllm") / "ckpt", "qwen3",
-                                  seed=0, **SHAPE)
+    return make_random_checkpoint(
+        tmp_path_factory.mktemp("sparse-vllm") / "ckpt", "qwen3", seed=0, **SHAPE
+    )
 
 
 def native(path, schedule):
@@ -69,8 +77,10 @@ def compare(want_rows, got_rows) -> int:
             assert got.pages_read[j] == want.pages_read[j]
             if a != b:
                 margin = want.topk_logprobs[j][0] - want.topk_logprobs[j][1]
-                assert margin < TIE_MARGIN, (f"prompt {want.prompt_index}: token {j} is {b}, "
-                                             f"the native {a} leads by {margin:.3f}")
+                assert margin < TIE_MARGIN, (
+                    f"prompt {want.prompt_index}: token {j} is {b}, "
+                    f"the native {a} leads by {margin:.3f}"
+                )
                 break
             diffs.append((abs(got.logprobs[j] - want.logprobs[j]), want.prompt_index, j))
     diffs.sort(reverse=True)
@@ -95,5 +105,7 @@ def test_sparse_vllm_matches_native_sparse_decode(checkpoint):
     assert compare(want, got) >= len(PROMPTS) * 48  # most tokens compared
 
     engine.set_schedule(None)  # the same engine, dense decode through the project's kernels
-    assert compare(native(checkpoint, None), engine.generate(PROMPTS, [GREEDY] * len(PROMPTS))) \
+    assert (
+        compare(native(checkpoint, None), engine.generate(PROMPTS, [GREEDY] * len(PROMPTS)))
         >= len(PROMPTS) * 48
+    )

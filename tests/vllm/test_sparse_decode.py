@@ -18,8 +18,15 @@ from sparrow.vllm.sparse_decode import (
 )
 
 PAGE, HKV, HQ, DIM, LAYERS = 16, 2, 4, 8, 2
-SCHEDULE = Schedule("test", topk_pages=(2, 3), page_size=PAGE, bin_tokens=96,
-                    reserved_bos=1, reserved_eos=2, skip_layers=(0,))
+SCHEDULE = Schedule(
+    "test",
+    topk_pages=(2, 3),
+    page_size=PAGE,
+    bin_tokens=96,
+    reserved_bos=1,
+    reserved_eos=2,
+    skip_layers=(0,),
+)
 
 
 def loc(*query_lens):
@@ -62,8 +69,9 @@ class Caches:
         gen = torch.Generator().manual_seed(seed)
         pages = sum(-(-n // PAGE) for n in lengths)
         shape = (LAYERS, pages + 1, HKV, PAGE, DIM)
-        self.native = KVCache(torch.zeros(shape), torch.zeros(shape),
-                              torch.zeros(LAYERS, pages + 1, HKV, DIM))
+        self.native = KVCache(
+            torch.zeros(shape), torch.zeros(shape), torch.zeros(LAYERS, pages + 1, HKV, DIM)
+        )
         self.blocks = torch.zeros(LAYERS, pages + 3, 2, PAGE, HKV, DIM)  # vLLM's layout
         self.centroids = torch.zeros(LAYERS, pages + 3, HKV, DIM)
         order = torch.randperm(pages, generator=gen)
@@ -78,14 +86,17 @@ class Caches:
         self.gen = gen
 
     def kv(self, tokens):
-        return (torch.randn(tokens, HKV, DIM, generator=self.gen),
-                torch.randn(tokens, HKV, DIM, generator=self.gen))
+        return (
+            torch.randn(tokens, HKV, DIM, generator=self.gen),
+            torch.randn(tokens, HKV, DIM, generator=self.gen),
+        )
 
     def write(self, layer, row, positions, k, v):
         """Both caches take k, v at these positions of a row; vLLM's centroids follow the
         filled pages of that step (as the backend computes them)."""
-        native_slots = torch.tensor([self.tables[row][p // PAGE] * PAGE + p % PAGE
-                                     for p in positions])
+        native_slots = torch.tensor(
+            [self.tables[row][p // PAGE] * PAGE + p % PAGE for p in positions]
+        )
         self.native.write(layer, native_slots, k, v)
         filled = [self.tables[row][p // PAGE] for p in positions if p % PAGE == PAGE - 1]
         self.native.update_centroids(layer, torch.tensor(filled, dtype=torch.long))
@@ -121,26 +132,46 @@ def test_decode_step_matches_the_native_engine(lengths):
     q = torch.randn(batch, HQ, DIM, generator=caches.gen)
     num_tokens = torch.tensor(lengths)
     positions = num_tokens - 1
-    slots = torch.tensor([caches.tables[b][int(p) // PAGE] * PAGE + int(p) % PAGE
-                          for b, p in enumerate(positions)])
-    filled = torch.tensor([caches.tables[b][int(p) // PAGE] for b, p in enumerate(positions)
-                           if int(p) % PAGE == PAGE - 1], dtype=torch.long)
+    slots = torch.tensor(
+        [caches.tables[b][int(p) // PAGE] * PAGE + int(p) % PAGE for b, p in enumerate(positions)]
+    )
+    filled = torch.tensor(
+        [
+            caches.tables[b][int(p) // PAGE]
+            for b, p in enumerate(positions)
+            if int(p) % PAGE == PAGE - 1
+        ],
+        dtype=torch.long,
+    )
     topk = torch.tensor([SCHEDULE.topk_for_position(int(p)) for p in positions])
-    meta = StepMetadata(slots, filled, page_tables=caches.padded(caches.tables),
-                        num_tokens=num_tokens, topk=topk)
+    meta = StepMetadata(
+        slots, filled, page_tables=caches.padded(caches.tables), num_tokens=num_tokens, topk=topk
+    )
     native_masks = {}
-    attention = PagedAttention(caches.native, meta, SCHEDULE,
-                               on_selection=lambda layer, mask: native_masks.update({layer: mask}))
+    attention = PagedAttention(
+        caches.native,
+        meta,
+        SCHEDULE,
+        on_selection=lambda layer, mask: native_masks.update({layer: mask}),
+    )
     block_table = caches.padded(caches.block_tables)
     for layer in range(LAYERS):
         k, v = caches.kv(batch)
         want = attention(layer, q, k, v)
         for b in range(batch):  # vLLM writes the decode token, then the backend's centroids
-            caches.write(layer, b, [int(positions[b])], k[b:b + 1], v[b:b + 1])
+            caches.write(layer, b, [int(positions[b])], k[b : b + 1], v[b : b + 1])
         key_cache, value_cache = caches.blocks[layer].unbind(1)
         masks = []
-        got = decode_attention(q, key_cache, value_cache, caches.centroids[layer], block_table,
-                               num_tokens, layer_sparsity(SCHEDULE, layer, "cpu"), masks)
+        got = decode_attention(
+            q,
+            key_cache,
+            value_cache,
+            caches.centroids[layer],
+            block_table,
+            num_tokens,
+            layer_sparsity(SCHEDULE, layer, "cpu"),
+            masks,
+        )
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
         if layer in SCHEDULE.skip_layers:
             assert not masks and layer not in native_masks
@@ -148,12 +179,14 @@ def test_decode_step_matches_the_native_engine(lengths):
         assert torch.equal(masks[0], native_masks[layer])
         read = masks[0].sum(dim=-1)  # pages read per KV head: the schedule's count
         pages = -(-num_tokens // PAGE)
-        assert read.tolist() == [[SCHEDULE.pages_read(int(p), int(n))] * HKV
-                                 for p, n in zip(positions, pages)]
+        assert read.tolist() == [
+            [SCHEDULE.pages_read(int(p), int(n))] * HKV for p, n in zip(positions, pages)
+        ]
         assert (read < pages.view(-1, 1)).any()  # some row really is sparse
         for b in range(batch):  # every full page's centroid equals the native one
             full = int(num_tokens[b]) // PAGE
             native_pages = torch.tensor(caches.tables[b][:full])
             blocks = torch.tensor(caches.block_tables[b][:full])
-            torch.testing.assert_close(caches.centroids[layer][blocks],
-                                       caches.native.centroids[layer][native_pages])
+            torch.testing.assert_close(
+                caches.centroids[layer][blocks], caches.native.centroids[layer][native_pages]
+            )

@@ -16,10 +16,10 @@ from types import SimpleNamespace
 import pytest
 
 import sparrow.vllm as backend
-from sparrow.runtime.rollout.worker import RolloutWorker, WorkerSpec
 from sparrow.engine import EngineConfig, SamplingParams
 from sparrow.engine.validate import sample_seed
 from sparrow.model.builtin import resolve_model_path
+from sparrow.runtime.rollout.worker import RolloutWorker, WorkerSpec
 from sparrow.sparse import Schedule
 from sparrow.sparse.presets import get_preset
 from sparrow.vllm import VllmBackendError
@@ -42,10 +42,12 @@ class FakeLLM:
         for request, p in zip(requests, params):
             ids = [(p.seed + j) % 40 + 2 for j in range(p.max_tokens)]
             positions = [{t: SimpleNamespace(logprob=-0.5, rank=1)} for t in ids]
-            completion = SimpleNamespace(token_ids=ids, logprobs=positions,
-                                         finish_reason="length")
-            outputs.append(SimpleNamespace(prompt_token_ids=request["prompt_token_ids"],
-                                           outputs=[completion], params=p))
+            completion = SimpleNamespace(token_ids=ids, logprobs=positions, finish_reason="length")
+            outputs.append(
+                SimpleNamespace(
+                    prompt_token_ids=request["prompt_token_ids"], outputs=[completion], params=p
+                )
+            )
         self.last = outputs
         return outputs
 
@@ -64,8 +66,9 @@ def fake_vllm(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", module)
     monkeypatch.setattr(backend, "vllm_available", lambda: True)
     started = []
-    monkeypatch.setattr(engine_module, "_start_llm",
-                        lambda *args: started.append(args) or FakeLLM())
+    monkeypatch.setattr(
+        engine_module, "_start_llm", lambda *args: started.append(args) or FakeLLM()
+    )
     return started
 
 
@@ -81,16 +84,24 @@ def make_engine(**config):
 def test_generate_sends_one_request_per_sample_with_its_seed(fake_vllm):
     engine = make_engine(max_batch_size=8)
     prompts = [[5, 6, 7], [9, 10]]
-    params = [SamplingParams(temperature=1.0, max_new_tokens=4, n=2, seed=11, logprobs_topk=1,
-                             stop_token_ids=(7,)),
-              SamplingParams(temperature=0.0, max_new_tokens=3, n=1, seed=None, logprobs_topk=1)]
+    params = [
+        SamplingParams(
+            temperature=1.0, max_new_tokens=4, n=2, seed=11, logprobs_topk=1, stop_token_ids=(7,)
+        ),
+        SamplingParams(temperature=0.0, max_new_tokens=3, n=1, seed=None, logprobs_topk=1),
+    ]
     results = engine.generate(prompts, params)
     sent = [output.params for output in engine.llm.last]
-    assert [p.seed for p in sent] == [sample_seed(params[0], 0, ()), sample_seed(params[0], 1, ()),
-                                      sample_seed(params[1], 0, (0, 1, 1))]
+    assert [p.seed for p in sent] == [
+        sample_seed(params[0], 0, ()),
+        sample_seed(params[0], 1, ()),
+        sample_seed(params[1], 0, (0, 1, 1)),
+    ]
     assert sent[0].stop_token_ids == [1, 7] and sent[2].stop_token_ids == [1]  # + the eos
-    assert [[(s.prompt_index, s.sample_index) for s in row] for row in results] == \
-        [[(0, 0), (0, 1)], [(1, 0)]]
+    assert [[(s.prompt_index, s.sample_index) for s in row] for row in results] == [
+        [(0, 0), (0, 1)],
+        [(1, 0)],
+    ]
     first = results[0][1]
     assert first.output_ids == tuple((sent[1].seed + j) % 40 + 2 for j in range(4))
     assert first.pages_read == (1, 1, 1, 1)  # 3..6 tokens in pages of 8
@@ -112,8 +123,9 @@ def test_sleep_update_and_wake_follow_vllm_sleep_mode(fake_vllm):
     engine.update_weights({"w": 1}, strict=False)  # asleep: the weights come back first
     assert [c[0] for c in llm.calls[-3:]] == ["wake_up", "collective_rpc", "reset_prefix_cache"]
     assert llm.calls[-3][2] == {"tags": ["weights"]}
-    assert llm.calls[-2][1] == ("sparrow_load_weights",) and \
-        llm.calls[-2][2] == {"args": ({"w": 1}, False)}
+    assert llm.calls[-2][1] == ("sparrow_load_weights",) and llm.calls[-2][2] == {
+        "args": ({"w": 1}, False)
+    }
     engine.wake()
     assert llm.calls[-2] == ("wake_up", (), {"tags": ["kv_cache"]})
     assert engine.cache is not None
@@ -131,14 +143,19 @@ def test_dense_started_engine_refuses_a_sparse_schedule(fake_vllm):
     engine.set_schedule(None)
     with pytest.raises(VllmBackendError, match="started with dense attention"):
         engine.set_schedule(get_preset("tiny-0.86"))
-    every_layer_dense = Schedule("dense-all", topk_pages=(1,), page_size=8, bin_tokens=64,
-                                 skip_layers=(0, 1, 2, 3))
+    every_layer_dense = Schedule(
+        "dense-all", topk_pages=(1,), page_size=8, bin_tokens=64, skip_layers=(0, 1, 2, 3)
+    )
     engine.set_schedule(every_layer_dense)
     assert engine.schedule is None
     assert not [c for c in engine.llm.calls if c[0] == "collective_rpc"]
     with pytest.raises(VllmBackendError, match="needs page_size 16"):
-        engine_module.VllmEngine(TINY, EngineConfig(page_size=8), None,
-                                 Schedule("s8", topk_pages=(2,), page_size=8, skip_layers=()))
+        engine_module.VllmEngine(
+            TINY,
+            EngineConfig(page_size=8),
+            None,
+            Schedule("s8", topk_pages=(2,), page_size=8, skip_layers=()),
+        )
 
 
 def test_sparse_started_engine_hands_schedules_to_the_worker(fake_vllm):
@@ -152,8 +169,9 @@ def test_sparse_started_engine_hands_schedules_to_the_worker(fake_vllm):
     assert rpc == [("sparrow_set_schedule", sparse), ("sparrow_set_schedule", None)]
     engine.set_schedule(sparse)
     # pages read follow the schedule: a 40-token prompt, then top-k 2 + 3 reserved of 3+ pages
-    result = engine.generate([list(range(2, 42))], SamplingParams(temperature=0.0,
-                                                                   max_new_tokens=12))[0][0]
+    result = engine.generate(
+        [list(range(2, 42))], SamplingParams(temperature=0.0, max_new_tokens=12)
+    )[0][0]
     assert result.pages_read[:3] == (3, 3, 3) and result.pages_read[-1] == 4
 
 
@@ -207,18 +225,23 @@ def test_wake_says_when_a_colocated_trainer_kept_the_memory(fake_vllm, monkeypat
     def sleeping(*args, **kwargs):  # vLLM frees 60 GiB: cache 56.6, weights 3.4
         llm.calls.append(("sleep", args, kwargs))
         free[0] += 60 * gib
+
     llm.sleep = sleeping
 
     def waking(tags):
         llm.calls.append(("wake_up", (), {"tags": tags}))
         free[0] -= int(3.4 * gib) if tags == ["weights"] else 0
+
     llm.wake_up = waking
 
     engine.sleep()
     engine.update_weights({"w": 1}, strict=False)  # the weights back: 56.6 GiB still out
     free[0] -= 30 * gib  # the trainer's moments and gradients, kept on the GPU
-    with pytest.raises(VllmBackendError, match=r"kv_cache need 56.6 GiB .* but 36.6 GiB are "
-                                               r"free.*offload_during_rollout=true"):
+    with pytest.raises(
+        VllmBackendError,
+        match=r"kv_cache need 56.6 GiB .* but 36.6 GiB are "
+        r"free.*offload_during_rollout=true",
+    ):
         engine.wake()
     assert llm.calls[-1][0] != "wake_up"  # vLLM was not asked
     free[0] += 30 * gib  # offloaded: the wake goes ahead

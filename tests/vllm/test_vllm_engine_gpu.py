@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import pytest
 
-from sparrow.runtime.rollout.worker import RolloutWorker, WorkerSpec
 from sparrow.engine import EngineConfig, SamplingParams
+from sparrow.runtime.rollout.worker import RolloutWorker, WorkerSpec
 from sparrow.sparse import Schedule
 from sparrow.vllm import VllmBackendError
 
@@ -28,8 +28,9 @@ pytestmark = pytest.mark.gpu
 # ~0.04 in bf16, and the two engines' logprobs differ by up to twice that (0.06 seen on an H100)
 LOGPROB_ATOL = 0.1
 TIE_MARGIN = 0.1  # top-1 minus top-2 logprob below which greedy may pick either
-SHAPE = dict(hidden_size=256, num_layers=2, num_q_heads=4, num_kv_heads=2, head_dim=64,
-             intermediate_size=512)
+SHAPE = dict(
+    hidden_size=256, num_layers=2, num_q_heads=4, num_kv_heads=2, head_dim=64, intermediate_size=512
+)
 PROMPTS = [[72, 101, 108, 108, 111], list(range(30, 70)), [7] * 17, list(range(200, 100, -3))]
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=24, logprobs_topk=5)
 
@@ -40,8 +41,9 @@ def checkpoints(tmp_path_factory):
     from sparrow.model.random_checkpoint import make_random_checkpoint
 
     root = tmp_path_factory.mktemp("vllm-checkpoints")
-    return [make_random_checkpoint(root / f"seed{seed}", "qwen3", seed=seed, **SHAPE)
-            for seed in (0, 1)]
+    return [
+        make_random_checkpoint(root / f"seed{seed}", "qwen3", seed=seed, **SHAPE) for seed in (0, 1)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +54,11 @@ def vllm_actor(checkpoints):
 
 def worker(path, backend: str) -> RolloutWorker:
     config = EngineConfig(max_batch_size=8, kv_cache_mib=64, page_size=16, seed=0)
-    return RolloutWorker(WorkerSpec(str(path), str(path), None, config, device="cuda",
-                                    dtype="bfloat16", backend=backend))
+    return RolloutWorker(
+        WorkerSpec(
+            str(path), str(path), None, config, device="cuda", dtype="bfloat16", backend=backend
+        )
+    )
 
 
 def assert_same_greedy(native, other) -> int:
@@ -66,7 +71,8 @@ def assert_same_greedy(native, other) -> int:
                     margin = want.topk_logprobs[j][0] - want.topk_logprobs[j][1]
                     assert margin < TIE_MARGIN, (
                         f"prompt {want.prompt_index}: token {j} is {b}, the native engine's "
-                        f"{a} leads by {margin:.3f} (more than a near tie)")
+                        f"{a} leads by {margin:.3f} (more than a near tie)"
+                    )
                     break
                 assert got.logprobs[j] == pytest.approx(want.logprobs[j], abs=LOGPROB_ATOL)
                 assert got.topk_ids[j][0] == want.topk_ids[j][0]
@@ -102,5 +108,6 @@ def test_vllm_actor_matches_native_dense_and_follows_a_weight_sync(checkpoints, 
     native_second = worker(second, "native").generate(PROMPTS, [GREEDY] * len(PROMPTS))
     after = vllm_actor.generate(PROMPTS, [GREEDY] * len(PROMPTS))
     assert assert_same_greedy(native_second, after) >= len(PROMPTS) * 12
-    assert [s.output_ids for row in after for s in row] != \
-        [s.output_ids for row in before for s in row]
+    assert [s.output_ids for row in after for s in row] != [
+        s.output_ids for row in before for s in row
+    ]

@@ -22,9 +22,15 @@ from sparrow.cli.output import print_json, print_table
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("calibrate", help="calibrate a sparsity schedule (the calibrate flow)")
-    parser.add_argument("overrides", nargs="*", metavar="key=value",
-                        help="config overrides, e.g. calibrate.repeats=8 (sparrow config show)")
+    parser = subparsers.add_parser(
+        "calibrate", help="calibrate a sparsity schedule (the calibrate flow)"
+    )
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="config overrides, e.g. calibrate.repeats=8 (sparrow config show)",
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.set_defaults(func=run)
 
@@ -33,8 +39,8 @@ def run(args: argparse.Namespace) -> int:
     from sparrow.flows.prefect_env import quiet_prefect
 
     quiet_prefect()
-    from sparrow.flows.server_guard import guard_local_server
     from sparrow.config import load_config
+    from sparrow.flows.server_guard import guard_local_server
     from sparrow.model.builtin import resolve_model_path
     from sparrow.sparse.io import resolve_schedule
 
@@ -58,18 +64,25 @@ def run(args: argparse.Namespace) -> int:
 
 
 def print_summary(summary: dict) -> None:
-    rows = [{"bin": i, "topk_pages": k, "tokens": n}
-            for i, (k, n) in enumerate(zip(summary["topk_pages"], summary["tokens_per_bin"]))]
-    print_table(rows, title=f"{summary['schedule']} v{summary['version']} "
-                            f"(p5 target {summary['target']})")
+    rows = [
+        {"bin": i, "topk_pages": k, "tokens": n}
+        for i, (k, n) in enumerate(zip(summary["topk_pages"], summary["tokens_per_bin"]))
+    ]
+    print_table(
+        rows, title=f"{summary['schedule']} v{summary['version']} (p5 target {summary['target']})"
+    )
     for note in summary["notes"]:
         print(f"note: {note}")
-    line = (f"calibration took {summary['calibration_s']:.1f} s (sampling "
-            f"{summary['sample_s']:.1f} s, replaying {len(summary['topk_grid'])} top-k values "
-            f"{summary['replay_s']:.1f} s)")
+    line = (
+        f"calibration took {summary['calibration_s']:.1f} s (sampling "
+        f"{summary['sample_s']:.1f} s, replaying {len(summary['topk_grid'])} top-k values "
+        f"{summary['replay_s']:.1f} s)"
+    )
     if "generation_s" in summary:
-        line += (f"; generating every budget took {summary['generation_s']:.1f} s "
-                 f"({summary['generation_over_calibration']:.1f}x)")
+        line += (
+            f"; generating every budget took {summary['generation_s']:.1f} s "
+            f"({summary['generation_over_calibration']:.1f}x)"
+        )
     print(line)
     print(f"schedule: {summary['yaml']}")
     print(f"plot: {summary['plot']}")

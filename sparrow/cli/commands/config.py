@@ -1,7 +1,7 @@
 """`sparrow config show [--json] [key=value ...]`: print the resolved, validated configuration.
 
-    sparrow config show algo.lr=2e-6              # YAML, as the run records it
-    sparrow config show --json | jq .algo.lr      # the same tree as JSON
+sparrow config show algo.lr=2e-6              # YAML, as the run records it
+sparrow config show --json | jq .algo.lr      # the same tree as JSON
 """
 
 from __future__ import annotations

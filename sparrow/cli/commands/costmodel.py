@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 from sparrow.cli.output import print_json, print_table
-from sparrow.costmodel.eflops import (
+from sparrow.costmodel import (
     HARDWARE,
     MODELS,
     VARIANTS,
@@ -55,8 +55,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     model, hardware = get_model(args.model), get_hardware(args.hardware)
     schedule = resolve_schedule(args.schedule)
-    result = schedule_cost(schedule, model=model, hardware=hardware, prompt_len=args.prompt_len,
-                           gen_len=args.gen_len, samples=args.samples, variant=args.variant)
+    result = schedule_cost(
+        schedule,
+        model=model,
+        hardware=hardware,
+        prompt_len=args.prompt_len,
+        gen_len=args.gen_len,
+        samples=args.samples,
+        variant=args.variant,
+    )
     inputs = {
         "schedule_spec": args.schedule,
         "params": model.parameters,

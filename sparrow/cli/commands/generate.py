@@ -29,11 +29,16 @@ class GenerateArgumentError(SparrowError, ValueError):
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("generate", help="generate from a model, dense or block-sparse")
-    parser.add_argument("--model", required=True, metavar="DIR",
-                        help="a Hugging Face model directory, or builtin:tiny")
+    parser.add_argument(
+        "--model",
+        required=True,
+        metavar="DIR",
+        help="a Hugging Face model directory, or builtin:tiny",
+    )
     prompt = parser.add_mutually_exclusive_group(required=True)
-    prompt.add_argument("--prompt", metavar="TEXT",
-                        help="prompt text (needs the model's tokenizer)")
+    prompt.add_argument(
+        "--prompt", metavar="TEXT", help="prompt text (needs the model's tokenizer)"
+    )
     prompt.add_argument("--prompt-ids", metavar="IDS", help='prompt token ids, e.g. "1,2,3"')
     parser.add_argument("--max-new-tokens", type=int, default=64, metavar="N")
     mode = parser.add_mutually_exclusive_group()
@@ -44,8 +49,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--n", type=int, default=1, metavar="K", help="samples of the prompt")
     parser.add_argument("--schedule", metavar="NAME|FILE", help="sparsity schedule; omit for dense")
     parser.add_argument("--seed", type=int, default=None, metavar="S")
-    parser.add_argument("--logprobs-topk", type=int, default=0, metavar="K",
-                        help="also print the top-K ids and logprobs of every token")
+    parser.add_argument(
+        "--logprobs-topk",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also print the top-K ids and logprobs of every token",
+    )
     parser.add_argument("--kv-cache-mib", type=float, default=256.0, metavar="MIB")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
@@ -65,26 +75,40 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = _tokenizer(args.model, required=args.prompt is not None)
     prompt_ids = tokenizer.encode(args.prompt) if args.prompt is not None else _ids(args.prompt_ids)
     params = SamplingParams(
-        temperature=0.0 if args.greedy else args.temperature, top_p=args.top_p, top_k=args.top_k,
-        max_new_tokens=args.max_new_tokens, seed=args.seed, n=args.n,
+        temperature=0.0 if args.greedy else args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        n=args.n,
         logprobs_topk=args.logprobs_topk,
     )
-    config = EngineConfig(max_batch_size=max(args.n, 1), kv_cache_mib=args.kv_cache_mib,
-                          page_size=schedule.page_size if schedule else 16)
+    config = EngineConfig(
+        max_batch_size=max(args.n, 1),
+        kv_cache_mib=args.kv_cache_mib,
+        page_size=schedule.page_size if schedule else 16,
+    )
     engine = Engine(model, tokenizer, config, schedule)
     progress = args.n * args.max_new_tokens >= PROGRESS_TOKENS
     [samples] = engine.generate([prompt_ids], params, progress=progress)
     rows = [_row(sample, args.logprobs_topk) for sample in samples]
     if args.json:
-        print_json({"prompt_ids": prompt_ids, "schedule": schedule.name if schedule else None,
-                    "samples": rows})
+        print_json(
+            {
+                "prompt_ids": prompt_ids,
+                "schedule": schedule.name if schedule else None,
+                "samples": rows,
+            }
+        )
         return 0
     for row in rows:
         shown = row["text"] if row["text"] is not None else " ".join(map(str, row["output_ids"]))
         budget = row["pages_read"]
-        print(f"[sample {row['sample_index']}] {len(row['output_ids'])} tokens, "
-              f"finish_reason={row['finish_reason']}, pages read per step "
-              f"{min(budget)}-{max(budget)}")
+        print(
+            f"[sample {row['sample_index']}] {len(row['output_ids'])} tokens, "
+            f"finish_reason={row['finish_reason']}, pages read per step "
+            f"{min(budget)}-{max(budget)}"
+        )
         print(shown)
     return 0
 
@@ -103,7 +127,8 @@ def _ids(text: str) -> list[int]:
         ids = [int(part) for part in text.replace(" ", "").split(",") if part]
     except ValueError:
         raise GenerateArgumentError(
-            f"--prompt-ids must be comma-separated integers, got {text!r}") from None
+            f"--prompt-ids must be comma-separated integers, got {text!r}"
+        ) from None
     if not ids:
         raise GenerateArgumentError("--prompt-ids holds no token id")
     return ids
@@ -137,6 +162,7 @@ def _device_dtype(device: str, dtype: str):
     if dtype == "auto":
         return device, torch.bfloat16 if device.startswith("cuda") else torch.float32
     if dtype not in dtypes:
-        raise GenerateArgumentError(f"--dtype must be auto or one of {', '.join(dtypes)}, "
-                                    f"got {dtype!r}")
+        raise GenerateArgumentError(
+            f"--dtype must be auto or one of {', '.join(dtypes)}, got {dtype!r}"
+        )
     return device, dtypes[dtype]

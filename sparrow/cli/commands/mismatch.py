@@ -34,13 +34,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("mismatch", help="acceptance-rate statistics of rollout tokens")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     stats = actions.add_parser("stats", help="per-bin acceptance statistics of a Parquet file")
-    stats.add_argument("file", metavar="FILE.parquet", help="per-token rows with position, acceptance")
     stats.add_argument(
-        "--bin-tokens", type=int_at_least(1), default=None,
+        "file", metavar="FILE.parquet", help="per-token rows with position, acceptance"
+    )
+    stats.add_argument(
+        "--bin-tokens",
+        type=int_at_least(1),
+        default=None,
         help="bin width in tokens of total position (default 2000, the method's bins)",
     )
     stats.add_argument(
-        "--num-bins", type=int_at_least(1), default=None,
+        "--num-bins",
+        type=int_at_least(1),
+        default=None,
         help="put every position past the last bin into the last bin (default: no limit)",
     )
     stats.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
@@ -125,6 +131,8 @@ def run_stats(args: argparse.Namespace) -> int:
     if args.json:
         print_json([{key: getattr(s, key) for key in ROW_KEYS} for s in stats])
         return 0
-    print_table([table_row(s) for s in stats], title=f"{args.file}: acceptance per {bin_tokens}-token bin")
+    print_table(
+        [table_row(s) for s in stats], title=f"{args.file}: acceptance per {bin_tokens}-token bin"
+    )
     print(textwrap.fill(TABLE_LEGEND, width=80))
     return 0

@@ -21,12 +21,24 @@ from sparrow.config.schema import PipelineConfig
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("report", help="PNG plots and a one-page summary of a run")
-    parser.add_argument("run_id", metavar="RUN_ID", help="the run's pipeline.run_id (sparrow runs lists them)")
-    parser.add_argument("--workdir", default=PipelineConfig.workdir, help="the run's pipeline.workdir")
-    parser.add_argument("--out", default=None, help="output folder (default <workdir>/reports/<RUN_ID>)")
-    parser.add_argument("--step", type=int_at_least(0), default=None,
-                        help="step of the acceptance histogram (default: the last with token rows)")
-    parser.add_argument("--json", action="store_true", help="print the paths and summary numbers as JSON")
+    parser.add_argument(
+        "run_id", metavar="RUN_ID", help="the run's pipeline.run_id (sparrow runs lists them)"
+    )
+    parser.add_argument(
+        "--workdir", default=PipelineConfig.workdir, help="the run's pipeline.workdir"
+    )
+    parser.add_argument(
+        "--out", default=None, help="output folder (default <workdir>/reports/<RUN_ID>)"
+    )
+    parser.add_argument(
+        "--step",
+        type=int_at_least(0),
+        default=None,
+        help="step of the acceptance histogram (default: the last with token rows)",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the paths and summary numbers as JSON"
+    )
     parser.set_defaults(func=run)
 
 
@@ -36,8 +48,14 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(args.workdir) / "reports" / args.run_id
     paths, summary = write_report(args.workdir, args.run_id, out, step=args.step)
     if args.json:
-        print_json({"run_id": args.run_id, "out_dir": str(out), "files": [str(p) for p in paths],
-                    "summary": summary})
+        print_json(
+            {
+                "run_id": args.run_id,
+                "out_dir": str(out),
+                "files": [str(p) for p in paths],
+                "summary": summary,
+            }
+        )
     else:
         for path in paths:
             print(path)

@@ -26,6 +26,7 @@ from sparrow.config.schema import PipelineConfig
 from sparrow.errors import SparrowError
 from sparrow.storage.layout import process_alive
 
+
 class UnknownRunError(SparrowError):
     """A run id that the workdir does not hold."""
 
@@ -33,8 +34,9 @@ class UnknownRunError(SparrowError):
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("runs", help="training runs of a workdir and their stages")
     parser.add_argument("run_id", nargs="?", help="show this run's recorded stages")
-    parser.add_argument("--workdir", default=PipelineConfig.workdir,
-                        help="the runs' pipeline.workdir")
+    parser.add_argument(
+        "--workdir", default=PipelineConfig.workdir, help="the runs' pipeline.workdir"
+    )
     parser.add_argument("--json", action="store_true", help="print a list of row objects")
     parser.set_defaults(func=run)
 
@@ -54,8 +56,10 @@ def writer_alive(workdir: str | Path) -> bool:
     except FileNotFoundError:
         return _pid_alive(lock) if lock.exists() else False
     key = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
-    return any(fields[1:2] == ["FLOCK"] and key in fields
-               for fields in (line.split() for line in held.splitlines()))
+    return any(
+        fields[1:2] == ["FLOCK"] and key in fields
+        for fields in (line.split() for line in held.splitlines())
+    )
 
 
 def _pid_alive(lock: Path) -> bool:
@@ -77,15 +81,20 @@ def run_rows(workdir: str) -> list[dict]:
         status = row["status"]
         if status == "running" and not alive:
             status = "interrupted"
-        rows.append({
-            "run_id": row["run_id"], "status": status,
-            "steps_done": int(row["steps_done"]),
-            "steps": config.get("pipeline", {}).get("steps"),
-            "stages": int(row["stages"]), "last_stage": row["last_stage"],
-            "created_at": str(row["created_at"]), "model_path": row["model_path"],
-            "mlflow_run_id": row["mlflow_run_id"],
-            "damaged": _damaged_steps(result, row["run_id"]) or None,
-        })
+        rows.append(
+            {
+                "run_id": row["run_id"],
+                "status": status,
+                "steps_done": int(row["steps_done"]),
+                "steps": config.get("pipeline", {}).get("steps"),
+                "stages": int(row["stages"]),
+                "last_stage": row["last_stage"],
+                "created_at": str(row["created_at"]),
+                "model_path": row["model_path"],
+                "mlflow_run_id": row["mlflow_run_id"],
+                "damaged": _damaged_steps(result, row["run_id"]) or None,
+            }
+        )
     return rows
 
 
@@ -99,8 +108,9 @@ def stage_rows(workdir: str, run_id: str) -> list[dict]:
 
     runs = recorded_run_ids(workdir)
     if run_id not in runs:
-        raise UnknownRunError(f"workdir {workdir} has no run {run_id!r}; runs: "
-                              f"{', '.join(runs) or '(none)'}")
+        raise UnknownRunError(
+            f"workdir {workdir} has no run {run_id!r}; runs: {', '.join(runs) or '(none)'}"
+        )
     result = stages_listing(workdir, run_id)
     damaged = {d.step: d for d in result.damaged if d.run_id == run_id}
     rows = result.as_dicts()

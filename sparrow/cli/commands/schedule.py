@@ -31,8 +31,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     show = actions.add_parser("show", help="one schedule, bin by bin")
     show.add_argument("schedule", metavar="NAME_OR_FILE", help="a preset name or a schedule file")
     show.add_argument("--json", action="store_true", help="print the schedule as JSON")
-    show.add_argument("--workdir", default=None,
-                      help="also look up NAME or NAME@VERSION in this workdir's schedules table")
+    show.add_argument(
+        "--workdir",
+        default=None,
+        help="also look up NAME or NAME@VERSION in this workdir's schedules table",
+    )
     show.set_defaults(func=run_show)
 
 

@@ -33,29 +33,56 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("study", help="run a stability study, report on one")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     run_parser = actions.add_parser("run", help="run or resume every arm of a study")
-    run_parser.add_argument("study_id", metavar="STUDY_ID",
-                            help="the study's id: arms run as <STUDY_ID>-<arm>")
-    run_parser.add_argument("overrides", nargs="*", metavar="key=value",
-                            help="train overrides for every arm; study.KEY=VALUE sets the study")
-    run_parser.add_argument("--study", default="default",
-                            help="a study of sparrow/conf/study/ or a YAML file (default: default)")
-    run_parser.add_argument("--arm", action="append", default=None, metavar="ARM",
-                            help="run this arm only (repeat for more); no report is written")
-    run_parser.add_argument("--gpus", default=None, type=_gpu_list, metavar="0,1,...|all",
-                            help="run the arms at once, one process per GPU listed (an index "
-                                 "twice: two arms there; all: every visible GPU); needs "
-                                 "study.own_workdirs=true")
+    run_parser.add_argument(
+        "study_id", metavar="STUDY_ID", help="the study's id: arms run as <STUDY_ID>-<arm>"
+    )
+    run_parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="train overrides for every arm; study.KEY=VALUE sets the study",
+    )
+    run_parser.add_argument(
+        "--study",
+        default="default",
+        help="a study of sparrow/conf/study/ or a YAML file (default: default)",
+    )
+    run_parser.add_argument(
+        "--arm",
+        action="append",
+        default=None,
+        metavar="ARM",
+        help="run this arm only (repeat for more); no report is written",
+    )
+    run_parser.add_argument(
+        "--gpus",
+        default=None,
+        type=_gpu_list,
+        metavar="0,1,...|all",
+        help="run the arms at once, one process per GPU listed (an index "
+        "twice: two arms there; all: every visible GPU); needs "
+        "study.own_workdirs=true",
+    )
     run_parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     run_parser.set_defaults(func=run_study)
     report = actions.add_parser("report", help="plots and a summary of a study, from DuckDB")
     report.add_argument("study_id", metavar="STUDY_ID")
     report.add_argument("--workdir", default=PipelineConfig.workdir, help="the study's workdir")
-    report.add_argument("--out", default=None,
-                        help="output folder (default <workdir>/studies/<STUDY_ID>/report)")
-    report.add_argument("--collapse-window", type=int_at_least(1), default=None,
-                        help="final steps whose mean reward decides collapse (default: study's)")
-    report.add_argument("--collapse-ratio", type=_ratio, default=None,
-                        help="collapsed below this x the reference arm's (default: study's)")
+    report.add_argument(
+        "--out", default=None, help="output folder (default <workdir>/studies/<STUDY_ID>/report)"
+    )
+    report.add_argument(
+        "--collapse-window",
+        type=int_at_least(1),
+        default=None,
+        help="final steps whose mean reward decides collapse (default: study's)",
+    )
+    report.add_argument(
+        "--collapse-ratio",
+        type=_ratio,
+        default=None,
+        help="collapsed below this x the reference arm's (default: study's)",
+    )
     report.add_argument("--json", action="store_true", help="print the paths and summary as JSON")
     report.set_defaults(func=run_report)
 
@@ -65,8 +92,10 @@ def _gpu_list(text: str) -> list[str]:
         return _visible_gpus()
     gpus = [item.strip() for item in text.split(",") if item.strip()]
     if not gpus or not all(g.isdigit() for g in gpus):
-        raise argparse.ArgumentTypeError(f"expected GPU indices like 0,1,2,3 (one repeated "
-                                         f"runs two arms on that GPU), got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected GPU indices like 0,1,2,3 (one repeated "
+            f"runs two arms on that GPU), got {text!r}"
+        )
     return gpus
 
 
@@ -79,8 +108,7 @@ def _visible_gpus() -> list[str]:
     count = torch.cuda.device_count()
     if count == 0:
         raise argparse.ArgumentTypeError("--gpus all: this machine has no GPU that torch sees")
-    listed = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
-              if d.strip()]
+    listed = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     # a child's CUDA_VISIBLE_DEVICES names the parent's own numbering, as the list gave it
     return listed[:count] if listed else [str(i) for i in range(count)]
 
@@ -97,7 +125,7 @@ def _ratio(text: str) -> float:
 
 def split_overrides(items: list[str]) -> tuple[list[str], list[str]]:
     """(train overrides, study overrides without their `study.` prefix)."""
-    study = [item[len("study."):] for item in items if item.startswith("study.")]
+    study = [item[len("study.") :] for item in items if item.startswith("study.")]
     return [item for item in items if not item.startswith("study.")], study
 
 
@@ -126,8 +154,14 @@ def run_study(args: argparse.Namespace) -> int:
     if args.gpus:
         summary = study_at_once(args.study_id, args.study, overrides, study_overrides, args.gpus)
     else:
-        summary = study_flow(args.study_id, args.study, overrides, study_overrides,
-                             show_table=not args.json, arms=args.arm)
+        summary = study_flow(
+            args.study_id,
+            args.study,
+            overrides,
+            study_overrides,
+            show_table=not args.json,
+            arms=args.arm,
+        )
     if args.json:
         print_json(summary)
     else:
@@ -138,8 +172,10 @@ def run_study(args: argparse.Namespace) -> int:
             print(f"report: sparrow study report {args.study_id} once every arm has run")
     failed = [a for a in summary["arms"] if a["status"] != "finished"]
     for arm in failed:
-        print(f"arm {arm['arm']} {arm['status']}" + (f": see {arm['log']}" if arm.get("log") else ""),
-              file=sys.stderr)
+        print(
+            f"arm {arm['arm']} {arm['status']}" + (f": see {arm['log']}" if arm.get("log") else ""),
+            file=sys.stderr,
+        )
     return 1 if failed else 0
 
 
@@ -147,11 +183,18 @@ def run_report(args: argparse.Namespace) -> int:
     from sparrow.reports.study import default_out, write_study_report
 
     out = Path(args.out) if args.out else default_out(args.workdir, args.study_id)
-    paths, summary = write_study_report(args.workdir, args.study_id, out,
-                                        args.collapse_window, args.collapse_ratio)
+    paths, summary = write_study_report(
+        args.workdir, args.study_id, out, args.collapse_window, args.collapse_ratio
+    )
     if args.json:
-        print_json({"study_id": args.study_id, "out_dir": str(out),
-                    "files": [str(p) for p in paths], "summary": summary})
+        print_json(
+            {
+                "study_id": args.study_id,
+                "out_dir": str(out),
+                "files": [str(p) for p in paths],
+                "summary": summary,
+            }
+        )
     else:
         for path in paths:
             print(path)

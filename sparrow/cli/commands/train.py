@@ -22,10 +22,17 @@ from sparrow.cli.output import print_json
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("train", help="run or resume RL training (the train flow)")
-    parser.add_argument("overrides", nargs="*", metavar="key=value",
-                        help="config overrides, e.g. pipeline.steps=2 (sparrow config show)")
-    parser.add_argument("--json", action="store_true",
-                        help="print the run summary as JSON instead of the per-step table")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="config overrides, e.g. pipeline.steps=2 (sparrow config show)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the run summary as JSON instead of the per-step table",
+    )
     parser.set_defaults(func=run)
 
 
@@ -33,8 +40,8 @@ def run(args: argparse.Namespace) -> int:
     from sparrow.flows.prefect_env import quiet_prefect
 
     quiet_prefect()
-    from sparrow.flows.server_guard import guard_local_server
     from sparrow.config import load_config
+    from sparrow.flows.server_guard import guard_local_server
     from sparrow.model.builtin import resolve_model_path
 
     cfg = load_config(args.overrides)

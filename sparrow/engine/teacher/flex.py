@@ -20,12 +20,13 @@ layers go to SDPA (kernels/prefill.py). TeacherForcedAttention dispatches here o
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 
 try:
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
     HAS_FLEX = True
 except ImportError:  # an old torch: the reference path serves
     HAS_FLEX = False
@@ -34,8 +35,7 @@ BLOCK = 128  # BlockMask tile (query and KV tokens); FlexAttention's default
 _COMPILED: dict[str, object] = {}
 
 
-def selection_rows(num_kv_heads: int, length: int, page_size: int,
-                   budget: int = 1 << 24) -> int:
+def selection_rows(num_kv_heads: int, length: int, page_size: int, budget: int = 1 << 24) -> int:
     """Positions per selection chunk: a multiple of BLOCK with [rows, Hkv, P] scores of
     about `budget` float32 elements (64 MiB) at most."""
     width = -(-length // page_size)
@@ -43,9 +43,14 @@ def selection_rows(num_kv_heads: int, length: int, page_size: int,
     return max(BLOCK, rows)
 
 
-def sparse_flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                          chunks: Iterable[tuple[int, int, torch.Tensor]], page_size: int,
-                          on_pages=None) -> torch.Tensor:
+def sparse_flex_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    chunks: Iterable[tuple[int, int, torch.Tensor]],
+    page_size: int,
+    on_pages=None,
+) -> torch.Tensor:
     """Attention of one sequence where position t reads its chunk row's pages (see the
     module docstring); chunks come in order, each a multiple of BLOCK rows but the last.
     on_pages, if given, receives each chunk's page mask (tests)."""
@@ -58,8 +63,9 @@ def sparse_flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             on_pages(pages)
     block_mask = bitmap.block_mask(q.shape[1] // kv_heads)
     heads_first = [t.transpose(0, 1).unsqueeze(0) for t in (q, k.to(q.dtype), v.to(q.dtype))]
-    out = _flex(q.is_cuda)(*heads_first, block_mask=block_mask, enable_gqa=True,
-                           scale=1.0 / math.sqrt(q.shape[-1]))
+    out = _flex(q.is_cuda)(
+        *heads_first, block_mask=block_mask, enable_gqa=True, scale=1.0 / math.sqrt(q.shape[-1])
+    )
     return out[0].transpose(0, 1)
 
 
@@ -72,10 +78,12 @@ class PageBitmap:
         self.pages_per_block = BLOCK // page_size
         width_bytes = -(-self.kv_blocks * self.pages_per_block // 8)
         # rows padded to whole query blocks: a mask_mod read past T stays in bounds
-        self.bits = torch.zeros(kv_heads, self.q_blocks * BLOCK, width_bytes, dtype=torch.uint8,
-                                device=device)
-        self.any = torch.zeros(kv_heads, self.q_blocks, self.kv_blocks, dtype=torch.bool,
-                               device=device)
+        self.bits = torch.zeros(
+            kv_heads, self.q_blocks * BLOCK, width_bytes, dtype=torch.uint8, device=device
+        )
+        self.any = torch.zeros(
+            kv_heads, self.q_blocks, self.kv_blocks, dtype=torch.bool, device=device
+        )
         self.full = torch.zeros_like(self.any)
         self.shifts = torch.arange(8, dtype=torch.uint8, device=device)
 
@@ -87,12 +95,14 @@ class PageBitmap:
         # bits: page p of a row is bit p % 8 of byte p // 8
         padded = _pad_last(pages, -(-width // 8) * 8)
         packed = (padded.view(rows, self.kv_heads, -1, 8).to(torch.uint8) << self.shifts).sum(
-            -1, dtype=torch.uint8)
+            -1, dtype=torch.uint8
+        )
         self.bits[:, first:last, : packed.shape[-1]] = packed.transpose(0, 1)
         # per (row, KV block): any page read; every page read and the block wholly before t
         blocks = -(-width // self.pages_per_block)
         grouped = _pad_last(pages, blocks * self.pages_per_block).view(
-            rows, self.kv_heads, blocks, self.pages_per_block)
+            rows, self.kv_heads, blocks, self.pages_per_block
+        )
         ends = (torch.arange(blocks, device=pages.device) + 1) * BLOCK
         position = torch.arange(first, last, device=pages.device).view(rows, 1, 1)
         whole = grouped.all(-1) & (ends <= position + 1) & (ends <= self.length)
@@ -107,20 +117,25 @@ class PageBitmap:
         self.any[:, block_rows, :blocks] = read.view(shape).any(1).transpose(0, 1)
         self.full[:, block_rows, :blocks] = whole.view(shape).all(1).transpose(0, 1)
 
-    def block_mask(self, group: int) -> "BlockMask":
+    def block_mask(self, group: int) -> BlockMask:
         """FlexAttention's BlockMask over Hq = group * Hkv heads, with the bitmap's mask_mod."""
         partial = self.any & ~self.full
 
         def listed(blocks):
             count = blocks.sum(-1, dtype=torch.int32)
             order = torch.argsort((~blocks).to(torch.uint8), dim=-1, stable=True)
-            return (count.repeat_interleave(group, 0)[None].contiguous(),
-                    order.to(torch.int32).repeat_interleave(group, 0)[None].contiguous())
+            return (
+                count.repeat_interleave(group, 0)[None].contiguous(),
+                order.to(torch.int32).repeat_interleave(group, 0)[None].contiguous(),
+            )
 
-        return BlockMask.from_kv_blocks(*listed(partial), *listed(self.full),
-                                        BLOCK_SIZE=(BLOCK, BLOCK),
-                                        mask_mod=page_mask_mod(self.bits, group, self.page_size),
-                                        seq_lengths=(self.length, self.length))
+        return BlockMask.from_kv_blocks(
+            *listed(partial),
+            *listed(self.full),
+            BLOCK_SIZE=(BLOCK, BLOCK),
+            mask_mod=page_mask_mod(self.bits, group, self.page_size),
+            seq_lengths=(self.length, self.length),
+        )
 
 
 def page_mask_mod(bits: torch.Tensor, group: int, page_size: int):
@@ -155,8 +170,10 @@ def _check(q, k, v, page_size):
     if not HAS_FLEX:
         raise RuntimeError("FlexAttention is not in this torch (torch.nn.attention.flex_attention)")
     if q.dim() != 3 or k.dim() != 3 or k.shape != v.shape or q.shape[0] != k.shape[0]:
-        raise ValueError(f"q must be [T, Hq, D] and k, v [T, Hkv, D], got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(
+            f"q must be [T, Hq, D] and k, v [T, Hkv, D], got {tuple(q.shape)}, "
+            f"{tuple(k.shape)}, {tuple(v.shape)}"
+        )
     if q.shape[1] % k.shape[1]:
         raise ValueError(f"{q.shape[1]} query heads do not split into {k.shape[1]} KV heads")
     if BLOCK % page_size:

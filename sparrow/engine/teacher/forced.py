@@ -29,7 +29,7 @@ Run `python -m pytest tests/engine/teacher/test_forced.py -q`.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -49,26 +49,35 @@ TeacherSelectionHook = Callable[[int, int, torch.Tensor], None]
 BACKENDS = ("auto", "triton", "flex", "reference")
 
 
-def teacher_forced_logits(model: torch.nn.Module, sequences: Sequence[Sequence[int] | torch.Tensor],
-                          prompt_lens: Sequence[int] | None = None,
-                          schedule: Schedule | None = None, query_chunk: int = 1024,
-                          on_selection: TeacherSelectionHook | None = None,
-                          centroid_dtype: str = "cache",
-                          backend: str = "auto") -> list[torch.Tensor]:
+def teacher_forced_logits(
+    model: torch.nn.Module,
+    sequences: Sequence[Sequence[int] | torch.Tensor],
+    prompt_lens: Sequence[int] | None = None,
+    schedule: Schedule | None = None,
+    query_chunk: int = 1024,
+    on_selection: TeacherSelectionHook | None = None,
+    centroid_dtype: str = "cache",
+    backend: str = "auto",
+) -> list[torch.Tensor]:
     """Float32 logits [T_i, vocab] per sequence; sparse at generated positions if scheduled;
     centroid_dtype as the decoding engine's EngineConfig.centroid_dtype; backend as
     TeacherForcedAttention's."""
-    hidden = teacher_forced_hidden(model, sequences, prompt_lens, schedule, query_chunk,
-                                   on_selection, centroid_dtype, backend)
+    hidden = teacher_forced_hidden(
+        model, sequences, prompt_lens, schedule, query_chunk, on_selection, centroid_dtype, backend
+    )
     return [model.compute_logits(h) for h in hidden]
 
 
-def teacher_forced_hidden(model: torch.nn.Module, sequences: Sequence[Sequence[int] | torch.Tensor],
-                          prompt_lens: Sequence[int] | None = None,
-                          schedule: Schedule | None = None, query_chunk: int = 1024,
-                          on_selection: TeacherSelectionHook | None = None,
-                          centroid_dtype: str = "cache",
-                          backend: str = "auto") -> list[torch.Tensor]:
+def teacher_forced_hidden(
+    model: torch.nn.Module,
+    sequences: Sequence[Sequence[int] | torch.Tensor],
+    prompt_lens: Sequence[int] | None = None,
+    schedule: Schedule | None = None,
+    query_chunk: int = 1024,
+    on_selection: TeacherSelectionHook | None = None,
+    centroid_dtype: str = "cache",
+    backend: str = "auto",
+) -> list[torch.Tensor]:
     """Final hidden states [T_i, hidden] per sequence (see teacher_forced_logits)."""
     device = next(model.parameters()).device
     ids = [torch.as_tensor(s, dtype=torch.long, device=device).flatten() for s in sequences]
@@ -79,10 +88,13 @@ def teacher_forced_hidden(model: torch.nn.Module, sequences: Sequence[Sequence[i
         prompt_lens = lens
     prompt_lens = [int(p) for p in prompt_lens]
     if len(prompt_lens) != len(lens) or any(not 1 <= p <= n for p, n in zip(prompt_lens, lens)):
-        raise ValueError(f"prompt_lens {prompt_lens} must give 1 <= prompt_len <= length for "
-                         f"sequences of lengths {lens}")
-    attention = TeacherForcedAttention(lens, prompt_lens, schedule, query_chunk, on_selection,
-                                       centroid_dtype, backend)
+        raise ValueError(
+            f"prompt_lens {prompt_lens} must give 1 <= prompt_len <= length for "
+            f"sequences of lengths {lens}"
+        )
+    attention = TeacherForcedAttention(
+        lens, prompt_lens, schedule, query_chunk, on_selection, centroid_dtype, backend
+    )
     positions = torch.cat([torch.arange(n, device=device) for n in lens])
     hidden = model(torch.cat(ids), positions, attention)
     return list(hidden.split(lens))
@@ -96,9 +108,16 @@ class TeacherForcedAttention:
     not a power of two; the reference otherwise), "triton", "flex" or "reference"; all take the
     pages of teacher_selection.select_chunks' rule."""
 
-    def __init__(self, seq_lens: list[int], prompt_lens: list[int], schedule: Schedule | None,
-                 query_chunk: int = 1024, on_selection: TeacherSelectionHook | None = None,
-                 centroid_dtype: str = "cache", backend: str = "auto"):
+    def __init__(
+        self,
+        seq_lens: list[int],
+        prompt_lens: list[int],
+        schedule: Schedule | None,
+        query_chunk: int = 1024,
+        on_selection: TeacherSelectionHook | None = None,
+        centroid_dtype: str = "cache",
+        backend: str = "auto",
+    ):
         if query_chunk < 1:
             raise ValueError(f"query_chunk must be positive, got {query_chunk}")
         if backend not in BACKENDS:
@@ -113,8 +132,9 @@ class TeacherForcedAttention:
         self.backend = backend
         self._index: PackedIndex | None = None  # the kernels' device tensors, made once
 
-    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor,
-                 v: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
         sparse = self.schedule is not None and self.schedule.is_sparse_layer(layer)
         if sparse and self._use_kernels(q, k, v):
             hook = None
@@ -122,15 +142,25 @@ class TeacherForcedAttention:
                 hook = lambda index, pages: self.on_selection(layer, index, pages)  # noqa: E731
             if self._index is None or self._index.seq_lens.device != q.device:
                 self._index = PackedIndex.build(self.seq_lens, self.schedule, q.device)
-            return kernel_sparse_attention(q, k, v, self.seq_lens, self.prompt_lens,
-                                           self.schedule, self.centroid_dtype, hook, self._index)
+            return kernel_sparse_attention(
+                q,
+                k,
+                v,
+                self.seq_lens,
+                self.prompt_lens,
+                self.schedule,
+                self.centroid_dtype,
+                hook,
+                self._index,
+            )
         flex = self._use_flex(q)
         outputs, start = [], 0
         for index, (length, prompt_len) in enumerate(zip(self.seq_lens, self.prompt_lens)):
             span = slice(start, start + length)
             if sparse and prompt_len < length:
-                outputs.append(self._sparse(layer, index, q[span], k[span], v[span],
-                                            prompt_len, flex))
+                outputs.append(
+                    self._sparse(layer, index, q[span], k[span], v[span], prompt_len, flex)
+                )
             elif flex:
                 outputs.append(prefill_attention_sdpa(q[span], k[span], v[span], [length]))
             else:
@@ -166,8 +196,10 @@ class TeacherForcedAttention:
         return self.backend == "flex"
 
     def _dense_chunks(self, length):
-        return ((first, min(first + self.query_chunk, length), None)
-                for first in range(0, length, self.query_chunk))
+        return (
+            (first, min(first + self.query_chunk, length), None)
+            for first in range(0, length, self.query_chunk)
+        )
 
     def _attend(self, q, k, v, chunks, on_pages=None):
         """Causal attention of one sequence in query chunks, restricted per query to the
@@ -180,8 +212,11 @@ class TeacherForcedAttention:
             if pages is not None:
                 if on_pages is not None:
                     on_pages(pages)
-                tokens = token_mask(pages, self.schedule.page_size,
-                                    torch.full((last - first,), last, device=q.device))
+                tokens = token_mask(
+                    pages,
+                    self.schedule.page_size,
+                    torch.full((last - first,), last, device=q.device),
+                )
                 mask = mask.unsqueeze(1) & tokens[..., :last]  # [Q, Hkv, K]
                 mask = mask.transpose(0, 1)[None]
             keys, values = kh[:, :, :last], vh[:, :, :last]

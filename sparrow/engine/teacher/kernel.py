@@ -19,7 +19,7 @@ the same call works (slowly) on a laptop; TeacherForcedAttention takes it only w
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -47,14 +47,21 @@ class PackedIndex:
     def build(cls, seq_lens: list[int], schedule: Schedule, device: torch.device):
         starts = [sum(seq_lens[:i]) for i in range(len(seq_lens))]
         as_int32 = lambda values: torch.tensor(values, dtype=torch.int32, device=device)  # noqa: E731
-        return cls(as_int32(starts), as_int32(seq_lens),
-                   torch.tensor(schedule.topk_pages, device=device))
+        return cls(
+            as_int32(starts), as_int32(seq_lens), torch.tensor(schedule.topk_pages, device=device)
+        )
 
 
-def selection_bits(q: torch.Tensor, k: torch.Tensor, seq_lens: list[int],
-                   prompt_lens: list[int], schedule: Schedule, centroid_dtype: str,
-                   budget: int = SCORE_BUDGET,
-                   topk_of_bin: torch.Tensor | None = None) -> torch.Tensor:
+def selection_bits(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    seq_lens: list[int],
+    prompt_lens: list[int],
+    schedule: Schedule,
+    centroid_dtype: str,
+    budget: int = SCORE_BUDGET,
+    topk_of_bin: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Bits [Hkv, N, words] int32 of every position of the packed sequences; topk_of_bin:
     PackedIndex's, when the caller holds one."""
     q, k = q.detach(), k.detach()  # the selection is discrete: no graph through it
@@ -67,53 +74,89 @@ def selection_bits(q: torch.Tensor, k: torch.Tensor, seq_lens: list[int],
         topk_of_bin = torch.tensor(schedule.topk_pages, device=q.device)
     start = 0
     for length, prompt_len in zip(seq_lens, prompt_lens):
-        seq_q, seq_k = q[start:start + length], k[start:start + length]
-        centroids = (page_centroids(seq_k, size, centroid_dtype) if prompt_len < length
-                     else None)
+        seq_q, seq_k = q[start : start + length], k[start : start + length]
+        centroids = page_centroids(seq_k, size, centroid_dtype) if prompt_len < length else None
         width = -(-length // size)
         rows = max(1, budget // max(1, kv_heads * width))
         for first in range(0, length, rows):
             last = min(first + rows, length)
             position = torch.arange(first, last, device=q.device)
             topk = topk_of_bin[schedule.bin_of(position)]
-            out = bits[:, start + first:start + last]
+            out = bits[:, start + first : start + last]
             if last <= prompt_len:
-                select_page_bits(None, first, prompt_len, topk, size, schedule.reserved_bos,
-                                 schedule.reserved_eos, words, out=out, kv_heads=kv_heads)
+                select_page_bits(
+                    None,
+                    first,
+                    prompt_len,
+                    topk,
+                    size,
+                    schedule.reserved_bos,
+                    schedule.reserved_eos,
+                    words,
+                    out=out,
+                    kv_heads=kv_heads,
+                )
                 continue
             chunk_width = (last - 1) // size + 1
             # the product select_chunks computes, so both paths rank the same floats
-            scores = torch.einsum("thd,phd->thp", group_query_mean(seq_q[first:last], kv_heads),
-                                  centroids[:chunk_width])
+            scores = torch.einsum(
+                "thd,phd->thp",
+                group_query_mean(seq_q[first:last], kv_heads),
+                centroids[:chunk_width],
+            )
             if scores.stride(-1) != 1:  # einsum may hand back a permuted layout
                 scores = scores.contiguous()
-            select_page_bits(scores, first, prompt_len, topk, size, schedule.reserved_bos,
-                             schedule.reserved_eos, words, out=out)
+            select_page_bits(
+                scores,
+                first,
+                prompt_len,
+                topk,
+                size,
+                schedule.reserved_bos,
+                schedule.reserved_eos,
+                words,
+                out=out,
+            )
         start += length
     return bits
 
 
-def kernel_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                            seq_lens: list[int], prompt_lens: list[int], schedule: Schedule,
-                            centroid_dtype: str,
-                            on_pages: Callable[[int, torch.Tensor], None] | None = None,
-                            index: PackedIndex | None = None) -> torch.Tensor:
+def kernel_sparse_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    seq_lens: list[int],
+    prompt_lens: list[int],
+    schedule: Schedule,
+    centroid_dtype: str,
+    on_pages: Callable[[int, torch.Tensor], None] | None = None,
+    index: PackedIndex | None = None,
+) -> torch.Tensor:
     """Attention of a sparse layer over packed sequences (see the module docstring);
     on_pages(sequence index, page mask [T, Hkv, P]) for each sequence, if given (tests);
     index: the replay's PackedIndex (built here when None)."""
     if index is None:
         index = PackedIndex.build(seq_lens, schedule, q.device)
-    bits = selection_bits(q, k, seq_lens, prompt_lens, schedule, centroid_dtype,
-                          topk_of_bin=index.topk_of_bin)
+    bits = selection_bits(
+        q, k, seq_lens, prompt_lens, schedule, centroid_dtype, topk_of_bin=index.topk_of_bin
+    )
     if on_pages is not None:
         start = 0
         for number, (length, prompt_len) in enumerate(zip(seq_lens, prompt_lens)):
             # as the reference path: a sequence with no generated position selects nothing
             if prompt_len < length:
                 pages = -(-length // schedule.page_size)
-                on_pages(number, unpack_page_bits(bits[:, start:start + length], pages))
+                on_pages(number, unpack_page_bits(bits[:, start : start + length], pages))
             start += length
     recording = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     attend = teacher_sparse_attention_trainable if recording else teacher_sparse_attention
-    return attend(q, k.to(q.dtype), v.to(q.dtype), bits, index.seq_starts, index.seq_lens,
-                  schedule.page_size, max_len=max(seq_lens))
+    return attend(
+        q,
+        k.to(q.dtype),
+        v.to(q.dtype),
+        bits,
+        index.seq_starts,
+        index.seq_lens,
+        schedule.page_size,
+        max_len=max(seq_lens),
+    )

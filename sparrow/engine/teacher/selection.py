@@ -17,7 +17,7 @@ Run `python -m pytest tests/engine/teacher/test_selection.py -q`.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -41,9 +41,14 @@ def page_centroids(k: torch.Tensor, page_size: int, centroid_dtype: str) -> torc
     return centroids
 
 
-def select_by_threshold(scores: torch.Tensor, num_pages: torch.Tensor, topk: torch.Tensor,
-                        reserved_bos: int, reserved_eos: int,
-                        widest: int | None = None) -> torch.Tensor:
+def select_by_threshold(
+    scores: torch.Tensor,
+    num_pages: torch.Tensor,
+    topk: torch.Tensor,
+    reserved_bos: int,
+    reserved_eos: int,
+    widest: int | None = None,
+) -> torch.Tensor:
     """select_from_scores' pages [B, Hkv, P] without a sort. num_pages, topk: [B];
     widest: max(topk) when the caller knows it (saves a device sync)."""
     rows, heads, width = scores.shape
@@ -68,9 +73,14 @@ def select_by_threshold(scores: torch.Tensor, num_pages: torch.Tensor, topk: tor
     return reserved | chosen
 
 
-def select_chunks(q: torch.Tensor, k: torch.Tensor, prompt_len: int, schedule: Schedule,
-                  centroid_dtype: str, rows: int
-                  ) -> Iterator[tuple[int, int, torch.Tensor]]:
+def select_chunks(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    prompt_len: int,
+    schedule: Schedule,
+    centroid_dtype: str,
+    rows: int,
+) -> Iterator[tuple[int, int, torch.Tensor]]:
     """(first, last, pages [last - first, Hkv, n] bool) for consecutive chunks of `rows`
     positions of one sequence (q [T, Hq, D], k [T, Hkv, D]); see the module docstring."""
     if rows < 1:
@@ -90,12 +100,19 @@ def select_chunks(q: torch.Tensor, k: torch.Tensor, prompt_len: int, schedule: S
         if last <= prompt_len:
             yield first, last, present.expand(last - first, kv_heads, width)
             continue
-        scores = torch.einsum("thd,phd->thp", group_query_mean(q[first:last], kv_heads),
-                              centroids[:width])
+        scores = torch.einsum(
+            "thd,phd->thp", group_query_mean(q[first:last], kv_heads), centroids[:width]
+        )
         bins = schedule.bin_of(position)
         # a schedule is non-decreasing over bins: the chunk's last row has its largest k
-        pages = select_by_threshold(scores, num_pages, topk_of_bin[bins], schedule.reserved_bos,
-                                    schedule.reserved_eos, schedule.topk_for_position(last - 1))
+        pages = select_by_threshold(
+            scores,
+            num_pages,
+            topk_of_bin[bins],
+            schedule.reserved_bos,
+            schedule.reserved_eos,
+            schedule.topk_for_position(last - 1),
+        )
         if first < prompt_len:  # prompt positions are dense, as prefill
             pages[: prompt_len - first] = present[: prompt_len - first]
         yield first, last, pages
@@ -107,6 +124,6 @@ def gather_pages(chunks: list[torch.Tensor], width: int) -> torch.Tensor:
     out = torch.zeros(rows, chunks[0].shape[1], width, dtype=torch.bool, device=chunks[0].device)
     start = 0
     for chunk in chunks:
-        out[start:start + chunk.shape[0], :, : chunk.shape[-1]] = chunk
+        out[start : start + chunk.shape[0], :, : chunk.shape[-1]] = chunk
         start += chunk.shape[0]
     return out

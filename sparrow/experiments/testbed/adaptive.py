@@ -21,8 +21,8 @@ The last clean stage always runs to plan.clean_steps; the noisy tail after it is
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from sparrow.experiments.testbed.data import Stage, StepPlan
 
@@ -61,7 +61,7 @@ class AdaptiveCurriculum:
         """The step at which stage `index` ends at the latest (the last: the clean steps)."""
         if index == len(self.plan.stages) - 1:
             return self.plan.clean_steps
-        return round(sum(s.share for s in self.plan.stages[:index + 1]) * self.plan.clean_steps)
+        return round(sum(s.share for s in self.plan.stages[: index + 1]) * self.plan.clean_steps)
 
     def stage_at(self, step: int) -> tuple[Stage, bool]:
         """(stage, noisy) of step `step`, the steps being taken in order."""
@@ -69,8 +69,7 @@ class AdaptiveCurriculum:
             return self.plan.stages[-1], True
         return self.stage, False
 
-    def after_step(self, steps_done: int,
-                   evaluate: Callable[[Stage], float]) -> StageEnd | None:
+    def after_step(self, steps_done: int, evaluate: Callable[[Stage], float]) -> StageEnd | None:
         """After `steps_done` steps: check the current stage when its cap is reached or every
         eval_every of its steps; the StageEnd when it ends (the walk moves to the next)."""
         if steps_done > self.plan.clean_steps or self.index >= len(self.plan.stages):
@@ -81,8 +80,9 @@ class AdaptiveCurriculum:
         if not (at_cap or due):
             return None
         accuracy = float(evaluate(self.stage))
-        self.checks.append({"stage": self.index, "steps_done": steps_done,
-                            "hop_accuracy": accuracy})
+        self.checks.append(
+            {"stage": self.index, "steps_done": steps_done, "hop_accuracy": accuracy}
+        )
         if not at_cap and accuracy < self.advance_accuracy:
             return None
         ended = StageEnd(self.index, steps_done, "steps" if at_cap else "accuracy", accuracy)

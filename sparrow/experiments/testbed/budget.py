@@ -14,7 +14,7 @@ that count (--steps) trains on the same plan however fast its machine is.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from sparrow.experiments.testbed.data import Stage
 
@@ -22,8 +22,9 @@ from sparrow.experiments.testbed.data import Stage
 STEP_TIME_MARGIN = 0.92
 
 
-def fit_steps(shares: Sequence[tuple[Stage, float]], seconds_per_step: dict[Stage, float],
-              seconds: float) -> int:
+def fit_steps(
+    shares: Sequence[tuple[Stage, float]], seconds_per_step: dict[Stage, float], seconds: float
+) -> int:
     """Most steps whose expected time, stage shares weighting each stage's step time, fits
     `seconds` (with STEP_TIME_MARGIN); at least 1."""
     mean = sum(share * seconds_per_step[stage] for stage, share in shares)

@@ -38,9 +38,16 @@ LETTER_PAIRS = True
 # names never learnt the lookup in 4,000 steps (the long stages learnt only to copy the line
 # num_defs lines back, a fixed offset); beginning at 2 names, every model size tried reached
 # 0.99 at 2 names within 300 steps and 1.0 at 32 names by step 1,300
-CURRICULUM = ((1 / 128, 1 / 600, 0.1), (1 / 64, 1 / 300, 0.1), (1 / 32, 1 / 120, 0.1),
-              (1 / 16, 1 / 40, 0.1), (1 / 8, 1 / 20, 0.1), (1 / 4, 1 / 6, 0.15),
-              (1 / 2, 1 / 2, 0.15), (1, 1, 0.2))
+CURRICULUM = (
+    (1 / 128, 1 / 600, 0.1),
+    (1 / 64, 1 / 300, 0.1),
+    (1 / 32, 1 / 120, 0.1),
+    (1 / 16, 1 / 40, 0.1),
+    (1 / 8, 1 / 20, 0.1),
+    (1 / 4, 1 / 6, 0.15),
+    (1 / 2, 1 / 2, 0.15),
+    (1, 1, 0.2),
+)
 
 
 @dataclass(frozen=True)
@@ -118,13 +125,15 @@ def step_examples(stage: Stage, rows: int, seed: int, step: int, micro: int = 0)
     return make_examples(TASK, rows, derived_seed(seed, "train", step, micro), **stage.sizes())
 
 
-def held_out_examples(num_defs: int, num_hops: int, count: int, seed: int,
-                      stream: str = "held-out") -> list[Example]:
+def held_out_examples(
+    num_defs: int, num_hops: int, count: int, seed: int, stream: str = "held-out"
+) -> list[Example]:
     """Evaluation prompts of those sizes, from a stream training never reads; the stage
     checks use their own stream ("stage-eval"), so the final held-out prompts play no part
     in when the curriculum advances."""
-    return make_examples(TASK, count, derived_seed(seed, stream), num_defs=num_defs,
-                         num_hops=num_hops)
+    return make_examples(
+        TASK, count, derived_seed(seed, stream), num_defs=num_defs, num_hops=num_hops
+    )
 
 
 def with_wrong_hops(example: Example, rate: float, rng: random.Random) -> Example:

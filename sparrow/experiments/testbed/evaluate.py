@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
@@ -38,8 +38,7 @@ def precision(device: torch.device):
 
 
 @torch.no_grad()
-def teacher_forced_accuracy(model: torch.nn.Module, examples: list[Example],
-                            rows: int = 8) -> dict:
+def teacher_forced_accuracy(model: torch.nn.Module, examples: list[Example], rows: int = 8) -> dict:
     """{"greedy", "sampled_estimate", "hop", "sampled_estimate_by_hops"} over `examples` (all
     of one length); the last maps k to the mean probability of sampling the first k hop lines
     right: about the sampled accuracy of a k-hop chain (to pick a length RL can work at)."""
@@ -49,7 +48,7 @@ def teacher_forced_accuracy(model: torch.nn.Module, examples: list[Example],
     greedy, lines = [], []
     newline = vocab()["\n"]
     for start in range(0, len(examples), rows):
-        chunk = examples[start:start + rows]
+        chunk = examples[start : start + rows]
         ids, mask = encode(chunk)
         ids = ids.to(device)
         with precision(device):
@@ -62,17 +61,22 @@ def teacher_forced_accuracy(model: torch.nn.Module, examples: list[Example],
         completion[:, -1] = False
         for row in range(len(chunk)):
             greedy.append(float(hit[row][completion[row]].all()))
-            lines.append(_line_logps(target[row][completion[row]].cpu(), token_logp[row][completion[row]],
-                                     newline))
+            lines.append(
+                _line_logps(
+                    target[row][completion[row]].cpu(), token_logp[row][completion[row]], newline
+                )
+            )
     model.train(was_training)
     per_line = torch.stack(lines) if lines else torch.zeros(0, 1, dtype=torch.float64)
     hops = per_line.shape[1] - 1  # the last line is the answer
     prefix = per_line[:, :-1].cumsum(1).exp()
     marks = sorted({max(1, round(hops * share)) for share in (1 / 8, 1 / 4, 1 / 2, 3 / 4, 1)})
-    return {"greedy": _mean(greedy), "sampled_estimate": _mean(per_line.sum(1).exp().tolist()),
-            "hop": _mean(per_line[:, :-1].exp().mean(1).tolist()) if hops else 1.0,
-            "sampled_estimate_by_hops": {k: _mean(prefix[:, k - 1].tolist()) for k in marks
-                                         if hops}}
+    return {
+        "greedy": _mean(greedy),
+        "sampled_estimate": _mean(per_line.sum(1).exp().tolist()),
+        "hop": _mean(per_line[:, :-1].exp().mean(1).tolist()) if hops else 1.0,
+        "sampled_estimate_by_hops": {k: _mean(prefix[:, k - 1].tolist()) for k in marks if hops},
+    }
 
 
 def stage_hop_accuracy(model: torch.nn.Module, stage: Stage, prompts: int, seed: int) -> float:
@@ -82,18 +86,28 @@ def stage_hop_accuracy(model: torch.nn.Module, stage: Stage, prompts: int, seed:
     return teacher_forced_accuracy(model, examples)["hop"]
 
 
-def stage_record(model: torch.nn.Module, ended: StageEnd | None, steps_done: int, loss,
-                 stages: Sequence[Stage], prompts: int, seed: int) -> dict:
+def stage_record(
+    model: torch.nn.Module,
+    ended: StageEnd | None,
+    steps_done: int,
+    loss,
+    stages: Sequence[Stage],
+    prompts: int,
+    seed: int,
+) -> dict:
     """One entry of training_info's stage_eval (stage numbered from 1, or "end" after the
     last step): the stage-length hop accuracy of the check that ended the stage, the
     full-length one measured now on `prompts` prompts, and the running loss."""
     full = stage_hop_accuracy(model, stages[-1], prompts, seed)
-    record = {"stage": "end" if ended is None else ended.stage + 1,
-              "num_hops": stages[-1 if ended is None else ended.stage].num_hops,
-              "reason": "end" if ended is None else ended.reason, "steps_done": steps_done,
-              "hop_accuracy_stage_length": full if ended is None else ended.hop_accuracy,
-              "hop_accuracy_full_length": full,
-              "loss": None if loss is None else round(float(loss), 4)}
+    record = {
+        "stage": "end" if ended is None else ended.stage + 1,
+        "num_hops": stages[-1 if ended is None else ended.stage].num_hops,
+        "reason": "end" if ended is None else ended.reason,
+        "steps_done": steps_done,
+        "hop_accuracy_stage_length": full if ended is None else ended.hop_accuracy,
+        "hop_accuracy_full_length": full,
+        "loss": None if loss is None else round(float(loss), 4),
+    }
     print(f"stage_eval {record}", flush=True)
     return record
 
@@ -110,8 +124,13 @@ def _line_logps(completion_ids: torch.Tensor, logp: torch.Tensor, newline: int) 
     return per_line.index_add_(0, line, logp.double())
 
 
-def sampled_accuracy(model_dir: str | Path, examples: list[Example], samples: int, seed: int,
-                     device: str | torch.device = "cpu") -> dict[str, float]:
+def sampled_accuracy(
+    model_dir: str | Path,
+    examples: list[Example],
+    samples: int,
+    seed: int,
+    device: str | torch.device = "cpu",
+) -> dict[str, float]:
     """Share of `samples` engine samples per prompt (temperature 1, dense decode) whose
     exact_match reward is 1; the checkpoint is read from model_dir as the RL flow reads it."""
     from sparrow.data.rewards import exact_match_reward
@@ -127,18 +146,37 @@ def sampled_accuracy(model_dir: str | Path, examples: list[Example], samples: in
     longest = max(map(len, prompts)) + new_tokens
     sequences = len(examples) * samples
     # exactly the pages every sample can need, so no memory guess is involved
-    config = EngineConfig(max_batch_size=sequences, num_pages=sequences * (longest // 16 + 2),
-                          max_context=longest, seed=seed)
+    config = EngineConfig(
+        max_batch_size=sequences,
+        num_pages=sequences * (longest // 16 + 2),
+        max_context=longest,
+        seed=seed,
+    )
     engine = Engine(load_model(model_dir, dtype=dtype, device=device), tokenizer, config)
-    params = [SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=new_tokens,
-                             n=samples, seed=derived_seed(seed, "sampled-eval", index),
-                             logprobs_topk=1)
-              for index in range(len(examples))]
+    params = [
+        SamplingParams(
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            max_new_tokens=new_tokens,
+            n=samples,
+            seed=derived_seed(seed, "sampled-eval", index),
+            logprobs_topk=1,
+        )
+        for index in range(len(examples))
+    ]
     results = engine.generate(prompts, params)
-    rewards = [exact_match_reward(sample.text or "", example.answer)
-               for example, group in zip(examples, results) for sample in group]
+    rewards = [
+        exact_match_reward(sample.text or "", example.answer)
+        for example, group in zip(examples, results)
+        for sample in group
+    ]
     del engine
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return {"accuracy": sum(rewards) / max(1, len(rewards)), "prompts": len(examples),
-            "samples": samples, "seconds": round(time.monotonic() - started, 1)}
+    return {
+        "accuracy": sum(rewards) / max(1, len(rewards)),
+        "prompts": len(examples),
+        "samples": samples,
+        "seconds": round(time.monotonic() - started, 1),
+    }

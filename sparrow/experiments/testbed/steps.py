@@ -12,7 +12,7 @@ eos); the prompt is context only, as in the RL policy's loss.
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -36,8 +36,9 @@ def to_device(examples: list[Example], device: torch.device) -> tuple[torch.Tens
     return ids.to(device, non_blocking=True), mask.to(device, non_blocking=True)
 
 
-def forward_backward(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor,
-                     scale: float) -> torch.Tensor:
+def forward_backward(
+    model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
     """Mean cross entropy over the completion tokens (detached), backpropagated times scale."""
     with precision(ids.device):
         logits = model(input_ids=ids, use_cache=False).logits[:, :-1]
@@ -53,8 +54,14 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure_step_seconds(model: torch.nn.Module, stages: Sequence[Stage], batch_tokens: int,
-                         micro_tokens: int, seed: int, device: torch.device) -> dict[Stage, float]:
+def measure_step_seconds(
+    model: torch.nn.Module,
+    stages: Sequence[Stage],
+    batch_tokens: int,
+    micro_tokens: int,
+    seed: int,
+    device: torch.device,
+) -> dict[Stage, float]:
     """Seconds of one step per stage: a forward and backward timed after a first one that
     warms the kernels up; the weights are untouched and the gradients cleared."""
     seconds = {}

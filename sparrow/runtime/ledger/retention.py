@@ -31,8 +31,13 @@ from pathlib import Path
 from sparrow.runtime.run_runtime import RunRuntime
 from sparrow.storage.run_rows import stage_records
 
-HEAVY = ("*.safetensors", "optimizer.pt", "rng_state.pt", "*.safetensors.index.json",
-         "sharded_state")
+HEAVY = (
+    "*.safetensors",
+    "optimizer.pt",
+    "rng_state.pt",
+    "*.safetensors.index.json",
+    "sharded_state",
+)
 MARKER = "pruned.json"
 TRASH = ".pruned-tensors"
 
@@ -81,9 +86,15 @@ def prune_policy_folders(runtime: RunRuntime, step: int) -> list[Path]:
             trash.mkdir(exist_ok=True)
             for name in removed:
                 (folder / name).rename(trash / name)
-            (folder / MARKER).write_text(json.dumps({
-                "after_step": step, "removed": removed,
-                "seconds": round(time.perf_counter() - clock, 4)}))
+            (folder / MARKER).write_text(
+                json.dumps(
+                    {
+                        "after_step": step,
+                        "removed": removed,
+                        "seconds": round(time.perf_counter() - clock, 4),
+                    }
+                )
+            )
             _delete_later(trash)
             pruned.append(folder)
     return pruned
@@ -106,6 +117,7 @@ def repair_unsaved_policies(runtime: RunRuntime) -> list[int]:
         if not (state / "config.json").is_file() and not (state / MARKER).exists():
             lost.append(record.step)
     for step in lost:
-        forget_stages(runtime.store, runtime.run_id, step,
-                      ("policy_update", "sync_weights", "checkpoint"))
+        forget_stages(
+            runtime.store, runtime.run_id, step, ("policy_update", "sync_weights", "checkpoint")
+        )
     return lost

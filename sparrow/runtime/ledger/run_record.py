@@ -28,13 +28,23 @@ from sparrow.errors import SparrowError
 from sparrow.storage import Store
 from sparrow.storage.run_rows import insert_run, run_config_yaml, set_run_status
 
-RESUMABLE_KEYS = frozenset({
-    "pipeline.fail_at", "pipeline.kill_at", "pipeline.steps", "pipeline.run_id",
-    "pipeline.workdir", "pipeline.report", "ray.address", "rollout.num_actors",
-    # how many GPUs train and generate: a sharded policy folder resumes on any number of ranks
-    "trainer.num_workers", "trainer.sync_bucket_mib", "rollout.placement",
-    "rollout.work_item_prompts",
-})
+RESUMABLE_KEYS = frozenset(
+    {
+        "pipeline.fail_at",
+        "pipeline.kill_at",
+        "pipeline.steps",
+        "pipeline.run_id",
+        "pipeline.workdir",
+        "pipeline.report",
+        "ray.address",
+        "rollout.num_actors",
+        # how many GPUs train and generate: a sharded policy folder resumes on any number of ranks
+        "trainer.num_workers",
+        "trainer.sync_bucket_mib",
+        "rollout.placement",
+        "rollout.work_item_prompts",
+    }
+)
 
 
 class ConfigMismatchError(SparrowError):
@@ -58,7 +68,9 @@ def flat_config(config: dict, prefix: str = "") -> dict[str, object]:
 
 def config_hash(cfg: SparrowConfig) -> str:
     """sha256 of the configuration without RESUMABLE_KEYS (equal hash: same results)."""
-    flat = {k: v for k, v in flat_config(dataclasses.asdict(cfg)).items() if k not in RESUMABLE_KEYS}
+    flat = {
+        k: v for k, v in flat_config(dataclasses.asdict(cfg)).items() if k not in RESUMABLE_KEYS
+    }
     return hashlib.sha256(repr(sorted(flat.items())).encode()).hexdigest()
 
 
@@ -66,14 +78,20 @@ def config_differences(stored_yaml: str, cfg: SparrowConfig) -> list[str]:
     """'key: old -> new' for every key outside RESUMABLE_KEYS whose value changed. A key the
     stored config lacks (added to the schema since) counts as unchanged at its default."""
     # a run stored before a key was renamed holds the old name: compare it under the new one
-    old = flat_config(rename_keys(yaml.safe_load(stored_yaml) or {}, CONFIG_RENAMES,
-                                  source="run config", warn=False))
+    old = flat_config(
+        rename_keys(
+            yaml.safe_load(stored_yaml) or {}, CONFIG_RENAMES, source="run config", warn=False
+        )
+    )
     new = flat_config(yaml.safe_load(to_yaml(cfg)) or {})
     default = flat_config(yaml.safe_load(to_yaml(SparrowConfig())) or {})
     old.update({k: v for k, v in default.items() if k not in old and new.get(k) == v})
     keys = sorted((set(old) | set(new)) - RESUMABLE_KEYS)
-    return [f"{k}: {old.get(k, '(absent)')!r} -> {new.get(k, '(absent)')!r}"
-            for k in keys if old.get(k, "(absent)") != new.get(k, "(absent)")]
+    return [
+        f"{k}: {old.get(k, '(absent)')!r} -> {new.get(k, '(absent)')!r}"
+        for k in keys
+        if old.get(k, "(absent)") != new.get(k, "(absent)")
+    ]
 
 
 def open_run(store: Store, cfg: SparrowConfig, run_id: str, model_path: Path) -> bool:
@@ -88,7 +106,8 @@ def open_run(store: Store, cfg: SparrowConfig, run_id: str, model_path: Path) ->
             raise ConfigMismatchError(
                 f"run {run_id} was started with another configuration; differing keys: "
                 + "; ".join(differences)
-                + " (use the original values to resume, or a new pipeline.run_id)")
+                + " (use the original values to resume, or a new pipeline.run_id)"
+            )
         set_run_status(conn, run_id, "running")
     return True
 

@@ -37,18 +37,28 @@ def start_schedule(store: Store, run_id: str, spec: str) -> tuple[str, int]:
     return name, version
 
 
-def schedule_in_force(store: Store, run_id: str, name: str, start_version: int,
-                      step: int) -> tuple[Schedule, int]:
+def schedule_in_force(
+    store: Store, run_id: str, name: str, start_version: int, step: int
+) -> tuple[Schedule, int]:
     with store.connect() as conn:
         found = schedule_rows.schedule_in_force(conn, name, run_id, start_version, step)
     if found is None:
-        raise LookupError(f"schedule {name!r} version {start_version} is not in the schedules table")
+        raise LookupError(
+            f"schedule {name!r} version {start_version} is not in the schedules table"
+        )
     data, version = found
     return schedule_from_dict(data, source=f"schedules row ({name}, v{version})"), version
 
 
-def insert_schedule(conn, schedule: Schedule, version: int, run_id: str, step: int,
-                    reason: str, yaml_path: str | None = None) -> None:
+def insert_schedule(
+    conn,
+    schedule: Schedule,
+    version: int,
+    run_id: str,
+    step: int,
+    reason: str,
+    yaml_path: str | None = None,
+) -> None:
     """Store one version of `schedule` inside the caller's transaction."""
     row = {c: getattr(schedule, c) for c in schedule_rows.SCHEDULE_COLUMNS}
     schedule_rows.insert_schedule(conn, row, version, run_id, step, reason, yaml_path)

@@ -22,13 +22,14 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING
 
-from sparrow.runtime import interrupt
 from sparrow.errors import SparrowError
+from sparrow.runtime import interrupt
 from sparrow.storage import atomic_dir
 from sparrow.storage.run_rows import record_stage, replace_step_metrics, stage_record
 
@@ -88,18 +89,20 @@ class StageOutcome:
 
 
 def parse_fail_at(spec: str) -> tuple[str, int] | None:
-    """"policy_update@2" -> ("policy_update", 2); "" -> None. The config loader checked the form."""
+    """ "policy_update@2" -> ("policy_update", 2); "" -> None. The config loader checked the form."""
     if not spec:
         return None
     stage, _, step = spec.partition("@")
     if stage not in STAGES:
         raise StageFailedOnPurpose(
-            f"pipeline.fail_at={spec!r} names no stage; stages: {', '.join(STAGES)}")
+            f"pipeline.fail_at={spec!r} names no stage; stages: {', '.join(STAGES)}"
+        )
     return stage, int(step)
 
 
-def run_stage(runtime: "RunRuntime", stage: str, step: int,
-              body: Callable[[Path], StageWrite]) -> StageOutcome:
+def run_stage(
+    runtime: RunRuntime, stage: str, step: int, body: Callable[[Path], StageWrite]
+) -> StageOutcome:
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
     interrupt.check()  # a Ctrl-C that landed where Python could not raise it
@@ -110,8 +113,9 @@ def run_stage(runtime: "RunRuntime", stage: str, step: int,
     if runtime.fail_at == (stage, step):
         raise StageFailedOnPurpose(
             f"stage {stage} failed on purpose at step {step} (pipeline.fail_at={stage}@{step}); "
-            f"run again without pipeline.fail_at and the same pipeline.run_id={run_id} to resume")
-    started, clock = datetime.now(timezone.utc).replace(tzinfo=None), time.perf_counter()
+            f"run again without pipeline.fail_at and the same pipeline.run_id={run_id} to resume"
+        )
+    started, clock = datetime.now(UTC).replace(tzinfo=None), time.perf_counter()
     final = runtime.layout.stage_dir(step, stage)
     runtime.stages_run[stage] += 1
     with atomic_dir(final) as scratch:
@@ -120,7 +124,7 @@ def run_stage(runtime: "RunRuntime", stage: str, step: int,
             # fault injection: the files are written, the folder not renamed, nothing recorded
             os.kill(os.getpid(), signal.SIGKILL)
     duration = time.perf_counter() - clock
-    finished = datetime.now(timezone.utc).replace(tzinfo=None)
+    finished = datetime.now(UTC).replace(tzinfo=None)
     metrics = {**written.metrics, f"time/{stage}_s": duration}
     with runtime.store.connect() as conn:
         if written.db is not None:

@@ -26,8 +26,9 @@ class SyncedWorker:
         adapter_path). Returns how: "ipc" or "folder"."""
         return self.copy_shared(message, path, adapter_path)["mode"]
 
-    def copy_shared(self, message: dict[str, Any], path: str,
-                    adapter_path: str = "") -> dict[str, Any]:
+    def copy_shared(
+        self, message: dict[str, Any], path: str, adapter_path: str = ""
+    ) -> dict[str, Any]:
         """load_shared, timed: {"mode", "seconds", "load_s" (the copy into the engine)}."""
         from sparrow.engine import weight_share
 

@@ -27,11 +27,12 @@ merge(policy, LoRA) (sparrow/trainer/lora.py), read one tensor at a time.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any
 
-from sparrow.runtime.rollout.worker import RolloutWorker, WorkerSpec, engine_process_env
 from sparrow.errors import SparrowError
+from sparrow.runtime.rollout.worker import RolloutWorker, WorkerSpec, engine_process_env
 from sparrow.sparse import Schedule
 
 
@@ -50,8 +51,9 @@ def start_ray(address: str) -> bool:
 
     if ray.is_initialized():
         return False
-    kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False,
-                                  logging_level="ERROR", configure_logging=True)
+    kwargs: dict[str, Any] = dict(
+        include_dashboard=False, log_to_driver=False, logging_level="ERROR", configure_logging=True
+    )
     try:
         ray.init(address=address or "local", **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as err:
@@ -75,8 +77,14 @@ def actor_resources(num_actors: int, use_gpu: bool = True) -> tuple[int, dict[st
 class ActorPool:
     """Rollout actors plus what a replacement actor needs (current weights and schedule)."""
 
-    def __init__(self, spec: WorkerSpec, resources: dict[str, float], actors: list[Any],
-                 placement: Sequence[dict] | None = None, work_item_prompts: int = 0):
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        resources: dict[str, float],
+        actors: list[Any],
+        placement: Sequence[dict] | None = None,
+        work_item_prompts: int = 0,
+    ):
         self.spec, self.resources, self.actors = spec, resources, actors
         # per actor: Ray options that replace `resources` (sparrow/runtime/placement.py's GPU bundles)
         self.placement = list(placement) if placement else None
@@ -103,9 +111,15 @@ class ActorPool:
         return self._source
 
     @classmethod
-    def start(cls, spec: WorkerSpec, num_actors: int, resources: dict[str, float],
-              placement: Sequence[dict] | None = None,
-              work_item_prompts: int = 0, wait: bool = True) -> "ActorPool":
+    def start(
+        cls,
+        spec: WorkerSpec,
+        num_actors: int,
+        resources: dict[str, float],
+        placement: Sequence[dict] | None = None,
+        work_item_prompts: int = 0,
+        wait: bool = True,
+    ) -> ActorPool:
         """The actors, each building its engine in its own process; wait=False returns at
         once (the caller does other work, then calls wait_ready)."""
         pool = cls(spec, resources, [], placement, work_item_prompts)
@@ -214,4 +228,3 @@ class ActorPool:
             except Exception:  # noqa: BLE001 - best effort at the end of a run
                 pass
         self.actors, self._source = [], None
-

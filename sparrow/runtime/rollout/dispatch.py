@@ -35,8 +35,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 
 def work_items(count: int, actors: int, item_prompts: int = 0) -> list[range]:
@@ -48,8 +49,9 @@ def work_items(count: int, actors: int, item_prompts: int = 0) -> list[range]:
         parts = max(1, min(count, actors))
         bounds = [count * k // parts for k in range(parts + 1)]
         return [range(bounds[k], bounds[k + 1]) for k in range(parts) if bounds[k + 1] > bounds[k]]
-    return [range(start, min(start + item_prompts, count))
-            for start in range(0, count, item_prompts)]
+    return [
+        range(start, min(start + item_prompts, count)) for start in range(0, count, item_prompts)
+    ]
 
 
 @dataclass
@@ -62,8 +64,9 @@ class DispatchTimes:
     prompts: list[int] = field(default_factory=list)
 
 
-def dispatch(pool, prompts: Sequence[Sequence[int]], params: Sequence[Any],
-             item_prompts: int = 0) -> tuple[list[list[Any]], DispatchTimes]:
+def dispatch(
+    pool, prompts: Sequence[Sequence[int]], params: Sequence[Any], item_prompts: int = 0
+) -> tuple[list[list[Any]], DispatchTimes]:
     import ray
 
     if len(prompts) != len(params):
@@ -94,8 +97,7 @@ class PromptSource:
         """A new rollout's requests; returns its number, which takes and fulls must carry
         (an engine still running a cancelled rollout's call gets None: no more)."""
         self.rollout += 1
-        self.queues = [deque(requests[r.start:r.stop])
-                       for r in work_items(len(requests), actors)]
+        self.queues = [deque(requests[r.start : r.stop]) for r in work_items(len(requests), actors)]
         self.queues += [deque() for _ in range(actors - len(self.queues))]
         self.taken: list[list] = [[] for _ in range(actors)]  # by a call still running
         self.is_full = [False] * actors
@@ -133,8 +135,9 @@ class PromptSource:
         return len(back)
 
 
-def dispatch_pulled(pool, prompts: Sequence[Sequence[int]],
-                    params: Sequence[Any]) -> tuple[list[list[Any]], DispatchTimes]:
+def dispatch_pulled(
+    pool, prompts: Sequence[Sequence[int]], params: Sequence[Any]
+) -> tuple[list[list[Any]], DispatchTimes]:
     """Every actor runs one generate_from() call over a PromptSource (see the module doc)."""
     import ray
     import ray.exceptions
@@ -153,7 +156,9 @@ def dispatch_pulled(pool, prompts: Sequence[Sequence[int]],
 
     def start(actor: int) -> None:
         running[pool.actors[actor].generate_from.remote(source, actor, rollout)] = (
-            actor, time.perf_counter())
+            actor,
+            time.perf_counter(),
+        )
 
     try:
         for actor in range(count):
@@ -165,8 +170,9 @@ def dispatch_pulled(pool, prompts: Sequence[Sequence[int]],
                 pairs = pool._wait([future])[0]
             except ray.exceptions.RayActorError as err:
                 if actor in lost:
-                    raise RolloutActorLost(f"rollout actor {actor} died twice in one "
-                                           f"rollout: {err}") from None
+                    raise RolloutActorLost(
+                        f"rollout actor {actor} died twice in one rollout: {err}"
+                    ) from None
                 lost.add(actor)
                 pool._replace(actor)
                 ray.get(source.put_back.remote(actor))
@@ -204,7 +210,8 @@ class _Run:
             item = self.pending.pop()
             chosen = self.items[item]
             future = self.pool.actors[actor].generate.remote(
-                [self.prompts[j] for j in chosen], [self.params[j] for j in chosen])
+                [self.prompts[j] for j in chosen], [self.params[j] for j in chosen]
+            )
             self.running[future] = (actor, item, time.perf_counter())
 
     def collect(self, future) -> int:
@@ -223,7 +230,8 @@ class _Run:
                 _cancel(self.running)
                 raise RolloutActorLost(
                     f"rollout actor {actor} died twice on a work item of "
-                    f"{len(self.items[item])} prompts: {err}") from None
+                    f"{len(self.items[item])} prompts: {err}"
+                ) from None
             self.retried.add(item)
             self.pool._replace(actor)
             self.pending.append(item)

@@ -39,13 +39,16 @@ def _connect(group, pool, members: list[int], backend: str) -> None:
     host, port = ray.get(rank0.rendezvous.remote())
     world = 1 + len(members)
     futures = [rank0.join_sync.remote(host, port, world, backend)]
-    futures += [pool.actors[i].join_sync.remote(host, port, k + 1, world, backend)
-                for k, i in enumerate(members)]
+    futures += [
+        pool.actors[i].join_sync.remote(host, port, k + 1, world, backend)
+        for k, i in enumerate(members)
+    ]
     ray.get(futures)
 
 
-def sync_group_to_pool(group, pool, weights_path: str, bucket_bytes: int,
-                       adapter_path: str = "") -> list[str]:
+def sync_group_to_pool(
+    group, pool, weights_path: str, bucket_bytes: int, adapter_path: str = ""
+) -> list[str]:
     """See the module doc; the phases' seconds are left in group.last_sync."""
     import ray
 
@@ -63,24 +66,30 @@ def sync_group_to_pool(group, pool, weights_path: str, bucket_bytes: int,
         group.sync_key = key
     times["connect_s"] = _lap(times, clock)
     dtype = pool.spec.dtype
-    packed = ray.get([a.gather_for_sync.remote(dtype, bool(shared), str(adapter_path))
-                      for a in group.actors])[0]
+    packed = ray.get(
+        [a.gather_for_sync.remote(dtype, bool(shared), str(adapter_path)) for a in group.actors]
+    )[0]
     times["gather_s"] = _lap(times, clock)
     futures = [group.actors[0].send_weights.remote(bucket_bytes)]
     futures += [pool.actors[i].receive_weights.remote(str(weights_path)) for i in members]
-    futures += [pool.actors[i].copy_shared.remote(packed["message"], str(weights_path),
-                                                  str(adapter_path)) for i in shared]
-    done = transfer(group, [group.actors[0]] + [pool.actors[i] for i in members + shared],
-                    futures)
+    futures += [
+        pool.actors[i].copy_shared.remote(packed["message"], str(weights_path), str(adapter_path))
+        for i in shared
+    ]
+    done = transfer(group, [group.actors[0]] + [pool.actors[i] for i in members + shared], futures)
     ray.get(group.actors[0].release_sync.remote())
     times["transfer_s"] = _lap(times, clock)
     engines = dict(zip(members + shared, done[1:]))
-    group.last_sync = {**times, "seconds": time.perf_counter() - clock,
-                       "packed_bytes": packed["bytes"], "pack_s": packed["seconds"],
-                       "send_s": done[0]["seconds"], "sent_bytes": done[0]["bytes"],
-                       "engines": [engines[i] for i in range(len(pool.actors))]}
-    pool.spec = replace(pool.spec, weights_path=str(weights_path),
-                        adapter_path=str(adapter_path))
+    group.last_sync = {
+        **times,
+        "seconds": time.perf_counter() - clock,
+        "packed_bytes": packed["bytes"],
+        "pack_s": packed["seconds"],
+        "send_s": done[0]["seconds"],
+        "sent_bytes": done[0]["bytes"],
+        "engines": [engines[i] for i in range(len(pool.actors))],
+    }
+    pool.spec = replace(pool.spec, weights_path=str(weights_path), adapter_path=str(adapter_path))
     return ["ipc" if i in shared else backend for i in range(len(pool.actors))]
 
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from sparrow.runtime.rollout.actor_sync import SyncedWorker
 from sparrow.sparse import Schedule
@@ -84,11 +85,15 @@ class RolloutWorker(SyncedWorker):
         results = run()
         seconds = time.perf_counter() - clock
         captured_after, kept_after = _graph_counts(self.engine)
-        counts = {"calls": 1, "seconds": seconds, "capture_s": captured_after - captured,
-                  "graphs_kept": kept_after - kept,
-                  "samples": sum(len(samples) for samples in results),
-                  "tokens": sum(len(s.output_ids) for samples in results for s in samples),
-                  **getattr(self.engine, "stats", {})}
+        counts = {
+            "calls": 1,
+            "seconds": seconds,
+            "capture_s": captured_after - captured,
+            "graphs_kept": kept_after - kept,
+            "samples": sum(len(samples) for samples in results),
+            "tokens": sum(len(s.output_ids) for samples in results for s in samples),
+            **getattr(self.engine, "stats", {}),
+        }
         for key, value in counts.items():
             self.counts[key] = self.counts.get(key, 0) + value
         return results
@@ -117,8 +122,10 @@ class RolloutWorker(SyncedWorker):
         """Allocate the KV cache again; returns its size in pages."""
         clock, (_, kept) = time.perf_counter(), _graph_counts(self.engine)
         self.engine.wake()
-        for key, value in (("wake_s", time.perf_counter() - clock),
-                           ("graphs_kept", _graph_counts(self.engine)[1] - kept)):
+        for key, value in (
+            ("wake_s", time.perf_counter() - clock),
+            ("graphs_kept", _graph_counts(self.engine)[1] - kept),
+        ):
             self.counts[key] = self.counts.get(key, 0) + value
         return self.engine.cache.num_pages
 
@@ -127,16 +134,21 @@ class RolloutWorker(SyncedWorker):
 
         if not torch.cuda.is_available():
             return {}
-        return {"allocated_gib": torch.cuda.memory_allocated() / 2**30,
-                "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
-                "reserved_gib": torch.cuda.memory_reserved() / 2**30}
+        return {
+            "allocated_gib": torch.cuda.memory_allocated() / 2**30,
+            "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+            "reserved_gib": torch.cuda.memory_reserved() / 2**30,
+        }
 
     def set_schedule(self, schedule: Schedule | None) -> None:
         self.engine.set_schedule(schedule)
 
     def info(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "weights_path": self.weights_path,
-                "schedule": None if self.engine.schedule is None else self.engine.schedule.name}
+        return {
+            "pid": os.getpid(),
+            "weights_path": self.weights_path,
+            "schedule": None if self.engine.schedule is None else self.engine.schedule.name,
+        }
 
 
 def _graph_counts(engine: Any) -> tuple[float, int]:
@@ -158,8 +170,14 @@ def build_engine(spec: WorkerSpec) -> Any:
     if spec.backend == "vllm":
         from sparrow.vllm import VllmEngine
 
-        return VllmEngine(spec.weights_path, spec.engine, tokenizer, spec.schedule,
-                          dtype=spec.dtype, device=spec.device)
+        return VllmEngine(
+            spec.weights_path,
+            spec.engine,
+            tokenizer,
+            spec.schedule,
+            dtype=spec.dtype,
+            device=spec.device,
+        )
     from sparrow.engine import Engine
 
     model = load_model(spec.weights_path, dtype=getattr(torch, spec.dtype), device=spec.device)

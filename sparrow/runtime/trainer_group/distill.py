@@ -19,9 +19,10 @@ Tests: tests/runtime/trainer_group/test_group.py (gloo), tests/trainer/test_shar
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -46,19 +47,22 @@ class DistillRank:
         device = self.trainer.device
         self.distiller = None
         if distill.folder:
-            self.distiller = ShardedDistiller.load(distill.folder, spec.model_path, spec.algo,
-                                                   device, spec.dtype, **options)
+            self.distiller = ShardedDistiller.load(
+                distill.folder, spec.model_path, spec.algo, device, spec.dtype, **options
+            )
         else:
-            self.distiller = ShardedDistiller(spec.model_path, spec.algo, device, spec.dtype,
-                                              distill.seed, **options)
+            self.distiller = ShardedDistiller(
+                spec.model_path, spec.algo, device, spec.dtype, distill.seed, **options
+            )
         return self.distiller.updates
 
     def distill(self, records, schedule, advantages, update: bool, cheaper) -> tuple | None:
         """The rank's trainer weights as the base (a collective), then one LoRA step."""
         self.trainer.onload()
         self.distiller.set_base_from(self.trainer)
-        metrics = self.distiller.distill(records, schedule, advantages, update=update,
-                                         cheaper=cheaper)
+        metrics = self.distiller.distill(
+            records, schedule, advantages, update=update, cheaper=cheaper
+        )
         return (metrics, self.distiller.bin_stats) if self.rank == 0 else None
 
     def save_distiller(self, folder: str) -> str:
@@ -76,15 +80,21 @@ class GroupDistiller:
         self.bin_stats: dict[str, list] = {}
 
     @classmethod
-    def start(cls, group: Any, distill: DistillSpec) -> "GroupDistiller":
+    def start(cls, group: Any, distill: DistillSpec) -> GroupDistiller:
         return cls(group, group._all("start_distiller", group.spec, distill)[0])
 
-    def distill(self, records: Sequence[Any], schedule: Any,
-                advantages: Sequence[float] | None = None, update: bool = True,
-                cheaper: Any = None) -> dict[str, float]:
+    def distill(
+        self,
+        records: Sequence[Any],
+        schedule: Any,
+        advantages: Sequence[float] | None = None,
+        update: bool = True,
+        cheaper: Any = None,
+    ) -> dict[str, float]:
         advantages = None if advantages is None else list(advantages)
-        metrics, self.bin_stats = self.group._all("distill", list(records), schedule,
-                                                  advantages, update, cheaper)[0]
+        metrics, self.bin_stats = self.group._all(
+            "distill", list(records), schedule, advantages, update, cheaper
+        )[0]
         self.updates = int(metrics["distill/updates"])
         return metrics
 

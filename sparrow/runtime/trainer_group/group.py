@@ -20,11 +20,12 @@ trainer.num_workers=0).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
+from sparrow.errors import SparrowError
 from sparrow.runtime.ray_results import first_line, results_failing_fast
 from sparrow.runtime.trainer_group.rank import TrainerRank, TrainerSpec
-from sparrow.errors import SparrowError
 
 
 def without_topk(records: Sequence[Any]) -> list[Any]:
@@ -35,9 +36,14 @@ def without_topk(records: Sequence[Any]) -> list[Any]:
 
     import numpy as np
 
-    return [replace(r, topk_ids=np.zeros((len(r.output_ids), 0), np.int32),
-                    topk_logprobs=np.zeros((len(r.output_ids), 0), np.float32))
-            for r in records]
+    return [
+        replace(
+            r,
+            topk_ids=np.zeros((len(r.output_ids), 0), np.int32),
+            topk_logprobs=np.zeros((len(r.output_ids), 0), np.float32),
+        )
+        for r in records
+    ]
 
 
 class TrainerGroupError(SparrowError):
@@ -60,25 +66,35 @@ class TrainerGroup:
         self.failed = ""  # why the group was stopped, once a rank failed
 
     @classmethod
-    def start(cls, spec: TrainerSpec, num_workers: int, placement: Sequence[dict] | None = None,
-              resume_from: str = "") -> "TrainerGroup":
+    def start(
+        cls,
+        spec: TrainerSpec,
+        num_workers: int,
+        placement: Sequence[dict] | None = None,
+        resume_from: str = "",
+    ) -> TrainerGroup:
         import ray
         import ray.exceptions
 
-        default = {"num_gpus": 1, "num_cpus": 1} if spec.device == "cuda" \
+        default = (
+            {"num_gpus": 1, "num_cpus": 1}
+            if spec.device == "cuda"
             else {"num_cpus": max(1, spec.threads)}
+        )
         options = list(placement) if placement else [default] * num_workers
         remote = ray.remote(max_restarts=0, max_task_retries=0)(TrainerRank)
-        actors = [remote.options(**options[rank]).remote(rank, num_workers)
-                  for rank in range(num_workers)]
+        actors = [
+            remote.options(**options[rank]).remote(rank, num_workers) for rank in range(num_workers)
+        ]
         group = cls(spec, actors)
         host, port = ray.get(actors[0].rendezvous.remote())
         try:
             steps = ray.get([a.init.remote(host, port, spec, str(resume_from)) for a in actors])
         except ray.exceptions.RayTaskError as err:
             group.shutdown()
-            raise TrainerGroupError(f"the trainer group of {num_workers} ranks did not start: "
-                                    f"{err.cause!r}") from None
+            raise TrainerGroupError(
+                f"the trainer group of {num_workers} ranks did not start: {err.cause!r}"
+            ) from None
         group.step = steps[0]
         return group
 
@@ -89,8 +105,9 @@ class TrainerGroup:
             raise TrainerGroupError(self.failed)
         self.wait_for_save()
         refs = [ray.put(a) if isinstance(a, (list, tuple)) else a for a in args]
-        return self._results(method, [getattr(actor, method).remote(*refs)
-                                      for actor in self.actors])
+        return self._results(
+            method, [getattr(actor, method).remote(*refs) for actor in self.actors]
+        )
 
     def _results(self, method: str, futures: list[Any]) -> list[Any]:
         """Every rank's result, in rank order, as each finishes. The first rank to fail stops
@@ -100,8 +117,12 @@ class TrainerGroup:
         import ray.exceptions
 
         try:
-            return results_failing_fast(futures, lambda rank, cause, _: self.stop(
-                f"{method} failed on rank {rank}: {first_line(cause)}"))
+            return results_failing_fast(
+                futures,
+                lambda rank, cause, _: self.stop(
+                    f"{method} failed on rank {rank}: {first_line(cause)}"
+                ),
+            )
         except ray.exceptions.RayError as err:
             cause = getattr(err, "cause", None) or err
             if isinstance(cause, SparrowError):
@@ -125,8 +146,13 @@ class TrainerGroup:
         return self._all("score", list(records))[0]
 
     def update(self, records, rewards, old_logprobs, group_size: int) -> dict[str, float]:
-        metrics = self._all("update", without_topk(records), list(rewards),
-                            [list(o) for o in old_logprobs], group_size)[0]
+        metrics = self._all(
+            "update",
+            without_topk(records),
+            list(rewards),
+            [list(o) for o in old_logprobs],
+            group_size,
+        )[0]
         self.step += 1
         return metrics
 
@@ -175,4 +201,3 @@ class TrainerGroup:
                 pass
             ray.kill(actor, no_restart=True)
         self.actors = []
-

@@ -68,13 +68,15 @@ class TrainerRank(DistillRank):
             torch.cuda.set_device(0)  # Ray shows each rank its own GPU as device 0
         else:
             torch.set_num_threads(max(1, spec.threads))
-        dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=self.rank,
-                                world_size=self.world_size)
+        dist.init_process_group(
+            backend, init_method=f"tcp://{host}:{port}", rank=self.rank, world_size=self.world_size
+        )
         if resume_from:
             self.trainer = ShardedPolicyTrainer.load(resume_from, spec.algo, spec.dtype)
         else:
-            self.trainer = ShardedPolicyTrainer(spec.model_path, spec.algo, spec.dtype,
-                                                seed=spec.seed, temperature=spec.temperature)
+            self.trainer = ShardedPolicyTrainer(
+                spec.model_path, spec.algo, spec.dtype, seed=spec.seed, temperature=spec.temperature
+            )
         return self.trainer.step
 
     def score(self, records) -> list | None:
@@ -129,8 +131,9 @@ class TrainerRank(DistillRank):
 
     # weight sync (sparrow/runtime/rollout/weight_sync.py drives these)
 
-    def gather_for_sync(self, engine_dtype: str, share: bool,
-                        adapter_path: str = "") -> dict | None:
+    def gather_for_sync(
+        self, engine_dtype: str, share: bool, adapter_path: str = ""
+    ) -> dict | None:
         """All ranks gather the full weights into one flat buffer in the engines' dtype on
         rank 0's device (rl/sync_pack.py, a collective; with a DistillSparse adapter folder
         merge(policy, LoRA), in the buffer only: the trainer's shards stay the plain policy).
@@ -148,9 +151,11 @@ class TrainerRank(DistillRank):
         if self.rank != 0:
             return None
         self._packed = packed
-        return {"message": packed.message() if share else None,
-                "bytes": packed.buffer.numel() * packed.buffer.element_size(),
-                "seconds": time.perf_counter() - clock}
+        return {
+            "message": packed.message() if share else None,
+            "bytes": packed.buffer.numel() * packed.buffer.element_size(),
+            "seconds": time.perf_counter() - clock,
+        }
 
     def join_sync(self, host: str, port: int, world_size: int, backend: str) -> None:
         from sparrow.trainer.weight_broadcast import SyncGroup
@@ -166,8 +171,9 @@ class TrainerRank(DistillRank):
         clock = time.perf_counter()
         sent = 0
         if self._sync_group is not None and self._sync_group.world_size > 1:
-            sent = self._sync_group.send_packed(self._packed.buffer, self._packed.layout,
-                                                bucket_bytes)
+            sent = self._sync_group.send_packed(
+                self._packed.buffer, self._packed.layout, bucket_bytes
+            )
             if self._packed.buffer.is_cuda:  # NCCL's wait() does not block the host
                 torch.cuda.synchronize()
         return {"bytes": sent, "seconds": time.perf_counter() - clock}

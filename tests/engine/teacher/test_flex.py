@@ -10,11 +10,14 @@ from sparrow.engine.teacher.forced import TeacherForcedAttention, teacher_forced
 from sparrow.model import load_model
 from sparrow.sparse.schedule import Schedule
 
-pytestmark = [pytest.mark.usefixtures("single_thread"),
-              pytest.mark.skipif(not HAS_FLEX, reason="torch without FlexAttention")]
+pytestmark = [
+    pytest.mark.usefixtures("single_thread"),
+    pytest.mark.skipif(not HAS_FLEX, reason="torch without FlexAttention"),
+]
 
-SCHEDULE = Schedule("t", (3, 5, 8), page_size=4, bin_tokens=100, reserved_bos=1,
-                    reserved_eos=2, skip_layers=(0,))
+SCHEDULE = Schedule(
+    "t", (3, 5, 8), page_size=4, bin_tokens=100, reserved_bos=1, reserved_eos=2, skip_layers=(0,)
+)
 
 
 def random_pages(length, kv_heads, page_size, prompt_len, seed):
@@ -44,8 +47,9 @@ def listed(counts, indices, heads, q_blocks, kv_blocks):
     return out
 
 
-@pytest.mark.parametrize("page_size,length,prompt_len", [(16, 700, 300), (4, 389, 1),
-                                                         (16, 128, 64), (32, 1000, 600)])
+@pytest.mark.parametrize(
+    "page_size,length,prompt_len", [(16, 700, 300), (4, 389, 1), (16, 128, 64), (32, 1000, 600)]
+)
 def test_bitmap_and_block_mask_describe_the_pages(page_size, length, prompt_len):
     kv_heads, group = 2, 3
     pages = random_pages(length, kv_heads, page_size, prompt_len, seed=length)
@@ -91,13 +95,15 @@ def test_flex_equals_reference_outputs_and_selections(group):
 
     def attention(backend):
         hook = lambda layer, index, pages: picks.__setitem__((backend, layer, index), pages)
-        return TeacherForcedAttention(lens, prompts, SCHEDULE, query_chunk=50, backend=backend,
-                                      on_selection=hook)
+        return TeacherForcedAttention(
+            lens, prompts, SCHEDULE, query_chunk=50, backend=backend, on_selection=hook
+        )
 
     reference, flex = attention("reference"), attention("flex")
     for layer in (0, 1):  # layer 0 is dense (skip_layers)
-        torch.testing.assert_close(flex(layer, q, k, v), reference(layer, q, k, v),
-                                   atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            flex(layer, q, k, v), reference(layer, q, k, v), atol=1e-5, rtol=1e-5
+        )
     assert sorted(k[1:] for k in picks if k[0] == "flex") == [(1, 0), (1, 2)]
     for (backend, layer, index), pages in picks.items():
         if backend == "flex":
@@ -110,8 +116,15 @@ def test_model_replay_equal_on_both_paths(qwen3_checkpoint):
     model = load_model(qwen3_checkpoint)
     gen = torch.Generator().manual_seed(3)
     sequences = [torch.randint(0, 384, (n,), generator=gen) for n in (150, 61)]
-    schedule = Schedule("tight", (2, 3, 5), page_size=4, bin_tokens=40, reserved_bos=1,
-                        reserved_eos=1, skip_layers=())
+    schedule = Schedule(
+        "tight",
+        (2, 3, 5),
+        page_size=4,
+        bin_tokens=40,
+        reserved_bos=1,
+        reserved_eos=1,
+        skip_layers=(),
+    )
     with torch.no_grad():
         want = teacher_forced_logits(model, sequences, [10, 30], schedule, backend="reference")
         got = teacher_forced_logits(model, sequences, [10, 30], schedule, backend="flex")

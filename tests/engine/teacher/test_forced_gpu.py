@@ -46,14 +46,19 @@ def test_sparse_paths_equal_reference_forward_and_gradients_at_1p7b_heads(path):
     lens, prompts = [2600, 900], [300, 100]
     gen = torch.Generator(CUDA).manual_seed(1)
     total = sum(lens)
-    leaves = [torch.randn(total, heads, 128, generator=gen, device=CUDA, dtype=torch.bfloat16)
-              .requires_grad_() for heads in (16, 8, 8)]
+    leaves = [
+        torch.randn(
+            total, heads, 128, generator=gen, device=CUDA, dtype=torch.bfloat16
+        ).requires_grad_()
+        for heads in (16, 8, 8)
+    ]
     grad_out = torch.randn(total, 16, 128, generator=gen, device=CUDA, dtype=torch.bfloat16)
     picks, results = {}, {}
     for backend in (path, "reference"):
         hook = lambda layer, index, pages, b=backend: picks.__setitem__((b, index), pages)
-        attention = TeacherForcedAttention(lens, prompts, schedule, query_chunk=512,
-                                           backend=backend, on_selection=hook)
+        attention = TeacherForcedAttention(
+            lens, prompts, schedule, query_chunk=512, backend=backend, on_selection=hook
+        )
         # with gradients recorded only an explicit "triton" takes the kernels' backward
         assert attention._use_kernels(*leaves) == (backend == "triton")
         out = attention(5, *leaves)
@@ -73,15 +78,24 @@ def test_model_replay_and_gradients_equal_on_cuda(qwen3_checkpoint, path):
     model = load_model(qwen3_checkpoint, device="cuda")
     gen = torch.Generator().manual_seed(3)
     sequences = [torch.randint(0, 384, (n,), generator=gen) for n in (400, 170)]
-    schedule = Schedule("tight", (2, 3, 5), page_size=4, bin_tokens=64, reserved_bos=1,
-                        reserved_eos=1, skip_layers=(0,))
+    schedule = Schedule(
+        "tight",
+        (2, 3, 5),
+        page_size=4,
+        bin_tokens=64,
+        reserved_bos=1,
+        reserved_eos=1,
+        skip_layers=(0,),
+    )
     params = [p for p in model.parameters() if p.requires_grad]
     grads = {}
     for backend in (path, "reference"):
         logits = teacher_forced_logits(model, sequences, [20, 50], schedule, backend=backend)
         loss = sum(x.logsumexp(-1).sum() for x in logits)
-        grads[backend] = ([x.detach() for x in logits],
-                          torch.autograd.grad(loss, params, allow_unused=True))
+        grads[backend] = (
+            [x.detach() for x in logits],
+            torch.autograd.grad(loss, params, allow_unused=True),
+        )
     for got, want in zip(grads[path][0], grads["reference"][0]):
         torch.testing.assert_close(got, want, atol=2e-3, rtol=0)
     checked = 0
@@ -92,8 +106,9 @@ def test_model_replay_and_gradients_equal_on_cuda(qwen3_checkpoint, path):
     assert checked > 4
 
 
-@pytest.mark.parametrize("dtype,heads", [(torch.bfloat16, (16, 8)), (torch.float16, (32, 8)),
-                                         (torch.float32, (16, 8))])
+@pytest.mark.parametrize(
+    "dtype,heads", [(torch.bfloat16, (16, 8)), (torch.float16, (32, 8)), (torch.float32, (16, 8))]
+)
 def test_triton_kernels_equal_the_reference_at_model_heads(dtype, heads):
     """The replay's Triton path (selection bits + attention kernel) against the float32
     reference path, 0.86 preset, a sequence crossing bins, a short one, an all-prompt one;
@@ -103,16 +118,20 @@ def test_triton_kernels_equal_the_reference_at_model_heads(dtype, heads):
         teacher_attention_reference,
         teacher_sparse_attention,
     )
+
     schedule = get_preset("qwen3-1.7b-0.86")
     lens, prompts = [4500, 900, 130], [300, 100, 130]
     gen = torch.Generator(CUDA).manual_seed(2)
-    q, k, v = (torch.randn(sum(lens), h, 128, generator=gen, device=CUDA, dtype=dtype)
-               for h in (heads[0], heads[1], heads[1]))
+    q, k, v = (
+        torch.randn(sum(lens), h, 128, generator=gen, device=CUDA, dtype=dtype)
+        for h in (heads[0], heads[1], heads[1])
+    )
     picks, results = {}, {}
     for backend in ("auto", "reference"):
         hook = lambda layer, index, pages, b=backend: picks.__setitem__((b, index), pages)
-        attention = TeacherForcedAttention(lens, prompts, schedule, backend=backend,
-                                           on_selection=hook)
+        attention = TeacherForcedAttention(
+            lens, prompts, schedule, backend=backend, on_selection=hook
+        )
         with torch.no_grad():
             results[backend] = attention(5, q, k, v)
     # the all-prompt sequence (index 2) selects nothing on either path
@@ -129,8 +148,18 @@ def test_triton_kernels_equal_the_reference_at_model_heads(dtype, heads):
     poisoned = torch.full_like(q, float("nan"))
     launches = [(None, None), (64, 32)] + ([(128, 128)] if dtype != torch.float32 else [])
     for block_m, block_n in launches:
-        out = teacher_sparse_attention(q, k, v, bits, starts, seq_lens, 16, block_m=block_m,
-                                       block_n=block_n, out=poisoned.clone())
+        out = teacher_sparse_attention(
+            q,
+            k,
+            v,
+            bits,
+            starts,
+            seq_lens,
+            16,
+            block_m=block_m,
+            block_n=block_n,
+            out=poisoned.clone(),
+        )
         assert torch.isfinite(out).all()
         want = teacher_attention_reference(q, k, v, bits, starts, seq_lens, 16)
         assert relative_error(out, want) < (1e-5 if dtype == torch.float32 else 1e-2)
@@ -139,6 +168,7 @@ def test_triton_kernels_equal_the_reference_at_model_heads(dtype, heads):
 @pytest.mark.parametrize("levels", [None, 4])
 def test_page_bits_kernel_equals_the_stable_sort_on_cuda(levels):
     from sparrow.kernels.teacher_pages import page_bits_reference, select_page_bits
+
     gen = torch.Generator(CUDA).manual_seed(4)
     rows, heads, first = 700, 8, 20000
     width = (first + rows - 1) // 16 + 1
@@ -147,29 +177,43 @@ def test_page_bits_kernel_equals_the_stable_sort_on_cuda(levels):
         scores = torch.randint(0, levels, scores.shape, generator=gen, device=CUDA).float()
     topk = torch.randint(0, 400, (rows,), generator=gen, device=CUDA)
     words = -(-width // 32) + 1
-    got = select_page_bits(scores, first, first + 100, topk, 16, 1, 2, words,
-                           out=torch.full((heads, rows, words), -1, dtype=torch.int32,
-                                          device=CUDA))
+    got = select_page_bits(
+        scores,
+        first,
+        first + 100,
+        topk,
+        16,
+        1,
+        2,
+        words,
+        out=torch.full((heads, rows, words), -1, dtype=torch.int32, device=CUDA),
+    )
     want = page_bits_reference(scores, first, first + 100, topk, 16, 1, 2, words)
     assert torch.equal(got, want)
 
 
-def test_model_replay_takes_the_kernels_and_equals_the_reference(
-        qwen3_checkpoint):
+def test_model_replay_takes_the_kernels_and_equals_the_reference(qwen3_checkpoint):
     model = load_model(qwen3_checkpoint, device="cuda")
     gen = torch.Generator().manual_seed(5)
     sequences = [torch.randint(0, 384, (n,), generator=gen) for n in (400, 170)]
-    schedule = Schedule("tight", (2, 3, 5), page_size=4, bin_tokens=64, reserved_bos=1,
-                        reserved_eos=1, skip_layers=(0,))
+    schedule = Schedule(
+        "tight",
+        (2, 3, 5),
+        page_size=4,
+        bin_tokens=64,
+        reserved_bos=1,
+        reserved_eos=1,
+        skip_layers=(0,),
+    )
     chosen = TeacherForcedAttention([400, 170], [20, 50], schedule)
     leaf = torch.zeros(1, 1, 1, device=CUDA, requires_grad=True)
     with torch.no_grad():
         assert chosen._use_kernels(leaf, leaf, leaf)
         kernels = teacher_forced_logits(model, sequences, [20, 50], schedule)
-        reference = teacher_forced_logits(model, sequences, [20, 50], schedule,
-                                          backend="reference")
+        reference = teacher_forced_logits(model, sequences, [20, 50], schedule, backend="reference")
     assert chosen._use_kernels(leaf, leaf, leaf)  # gradients recorded too: their backward
-    assert not TeacherForcedAttention([400, 170], [20, 50], schedule,
-                                      backend="flex")._use_kernels(leaf, leaf, leaf)
+    assert not TeacherForcedAttention([400, 170], [20, 50], schedule, backend="flex")._use_kernels(
+        leaf, leaf, leaf
+    )
     for got, want in zip(kernels, reference):
         torch.testing.assert_close(got, want, atol=2e-3, rtol=0)

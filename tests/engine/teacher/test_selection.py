@@ -29,22 +29,23 @@ def test_threshold_rule_equals_the_stable_sort(bos, eos, levels):
     want = select_from_scores(scores, num_pages, topk, bos, eos)
     got = select_by_threshold(scores, num_pages, topk, bos, eos)
     assert torch.equal(got, want)
-    assert torch.equal(select_by_threshold(scores, num_pages, topk, bos, eos,
-                                           int(topk.max())), want)
+    assert torch.equal(
+        select_by_threshold(scores, num_pages, topk, bos, eos, int(topk.max())), want
+    )
 
 
 def whole_sequence_pages(q, k, prompt_len, schedule):
     """The rule on the whole sequence at once (the former teacher-forced selection)."""
     size = schedule.page_size
     length, kv_heads, _ = k.shape
-    scores = torch.einsum("thd,phd->thp", group_query_mean(q, kv_heads),
-                          page_centroids(k, size, "cache"))
+    scores = torch.einsum(
+        "thd,phd->thp", group_query_mean(q, kv_heads), page_centroids(k, size, "cache")
+    )
     position = torch.arange(length)
     num_pages = position // size + 1
     bins = (position // schedule.bin_tokens).clamp(max=schedule.num_bins - 1)
     topk = torch.tensor(schedule.topk_pages)[bins]
-    mask = select_from_scores(scores, num_pages, topk, schedule.reserved_bos,
-                              schedule.reserved_eos)
+    mask = select_from_scores(scores, num_pages, topk, schedule.reserved_bos, schedule.reserved_eos)
     mask[:prompt_len] = True
     return mask & (torch.arange(scores.shape[-1]) < num_pages.view(-1, 1, 1))
 
@@ -52,8 +53,9 @@ def whole_sequence_pages(q, k, prompt_len, schedule):
 @pytest.mark.parametrize("rows", [1, 7, 128, 1000])
 @pytest.mark.parametrize("prompt_len", [1, 45, 200])
 def test_chunks_equal_the_whole_sequence_rule(rows, prompt_len):
-    schedule = Schedule("t", (2, 4, 9), page_size=4, bin_tokens=64, reserved_bos=1,
-                        reserved_eos=2, skip_layers=())
+    schedule = Schedule(
+        "t", (2, 4, 9), page_size=4, bin_tokens=64, reserved_bos=1, reserved_eos=2, skip_layers=()
+    )
     gen = torch.Generator().manual_seed(rows + prompt_len)
     length = 203
     q, k = torch.randn(length, 6, 8, generator=gen), torch.randn(length, 2, 8, generator=gen)
@@ -72,8 +74,9 @@ def test_chunks_equal_the_whole_sequence_rule(rows, prompt_len):
 
 
 def test_selection_builds_no_graph():
-    schedule = Schedule("t", (2,), page_size=4, bin_tokens=64, reserved_bos=1,
-                        reserved_eos=1, skip_layers=())
+    schedule = Schedule(
+        "t", (2,), page_size=4, bin_tokens=64, reserved_bos=1, reserved_eos=1, skip_layers=()
+    )
     q = torch.randn(40, 2, 8, requires_grad=True)
     k = torch.randn(40, 1, 8, requires_grad=True)
     for _, _, pages in select_chunks(q, k, 3, schedule, "cache", 16):

@@ -24,12 +24,20 @@ def test_a_threshold_above_one_walks_the_fixed_plan():
     plan = StepPlan(curriculum(256, 600), steps=100, noise_share=0.15)
     seen, ends, walk = _walk(plan, lambda stage: 1.0, advance_accuracy=1.01)
     index = {stage: i for i, stage in enumerate(plan.stages)}
-    fixed = [("noisy" if noisy else index[stage]) for stage, noisy in map(plan.stage_at,
-                                                                         range(100))]
+    fixed = [
+        ("noisy" if noisy else index[stage]) for stage, noisy in map(plan.stage_at, range(100))
+    ]
     assert seen == fixed
     assert [(e.stage, e.steps_done, e.reason) for e in ends] == [
-        (0, 8, "steps"), (1, 17, "steps"), (2, 26, "steps"), (3, 34, "steps"),
-        (4, 42, "steps"), (5, 55, "steps"), (6, 68, "steps"), (7, 85, "steps")]
+        (0, 8, "steps"),
+        (1, 17, "steps"),
+        (2, 26, "steps"),
+        (3, 34, "steps"),
+        (4, 42, "steps"),
+        (5, 55, "steps"),
+        (6, 68, "steps"),
+        (7, 85, "steps"),
+    ]
     # a check every 5 steps of a stage and one at each stage's end
     assert [c["steps_done"] for c in walk.checks if c["stage"] == 0] == [5, 8]
 
@@ -44,8 +52,15 @@ def test_a_stage_that_reaches_the_threshold_hands_its_steps_to_the_next():
 
     seen, ends, _ = _walk(plan, evaluate)
     assert [(e.stage, e.steps_done, e.reason) for e in ends] == [
-        (0, 8, "steps"), (1, 17, "steps"), (2, 26, "steps"), (3, 34, "steps"),
-        (4, 42, "steps"), (5, 52, "accuracy"), (6, 68, "steps"), (7, 85, "steps")]
+        (0, 8, "steps"),
+        (1, 17, "steps"),
+        (2, 26, "steps"),
+        (3, 34, "steps"),
+        (4, 42, "steps"),
+        (5, 52, "accuracy"),
+        (6, 68, "steps"),
+        (7, 85, "steps"),
+    ]
     assert ends[5].hop_accuracy == pytest.approx(0.99) and ends[6].hop_accuracy == 0.5
     # stage 6 runs from step 52 to its cap at 68: its own 13 steps and stage 5's spare 3
     assert seen[:8] == [0] * 8 and seen[42:52] == [5] * 10 and seen[52:68] == [6] * 16
@@ -56,8 +71,15 @@ def test_every_stage_learning_at_once_leaves_the_steps_to_the_full_length():
     plan = StepPlan(curriculum(256, 600), steps=100, noise_share=0.0)
     seen, ends, _ = _walk(plan, lambda stage: 1.0, eval_every=3)
     assert [(e.stage, e.steps_done, e.reason) for e in ends] == [
-        (0, 3, "accuracy"), (1, 6, "accuracy"), (2, 9, "accuracy"), (3, 12, "accuracy"),
-        (4, 15, "accuracy"), (5, 18, "accuracy"), (6, 21, "accuracy"), (7, 100, "steps")]
+        (0, 3, "accuracy"),
+        (1, 6, "accuracy"),
+        (2, 9, "accuracy"),
+        (3, 12, "accuracy"),
+        (4, 15, "accuracy"),
+        (5, 18, "accuracy"),
+        (6, 21, "accuracy"),
+        (7, 100, "steps"),
+    ]
     assert seen.count(7) == 79
     with pytest.raises(ValueError, match="eval_every"):
         AdaptiveCurriculum(plan, 0.98, 0)

@@ -33,7 +33,8 @@ def test_learning_rate_warms_up_then_decays_to_the_floor():
 def test_flops_per_token_counts_weights_and_causal_attention():
     # 104M weights, 12 layers of 768 query width at the default 7,568-token sequence
     assert train_flops_per_token(104_000_000, 12, 768, 7568) == pytest.approx(
-        6 * 104e6 + 6 * 12 * 768 * 7568)
+        6 * 104e6 + 6 * 12 * 768 * 7568
+    )
 
 
 def test_hop_noise_brings_the_sampled_accuracy_to_the_target():

@@ -20,7 +20,15 @@ from sparrow.experiments.testbed.data import (
 def test_curriculum_grows_to_the_full_size_and_shares_sum_to_one():
     stages = curriculum(256, 600)
     assert [(s.num_defs, s.num_hops) for s in stages] == [
-        (2, 1), (4, 2), (8, 5), (16, 15), (32, 30), (64, 100), (128, 300), (256, 600)]
+        (2, 1),
+        (4, 2),
+        (8, 5),
+        (16, 15),
+        (32, 30),
+        (64, 100),
+        (128, 300),
+        (256, 600),
+    ]
     assert sum(s.share for s in stages) == pytest.approx(1.0)
     assert [s.length for s in stages] == sorted(s.length for s in stages)
     # in tokens: 'de' 'f' ' ', 256 x 'ab' '=' 'cd' ' ' (the last ' ' a newline), 'fr' 'om' ' ',
@@ -89,12 +97,19 @@ def test_encode_gives_one_id_per_name_and_marks_the_completion():
     completion_tokens = 5 * 6 + 7
     assert ids.shape == mask.shape == (2, prompt_tokens + completion_tokens + 1)
     first = names[0].split("=")
-    assert ids[0, :6].tolist() == [ids_of["de"], ids_of["f"], ids_of[" "], ids_of[first[0]],
-                                   ids_of["="], ids_of[first[1]]]
+    assert ids[0, :6].tolist() == [
+        ids_of["de"],
+        ids_of["f"],
+        ids_of[" "],
+        ids_of[first[0]],
+        ids_of["="],
+        ids_of[first[1]],
+    ]
     assert ids[0, -1].item() == ids_of["<|endoftext|>"]
     assert mask[0].sum().item() == completion_tokens + 1
     assert not mask[0, :prompt_tokens].any()
     assert len(completion) == 5 * 8 + 10  # the characters: both names are two of them
     with pytest.raises(ValueError, match="differ in length"):
-        encode(examples[:1] + make_examples("pointer_chase_long", 1, seed=0, num_defs=7,
-                                            num_hops=5))
+        encode(
+            examples[:1] + make_examples("pointer_chase_long", 1, seed=0, num_defs=7, num_hops=5)
+        )

@@ -43,8 +43,8 @@ def test_sampled_estimate_is_the_product_of_reference_probabilities():
     completion = int(mask.sum()) - 1  # tokens of the completion, eos not counted
     line = 7  # '1' '4' ' ' name '=' name '\n': a name is one token
     assert result["greedy"] == 1.0
-    assert result["sampled_estimate"] == pytest.approx(p ** completion, rel=1e-4)
-    assert result["hop"] == pytest.approx(p ** line, rel=1e-4)
+    assert result["sampled_estimate"] == pytest.approx(p**completion, rel=1e-4)
+    assert result["hop"] == pytest.approx(p**line, rel=1e-4)
     for hops, estimate in result["sampled_estimate_by_hops"].items():
         assert estimate == pytest.approx(p ** (hops * line), rel=1e-4)
     assert teacher_forced_accuracy(NextTokenModel(0.0), examples)["greedy"] == 0.0

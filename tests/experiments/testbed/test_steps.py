@@ -10,10 +10,17 @@ from sparrow.experiments.testbed.steps import batch_shape, forward_backward, mea
 
 def _model() -> Qwen3ForCausalLM:
     torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=len(vocab()), hidden_size=32, num_hidden_layers=1,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                         intermediate_size=64, max_position_embeddings=512,
-                         attn_implementation="sdpa")
+    config = Qwen3Config(
+        vocab_size=len(vocab()),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        intermediate_size=64,
+        max_position_embeddings=512,
+        attn_implementation="sdpa",
+    )
     return Qwen3ForCausalLM(config)
 
 
@@ -31,8 +38,9 @@ def test_loss_reads_the_completion_only():
     ids, mask = encode(examples)
     loss = forward_backward(model, ids, mask, 1.0)
     logits = model(input_ids=ids).logits[:, :-1]
-    per_token = torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten(),
-                                                  reduction="none").view(2, -1)
+    per_token = torch.nn.functional.cross_entropy(
+        logits.flatten(0, 1), ids[:, 1:].flatten(), reduction="none"
+    ).view(2, -1)
     assert torch.allclose(loss, per_token[mask[:, 1:]].mean(), atol=1e-6)
     # the prompt tokens are context, not targets: the mean over every token differs
     assert not torch.allclose(loss, per_token.mean())
@@ -41,8 +49,9 @@ def test_loss_reads_the_completion_only():
 def test_measuring_leaves_weights_and_gradients_clear():
     model = _model()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    seconds = measure_step_seconds(model, [Stage(4, 3, 0.5), Stage(6, 5, 0.5)], 512, 256,
-                                   seed=0, device=torch.device("cpu"))
+    seconds = measure_step_seconds(
+        model, [Stage(4, 3, 0.5), Stage(6, 5, 0.5)], 512, 256, seed=0, device=torch.device("cpu")
+    )
     assert len(seconds) == 2 and all(value > 0 for value in seconds.values())
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert all(p.grad is None for p in model.parameters())

@@ -10,6 +10,7 @@ import dataclasses
 
 import pytest
 
+from sparrow.config import load_config
 from sparrow.runtime.ledger.run_record import (
     ConfigMismatchError,
     config_differences,
@@ -18,7 +19,6 @@ from sparrow.runtime.ledger.run_record import (
     open_run,
 )
 from sparrow.runtime.ledger.schedules import insert_schedule, schedule_in_force, start_schedule
-from sparrow.config import load_config
 from sparrow.sparse import Schedule, get_preset
 from sparrow.storage import Store, query
 
@@ -33,8 +33,10 @@ def store(tmp_path):
 def test_first_run_stores_the_preset_as_version_1(store, tmp_path):
     assert start_schedule(store, "a", "tiny-0.86") == ("tiny-0.86", 1)
     assert start_schedule(store, "a", "tiny-0.86") == ("tiny-0.86", 1)  # resume: same answer
-    [row] = query(tmp_path, "SELECT name, version, run_id, step, reason, topk_pages, bin_tokens "
-                            "FROM schedules").rows
+    [row] = query(
+        tmp_path,
+        "SELECT name, version, run_id, step, reason, topk_pages, bin_tokens FROM schedules",
+    ).rows
     preset = get_preset("tiny-0.86")
     assert row == ("tiny-0.86", 1, "a", 0, "initial", list(preset.topk_pages), preset.bin_tokens)
     schedule, version = schedule_in_force(store, "a", "tiny-0.86", 1, step=1)
@@ -62,11 +64,21 @@ def test_open_run_creates_then_resumes_then_refuses_a_change(store, tmp_path):
     assert open_run(store, cfg, "r", tmp_path / "model") is False
     finish_run(store, "r", "failed", "mlflow-1")
     # where it fails, how many steps, whether it reports and where Ray runs may change on resume
-    same = load_config(["pipeline.run_id=r", "algo.lr=2e-6", "pipeline.steps=9",
-                        "pipeline.fail_at=reward@2", "ray.address=auto", "pipeline.report=false"])
+    same = load_config(
+        [
+            "pipeline.run_id=r",
+            "algo.lr=2e-6",
+            "pipeline.steps=9",
+            "pipeline.fail_at=reward@2",
+            "ray.address=auto",
+            "pipeline.report=false",
+        ]
+    )
     assert config_hash(same) == config_hash(cfg)
     assert open_run(store, same, "r", tmp_path / "model") is True
-    assert query(tmp_path, "SELECT status, mlflow_run_id FROM runs").rows == [("running", "mlflow-1")]
+    assert query(tmp_path, "SELECT status, mlflow_run_id FROM runs").rows == [
+        ("running", "mlflow-1")
+    ]
     changed = load_config(["pipeline.run_id=r", "algo.lr=3e-6", "data.prompts_per_step=2"])
     assert config_hash(changed) != config_hash(cfg)
     with pytest.raises(ConfigMismatchError) as err:
@@ -83,4 +95,6 @@ def test_config_differences_lists_only_changed_keys():
     assert config_differences(to_yaml(cfg), cfg) == []
     other = load_config(["rollout.top_k=5", "schedule.sparse=false"])
     assert config_differences(to_yaml(cfg), other) == [
-        "rollout.top_k: 0 -> 5", "schedule.sparse: True -> False"]
+        "rollout.top_k: 0 -> 5",
+        "schedule.sparse: True -> False",
+    ]

@@ -32,9 +32,15 @@ class FakeTracker:
 @pytest.fixture
 def runtime(tmp_path):
     store = Store.open_writer(tmp_path)
-    yield SimpleNamespace(run_id="r", store=store, layout=RunLayout(tmp_path, "r"), fail_at=None,
-                          kill_at=None,
-                          stages_run=Counter(), tracker=FakeTracker())
+    yield SimpleNamespace(
+        run_id="r",
+        store=store,
+        layout=RunLayout(tmp_path, "r"),
+        fail_at=None,
+        kill_at=None,
+        stages_run=Counter(),
+        tracker=FakeTracker(),
+    )
     store.close()
 
 
@@ -42,13 +48,15 @@ def write_file(text: str, metrics: dict | None = None, **kwargs):
     def body(out):
         (out / "out.txt").write_text(text)
         return StageWrite(metrics=metrics or {}, **kwargs)
+
     return body
 
 
 def test_first_run_writes_records_and_logs(runtime, tmp_path):
     seen = []
-    outcome = run_stage(runtime, "reward", 3, write_file(
-        "a", {"reward/mean": 0.25}, after_commit=seen.append))
+    outcome = run_stage(
+        runtime, "reward", 3, write_file("a", {"reward/mean": 0.25}, after_commit=seen.append)
+    )
     final = tmp_path / "runs" / "r" / "step-3" / "reward"
     assert (outcome.output_dir, outcome.skipped) == (str(final), False)
     assert outcome.path("out.txt").read_text() == "a" and seen == [final]
@@ -56,7 +64,8 @@ def test_first_run_writes_records_and_logs(runtime, tmp_path):
     assert row[:3] == (3, "reward", str(final)) and row[3] == pytest.approx(outcome.duration_s)
     metrics = dict(query(tmp_path, "SELECT name, value FROM step_metrics WHERE step = 3").rows)
     assert metrics["reward/mean"] == 0.25 and metrics["time/reward_s"] == pytest.approx(
-        outcome.duration_s)
+        outcome.duration_s
+    )
     assert runtime.tracker.logged == [(3, metrics)]
     assert not [p for p in final.parent.iterdir() if p.name.startswith(".")]  # no scratch left
 
@@ -93,8 +102,12 @@ def test_failing_body_leaves_no_folder_and_no_row(runtime, tmp_path):
     assert query(tmp_path, "SELECT count(*) FROM stage_runs").rows == [(0,)]
     # a failing db write rolls back the stage's row as well
     with pytest.raises(RuntimeError, match="no table"):
-        run_stage(runtime, "reward", 1, lambda out: StageWrite(
-            db=lambda conn: (_ for _ in ()).throw(RuntimeError("no table"))))
+        run_stage(
+            runtime,
+            "reward",
+            1,
+            lambda out: StageWrite(db=lambda conn: (_ for _ in ()).throw(RuntimeError("no table"))),
+        )
     assert query(tmp_path, "SELECT count(*) FROM stage_runs").rows == [(0,)]
 
 
@@ -104,7 +117,8 @@ def test_rerun_after_a_lost_record_replaces_rows(runtime, tmp_path):
         conn.execute("DELETE FROM stage_runs")
     run_stage(runtime, "reward", 1, write_file("b", {"reward/mean": 0.75}))
     assert query(tmp_path, "SELECT value FROM step_metrics WHERE name = 'reward/mean'").rows == [
-        (0.75,)]
+        (0.75,)
+    ]
     assert query(tmp_path, "SELECT count(*) FROM stage_runs").rows == [(1,)]
     assert (tmp_path / "runs/r/step-1/reward/out.txt").read_text() == "b"
 

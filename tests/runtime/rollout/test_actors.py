@@ -13,23 +13,32 @@ from dataclasses import replace
 import pytest
 import torch
 
-from sparrow.runtime.rollout.actors import ActorPool
-from sparrow.runtime.rollout.worker import RolloutWorker, WorkerSpec, engine_process_env
-from sparrow.runtime.rollout.dispatch import work_items
 from sparrow.engine import EngineConfig, SamplingParams
+from sparrow.runtime.rollout.actors import ActorPool
+from sparrow.runtime.rollout.dispatch import work_items
+from sparrow.runtime.rollout.worker import RolloutWorker, WorkerSpec, engine_process_env
 from sparrow.sparse import Schedule
 
 pytestmark = pytest.mark.slow
 
 PROMPTS = [[72, 101, 108, 108, 111], [1, 2, 3], [50, 60, 70, 80, 90, 100, 110]]
 # a schedule with pages of 4 tokens so a 24-token sample really drops pages
-SCHEDULE = Schedule("test-tight", topk_pages=(1,), page_size=4, bin_tokens=64, reserved_bos=1,
-                    reserved_eos=1, skip_layers=())
+SCHEDULE = Schedule(
+    "test-tight",
+    topk_pages=(1,),
+    page_size=4,
+    bin_tokens=64,
+    reserved_bos=1,
+    reserved_eos=1,
+    skip_layers=(),
+)
 
 
 def params() -> list[SamplingParams]:
-    return [SamplingParams(temperature=1.0, max_new_tokens=16, n=2, seed=100 + i,
-                           logprobs_topk=5) for i in range(len(PROMPTS))]
+    return [
+        SamplingParams(temperature=1.0, max_new_tokens=16, n=2, seed=100 + i, logprobs_topk=5)
+        for i in range(len(PROMPTS))
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +50,13 @@ def ray_up(flow_environment):
 
 @pytest.fixture
 def spec(qwen3_checkpoint):
-    return WorkerSpec(model_path=str(qwen3_checkpoint), weights_path=str(qwen3_checkpoint),
-                      schedule=SCHEDULE, engine=EngineConfig(max_batch_size=8, page_size=4,
-                                                             num_pages=128), threads=1)
+    return WorkerSpec(
+        model_path=str(qwen3_checkpoint),
+        weights_path=str(qwen3_checkpoint),
+        schedule=SCHEDULE,
+        engine=EngineConfig(max_batch_size=8, page_size=4, num_pages=128),
+        threads=1,
+    )
 
 
 def in_process(spec: WorkerSpec) -> list[list]:
@@ -63,8 +76,10 @@ def test_results_do_not_depend_on_the_number_of_actors(ray_up, spec):
     assert len(expected) == 3 and all(len(s) == 2 for s in expected)
     # sparse decode: at most 1 + 1 reserved + 1 top-k pages read, of up to 6 held
     assert max(max(s.pages_read) for samples in expected for s in samples) == 3
-    assert max(len(p) + len(s.output_ids) for p, samples in zip(PROMPTS, expected)
-               for s in samples) > 4 * 4
+    assert (
+        max(len(p) + len(s.output_ids) for p, samples in zip(PROMPTS, expected) for s in samples)
+        > 4 * 4
+    )
     # one actor, one item; two actors, one item each; two actors taking one-prompt items as
     # each gets free
     for count, item_prompts in ((1, 0), (2, 0), (2, 1)):
@@ -121,7 +136,9 @@ def test_a_dead_actor_of_a_pulling_pool_is_replaced_and_runs_its_queue(ray_up, s
         pool.shutdown()
 
 
-def test_weights_load_by_path_and_replacements_start_current(ray_up, spec, qwen3_sharded_checkpoint):
+def test_weights_load_by_path_and_replacements_start_current(
+    ray_up, spec, qwen3_sharded_checkpoint
+):
     import dataclasses
 
     import ray
@@ -213,10 +230,13 @@ def test_an_engine_that_frees_up_takes_the_prompts_waiting_behind_a_full_one(ray
     import dataclasses
 
     batch = PROMPTS + [[5, 6, 7, 8]]
-    params = [SamplingParams(temperature=1.0, max_new_tokens=new, n=2, seed=7 + i)
-              for i, new in enumerate((1, 1, 120, 120))]
-    one = dataclasses.replace(spec, engine=dataclasses.replace(spec.engine, max_batch_size=2,
-                                                               num_pages=160))
+    params = [
+        SamplingParams(temperature=1.0, max_new_tokens=new, n=2, seed=7 + i)
+        for i, new in enumerate((1, 1, 120, 120))
+    ]
+    one = dataclasses.replace(
+        spec, engine=dataclasses.replace(spec.engine, max_batch_size=2, num_pages=160)
+    )
     threads = torch.get_num_threads()
     try:
         expected = RolloutWorker(one).generate(batch, params)

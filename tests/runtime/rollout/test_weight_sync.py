@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from sparrow.runtime.run_runtime import RunRuntime
 from sparrow.runtime.rollout.weight_sync import transfer
+from sparrow.runtime.run_runtime import RunRuntime
 
 pytestmark = pytest.mark.slow
 
@@ -59,8 +59,9 @@ def test_a_party_that_fails_while_others_wait_stops_them_at_once(ray_up):
     with pytest.raises(ray.exceptions.RayTaskError, match="died mid-broadcast"):
         transfer(group, [rank0, failing, waiting], futures)
     assert time.perf_counter() - clock < 30  # not the 60 s the others would wait
-    assert group.failed == ("the weight sync failed on engine 0 of the sync: "
-                            "the engine died mid-broadcast")
+    assert group.failed == (
+        "the weight sync failed on engine 0 of the sync: the engine died mid-broadcast"
+    )
     with pytest.raises(ray.exceptions.RayActorError):  # the engine left waiting was killed
         ray.get(waiting.ping.remote(), timeout=30)
     assert ray.get(failing.ping.remote()) == "alive"  # its own error: the pool decides
