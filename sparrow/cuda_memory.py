@@ -1,9 +1,19 @@
 """This process's cached CUDA blocks back to the device (the engine's sleep, the flow's
-hand-over to the rollout, a trainer rank after its update, the trainer's out-of-memory)."""
+hand-over to the rollout, a trainer rank after its update, the trainer's out-of-memory), and
+allocations that come back at their addresses.
+
+    return_cached_blocks()
+    anchor = segment_anchor(device)        # held while the allocations below come and go
+    with expandable_segments(device):      # the KV cache: same addresses at every wake
+        k = torch.zeros(shape, device=device)
+"""
 
 from __future__ import annotations
 
 import gc
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -15,3 +25,48 @@ def return_cached_blocks() -> None:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         gc.collect()
         torch.cuda.empty_cache()
+
+
+def _process_expandable() -> bool:
+    """Whether the process started with torch's expandable segments (its allocator setting)."""
+    conf = (
+        os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+        + ","
+        + os.environ.get("PYTORCH_ALLOC_CONF", "")
+    )
+    return "expandable_segments:true" in conf.replace(" ", "").lower()
+
+
+@contextmanager
+def expandable_segments(device: torch.device | str) -> Iterator[None]:
+    """CUDA allocations made inside land in torch's expandable segments, whatever the process's
+    allocator setting. Such a segment keeps its virtual address range when empty_cache gives
+    the memory back, and the next allocations of the same sizes in the same order are mapped
+    at the same addresses again; with the default allocator, a freed range goes back to the
+    driver, whose next cudaMalloc may return any address. A no-op off CUDA, or where the
+    process already runs on expandable segments."""
+    if torch.device(device).type != "cuda" or _process_expandable():
+        yield
+        return
+    _set_allocator("expandable_segments:True")
+    try:
+        yield
+    finally:
+        _set_allocator("expandable_segments:False")
+
+
+def _set_allocator(settings: str) -> None:
+    # torch 2.11 moved the setter to the accelerator API and deprecated the CUDA one
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    (setter or torch.cuda.memory._set_allocator_settings)(settings)
+
+
+def segment_anchor(device: torch.device | str) -> torch.Tensor | None:
+    """A small allocation (one 2 MiB page) in the expandable segment that the KV cache uses,
+    held for the life of an engine: a segment left with nothing in it is released with its
+    address range at empty_cache, and the next cache would lie elsewhere; the anchor keeps the
+    range, so the cache comes back at its addresses at every wake. None off CUDA."""
+    if torch.device(device).type != "cuda":
+        return None
+    with expandable_segments(device):
+        return torch.empty(2 * 2**20, dtype=torch.uint8, device=device)

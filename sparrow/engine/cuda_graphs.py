@@ -137,9 +137,9 @@ class DecodeGraphs:
     The graphs outlive the KV cache: the engine's sleep lets the cache go (release_cache) and
     keeps the graphs, their memory pool and the static buffers; wake hands the new cache over
     (attach), and the graphs are replayed as they are when it lies at the same addresses with
-    the same shapes, else dropped and captured again. Torch's expandable segments (the rollout
-    actors', sparrow/runtime/rollout/worker.py) map the freed range again; its default allocator may
-    place the cache elsewhere. The weights are the model's own tensors, updated in place
+    the same shapes, else dropped and captured again. The cache is allocated in torch's
+    expandable segments (KVCache.allocate), which keep their address range through the
+    sleep's empty_cache and map the next cache of the same shape at the same addresses. The weights are the model's own tensors, updated in place
     (Decoder.load_hf_state_dict), so a weight update leaves the graphs valid."""
 
     def __init__(

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from sparrow.cuda_memory import return_cached_blocks
+from sparrow.cuda_memory import return_cached_blocks, segment_anchor
 from sparrow.engine.block_manager import BlockManager
 from sparrow.engine.config import EngineConfig, EngineError
 from sparrow.engine.cuda_graphs import DecodeGraphs
@@ -110,6 +110,7 @@ class Engine:
         arch = model.arch
         self.cache: KVCache | None = None
         self._graphs_asleep: DecodeGraphs | None = None  # kept through sleep (keep_graphs)
+        self._anchor: torch.Tensor | None = None  # keeps the cache's address range (wake)
         self._sized_pages = 0  # the last cache's pages when sized from memory_utilization
         self.wake()
         self.max_context = self.config.max_context or arch.max_position_embeddings
@@ -134,6 +135,8 @@ class Engine:
             return
         weight = next(self.model.parameters())
         centroids = centroid_torch_dtype(self.config.centroid_dtype, weight.dtype)
+        if self._anchor is None:
+            self._anchor = segment_anchor(weight.device)
         self._sized_pages = self._pages_from_memory(weight, centroids)
         num_pages = (
             self.config.num_pages

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from sparrow.cuda_memory import expandable_segments
 from sparrow.engine.config import CENTROID_DTYPES, EngineError
 from sparrow.kernels.kv_write import round_centroids
 
@@ -100,15 +101,18 @@ class KVCache:
         device: torch.device | str,
         centroid_dtype: torch.dtype | None = None,
     ) -> KVCache:
-        """Zeroed keys and values in `dtype`, centroids in `centroid_dtype` (None: `dtype`)."""
+        """Zeroed keys and values in `dtype`, centroids in `centroid_dtype` (None: `dtype`).
+        On CUDA in expandable segments: a cache allocated again after the engine's sleep lies
+        where the last one did, so kept decode graphs replay (engine/cuda_graphs.py)."""
         shape = (arch.num_layers, num_pages, arch.num_kv_heads, page_size, arch.head_dim)
-        return cls(
-            k=torch.zeros(shape, dtype=dtype, device=device),
-            v=torch.zeros(shape, dtype=dtype, device=device),
-            centroids=torch.zeros(
-                shape[:3] + shape[4:], dtype=centroid_dtype or dtype, device=device
-            ),
-        )
+        with expandable_segments(device):
+            return cls(
+                k=torch.zeros(shape, dtype=dtype, device=device),
+                v=torch.zeros(shape, dtype=dtype, device=device),
+                centroids=torch.zeros(
+                    shape[:3] + shape[4:], dtype=centroid_dtype or dtype, device=device
+                ),
+            )
 
     @property
     def num_layers(self) -> int:
