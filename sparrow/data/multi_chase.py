@@ -130,7 +130,8 @@ class ChasePrompt:
 
 
 def parse_prompt(prompt: str) -> ChasePrompt | None:
-    """The parts of a pointer_chase_long or multi_chase prompt; None for another form."""
+    """The parts of a pointer_chase_long or multi_chase prompt; None for another form (the
+    definitions of those two map the names onto themselves, pointer_chase's do not)."""
     try:
         head, query = prompt.rstrip("\n").split("\n")
         words = query.split()
@@ -139,6 +140,8 @@ def parse_prompt(prompt: str) -> ChasePrompt | None:
         if not head.startswith("def ") or words[0] != "from" or words[-2] != "hops":
             return None
         targets = dict(item.split("=") for item in head.split()[1:])
+        if sorted(targets.values()) != sorted(targets):  # pointer_chase's are not one cycle
+            return None
         return ChasePrompt(targets, words[1:-2], int(words[-1]), tags)
     except (ValueError, IndexError):
         return None
