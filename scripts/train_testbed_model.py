@@ -1,7 +1,11 @@
 """Train the GPU testbed model: a 104M-parameter Qwen3 (12 layers, 12 q / 4 KV heads of dim 64,
-one token per character or two-letter name) on pointer_chase_long, in one run on one GPU in under 8 minutes.
+one token per character or two-letter name) on pointer_chase_long, in one run on one GPU in under 8 minutes;
+or, with --model-size small / medium (6M / 12M parameters) and --variant (v1, v2, v3, v2-long,
+v3-long: sparrow/experiments/testbed/data.py VARIANTS), the study's testbed (docs/testbed.md).
 
     python scripts/train_testbed_model.py --out /tmp/sparrow-testbed           # H100, 7.5 min
+    python scripts/train_testbed_model.py --out /tmp/tb-v2 --variant v2 --model-size small \
+        --max-minutes 6 --save-dtype bfloat16                                  # the study's v2
     python scripts/train_testbed_model.py --out /tmp/testbed-smoke --smoke     # any CPU, seconds
 
 docs/testbed.md has the sizes, the FLOP estimate and what training_info.json holds.
@@ -59,6 +63,8 @@ from sparrow.experiments.testbed.budget import (
 )
 from sparrow.experiments.testbed.data import (
     LETTER_PAIRS,
+    TASK,
+    VARIANTS,
     StepPlan,
     curriculum,
     derived_seed,
@@ -103,6 +109,12 @@ SMOKE = dict(
     stage_eval_every=2,
     stage_eval_prompts=2,
 )
+# --model-size: the study's small testbeds (docs/testbed.md); "base" is the first testbed's
+MODEL_SIZES = {
+    "base": dict(layers=12, hidden=768, heads=12, kv_heads=4, head_dim=64, intermediate=3072),
+    "small": dict(layers=6, hidden=256, heads=4, kv_heads=2, head_dim=64, intermediate=1024),
+    "medium": dict(layers=8, hidden=320, heads=5, kv_heads=1, head_dim=64, intermediate=1280),
+}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -120,6 +132,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rope-theta", type=float, default=1_000_000.0)
     p.add_argument("--num-defs", type=int, default=256, help="names in the cycle (full size)")
     p.add_argument("--num-hops", type=int, default=600, help="hops of a full-length chain")
+    p.add_argument("--chains", type=int, default=1, help="interleaved chains (multi_chase)")
+    p.add_argument("--tags", type=int, default=0, choices=(0, 1), help="benign tag per line")
+    p.add_argument("--variant", choices=sorted(VARIANTS), help="the four sizes above at once")
+    p.add_argument("--model-size", choices=sorted(MODEL_SIZES), help="the six model dims at once")
+    p.add_argument("--save-dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--steps", type=int, default=0, help="0: as many as fit the budget")
     p.add_argument("--batch-tokens", type=int, default=16384, help="tokens per step")
     p.add_argument("--micro-tokens", type=int, default=16384, help="tokens per forward")
@@ -157,13 +174,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="CPU threads (CPU bytes depend on it)")
     p.add_argument("--deterministic", action="store_true")
     args = p.parse_args(argv)
-    if args.smoke:
-        given = {
-            a.lstrip("-").replace("-", "_").split("=")[0]
-            for a in (sys.argv[1:] if argv is None else argv)
-            if a.startswith("--")
-        }
-        for key, value in SMOKE.items():
+    given = {
+        a.lstrip("-").replace("-", "_").split("=")[0]
+        for a in (sys.argv[1:] if argv is None else argv)
+        if a.startswith("--")
+    }
+    presets = [
+        MODEL_SIZES.get(args.model_size, {}),
+        VARIANTS[args.variant].sizes() if args.variant else {},
+        SMOKE if args.smoke else {},
+    ]
+    for preset in presets:  # a flag given on the command line wins over every preset
+        for key, value in preset.items():
             if key not in given:
                 setattr(args, key, value)
     check_args(p, args)
@@ -356,6 +378,8 @@ def plan_steps(
 
 def save(model, args, info: dict) -> None:
     model.generation_config.pad_token_id = model.config.pad_token_id
+    if args.save_dtype == "bfloat16":  # half the bytes: the small testbeds travel with the repo
+        model = model.to(torch.bfloat16)
     model.save_pretrained(args.out)
     weights = (args.out / "model.safetensors").read_bytes()
     info["model_safetensors_sha256"] = hashlib.sha256(weights).hexdigest()
@@ -370,8 +394,8 @@ def describe(args, model, device, plan: StepPlan) -> dict:
     return {
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "seed": args.seed,
-        "task": "pointer_chase_long",
-        "task_sizes": {"num_defs": args.num_defs, "num_hops": args.num_hops},
+        "task": TASK,
+        "task_sizes": plan.stages[-1].sizes(),
         "sequence_tokens": plan.stages[-1].length,
         "parameters": sum(p.numel() for p in model.parameters()),
         "steps_planned": plan.steps,
@@ -406,10 +430,16 @@ def run(args, device: torch.device, started: float, deadline: float) -> dict:
     build_char_tokenizer(args.out, letter_pairs=LETTER_PAIRS)
     model = build_model(args).to(device).train()
     optimizer = make_optimizer(model, args, device)
-    held_out = held_out_examples(args.num_defs, args.num_hops, args.eval_prompts, args.seed)
-    plan, measured = plan_steps(
-        model, curriculum(args.num_defs, args.num_hops), args, device, started, deadline
+    held_out = held_out_examples(
+        args.num_defs,
+        args.num_hops,
+        args.eval_prompts,
+        args.seed,
+        chains=args.chains,
+        tags=args.tags,
     )
+    stages = curriculum(args.num_defs, args.num_hops, args.chains, args.tags)
+    plan, measured = plan_steps(model, stages, args, device, started, deadline)
     info = describe(args, model, device, plan) | {"measured_step_seconds": measured}
     info |= train(model, optimizer, plan, held_out, args, device, deadline)
     tf = teacher_forced(model, held_out)

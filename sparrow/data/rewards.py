@@ -7,6 +7,9 @@
   with the ground truth by math-verify; no boxed answer scores 0.
 - "exact_match": the completion's final answer (text after the last "Answer:", else its last
   non-empty line), stripped, equals the stripped ground truth.
+- "share_match": the share of the ground truth's space-separated answers that the final
+  answer (as exact_match reads it) matches word for word at the same place: multi_chase's
+  graded reward, where each of K chains is 1/K; equal to exact_match for a one-word answer.
 - "code", "code_all": the completion's program run against the row's tests inside a bwrap
   sandbox (code_reward.py, registered at the end of this module; docs/code_rl.md).
 
@@ -136,6 +139,16 @@ def final_answer(completion: str) -> str:
 def exact_match_reward(completion: str, answer: str) -> float:
     """1.0 when final_answer(completion) equals answer.strip() character for character."""
     return 1.0 if final_answer(completion) == answer.strip() else 0.0
+
+
+@REWARD_FUNCTIONS.register("share_match")
+def share_match_reward(completion: str, answer: str) -> float:
+    """Share of answer.split() equal, place by place, to final_answer(completion).split();
+    a missing word is a miss, words past the last place are not read."""
+    gold, predicted = answer.split(), final_answer(completion).split()
+    if not gold:
+        raise ValueError("the ground-truth answer is empty")
+    return sum(g == p for g, p in zip(gold, predicted)) / len(gold)
 
 
 # registers "code" and "code_all" (it imports REWARD_FUNCTIONS from here, so it comes last)

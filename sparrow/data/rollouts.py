@@ -53,6 +53,9 @@ class RolloutRecord:
     finish_reason: str  # "stop" or "length"
     answer: str  # ground truth, for the reward
     text: str = ""  # decoded completion
+    # role of each generated token on a chase task's reference path, as ROLES indices
+    # (sparrow/data/token_roles.py); empty when the task has none (or the file predates it)
+    token_roles: Sequence[int] = ()
 
     def __post_init__(self) -> None:
         n = len(self.output_ids)
@@ -62,6 +65,8 @@ class RolloutRecord:
             len(self.topk_logprobs),
             len(self.pages_read),
         }
+        if len(self.token_roles) not in (0, n):
+            lengths.add(len(self.token_roles))
         if lengths != {n}:
             raise ValueError(
                 f"rollout ({self.prompt_index}, {self.sample_index}): per-token "
@@ -90,6 +95,8 @@ class RolloutRecord:
 
 
 COLUMNS = tuple(f.name for f in fields(RolloutRecord))
+# columns added later: a file without one reads as empty per-token lists
+OPTIONAL = ("token_roles",)
 
 
 # write
@@ -183,11 +190,14 @@ def read_rollouts(path: str | Path) -> list[RolloutRecord]:
         table = table.rename_columns(
             ["pages_read" if c == "budget_pages" else c for c in table.column_names]
         )
-    missing = [c for c in COLUMNS if c not in table.column_names]
+    missing = [c for c in COLUMNS if c not in table.column_names and c not in OPTIONAL]
     if missing:
         raise RolloutFileError(f"rollout file {path} lacks column(s) {', '.join(missing)}")
     columns = {}
     for name in COLUMNS:
+        if name not in table.column_names:  # an OPTIONAL column of an older file
+            columns[name] = [()] * table.num_rows
+            continue
         column = table.column(name)
         if name in TOPK_FIELDS:
             columns[name] = _read_nested(path, name, column)
@@ -257,5 +267,6 @@ def _schema():
             ("finish_reason", pa.string()),
             ("answer", pa.string()),
             ("text", pa.string()),
+            ("token_roles", pa.list_(pa.int8())),
         ]
     )

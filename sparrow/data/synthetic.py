@@ -46,6 +46,10 @@ tokenizer); num_hops=1450 gives about 16K.
     0 qd=mz
     Answer: mz
 
+"multi_chase" (sparrow/data/multi_chase.py, registered at the end of this module): K
+interleaved pointer_chase_long chains per prompt with a graded reward and optional benign
+tags, the study testbed of docs/testbed.md.
+
 Sizes are the task dataclass's fields: make_examples(task, count, seed, num_defs=..., ...).
 """
 
@@ -205,3 +209,7 @@ def make_examples(task: str, count: int, seed: int, **sizes: int) -> list[Exampl
     spec = task_spec(task, **sizes)
     rng = random.Random(seed)
     return [spec.make(rng) for _ in range(count)]
+
+
+# registers "multi_chase" (it imports TASKS from here, so it comes last)
+from sparrow.data import multi_chase as _multi_chase  # noqa: E402,F401

@@ -6,7 +6,9 @@ Writes, for the step:
 - tokens.parquet (RunLayout.token_file): one row per generated token with run_id, step,
   sample, prompt, position (total position: prompt length + index in the completion), bin
   (Schedule.bin_of: a position past the schedule's last bin is in the last bin), pages_read (pages the actor read for it), acceptance, leftover_mass, actor_logprob,
-  dense_logprob; DuckDB's token_mismatch view reads these files.
+  dense_logprob, role (the token's role on a chase task's reference path: lookup, local,
+  benign, answer, unknown; NULL for other tasks; sparrow/data/token_roles.py); DuckDB's
+  token_mismatch view reads these files.
 - bin_stats rows: sparrow.mismatch.acceptance.bin_statistics per length bin (bins of the schedule in
   force, schedule.json of the rollout stage), with the pages that schedule reads in the bin
   (pages_read; NULL when decoding densely), its name and version; bin_stats.json beside
@@ -32,6 +34,7 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from sparrow.data.rollouts import read_rollouts
+from sparrow.data.token_roles import role_names
 from sparrow.mismatch.acceptance import BinStats, bin_statistics, min_p5
 from sparrow.runtime.ledger.stage import StageOutcome, StageWrite, run_stage
 from sparrow.runtime.retry import INFRA_RETRIES
@@ -76,6 +79,15 @@ def token_table(run_id: str, step: int, records, scores, schedule: Schedule):
         columns["leftover_mass"] += list(scores["leftover_mass"][i])
         columns["actor_logprob"] += list(record.actor_logprobs)
         columns["dense_logprob"] += list(scores["dense_logprobs"][i])
+    roles = [
+        role
+        for record in records
+        for role in (
+            role_names(record.token_roles)
+            if len(record.token_roles)
+            else [None] * len(record.output_ids)
+        )
+    ]
     count = len(columns["sample"])
     ints = {"sample", "prompt", "position", "bin", "pages_read"}
     arrays = {
@@ -84,6 +96,7 @@ def token_table(run_id: str, step: int, records, scores, schedule: Schedule):
     }
     for name, values in columns.items():
         arrays[name] = pa.array(values, pa.int32() if name in ints else pa.float64())
+    arrays["role"] = pa.array(roles, pa.string())
     return pa.table(arrays)
 
 

@@ -9,6 +9,8 @@ dense decode when schedule.sparse=false). Each prompt's request carries a seed d
 it and the sample index, so results do not depend on how prompts are sharded across actors.
 Generation stops at the model's context: max_new_tokens is cut to what is left after the
 prompt, and a prompt that leaves no room is PromptTooLongError naming its dataset row.
+Each record holds its tokens' roles on the reference path when the task has one
+(pointer_chase_long, multi_chase: sparrow/data/token_roles.py).
 Outputs: rollouts.parquet (sparrow/data/rollouts.py) and schedule.json (the schedule
 used, which aggregate_mismatch reads for its bins and pages read).
 """
@@ -27,6 +29,7 @@ from prefect.cache_policies import NONE
 
 from sparrow.data.datasets import PromptTooLongError, context_error  # noqa: F401 (re-export)
 from sparrow.data.rollouts import RolloutRecord, write_rollouts
+from sparrow.data.token_roles import ReferencePath, role_codes
 from sparrow.engine import SamplingParams
 from sparrow.runtime.ledger.schedules import schedule_in_force
 from sparrow.runtime.ledger.stage import StageOutcome, StageWrite, run_stage
@@ -79,7 +82,17 @@ def sampling_params(
     ]
 
 
-def to_records(rows: Sequence[Any], results: Sequence[Sequence[Any]]) -> list[RolloutRecord]:
+def to_records(
+    rows: Sequence[Any], results: Sequence[Sequence[Any]], tokenizer: Any = None
+) -> list[RolloutRecord]:
+    """The step's records; with the tokenizer, each token's role on a chase task's reference
+    path (sparrow/data/token_roles.py; none for other tasks)."""
+    paths = [
+        None
+        if tokenizer is None
+        else ReferencePath.of(row.prompt, tokenizer.encode, eos_ids(tokenizer))
+        for row in rows
+    ]
     return [
         RolloutRecord(
             prompt_index=p,
@@ -94,10 +107,15 @@ def to_records(rows: Sequence[Any], results: Sequence[Sequence[Any]]) -> list[Ro
             finish_reason=s.finish_reason,
             answer=row.answer,
             text=s.text or "",
+            token_roles=() if path is None else role_codes(path.roles_of(s.output_ids)),
         )
-        for p, (row, samples) in enumerate(zip(rows, results))
+        for p, (row, samples, path) in enumerate(zip(rows, results, paths))
         for s in samples
     ]
+
+
+def eos_ids(tokenizer: Any) -> tuple[int, ...]:
+    return tuple(getattr(tokenizer, "eos_token_ids", ()) or ())
 
 
 def generate_rollouts(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
@@ -118,7 +136,7 @@ def generate_rollouts(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
     finally:
         runtime.after_rollout()
     released = runtime.pool.memory() if runtime.pool_on_gpu else []
-    records = to_records(rows, results)
+    records = to_records(rows, results, runtime.tokenizer)
     write_rollouts(out / ROLLOUTS_FILE, records)
     (out / SCHEDULE_FILE).write_text(
         json.dumps(

@@ -85,6 +85,8 @@ TOKEN_COLUMNS: dict[str, str] = {
     "leftover_mass": "DOUBLE",
     "actor_logprob": "DOUBLE",
     "dense_logprob": "DOUBLE",
+    # lookup / local / benign / answer / unknown on a chase task's reference path, else NULL
+    "role": "VARCHAR",
 }
 
 TOKEN_FILE_GLOB = "runs/*/step-*/aggregate_mismatch/tokens.parquet"

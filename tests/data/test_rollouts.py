@@ -127,3 +127,15 @@ def test_bad_files(tmp_path):
     pq.write_table(pa.Table.from_pylist([row], schema=_schema()), tmp_path / "null.parquet")
     with pytest.raises(RolloutFileError, match="column topk_ids has null values"):
         read_rollouts(tmp_path / "null.parquet")
+
+
+def test_token_roles_round_trip_and_an_older_file_reads_none(tmp_path):
+    with_roles = dataclasses.replace(_record(0, 3), token_roles=(1, 2, 0))
+    records = [with_roles, _record(1, 2)]
+    path = write_rollouts(tmp_path / "r.parquet", records)
+    back = read_rollouts(path)
+    assert back == records and back[0].token_roles == (1, 2, 0) and back[1].token_roles == ()
+    pq.write_table(pq.read_table(path).drop_columns(["token_roles"]), tmp_path / "old.parquet")
+    assert [r.token_roles for r in read_rollouts(tmp_path / "old.parquet")] == [(), ()]
+    with pytest.raises(ValueError, match="disagree in length"):
+        dataclasses.replace(_record(0, 3), token_roles=(1, 2))

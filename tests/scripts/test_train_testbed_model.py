@@ -160,3 +160,17 @@ def test_steps_zero_fits_the_run_to_the_budget(script, tmp_path):
     )
     assert info["steps_planned"] >= 1
     assert info["steps_done"] <= info["steps_planned"]
+
+
+def test_a_study_variant_trains_on_cpu_and_the_small_sizes_hold_5_to_15m(script, tmp_path):
+    info = script.main(["--out", str(tmp_path / "v3"), "--smoke", "--variant", "v3"])
+    assert info["task"] == "multi_chase"
+    assert info["task_sizes"] == {"num_defs": 8, "num_hops": 12, "chains": 4, "tags": 1}
+    assert info["stages"][-1]["chains"] == 4 and 0.0 <= info["held_out_sampled_accuracy"] <= 1.0
+    for size, low, high in (("small", 5e6, 8e6), ("medium", 10e6, 15e6)):
+        args = script.parse_args(["--out", str(tmp_path), "--model-size", size, "--variant", "v2"])
+        assert (args.num_defs, args.num_hops, args.chains, args.tags) == (256, 64, 4, 0)
+        parameters = sum(p.numel() for p in script.build_model(args).parameters())
+        assert low <= parameters <= high, (size, parameters)
+    args = script.parse_args(["--out", "x", "--variant", "v3", "--num-hops", "9"])
+    assert (args.num_hops, args.chains, args.tags, args.layers) == (9, 4, 1, 12)

@@ -48,6 +48,17 @@ def test_token_rows_carry_total_positions_and_bins():
     assert table["actor_logprob"] == pytest.approx([0.0, -0.1, -0.2, 0.0, -0.1])
     assert table["dense_logprob"] == [-1.0, -2.0, -3.0, -4.0, -5.0]
     assert set(table["run_id"]) == {"r"} and set(table["step"]) == {4}
+    assert table["role"] == [None] * 5  # no roles: not a chase task
+
+
+def test_token_rows_carry_the_roles_of_their_records():
+    import dataclasses
+
+    records = [dataclasses.replace(record(0, 0, 2, 3), token_roles=(2, 1, 0)), record(0, 1, 2, 1)]
+    scores = {key: [[0.5] * 3, [0.5]] for key in ("acceptance", "leftover_mass", "dense_logprobs")}
+    schedule = Schedule("s", topk_pages=(1,), page_size=2, bin_tokens=6)
+    table = token_table("r", 1, records, scores, schedule).to_pydict()
+    assert table["role"] == ["local", "lookup", "unknown", None]
 
 
 def test_positions_past_the_last_bin_are_in_the_last_bin():

@@ -1,8 +1,10 @@
-"""Training data of the testbed model: pointer_chase_long along a length curriculum, with
-wrong hops in the last phase.
+"""Training data of the testbed model: a chase task (pointer_chase_long, or multi_chase's
+K chains with or without tags: the VARIANTS) along a length curriculum, with wrong hops in
+the last phase.
 
     from sparrow.experiments.testbed.data import StepPlan, curriculum, encode, step_examples
     plan = StepPlan(curriculum(num_defs=256, num_hops=600), steps=1800, noise_share=0.15)
+    plan = StepPlan(curriculum(**VARIANTS["v3"].sizes()), steps=1800, noise_share=0.15)
     stage, noisy = plan.stage_at(step)          # the chain sizes of that step; noisy: last phase
     examples = step_examples(stage, rows=4, seed=0, step=step)
     ids, loss_mask = encode(examples)           # [rows, length] int64 and bool (completion)
@@ -24,9 +26,12 @@ from functools import lru_cache
 import torch
 
 from sparrow.data.char_tokenizer import EOS_TOKEN, char_tokenizer, char_vocab
-from sparrow.data.synthetic import Example, long_chase_lines, make_examples
+from sparrow.data.multi_chase import chase_completion, parse_prompt
+from sparrow.data.synthetic import Example, make_examples
 
-TASK = "pointer_chase_long"
+# multi_chase with chains=1, tags=0 writes exactly pointer_chase_long's examples, so the
+# first testbed's data are unchanged (sparrow/data/multi_chase.py)
+TASK = "multi_chase"
 # the testbed's tokenizer: characters, and one token per two-letter name
 # (sparrow/data/char_tokenizer.py says why)
 LETTER_PAIRS = True
@@ -51,37 +56,77 @@ CURRICULUM = (
 
 
 @dataclass(frozen=True)
+class Variant:
+    """A testbed task of the study (docs/testbed.md): multi_chase sizes."""
+
+    num_defs: int
+    # hops per chain
+    num_hops: int
+    chains: int = 1
+    tags: int = 0
+
+    def sizes(self) -> dict[str, int]:
+        return {
+            "num_defs": self.num_defs,
+            "num_hops": self.num_hops,
+            "chains": self.chains,
+            "tags": self.tags,
+        }
+
+
+# the study's variants (docs/study.md): v1 is the first testbed's task at the study's
+# length, v2 four chains, v3 four chains with benign tags; the -long ones are 12-16K tokens
+VARIANTS = {
+    "v1": Variant(256, 256),
+    "v2": Variant(256, 64, chains=4),
+    "v3": Variant(256, 64, chains=4, tags=1),
+    "v2-long": Variant(676, 300, chains=4),
+    "v3-long": Variant(676, 300, chains=4, tags=1),
+}
+
+
+@dataclass(frozen=True)
 class Stage:
     num_defs: int
+    # hops per chain
     num_hops: int
     # share of the clean phase's steps
     share: float
+    chains: int = 1
+    tags: int = 0
 
     @property
     def length(self) -> int:
         """Tokens of one example: prompt, chain of thought, answer and eos."""
-        return _length(self.num_defs, self.num_hops)
+        return _length(self.num_defs, self.num_hops, self.chains, self.tags)
 
     def sizes(self) -> dict[str, int]:
-        return {"num_defs": self.num_defs, "num_hops": self.num_hops}
+        return {
+            "num_defs": self.num_defs,
+            "num_hops": self.num_hops,
+            "chains": self.chains,
+            "tags": self.tags,
+        }
 
 
 @lru_cache(maxsize=64)
-def _length(num_defs: int, num_hops: int) -> int:
-    example = make_examples(TASK, 1, seed=0, num_defs=num_defs, num_hops=num_hops)[0]
+def _length(num_defs: int, num_hops: int, chains: int = 1, tags: int = 0) -> int:
+    sizes = dict(num_defs=num_defs, num_hops=num_hops, chains=chains, tags=tags)
+    example = make_examples(TASK, 1, seed=0, **sizes)[0]
     return len(token_ids(example.prompt)) + len(token_ids(example.completion)) + 1
 
 
-def curriculum(num_defs: int, num_hops: int) -> list[Stage]:
-    """CURRICULUM scaled to the full sizes; repeated sizes (tiny tasks) merge their shares."""
+def curriculum(num_defs: int, num_hops: int, chains: int = 1, tags: int = 0) -> list[Stage]:
+    """CURRICULUM scaled to the full sizes (every stage with all the chains, so at least as
+    many names as chains); repeated sizes (tiny tasks) merge their shares."""
     stages: list[Stage] = []
     for defs_share, hops_share, share in CURRICULUM:
-        defs = max(2, min(num_defs, round(num_defs * defs_share)))
+        defs = max(2, chains, min(num_defs, round(num_defs * defs_share)))
         hops = max(1, round(num_hops * hops_share))
         if stages and (stages[-1].num_defs, stages[-1].num_hops) == (defs, hops):
-            stages[-1] = Stage(defs, hops, stages[-1].share + share)
+            stages[-1] = Stage(defs, hops, stages[-1].share + share, chains, tags)
         else:
-            stages.append(Stage(defs, hops, share))
+            stages.append(Stage(defs, hops, share, chains, tags))
     return stages
 
 
@@ -126,25 +171,28 @@ def step_examples(stage: Stage, rows: int, seed: int, step: int, micro: int = 0)
 
 
 def held_out_examples(
-    num_defs: int, num_hops: int, count: int, seed: int, stream: str = "held-out"
+    num_defs: int,
+    num_hops: int,
+    count: int,
+    seed: int,
+    stream: str = "held-out",
+    chains: int = 1,
+    tags: int = 0,
 ) -> list[Example]:
     """Evaluation prompts of those sizes, from a stream training never reads; the stage
     checks use their own stream ("stage-eval"), so the final held-out prompts play no part
     in when the curriculum advances."""
-    return make_examples(
-        TASK, count, derived_seed(seed, stream), num_defs=num_defs, num_hops=num_hops
-    )
+    sizes = dict(num_defs=num_defs, num_hops=num_hops, chains=chains, tags=tags)
+    return make_examples(TASK, count, derived_seed(seed, stream), **sizes)
 
 
 def with_wrong_hops(example: Example, rate: float, rng: random.Random) -> Example:
     """The example with each hop, at probability `rate`, sent to another defined name than
-    the right one (the chain goes on from there and the answer is where it ends)."""
+    the right one (the chain goes on from there and the answer is where it ends); tags,
+    if the task has them, drawn afresh from rng."""
     if rate <= 0:
         return example
-    head, query = example.prompt.rstrip("\n").split("\n")
-    targets = dict(item.split("=") for item in head.split()[1:])
-    _, start, _, hops = query.split()
-    names = sorted(targets)
+    names = sorted(parse_prompt(example.prompt).targets)
     if len(names) < 3:  # no wrong name besides the current one and its target
         return example
 
@@ -155,8 +203,8 @@ def with_wrong_hops(example: Example, rate: float, rng: random.Random) -> Exampl
             pass
         return name
 
-    lines, end = long_chase_lines(targets, start, int(hops), next_name)
-    return Example(example.prompt, lines + f"Answer: {end}", end)
+    completion, answer = chase_completion(example.prompt, next_name, lambda: rng.choice(names))
+    return Example(example.prompt, completion, answer)
 
 
 def token_ids(text: str) -> list[int]:

@@ -12,8 +12,13 @@ reproducing the reference; hence greedy decoding is right exactly when every tea
 argmax is the reference token, and sampling at temperature 1 is right with the product of
 the reference tokens' probabilities. Both come from one forward pass per prompt instead of
 thousands of decode steps. `hop` is the mean, over the hop lines, of the probability of
-sampling the whole line right given a right prefix. The sampled figure is the RL reward
-itself (exact_match on what the engine generates at temperature 1), on fewer prompts.
+sampling the whole line right given a right prefix. Tags (multi_chase's benign tokens) are
+left out of every figure: any defined name is right there. With K chains the sampled
+figure is the expected graded reward: the mean over chains of the product of the chain's
+hop lines' probabilities, the answer line's shared evenly (an estimate: it takes a chain's
+answer as right when its own lines are; for K = 1 it is exact, as before). The sampled figure is the RL reward
+itself (share_match, exact_match for one chain, on what the engine generates at temperature
+1), on fewer prompts.
 """
 
 from __future__ import annotations
@@ -25,9 +30,18 @@ from pathlib import Path
 
 import torch
 
+from sparrow.data.multi_chase import parse_prompt
 from sparrow.data.synthetic import Example
+from sparrow.data.token_roles import ReferencePath
 from sparrow.experiments.testbed.adaptive import StageEnd
-from sparrow.experiments.testbed.data import Stage, derived_seed, encode, held_out_examples, vocab
+from sparrow.experiments.testbed.data import (
+    Stage,
+    derived_seed,
+    encode,
+    held_out_examples,
+    token_ids,
+    vocab,
+)
 
 
 def precision(device: torch.device):
@@ -47,6 +61,7 @@ def teacher_forced_accuracy(model: torch.nn.Module, examples: list[Example], row
     model.eval()
     greedy, lines = [], []
     newline = vocab()["\n"]
+    chains = len(parse_prompt(examples[0].prompt).starts) if examples else 1
     for start in range(0, len(examples), rows):
         chunk = examples[start : start + rows]
         ids, mask = encode(chunk)
@@ -59,30 +74,46 @@ def teacher_forced_accuracy(model: torch.nn.Module, examples: list[Example], row
         # the completion's characters: the eos after them decides nothing the reward reads
         completion = mask[:, 1:].clone()
         completion[:, -1] = False
-        for row in range(len(chunk)):
-            greedy.append(float(hit[row][completion[row]].all()))
+        for row, example in enumerate(chunk):
+            free = _benign(example, completion.shape[1])
+            greedy.append(float((hit[row] | free)[completion[row]].all()))
+            logp = token_logp[row].masked_fill(free, 0.0)
             lines.append(
-                _line_logps(
-                    target[row][completion[row]].cpu(), token_logp[row][completion[row]], newline
-                )
+                _line_logps(target[row][completion[row]].cpu(), logp[completion[row]], newline)
             )
     model.train(was_training)
     per_line = torch.stack(lines) if lines else torch.zeros(0, 1, dtype=torch.float64)
-    hops = per_line.shape[1] - 1  # the last line is the answer
-    prefix = per_line[:, :-1].cumsum(1).exp()
+    hops = (per_line.shape[1] - 1) // chains  # per chain; the last line is the answer
+    # [prompts, hop, chain]: line i is hop i // chains of chain i % chains
+    by_chain = per_line[:, :-1].reshape(len(per_line), hops, chains)
+    prefix = by_chain.cumsum(1).exp().mean(2)
+    whole = (by_chain.sum(1) + per_line[:, -1:] / chains).exp().mean(1)
     marks = sorted({max(1, round(hops * share)) for share in (1 / 8, 1 / 4, 1 / 2, 3 / 4, 1)})
     return {
         "greedy": _mean(greedy),
-        "sampled_estimate": _mean(per_line.sum(1).exp().tolist()),
+        "sampled_estimate": _mean(whole.tolist()),
         "hop": _mean(per_line[:, :-1].exp().mean(1).tolist()) if hops else 1.0,
         "sampled_estimate_by_hops": {k: _mean(prefix[:, k - 1].tolist()) for k in marks if hops},
     }
 
 
+def _benign(example: Example, length: int) -> torch.Tensor:
+    """[length] True at the targets (ids[1:]) that are tags: any defined name is right."""
+    path = ReferencePath.of(example.prompt, token_ids)
+    prompt = len(token_ids(example.prompt))
+    free = torch.zeros(length, dtype=torch.bool)
+    if path is not None:
+        roles = torch.tensor([role == "benign" for role in path.roles], dtype=torch.bool)
+        free[prompt - 1 : prompt - 1 + len(roles)] = roles
+    return free
+
+
 def stage_hop_accuracy(model: torch.nn.Module, stage: Stage, prompts: int, seed: int) -> float:
     """Teacher-forced hop accuracy on `prompts` held-out prompts of the stage's sizes (the
     "stage-eval" stream): the cheap check of the adaptive curriculum, one forward a prompt."""
-    examples = held_out_examples(stage.num_defs, stage.num_hops, prompts, seed, "stage-eval")
+    examples = held_out_examples(
+        stage.num_defs, stage.num_hops, prompts, seed, "stage-eval", stage.chains, stage.tags
+    )
     return teacher_forced_accuracy(model, examples)["hop"]
 
 
@@ -131,9 +162,9 @@ def sampled_accuracy(
     seed: int,
     device: str | torch.device = "cpu",
 ) -> dict[str, float]:
-    """Share of `samples` engine samples per prompt (temperature 1, dense decode) whose
-    exact_match reward is 1; the checkpoint is read from model_dir as the RL flow reads it."""
-    from sparrow.data.rewards import exact_match_reward
+    """Mean share_match reward (exact_match for one chain) of `samples` engine samples per
+    prompt (temperature 1, dense decode); the checkpoint is read from model_dir as the RL flow reads it."""
+    from sparrow.data.rewards import share_match_reward
     from sparrow.engine import Engine, EngineConfig, SamplingParams
     from sparrow.model import load_model, load_tokenizer
 
@@ -167,7 +198,7 @@ def sampled_accuracy(
     ]
     results = engine.generate(prompts, params)
     rewards = [
-        exact_match_reward(sample.text or "", example.answer)
+        share_match_reward(sample.text or "", example.answer)
         for example, group in zip(examples, results)
         for sample in group
     ]

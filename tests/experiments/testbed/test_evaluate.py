@@ -48,3 +48,19 @@ def test_sampled_estimate_is_the_product_of_reference_probabilities():
     for hops, estimate in result["sampled_estimate_by_hops"].items():
         assert estimate == pytest.approx(p ** (hops * line), rel=1e-4)
     assert teacher_forced_accuracy(NextTokenModel(0.0), examples)["greedy"] == 0.0
+
+
+def test_tags_are_left_out_and_chains_make_a_graded_estimate():
+    sizes = dict(num_defs=12, num_hops=3, chains=4)
+    plain = make_examples("multi_chase", 2, seed=1, **sizes)
+    tagged = make_examples("multi_chase", 2, seed=1, tags=1, **sizes)
+    margin, size = 3.0, len(vocab())
+    p = math.exp(margin) / (math.exp(margin) + size - 1)
+    answer = 13  # 'A' 'ns' 'w' 'er' ':' and 4 x (' ', name)
+    # '1' '1' ' ' name '=' name '\n', and ' ' before a tag; the tag counts for nothing
+    for examples, line in ((plain, 7), (tagged, 8)):
+        result = teacher_forced_accuracy(NextTokenModel(margin), examples)
+        expected = p ** (3 * line + answer / 4)  # each chain: its 3 lines, a quarter of the answer
+        assert result["sampled_estimate"] == pytest.approx(expected, rel=1e-4)
+        assert result["hop"] == pytest.approx(p**line, rel=1e-4)
+        assert result["sampled_estimate_by_hops"][1] == pytest.approx(p**line, rel=1e-4)

@@ -1,0 +1,133 @@
+"""After one seed of the pre-registered study (docs/study.md, "The study of 2026-11-27"): each
+arm's per-step CSVs, its outcome on the fixed held-out set, and one summary JSON.
+
+    python scripts/study_outcome.py --workdir /tmp/sw --study-id v2-s0 --variant v2 \
+        --model /tmp/tb-v2 --out $OUT/v2-s0 [--prompts 128 --samples 4] [--skip-eval]
+
+Per arm, from its own DuckDB file (read-only): `<arm>_steps.csv` (every step_metrics name as
+a column), `<arm>_bins.csv` (bin_stats rows), `<arm>_roles.csv` (per step and token role:
+tokens, p5, p1, mean acceptance, share below 0.5; from the token Parquet files). The outcome
+(the pre-registered one): the arm's last checkpoint (trainer weights; no LoRA in this study),
+decoded densely at temperature 1 by the project's engine on the same `--prompts` held-out
+prompts for every arm and seed (stream "study-outcome", seed 0), `--samples` each, mean
+share_match reward; the starting model is scored the same way (arm "start"). summary.json
+holds the outcomes, the gaps to dense, the steps done and where the CSVs are; the labels
+and statistics of docs/study.md are computed from these files after all seeds ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+from sparrow.experiments.testbed.data import VARIANTS, derived_seed, held_out_examples
+from sparrow.storage import query
+from sparrow.storage.errors import StorageError
+
+ROLE_SQL = """
+SELECT step, role, count(*) AS tokens,
+       quantile_cont(acceptance, 0.05) AS p5, quantile_cont(acceptance, 0.01) AS p1,
+       avg(acceptance) AS mean, avg(CAST(acceptance < 0.5 AS DOUBLE)) AS share_below_half
+FROM token_mismatch GROUP BY ALL ORDER BY ALL"""
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    if not rows:
+        path.write_text("")
+        return
+    names = sorted({key for row in rows for key in row}, key=lambda k: (k != "step", k))
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=names)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def step_rows(arm_dir: Path) -> list[dict]:
+    """step_metrics as one row per step, one column per metric name."""
+    by_step: dict[int, dict] = {}
+    for row in rows_of(arm_dir, "SELECT step, name, value FROM step_metrics ORDER BY ALL"):
+        by_step.setdefault(row["step"], {"step": row["step"]})[row["name"]] = row["value"]
+    return list(by_step.values())
+
+
+def rows_of(arm_dir: Path, sql: str) -> list[dict]:
+    """The rows as dicts; none when the query fails (an arm that never reached a step)."""
+    try:
+        result = query(arm_dir, sql)
+    except StorageError as err:
+        print(f"{arm_dir.name}: {err}", flush=True)
+        return []
+    return [dict(zip(result.columns, row)) for row in result.rows]
+
+
+def last_checkpoint(arm_dir: Path) -> Path | None:
+    found = sorted(
+        arm_dir.glob("runs/*/checkpoints/step-*"), key=lambda p: int(p.name.split("-")[1])
+    )
+    return found[-1] if found else None
+
+
+def outcome(model_dir: Path, tokenizer_dir: Path, examples, samples: int, seed: int) -> dict:
+    """Mean share_match reward of dense samples at temperature 1 (evaluate.sampled_accuracy)
+    from a checkpoint folder, given the tokenizer of the model it started from."""
+    from sparrow.experiments.testbed.evaluate import sampled_accuracy
+
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch)
+        for path in model_dir.iterdir():
+            if path.is_file():
+                (folder / path.name).symlink_to(path.resolve())
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            if not (folder / name).exists():
+                shutil.copy(tokenizer_dir / name, folder / name)
+        return sampled_accuracy(folder, examples, samples, seed, device="cuda")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workdir", type=Path, required=True)
+    p.add_argument("--study-id", required=True)
+    p.add_argument("--variant", choices=sorted(VARIANTS), required=True)
+    p.add_argument("--model", type=Path, required=True, help="the starting testbed model")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--prompts", type=int, default=128)
+    p.add_argument("--samples", type=int, default=4)
+    p.add_argument("--skip-eval", action="store_true")
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    sizes = VARIANTS[args.variant].sizes()
+    examples = held_out_examples(
+        sizes["num_defs"], sizes["num_hops"], args.prompts, 0, "study-outcome",
+        sizes["chains"], sizes["tags"],
+    )  # fmt: skip
+    seed = derived_seed("study-outcome")
+    summary = {"study_id": args.study_id, "variant": args.variant, "arms": {}}
+    if not args.skip_eval:
+        summary["start"] = outcome(args.model, args.model, examples, args.samples, seed)
+    arms_root = args.workdir / "studies" / args.study_id / "arms"
+    for arm_dir in sorted(d for d in arms_root.iterdir() if d.is_dir()):
+        arm, entry = arm_dir.name, {}
+        steps = step_rows(arm_dir)
+        write_csv(args.out / f"{arm}_steps.csv", steps)
+        write_csv(args.out / f"{arm}_bins.csv", rows_of(arm_dir, "SELECT * FROM bin_stats"))
+        write_csv(args.out / f"{arm}_roles.csv", rows_of(arm_dir, ROLE_SQL))
+        entry["steps_done"] = max((row["step"] for row in steps), default=0)
+        checkpoint = last_checkpoint(arm_dir)
+        entry["checkpoint"] = None if checkpoint is None else str(checkpoint)
+        if checkpoint is not None and not args.skip_eval:
+            entry["outcome"] = outcome(checkpoint, args.model, examples, args.samples, seed)
+        summary["arms"][arm] = entry
+        print(arm, json.dumps(entry), flush=True)
+    dense = summary["arms"].get("dense", {}).get("outcome", {}).get("accuracy")
+    for entry in summary["arms"].values():
+        accuracy = entry.get("outcome", {}).get("accuracy")
+        entry["gap_to_dense"] = None if None in (dense, accuracy) else accuracy - dense
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
