@@ -23,7 +23,7 @@ the target is out of reach there (the run decodes that bin at its most expensive
 step this happens to a bin records a threshold_events row of kind grid_top and an MLflow tag
 `schedule.grid_top.bin<b>`, and every such step counts it in reoptimize/bins_at_grid_top and
 decision.json's at_grid_top. With algo.distill.switch_to_cheaper, when no bin is to be raised, the DistillSparse
-rule (sparrow/stages/distill_switch.py) may instead switch every bin one notch cheaper, measured with
+rule (sparrow/runtime/distill_switch.py) may instead switch every bin one notch cheaper, measured with
 the LoRA by earlier distill steps: kind "distill" changes, threshold_events rows of kind
 distill_switch, metric reoptimize/distill_switch, tag distill.switch.step<n>. With
 schedule.sparse=false the stage only records that nothing is to be done.
@@ -31,7 +31,6 @@ schedule.sparse=false the stage only records that nothing is to be done.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from pathlib import Path
 
@@ -50,6 +49,8 @@ from sparrow.control.controller import (
 )
 from sparrow.control.grid_search import search_topk_pages
 from sparrow.data.rollouts import read_rollouts
+from sparrow.runtime.distill_switch import EVENT_KIND, switch_for
+from sparrow.runtime.ledger import contract
 from sparrow.runtime.ledger.schedules import insert_schedule, schedule_in_force
 from sparrow.runtime.ledger.stage import StageOutcome, StageWrite, run_stage
 from sparrow.runtime.retry import INFRA_RETRIES
@@ -57,15 +58,11 @@ from sparrow.runtime.run_runtime import RunRuntime, device_and_dtype, lookup
 from sparrow.sparse.io import save_schedule_yaml
 from sparrow.sparse.schedule import Schedule
 from sparrow.sparse.target import get_statistic
-from sparrow.stages.distill_switch import EVENT_KIND, switch_for
-from sparrow.stages.rollout import ROLLOUTS_FILE
 from sparrow.storage.mismatch_rows import add_threshold_events, event_bins, statistic_history
 from sparrow.storage.schedule_rows import newest_version
 
-DECISION_FILE = "decision.json"
 GRID_TOP_KIND = "grid_top"
-SCHEDULE_FILE = "schedule.yaml"
-STAGE = "reoptimize_schedule"
+STAGE = contract.DECISION.stage
 
 
 def settings_of(cfg) -> ControlSettings:
@@ -92,7 +89,7 @@ def p5_history(runtime: RunRuntime, step: int) -> dict[int, dict[int, float]]:
 
 
 def step_trajectories(runtime: RunRuntime, step: int) -> list[Trajectory]:
-    records = read_rollouts(runtime.layout.stage_dir(step, "rollout") / ROLLOUTS_FILE)
+    records = read_rollouts(contract.ROLLOUTS.at(runtime.layout, step))
     return [
         Trajectory(tuple(r.prompt_ids) + tuple(r.output_ids), len(r.prompt_ids))
         for r in records
@@ -211,7 +208,7 @@ def reoptimize(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
         "reoptimize/bins_at_grid_top": float(len(at_grid_top)),
     }
     if not changes:
-        (out / DECISION_FILE).write_text(json.dumps(record, indent=2))
+        contract.write_json(contract.DECISION.under(out), record)
         write = StageWrite(metrics=metrics)
     else:
         write = _new_version(runtime, step, out, new, changes, record, metrics)
@@ -271,11 +268,11 @@ def _new_version(
 ) -> StageWrite:
     with runtime.store.connect() as conn:
         version = (newest_version(conn, new.name) or 0) + 1
-    save_schedule_yaml(new, out / SCHEDULE_FILE)
-    final_yaml = runtime.layout.stage_dir(step, STAGE) / SCHEDULE_FILE
+    save_schedule_yaml(new, contract.NEW_SCHEDULE.under(out))
+    final_yaml = contract.NEW_SCHEDULE.at(runtime.layout, step)
     reason = "; ".join(f"bin {c.bin} {c.kind} {c.old_topk}->{c.new_topk}" for c in changes)
     record.update(new_version=version, reason=reason)
-    (out / DECISION_FILE).write_text(json.dumps(record, indent=2))
+    contract.write_json(contract.DECISION.under(out), record)
 
     switched = [c for c in changes if c.kind == "distill"]
     target = settings_of(runtime.cfg).target

@@ -141,7 +141,7 @@ def test_evaluation_at_a_temperature_samples_the_step_policy_once_per_prompt(
     seeded as a rollout request is (the same engine call gives the same completions)."""
     from sparrow.engine import Engine, EngineConfig, SamplingParams
     from sparrow.model import load_model, load_tokenizer
-    from sparrow.stages.rollout import request_seed
+    from sparrow.runtime.rollout.requests import request_seed
 
     workdir = tmp_path / "work"
     train_flow(

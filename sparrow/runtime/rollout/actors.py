@@ -95,9 +95,9 @@ class ActorPool:
 
     @property
     def pulls(self) -> bool:
-        """Whether the engines take prompts while they run (the native engine's feed; with
+        """Whether the engines take prompts while they run (an engine that takes a feed; with
         one actor its one work item is the same batch without a call per prompt)."""
-        return self.spec.backend == "native" and len(self.actors) > 1
+        return self.spec.engine_class.takes_feed and len(self.actors) > 1
 
     def prompt_source(self):
         """The pool's PromptSource actor (sparrow/runtime/rollout/dispatch.py), started once: an
