@@ -5,10 +5,10 @@ lower bins with margin on a timer, each change a new schedule version.
 
 Each step, sparrow/control/controller.py reads the run's per-bin history of
 schedule.target_statistic (bin_stats; p5 by default, sparrow/sparse/target.py) against
-schedule.target: a bin below target - calibrate.tolerance for calibrate.patience steps
+schedule.target: a bin below target - control.tolerance for control.patience steps
 in a row is raised; every pipeline.reoptimize_every steps (0: never) bins whose p5 is at least
-target + calibrate.margin try fewer pages. The bins concerned are re-measured exactly on this
-step's own trajectories (rollouts.parquet; the calibrate.remeasure_samples longest, 0: all),
+target + control.margin try fewer pages. The bins concerned are re-measured exactly on this
+step's own trajectories (rollouts.parquet; the control.remeasure_samples longest, 0: all),
 teacher-forced under the policy that sampled them, at the grid budgets above (raise) or below
 (lower) their current top-k (the grid is calibrate.topk_pages, else the one `sparrow calibrate`
 would use), measuring only those sparrow/control/grid_search.py needs to find the
@@ -70,9 +70,9 @@ def settings_of(cfg) -> ControlSettings:
     target = get_statistic(cfg.schedule.target_statistic).oriented(cfg.schedule.target)
     return ControlSettings(
         target=target,
-        tolerance=cfg.calibrate.tolerance,
-        patience=cfg.calibrate.patience,
-        margin=cfg.calibrate.margin,
+        tolerance=cfg.control.tolerance,
+        patience=cfg.control.patience,
+        margin=cfg.control.margin,
     )
 
 
@@ -101,7 +101,7 @@ def longest(trajectories: list[Trajectory], count: int) -> list[Trajectory]:
     """The `count` longest (0: all), ties in rollout order: a bin concerned is often a late
     one that only long trajectories reach, and an empty bin could not be re-measured."""
     if count < 0:
-        raise ValueError(f"calibrate.remeasure_samples must be >= 0, got {count}")
+        raise ValueError(f"control.remeasure_samples must be >= 0, got {count}")
     if not count or count >= len(trajectories):
         return list(trajectories)
     order = sorted(range(len(trajectories)), key=lambda i: -len(trajectories[i].ids))
@@ -112,7 +112,7 @@ def remeasure(
     runtime: RunRuntime, step: int, schedule: Schedule, decision: Decision
 ) -> tuple[list[int], np.ndarray, list[int], int, list[int]]:
     """(topk_pages, p5[topk index, bin], tokens per bin, trajectories replayed, the grid): the
-    decision's bins, exact, on the longest calibrate.remeasure_samples of this step's
+    decision's bins, exact, on the longest control.remeasure_samples of this step's
     trajectories, at the top-k values grid_search needs; "p5" is schedule.target_statistic,
     oriented."""
     import torch
@@ -120,7 +120,7 @@ def remeasure(
     from sparrow.model import load_model
 
     cfg = runtime.cfg
-    trajectories = longest(step_trajectories(runtime, step), cfg.calibrate.remeasure_samples)
+    trajectories = longest(step_trajectories(runtime, step), cfg.control.remeasure_samples)
     grid = list(cfg.calibrate.topk_pages) or list(
         topk_grid(-(-max(len(t.ids) for t in trajectories) // schedule.page_size))
     )

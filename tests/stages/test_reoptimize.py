@@ -196,7 +196,7 @@ def test_remeasure_samples_keeps_the_longest_in_rollout_order():
 
 
 def test_a_raise_replays_the_capped_trajectories_at_the_budgets_the_search_needs(tmp_path, sampled):
-    runtime, schedule = make_runtime(tmp_path, sampled, (2,) * 8, "calibrate.remeasure_samples=2")
+    runtime, schedule = make_runtime(tmp_path, sampled, (2,) * 8, "control.remeasure_samples=2")
     set_p5(runtime, 1, {3: 0.10})
     try:
         outcome = run(runtime, 1)
