@@ -135,7 +135,7 @@ class DistillConfig:
     switch_to_cheaper: bool = False
     """measure the LoRA on a schedule one notch cheaper (each bin one budget of the controller's
     grid lower; one more sparse forward) and let the controller switch to it once it holds
-    schedule.target (sparrow-method.md section 8: 0.80 with the LoRA reaches 0.86's p5)"""
+    schedule.target (docs/method.md, DistillSparse: 0.80 with the LoRA reaches 0.86's p5)"""
     switch_patience: int = 2
     """distill measurements in a row the cheaper schedule must hold the target before a switch"""
     switch_margin: float = 0.0
