@@ -13,7 +13,7 @@ once as safetensors under --workdir; 2 prompts x 8 samples (batch 16) of the syn
 eos off (rollout.ignore_eos) so every sample runs to --new-tokens; dense rollout against the
 --schedule preset. Each arm is one `train_flow` run in its own process (a fresh GPU), its
 metrics read back from the run's DuckDB file (no end-of-run report: pipeline.report=false).
-The controller is held (calibrate.patience above the step count) so both arms decode under
+The controller is held (control.patience above the step count) so both arms decode under
 fixed settings; the stability runs use the default controller. MFU: model FLOPs (2 x matmul parameters x tokens, plus causal attention
 4 x layers x q heads x head dim x T^2 / 2 per sequence; the update counts 3 forwards, not
 the recomputation of checkpointing) over seconds x the GPU's dense bf16 peak.
@@ -103,7 +103,7 @@ def arm_overrides(args, arm: str, new_tokens: int, path: str) -> list[str]:
         f"rollout.samples_per_prompt={args.samples}",
         f"rollout.max_new_tokens={new_tokens}",
         "rollout.ignore_eos=true",
-        f"calibrate.patience={args.steps + 1}",
+        f"control.patience={args.steps + 1}",
         f"schedule.sparse={arm == 'sparse'}".lower(),
         "pipeline.keep_checkpoints=1",
         "pipeline.report=false",

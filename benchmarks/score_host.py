@@ -3,7 +3,7 @@
     python benchmarks/score_host.py                  # 16 samples x 32,768 tokens x top-20
     python benchmarks/score_host.py --smoke          # 2,048 tokens, seconds
 
-What the stage does besides the forward (sparrow/stages/dense_score.py), with the project's code on
+What the stage does besides the forward (sparrow/stages/dense_score.py; its file is sparrow/runtime/ledger/contract.py's), with the project's code on
 made-up rollouts: `read` (read_rollouts of the rollout file), `score_host` (score_rollouts with
 the forward replaced by precomputed outputs: padding, the actor's top-K into tensors, the
 acceptance bound over [tokens, K], the per-token results back into tuples), `write`
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import add_rollout_shape_args, device_facts, write_json  # noqa: E402
 from sparrow.data.rollouts import RolloutRecord, read_rollouts, write_rollouts  # noqa: E402
-from sparrow.stages.dense_score import read_scores, write_scores  # noqa: E402
+from sparrow.runtime.ledger.contract import read_scores, write_scores  # noqa: E402
 from sparrow.trainer.scoring import score_rollouts  # noqa: E402
 
 PARTS = ("write_rollouts", "read", "score_host", "write", "read_scores")

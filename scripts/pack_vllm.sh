@@ -55,10 +55,7 @@ root=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 cd "$root"
 common=$(git rev-parse --path-format=absolute --git-common-dir)
 tool=""
-for candidate in "${DEVICE_WHEELS:-}" "$root/../shared/tools/device-wheels" \
-    "$(dirname "$common")/../shared/tools/device-wheels"; do
-  if [ -n "$candidate" ] && [ -x "$candidate" ]; then tool=$candidate; break; fi
-done
+if [ -n "${DEVICE_WHEELS:-}" ] && [ -x "$DEVICE_WHEELS" ]; then tool=$DEVICE_WHEELS; fi
 [ -n "$tool" ] || { echo "pack_vllm: device-wheels not found (set DEVICE_WHEELS=PATH)" >&2; exit 2; }
 image_list="$(dirname "$tool")/gpu-image-packages.txt"
 work=$(mktemp -d)

@@ -20,7 +20,7 @@ from typing import Any
 def bin_of(position: Any, bin_tokens: int, num_bins: int | None = None) -> Any:
     """Length bin of total positions: position // bin_tokens, clamped to num_bins - 1 if given.
 
-    The method's last bin covers everything from its start on (sparrow-method.md: 20 bins, the
+    The method's last bin covers everything from its start on (docs/method.md: 20 bins, the
     last from 38K tokens); num_bins=None leaves the bins open-ended (a table with no schedule).
     """
     bins = position // bin_tokens

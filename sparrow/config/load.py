@@ -19,7 +19,13 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from sparrow.config.renamed import CONFIG_RENAMES, rename_keys, rename_overrides
+from sparrow.config.renamed import (
+    CONFIG_RENAMES,
+    moved_in,
+    moved_in_overrides,
+    rename_keys,
+    rename_overrides,
+)
 from sparrow.config.schema import CHOICES, GROUPS, SparrowConfig
 from sparrow.errors import SparrowError
 
@@ -49,13 +55,24 @@ def load_config(overrides: Iterable[str] = (), root: Path | None = None) -> Spar
     for group in GROUPS:
         path = root / group / f"{choices[group]}.yaml"
         data = rename_keys({group: _read_yaml(path)}, CONFIG_RENAMES, source=str(path))
+        _refuse_moved(moved_in(data), str(path))
         merged = _merge(merged, data, source=str(path))
+    _refuse_moved(moved_in_overrides(dotlist), "command line")
     dotlist = rename_overrides(dotlist, CONFIG_RENAMES)
     merged = _merge(merged, OmegaConf.from_dotlist(dotlist), source="command line")
     cfg = OmegaConf.to_object(merged)
     assert isinstance(cfg, SparrowConfig)
     validate(cfg)
     return cfg
+
+
+def _refuse_moved(moved: list[tuple[str, str]], source: str) -> None:
+    if moved:
+        named = ", ".join(f"{old!r} is now {new!r}" for old, new in moved)
+        raise ConfigError(
+            f"config keys moved (from {source}): {named}; set the new name"
+            " (docs/configuration.md, 'Renamed keys')"
+        )
 
 
 def to_yaml(cfg: SparrowConfig) -> str:
@@ -252,7 +269,7 @@ _RANGES = [
     ),
     ("calibrate.min_tokens", lambda v: v >= 1, ">= 1"),
     ("calibrate.num_bins", lambda v: v >= 0, ">= 0 (0 keeps the schedule's)"),
-    ("calibrate.tolerance", lambda v: 0 <= v < 1, "in [0, 1)"),
-    ("calibrate.patience", lambda v: v >= 1, ">= 1"),
-    ("calibrate.margin", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("control.tolerance", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("control.patience", lambda v: v >= 1, ">= 1"),
+    ("control.margin", lambda v: 0 <= v < 1, "in [0, 1)"),
 ]

@@ -1,7 +1,14 @@
-"""Config keys that were renamed: the old name is still read, with a warning naming the new one.
+"""Config keys that were renamed or moved to another group.
 
     data = rename_keys(data, CONFIG_RENAMES, source="sparrow/conf/calibrate/my.yaml")   # nested dict
     dotlist = rename_overrides(["calibrate.budgets=[4,8]"], CONFIG_RENAMES)    # key=value items
+    moved_in(data) or moved_in_overrides(dotlist)   # [(old, new)]: config.load refuses them
+    data = move_keys(stored, MOVED_KEYS)            # a stored run config, read quietly
+
+A renamed key (CONFIG_RENAMES) is still read, with a warning naming the new one. A moved key
+(MOVED_KEYS: the keys were grouped by concern) is refused in a user's YAML file or override
+with one error naming the new key; a run's stored configuration, which a user cannot change,
+is read under the new names without a word.
 
 docs/glossary.md says why the names changed (one number, one name: topk_pages are the pages
 chosen by score, pages_read adds the reserved ones).
@@ -15,6 +22,13 @@ from collections.abc import Iterable
 # old dotted key -> new dotted key, in the train config and in a study's YAML
 CONFIG_RENAMES = {"calibrate.budgets": "calibrate.topk_pages"}
 STUDY_RENAMES = {"fixed_budget_pages": "fixed_topk_pages"}
+# old dotted key -> new dotted key in another group
+MOVED_KEYS = {
+    "calibrate.tolerance": "control.tolerance",
+    "calibrate.patience": "control.patience",
+    "calibrate.margin": "control.margin",
+    "calibrate.remeasure_samples": "control.remeasure_samples",
+}
 
 
 class RenamedKeyWarning(DeprecationWarning):
@@ -60,4 +74,38 @@ def rename_overrides(
             _warn(key, renames[key], source)
             item = f"{renames[key]}={value}"
         out.append(item)
+    return out
+
+
+def _flat(data: dict, prefix: str = "") -> list[str]:
+    out = []
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        out += _flat(value, f"{dotted}.") if isinstance(value, dict) else [dotted]
+    return out
+
+
+def moved_in(data: dict, moves: dict[str, str] = MOVED_KEYS) -> list[tuple[str, str]]:
+    """(old, new) for every moved key that nested `data` sets."""
+    return [(key, moves[key]) for key in _flat(data) if key in moves]
+
+
+def moved_in_overrides(
+    items: Iterable[str], moves: dict[str, str] = MOVED_KEYS
+) -> list[tuple[str, str]]:
+    """(old, new) for every moved key among `key=value` items."""
+    keys = [item.partition("=")[0] for item in items]
+    return [(key, moves[key]) for key in keys if key in moves]
+
+
+def move_keys(data: dict, moves: dict[str, str] = MOVED_KEYS) -> dict:
+    """A copy of nested `data` with every moved key under its new name (the new one wins)."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    for old, new in moves.items():
+        group, _, key = old.partition(".")
+        if not isinstance(out.get(group), dict) or key not in out[group]:
+            continue
+        value = out[group].pop(key)
+        new_group, _, new_key = new.partition(".")
+        out.setdefault(new_group, {}).setdefault(new_key, value)
     return out

@@ -20,7 +20,7 @@ result is made non-decreasing over bins: a raised bin lifts the bins after it, a
 stops at the bin before it, unless that bin held no generated token in the re-measured
 trajectories (only prompts reach it), which then follows it down.
 
-DistillSparse (sparrow-method.md section 8): `one_notch_cheaper` lowers every bin one grid
+DistillSparse (docs/method.md): `one_notch_cheaper` lowers every bin one grid
 budget; the distill stage measures the sparse actor with its LoRA under it (CheaperMeasurement)
 and `distill_switch` allows the switch once the last `patience` measurements, all taken while
 rolling out the schedule in force, held every measured bin at target + margin.

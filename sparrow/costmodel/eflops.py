@@ -7,8 +7,8 @@
                            samples=8)
     result.predicted_speedup
 
-`dense_cost` and `sparse_cost` are the method's formulas as published (sparrow-method.md,
-section 5; variant "paper"), or its appendix variant ("appendix": parameter traffic 2 P L_out
+`dense_cost` and `sparse_cost` are the method's formulas as published (docs/method.md,
+"Cost model"; variant "paper"), or its appendix variant ("appendix": parameter traffic 2 P L_out
 added to memory, the quadratic term replaced by H(L_in, L_out, K)). Symbols: P parameters,
 N samples, L_in prompt, L_out generated tokens, D = layers x KV heads x head dim (the KV width
 of one token; the formulas carry no layer or head count), r query heads per KV head, I the

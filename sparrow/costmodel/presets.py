@@ -4,7 +4,7 @@
     get_model("qwen3-1.7b").parameters   # 1,720,574,976, counted from the shapes
     get_hardware("h200").intensity       # 989.4e12 / 4.8e12 = 206.1 FLOP per byte
 
-Model shapes are the public Qwen3 config files (sparrow-method.md, section 9). P counts every
+Model shapes are the public Qwen3 config files (the paper's table of them). P counts every
 weight of the Qwen3 layout: embeddings, per layer the q/k/v/o projections (no biases), the
 per-head q and k RMSNorm weights, the MLP gate/up/down projections and the two layer norms,
 then the final norm and, where embeddings are not tied, a separate lm_head. The cost model's

@@ -94,6 +94,12 @@ class CachedSampling:
 
 
 class Engine:
+    # capabilities (sparrow/engine/protocol.py): requests pulled while running, decode graphs
+    # kept through sleep, CPU as well as CUDA
+    takes_feed = True
+    keeps_graphs = True
+    needs_cuda = False
+
     def __init__(
         self,
         model: torch.nn.Module,
@@ -121,6 +127,22 @@ class Engine:
         self._next_seq_id = 0
         self._sampling: CachedSampling | None = None
         self.stats = dict.fromkeys(STATS, 0)
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        weights_path: str,
+        config: EngineConfig,
+        tokenizer: Any,
+        schedule: Schedule | None,
+        dtype: str,
+        device: str,
+    ) -> Engine:
+        """The engine over the model of a checkpoint folder (the rollout actors' way)."""
+        from sparrow.model import load_model
+
+        model = load_model(weights_path, dtype=getattr(torch, dtype), device=device)
+        return cls(model, tokenizer, config, schedule)
 
     # memory: the cache exists between wake() and sleep()
 

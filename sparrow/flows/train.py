@@ -5,7 +5,7 @@
 
 train_flow(overrides) resolves the config, opens the run (sparrow/flows/train_setup.py: inputs
 checked, workdir locked, `runs` row created or resumed, MLflow run, Ray and rollout actors),
-then runs each step as the subflow rl_step: the stage tasks of sparrow/stages/ in DESIGN.md's order
+then runs each step as the subflow rl_step: the stage tasks of sparrow/stages/ in the step's order (docs/architecture.md)
 (rollout, reward, dense_score, aggregate_mismatch, reoptimize_schedule, policy_update,
 distill_lora when algo.distill.enabled, sync_weights, then checkpoint every
 pipeline.checkpoint_every steps and after the last, and evaluate every pipeline.eval_every steps when data.eval is set). Tasks pass references (paths)
@@ -35,15 +35,16 @@ from sparrow.flows.train_setup import (
     where_to_look,
     with_run_id,
 )  # noqa: E402
+from sparrow.runtime.ledger import contract  # noqa: E402
 from sparrow.stages.aggregate_mismatch import aggregate_mismatch_task  # noqa: E402
 from sparrow.stages.checkpoint import checkpoint_task  # noqa: E402
-from sparrow.stages.dense_score import SCORES_FILE, dense_score_task  # noqa: E402
+from sparrow.stages.dense_score import dense_score_task  # noqa: E402
 from sparrow.stages.distill_lora import distill_lora_task  # noqa: E402
 from sparrow.stages.evaluate import evaluate_task  # noqa: E402
 from sparrow.stages.policy_update import policy_update_task  # noqa: E402
 from sparrow.stages.reoptimize_schedule import reoptimize_schedule_task  # noqa: E402
-from sparrow.stages.reward import REWARDS_FILE, reward_task  # noqa: E402
-from sparrow.stages.rollout import ROLLOUTS_FILE, rollout_task  # noqa: E402
+from sparrow.stages.reward import reward_task  # noqa: E402
+from sparrow.stages.rollout import rollout_task  # noqa: E402
 from sparrow.stages.sync_weights import sync_weights_task  # noqa: E402
 from sparrow.storage.run_rows import stage_records, step_metrics  # noqa: E402
 
@@ -54,15 +55,14 @@ def rl_step(
 ) -> dict:
     """One RL step; {stage: True if it was skipped as already recorded}."""
     rollout = rollout_task(workdir, run_id, step)
-    rollouts = str(rollout.path(ROLLOUTS_FILE))
+    rollouts = str(contract.ROLLOUTS.under(rollout.output_dir))
     reward = reward_task(workdir, run_id, step, rollouts)
     scores = dense_score_task(workdir, run_id, step, rollouts)
-    scores_path = str(scores.path(SCORES_FILE))
+    scores_path = str(contract.SCORES.under(scores.output_dir))
+    rewards_path = str(contract.REWARDS.under(reward.output_dir))
     aggregate = aggregate_mismatch_task(workdir, run_id, step, rollout.output_dir, scores_path)
     decision = reoptimize_schedule_task(workdir, run_id, step)
-    update = policy_update_task(
-        workdir, run_id, step, rollouts, str(reward.path(REWARDS_FILE)), scores_path
-    )
+    update = policy_update_task(workdir, run_id, step, rollouts, rewards_path, scores_path)
     outcomes = [rollout, reward, scores, aggregate, decision, update]
     adapter_dir = ""
     if distill:  # DistillSparse: the sparse actor's LoRA, merged into the engines' weights only
@@ -71,7 +71,7 @@ def rl_step(
             run_id,
             step,
             rollout.output_dir,
-            str(reward.path(REWARDS_FILE)),
+            rewards_path,
             update.output_dir,
         )
         outcomes.append(lora)

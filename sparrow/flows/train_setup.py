@@ -28,9 +28,9 @@ from sparrow.runtime.ledger.retention import repair_unsaved_policies, wait_for_d
 from sparrow.runtime.ledger.run_record import finish_run, new_run_id, open_run
 from sparrow.runtime.ledger.schedules import schedule_in_force, start_schedule
 from sparrow.runtime.rollout.actors import ActorPool, actor_resources, start_ray
+from sparrow.runtime.rollout.requests import max_new_tokens_for
 from sparrow.runtime.rollout.worker import WorkerSpec
 from sparrow.runtime.run_runtime import RunRuntime, device_and_dtype, register, release
-from sparrow.stages.rollout import max_new_tokens_for
 from sparrow.storage import Store
 
 

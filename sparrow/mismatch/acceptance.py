@@ -1,7 +1,7 @@
 """Mismatch between the sparse actor and the dense policy: acceptance rates, bins, statistics.
 
 The acceptance rate of one token is alpha = sum_x min(p(x), q(x)) = 1 - TV(p, q), with p the
-dense policy and q the sparse actor at the same prefix (sparrow-method.md section 3):
+dense policy and q the sparse actor at the same prefix (docs/method.md, "Acceptance"):
 
     from sparrow.mismatch import acceptance as mismatch
     alpha = mismatch.acceptance_from_logits(dense_logits, actor_logits)       # exact, [...]

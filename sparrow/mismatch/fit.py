@@ -1,7 +1,7 @@
 """The Beta fit of the acceptance tail, and the array checks the mismatch statistics share.
 
 Most tokens accept at above 0.999 even under a collapse-inducing budget; the values below
-0.999 follow a scaled Beta distribution on [0, 0.999] (sparrow-method.md section 3). This
+0.999 follow a scaled Beta distribution on [0, 0.999] (docs/method.md, "Bins and the tail statistic"). This
 module fits that Beta by maximum likelihood and measures the fit:
 
     from sparrow.mismatch.fit import fit_beta_tail

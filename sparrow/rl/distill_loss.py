@@ -9,7 +9,7 @@
 
 The reference's loss is the sampled-token k3 estimate: with the tokens drawn by the sparse
 actor, E_q[r - log r - 1] = KL(q_sparse || p_dense). full_kl is the exact KL(p_dense ||
-q_sparse) that sparrow-method.md section 8 writes, available here because the stage holds both
+q_sparse) that the method writes (docs/method.md, DistillSparse), available here because the stage holds both
 full distributions; both vanish exactly when the two distributions agree. Logits exist one
 chunk of tokens at a time ([chunk_tokens, vocab]); with gradients each chunk is checkpointed
 (recomputed in the backward), as in rl/logprobs.py. Softmax in fp32. The log ratio is clamped

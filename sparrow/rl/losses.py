@@ -14,7 +14,7 @@ actor_logprobs = log p_actor (the sparse rollout), advantages per token (per_tok
 spreads per-sample ones), mask = generated tokens. old, actor and advantages are treated as
 constants. normalizer: see aggregate.py (micro-batching). Formulas: docs/rl.md.
 
-Departure from sparrow-method.md section 7, for numerical safety only: the log ratio is
+Departure from the method's loss (docs/method.md), for numerical safety only: the log ratio is
 clamped to [-20, 20] before exp (a ratio of e^20 is clipped anyway).
 """
 

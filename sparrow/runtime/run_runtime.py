@@ -7,7 +7,10 @@
 
 Tasks take plain values (workdir, run id, step, paths) as Prefect's rules ask; the objects
 that cannot travel as values (the DuckDB writer, the MLflow tracker, the Ray actor pool, the
-trainer with its optimizer state) live here for the life of the flow run. Nothing here is
+trainer with its optimizer state, the DistillSparse distiller) live here, as typed fields,
+for the life of the flow run: the flow builds the runtime and registers it, each task looks
+it up once and hands it explicitly to its stage body. The trainer is any Trainer
+(sparrow/trainer/protocol.py): a PolicyTrainer, or a TrainerGroup with trainer.num_workers. Nothing here is
 state that a resume needs: the trainer is loaded back from the last recorded policy_update
 folder whenever the one in memory is not at the right step. That folder loads whatever
 trainer.num_workers wrote it: a group's (optimizer shards) into PolicyTrainer.load with
@@ -17,23 +20,27 @@ num_workers=0, one process's (optimizer.pt) into a group, a group's into any num
 from __future__ import annotations
 
 import contextlib
-import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparrow.config import SparrowConfig
 from sparrow.errors import SparrowError
+from sparrow.runtime.ledger import contract
 from sparrow.runtime.ledger.stage import parse_fail_at
 from sparrow.storage import RunLayout, Store
 from sparrow.storage.run_rows import stage_records
 
-# a policy_update folder whose checkpoint is written in the background points to it here
-STATE_POINTER = "state.json"
-# the runtime's attribute holding the distill_lora stage's (step, SparseDistiller) between
-# steps (sparrow/stages/distill_lora.py); it lives and dies with the flow's runtime
-DISTILL_CACHE = "_distill_cache"
+if TYPE_CHECKING:
+    from sparrow.data.datasets import PromptDataset, TextEncoder
+    from sparrow.runtime.placement import Placement
+    from sparrow.runtime.rollout.actors import ActorPool
+    from sparrow.runtime.tracking import Tracker
+    from sparrow.runtime.trainer_group.distill import GroupDistiller
+    from sparrow.runtime.trainer_group.group import TrainerGroup
+    from sparrow.trainer.distill import SparseDistiller
+    from sparrow.trainer.protocol import Trainer
 
 _RUNTIMES: dict[tuple[str, str], RunRuntime] = {}
 
@@ -56,29 +63,40 @@ def device_and_dtype(model_cfg: Any) -> tuple[str, str]:
 
 
 @dataclass
+class CachedDistiller:
+    """The distill_lora stage's distiller between steps, holding the LoRA after `step`."""
+
+    step: int
+    distiller: SparseDistiller | GroupDistiller
+
+
+@dataclass
 class RunRuntime:
     cfg: SparrowConfig
     run_id: str
     store: Store
     model_path: Path
-    tokenizer: Any
-    train_data: Any
-    eval_data: Any = None
-    tracker: Any = None
-    pool: Any = None
+    tokenizer: TextEncoder
+    train_data: PromptDataset
+    eval_data: PromptDataset | None = None
+    tracker: Tracker | None = None
+    pool: ActorPool | None = None
     schedule_name: str = ""
     schedule_start_version: int = 1
     # longest prompt + generation the engine accepts (model.max_context or the checkpoint's)
     max_context: int = 0
     # stage bodies run by this process (a resumed flow must not re-run recorded ones)
     stages_run: Counter = field(default_factory=Counter)
-    _trainer: Any = None
+    # trainer.num_workers > 0: where ranks and engines go (sparrow/runtime/placement.py)
+    placement: Placement | None = None
+    # the distill_lora stage's distiller (sparrow/stages/distill_lora.py), None until its
+    # first step and after anything that makes it stale
+    distiller: CachedDistiller | None = None
+    _trainer: Trainer | None = None
     _trainer_step: int = -1
     # trainers whose background save (policy_update on GPU) may still be writing
-    _saving: list = field(default_factory=list)
-    # trainer.num_workers > 0: where ranks and engines go (sparrow/runtime/placement.py), the group
-    placement: Any = None
-    _group: Any = None
+    _saving: list[Trainer] = field(default_factory=list)
+    _group: TrainerGroup | None = None
 
     def __post_init__(self) -> None:
         self.layout = RunLayout(Path(self.cfg.pipeline.workdir), self.run_id)
@@ -102,22 +120,21 @@ class RunRuntime:
         """The checkpoint folder of a policy_update stage folder: the folder itself, or the
         policy_state folder its state.json names (written in the background; `wait` joins
         the write)."""
-        folder = Path(policy_dir)
-        pointer = folder / STATE_POINTER
-        if not pointer.is_file():
-            return folder
+        pointed = contract.pointed_policy(policy_dir)
+        if pointed is None:
+            return Path(policy_dir)
         if wait:
             self.wait_for_saves()
-        return Path(json.loads(pointer.read_text())["state_dir"])
+        return pointed
 
-    def remember_save(self, trainer: Any) -> None:
+    def remember_save(self, trainer: Trainer) -> None:
         self._saving.append(trainer)
 
     def wait_for_saves(self) -> None:
         while self._saving:
             self._saving.pop().wait_for_save()
 
-    def trainer_before(self, step: int) -> Any:
+    def trainer_before(self, step: int) -> Trainer:
         """The trainer holding the policy (and optimizer state) that step `step` starts from."""
         trainer = self.trainer_after(step - 1)
         if trainer is not None:
@@ -138,14 +155,14 @@ class RunRuntime:
         self.set_trainer(trainer, step - 1)
         return trainer
 
-    def _start_trainer_group(self, folder: Path, dtype: str) -> Any:
+    def _start_trainer_group(self, folder: Path, dtype: str) -> TrainerGroup:
         """trainer.num_workers ranks on Ray (sparrow/runtime/trainer_group/group.py), from `folder` (a saved
         policy, any number of ranks) or the initial model; a previous group is stopped."""
         from sparrow.runtime.trainer_group.group import TrainerGroup
         from sparrow.runtime.trainer_group.rank import TrainerSpec
 
         self.shutdown_trainer_group()
-        setattr(self, DISTILL_CACHE, None)  # its distiller lived on the old group's ranks
+        self.distiller = None  # it lived on the old group's ranks
         spec = TrainerSpec(
             str(self.model_path),
             self.cfg.algo,
@@ -164,11 +181,11 @@ class RunRuntime:
             self._group.shutdown()
             self._group = None
 
-    def trainer_after(self, step: int) -> Any:
+    def trainer_after(self, step: int) -> Trainer | None:
         """The in-memory trainer if it holds the policy after `step`, else None (also for a
         group stopped after a failure: the policy is read from its folder, and the next step
         starts a new group)."""
-        if self._trainer_step != step or getattr(self._trainer, "failed", ""):
+        if self._trainer is None or self._trainer_step != step or self._trainer.failed:
             return None
         return self._trainer
 
@@ -187,11 +204,10 @@ class RunRuntime:
         clock = time.perf_counter()
         if self._trainer is not None:
             self._trainer.free_gradients()
-            if self.cfg.algo.offload_during_rollout:
+            if self.cfg.algo.offload_during_rollout and self._trainer.can_offload:
                 self._trainer.offload()
-        cached = getattr(self, DISTILL_CACHE, None)
-        if cached is not None and self.cfg.algo.distill.release_during_rollout:
-            cached[1].release_base()  # rebuilt from the trainer by the next distill step
+        if self.distiller is not None and self.cfg.algo.distill.release_during_rollout:
+            self.distiller.distiller.release_base()  # rebuilt from the trainer by the next step
         return_cached_blocks()
         released = time.perf_counter()
         self.pool.wake()
@@ -206,7 +222,7 @@ class RunRuntime:
     def pool_on_gpu(self) -> bool:
         return self.pool is not None and str(self.pool.spec.device).startswith("cuda")
 
-    def set_trainer(self, trainer: Any, step: int) -> None:
+    def set_trainer(self, trainer: Trainer | None, step: int) -> None:
         """Remember the trainer as holding the policy after `step` (0: the initial one)."""
         self._trainer, self._trainer_step = trainer, step
 

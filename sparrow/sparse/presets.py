@@ -3,7 +3,7 @@
     from sparrow.sparse.presets import PRESETS, get_preset
     get_preset("qwen3-1.7b-0.86").budget_tokens(10_000)   # bin 5: (157 + 1 + 2) * 16 = 2560
 
-The reference schedules (sparrow-method.md, section 4) list top-k pages per 2,000-token bin
+The reference schedules (docs/method.md, "Schedules and page selection") list top-k pages per 2,000-token bin
 for Qwen3 thinking models, page size 16, with 1 leading and 2 trailing pages always read and
 layers 0 and 1 dense; the number after the model in the name is the per-bin p5 acceptance
 target the schedule was calibrated for. The "tiny-*" presets are starting points for the

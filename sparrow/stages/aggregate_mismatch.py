@@ -33,20 +33,15 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NONE
 
-from sparrow.data.rollouts import read_rollouts
 from sparrow.data.token_roles import role_names
 from sparrow.mismatch.acceptance import BinStats, bin_statistics, min_p5
+from sparrow.runtime.ledger import contract
 from sparrow.runtime.ledger.stage import StageOutcome, StageWrite, run_stage
 from sparrow.runtime.retry import INFRA_RETRIES
 from sparrow.runtime.run_runtime import RunRuntime, lookup
-from sparrow.sparse.io import schedule_from_dict
 from sparrow.sparse.schedule import Schedule
 from sparrow.sparse.target import DEFAULT_STATISTIC, get_statistic
-from sparrow.stages.dense_score import read_scores
-from sparrow.stages.rollout import ROLLOUTS_FILE, SCHEDULE_FILE
 from sparrow.storage import mismatch_rows
-
-BIN_STATS_FILE = "bin_stats.json"
 
 
 def token_table(run_id: str, step: int, records, scores, schedule: Schedule):
@@ -175,11 +170,12 @@ def aggregate_step(
 ) -> StageWrite:
     import pyarrow.parquet as pq
 
-    used = json.loads((Path(rollout_dir) / SCHEDULE_FILE).read_text())
-    schedule = schedule_from_dict(used["schedule"], source=f"{rollout_dir}/{SCHEDULE_FILE}")
-    records = read_rollouts(Path(rollout_dir) / ROLLOUTS_FILE)
-    table = token_table(runtime.run_id, step, records, read_scores(scores_path, records), schedule)
-    pq.write_table(table, out / runtime.layout.token_file(step).name)
+    used = contract.read_rollout_schedule(rollout_dir)
+    schedule = used.schedule
+    records = contract.read_rollouts(rollout_dir)
+    scores = contract.read_scores(scores_path, records)
+    table = token_table(runtime.run_id, step, records, scores, schedule)
+    pq.write_table(table, contract.TOKENS.under(out))
     acceptance = table.column("acceptance").to_numpy()
     stats = bin_statistics(
         table.column("position").to_numpy(),
@@ -192,15 +188,15 @@ def aggregate_step(
         step,
         stats,
         {
-            s.bin: schedule.pages_for_topk(schedule.topk_pages[s.bin]) if used["sparse"] else None
+            s.bin: schedule.pages_for_topk(schedule.topk_pages[s.bin]) if used.sparse else None
             for s in stats
         },
         schedule.name,
-        used["version"],
+        used.version,
         runtime.cfg.schedule.target,
         runtime.cfg.schedule.target_statistic,
     )
-    (out / BIN_STATS_FILE).write_text(bins.as_json())
+    contract.BIN_STATS.under(out).write_text(bins.as_json())
     metrics = {f"mismatch/p5_bin_{b}": p5 for b, p5 in bins.p5.items()}
     metrics.update(
         {
@@ -216,7 +212,9 @@ def aggregate_step(
             return
         for b in bins.below:
             runtime.tracker.log_threshold_event(step, b, bins.p5[b], bins.target)
-        runtime.tracker.log_artifact(final / BIN_STATS_FILE, subdir=f"bin_stats/step-{step}")
+        runtime.tracker.log_artifact(
+            contract.BIN_STATS.under(final), subdir=f"bin_stats/step-{step}"
+        )
 
     return StageWrite(metrics=metrics, db=bins.write_rows, after_commit=log_events)
 

@@ -7,7 +7,8 @@
 
 Everything lands under `<workdir>/calibrations/<calibration_id>/` by write-then-rename; each
 task reads its inputs from the previous task's file, so it can be re-run alone. The library
-does the work (sparrow/control/calibration.py, choose.py); sparrow/stages/calibrate_store.py
+does the work (sparrow/control/calibration.py, choose.py); the files and their readers are
+sparrow/runtime/ledger/calibration_files.py's; sparrow/stages/calibrate_store.py
 writes DuckDB and MLflow, sparrow/reports/calibration_plot.py draws the figure. Tasks take plain values
 (config overrides, ids, paths), as Prefect's rules ask, and are never cached.
 """
@@ -20,14 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from prefect import task
 from prefect.cache_policies import NONE
 
 from sparrow.config import SparrowConfig, load_config
 from sparrow.control.calibration import (
-    STATISTICS,
-    AcceptanceTable,
     Trajectory,
     flat_schedule,
     measure_on_policy,
@@ -38,24 +36,20 @@ from sparrow.control.calibration import (
 from sparrow.data.datasets import load_prompts
 from sparrow.engine import EngineConfig, SamplingParams
 from sparrow.model.builtin import resolve_model_path
+from sparrow.runtime.ledger.calibration_files import (
+    CALIBRATION_TABLE,
+    TRAJECTORIES,
+    as_trajectories,
+    calibration_dir,
+    read_trajectories,
+    table_to_dict,
+    trajectory_dict,
+    write_json,
+)
 from sparrow.runtime.retry import INFRA_RETRIES
 from sparrow.runtime.run_runtime import device_and_dtype
 from sparrow.sparse.io import resolve_schedule
 from sparrow.sparse.schedule import Schedule
-from sparrow.storage import atomic_file
-
-TRAJECTORIES_FILE = "trajectories.json"
-TABLE_FILE = "table.json"
-
-
-def calibration_dir(workdir: str | Path, calibration_id: str) -> Path:
-    return Path(workdir) / "calibrations" / calibration_id
-
-
-def write_json(path: Path, data: Any) -> Path:
-    with atomic_file(path) as scratch:
-        scratch.write_text(json.dumps(data, indent=1))
-    return path
 
 
 @functools.lru_cache(maxsize=2)
@@ -132,7 +126,7 @@ def sample(overrides: list[str], calibration_id: str) -> str:
     if cfg.calibrate.sample_sparse:
         by_topk = {
             str(b): [
-                as_dict(t)
+                trajectory_dict(t)
                 for t in sample_trajectories(
                     model,
                     tokenizer,
@@ -145,29 +139,16 @@ def sample(overrides: list[str], calibration_id: str) -> str:
             for b in grid
         }
     seconds = time.perf_counter() - clock
-    out = calibration_dir(cfg.pipeline.workdir, calibration_id) / TRAJECTORIES_FILE
+    out = calibration_dir(cfg.pipeline.workdir, calibration_id) / TRAJECTORIES
     data = {
         "sample_s": seconds,
         "sparse": cfg.calibrate.sample_sparse,
         "prompts": len(prompts),
         "topk_pages": list(grid),
-        "trajectories": [as_dict(t) for t in trajectories],
+        "trajectories": [trajectory_dict(t) for t in trajectories],
         "by_topk": by_topk,
     }
     return str(write_json(out, data))
-
-
-def as_dict(trajectory: Trajectory) -> dict:
-    return {"ids": list(trajectory.ids), "prompt_len": trajectory.prompt_len}
-
-
-def as_trajectories(rows: list[dict]) -> list[Trajectory]:
-    return [Trajectory(tuple(t["ids"]), t["prompt_len"]) for t in rows]
-
-
-def read_trajectories(path: str | Path) -> tuple[list[Trajectory], dict]:
-    data = json.loads(Path(path).read_text())
-    return as_trajectories(data["trajectories"]), data
 
 
 def grid_for(cfg: SparrowConfig, trajectories: list[Trajectory], template: Schedule) -> tuple:
@@ -212,44 +193,8 @@ def replay(overrides: list[str], calibration_id: str, trajectories_path: str) ->
             centroid_dtype=cfg.rollout.centroid_dtype,
         )
     seconds = time.perf_counter() - clock
-    out = calibration_dir(cfg.pipeline.workdir, calibration_id) / TABLE_FILE
+    out = calibration_dir(cfg.pipeline.workdir, calibration_id) / CALIBRATION_TABLE
     return str(write_json(out, {"replay_s": seconds, **table_to_dict(table)}))
-
-
-def table_to_dict(table: AcceptanceTable) -> dict:
-    def listed(array: np.ndarray) -> list:
-        return [[None if np.isnan(v) else float(v) for v in row] for row in array]
-
-    return {
-        "topk_pages": list(table.topk_pages),
-        "bin_tokens": table.bin_tokens,
-        "tokens": [int(n) for n in table.tokens],
-        **{
-            name: listed(getattr(table, name))
-            for name in STATISTICS
-            if getattr(table, name) is not None
-        },
-    }
-
-
-def table_from_dict(data: dict) -> AcceptanceTable:
-    def array(key: str) -> np.ndarray:
-        return np.array(
-            [[np.nan if v is None else v for v in row] for row in data[key]], dtype=np.float64
-        )
-
-    # a table written before min and share_below_half existed has neither
-    return AcceptanceTable(
-        tuple(_grid_of(data)),
-        data["bin_tokens"],
-        np.array(data["tokens"], dtype=np.int64),
-        **{name: array(name) for name in STATISTICS if name in data},
-    )
-
-
-def _grid_of(table: dict) -> list[int]:
-    """The top-k grid of a table file (one written before the rename calls it "budgets")."""
-    return table["topk_pages"] if "topk_pages" in table else table["budgets"]
 
 
 def time_generation(overrides: list[str], calibration_id: str, table_path: str) -> dict:
@@ -258,7 +203,8 @@ def time_generation(overrides: list[str], calibration_id: str, table_path: str) 
     model, tokenizer, _ = policy(cfg)
     template = base_schedule(cfg)
     prompts, params = calibration_requests(cfg, tokenizer, model.arch.max_position_embeddings)
-    grid = _grid_of(json.loads(Path(table_path).read_text()))
+    table = json.loads(Path(table_path).read_text())
+    grid = table["topk_pages"] if "topk_pages" in table else table["budgets"]
     seconds = {}
     for topk_pages in grid:
         schedule = flat_schedule(template, topk_pages)

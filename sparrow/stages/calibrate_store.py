@@ -26,23 +26,22 @@ from sparrow.config import SparrowConfig, load_config
 from sparrow.control.calibration import AcceptanceTable, model_shape
 from sparrow.control.choose import Choice, choose_topk_pages, topk_cost_table
 from sparrow.costmodel import get_hardware
+from sparrow.model.builtin import resolve_model_path
 from sparrow.reports.calibration_plot import plot_calibration
-from sparrow.runtime.ledger.schedules import insert_schedule
-from sparrow.sparse.io import save_schedule_yaml
-from sparrow.sparse.schedule import Schedule
-from sparrow.sparse.target import get_statistic
-from sparrow.stages.calibrate import (
-    base_schedule,
+from sparrow.runtime.ledger.calibration_files import (
+    CALIBRATION_PLOT,
+    CALIBRATION_SUMMARY,
     calibration_dir,
     read_trajectories,
     table_from_dict,
     write_json,
 )
+from sparrow.runtime.ledger.schedules import insert_schedule
+from sparrow.sparse.io import resolve_schedule, save_schedule_yaml
+from sparrow.sparse.schedule import Schedule
+from sparrow.sparse.target import get_statistic
 from sparrow.storage import Store
 from sparrow.storage.schedule_rows import newest_version, replace_calibration
-
-SUMMARY_FILE = "summary.json"
-PLOT_FILE = "calibration.png"
 
 
 def schedule_name(cfg: SparrowConfig, model_dir: Path) -> str:
@@ -50,7 +49,7 @@ def schedule_name(cfg: SparrowConfig, model_dir: Path) -> str:
 
 
 def choose(cfg: SparrowConfig, table: AcceptanceTable, prompt_len: int, model_dir: Path) -> Choice:
-    template = base_schedule(cfg)
+    template = resolve_schedule(cfg.schedule.name)
     cost = topk_cost_table(
         table.topk_pages,
         table.num_bins,
@@ -126,15 +125,13 @@ def choose_and_store(
     timing: dict | None = None,
 ) -> dict:
     cfg = load_config(overrides)
-    from sparrow.stages.calibrate import policy
-
-    _, _, model_dir = policy(cfg)
+    model_dir = resolve_model_path(cfg.model.path)
     trajectories, sampled = read_trajectories(trajectories_path)
     table_data = json.loads(Path(table_path).read_text())
     table = table_from_dict(table_data)
     prompt_len = int(statistics.median(t.prompt_len for t in trajectories))
     choice = choose(cfg, table, prompt_len, model_dir)
-    template, name = base_schedule(cfg), schedule_name(cfg, model_dir)
+    template, name = resolve_schedule(cfg.schedule.name), schedule_name(cfg, model_dir)
     notes = choice.notes()
     schedule = dataclasses.replace(
         template,
@@ -150,7 +147,7 @@ def choose_and_store(
         table,
         choice,
         cfg.schedule.target,
-        folder / PLOT_FILE,
+        folder / CALIBRATION_PLOT,
         title=f"{name} v{version}: p5 per bin for every budget",
     )
     calibration_s = sampled["sample_s"] + table_data["replay_s"]
@@ -173,7 +170,7 @@ def choose_and_store(
     }
     if timing:
         summary["generation_over_calibration"] = timing["generation_s"] / calibration_s
-    summary_path = write_json(folder / SUMMARY_FILE, summary)
+    summary_path = write_json(folder / CALIBRATION_SUMMARY, summary)
     metrics = {
         f"calibration/{k}": summary[k]
         for k in ("sample_s", "replay_s", "calibration_s", "generation_s")

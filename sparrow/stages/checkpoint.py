@@ -14,7 +14,6 @@ distill/ beside the policy.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -22,12 +21,11 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NONE
 
+from sparrow.runtime.ledger import contract
 from sparrow.runtime.ledger.stage import StageInputError, StageOutcome, StageWrite, run_stage
 from sparrow.runtime.retry import INFRA_RETRIES
 from sparrow.runtime.run_runtime import RunRuntime, lookup
 from sparrow.storage import atomic_dir
-
-CHECKPOINT_FILE = "checkpoint.json"
 
 
 def link_tree(source: Path, target: Path) -> list[str]:
@@ -59,10 +57,9 @@ def save_checkpoint(
             files += [
                 f"distill/{name}" for name in link_tree(Path(adapter_dir), scratch / "distill")
             ]
-    (out / CHECKPOINT_FILE).write_text(
-        json.dumps(
-            {"step": step, "path": str(target), "source": policy_dir, "files": files}, indent=2
-        )
+    contract.write_json(
+        contract.CHECKPOINT.under(out),
+        {"step": step, "path": str(target), "source": policy_dir, "files": files},
     )
     return StageWrite()
 

@@ -5,7 +5,7 @@
 The trainer (the transformers model of the policy as it was when the step began, SDPA
 attention) gives each generated token its dense logprob, the PPO "old" logprob, and its
 acceptance rate against the actor's top-K with the leftover actor mass
-(PolicyTrainer.score). scores.parquet has one row per sample, in the rollout file's order:
+(PolicyTrainer.score). scores.parquet (sparrow/runtime/ledger/contract.py) has one row per sample, in the rollout file's order:
 prompt_index, sample_index, and the lists dense_logprobs, acceptance, leftover_mass (float64,
 so the update reads back exactly what was computed). Step metrics: time/dense_forward_s (the
 scoring), time/dense_read_s (reading the rollout file), dense/tokens.
@@ -14,54 +14,16 @@ scoring), time/dense_read_s (reading the rollout file), dense/tokens.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NONE
 
 from sparrow.data.rollouts import read_rollouts
-from sparrow.runtime.ledger.stage import StageInputError, StageOutcome, StageWrite, run_stage
+from sparrow.runtime.ledger import contract
+from sparrow.runtime.ledger.stage import StageOutcome, StageWrite, run_stage
 from sparrow.runtime.retry import INFRA_RETRIES
 from sparrow.runtime.run_runtime import RunRuntime, lookup, peak_memory
-
-SCORES_FILE = "scores.parquet"
-SCORE_COLUMNS = ("dense_logprobs", "acceptance", "leftover_mass")
-
-
-def write_scores(path: Path, records: Sequence[Any], scores: Sequence[Any]) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    floats = pa.list_(pa.float64())
-    columns = {
-        "prompt_index": pa.array([r.prompt_index for r in records], pa.int32()),
-        "sample_index": pa.array([r.sample_index for r in records], pa.int32()),
-    }
-    for name in SCORE_COLUMNS:
-        columns[name] = pa.array([getattr(s, name) for s in scores], floats)
-    pq.write_table(pa.table(columns), path)
-
-
-def read_scores(
-    path: str | Path, records: Sequence[Any] | None = None
-) -> dict[str, list[list[float]]]:
-    """Column name -> per-sample lists; checked against the rollout records when given."""
-    import pyarrow.parquet as pq
-
-    table = pq.read_table(path)
-    scores = {name: table.column(name).to_pylist() for name in SCORE_COLUMNS}
-    if records is not None:
-        if len(records) != table.num_rows:
-            raise StageInputError(f"{path} has {table.num_rows} rows for {len(records)} rollouts")
-        for record, values in zip(records, scores["dense_logprobs"]):
-            if len(values) != len(record.output_ids):
-                raise StageInputError(
-                    f"{path}: sample ({record.prompt_index}, {record.sample_index}) has "
-                    f"{len(values)} scores for {len(record.output_ids)} generated tokens"
-                )
-    return scores
 
 
 def score_step(runtime: RunRuntime, step: int, rollouts_path: str, out: Path) -> StageWrite:
@@ -73,7 +35,7 @@ def score_step(runtime: RunRuntime, step: int, rollouts_path: str, out: Path) ->
         clock = time.perf_counter()
         scores = trainer.score(records)
         seconds = time.perf_counter() - clock
-    write_scores(out / SCORES_FILE, records, scores)
+    contract.write_scores(contract.SCORES.under(out), records, scores)
     tokens = sum(len(r.output_ids) for r in records)
     return StageWrite(
         metrics={

@@ -11,7 +11,7 @@ state, so it is the resume point: a resumed run loads the distiller from the new
 distill_lora folder before the step (or starts a fresh adapter, seeded by pipeline.seed), and
 sync_weights hands the folder to the rollout engines, which load merge(base, LoRA). The trainer
 and the dense scorer never see the adapter. With algo.distill.switch_to_cheaper the step also
-measures the LoRA under a schedule one notch cheaper (cheaper.json, sparrow/stages/distill_switch.py),
+measures the LoRA under a schedule one notch cheaper (cheaper.json, sparrow/runtime/distill_switch.py),
 which reoptimize_schedule reads to decide a switch. Between steps the distiller stays in the
 runtime; while the engines roll out, its base weights are freed (release_during_rollout).
 With a trainer group (trainer.num_workers > 0) the step runs on the group's ranks, each holding
@@ -22,7 +22,6 @@ with and without the LoRA on the same tokens) go to DuckDB and MLflow as step me
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -30,11 +29,17 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from sparrow.errors import SparrowError
-from sparrow.runtime.ledger.stage import StageInputError, StageOutcome, StageWrite, run_stage
+from sparrow.runtime.distill_switch import cheaper_candidate, write_measurement
+from sparrow.runtime.ledger import contract
+from sparrow.runtime.ledger.stage import StageOutcome, StageWrite, run_stage
 from sparrow.runtime.retry import INFRA_RETRIES
-from sparrow.runtime.run_runtime import DISTILL_CACHE as _CACHE
-from sparrow.runtime.run_runtime import RunRuntime, device_and_dtype, lookup, peak_memory
-from sparrow.stages.distill_switch import cheaper_candidate, write_measurement
+from sparrow.runtime.run_runtime import (
+    CachedDistiller,
+    RunRuntime,
+    device_and_dtype,
+    lookup,
+    peak_memory,
+)
 from sparrow.storage.run_rows import stage_records
 
 STAGE = "distill_lora"
@@ -57,12 +62,16 @@ def adapter_folder_before(runtime: RunRuntime, step: int) -> str:
 def _distiller_before(runtime: RunRuntime, step: int):
     from sparrow.trainer.distill import SparseDistiller
 
-    cached = getattr(runtime, _CACHE, None)
-    setattr(runtime, _CACHE, None)
-    group = runtime.trainer_before(step + 1) if runtime.cfg.trainer.num_workers else None
+    cached, runtime.distiller = runtime.distiller, None
+    trainer = runtime.trainer_before(step + 1) if runtime.cfg.trainer.num_workers else None
+    group = trainer if trainer is not None and trainer.sharded else None
     # a group's distiller lives on its ranks: a restarted group starts one from the folder
-    if cached is not None and cached[0] == step - 1 and getattr(cached[1], "group", None) is group:
-        return cached[1]
+    if (
+        cached is not None
+        and cached.step == step - 1
+        and getattr(cached.distiller, "group", None) is group
+    ):
+        return cached.distiller
     cfg = runtime.cfg
     device, dtype = device_and_dtype(cfg.model)
     options = dict(
@@ -91,31 +100,22 @@ def _base_weights(runtime: RunRuntime, step: int, policy_dir: str):
 
 
 def _inputs(rollout_dir: str, rewards_path: str, runtime: RunRuntime):
-    from sparrow.data.rollouts import read_rollouts
-    from sparrow.sparse.io import schedule_from_dict
-    from sparrow.stages.reward import read_rewards
-    from sparrow.stages.rollout import ROLLOUTS_FILE, SCHEDULE_FILE
     from sparrow.trainer.distill import record_advantages
 
-    records = read_rollouts(Path(rollout_dir) / ROLLOUTS_FILE)
-    used = json.loads((Path(rollout_dir) / SCHEDULE_FILE).read_text())
-    if not used.get("sparse", True):
+    records = contract.read_rollouts(rollout_dir)
+    used = contract.read_rollout_schedule(rollout_dir)
+    if not used.sparse:
         raise DistillNeedsSparseError(
             "algo.distill.enabled needs sparse rollout "
             "(schedule.sparse=true): the dense actor has no mismatch"
         )
-    schedule = schedule_from_dict(used["schedule"], f"{rollout_dir}/{SCHEDULE_FILE}")
     advantages = None
     if runtime.cfg.algo.distill.ppo_coef > 0:
-        rewards = read_rewards(rewards_path)
-        if len(rewards) != len(records):
-            raise StageInputError(
-                f"{rewards_path} has {len(rewards)} rewards for {len(records)} rollouts"
-            )
+        rewards = contract.read_rewards(rewards_path, records)
         advantages = record_advantages(
             records, rewards, runtime.cfg.rollout.samples_per_prompt, runtime.cfg.algo
         )
-    return records, schedule, advantages
+    return records, used.schedule, advantages
 
 
 def distill_step(
@@ -149,7 +149,7 @@ def distill_step(
     distiller.save(out)
 
     def after_commit(final: Path) -> None:
-        setattr(runtime, _CACHE, (step, distiller))
+        runtime.distiller = CachedDistiller(step, distiller)
 
     return StageWrite(metrics=metrics, after_commit=after_commit)
 

@@ -15,7 +15,6 @@ sampled accuracy is what RL moves); scored by data.reward, eval/accuracy is the 
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import numpy as np
@@ -23,12 +22,11 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from sparrow.data.reward_runner import score_completions
+from sparrow.runtime.ledger import contract
 from sparrow.runtime.ledger.stage import StageOutcome, StageWrite, run_stage
 from sparrow.runtime.retry import INFRA_RETRIES
+from sparrow.runtime.rollout.requests import sampling_params
 from sparrow.runtime.run_runtime import RunRuntime, lookup
-from sparrow.stages.rollout import sampling_params
-
-EVAL_FILE = "eval.json"
 
 
 def eval_rows(runtime: RunRuntime) -> list:
@@ -51,27 +49,25 @@ def evaluate_step(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
         data.reward, texts, [row.answer for row in rows], timeout_s=data.reward_timeout_s
     )
     accuracy = float(np.mean(batch.rewards))
-    (out / EVAL_FILE).write_text(
-        json.dumps(
-            {
-                "step": step,
-                "dataset": data.eval,
-                "temperature": temperature,
-                "accuracy": accuracy,
-                "errors": batch.errors,
-                "rows": [
-                    {
-                        "row": row.row,
-                        "prompt": row.prompt,
-                        "answer": row.answer,
-                        "completion": text,
-                        "reward": reward,
-                    }
-                    for row, text, reward in zip(rows, texts, batch.rewards)
-                ],
-            },
-            indent=2,
-        )
+    contract.write_json(
+        contract.EVAL.under(out),
+        {
+            "step": step,
+            "dataset": data.eval,
+            "temperature": temperature,
+            "accuracy": accuracy,
+            "errors": batch.errors,
+            "rows": [
+                {
+                    "row": row.row,
+                    "prompt": row.prompt,
+                    "answer": row.answer,
+                    "completion": text,
+                    "reward": reward,
+                }
+                for row, text, reward in zip(rows, texts, batch.rewards)
+            ],
+        },
     )
     return StageWrite(
         metrics={

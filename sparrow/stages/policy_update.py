@@ -12,7 +12,6 @@ metrics (loss, clip and TIS fractions, KL, grad norm) become step metrics.
 
 from __future__ import annotations
 
-import json
 import math
 import numbers
 import shutil
@@ -23,15 +22,11 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from sparrow.data.rollouts import read_rollouts
+from sparrow.runtime.ledger import contract
 from sparrow.runtime.ledger.retention import prune_policy_folders
-from sparrow.runtime.ledger.stage import StageInputError, StageOutcome, StageWrite, run_stage
+from sparrow.runtime.ledger.stage import StageOutcome, StageWrite, run_stage
 from sparrow.runtime.retry import INFRA_RETRIES
-from sparrow.runtime.run_runtime import STATE_POINTER, RunRuntime, lookup, peak_memory
-from sparrow.stages.dense_score import read_scores
-from sparrow.stages.reward import read_rewards
-
-# the folder (beside the step's stage folders) a background save writes the trainer into
-POLICY_STATE = "policy_state"
+from sparrow.runtime.run_runtime import RunRuntime, lookup, peak_memory
 
 
 def numeric_metrics(metrics: dict) -> dict[str, float]:
@@ -54,12 +49,8 @@ def update_step(
     out: Path,
 ) -> StageWrite:
     records = read_rollouts(rollouts_path)
-    rewards = read_rewards(rewards_path)
-    if len(rewards) != len(records):
-        raise StageInputError(
-            f"{rewards_path} has {len(rewards)} rewards for {len(records)} rollouts"
-        )
-    old_logprobs = read_scores(scores_path, records)["dense_logprobs"]
+    rewards = contract.read_rewards(rewards_path, records)
+    old_logprobs = contract.read_scores(scores_path, records)["dense_logprobs"]
     trainer = runtime.trainer_before(step)
     # the in-memory trainer is mid-update from here on: a failure must not leave it in use
     runtime.set_trainer(None, -1)
@@ -73,11 +64,11 @@ def update_step(
     clock = time.perf_counter()
     if runtime.cfg.pipeline.background_save and trainer.device.type == "cuda":
         # the ~20 GB write overlaps the next rollout; the stage folder points to it
-        state_dir = runtime.layout.stage_dir(step, "policy_update").parent / POLICY_STATE
+        state_dir = contract.policy_state_dir(runtime.layout, step)
         shutil.rmtree(state_dir, ignore_errors=True)  # left by an attempt that was not recorded
         trainer.save_in_background(state_dir)
         runtime.remember_save(trainer)
-        (out / STATE_POINTER).write_text(json.dumps({"state_dir": str(state_dir)}))
+        contract.write_policy_pointer(out, state_dir)
     else:
         trainer.save(out)
     metrics["time/update_save_s"] = time.perf_counter() - clock

@@ -5,10 +5,10 @@ lower bins with margin on a timer, each change a new schedule version.
 
 Each step, sparrow/control/controller.py reads the run's per-bin history of
 schedule.target_statistic (bin_stats; p5 by default, sparrow/sparse/target.py) against
-schedule.target: a bin below target - calibrate.tolerance for calibrate.patience steps
+schedule.target: a bin below target - control.tolerance for control.patience steps
 in a row is raised; every pipeline.reoptimize_every steps (0: never) bins whose p5 is at least
-target + calibrate.margin try fewer pages. The bins concerned are re-measured exactly on this
-step's own trajectories (rollouts.parquet; the calibrate.remeasure_samples longest, 0: all),
+target + control.margin try fewer pages. The bins concerned are re-measured exactly on this
+step's own trajectories (rollouts.parquet; the control.remeasure_samples longest, 0: all),
 teacher-forced under the policy that sampled them, at the grid budgets above (raise) or below
 (lower) their current top-k (the grid is calibrate.topk_pages, else the one `sparrow calibrate`
 would use), measuring only those sparrow/control/grid_search.py needs to find the
@@ -23,7 +23,7 @@ the target is out of reach there (the run decodes that bin at its most expensive
 step this happens to a bin records a threshold_events row of kind grid_top and an MLflow tag
 `schedule.grid_top.bin<b>`, and every such step counts it in reoptimize/bins_at_grid_top and
 decision.json's at_grid_top. With algo.distill.switch_to_cheaper, when no bin is to be raised, the DistillSparse
-rule (sparrow/stages/distill_switch.py) may instead switch every bin one notch cheaper, measured with
+rule (sparrow/runtime/distill_switch.py) may instead switch every bin one notch cheaper, measured with
 the LoRA by earlier distill steps: kind "distill" changes, threshold_events rows of kind
 distill_switch, metric reoptimize/distill_switch, tag distill.switch.step<n>. With
 schedule.sparse=false the stage only records that nothing is to be done.
@@ -31,7 +31,6 @@ schedule.sparse=false the stage only records that nothing is to be done.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from pathlib import Path
 
@@ -50,6 +49,8 @@ from sparrow.control.controller import (
 )
 from sparrow.control.grid_search import search_topk_pages
 from sparrow.data.rollouts import read_rollouts
+from sparrow.runtime.distill_switch import EVENT_KIND, switch_for
+from sparrow.runtime.ledger import contract
 from sparrow.runtime.ledger.schedules import insert_schedule, schedule_in_force
 from sparrow.runtime.ledger.stage import StageOutcome, StageWrite, run_stage
 from sparrow.runtime.retry import INFRA_RETRIES
@@ -57,15 +58,11 @@ from sparrow.runtime.run_runtime import RunRuntime, device_and_dtype, lookup
 from sparrow.sparse.io import save_schedule_yaml
 from sparrow.sparse.schedule import Schedule
 from sparrow.sparse.target import get_statistic
-from sparrow.stages.distill_switch import EVENT_KIND, switch_for
-from sparrow.stages.rollout import ROLLOUTS_FILE
 from sparrow.storage.mismatch_rows import add_threshold_events, event_bins, statistic_history
 from sparrow.storage.schedule_rows import newest_version
 
-DECISION_FILE = "decision.json"
 GRID_TOP_KIND = "grid_top"
-SCHEDULE_FILE = "schedule.yaml"
-STAGE = "reoptimize_schedule"
+STAGE = contract.DECISION.stage
 
 
 def settings_of(cfg) -> ControlSettings:
@@ -73,9 +70,9 @@ def settings_of(cfg) -> ControlSettings:
     target = get_statistic(cfg.schedule.target_statistic).oriented(cfg.schedule.target)
     return ControlSettings(
         target=target,
-        tolerance=cfg.calibrate.tolerance,
-        patience=cfg.calibrate.patience,
-        margin=cfg.calibrate.margin,
+        tolerance=cfg.control.tolerance,
+        patience=cfg.control.patience,
+        margin=cfg.control.margin,
     )
 
 
@@ -92,7 +89,7 @@ def p5_history(runtime: RunRuntime, step: int) -> dict[int, dict[int, float]]:
 
 
 def step_trajectories(runtime: RunRuntime, step: int) -> list[Trajectory]:
-    records = read_rollouts(runtime.layout.stage_dir(step, "rollout") / ROLLOUTS_FILE)
+    records = read_rollouts(contract.ROLLOUTS.at(runtime.layout, step))
     return [
         Trajectory(tuple(r.prompt_ids) + tuple(r.output_ids), len(r.prompt_ids))
         for r in records
@@ -104,7 +101,7 @@ def longest(trajectories: list[Trajectory], count: int) -> list[Trajectory]:
     """The `count` longest (0: all), ties in rollout order: a bin concerned is often a late
     one that only long trajectories reach, and an empty bin could not be re-measured."""
     if count < 0:
-        raise ValueError(f"calibrate.remeasure_samples must be >= 0, got {count}")
+        raise ValueError(f"control.remeasure_samples must be >= 0, got {count}")
     if not count or count >= len(trajectories):
         return list(trajectories)
     order = sorted(range(len(trajectories)), key=lambda i: -len(trajectories[i].ids))
@@ -115,7 +112,7 @@ def remeasure(
     runtime: RunRuntime, step: int, schedule: Schedule, decision: Decision
 ) -> tuple[list[int], np.ndarray, list[int], int, list[int]]:
     """(topk_pages, p5[topk index, bin], tokens per bin, trajectories replayed, the grid): the
-    decision's bins, exact, on the longest calibrate.remeasure_samples of this step's
+    decision's bins, exact, on the longest control.remeasure_samples of this step's
     trajectories, at the top-k values grid_search needs; "p5" is schedule.target_statistic,
     oriented."""
     import torch
@@ -123,7 +120,7 @@ def remeasure(
     from sparrow.model import load_model
 
     cfg = runtime.cfg
-    trajectories = longest(step_trajectories(runtime, step), cfg.calibrate.remeasure_samples)
+    trajectories = longest(step_trajectories(runtime, step), cfg.control.remeasure_samples)
     grid = list(cfg.calibrate.topk_pages) or list(
         topk_grid(-(-max(len(t.ids) for t in trajectories) // schedule.page_size))
     )
@@ -211,7 +208,7 @@ def reoptimize(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
         "reoptimize/bins_at_grid_top": float(len(at_grid_top)),
     }
     if not changes:
-        (out / DECISION_FILE).write_text(json.dumps(record, indent=2))
+        contract.write_json(contract.DECISION.under(out), record)
         write = StageWrite(metrics=metrics)
     else:
         write = _new_version(runtime, step, out, new, changes, record, metrics)
@@ -271,11 +268,11 @@ def _new_version(
 ) -> StageWrite:
     with runtime.store.connect() as conn:
         version = (newest_version(conn, new.name) or 0) + 1
-    save_schedule_yaml(new, out / SCHEDULE_FILE)
-    final_yaml = runtime.layout.stage_dir(step, STAGE) / SCHEDULE_FILE
+    save_schedule_yaml(new, contract.NEW_SCHEDULE.under(out))
+    final_yaml = contract.NEW_SCHEDULE.at(runtime.layout, step)
     reason = "; ".join(f"bin {c.bin} {c.kind} {c.old_topk}->{c.new_topk}" for c in changes)
     record.update(new_version=version, reason=reason)
-    (out / DECISION_FILE).write_text(json.dumps(record, indent=2))
+    contract.write_json(contract.DECISION.under(out), record)
 
     switched = [c for c in changes if c.kind == "distill"]
     target = settings_of(runtime.cfg).target

@@ -10,13 +10,12 @@ table; the first failure's message and traceback in summary.json). When more tha
 `data.reward_max_error_share` of the step's samples raised, the step fails with
 RewardErrorsError naming the function and the first traceback: a reward function that is
 broken should stop a run, not train it on zeros. A resume re-runs the step's reward stage.
-rewards.parquet has one row per sample, in the rollout file's order: prompt_index,
-sample_index, reward.
+rewards.parquet (sparrow/runtime/ledger/contract.py) has one row per sample, in the rollout
+file's order: prompt_index, sample_index, reward.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -26,38 +25,14 @@ from prefect.cache_policies import NONE
 from sparrow.data.reward_runner import score_completions
 from sparrow.data.rollouts import read_rollouts
 from sparrow.errors import SparrowError
+from sparrow.runtime.ledger import contract
 from sparrow.runtime.ledger.stage import StageOutcome, StageWrite, run_stage
 from sparrow.runtime.retry import INFRA_RETRIES
 from sparrow.runtime.run_runtime import RunRuntime, lookup
 
-REWARDS_FILE = "rewards.parquet"
-SUMMARY_FILE = "summary.json"
-
 
 class RewardErrorsError(SparrowError):
     """Too many of a step's reward calls raised (data.reward_max_error_share)."""
-
-
-def write_rewards(
-    path: Path, prompt_index: list[int], sample_index: list[int], rewards: list[float]
-) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    table = pa.table(
-        {
-            "prompt_index": pa.array(prompt_index, pa.int32()),
-            "sample_index": pa.array(sample_index, pa.int32()),
-            "reward": pa.array(rewards, pa.float64()),
-        }
-    )
-    pq.write_table(table, path)
-
-
-def read_rewards(path: str | Path) -> list[float]:
-    import pyarrow.parquet as pq
-
-    return [float(v) for v in pq.read_table(path, columns=["reward"]).column("reward").to_pylist()]
 
 
 def score_rollouts(runtime: RunRuntime, rollouts_path: str, out: Path) -> StageWrite:
@@ -69,24 +44,22 @@ def score_rollouts(runtime: RunRuntime, rollouts_path: str, out: Path) -> StageW
         [r.answer for r in records],
         timeout_s=data.reward_timeout_s,
     )
-    write_rewards(
-        out / REWARDS_FILE,
+    contract.write_rewards(
+        contract.REWARDS.under(out),
         [r.prompt_index for r in records],
         [r.sample_index for r in records],
         batch.rewards,
     )
-    (out / SUMMARY_FILE).write_text(
-        json.dumps(
-            {
-                "reward": data.reward,
-                "samples": len(records),
-                "errors": batch.errors,
-                "timeouts": batch.timeouts,
-                "first_error": batch.first_error,
-                "first_traceback": batch.first_traceback,
-            },
-            indent=2,
-        )
+    contract.write_json(
+        contract.REWARD_SUMMARY.under(out),
+        {
+            "reward": data.reward,
+            "samples": len(records),
+            "errors": batch.errors,
+            "timeouts": batch.timeouts,
+            "first_error": batch.first_error,
+            "first_traceback": batch.first_traceback,
+        },
     )
     check_error_share(data.reward, batch, len(records), data.reward_max_error_share)
     rewards = np.asarray(batch.rewards, dtype=np.float64)

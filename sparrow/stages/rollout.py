@@ -3,21 +3,18 @@
     outcome = rollout_task(workdir, run_id, step)     # step-<n>/rollout/rollouts.parquet
 
 Prompts: `data.prompts_per_step` rows of the training set for this step (the same rows on a
-re-run). Sampling: `rollout.*`, with the schedule in force at this step (sparrow/runtime/ledger/schedules.py;
-dense decode when schedule.sparse=false). Each prompt's request carries a seed derived from
-(pipeline.seed, rollout.seed, step, prompt); the engine derives each sample's seed from
-it and the sample index, so results do not depend on how prompts are sharded across actors.
-Generation stops at the model's context: max_new_tokens is cut to what is left after the
-prompt, and a prompt that leaves no room is PromptTooLongError naming its dataset row.
+re-run). Sampling: `rollout.*`, with the schedule in force at this step
+(sparrow/runtime/ledger/schedules.py; dense decode when schedule.sparse=false); the requests,
+their seeds and the cut to the model's context are sparrow/runtime/rollout/requests.py's (a
+prompt that leaves no room is PromptTooLongError naming its dataset row). Outputs
+(sparrow/runtime/ledger/contract.py): rollouts.parquet (sparrow/data/rollouts.py) and
+schedule.json (the schedule used, which aggregate_mismatch reads for its bins and pages read).
 Each record holds its tokens' roles on the reference path when the task has one
 (pointer_chase_long, multi_chase: sparrow/data/token_roles.py).
-Outputs: rollouts.parquet (sparrow/data/rollouts.py) and schedule.json (the schedule
-used, which aggregate_mismatch reads for its bins and pages read).
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,59 +24,14 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NONE
 
-from sparrow.data.datasets import PromptTooLongError, context_error  # noqa: F401 (re-export)
 from sparrow.data.rollouts import RolloutRecord, write_rollouts
 from sparrow.data.token_roles import ReferencePath, role_codes
-from sparrow.engine import SamplingParams
+from sparrow.runtime.ledger import contract
 from sparrow.runtime.ledger.schedules import schedule_in_force
 from sparrow.runtime.ledger.stage import StageOutcome, StageWrite, run_stage
 from sparrow.runtime.retry import INFRA_RETRIES
+from sparrow.runtime.rollout.requests import sampling_params
 from sparrow.runtime.run_runtime import RunRuntime, lookup
-from sparrow.sparse.io import schedule_to_dict
-
-ROLLOUTS_FILE = "rollouts.parquet"
-SCHEDULE_FILE = "schedule.json"
-
-
-def request_seed(run_seed: int, rollout_seed: int, step: int, prompt_index: int) -> int:
-    """A 63-bit seed per (run seed, rollout seed, step, prompt); the engine adds the sample."""
-    entropy = [
-        abs(run_seed),
-        int(run_seed < 0),
-        abs(rollout_seed),
-        int(rollout_seed < 0),
-        step,
-        prompt_index,
-    ]
-    return int(np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0] >> 1)
-
-
-def max_new_tokens_for(runtime: RunRuntime, row: Any, source: str) -> int:
-    """rollout.max_new_tokens, cut to the room the context leaves after the prompt."""
-    room = runtime.max_context - len(row.prompt_ids)
-    if room < 1:
-        raise context_error(source, row.row, len(row.prompt_ids), runtime.max_context)
-    return min(runtime.cfg.rollout.max_new_tokens, room)
-
-
-def sampling_params(
-    runtime: RunRuntime, rows: Sequence[Any], step: int, greedy: bool = False, source: str = ""
-) -> list[SamplingParams]:
-    """One request per prompt row; `source` names the dataset in errors (data.train if empty)."""
-    rollout = runtime.cfg.rollout
-    source = source or runtime.cfg.data.train
-    return [
-        SamplingParams(
-            temperature=0.0 if greedy else rollout.temperature,
-            top_p=rollout.top_p,
-            top_k=rollout.top_k,
-            max_new_tokens=max_new_tokens_for(runtime, row, source),
-            seed=request_seed(runtime.cfg.pipeline.seed, rollout.seed, step, index),
-            n=1 if greedy else rollout.samples_per_prompt,
-            logprobs_topk=rollout.logprobs_topk,
-        )
-        for index, row in enumerate(rows)
-    ]
 
 
 def to_records(
@@ -137,17 +89,8 @@ def generate_rollouts(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
         runtime.after_rollout()
     released = runtime.pool.memory() if runtime.pool_on_gpu else []
     records = to_records(rows, results, runtime.tokenizer)
-    write_rollouts(out / ROLLOUTS_FILE, records)
-    (out / SCHEDULE_FILE).write_text(
-        json.dumps(
-            {
-                "schedule": schedule_to_dict(schedule),
-                "version": version,
-                "sparse": cfg.schedule.sparse,
-            },
-            indent=2,
-        )
-    )
+    write_rollouts(contract.ROLLOUTS.under(out), records)
+    contract.write_rollout_schedule(out, schedule, version, cfg.schedule.sparse)
     lengths = np.array([len(r.output_ids) for r in records], dtype=np.float64)
     pages_read = np.concatenate([np.asarray(r.pages_read, dtype=np.float64) for r in records])
     return StageWrite(

@@ -14,18 +14,16 @@ The trainer keeps the plain policy.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NONE
 
+from sparrow.runtime.ledger import contract
 from sparrow.runtime.ledger.stage import StageInputError, StageOutcome, StageWrite, run_stage
 from sparrow.runtime.retry import INFRA_RETRIES
 from sparrow.runtime.run_runtime import RunRuntime, lookup
-
-SYNCED_FILE = "synced.json"
 
 
 def sync(
@@ -33,7 +31,7 @@ def sync(
 ) -> StageWrite:
     clock = time.perf_counter()
     trainer = runtime.trainer_after(step)
-    if runtime.cfg.trainer.num_workers and trainer is not None:
+    if trainer is not None and trainer.sharded:
         return _sync_group(runtime, trainer, policy_dir, out, clock, adapter_dir)
     colocated = trainer is not None and runtime.pool_on_gpu and trainer.device.type == "cuda"
     # GPU to GPU needs no file: the state may still be being written (a replacement actor
@@ -56,17 +54,15 @@ def sync(
         runtime.pool.load_weights(policy_dir, adapter_dir)
         modes = ["folder"] * len(runtime.pool.actors)
     seconds = time.perf_counter() - clock
-    (out / SYNCED_FILE).write_text(
-        json.dumps(
-            {
-                "weights_path": policy_dir,
-                "adapter_path": adapter_dir,
-                "modes": modes,
-                "seconds": seconds,
-                "actors": runtime.pool.info(),
-            },
-            indent=2,
-        )
+    contract.write_json(
+        contract.SYNCED.under(out),
+        {
+            "weights_path": policy_dir,
+            "adapter_path": adapter_dir,
+            "modes": modes,
+            "seconds": seconds,
+            "actors": runtime.pool.info(),
+        },
     )
     return StageWrite(
         metrics={
@@ -91,18 +87,16 @@ def _sync_group(
     )
     seconds = time.perf_counter() - clock
     phases = dict(group.last_sync)
-    (out / SYNCED_FILE).write_text(
-        json.dumps(
-            {
-                "weights_path": policy_dir,
-                "adapter_path": adapter_dir,
-                "modes": modes,
-                "seconds": seconds,
-                "phases": phases,
-                "actors": runtime.pool.info(),
-            },
-            indent=2,
-        )
+    contract.write_json(
+        contract.SYNCED.under(out),
+        {
+            "weights_path": policy_dir,
+            "adapter_path": adapter_dir,
+            "modes": modes,
+            "seconds": seconds,
+            "phases": phases,
+            "actors": runtime.pool.info(),
+        },
     )
     return StageWrite(
         metrics={

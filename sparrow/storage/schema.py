@@ -1,4 +1,4 @@
-"""The DuckDB schema of a workdir: tables of DESIGN.md "Storage and tracking".
+"""The DuckDB schema of a workdir: tables of docs/storage.md.
 
 Every table is keyed so that a stage re-run after a crash replaces its own rows instead of
 duplicating them (writers delete-then-insert by key inside one transaction). The view

@@ -6,7 +6,7 @@
     adapter = distiller.adapter()        # merged into the rollout engines' weights only
     distiller.save(folder); distiller = SparseDistiller.load(folder, model_path, algo, ...)
 
-sparrow-method.md section 8, step (4): the student is the engine's own Decoder (base weights
+docs/method.md, DistillSparse: the student is the engine's own Decoder (base weights
 from the trainer, frozen, in the compute dtype) with a peft LoRA (rl/lora.py). On each
 micro-batch of the step's rollouts (scoring.micro_batches, algo.micro_batch_tokens) it runs the
 teacher-forced forward (engine/teacher_forced.py: each generated position with the page

@@ -74,7 +74,12 @@ if TYPE_CHECKING:  # the library's config types, without importing the config lo
 
 
 class PolicyTrainer:
-    """The dense policy, its AdamW optimizer, and the step counter (see the module doc)."""
+    """The dense policy, its AdamW optimizer, and the step counter (see the module doc); a
+    Trainer (sparrow/trainer/protocol.py)."""
+
+    # one process holds the whole model, and it never stops on its own
+    sharded = False
+    failed = ""
 
     def __init__(
         self,
@@ -114,6 +119,10 @@ class PolicyTrainer:
 
     def _load_model(self) -> torch.nn.Module:
         return load_hf_model(self.model_path, self.device)
+
+    @property
+    def can_offload(self) -> bool:
+        return self.device.type == "cuda"
 
     def compiles(self, option: str) -> bool:
         """algo.compile_layers / compile_logprobs: true or false as set; null (the default) is

@@ -84,6 +84,8 @@ class LogprobRoot(torch.nn.Module):
 class ShardedPolicyTrainer(PolicyTrainer):
     """PolicyTrainer's update and scoring on this rank's shard (see the module doc)."""
 
+    sharded = True  # this rank holds a shard; the runtime sees the ranks as a TrainerGroup
+
     def __init__(
         self,
         model_path: str | Path,

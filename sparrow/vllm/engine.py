@@ -59,6 +59,12 @@ class KVCapacity:
 
 
 class VllmEngine:
+    # capabilities (sparrow/engine/protocol.py): whole batches only, vLLM's own graphs, CUDA
+    takes_feed = False
+    keeps_graphs = False
+    needs_cuda = True
+    graphs = None
+
     def __init__(
         self,
         model_path: str,
@@ -90,6 +96,23 @@ class VllmEngine:
         self._weights_awake = self._kv_awake = True
         self._released = 0  # device bytes vLLM gave back asleep and takes again at wake
         self.set_schedule(schedule)
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        weights_path: str,
+        config: EngineConfig,
+        tokenizer: Any,
+        schedule: Schedule | None,
+        dtype: str,
+        device: str,
+    ) -> VllmEngine:
+        return cls(weights_path, config, tokenizer, schedule, dtype=dtype, device=device)
+
+    @property
+    def stats(self) -> dict[str, float]:
+        """No step counts: vLLM schedules its own steps."""
+        return {}
 
     # the trainer's hooks
 

@@ -9,7 +9,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import score_host  # noqa: E402
 
-from sparrow.stages.dense_score import read_scores  # noqa: E402
+from sparrow.runtime.ledger.contract import read_scores  # noqa: E402
 
 
 def test_every_part_is_timed(tmp_path):

@@ -1,5 +1,6 @@
 """Renamed config keys: the old name still works, with a warning naming the new one; stored
-configs and studies that hold the old name are read under the new one without a warning."""
+configs and studies that hold the old name are read under the new one without a warning. Keys
+moved to another group are refused, naming the new key; a run stored before the move resumes."""
 
 from __future__ import annotations
 
@@ -59,3 +60,32 @@ def test_a_run_stored_with_the_old_key_resumes_with_the_new_one():
     stored = to_yaml(cfg).replace("topk_pages:", "budgets:")
     assert config_differences(stored, cfg) == []
     assert config_differences(to_yaml(SparrowConfig()), cfg) != []
+
+
+def test_a_moved_key_is_refused_naming_its_new_name(tmp_path: Path):
+    from sparrow.config.load import ConfigError
+
+    with pytest.raises(ConfigError, match=r"'calibrate\.patience' is now 'control\.patience'"):
+        load_config(["calibrate.patience=3"])
+    root = tmp_path / "conf"
+    for group in GROUPS:
+        (root / group).mkdir(parents=True)
+        (root / group / "default.yaml").write_text("{}\n")
+    (root / "config.yaml").write_text("defaults: {}\n")
+    (root / "calibrate" / "default.yaml").write_text("margin: 0.1\n")
+    with pytest.raises(ConfigError, match=r"calibrate/default.yaml.*'control\.margin'"):
+        load_config(root=root)
+    assert load_config(["control.patience=3"]).control.patience == 3
+
+
+def test_a_run_stored_before_the_move_resumes():
+    import yaml
+
+    from sparrow.runtime.ledger.run_record import config_differences
+
+    cfg = load_config(["control.patience=3"])
+    stored = yaml.safe_load(to_yaml(cfg))
+    stored["calibrate"].update(stored.pop("control"))  # as a run stored before the move
+    assert config_differences(yaml.safe_dump(stored), cfg) == []
+    stored["calibrate"]["patience"] = 5
+    assert config_differences(yaml.safe_dump(stored), cfg) == ["control.patience: 5 -> 3"]

@@ -36,7 +36,7 @@ def _small_overrides(workdir: Path, run_id: str, *extra: str) -> list[str]:
     """Two steps of the embedded default at test size: 2 prompts x 2 samples, 24 new tokens,
     evaluated after step 2. Sampling is hot (temperature 2) because the embedded model is
     nearly certain at 1: samples of one prompt must differ for the update to do anything.
-    At temperature 2 some bins fall below target; calibrate.patience=3 keeps the controller
+    At temperature 2 some bins fall below target; control.patience=3 keeps the controller
     from raising them within the 2 steps, so the schedule stays tiny-0.86 version 1
     (tests/stages/test_reoptimize.py covers raising). No end-of-run report: the session's base
     run writes one (tests/cli/test_train_cli.py checks it)."""
@@ -51,7 +51,7 @@ def _small_overrides(workdir: Path, run_id: str, *extra: str) -> list[str]:
         "data.reward=test_char_code",
         "data.eval=builtin:synthetic",
         "pipeline.eval_every=2",
-        "calibrate.patience=3",
+        "control.patience=3",
         "pipeline.report=false",
         *extra,
     ]

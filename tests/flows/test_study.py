@@ -38,7 +38,7 @@ STUDY = "st"
 
 
 def study_file(path: Path, fail: bool) -> str:
-    fixed = ["calibrate.patience=1000000"] + (["pipeline.fail_at=rollout@2"] if fail else [])
+    fixed = ["control.patience=1000000"] + (["pipeline.fail_at=rollout@2"] if fail else [])
     path.write_text(
         yaml.safe_dump(
             {
@@ -64,7 +64,7 @@ def overrides(workdir: Path) -> list[str]:
         "rollout.max_new_tokens=12",
         "rollout.temperature=2.0",
         "data.reward=test_char_code",
-        "calibrate.patience=3",
+        "control.patience=3",
         "pipeline.report=false",
     ]
 
@@ -226,7 +226,7 @@ def test_arms_at_once_write_their_own_workdirs_and_one_report(tmp_path, flow_env
                     {"name": "dense", "overrides": ["schedule.sparse=false"]},
                     {
                         "name": "fixed",
-                        "overrides": ["calibrate.patience=1000000"],
+                        "overrides": ["control.patience=1000000"],
                         "fixed_budget": True,
                     },
                 ],

@@ -141,7 +141,7 @@ def test_evaluation_at_a_temperature_samples_the_step_policy_once_per_prompt(
     seeded as a rollout request is (the same engine call gives the same completions)."""
     from sparrow.engine import Engine, EngineConfig, SamplingParams
     from sparrow.model import load_model, load_tokenizer
-    from sparrow.stages.rollout import request_seed
+    from sparrow.runtime.rollout.requests import request_seed
 
     workdir = tmp_path / "work"
     train_flow(
@@ -199,7 +199,7 @@ def test_bin_stats_and_events_match_the_token_file(reference):
             "SELECT * FROM bin_stats WHERE run_id = 'ref' AND step = ? ORDER BY bin",
             [step],
         )
-        # past the schedule's last bin is the last bin (sparrow-method.md)
+        # past the schedule's last bin is the last bin (docs/method.md)
         token_bins = np.minimum(positions // schedule.bin_tokens, schedule.num_bins - 1)
         assert tokens["bin"] == token_bins.tolist()
         assert [s["bin"] for s in stats] == sorted(set(token_bins.tolist()))

@@ -18,13 +18,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from sparrow.config import ConfigError
-from sparrow.data.datasets import DatasetError
+from sparrow.data.datasets import DatasetError, PromptTooLongError
 from sparrow.flows.train import train_flow
 from sparrow.model import read_arch
 from sparrow.model.builtin import ModelPathError, resolve_model_path
 from sparrow.runtime.ledger.run_record import ConfigMismatchError
 from sparrow.stages.reward import RewardErrorsError
-from sparrow.stages.rollout import PromptTooLongError
 from sparrow.storage import WorkdirBusyError, query
 
 pytestmark = [

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from sparrow.config import load_config
-from sparrow.runtime.run_runtime import DISTILL_CACHE, RunRuntime
+from sparrow.runtime.run_runtime import CachedDistiller, RunRuntime
 from sparrow.storage import Store
 
 
@@ -40,7 +40,7 @@ def test_before_rollout_frees_the_distillers_base(tmp_path, release):
     times = runtime.before_rollout()  # no distiller yet: nothing to free
     assert set(times) == {"release_s", "engine_wake_s"} and min(times.values()) >= 0
     distiller = Distiller()
-    setattr(runtime, DISTILL_CACHE, (1, distiller))
+    runtime.distiller = CachedDistiller(1, distiller)
     runtime.before_rollout()
     assert distiller.released == int(release)
 

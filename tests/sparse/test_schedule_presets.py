@@ -9,7 +9,7 @@ import torch
 from sparrow.sparse.presets import PRESETS, get_preset
 from sparrow.sparse.schedule import Schedule, ScheduleError
 
-# section 4 of sparrow-method.md, pasted as published
+# the paper's table of reference schedules, pasted as published
 PUBLISHED = """
 qwen3-1.7b-0.75: 29 29 45 45 61 61 77 77 93 93 93 93 93 93 93 93 93 93 93 93
 qwen3-1.7b-0.80: 29 45 61 77 93 93 125 125 125 157 157 157 157 157 157 157 157 157 157 157

@@ -62,7 +62,7 @@ def test_token_rows_carry_the_roles_of_their_records():
 
 
 def test_positions_past_the_last_bin_are_in_the_last_bin():
-    # sparrow-method.md: the last bin covers everything from its start on; two bins of 4 tokens
+    # docs/method.md: the last bin covers everything from its start on; two bins of 4 tokens
     records = [record(0, 0, 3, 9)]
     scores = {
         "acceptance": [[0.9] * 9],

@@ -16,12 +16,13 @@ import pytest
 
 from sparrow.config import load_config
 from sparrow.mismatch.acceptance import bin_statistics
+from sparrow.runtime.distill_switch import cheaper_candidate, write_measurement
+from sparrow.runtime.ledger.contract import DECISION
 from sparrow.runtime.ledger.schedules import insert_schedule, schedule_in_force
 from sparrow.runtime.ledger.stage import run_stage
 from sparrow.sparse.schedule import Schedule
 from sparrow.stages.aggregate_mismatch import StepBins
-from sparrow.stages.distill_switch import cheaper_candidate, write_measurement
-from sparrow.stages.reoptimize_schedule import DECISION_FILE, reoptimize
+from sparrow.stages.reoptimize_schedule import reoptimize
 from sparrow.storage import RunLayout, Store
 from sparrow.storage.run_rows import record_stage
 
@@ -107,7 +108,7 @@ def test_two_measurements_at_target_switch_to_the_cheaper_schedule(tmp_path):
     new, version = schedule_in_force(runtime.store, RUN, "tiny-ctl", 1, 4)
     assert new.topk_pages == (4, 8, 20, 20) and version == 2
     decision = json.loads(
-        (runtime.layout.stage_dir(3, "reoptimize_schedule") / DECISION_FILE).read_text()
+        (runtime.layout.stage_dir(3, "reoptimize_schedule") / DECISION.name).read_text()
     )
     assert {c["kind"] for c in decision["changes"]} == {"distill"}
     with runtime.store.connect() as conn:

@@ -24,10 +24,11 @@ from sparrow.data.rollouts import RolloutRecord, write_rollouts
 from sparrow.engine import Engine, EngineConfig, SamplingParams
 from sparrow.model import load_model, load_tokenizer
 from sparrow.model.builtin import resolve_model_path
+from sparrow.runtime.ledger.contract import DECISION
 from sparrow.runtime.ledger.schedules import insert_schedule, schedule_in_force
 from sparrow.runtime.ledger.stage import run_stage
 from sparrow.sparse.schedule import Schedule
-from sparrow.stages.reoptimize_schedule import DECISION_FILE, longest, reoptimize
+from sparrow.stages.reoptimize_schedule import longest, reoptimize
 from sparrow.storage import RunLayout, Store
 
 pytestmark = pytest.mark.slow
@@ -147,7 +148,7 @@ def test_a_crossing_raises_the_bin_as_a_new_version(tmp_path, sampled):
     set_p5(runtime, 1, {2: 0.99, 3: 0.10})
     try:
         outcome = run(runtime, 1)
-        decision = json.loads(Path(outcome.output_dir, DECISION_FILE).read_text())
+        decision = json.loads(Path(outcome.output_dir, DECISION.name).read_text())
         new, version = schedule_in_force(runtime.store, RUN, "tiny-ctl", 1, step=2)
     finally:
         runtime.store.close()
@@ -168,7 +169,7 @@ def test_margin_on_the_timer_lowers_and_nothing_happens_off_the_timer(tmp_path, 
     set_p5(runtime, 1, {2: 1.0, 3: 1.0})
     set_p5(runtime, 2, {2: 1.0, 3: 1.0})
     try:
-        first = json.loads(Path(run(runtime, 1).output_dir, DECISION_FILE).read_text())
+        first = json.loads(Path(run(runtime, 1).output_dir, DECISION.name).read_text())
         assert first["changes"] == [] and first["decision"]["lower_bins"] == []
         run(runtime, 2)
         new, version = schedule_in_force(runtime.store, RUN, "tiny-ctl", 1, step=3)
@@ -195,11 +196,11 @@ def test_remeasure_samples_keeps_the_longest_in_rollout_order():
 
 
 def test_a_raise_replays_the_capped_trajectories_at_the_budgets_the_search_needs(tmp_path, sampled):
-    runtime, schedule = make_runtime(tmp_path, sampled, (2,) * 8, "calibrate.remeasure_samples=2")
+    runtime, schedule = make_runtime(tmp_path, sampled, (2,) * 8, "control.remeasure_samples=2")
     set_p5(runtime, 1, {3: 0.10})
     try:
         outcome = run(runtime, 1)
-        decision = json.loads(Path(outcome.output_dir, DECISION_FILE).read_text())
+        decision = json.loads(Path(outcome.output_dir, DECISION.name).read_text())
     finally:
         runtime.store.close()
     model, _, records = sampled
@@ -229,7 +230,7 @@ def test_a_bin_below_target_at_the_grids_largest_budget_is_an_event_once(tmp_pat
     try:
         first, second = (run(runtime, step) for step in (1, 2))
         decisions = [
-            json.loads(Path(o.output_dir, DECISION_FILE).read_text()) for o in (first, second)
+            json.loads(Path(o.output_dir, DECISION.name).read_text()) for o in (first, second)
         ]
         _, version = schedule_in_force(runtime.store, RUN, "tiny-ctl", 1, step=3)
     finally:

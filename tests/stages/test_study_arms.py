@@ -26,7 +26,7 @@ def study(tmp_path, arms, **fields) -> str:
 
 ARMS = [
     {"name": "dense", "overrides": ["schedule.sparse=false"]},
-    {"name": "fixed", "overrides": ["calibrate.patience=1000000"], "fixed_budget": True},
+    {"name": "fixed", "overrides": ["control.patience=1000000"], "fixed_budget": True},
     {"name": "ctl", "overrides": ["schedule.target=0.9"]},
 ]
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from sparrow.config import SparrowConfig, to_yaml
-from sparrow.config.renamed import CONFIG_RENAMES, rename_keys
+from sparrow.config.renamed import CONFIG_RENAMES, move_keys, rename_keys
 from sparrow.errors import SparrowError
 from sparrow.storage import Store
 from sparrow.storage.run_rows import insert_run, run_config_yaml, set_run_status
@@ -79,8 +79,10 @@ def config_differences(stored_yaml: str, cfg: SparrowConfig) -> list[str]:
     stored config lacks (added to the schema since) counts as unchanged at its default."""
     # a run stored before a key was renamed holds the old name: compare it under the new one
     old = flat_config(
-        rename_keys(
-            yaml.safe_load(stored_yaml) or {}, CONFIG_RENAMES, source="run config", warn=False
+        move_keys(
+            rename_keys(
+                yaml.safe_load(stored_yaml) or {}, CONFIG_RENAMES, source="run config", warn=False
+            )
         )
     )
     new = flat_config(yaml.safe_load(to_yaml(cfg)) or {})

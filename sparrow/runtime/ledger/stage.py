@@ -36,7 +36,7 @@ from sparrow.storage.run_rows import record_stage, replace_step_metrics, stage_r
 if TYPE_CHECKING:
     from sparrow.runtime.run_runtime import RunRuntime
 
-# the stages of one RL step, in the order the train flow runs them (DESIGN.md "One RL step")
+# the stages of one RL step, in the order the train flow runs them (docs/architecture.md, "One RL step")
 STAGES = (
     "rollout",
     "reward",

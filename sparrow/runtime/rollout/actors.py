@@ -3,7 +3,7 @@
     start_ray("")                                   # a local Ray unless an address is given
     pool = ActorPool.start(WorkerSpec(model_path, weights_path, schedule, engine), num_actors=1)
     results = pool.generate(prompt_ids, sampling_params)    # [prompt][sample] SampleResult
-    pool.load_weights("/work/runs/r1/step-3/policy_update")  # every actor reads the folder
+    pool.load_weights("/runs/q17/runs/r1/step-3/policy_update")  # every actor reads the folder
     pool.set_schedule(schedule_or_none); pool.shutdown()
 
 One actor per GPU (the engine on that GPU), or `rollout.num_actors` CPU actors (1 when it
@@ -95,9 +95,9 @@ class ActorPool:
 
     @property
     def pulls(self) -> bool:
-        """Whether the engines take prompts while they run (the native engine's feed; with
+        """Whether the engines take prompts while they run (an engine that takes a feed; with
         one actor its one work item is the same batch without a call per prompt)."""
-        return self.spec.backend == "native" and len(self.actors) > 1
+        return self.spec.engine_class.takes_feed and len(self.actors) > 1
 
     def prompt_source(self):
         """The pool's PromptSource actor (sparrow/runtime/rollout/dispatch.py), started once: an

@@ -5,7 +5,8 @@
     worker.generate(prompt_ids, params); worker.sleep(); worker.wake(); worker.rollout_stats()
 
 `WorkerSpec.backend` picks the engine (`rollout.backend`): native (sparrow/engine) or vllm
-(sparrow/vllm: GPU only); both answer the same calls. The weight-sync methods come from
+(sparrow/vllm: GPU only); both are a RolloutEngine (sparrow/engine/protocol.py), and what
+differs between them is asked of the class's capabilities, never of the backend's name. The weight-sync methods come from
 SyncedWorker (sparrow/runtime/rollout/actor_sync.py). `generate_from` takes requests from a PromptSource actor
 while the engine runs (sparrow/runtime/rollout/dispatch.py). A native GPU engine's actor runs on
 torch's expandable segments (engine_process_env) so its decode graphs survive the sleep.
@@ -19,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sparrow.engine.config import EngineConfig
+from sparrow.engine.protocol import RolloutEngine, engine_class
 from sparrow.runtime.rollout.actor_sync import SyncedWorker
 from sparrow.sparse import Schedule
 
@@ -30,12 +33,16 @@ class WorkerSpec:
     model_path: str  # architecture and tokenizer
     weights_path: str  # a checkpoint folder whose safetensors hold the current policy
     schedule: Schedule | None  # None decodes densely
-    engine: Any  # EngineConfig
+    engine: EngineConfig
     device: str = "cpu"
     dtype: str = "float32"
     threads: int = 1
     adapter_path: str = ""  # a DistillSparse LoRA folder merged into the weights; "" none
-    backend: str = "native"  # rollout.backend: native or vllm
+    backend: str = "native"  # rollout.backend: a name of sparrow.engine.protocol.ROLLOUT_ENGINES
+
+    @property
+    def engine_class(self) -> type[RolloutEngine]:
+        return engine_class(self.backend)
 
 
 class SourceFeed:
@@ -92,7 +99,7 @@ class RolloutWorker(SyncedWorker):
             "graphs_kept": kept_after - kept,
             "samples": sum(len(samples) for samples in results),
             "tokens": sum(len(s.output_ids) for samples in results for s in samples),
-            **getattr(self.engine, "stats", {}),
+            **self.engine.stats,
         }
         for key, value in counts.items():
             self.counts[key] = self.counts.get(key, 0) + value
@@ -151,37 +158,29 @@ class RolloutWorker(SyncedWorker):
         }
 
 
-def _graph_counts(engine: Any) -> tuple[float, int]:
+def _graph_counts(engine: RolloutEngine) -> tuple[float, int]:
     """The engine's decode graphs' seconds spent capturing and wakes that kept them (zeros
     without graphs); the graphs may outlive a sleep, so a call's share is the difference."""
-    graphs = getattr(engine, "graphs", None)
+    graphs = engine.graphs
     return (graphs.capture_seconds, graphs.kept_wakes) if graphs is not None else (0.0, 0)
 
 
-def build_engine(spec: WorkerSpec) -> Any:
-    """The spec's engine: the native Engine, or VllmEngine for backend "vllm"."""
+def build_engine(spec: WorkerSpec) -> RolloutEngine:
+    """The spec's engine: the class rollout.backend names, from the spec's checkpoint."""
     import torch
 
-    from sparrow.model import load_model, load_tokenizer
+    from sparrow.model import load_tokenizer
 
     if spec.device == "cpu":
         torch.set_num_threads(cpu_threads(spec.threads))
-    tokenizer = load_tokenizer(spec.model_path)
-    if spec.backend == "vllm":
-        from sparrow.vllm import VllmEngine
-
-        return VllmEngine(
-            spec.weights_path,
-            spec.engine,
-            tokenizer,
-            spec.schedule,
-            dtype=spec.dtype,
-            device=spec.device,
-        )
-    from sparrow.engine import Engine
-
-    model = load_model(spec.weights_path, dtype=getattr(torch, spec.dtype), device=spec.device)
-    return Engine(model, tokenizer, spec.engine, spec.schedule)
+    return spec.engine_class.from_checkpoint(
+        spec.weights_path,
+        spec.engine,
+        load_tokenizer(spec.model_path),
+        spec.schedule,
+        spec.dtype,
+        spec.device,
+    )
 
 
 def engine_process_env(spec: WorkerSpec) -> dict[str, str]:
@@ -189,7 +188,7 @@ def engine_process_env(spec: WorkerSpec) -> dict[str, str]:
     cache freed at sleep is mapped again at the same addresses at wake and the decode graphs
     kept through the sleep replay (rollout.keep_graphs; with the default allocator the
     driver may place it elsewhere). A PYTORCH_CUDA_ALLOC_CONF of the user's is left alone."""
-    keeps = spec.backend == "native" and spec.device != "cpu" and spec.engine.keep_graphs
+    keeps = spec.engine_class.keeps_graphs and spec.device != "cpu" and spec.engine.keep_graphs
     if not keeps or "PYTORCH_CUDA_ALLOC_CONF" in os.environ:
         return {}
     return {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}

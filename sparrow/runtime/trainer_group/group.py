@@ -52,7 +52,9 @@ class TrainerGroupError(SparrowError):
 
 
 class TrainerGroup:
-    """N TrainerRank actors (see the module doc)."""
+    """N TrainerRank actors (see the module doc); a Trainer (sparrow/trainer/protocol.py)."""
+
+    sharded = True  # weights and optimizer state split over the ranks
 
     def __init__(self, spec: TrainerSpec, actors: list[Any]):
         import torch
@@ -155,6 +157,10 @@ class TrainerGroup:
         )[0]
         self.step += 1
         return metrics
+
+    @property
+    def can_offload(self) -> bool:
+        return self.device.type == "cuda"
 
     def free_gradients(self) -> None:
         self._all("free_gradients")

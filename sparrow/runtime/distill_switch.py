@@ -11,7 +11,8 @@ controller's grid lower (calibrate.topk_pages, else calibration's grid for the s
 largest budget, so it does not move from step to step). The distill stage replays the
 step's trajectories with the LoRA under it (SparseDistiller.distill(cheaper=...)) and writes
 the per-bin target statistic (schedule.target_statistic, oriented) to cheaper.json in its
-folder. reoptimize_schedule reads the recorded distill_lora folders before its step and asks
+folder (contract.CHEAPER). reoptimize_schedule reads the recorded distill_lora folders before
+its step and asks
 sparrow/control/controller.distill_switch whether the last algo.distill.switch_patience
 of them, all of the schedule in force and of one candidate, held it at schedule.target +
 algo.distill.switch_margin. A switch is a new schedule version like any other change, with
@@ -21,7 +22,6 @@ measured there) and an MLflow tag distill.switch.step<n>.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from sparrow.control.calibration import topk_grid
@@ -31,12 +31,12 @@ from sparrow.control.controller import (
     distill_switch,
     one_notch_cheaper,
 )
+from sparrow.runtime.ledger import contract
 from sparrow.sparse.schedule import Schedule
 from sparrow.sparse.target import get_statistic
 from sparrow.storage.run_rows import stage_records
 
-CHEAPER_FILE = "cheaper.json"
-DISTILL_STAGE = "distill_lora"
+DISTILL_STAGE = contract.CHEAPER.stage
 EVENT_KIND = "distill_switch"
 
 
@@ -53,20 +53,9 @@ def write_measurement(
     """cheaper.json: the schedules' top-k and the statistic per bin of `stats` (BinStats)."""
     statistic = get_statistic(statistic_name)
     values = {str(s.bin): float(statistic.oriented(getattr(s, statistic.column))) for s in stats}
-    path = out / CHEAPER_FILE
-    path.write_text(
-        json.dumps(
-            {
-                "step": step,
-                "statistic": statistic.name,
-                "schedule_topk": list(schedule.topk_pages),
-                "cheaper_topk": list(cheaper.topk_pages),
-                "values": values,
-            },
-            indent=2,
-        )
+    return contract.write_cheaper(
+        out, step, statistic.name, schedule.topk_pages, cheaper.topk_pages, values
     )
-    return path
 
 
 def read_measurements(runtime, step: int) -> list[CheaperMeasurement]:
@@ -74,11 +63,10 @@ def read_measurements(runtime, step: int) -> list[CheaperMeasurement]:
     name = get_statistic(runtime.cfg.schedule.target_statistic).name
     out = []
     for record in stage_records(runtime.store, runtime.run_id):
-        path = Path(record.output_dir) / CHEAPER_FILE
-        if record.stage != DISTILL_STAGE or record.step >= step or not path.is_file():
+        if record.stage != DISTILL_STAGE or record.step >= step:
             continue
-        data = json.loads(path.read_text())
-        if data["statistic"] == name:
+        data = contract.read_cheaper(record.output_dir)
+        if data is not None and data["statistic"] == name:
             out.append(
                 CheaperMeasurement(
                     int(data["step"]),
