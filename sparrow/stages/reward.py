@@ -3,7 +3,8 @@
     outcome = reward_task(workdir, run_id, step, rollouts_path)   # step-<n>/reward/rewards.parquet
 
 The reward function is `data.reward` (a registry name, module:function or
-path/to/file.py:function; docs/rewards.md), run by sparrow.data.reward_runner under
+path/to/file.py:function; docs/rewards.md), or the one data.reward_by_source routes the
+sample's data_source to, plus algo's overlong shaping (sparrow/rl/overlong.py), run by sparrow.data.reward_runner under
 `data.reward_timeout_s` per call: a call that raises, returns no number or runs too long
 scores 0 and is counted (reward/errors, reward/timeouts in step_metrics, MLflow and the live
 table; the first failure's message and traceback in summary.json). When more than
@@ -23,9 +24,11 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NONE
 
-from sparrow.data.reward_runner import score_completions
+from sparrow.data.reward_routing import score_samples
+from sparrow.data.reward_runner import RewardBatch
 from sparrow.data.rollouts import read_rollouts
 from sparrow.errors import SparrowError
+from sparrow.rl.overlong import overlong_penalties
 from sparrow.runtime.ledger.stage import StageOutcome, StageWrite, run_stage
 from sparrow.runtime.retry import INFRA_RETRIES
 from sparrow.runtime.run_runtime import RunRuntime, lookup
@@ -60,20 +63,38 @@ def read_rewards(path: str | Path) -> list[float]:
     return [float(v) for v in pq.read_table(path, columns=["reward"]).column("reward").to_pylist()]
 
 
+def score_records(cfg, records) -> tuple[RewardBatch, list[float]]:
+    """(the reward functions' batch, the rewards with algo's overlong shaping added): each
+    sample by its data_source's reward (sparrow/data/reward_routing.py)."""
+    data, algo = cfg.data, cfg.algo
+    batch = score_samples(
+        data.reward,
+        data.reward_by_source,
+        [r.text for r in records],
+        [r.answer for r in records],
+        [r.data_source for r in records],
+        [r.extra_info for r in records],
+        timeout_s=data.reward_timeout_s,
+        format_reward=data.format_reward,
+    )
+    shaping = overlong_penalties(
+        [len(r.output_ids) for r in records],
+        cfg.rollout.max_new_tokens,
+        min(algo.overlong_buffer, cfg.rollout.max_new_tokens),
+        algo.overlong_penalty,
+    )
+    return batch, [r + float(p) for r, p in zip(batch.rewards, shaping)]
+
+
 def score_rollouts(runtime: RunRuntime, rollouts_path: str, out: Path) -> StageWrite:
     data = runtime.cfg.data
     records = read_rollouts(rollouts_path)
-    batch = score_completions(
-        data.reward,
-        [r.text for r in records],
-        [r.answer for r in records],
-        timeout_s=data.reward_timeout_s,
-    )
+    batch, shaped = score_records(runtime.cfg, records)
     write_rewards(
         out / REWARDS_FILE,
         [r.prompt_index for r in records],
         [r.sample_index for r in records],
-        batch.rewards,
+        shaped,
     )
     (out / SUMMARY_FILE).write_text(
         json.dumps(
@@ -89,11 +110,13 @@ def score_rollouts(runtime: RunRuntime, rollouts_path: str, out: Path) -> StageW
         )
     )
     check_error_share(data.reward, batch, len(records), data.reward_max_error_share)
-    rewards = np.asarray(batch.rewards, dtype=np.float64)
+    rewards = np.asarray(shaped, dtype=np.float64)
+    penalty = rewards - np.asarray(batch.rewards, dtype=np.float64)
     return StageWrite(
         metrics={
             "reward/mean": float(rewards.mean()) if rewards.size else float("nan"),
             "reward/std": float(rewards.std()) if rewards.size else float("nan"),
+            "reward/overlong_penalty_mean": float(penalty.mean()) if rewards.size else 0.0,
             "reward/errors": float(batch.errors),
             "reward/timeouts": float(batch.timeouts),
         }

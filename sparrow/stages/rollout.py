@@ -94,6 +94,9 @@ def to_records(rows: Sequence[Any], results: Sequence[Sequence[Any]]) -> list[Ro
             finish_reason=s.finish_reason,
             answer=row.answer,
             text=s.text or "",
+            prompt_text=row.prompt,
+            data_source=row.data_source,
+            extra_info=row.extra_info,
         )
         for p, (row, samples) in enumerate(zip(rows, results))
         for s in samples
