@@ -138,8 +138,10 @@ class PromptDataset:
         meta = self._meta[index] if self._meta is not None else ("", "")
         return PromptRow(index, prompt, tuple(int(i) for i in ids), answer, *meta)
 
-    def batch(self, step: int, prompts_per_step: int) -> list[PromptRow]:
-        """The prompts of RL step `step` (0-based); the same for the same seed and step."""
+    def batch(self, step: int, prompts_per_step: int, draw: int = 0) -> list[PromptRow]:
+        """The prompts of RL step `step` (0-based); the same for the same seed and step.
+        draw > 0: dynamic sampling's further draws of that step, each from a stream of its
+        own (another shuffle of the file, or synthetic rows far from the training stream)."""
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise DatasetError(f"step must be an integer >= 0, got {step!r}")
         if (
@@ -151,13 +153,23 @@ class PromptDataset:
                 f"prompts_per_step must be an integer >= 1, got {prompts_per_step!r}"
             )
         start = step * prompts_per_step
-        return [self.row(self._stream_row(start + i)) for i in range(prompts_per_step)]
+        return [self.row(self._stream_row(start + i, draw)) for i in range(prompts_per_step)]
 
-    def _stream_row(self, position: int) -> int:
+    def _stream_row(self, position: int, draw: int = 0) -> int:
         if self._prompts is None:
-            return position % SYNTHETIC_ROWS
+            return (position + draw * _DRAW_STRIDE) % SYNTHETIC_ROWS
         epoch, offset = divmod(position, self.num_rows)
-        return int(_epoch_order(self.seed, epoch, self.num_rows)[offset])
+        seed = self.seed if draw == 0 else _draw_seed(self.seed, draw)
+        return int(_epoch_order(seed, epoch, self.num_rows)[offset])
+
+
+# dynamic sampling's draw d reads synthetic rows d * 2**56 on: no run reaches the next stream
+_DRAW_STRIDE = 2**56
+
+
+def _draw_seed(seed: int, draw: int) -> int:
+    entropy = [abs(seed), int(seed < 0), draw]
+    return int(np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
 @lru_cache(maxsize=4)

@@ -60,9 +60,15 @@ def max_new_tokens_for(runtime: RunRuntime, row: Any, source: str) -> int:
 
 
 def sampling_params(
-    runtime: RunRuntime, rows: Sequence[Any], step: int, greedy: bool = False, source: str = ""
+    runtime: RunRuntime,
+    rows: Sequence[Any],
+    step: int,
+    greedy: bool = False,
+    source: str = "",
+    first_index: int = 0,
 ) -> list[SamplingParams]:
-    """One request per prompt row; `source` names the dataset in errors (data.train if empty)."""
+    """One request per prompt row; `source` names the dataset in errors (data.train if empty);
+    first_index: the seed index of the first row (dynamic sampling's later draws)."""
     rollout = runtime.cfg.rollout
     source = source or runtime.cfg.data.train
     return [
@@ -71,7 +77,7 @@ def sampling_params(
             top_p=rollout.top_p,
             top_k=rollout.top_k,
             max_new_tokens=max_new_tokens_for(runtime, row, source),
-            seed=request_seed(runtime.cfg.pipeline.seed, rollout.seed, step, index),
+            seed=request_seed(runtime.cfg.pipeline.seed, rollout.seed, step, first_index + index),
             n=1 if greedy else rollout.samples_per_prompt,
             logprobs_topk=rollout.logprobs_topk,
         )
@@ -113,8 +119,14 @@ def generate_rollouts(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
     params = sampling_params(runtime, rows, step)
     handover = runtime.before_rollout()
     clock = time.perf_counter()
+    dynamic: dict[str, float] = {}
     try:
-        results = runtime.pool.generate([list(row.prompt_ids) for row in rows], params)
+        if cfg.algo.dynamic_sampling:  # DAPO: groups whose rewards differ
+            from sparrow.stages.dynamic_draws import informative_rollouts
+
+            rows, results, dynamic = informative_rollouts(runtime, step, rows, params)
+        else:
+            results = runtime.pool.generate([list(row.prompt_ids) for row in rows], params)
         elapsed = time.perf_counter() - clock
         memory = runtime.pool.memory() if runtime.pool_on_gpu else []
         engines = runtime.pool.rollout_stats()  # since the last rollout's: this one's wake too
@@ -167,6 +179,7 @@ def generate_rollouts(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
             ),
             "schedule/pages_read_mean": float(pages_read.mean()),
             "schedule/version": float(version),
+            **dynamic,
         }
     )
 
