@@ -87,6 +87,9 @@ def export_policy(source: str | Path, out_dir: str | Path, dtype: str = "bfloat1
     torch_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
     if dtype not in torch_dtype:
         raise ExportError(f"dtype must be one of {', '.join(torch_dtype)}, got {dtype!r}")
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # a command's output is its one line
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype[dtype])
     out.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
