@@ -159,6 +159,15 @@ def validate(cfg: SparrowConfig) -> None:
         if not ok(_get(cfg, key)):
             raise ConfigError(f"config key {key!r} is {_get(cfg, key)!r}; it must be {rule}")
     _check_reward(cfg.data.reward)
+    for pattern, name in cfg.data.reward_by_source.items():
+        _check_reward(name, f"data.reward_by_source.{pattern}")
+    if cfg.data.chat_template not in ("auto", "none"):
+        from sparrow.data.chat import ChatTemplateError, template_path
+
+        try:
+            template_path(cfg.data.chat_template)
+        except ChatTemplateError as err:
+            raise ConfigError(f"config key {err}") from None
     _check_backend(cfg)
     for key in ("fail_at", "kill_at"):
         spec = getattr(cfg.pipeline, key)
@@ -167,22 +176,20 @@ def validate(cfg: SparrowConfig) -> None:
             raise ConfigError(f"config key 'pipeline.{key}' is {spec!r}; it must be STAGE@STEP")
 
 
-def _check_reward(name: str) -> None:
+def _check_reward(name: str, key: str = "data.reward") -> None:
     """data.reward: a registry name, module:function or file.py:function that loads."""
     from sparrow.data.reward_spec import RewardSpecError, load_reward
 
     try:
         function = load_reward(name)
     except RewardSpecError as err:
-        raise ConfigError(f"config key 'data.reward': {err}") from None
+        raise ConfigError(f"config key {key!r}: {err}") from None
     preflight = getattr(function, "preflight", None)
     if callable(preflight):
         try:
             preflight()  # the code reward: bwrap must be installed before a run starts
         except Exception as err:
-            raise ConfigError(
-                f"config key 'data.reward': {name!r} cannot run here: {err}"
-            ) from None
+            raise ConfigError(f"config key {key!r}: {name!r} cannot run here: {err}") from None
 
 
 def _check_backend(cfg: SparrowConfig) -> None:
@@ -253,6 +260,9 @@ _RANGES = [
         "a non-empty list of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj",
     ),
     ("data.prompts_per_step", lambda v: v >= 1, ">= 1"),
+    ("algo.dynamic_sampling_max_draws", lambda v: v >= 1, ">= 1"),
+    ("algo.overlong_buffer", lambda v: v >= 0, ">= 0 (0 turns the shaping off)"),
+    ("algo.overlong_penalty", lambda v: v >= 0, ">= 0"),
     ("data.max_prompt_tokens", lambda v: v >= 1, ">= 1"),
     ("data.reward_timeout_s", lambda v: v > 0, "> 0"),
     ("data.reward_max_error_share", lambda v: 0 <= v <= 1, "in [0, 1] (1 never stops)"),

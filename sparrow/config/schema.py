@@ -213,6 +213,19 @@ class AlgoConfig:
     """thresholds of the masking mismatch corrections (algo.loss mis_*, icepop, geo_mask)"""
     distill: DistillConfig = field(default_factory=DistillConfig)
     """DistillSparse settings (docs/distill.md)"""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling: drop prompt groups whose samples all got the same reward (no GRPO
+    signal) and draw more prompts until data.prompts_per_step informative groups are kept"""
+    dynamic_sampling_max_draws: int = 4
+    """dynamic sampling: most draws of data.prompts_per_step prompts in one step (the first one
+    included); a batch still short after them is filled with uninformative groups"""
+    overlong_buffer: int = 0
+    """DAPO overlong shaping: over the last overlong_buffer tokens of rollout.max_new_tokens the
+    reward falls linearly, by overlong_penalty at the limit; 0 turns it off"""
+    overlong_penalty: float = 1.0
+    """the overlong shaping's largest penalty (reached at rollout.max_new_tokens)"""
+    mask_truncated: bool = False
+    """leave samples cut at the length limit (finish_reason "length") out of the loss"""
 
 
 @dataclass(frozen=True)
@@ -236,6 +249,17 @@ class DataConfig:
     """seconds one reward call may take before it scores 0"""
     reward_max_error_share: float = 0.5
     """share of a step's samples whose reward call may raise (each scores 0); more stops the run"""
+    chat_template: str = "auto"
+    """how chat-message prompts become text: auto (the model tokenizer's chat template), none,
+    builtin:qwen3 or builtin:plain (sparrow/assets/chat_templates), or a Jinja file's path"""
+    enable_thinking: bool | None = None
+    """passed to the chat template as enable_thinking (Qwen3's switch); null: the template's
+    default"""
+    reward_by_source: dict[str, str] = field(default_factory=dict)
+    """reward per data_source (community layout) as {pattern: reward}, fnmatch patterns tried in
+    order; rows no pattern matches use data.reward"""
+    format_reward: float = 0.0
+    """math rewards: added to a sample that closes its thinking block and gives a final \\boxed{}"""
 
 
 @dataclass(frozen=True)

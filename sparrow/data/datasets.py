@@ -11,7 +11,10 @@ the one the embedded model was trained on; "builtin:<task>" names any task there
 "builtin:pointer_chase_long:num_defs=512,num_hops=1450"; row r is made
 from its own seed, derived from (seed, split, r), so train and eval never share a seed and any
 row can be read without the ones before it; 2**62 rows), "<path>.parquet", "<path>.jsonl"
-(one JSON object per line), "code:<path>" (TACO / CodeContests code problems whose answers
+(one JSON object per line; either file in plain columns or in the community layout of
+chat-message prompts, reward_model.ground_truth, data_source and extra_info:
+sparrow/data/prompt_rows.py, chat messages rendered by the chat template of
+sparrow/data/chat.py), "code:<path>" (TACO / CodeContests code problems whose answers
 are their tests, for data.reward=code; sparrow/data/code_datasets.py). Answers are read
 as text (a number becomes its decimal string).
 A file is read and checked whole at load: every row needs a non-empty prompt and answer, and
@@ -28,17 +31,20 @@ Tests: `python -m pytest tests/data/test_datasets.py -q`; docs/trainer.md.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from sparrow.data.prompt_rows import DatasetError, FileRow, read_prompt_rows
 from sparrow.data.synthetic import DEFAULT_TASK, TASKS, make_examples, task_spec
 from sparrow.errors import SparrowError
+
+if TYPE_CHECKING:
+    from sparrow.data.chat import ChatRenderer
 
 SYNTHETIC_SPECS = {
     "builtin:synthetic": DEFAULT_TASK,
@@ -48,10 +54,6 @@ SYNTHETIC_ROWS = 2**62
 SPLITS = ("train", "eval")
 # keeps the synthetic rows' seeds clear of the small seeds scripts/train_tiny_model.py uses
 _SEED_OFFSET = 2**40
-
-
-class DatasetError(SparrowError, ValueError):
-    """A dataset that cannot be read or holds a bad row; the message names the file and row."""
 
 
 class PromptTooLongError(DatasetError):
@@ -77,6 +79,8 @@ class PromptRow:
     prompt: str
     prompt_ids: tuple[int, ...]
     answer: str
+    data_source: str = ""  # the row's data_source (community layout), "" for plain rows
+    extra_info: str = ""  # JSON text of its extra_info dict, "" when it has none
 
     def __post_init__(self) -> None:
         if len(self.prompt_ids) == 0:
@@ -96,6 +100,7 @@ class PromptDataset:
         split: str,
         seed: int,
         max_context: int | None = None,
+        meta: Sequence[tuple[str, str]] | None = None,
     ):
         self.source = source
         self.max_context = max_context
@@ -105,6 +110,7 @@ class PromptDataset:
         self._tokenizer = tokenizer
         self._prompts = prompts
         self._answers = answers
+        self._meta = meta  # (data_source, extra_info) per row of a file, if any has them
         self._task, self._sizes = (
             synthetic_spec(source) if source.startswith("builtin:") else (None, {})
         )
@@ -129,10 +135,13 @@ class PromptDataset:
             prompt, answer = self._prompts[index], self._answers[index]
         ids = self._tokenizer.encode(prompt)
         check_prompt_length(self.source, index, len(ids), self.max_prompt_tokens, self.max_context)
-        return PromptRow(index, prompt, tuple(int(i) for i in ids), answer)
+        meta = self._meta[index] if self._meta is not None else ("", "")
+        return PromptRow(index, prompt, tuple(int(i) for i in ids), answer, *meta)
 
-    def batch(self, step: int, prompts_per_step: int) -> list[PromptRow]:
-        """The prompts of RL step `step` (0-based); the same for the same seed and step."""
+    def batch(self, step: int, prompts_per_step: int, draw: int = 0) -> list[PromptRow]:
+        """The prompts of RL step `step` (0-based); the same for the same seed and step.
+        draw > 0: dynamic sampling's further draws of that step, each from a stream of its
+        own (another shuffle of the file, or synthetic rows far from the training stream)."""
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise DatasetError(f"step must be an integer >= 0, got {step!r}")
         if (
@@ -144,13 +153,23 @@ class PromptDataset:
                 f"prompts_per_step must be an integer >= 1, got {prompts_per_step!r}"
             )
         start = step * prompts_per_step
-        return [self.row(self._stream_row(start + i)) for i in range(prompts_per_step)]
+        return [self.row(self._stream_row(start + i, draw)) for i in range(prompts_per_step)]
 
-    def _stream_row(self, position: int) -> int:
+    def _stream_row(self, position: int, draw: int = 0) -> int:
         if self._prompts is None:
-            return position % SYNTHETIC_ROWS
+            return (position + draw * _DRAW_STRIDE) % SYNTHETIC_ROWS
         epoch, offset = divmod(position, self.num_rows)
-        return int(_epoch_order(self.seed, epoch, self.num_rows)[offset])
+        seed = self.seed if draw == 0 else _draw_seed(self.seed, draw)
+        return int(_epoch_order(seed, epoch, self.num_rows)[offset])
+
+
+# dynamic sampling's draw d reads synthetic rows d * 2**56 on: no run reaches the next stream
+_DRAW_STRIDE = 2**56
+
+
+def _draw_seed(seed: int, draw: int) -> int:
+    entropy = [abs(seed), int(seed < 0), draw]
+    return int(np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
 @lru_cache(maxsize=4)
@@ -214,9 +233,11 @@ def load_prompts(
     split: str = "train",
     seed: int = 0,
     max_context: int | None = None,
+    chat: ChatRenderer | None = None,
 ) -> PromptDataset:
     """The dataset `spec` names (see the module doc), checked row by row; with max_context,
-    a prompt that fills the model's context is PromptTooLongError."""
+    a prompt that fills the model's context is PromptTooLongError. Chat-message prompts are
+    rendered by `chat` (sparrow/data/chat.py); without one they are an error naming the row."""
     if split not in SPLITS:
         raise DatasetError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     if (
@@ -241,104 +262,36 @@ def load_prompts(
 
         path, time_limit_s = parse_code_spec(spec)
         prompts, answers = read_code_file(path, time_limit_s)
+        meta = None
     else:
         path = Path(spec).expanduser()
-        prompts, answers = read_prompt_file(path, prompt_key, answer_key)
+        rows = read_prompt_rows(path, prompt_key, answer_key)
+        prompts = [_prompt_text(path, row, file_row, chat) for row, file_row in enumerate(rows)]
+        answers = [r.answer for r in rows]
+        meta = [(r.data_source, r.extra_info) for r in rows]
+        if not any(any(m) for m in meta):
+            meta = None
     for row, prompt in enumerate(prompts):
         check_prompt_length(
             str(path), row, len(tokenizer.encode(prompt)), max_prompt_tokens, max_context
         )
     return PromptDataset(
-        str(path), prompts, answers, tokenizer, max_prompt_tokens, split, seed, max_context
+        str(path), prompts, answers, tokenizer, max_prompt_tokens, split, seed, max_context, meta
     )
 
 
-def read_prompt_file(path: Path, prompt_key: str, answer_key: str) -> tuple[list[str], list[str]]:
-    """(prompts, answers) of a .parquet or .jsonl file, every row checked."""
-    if path.suffix not in (".parquet", ".jsonl"):
+def _prompt_text(path: Path, row: int, file_row: FileRow, chat: ChatRenderer | None) -> str:
+    """A plain prompt as it is; chat messages rendered by the chat template."""
+    if isinstance(file_row.prompt, str):
+        return file_row.prompt
+    from sparrow.data.chat import ChatTemplateError
+
+    if chat is None:
         raise DatasetError(
-            f"dataset {path}: unsupported file type {path.suffix or '(none)'!r}; "
-            "use a .parquet or .jsonl file, or builtin:synthetic"
+            f"dataset {path}: row {row}: the prompt is a list of chat messages and no chat "
+            f"template is set (data.chat_template)"
         )
-    if not path.is_file():
-        raise DatasetError(f"dataset file {path} does not exist")
-    reader = _read_parquet if path.suffix == ".parquet" else _read_jsonl
-    prompts, answers, lines = reader(path, prompt_key, answer_key)
-    if not prompts:
-        raise DatasetError(f"dataset {path} has no rows")
-    prompt_texts = [
-        _text(path, row, lines[row], prompt_key, value, "prompt")
-        for row, value in enumerate(prompts)
-    ]
-    answer_texts = [
-        _text(path, row, lines[row], answer_key, value, "answer")
-        for row, value in enumerate(answers)
-    ]
-    return prompt_texts, answer_texts
-
-
-def _read_parquet(path: Path, prompt_key: str, answer_key: str):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     try:
-        names = pq.read_schema(path).names
-        _check_columns(path, names, prompt_key, answer_key)
-        table = pq.read_table(path, columns=[prompt_key, answer_key])
-    except (pa.ArrowException, OSError) as err:
-        raise DatasetError(f"dataset {path} is not a readable Parquet file: {err}") from None
-    prompts = table.column(prompt_key).to_pylist()
-    return prompts, table.column(answer_key).to_pylist(), [None] * len(prompts)
-
-
-def _read_jsonl(path: Path, prompt_key: str, answer_key: str):
-    prompts, answers, lines = [], [], []
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise DatasetError(f"dataset {path} is not UTF-8 text: {err}") from None
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        row = len(prompts)
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise DatasetError(
-                f"dataset {path}: row {row} (line {number}) is not valid JSON: {err.msg}"
-            ) from None
-        if not isinstance(record, dict):
-            raise DatasetError(f"dataset {path}: row {row} (line {number}) is not a JSON object")
-        for key in (prompt_key, answer_key):
-            if key not in record:
-                raise DatasetError(
-                    f"dataset {path}: row {row} (line {number}) has no {key!r} field; "
-                    f"fields present: {', '.join(sorted(record)) or '(none)'}"
-                )
-        prompts.append(record[prompt_key])
-        answers.append(record[answer_key])
-        lines.append(number)
-    return prompts, answers, lines
-
-
-def _check_columns(path: Path, names: list[str], prompt_key: str, answer_key: str) -> None:
-    for role, key in (("prompt", prompt_key), ("answer", answer_key)):
-        if key not in names:
-            raise DatasetError(
-                f"dataset {path} has no {role} column {key!r} (data.{role}_key); "
-                f"columns present: {', '.join(names) or '(none)'}"
-            )
-
-
-def _text(path: Path, row: int, line: int | None, key: str, value: Any, role: str) -> str:
-    """The value as text; None, an empty string or a non-scalar is an error naming the row."""
-    where = f"row {row}" + (f" (line {line})" if line is not None else "")
-    if value is None or isinstance(value, (list, dict)):
-        kind = "null" if value is None else type(value).__name__
-        raise DatasetError(
-            f"dataset {path}: {where}: the {role} {key!r} is {kind}, expected non-empty text"
-        )
-    text = value if isinstance(value, str) else str(value)
-    if not text.strip():
-        raise DatasetError(f"dataset {path}: {where}: the {role} {key!r} is empty")
-    return text
+        return chat.render(file_row.prompt)
+    except ChatTemplateError as err:
+        raise DatasetError(f"dataset {path}: row {row}: {err}") from None

@@ -22,6 +22,7 @@ only (the worker inherits its socket through pass_fds).
 
 from __future__ import annotations
 
+import json
 import math
 import multiprocessing
 import os
@@ -34,7 +35,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 
-from sparrow.data.reward_spec import RewardSpecError, is_spec, load_reward, picklable_reward
+from sparrow.data.reward_spec import (
+    RewardSpecError,
+    is_spec,
+    load_reward,
+    picklable_reward,
+    reward_keywords,
+)
 from sparrow.errors import SparrowError
 
 MAX_DEFAULT_WORKERS = 8
@@ -77,11 +84,16 @@ def score_completions(
     timeout_s: float = 10.0,
     *,
     workers: int | None = None,
+    data_sources: Sequence[str] | None = None,
+    extra_infos: Sequence[str | dict] | None = None,
 ) -> RewardBatch:
     """Score completions[i] against answers[i] with the reward function `name` names: a
     registry name, module:function or file.py:function (reward_spec.py; see module doc).
 
-    workers: processes to use (default min(samples, CPUs, 8)).
+    workers: processes to use (default min(samples, CPUs, 8)). data_sources, extra_infos:
+    per sample, passed as the keyword arguments `data_source` and `extra_info` (a dict; JSON
+    text is decoded, "" is {}) to a function whose signature takes them, as verl's
+    compute_score(data_source, solution_str, ground_truth, extra_info) does.
     """
     try:
         function = load_reward(name)
@@ -96,7 +108,8 @@ def score_completions(
         raise RewardRunnerError(f"timeout_s must be > 0, got {timeout_s}")
     if workers is not None and workers < 1:
         raise RewardRunnerError(f"workers must be >= 1, got {workers}")
-    jobs = list(zip(map(str, completions), map(str, answers)))
+    keywords = _keywords(function, len(completions), data_sources, extra_infos)
+    jobs = list(zip(map(str, completions), map(str, answers), keywords))
     if not jobs:
         return RewardBatch(rewards=[], errors=0, timeouts=0, first_error=None)
     try:
@@ -109,6 +122,27 @@ def score_completions(
     count = min(len(jobs), workers or min(os.cpu_count() or 1, MAX_DEFAULT_WORKERS))
     outcomes = _Pool(name, function_bytes, count).run(jobs, timeout_s)
     return _summarise(outcomes)
+
+
+def _keywords(function, count: int, data_sources, extra_infos) -> list[dict]:
+    """Per sample, the keyword arguments among data_source and extra_info the function takes."""
+    taken = reward_keywords(function)
+    columns = {"data_source": data_sources, "extra_info": extra_infos}
+    for key, values in columns.items():
+        if values is not None and len(values) != count:
+            raise RewardRunnerError(f"{len(values)} {key} values for {count} completions")
+    out = []
+    for index in range(count):
+        kwargs = {}
+        if "data_source" in taken:
+            kwargs["data_source"] = str(data_sources[index]) if data_sources is not None else ""
+        if "extra_info" in taken:
+            info = extra_infos[index] if extra_infos is not None else ""
+            kwargs["extra_info"] = json.loads(info) if isinstance(info, str) and info else {}
+            if isinstance(info, dict):
+                kwargs["extra_info"] = info
+        out.append(kwargs)
+    return out
 
 
 def run_preflight(name: str, function: object) -> None:
@@ -193,7 +227,7 @@ class _Pool:
         self.name, self.function_bytes, self.size = name, function_bytes, size
         self.workers: list[_Worker] = []
 
-    def run(self, jobs: list[tuple[str, str]], timeout_s: float) -> list[tuple[str, object]]:
+    def run(self, jobs: list[tuple[str, str, dict]], timeout_s: float) -> list[tuple[str, object]]:
         outcomes: list[tuple[str, object] | None] = [None] * len(jobs)
         pending = deque(range(len(jobs)))
         try:

@@ -66,6 +66,22 @@ def load_reward(name: str) -> RewardFunction:
     return function
 
 
+REWARD_KEYWORDS = ("data_source", "extra_info")
+
+
+def reward_keywords(function) -> frozenset[str]:
+    """Which of data_source and extra_info the function takes as keyword arguments (by name,
+    or all of them through **kwargs); the runner passes only those."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return frozenset()
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return frozenset(REWARD_KEYWORDS)
+    usable = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return frozenset(p.name for p in parameters if p.name in REWARD_KEYWORDS and p.kind in usable)
+
+
 def picklable_reward(name: str) -> object:
     """What the reward runner sends its workers for a spec: unpickled there, it loads the
     function again (a file's module exists only where it was loaded)."""

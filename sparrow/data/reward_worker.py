@@ -6,7 +6,7 @@ FD is an inherited socket speaking multiprocessing.connection's framing. The par
 sys.path and then the reward function (pickled by reference, so the child imports the module
 that defines it); the worker calls the function's optional `warm_up()` (heavy imports, so they
 do not count against the first call's timeout), says ("ready",), then answers each job
-(index, completion, answer) with (index, "ok", reward) or (index, "error", message, traceback)
+(index, completion, answer[, keyword arguments]) with (index, "ok", reward) or (index, "error", message, traceback)
 until it reads None or the parent goes away. Started with `-m`, it never re-imports the
 parent's __main__, unlike multiprocessing's spawn. A `module:function` or `file.py:function`
 spec arrives as an object whose unpickling loads the function here (reward_spec.py).
@@ -35,9 +35,9 @@ def serve(conn: Connection) -> None:
             return
         if job is None:
             return
-        index, completion, answer = job
+        index, completion, answer, *keywords = job
         try:
-            value = float(function(completion, answer))
+            value = float(function(completion, answer, **(keywords[0] if keywords else {})))
             if not math.isfinite(value):
                 raise ValueError(f"reward is {value}, not a finite number")
             conn.send((index, "ok", value))

@@ -3,7 +3,8 @@
     from sparrow.data.rewards import REWARD_FUNCTIONS
     REWARD_FUNCTIONS.get("math")(r"... so the total is \\boxed{\\frac{1}{2}}", "0.5")    # 1.0
 
-- "math": the last complete \\boxed{...} of the completion (nested braces handled), compared
+- "math": the last complete \\boxed{...} of the completion after its thinking block (the text
+  after the last </think>; a block never closed scores 0), nested braces handled, compared
   with the ground truth by math-verify; no boxed answer scores 0.
 - "exact_match": the completion's final answer (text after the last "Answer:", else its last
   non-empty line), stripped, equals the stripped ground truth.
@@ -66,14 +67,36 @@ def _braced_content(text: str, start: int) -> str | None:
     return None
 
 
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def final_response(completion: str) -> str | None:
+    """The part of a completion that holds its answer: after the last </think> when there is
+    one; None when a <think> block was opened and never closed (cut while thinking)."""
+    close = completion.rfind(THINK_CLOSE)
+    if close >= 0:
+        return completion[close + len(THINK_CLOSE) :]
+    return None if THINK_OPEN in completion else completion
+
+
+def math_well_formed(completion: str) -> bool:
+    """True when the thinking block (if any) is closed and a non-empty \\boxed{} follows it."""
+    region = final_response(completion)
+    return region is not None and bool(last_boxed(region))
+
+
 @REWARD_FUNCTIONS.register("math")
 def math_reward(completion: str, answer: str) -> float:
-    """1.0 when the last boxed answer equals the ground truth mathematically, else 0.0.
+    """1.0 when the last boxed answer after the thinking block equals the ground truth
+    mathematically, else 0.0 (also for a completion cut inside its thinking block).
 
     The ground truth may itself hold a \\boxed{...} (its content is used) or be bare LaTeX or
     a number. A ground truth math-verify cannot read at all is an error, not a 0.
     """
-    predicted = last_boxed(completion)
+    region = final_response(completion)
+    if region is None:
+        return 0.0
+    predicted = last_boxed(region)
     if predicted is None or not predicted:
         return 0.0
     gold = _parse_gold(answer)

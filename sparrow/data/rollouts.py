@@ -6,7 +6,8 @@
 
 The rollout stage writes them, reward / dense_score / policy_update read them by path. A row
 holds what the engine returned for the sample (SampleResult) plus where it came from: the
-dataset row, its prompt ids and its ground-truth answer. Per-token lists (ids, logprobs,
+dataset row, its prompt ids and text (as the chat template rendered it), its ground-truth
+answer, data_source and extra_info. Per-token lists (ids, logprobs,
 top-K, pages read) are Parquet list columns, so `duckdb` and `pyarrow` read them as they are.
 
 Both directions go column by column through numpy (values plus offsets), never through one
@@ -56,6 +57,9 @@ class RolloutRecord:
     # role of each generated token on a chase task's reference path, as ROLES indices
     # (sparrow/data/token_roles.py); empty when the task has none (or the file predates it)
     token_roles: Sequence[int] = ()
+    prompt_text: str = ""  # the prompt as the model saw it (after the chat template)
+    data_source: str = ""  # the dataset row's data_source (routes its reward), "" for plain rows
+    extra_info: str = ""  # JSON text of the row's extra_info, handed to rewards that take it
 
     def __post_init__(self) -> None:
         n = len(self.output_ids)
@@ -95,8 +99,8 @@ class RolloutRecord:
 
 
 COLUMNS = tuple(f.name for f in fields(RolloutRecord))
-# columns added later: a file without one reads as empty per-token lists
-OPTIONAL = ("token_roles",)
+# columns added later: a file written before them reads with their defaults
+OPTIONAL_COLUMNS = {"token_roles": (), "prompt_text": "", "data_source": "", "extra_info": ""}
 
 
 # write
@@ -190,13 +194,13 @@ def read_rollouts(path: str | Path) -> list[RolloutRecord]:
         table = table.rename_columns(
             ["pages_read" if c == "budget_pages" else c for c in table.column_names]
         )
-    missing = [c for c in COLUMNS if c not in table.column_names and c not in OPTIONAL]
+    missing = [c for c in COLUMNS if c not in table.column_names and c not in OPTIONAL_COLUMNS]
     if missing:
         raise RolloutFileError(f"rollout file {path} lacks column(s) {', '.join(missing)}")
     columns = {}
     for name in COLUMNS:
-        if name not in table.column_names:  # an OPTIONAL column of an older file
-            columns[name] = [()] * table.num_rows
+        if name not in table.column_names:
+            columns[name] = [OPTIONAL_COLUMNS[name]] * table.num_rows
             continue
         column = table.column(name)
         if name in TOPK_FIELDS:
@@ -268,5 +272,8 @@ def _schema():
             ("answer", pa.string()),
             ("text", pa.string()),
             ("token_roles", pa.list_(pa.int8())),
+            ("prompt_text", pa.string()),
+            ("data_source", pa.string()),
+            ("extra_info", pa.string()),
         ]
     )

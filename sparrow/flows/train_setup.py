@@ -20,6 +20,7 @@ import dataclasses
 from pathlib import Path
 
 from sparrow.config import SparrowConfig
+from sparrow.data.chat import chat_renderer
 from sparrow.data.datasets import load_prompts
 from sparrow.engine import EngineConfig
 from sparrow.model import load_tokenizer, read_arch
@@ -50,6 +51,7 @@ def check_inputs(cfg: SparrowConfig) -> dict:
     data = cfg.data
     # every prompt of a file (a built-in task's as it is made) must leave room to generate
     max_context = cfg.model.max_context or arch.max_position_embeddings
+    chat = chat_renderer(model_path, data.chat_template, data.enable_thinking)
     train = load_prompts(
         data.train,
         data.prompt_key,
@@ -59,6 +61,7 @@ def check_inputs(cfg: SparrowConfig) -> dict:
         split="train",
         seed=cfg.pipeline.seed,
         max_context=max_context,
+        chat=chat,
     )
     evaluation = None
     if data.eval:

@@ -3,7 +3,8 @@
     outcome = reward_task(workdir, run_id, step, rollouts_path)   # step-<n>/reward/rewards.parquet
 
 The reward function is `data.reward` (a registry name, module:function or
-path/to/file.py:function; docs/rewards.md), run by sparrow.data.reward_runner under
+path/to/file.py:function; docs/rewards.md), or the one data.reward_by_source routes the
+sample's data_source to, plus algo's overlong shaping (sparrow/rl/overlong.py), run by sparrow.data.reward_runner under
 `data.reward_timeout_s` per call: a call that raises, returns no number or runs too long
 scores 0 and is counted (reward/errors, reward/timeouts in step_metrics, MLflow and the live
 table; the first failure's message and traceback in summary.json). When more than
@@ -22,8 +23,8 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NONE
 
-from sparrow.data.reward_runner import score_completions
 from sparrow.data.rollouts import read_rollouts
+from sparrow.data.step_rewards import score_records
 from sparrow.errors import SparrowError
 from sparrow.runtime.ledger import contract
 from sparrow.runtime.ledger.stage import StageOutcome, StageWrite, run_stage
@@ -38,17 +39,12 @@ class RewardErrorsError(SparrowError):
 def score_rollouts(runtime: RunRuntime, rollouts_path: str, out: Path) -> StageWrite:
     data = runtime.cfg.data
     records = read_rollouts(rollouts_path)
-    batch = score_completions(
-        data.reward,
-        [r.text for r in records],
-        [r.answer for r in records],
-        timeout_s=data.reward_timeout_s,
-    )
+    batch, shaped = score_records(runtime.cfg, records)
     contract.write_rewards(
         contract.REWARDS.under(out),
         [r.prompt_index for r in records],
         [r.sample_index for r in records],
-        batch.rewards,
+        shaped,
     )
     contract.write_json(
         contract.REWARD_SUMMARY.under(out),
@@ -62,11 +58,13 @@ def score_rollouts(runtime: RunRuntime, rollouts_path: str, out: Path) -> StageW
         },
     )
     check_error_share(data.reward, batch, len(records), data.reward_max_error_share)
-    rewards = np.asarray(batch.rewards, dtype=np.float64)
+    rewards = np.asarray(shaped, dtype=np.float64)
+    penalty = rewards - np.asarray(batch.rewards, dtype=np.float64)
     return StageWrite(
         metrics={
             "reward/mean": float(rewards.mean()) if rewards.size else float("nan"),
             "reward/std": float(rewards.std()) if rewards.size else float("nan"),
+            "reward/overlong_penalty_mean": float(penalty.mean()) if rewards.size else 0.0,
             "reward/errors": float(batch.errors),
             "reward/timeouts": float(batch.timeouts),
         }

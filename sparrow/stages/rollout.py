@@ -16,58 +16,20 @@ Each record holds its tokens' roles on the reference path when the task has one
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from prefect import task
 from prefect.cache_policies import NONE
 
-from sparrow.data.rollouts import RolloutRecord, write_rollouts
-from sparrow.data.token_roles import ReferencePath, role_codes
+from sparrow.data.rollouts import write_rollouts
 from sparrow.runtime.ledger import contract
 from sparrow.runtime.ledger.schedules import schedule_in_force
 from sparrow.runtime.ledger.stage import StageOutcome, StageWrite, run_stage
 from sparrow.runtime.retry import INFRA_RETRIES
+from sparrow.runtime.rollout.records import to_records
 from sparrow.runtime.rollout.requests import sampling_params
 from sparrow.runtime.run_runtime import RunRuntime, lookup
-
-
-def to_records(
-    rows: Sequence[Any], results: Sequence[Sequence[Any]], tokenizer: Any = None
-) -> list[RolloutRecord]:
-    """The step's records; with the tokenizer, each token's role on a chase task's reference
-    path (sparrow/data/token_roles.py; none for other tasks)."""
-    paths = [
-        None
-        if tokenizer is None
-        else ReferencePath.of(row.prompt, tokenizer.encode, eos_ids(tokenizer))
-        for row in rows
-    ]
-    return [
-        RolloutRecord(
-            prompt_index=p,
-            sample_index=s.sample_index,
-            dataset_row=row.row,
-            prompt_ids=tuple(row.prompt_ids),
-            output_ids=tuple(s.output_ids),
-            actor_logprobs=tuple(s.logprobs),
-            topk_ids=s.topk_ids,
-            topk_logprobs=s.topk_logprobs,
-            pages_read=tuple(s.pages_read),
-            finish_reason=s.finish_reason,
-            answer=row.answer,
-            text=s.text or "",
-            token_roles=() if path is None else role_codes(path.roles_of(s.output_ids)),
-        )
-        for p, (row, samples, path) in enumerate(zip(rows, results, paths))
-        for s in samples
-    ]
-
-
-def eos_ids(tokenizer: Any) -> tuple[int, ...]:
-    return tuple(getattr(tokenizer, "eos_token_ids", ()) or ())
 
 
 def generate_rollouts(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
@@ -80,8 +42,14 @@ def generate_rollouts(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
     params = sampling_params(runtime, rows, step)
     handover = runtime.before_rollout()
     clock = time.perf_counter()
+    dynamic: dict[str, float] = {}
     try:
-        results = runtime.pool.generate([list(row.prompt_ids) for row in rows], params)
+        if cfg.algo.dynamic_sampling:  # DAPO: groups whose rewards differ
+            from sparrow.runtime.rollout.dynamic_draws import informative_rollouts
+
+            rows, results, dynamic = informative_rollouts(runtime, step, rows, params)
+        else:
+            results = runtime.pool.generate([list(row.prompt_ids) for row in rows], params)
         elapsed = time.perf_counter() - clock
         memory = runtime.pool.memory() if runtime.pool_on_gpu else []
         engines = runtime.pool.rollout_stats()  # since the last rollout's: this one's wake too
@@ -125,6 +93,7 @@ def generate_rollouts(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
             ),
             "schedule/pages_read_mean": float(pages_read.mean()),
             "schedule/version": float(version),
+            **dynamic,
         }
     )
 

@@ -43,6 +43,7 @@ from sparrow.rl.advantages import ADVANTAGE_ESTIMATORS, per_token_advantages
 from sparrow.rl.aggregate import count_for
 from sparrow.rl.checks import RLInputError
 from sparrow.rl.losses import POLICY_LOSSES, PolicyLossConfig
+from sparrow.rl.overlong import kept_samples
 from sparrow.trainer.checkpoint import (
     SHARDED_STATE,
     read_checkpoint_state,
@@ -168,6 +169,7 @@ class PolicyTrainer:
         batches = self._micro_batches(ordered)
         lengths = torch.tensor([len(r.output_ids) for r in ordered])
         full_mask = torch.arange(int(lengths.max()))[None, :] < lengths[:, None]
+        full_mask &= self._kept(ordered)[:, None]
         # the whole batch's denominator, handed to every micro-batch (aggregate.py)
         normalizer = count_for(full_mask, self.loss_config.loss_agg)
         passes = [
@@ -257,6 +259,10 @@ class PolicyTrainer:
         )
         return metrics
 
+    def _kept(self, records) -> torch.Tensor:
+        """bool [batch]: the samples the loss sees (algo.mask_truncated drops cut ones)."""
+        return kept_samples([r.finish_reason for r in records], self.algo.mask_truncated)
+
     def _micro_batch(self, ordered, old, advantages, indices, normalizer):
         chunk = [ordered[i] for i in indices]
         batch = pad_batch(chunk, self.device)
@@ -264,13 +270,14 @@ class PolicyTrainer:
             flat = self._token_logprobs(batch)
         logprobs = torch.zeros(batch.mask.shape, dtype=flat.dtype, device=flat.device)
         logprobs = logprobs.masked_scatter(batch.mask, flat)
-        old_t = _padded([old[i] for i in indices], batch.mask.shape).to(self.device)
-        actor_t = _padded([r.actor_logprobs for r in chunk], batch.mask.shape).to(self.device)
-        adv_t = per_token_advantages(advantages[indices].to(self.device), batch.mask)
+        mask = batch.mask & self._kept(chunk).to(batch.mask.device)[:, None]
+        old_t = _padded([old[i] for i in indices], mask.shape).to(self.device)
+        actor_t = _padded([r.actor_logprobs for r in chunk], mask.shape).to(self.device)
+        adv_t = per_token_advantages(advantages[indices].to(self.device), mask)
         loss, metrics = self.loss_fn(
-            logprobs, old_t, actor_t, adv_t, batch.mask, self.loss_config, normalizer=normalizer
+            logprobs, old_t, actor_t, adv_t, mask, self.loss_config, normalizer=normalizer
         )
-        return loss, metrics, int(batch.mask.sum())
+        return loss, metrics, int(mask.sum())
 
     def _clip_gradients(self) -> float:
         params = [

@@ -162,3 +162,22 @@ def test_bad_prompts_are_one_clear_error(qwen3_checkpoint, capsys):
     assert main(["generate", "--model", model, "--prompt-ids", "1", "--schedule", "nope"]) == 2
     err = capsys.readouterr().err
     assert "unknown schedule 'nope'" in err and "calibrate.name=nope" in err
+
+
+def test_a_chat_template_renders_the_prompt_shown_in_json(qwen3_checkpoint, capsys):
+    model = str(qwen3_checkpoint)
+    args = ["--model", model, "--prompt", "hi", "--greedy", "--max-new-tokens", "2"]
+    out = generate_json(
+        capsys, *args, "--chat-template", "builtin:qwen3", "--enable-thinking", "false"
+    )
+    rendered = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    assert out["prompt"] == rendered
+    assert out["prompt_ids"] == load_tokenizer(qwen3_checkpoint).encode(rendered)
+    # auto: the checkpoint's own ChatML template; none (the default): the text as given
+    assert generate_json(capsys, *args, "--chat-template", "auto")["prompt"].endswith(
+        "<|im_start|>assistant\n"
+    )
+    assert generate_json(capsys, *args)["prompt"] == "hi"
+    bad = ["generate", "--model", model, "--prompt-ids", "1", "--chat-template", "auto"]
+    assert main(bad) == 2
+    assert "--chat-template needs --prompt" in capsys.readouterr().err

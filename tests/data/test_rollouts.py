@@ -102,6 +102,23 @@ def test_a_file_from_before_the_rename_reads_its_pages_read(tmp_path):
     assert read_rollouts(tmp_path / "old.parquet") == records
 
 
+def test_the_prompt_text_and_source_travel_and_older_files_read_without_them(tmp_path):
+    record = dataclasses.replace(
+        _record(0, 2), prompt_text="user: hi\n", data_source="gsm8k", extra_info='{"i": 1}'
+    )
+    path = write_rollouts(tmp_path / "r.parquet", [record])
+    [back] = read_rollouts(path)
+    assert (back.prompt_text, back.data_source, back.extra_info) == (
+        "user: hi\n",
+        "gsm8k",
+        '{"i": 1}',
+    )
+    old = pq.read_table(path).drop_columns(["prompt_text", "data_source", "extra_info"])
+    pq.write_table(old, tmp_path / "old.parquet")
+    [back] = read_rollouts(tmp_path / "old.parquet")
+    assert back == dataclasses.replace(record, prompt_text="", data_source="", extra_info="")
+
+
 def test_no_records(tmp_path):
     assert read_rollouts(write_rollouts(tmp_path / "r.parquet", [])) == []
 

@@ -8,7 +8,7 @@ from sparrow.data.char_tokenizer import char_tokenizer
 from sparrow.data.datasets import PromptRow
 from sparrow.data.synthetic import make_examples
 from sparrow.data.token_roles import role_names
-from sparrow.stages.rollout import to_records
+from sparrow.runtime.rollout.records import to_records
 
 
 class PairTokenizer:

@@ -131,6 +131,32 @@ def test_grpo_reference_loss_by_hand(qwen3_checkpoint):
     assert metrics["actor/loss"] == pytest.approx(-(adv * lengths).sum() / lengths.sum(), rel=1e-5)
 
 
+def test_mask_truncated_leaves_cut_samples_out_of_the_loss(qwen3_checkpoint):
+    """As the reference above, with samples 1 and 4 cut at the length limit: their tokens
+    leave the loss and its denominator; advantages still come from every reward."""
+    algo = dataclasses.replace(ALGO, tis_cap=-1.0, mask_truncated=True)
+    trainer = PolicyTrainer(qwen3_checkpoint, algo, device="cpu")
+    records = make_records(prompts=2, group=3, seed=3)
+    records = [
+        dataclasses.replace(r, finish_reason="length" if i in (1, 4) else "stop")
+        for i, r in enumerate(records)
+    ]
+    rewards = [1.0, 0.0, 0.0, 0.3, 0.6, 0.9]
+    metrics = rollout_step(trainer, records, rewards, group=3)
+    grouped = np.array(rewards).reshape(2, 3)
+    adv = (
+        (grouped - grouped.mean(1, keepdims=True))
+        / (grouped.std(1, ddof=1, keepdims=True) + algo.adv_eps)
+    ).reshape(-1)
+    numerator, tokens = 0.0, 0
+    for i, record in enumerate(records):  # a plain loop over the kept samples
+        if record.finish_reason != "length":
+            numerator += adv[i] * len(record.output_ids)
+            tokens += len(record.output_ids)
+    assert metrics["actor/tokens"] == tokens
+    assert metrics["actor/loss"] == pytest.approx(-numerator / tokens, rel=1e-5)
+
+
 def test_gradient_clipping_reports_the_norm_before_clipping(qwen3_checkpoint):
     algo = dataclasses.replace(ALGO, grad_clip=1e-3)
     trainer = PolicyTrainer(qwen3_checkpoint, algo, device="cpu")

@@ -4,9 +4,13 @@
     sparrow generate --model /tmp/tiny --prompt "2 + 2 =" --max-new-tokens 32 --greedy
     sparrow generate --model /tmp/tiny --prompt-ids "1,2,3" --n 4 --seed 7 --json
     sparrow generate --model /tmp/tiny --prompt "..." --schedule tiny-0.86 --json
+    sparrow generate --model /models/Qwen3-1.7B --prompt "2 + 2 = ?" --chat-template auto \
+        --enable-thinking false --json          # "prompt": the rendered chat prompt
 
 --schedule takes a preset name or a schedule file (sparrow schedule list); without it every
-decode step is dense. The KV page size follows the schedule (16 without one). JSON prints
+decode step is dense. The KV page size follows the schedule (16 without one). With
+--chat-template, --prompt is a user message rendered by that template (sparrow/data/chat.py)
+with the generation prompt; JSON's "prompt" is the text the model saw. JSON prints
 one object per sample: output_ids, text (when the model directory has a tokenizer),
 logprobs, pages_read (pages read per KV head at each step), finish_reason, and top-K ids
 and logprobs when --logprobs-topk K > 0. A progress bar goes to stderr on long generations.
@@ -59,6 +63,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--kv-cache-mib", type=float, default=256.0, metavar="MIB")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+    parser.add_argument(
+        "--chat-template",
+        default="none",
+        metavar="auto|none|builtin:NAME|FILE",
+        help="render --prompt as a user message with this chat template (auto: the model's)",
+    )
+    parser.add_argument(
+        "--enable-thinking",
+        choices=("true", "false"),
+        default=None,
+        help="the chat template's enable_thinking (Qwen3's switch); omit for its default",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.set_defaults(func=run)
 
@@ -73,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
     device, dtype = _device_dtype(args.device, args.dtype)
     model = load_model(args.model, dtype=dtype, device=device)
     tokenizer = _tokenizer(args.model, required=args.prompt is not None)
-    prompt_ids = tokenizer.encode(args.prompt) if args.prompt is not None else _ids(args.prompt_ids)
+    prompt = _rendered(args)
+    prompt_ids = tokenizer.encode(prompt) if prompt is not None else _ids(args.prompt_ids)
     params = SamplingParams(
         temperature=0.0 if args.greedy else args.temperature,
         top_p=args.top_p,
@@ -95,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(
             {
+                "prompt": prompt,
                 "prompt_ids": prompt_ids,
                 "schedule": schedule.name if schedule else None,
                 "samples": rows,
@@ -120,6 +138,22 @@ def _row(sample, logprobs_topk: int) -> dict:
         row.pop("topk_ids")
         row.pop("topk_logprobs")
     return row
+
+
+def _rendered(args: argparse.Namespace) -> str | None:
+    """--prompt as the model sees it: through the chat template unless that is none."""
+    if args.chat_template == "none":
+        return args.prompt
+    if args.prompt is None:
+        raise GenerateArgumentError("--chat-template needs --prompt, not --prompt-ids")
+    from sparrow.data.chat import ChatTemplateError, chat_renderer
+
+    thinking = None if args.enable_thinking is None else args.enable_thinking == "true"
+    try:
+        chat = chat_renderer(args.model, args.chat_template, thinking)
+        return chat.render((("user", args.prompt),))
+    except ChatTemplateError as err:
+        raise GenerateArgumentError(f"--chat-template: {err}") from None
 
 
 def _ids(text: str) -> list[int]:

@@ -46,9 +46,15 @@ def max_new_tokens_for(runtime: RunRuntime, row: Any, source: str) -> int:
 
 
 def sampling_params(
-    runtime: RunRuntime, rows: Sequence[Any], step: int, greedy: bool = False, source: str = ""
+    runtime: RunRuntime,
+    rows: Sequence[Any],
+    step: int,
+    greedy: bool = False,
+    source: str = "",
+    first_index: int = 0,
 ) -> list[SamplingParams]:
-    """One request per prompt row; `source` names the dataset in errors (data.train if empty)."""
+    """One request per prompt row; `source` names the dataset in errors (data.train if empty);
+    first_index: the seed index of the first row (dynamic sampling's later draws)."""
     rollout = runtime.cfg.rollout
     source = source or runtime.cfg.data.train
     return [
@@ -57,7 +63,7 @@ def sampling_params(
             top_p=rollout.top_p,
             top_k=rollout.top_k,
             max_new_tokens=max_new_tokens_for(runtime, row, source),
-            seed=request_seed(runtime.cfg.pipeline.seed, rollout.seed, step, index),
+            seed=request_seed(runtime.cfg.pipeline.seed, rollout.seed, step, first_index + index),
             n=1 if greedy else rollout.samples_per_prompt,
             logprobs_topk=rollout.logprobs_topk,
         )
