@@ -84,6 +84,7 @@ class RunCgroup:
     @classmethod
     def create(cls, memory_bytes: int, max_processes: int, parent: str = "") -> RunCgroup:
         version, places = find_places(parent)
+        _sweep(places)
         name = f"sparrow-sandbox-{os.getpid()}-{next(_COUNTER)}-{uuid.uuid4().hex[:6]}"
         group = cls(version, tuple(place / name for place in places))
         try:
@@ -165,6 +166,20 @@ class RunCgroup:
                     if err.errno != errno.EBUSY or time.monotonic() > deadline:
                         break
                     time.sleep(0.002)
+
+
+@functools.lru_cache(maxsize=8)
+def _sweep(places: tuple[Path, ...]) -> None:
+    """Once per process: remove the empty run groups of callers that died (SIGKILLed mid-run,
+    their own cleanup never ran); rmdir refuses a group that still holds a process."""
+    for place in places:
+        for folder in place.glob("sparrow-sandbox-*"):
+            pid = folder.name.split("-")[2]
+            if pid.isdigit() and not Path("/proc", pid).exists():
+                try:
+                    folder.rmdir()
+                except OSError:
+                    pass
 
 
 def _signal(pid: int) -> None:

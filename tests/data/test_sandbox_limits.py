@@ -223,3 +223,19 @@ def test_total_limits_auto_runs_weaker_with_a_warning_and_rlimits_says_so(tmp_pa
     assert run("print(1)", SandboxLimits(total_limits="rlimits")).total_limits == "rlimits"
     with pytest.raises(ValueError, match="total_limits"):
         SandboxLimits(total_limits="none")
+
+
+@pytest.mark.skipif(not has_cgroup(), reason="no cgroup can be made here (weaker mode)")
+def test_run_groups_of_a_caller_that_died_are_removed_and_a_run_leaves_none():
+    from sparrow.data import sandbox_cgroup
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    _, places = find_places()
+    stale = [place / f"sparrow-sandbox-{dead.pid}-0-stale" for place in places]
+    for folder in stale:
+        folder.mkdir()
+    sandbox_cgroup._sweep.cache_clear()
+    assert run("print(1)").total_limits.startswith("cgroup")
+    assert not any(folder.exists() for folder in stale)
+    assert not [f for p in places for f in p.glob(f"sparrow-sandbox-{os.getpid()}-*")]
