@@ -215,6 +215,7 @@ def run_in_sandbox(
     try:
         command = bwrap_command(python or sandbox_python(), box_dir, limits, info_pipe[1])
         command += list(python_args)
+        drop_root = drop_root_command()
         group = run_cgroup(limits)
     except BaseException:
         os.close(info_pipe[0])
@@ -223,7 +224,7 @@ def run_in_sandbox(
     if group is None:
         return run_limited(command, wall_s, limits.max_output_bytes, True, info_pipe)
     try:
-        prefix = group.join_command() + ["--"] + drop_root_command()
+        prefix = group.join_command() + ["--"] + drop_root
         result = run_limited(prefix + command, wall_s, limits.max_output_bytes, False, info_pipe)
         exceeded = group.memory_exceeded()
     finally:

@@ -91,6 +91,10 @@ def run_limited(
             pass_fds=info_pipe[1:] if info_pipe else (),
             **user,
         )
+    except BaseException:
+        if info_pipe:
+            os.close(info_pipe[0])
+        raise
     finally:
         if info_pipe:
             os.close(info_pipe[1])
