@@ -3,6 +3,7 @@
     python benchmarks/code_reward.py                      # the figures of docs/code_rl.md
     python benchmarks/code_reward.py --smoke              # small, seconds (tests)
     python benchmarks/code_reward.py --out results.json
+    python benchmarks/code_reward.py --total-limits rlimits   # overhead without the run cgroup
 
 overhead: the same trivial program (`print(1)`) run `--runs` times one after another, as
 plain `python -I -B program.py` and through the sandbox (bwrap, the harness, the rlimits;
@@ -37,8 +38,8 @@ from sparrow.data.sandbox import SandboxLimits, find_bwrap, sandbox_python  # no
 TRIVIAL = "print(1)\n"
 
 
-def overhead(runs: int) -> dict:
-    python, limits = sandbox_python(), SandboxLimits()
+def overhead(runs: int, total_limits: str = "auto") -> dict:
+    python, limits = sandbox_python(), SandboxLimits(total_limits=total_limits)
     plain, sandboxed = [], []
     with tempfile.TemporaryDirectory() as folder, program_box(TRIVIAL) as box:
         program = Path(folder) / "program.py"
@@ -59,6 +60,7 @@ def overhead(runs: int) -> dict:
         "sandboxed_ms": round(sandbox_ms, 1),
         "overhead_ms": round(sandbox_ms - plain_ms, 1),
         "ratio": round(sandbox_ms / plain_ms, 2),
+        "total_limits": result.total_limits,
     }
 
 
@@ -105,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", default="1,2", help="worker counts, comma-separated")
     parser.add_argument("--smoke", action="store_true", help="3 runs, 1 copy, 2 workers")
     parser.add_argument("--out", help="also write the JSON here")
+    parser.add_argument(
+        "--total-limits", default="auto", help="SandboxLimits.total_limits of the overhead arm"
+    )
     args = parser.parse_args(argv)
     runs, copies, workers = (
         (3, 1, [2])
@@ -113,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     payload = {
         "facts": facts(),
-        "overhead": overhead(runs),
+        "overhead": overhead(runs, args.total_limits),
         "throughput": [throughput(copies, count) for count in workers],
     }
     text = json.dumps(payload, indent=1)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparrow.data.rewards import REWARD_FUNCTIONS
-from sparrow.data.sandbox import RunResult, SandboxLimits, find_bwrap, run_in_sandbox
+from sparrow.data.sandbox import RunResult, SandboxLimits, check_sandbox, run_in_sandbox
 
 HARNESS = Path(__file__).with_name("code_harness.py")
 _TAGGED = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\r?\n(.*?)```", re.DOTALL | re.IGNORECASE)
@@ -191,7 +191,7 @@ class CodeReward:
         self.limits, self.all_pass = limits, all_pass
 
     def __call__(self, completion: str, answer: str) -> float:
-        find_bwrap()  # never run untrusted code without the sandbox
+        check_sandbox(self.limits)  # never run untrusted code without the sandbox
         tests = parse_tests(answer)
         passed = run_tests(
             extract_program(completion), tests, self.limits, stop_at_failure=self.all_pass
@@ -201,8 +201,9 @@ class CodeReward:
         return sum(passed) / len(tests.inputs)
 
     def preflight(self) -> None:
-        """Run by the reward runner and the config check before any sample: bwrap is here."""
-        find_bwrap()
+        """Run by the reward runner and the config check before any sample: bwrap is here, and
+        a cgroup where the limits require one."""
+        check_sandbox(self.limits)
 
     def __repr__(self) -> str:
         return f"CodeReward({self.limits!r}, all_pass={self.all_pass})"

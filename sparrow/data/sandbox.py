@@ -13,41 +13,53 @@ namespaces of its own, and it runs in a session of its own. When Sparrow runs as
 is started as uid/gid 65534 (nobody): the kernel never applies RLIMIT_NPROC to root, so only
 a non-root sandbox has a process limit.
 
-Limits: CPU time, address space, processes, file size and open files are rlimits the harness
-sets inside the sandbox before the program runs (per user namespace, so the caller's own
-processes do not count against the process limit); stdout and stderr are read here, at most
-max_output_bytes each, and the run is killed past that; the wall clock is time_limit_s plus
-startup_allowance_s, then the process group is killed. Killing bwrap ends its PID namespace's
-init and so every process in it (a double-forked daemon included); --die-with-parent does the
-same when the caller dies (the reward runner kills a worker past its deadline). Why bwrap and
-not firejail or nsjail: docs/code_rl.md. Tests: tests/data/test_sandbox.py.
+Limits, per run: a cgroup of its own (sandbox_cgroup.py, where the machine allows) holds the
+total memory of all its processes and its /tmp (total_memory_bytes) and the number of its
+processes (max_processes + bwrap's two); after the run whatever is left in it is killed and
+checked gone. Per process, the harness sets rlimits inside the sandbox before the program
+runs: CPU time, address space, processes (RLIMIT_NPROC, per user namespace), file size and
+open files. `total_limits` says what happens where no cgroup can be made: "auto" (the
+default) runs with the rlimits alone and warns once, "cgroup" refuses to run, "rlimits"
+never tries (docs/code_rl.md says what the weaker mode leaves open). bwrap starts with an
+empty environment (sandbox_process.py: its own process is the namespace's init, whose
+environ and memory the program can read); stdout and stderr are read here, at most
+max_output_bytes each; the wall clock is time_limit_s plus startup_allowance_s, then the
+process group (bwrap and its init) is SIGKILLed, which ends the PID namespace and every
+process in it; --die-with-parent does the same when the caller dies. /dev is read-only (no
+/dev/shm), so /tmp is the one writable place. Why bwrap and not firejail or nsjail:
+docs/code_rl.md. Tests: tests/data/test_sandbox.py, tests/data/test_sandbox_limits.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
-import selectors
 import shutil
-import signal
-import subprocess
 import sys
-import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparrow.errors import SparrowError
+from sparrow.data.sandbox_cgroup import CgroupUnavailable, RunCgroup, find_places
+from sparrow.data.sandbox_process import RunResult, run_limited
+from sparrow.errors import SparrowError, SparrowWarning
 
 BWRAP_INSTALL = "apt-get install bubblewrap"
 SANDBOX_DIR = "/sandbox"
 NOBODY = 65534
-STDERR_TAIL_BYTES = 4096
-_READ_CHUNK = 1 << 16
+TOTAL_LIMITS = ("auto", "cgroup", "rlimits")
+# bwrap's own two processes in the run's cgroup: the outer one and the namespace's init
+BWRAP_PROCESSES = 2
 _ROOT_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 
 
 class SandboxUnavailableError(SparrowError, RuntimeError):
     """bubblewrap is missing or cannot start a sandbox here; the code reward refuses to run."""
+
+
+class WeakerSandboxWarning(SparrowWarning):
+    """No cgroup here: the sandbox's memory and process limits hold per process only."""
 
 
 @dataclass(frozen=True)
@@ -58,9 +70,11 @@ class SandboxLimits:
     time_limit_s: float = 2.0
     # extra wall-clock seconds for starting bwrap and the interpreter
     startup_allowance_s: float = 1.0
-    # address space (RLIMIT_AS) in bytes
+    # address space of each process (RLIMIT_AS) in bytes
     memory_bytes: int = 512 << 20
-    # processes and threads of the sandbox's user (RLIMIT_NPROC), the interpreter included
+    # memory of all the run's processes together, its /tmp included (the cgroup's limit)
+    total_memory_bytes: int = 1 << 30
+    # processes and threads of the run, the interpreter included (RLIMIT_NPROC and the cgroup)
     max_processes: int = 32
     # bytes read from stdout, and from stderr, before the run is killed
     max_output_bytes: int = 1 << 20
@@ -70,6 +84,11 @@ class SandboxLimits:
     tmpfs_bytes: int = 64 << 20
     # open file descriptors (RLIMIT_NOFILE)
     max_open_files: int = 64
+    # where no cgroup can be made: "auto" runs with per-process limits and warns, "cgroup"
+    # refuses to run, "rlimits" never makes one (docs/code_rl.md)
+    total_limits: str = "auto"
+    # a cgroup v2 folder with memory and pids delegated to make run groups in; "" finds one
+    cgroup_parent: str = ""
 
     def __post_init__(self) -> None:
         if not (self.time_limit_s > 0 and self.startup_allowance_s >= 0):
@@ -79,6 +98,7 @@ class SandboxLimits:
             )
         for name in (
             "memory_bytes",
+            "total_memory_bytes",
             "max_processes",
             "max_output_bytes",
             "max_file_bytes",
@@ -87,6 +107,10 @@ class SandboxLimits:
         ):
             if not getattr(self, name) >= 1:
                 raise ValueError(f"SandboxLimits.{name} must be >= 1, got {getattr(self, name)}")
+        if self.total_limits not in TOTAL_LIMITS:
+            raise ValueError(
+                f"SandboxLimits.total_limits must be one of {TOTAL_LIMITS}, got {self.total_limits!r}"
+            )
 
     def rlimits(self) -> dict[str, int]:
         """What the harness sets inside the sandbox (resource module names without RLIMIT_)."""
@@ -98,23 +122,6 @@ class SandboxLimits:
             "NOFILE": self.max_open_files,
             "CORE": 0,
         }
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """How one sandboxed run ended. returncode is None when it was killed from here."""
-
-    returncode: int | None
-    stdout: bytes
-    stderr_tail: bytes
-    timed_out: bool
-    output_exceeded: bool
-    wall_s: float
-
-    @property
-    def finished(self) -> bool:
-        """It exited with status 0 on its own, within every limit."""
-        return self.returncode == 0 and not self.timed_out and not self.output_exceeded
 
 
 def find_bwrap() -> str:
@@ -137,10 +144,13 @@ def sandbox_python() -> str:
     return os.path.realpath(sys.executable)
 
 
-def bwrap_command(python: str, box_dir: str | Path, limits: SandboxLimits) -> list[str]:
-    """bwrap's arguments up to (and including) the interpreter; the caller appends its args."""
-    args = [
-        find_bwrap(),
+def bwrap_command(
+    python: str, box_dir: str | Path, limits: SandboxLimits, info_fd: int | None = None
+) -> list[str]:
+    """bwrap's arguments up to (and including) the interpreter; the caller appends its args.
+    info_fd: where bwrap writes its init's pid (sandbox_process.py)."""
+    args = [find_bwrap()] + (["--info-fd", str(info_fd)] if info_fd is not None else [])
+    args += [
         "--unshare-all",
         "--unshare-user",
         "--disable-userns",
@@ -176,6 +186,8 @@ def bwrap_command(python: str, box_dir: str | Path, limits: SandboxLimits) -> li
         "/proc",
         "--dev",
         "/dev",
+        "--remount-ro",
+        "/dev",  # its tmpfs (and /dev/shm in it) would be writable space of no size limit
         "--ro-bind",
         str(box_dir),
         SANDBOX_DIR,
@@ -198,85 +210,76 @@ def run_in_sandbox(
     box_dir: str | Path, python_args: list[str], limits: SandboxLimits, python: str | None = None
 ) -> RunResult:
     """Run `python -I -B *python_args` in a fresh sandbox over box_dir; see the module doc."""
-    command = bwrap_command(python or sandbox_python(), box_dir, limits) + list(python_args)
-    return run_limited(command, limits, drop_root=True)
-
-
-def run_limited(command: list[str], limits: SandboxLimits, drop_root: bool = False) -> RunResult:
-    """Run `command` with its output capped and its wall clock limited, killing its process
-    group at either limit. drop_root: as root, start it as nobody (see the module doc)."""
-    user = (
-        dict(user=NOBODY, group=NOBODY, extra_groups=[]) if drop_root and os.geteuid() == 0 else {}
-    )
-    start = time.monotonic()
-    process = subprocess.Popen(
-        command,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        **user,
-    )
-    deadline = start + limits.time_limit_s + limits.startup_allowance_s
+    wall_s = limits.time_limit_s + limits.startup_allowance_s
+    info_pipe = os.pipe()
     try:
-        stdout, stderr, timed_out, exceeded = _read(process, deadline, limits.max_output_bytes)
-        if not (timed_out or exceeded):
-            try:
-                process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                timed_out = True
+        command = bwrap_command(python or sandbox_python(), box_dir, limits, info_pipe[1])
+        command += list(python_args)
+        drop_root = drop_root_command()
+        group = run_cgroup(limits)
+    except BaseException:
+        os.close(info_pipe[0])
+        os.close(info_pipe[1])
+        raise
+    if group is None:
+        return run_limited(command, wall_s, limits.max_output_bytes, True, info_pipe)
+    try:
+        prefix = group.join_command() + ["--"] + drop_root
+        result = run_limited(prefix + command, wall_s, limits.max_output_bytes, False, info_pipe)
+        exceeded = group.memory_exceeded()
     finally:
-        killed = process.poll() is None
-        if killed:
-            _kill_group(process)
-        process.stdout.close()
-        process.stderr.close()
-    return RunResult(
-        returncode=None if killed else process.returncode,
-        stdout=bytes(stdout),
-        stderr_tail=bytes(stderr[-STDERR_TAIL_BYTES:]),
-        timed_out=timed_out,
-        output_exceeded=exceeded,
-        wall_s=time.monotonic() - start,
+        group.finish()
+    return dataclasses.replace(
+        result, memory_exceeded=exceeded, total_limits=f"cgroup v{group.version}"
     )
 
 
-def _read(process: subprocess.Popen, deadline: float, max_bytes: int):
-    """Read stdout and stderr until both close, the deadline passes or one exceeds max_bytes."""
-    buffers = {process.stdout.fileno(): bytearray(), process.stderr.fileno(): bytearray()}
-    with selectors.DefaultSelector() as selector:
-        for fd in buffers:
-            selector.register(fd, selectors.EVENT_READ)
-        while selector.get_map():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return (
-                    buffers[process.stdout.fileno()],
-                    buffers[process.stderr.fileno()],
-                    True,
-                    False,
-                )
-            for key, _ in selector.select(remaining):
-                chunk = os.read(key.fd, _READ_CHUNK)
-                if not chunk:
-                    selector.unregister(key.fd)
-                    continue
-                buffers[key.fd] += chunk
-                if len(buffers[key.fd]) > max_bytes:
-                    del buffers[key.fd][max_bytes:]
-                    return (
-                        buffers[process.stdout.fileno()],
-                        buffers[process.stderr.fileno()],
-                        False,
-                        True,
-                    )
-    return buffers[process.stdout.fileno()], buffers[process.stderr.fileno()], False, False
-
-
-def _kill_group(process: subprocess.Popen) -> None:
-    """SIGKILL the run's process group; bwrap's death ends its PID namespace and all in it."""
+def run_cgroup(limits: SandboxLimits) -> RunCgroup | None:
+    """A cgroup for one run, or None where total_limits lets the run go without one."""
+    if limits.total_limits == "rlimits":
+        return None
     try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    process.wait()
+        return RunCgroup.create(
+            limits.total_memory_bytes, limits.max_processes + BWRAP_PROCESSES, limits.cgroup_parent
+        )
+    except CgroupUnavailable as err:
+        if limits.total_limits == "cgroup":
+            raise _no_cgroup(err) from None
+        warnings.warn(
+            f"the code sandbox runs without a cgroup ({err}): memory and processes are limited "
+            "per process only (docs/code_rl.md); set total_limits='cgroup' to refuse instead",
+            WeakerSandboxWarning,
+            stacklevel=2,
+        )
+        return None
+
+
+def check_sandbox(limits: SandboxLimits) -> None:
+    """What the code reward's preflight runs: bwrap is here, and a cgroup where one is required."""
+    find_bwrap()
+    if limits.total_limits == "cgroup":
+        try:
+            find_places(limits.cgroup_parent)
+        except CgroupUnavailable as err:
+            raise _no_cgroup(err) from None
+
+
+def drop_root_command() -> list[str]:
+    """As root, util-linux's setpriv starts bwrap as nobody (RLIMIT_NPROC never binds root);
+    it comes after the cgroup join, which needs root's rights."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv", path="/usr/bin:/bin")
+    if setpriv is None:
+        raise SandboxUnavailableError(
+            "setpriv (util-linux) is not installed: `apt-get install util-linux`"
+        )
+    return [setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
+
+
+def _no_cgroup(err: CgroupUnavailable) -> SandboxUnavailableError:
+    return SandboxUnavailableError(
+        f"SandboxLimits.total_limits='cgroup' and no cgroup can be made here ({err}); give a "
+        "delegated cgroup v2 folder as cgroup_parent, or total_limits='auto' for per-process "
+        "limits only (docs/code_rl.md)"
+    )

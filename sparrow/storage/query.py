@@ -3,14 +3,16 @@
     result = query(workdir, "SELECT * FROM bin_stats WHERE p5 < ?", [0.86])   # one statement
     results = query_all(workdir, "SELECT 1; SELECT 2")                          # one per statement
 
-Two fences. Before anything runs, every statement must be a read (SELECT, EXPLAIN,
-DESCRIBE/SHOW, PRAGMA without a value); anything that would write, attach, export or change
-settings is refused. Then the connection itself is a sandbox: the DuckDB file is opened
-read-only, external access is off except for the workdir's runs/ folder (the per-token
-Parquet files: `allowed_directories`), and the configuration is locked, so no statement can
-read /etc/passwd, list /root, load an extension or turn the fence off. The view
-`token_mismatch` over the readable Parquet files is made for each connection; damaged files
-are left out with a warning (sparrow.storage.token_files).
+Two fences. Before anything runs, every statement must be a plain read as DuckDB's own parser
+sees it (sparrow/storage/sql_guard.py: SELECT, EXPLAIN [ANALYZE] of a SELECT, allow-listed
+PRAGMAs); anything that would write, attach, import, export or change settings is refused.
+Then the connection itself is a sandbox: the DuckDB file is opened read-only, external access
+is off except for the workdir's runs/ folder (the per-token Parquet files:
+`allowed_directories`), and the configuration is locked, so no statement can read
+/etc/passwd, list /root, load an extension or turn the fence off. allowed_directories lets a
+statement write under runs/ as well as read, so there the statement check is the fence
+against writes. The view `token_mismatch` over the readable Parquet files is made for each
+connection; damaged files are left out with a warning (sparrow.storage.token_files).
 """
 
 from __future__ import annotations
@@ -22,17 +24,12 @@ from typing import Any
 
 import duckdb
 
-from sparrow.storage.errors import QueryRefusedError, StorageError
+from sparrow.storage.errors import StorageError
 from sparrow.storage.layout import db_path
 from sparrow.storage.schema import token_view_sql
+from sparrow.storage.sql_guard import check_read_only
 from sparrow.storage.store import _connect_with_retry
 from sparrow.storage.token_files import Damaged, find_token_files
-
-_READ_STATEMENTS = {
-    duckdb.StatementType.SELECT,
-    duckdb.StatementType.EXPLAIN,
-    duckdb.StatementType.PRAGMA,
-}
 
 
 @dataclass(frozen=True)
@@ -45,26 +42,6 @@ class QueryResult:
 
     def as_dicts(self) -> list[dict[str, Any]]:
         return [dict(zip(self.columns, row)) for row in self.rows]
-
-
-def check_read_only(sql: str) -> list[str]:
-    """Split `sql` into statements; refuse it whole if any statement is not a read."""
-    try:
-        statements = duckdb.extract_statements(sql)
-    except duckdb.Error as err:
-        raise StorageError(f"SQL does not parse: {err}") from None
-    if not statements:
-        raise StorageError("no SQL statement given")
-    for statement in statements:
-        if statement.type not in _READ_STATEMENTS:
-            kind = statement.type.name
-            raise QueryRefusedError(
-                f"refused: {kind} statement ({statement.query.strip()[:60]!r}); "
-                f"sparrow query only reads (SELECT, EXPLAIN, DESCRIBE, SHOW)"
-            )
-        if statement.type == duckdb.StatementType.PRAGMA and "=" in statement.query:
-            raise QueryRefusedError("refused: a PRAGMA that sets a value; sparrow query only reads")
-    return [s.query for s in statements]
 
 
 def query(workdir: str | Path, sql: str, params: Sequence[Any] | None = None) -> QueryResult:
