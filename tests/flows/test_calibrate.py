@@ -31,7 +31,8 @@ def calibrated(flow_environment, tmp_path_factory):
         "calibrate.num_prompts=2",
         "calibrate.repeats=2",
         f"calibrate.topk_pages=[{','.join(map(str, GRID))}]",
-        "calibrate.min_tokens=20",
+        "calibrate.min_bin_tokens=20",
+        "calibrate.min_bin_samples=1",
         "calibrate.max_new_tokens=200",
         "calibrate.name=tiny-cal",
     ]
