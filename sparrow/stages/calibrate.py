@@ -25,9 +25,8 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from sparrow.config import SparrowConfig, load_config
+from sparrow.control.acceptance_table import BOUNDS, STATISTICS, AcceptanceTable
 from sparrow.control.calibration import (
-    STATISTICS,
-    AcceptanceTable,
     Trajectory,
     flat_schedule,
     measure_on_policy,
@@ -229,6 +228,8 @@ def table_to_dict(table: AcceptanceTable) -> dict:
             for name in STATISTICS
             if getattr(table, name) is not None
         },
+        **{name: listed(bound) for name, bound in table.bounds.items()},
+        **({} if table.samples is None else {"samples": [int(n) for n in table.samples]}),
     }
 
 
@@ -238,12 +239,15 @@ def table_from_dict(data: dict) -> AcceptanceTable:
             [[np.nan if v is None else v for v in row] for row in data[key]], dtype=np.float64
         )
 
-    # a table written before min and share_below_half existed has neither
+    # a table written before min and share_below_half (or the bounds and samples) existed
+    # has none of them
     return AcceptanceTable(
         tuple(_grid_of(data)),
         data["bin_tokens"],
         np.array(data["tokens"], dtype=np.int64),
         **{name: array(name) for name in STATISTICS if name in data},
+        samples=np.array(data["samples"], dtype=np.int64) if "samples" in data else None,
+        bounds={name: array(name) for name in BOUNDS if name in data},
     )
 
 
