@@ -20,7 +20,11 @@ import warnings
 from collections.abc import Iterable
 
 # old dotted key -> new dotted key, in the train config and in a study's YAML
-CONFIG_RENAMES = {"calibrate.budgets": "calibrate.topk_pages"}
+CONFIG_RENAMES = {
+    "calibrate.budgets": "calibrate.topk_pages",
+    # issue 36: one floor for calibration, the controller and the reports
+    "calibrate.min_tokens": "calibrate.min_bin_tokens",
+}
 STUDY_RENAMES = {"fixed_budget_pages": "fixed_topk_pages"}
 # old dotted key -> new dotted key in another group
 MOVED_KEYS = {

@@ -315,8 +315,13 @@ class CalibrateConfig:
     topk_pages: list[int] = field(default_factory=list)
     """the grid of top-k pages replayed (was `budgets`); empty: the paper's steps 29..1149
     below the longest trajectory, or a small grid (1..64) when fewer than 4 of them fit"""
-    min_tokens: int = 100
-    """fewest tokens a bin needs for a stable p5; a thinner bin takes its neighbour's decision"""
+    min_bin_tokens: int = 500
+    """the floor for a length bin's statistics to count (was `min_tokens`): fewer tokens than
+    this, or fewer trajectories than min_bin_samples, and the bin is marked in bin_stats and
+    reports (counted false) but left out of the worst bin, the threshold events and the
+    controller; in calibration such a bin takes its neighbour's decision"""
+    min_bin_samples: int = 8
+    """the floor's trajectories: a bin reached by fewer distinct samples does not count"""
     num_bins: int = 0
     """bins of the calibrated schedule; 0 keeps schedule.name's count (more if trajectories
     reach further)"""

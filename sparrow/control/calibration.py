@@ -1,5 +1,6 @@
 """Calibration: sample trajectories, replay them teacher-forced under a grid of budgets, and
-measure the exact acceptance per token and its p5 per (budget, bin).
+measure the exact acceptance per token and its p5 per (budget, bin), with bootstrap bounds
+over trajectories (the table itself: sparrow/control/acceptance_table.py).
 
     from sparrow.control.calibration import (sample_trajectories, measure_topk_pages,
                                                  topk_grid)
@@ -23,7 +24,7 @@ the first generated token comes from the dense prefill, so its acceptance is 1 u
 budget, as in the rollout. measure_on_policy replays instead each budget's own trajectories,
 sampled by the sparse actor under that budget: dense paths never show the states a sparse actor
 reaches after its own mistakes, where acceptance is lowest (docs/calibration.md measures
-both). Percentiles are numpy's linear ones, as in mismatch.bin_statistics. The replay rounds page centroids as the rollout engine stores them (`centroid_dtype`, the
+both). The replay rounds page centroids as the rollout engine stores them (`centroid_dtype`, the
 engine's EngineConfig.centroid_dtype): float8 centroids select slightly different pages, so a
 schedule calibrated with one setting holds for rollouts with that setting.
 """
@@ -39,13 +40,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from sparrow.control.acceptance_table import (
+    STATISTICS,
+    AcceptanceTable,
+    CalibrationError,
+    table_from_tokens,
+)
 from sparrow.costmodel.presets import ModelShape
 from sparrow.engine import Engine, EngineConfig, SamplingParams, teacher_forced_hidden
-from sparrow.errors import SparrowError
 from sparrow.mismatch.acceptance import acceptance_from_logits, bin_index
-from sparrow.mismatch.stats import LOW_ACCEPTANCE
 from sparrow.sparse.schedule import Schedule
-from sparrow.sparse.target import get_statistic
 
 # the paper's page counts per bin (top-k pages, page size 16): the steps of its schedules
 PAPER_TOPK_PAGES = (
@@ -71,13 +75,11 @@ PAPER_TOPK_PAGES = (
 )
 # a grid for models whose trajectories hold only tens of pages (the embedded tiny model)
 SMALL_TOPK_PAGES = (1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64)
-PERCENTILES = (1, 5, 10)
-# per (budget, bin) statistics of an AcceptanceTable (min and share_below_half: see target.py)
-STATISTICS = ("p1", "p5", "p10", "mean", "min", "share_below_half")
-
-
-class CalibrationError(SparrowError, ValueError):
-    """Bad calibration input (the message names it)."""
+# the default grid's widest step between neighbouring budgets (topk_grid refines the lists
+# above to it): a doubling grid jumped p5 from 0.05 to 0.85 to 0.997 in the testbed study, so
+# no target between was bracketed; at 1.3 the paper's grid gains 36, 52 and 108 and the
+# small one 5, 7, 10 and 14 (1 to 8 in steps of 1, then steps of at most a third)
+MAX_STEP = 1.3
 
 
 @dataclass(frozen=True)
@@ -100,68 +102,36 @@ class Trajectory:
         return np.arange(self.prompt_len, len(self.ids))
 
 
-@dataclass(frozen=True)
-class AcceptanceTable:
-    """Per (budget, bin) acceptance statistics of one calibration; NaN where a bin is empty."""
-
-    topk_pages: tuple[int, ...]
-    bin_tokens: int
-    # generated tokens per bin (the same tokens under every budget)
-    tokens: np.ndarray
-    p1: np.ndarray
-    p5: np.ndarray
-    p10: np.ndarray
-    mean: np.ndarray
-    # lowest acceptance and share below 0.5; None in a table written before they existed
-    min: np.ndarray | None = None
-    share_below_half: np.ndarray | None = None
-
-    def __post_init__(self) -> None:
-        shape = (len(self.topk_pages), self.tokens.size)
-        for name in STATISTICS:
-            value = getattr(self, name)
-            if value is not None and value.shape != shape:
-                raise CalibrationError(f"AcceptanceTable.{name} must have shape {shape}")
-
-    def statistic(self, name: str) -> np.ndarray:
-        """The [budget, bin] table of a target statistic (schedule.target_statistic)."""
-        value = getattr(self, get_statistic(name).column)
-        if value is None:
-            raise CalibrationError(f"this calibration table has no {name!r}; measure it again")
-        return value
-
-    @property
-    def num_bins(self) -> int:
-        return int(self.tokens.size)
-
-    def rows(self) -> list[dict[str, Any]]:
-        """One plain row per (budget, bin) holding tokens (the `calibration` table's columns)."""
-        return [
-            {
-                "topk_pages": b,
-                "bin": i,
-                "n": int(self.tokens[i]),
-                "p1": float(self.p1[j, i]),
-                "p5": float(self.p5[j, i]),
-                "p10": float(self.p10[j, i]),
-                "mean": float(self.mean[j, i]),
-            }
-            for j, b in enumerate(self.topk_pages)
-            for i in range(self.num_bins)
-            if self.tokens[i]
-        ]
-
-
 def topk_grid(
-    max_pages: int, paper: Sequence[int] = PAPER_TOPK_PAGES, small: Sequence[int] = SMALL_TOPK_PAGES
+    max_pages: int,
+    paper: Sequence[int] = PAPER_TOPK_PAGES,
+    small: Sequence[int] = SMALL_TOPK_PAGES,
+    max_step: float | None = MAX_STEP,
 ) -> tuple[int, ...]:
-    """The paper's grid below max_pages, or the small grid when fewer than 4 of its steps fit."""
+    """The paper's grid below max_pages, or the small grid when fewer than 4 of its steps fit,
+    refined so that neighbours differ by at most `max_step` (None: as listed)."""
     if max_pages < 2:
         raise CalibrationError(f"trajectories must span at least 2 pages, got {max_pages}")
     fitting = tuple(b for b in paper if b < max_pages)
-    if len(fitting) >= 4:
-        return fitting
-    return tuple(b for b in small if b < max_pages)
+    if len(fitting) < 4:
+        fitting = tuple(b for b in small if b < max_pages)
+    return fitting if max_step is None else refine_grid(fitting, max_step)
+
+
+def refine_grid(grid: Sequence[int], max_step: float = MAX_STEP) -> tuple[int, ...]:
+    """The grid with rounded geometric midpoints inserted wherever a budget is more than
+    `max_step` times the one before (none between neighbours with no integer between)."""
+    out = [int(grid[0])] if grid else []
+    for high in grid[1:]:
+        pending = [int(high)]
+        while pending:
+            low, top = out[-1], pending[-1]
+            middle = round((low * top) ** 0.5)
+            if top > max_step * low and low < middle < top:
+                pending.append(middle)
+            else:
+                out.append(pending.pop())
+    return tuple(out)
 
 
 def model_shape(path: str | Path) -> ModelShape:
@@ -295,7 +265,15 @@ def measure_topk_pages(
         model, trajectories, schedules, temperature, batch_tokens, centroid_dtype
     )
     positions = np.concatenate([t.positions for t in trajectories])
-    return table_from_tokens(grid, positions, acceptance, template.bin_tokens, num_bins, bins)
+    ids = _trajectory_ids(trajectories)
+    return table_from_tokens(
+        grid, positions, acceptance, template.bin_tokens, num_bins, bins, trajectories=ids
+    )
+
+
+def _trajectory_ids(trajectories: Sequence[Trajectory]) -> np.ndarray:
+    """Each generated token's trajectory index: the bootstrap's resampling unit."""
+    return np.concatenate([np.full(t.positions.size, k) for k, t in enumerate(trajectories)])
 
 
 def measure_on_policy(
@@ -324,46 +302,23 @@ def measure_on_policy(
             batch_tokens,
             centroid_dtype,
         )
-        measured.append((np.concatenate([t.positions for t in trajectories]), alpha))
+        positions = np.concatenate([t.positions for t in trajectories])
+        measured.append((positions, alpha, _trajectory_ids(trajectories)))
     width = max(
         [int(num_bins)]
-        + [bin_index(int(pos.max()), template.bin_tokens) + 1 for pos, _ in measured]
+        + [bin_index(int(pos.max()), template.bin_tokens) + 1 for pos, _, _ in measured]
     )
     tables = [
-        table_from_tokens([b], pos, [alpha], template.bin_tokens, width)
-        for b, (pos, alpha) in zip(grid, measured)
+        table_from_tokens([b], pos, [alpha], template.bin_tokens, width, trajectories=ids, seed=j)
+        for j, (b, (pos, alpha, ids)) in enumerate(zip(grid, measured))
     ]
     stats = {name: np.concatenate([getattr(t, name) for t in tables]) for name in STATISTICS}
+    bounds = {name: np.concatenate([t.bounds[name] for t in tables]) for name in tables[0].bounds}
     tokens = np.min([t.tokens for t in tables], axis=0)
-    return AcceptanceTable(grid, template.bin_tokens, tokens, **stats)
-
-
-def table_from_tokens(
-    topk_pages: Sequence[int],
-    positions: np.ndarray,
-    acceptance: Sequence[np.ndarray],
-    bin_tokens: int,
-    num_bins: int = 0,
-    bins: Sequence[int] | None = None,
-) -> AcceptanceTable:
-    """Per-bin percentiles of per-token acceptance (one array per budget, same positions)."""
-    # the table widens to the last bin holding a token, so no token lies past its last bin
-    token_bins = bin_index(np.asarray(positions), bin_tokens)
-    width = max(int(num_bins), int(token_bins.max()) + 1)
-    tokens = np.bincount(token_bins, minlength=width)
-    stats = {name: np.full((len(topk_pages), width), np.nan) for name in STATISTICS}
-    wanted = range(width) if bins is None else [b for b in bins if 0 <= b < width]
-    for j, alpha in enumerate(acceptance):
-        for i in wanted:
-            values = alpha[token_bins == i]
-            if values.size:
-                p1, p5, p10 = np.percentile(values, PERCENTILES)
-                stats["p1"][j, i], stats["p5"][j, i], stats["p10"][j, i] = p1, p5, p10
-                stats["mean"][j, i] = values.mean()
-                stats["min"][j, i] = values.min()
-                below = np.count_nonzero(values < LOW_ACCEPTANCE)
-                stats["share_below_half"][j, i] = below / values.size
-    return AcceptanceTable(tuple(int(b) for b in topk_pages), bin_tokens, tokens, **stats)
+    samples = np.min([t.samples for t in tables], axis=0)
+    return AcceptanceTable(
+        grid, template.bin_tokens, tokens, **stats, samples=samples, bounds=bounds
+    )
 
 
 def schedule_acceptance(

@@ -2,20 +2,27 @@
 
     from sparrow.control.choose import choose_topk_pages, topk_cost_table
     cost = topk_cost_table(topk_pages, num_bins, template, model=shape, hardware=hw, prompt_len=40)
-    choice = choose_topk_pages(topk_pages, p5, counts, cost, target=0.86, min_tokens=200)
+    choice = choose_topk_pages(topk_pages, p5, counts, cost, target=0.86, min_tokens=500,
+                               lower=p5_lower_bound, samples=trajectories, min_samples=8)
     choice.topk_pages, choice.notes()
 
 Inputs are a grid of top-k page budgets (strictly increasing), the p5 of acceptance per
-(budget, bin) (NaN where nothing was measured), the tokens per bin, and a cost per (budget,
+(budget, bin) (NaN where nothing was measured) with its lower confidence bound (the
+cluster bootstrap's; optional), the tokens and trajectories per bin, and a cost per (budget,
 bin) (eFLOPs from the cost model). A bin is *measured* when it holds at least `min_tokens`
-tokens; an under-populated bin takes the constraint of the nearest measured bin (the previous
-one when there is one, else the next) and its note says so. A measured bin where no budget
-of the grid meets the target gets the largest budget, and says so. A budget meets the target
-in a bin when it or a smaller budget measured p5 >= target (more pages never move the actor
-away from dense; a dip at a larger budget is sampling noise), so the largest budget is always
-allowed and a schedule always exists. Among all schedules that
-are non-decreasing over bins and meet every bin's constraint, the one of least total cost is
-returned (dynamic programming over bins, exact; tests hold it to a brute-force search).
+tokens and `min_samples` trajectories; an under-populated bin takes the constraint of the
+nearest measured bin (the previous one when there is one, else the next) and its note says so.
+
+Per measured bin the evidence (the lower bound where given, else p5) is fitted by isotonic
+regression against the budget (`monotone_fit`, scipy's pool-adjacent-violators: more pages
+do not move the actor away from dense, so a dip is noise and is pooled with its neighbours,
+and one lucky pass at a small budget is pooled with the failures above it instead of
+winning), and a budget meets the target when its fitted lower bound does: the smallest such
+budget is the cheapest one whose lower confidence bound meets the target. A measured bin
+where no budget meets it gets the largest budget, and says so, so a schedule always exists.
+Among all schedules that are non-decreasing over bins and meet every bin's constraint, the
+one of least total cost is returned (dynamic programming over bins, exact; tests hold it to a
+brute-force search over a plainly written fit).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.optimize import isotonic_regression
 
 from sparrow.costmodel.presets import Hardware, ModelShape
 from sparrow.costmodel.segments import segment_cost
@@ -47,6 +55,9 @@ class BinChoice:
     p5: float
     # "" for a measured bin that met the target; otherwise a sentence saying what happened
     note: str = ""
+    # the monotone fit of the evidence (lower bound, else p5) of the bin's own column at the
+    # chosen budget; NaN where unmeasured
+    fitted: float = math.nan
 
     def __post_init__(self) -> None:
         if self.bin < 0 or self.topk_pages < 1 or self.tokens < 0:
@@ -88,21 +99,30 @@ def _check_grid(topk_pages: Sequence[int]) -> list[int]:
     return grid
 
 
+def monotone_fit(table) -> np.ndarray:
+    """Per column (bin), the non-decreasing least-squares fit over the rows (budgets) of its
+    finite entries (isotonic regression); a NaN entry takes the fit of the nearest smaller
+    measured budget (NaN before the first)."""
+    table = np.asarray(table, dtype=np.float64)
+    fitted = np.full_like(table, np.nan)
+    for i in range(table.shape[1]):
+        finite = np.isfinite(table[:, i])
+        if not finite.any():
+            continue
+        fitted[finite, i] = isotonic_regression(table[finite, i], increasing=True).x
+        last = np.nan
+        for j in range(table.shape[0]):
+            last = fitted[j, i] if finite[j] else last
+            fitted[j, i] = last
+    return fitted
+
+
 def _constraints(
-    p5: np.ndarray, tokens: np.ndarray, target: float, min_tokens: int
+    evidence: np.ndarray, measured: list[int], tokens: np.ndarray, target: float
 ) -> tuple[np.ndarray, list[str]]:
     """allowed[topk index, bin] and a note per bin (see the module doc)."""
-    num_bins = p5.shape[1]
-    measured = [i for i in range(num_bins) if tokens[i] >= min_tokens]
-    if not measured:
-        raise ChooseError(
-            f"no bin holds min_tokens={min_tokens} tokens (most: "
-            f"{int(tokens.max()) if tokens.size else 0}); calibrate on more "
-            "prompts or repeats, or lower min_tokens"
-        )
-    # more pages never take the actor further from dense; a dip in measured p5 at a larger
-    # budget is sampling noise, so a budget meets the target once a smaller one has
-    own = np.logical_or.accumulate(np.nan_to_num(p5, nan=-1.0) >= target, axis=0)
+    num_bins = evidence.shape[1]
+    own = np.nan_to_num(monotone_fit(evidence), nan=-np.inf) >= target
     notes = [""] * num_bins
     for i in measured:
         if not own[:, i].any():
@@ -117,25 +137,54 @@ def _constraints(
         before = [m for m in measured if m < i]
         source = before[-1] if before else min(measured)
         allowed[:, i] = own[:, source]
-        notes[i] = (
-            f"{int(tokens[i])} tokens (< min_tokens {min_tokens}); takes bin {source}'s decision"
-        )
+        notes[i] = f"{int(tokens[i])} tokens, below the bin floor; takes bin {source}'s decision"
     return allowed, notes
 
 
+def _measured(tokens: np.ndarray, samples, min_tokens: int, min_samples: int) -> list[int]:
+    """Bins at or above the floor; an error naming the floor when there is none."""
+    if samples is not None:
+        samples = np.asarray(samples, dtype=np.int64).reshape(-1)
+    measured = [
+        i
+        for i in range(tokens.size)
+        if tokens[i] >= min_tokens and (samples is None or samples[i] >= min_samples)
+    ]
+    if not measured:
+        raise ChooseError(
+            f"no bin holds min_tokens={min_tokens} tokens and min_samples={min_samples} "
+            f"trajectories (most tokens: {int(tokens.max()) if tokens.size else 0}); calibrate "
+            "on more prompts or repeats, or lower calibrate.min_bin_tokens / min_bin_samples"
+        )
+    return measured
+
+
 def choose_topk_pages(
-    topk_pages: Sequence[int], p5, tokens, cost, target: float, min_tokens: int = 1
+    topk_pages: Sequence[int],
+    p5,
+    tokens,
+    cost,
+    target: float,
+    min_tokens: int = 1,
+    *,
+    lower=None,
+    samples=None,
+    min_samples: int = 0,
 ) -> Choice:
-    """The cheapest non-decreasing schedule over the grid that meets every bin's constraint."""
+    """The cheapest non-decreasing schedule over the grid that meets every bin's constraint;
+    `lower`: the lower confidence bound of p5 per (budget, bin), read instead of p5 where
+    given (module doc); `samples`: trajectories per bin, for the floor."""
     grid = _check_grid(topk_pages)
     tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
     shape = (len(grid), tokens.size)
     p5, cost = _as_table("p5", p5, shape), _as_table("cost", cost, shape)
+    evidence = p5 if lower is None else _as_table("lower", lower, shape)
     if not 0.0 < target <= 1.0:
         raise ChooseError(f"target must be in (0, 1], got {target}")
     if not np.isfinite(cost).all() or (cost < 0).any():
         raise ChooseError("cost must be finite and >= 0 everywhere")
-    allowed, notes = _constraints(p5, tokens, target, min_tokens)
+    measured = _measured(tokens, samples, min_tokens, min_samples)
+    allowed, notes = _constraints(evidence, measured, tokens, target)
     grid_size, num_bins = shape
     best = np.where(allowed[:, 0], cost[:, 0], np.inf)
     back = np.zeros(shape, dtype=np.int64)
@@ -150,9 +199,15 @@ def choose_topk_pages(
     for i in range(num_bins - 1, 0, -1):
         picks.append(int(back[picks[-1], i]))
     picks.reverse()
+    fitted = monotone_fit(evidence)
     bins = tuple(
         BinChoice(
-            bin=i, topk_pages=grid[j], tokens=int(tokens[i]), p5=float(p5[j, i]), note=notes[i]
+            bin=i,
+            topk_pages=grid[j],
+            tokens=int(tokens[i]),
+            p5=float(p5[j, i]),
+            note=notes[i],
+            fitted=float(fitted[j, i]),
         )
         for i, j in enumerate(picks)
     )

@@ -69,13 +69,38 @@ def auc(stable: Sequence[float], collapsed: Sequence[float]) -> float | None:
 
 
 def worst_per_step(rows: Sequence[Mapping], statistic: TargetStatistic) -> dict[int, float]:
-    """step -> the statistic's worst bin (rows: bin_stats rows; NULL values left out)."""
-    by_step: dict[int, list[float]] = {}
+    """step -> the statistic's worst bin (rows: bin_stats rows; NULL values and bins below
+    the floor, counted false, left out)."""
+    return {step: row[statistic.column] for step, row in worst_rows(rows, statistic).items()}
+
+
+def worst_rows(rows: Sequence[Mapping], statistic: TargetStatistic) -> dict[int, Mapping]:
+    """step -> the bin_stats row of the statistic's worst counted bin (bounds and all)."""
+    by_step: dict[int, list[Mapping]] = {}
     for row in rows:
         value = row.get(statistic.column)
-        if value is not None and math.isfinite(value):
-            by_step.setdefault(int(row["step"]), []).append(float(value))
-    return {step: statistic.worst(values) for step, values in sorted(by_step.items())}
+        if value is not None and math.isfinite(value) and row.get("counted") is not False:
+            by_step.setdefault(int(row["step"]), []).append(row)
+    key = (
+        (lambda r: r[statistic.column])
+        if statistic.higher_is_better
+        else (lambda r: -r[statistic.column])
+    )
+    return {step: min(found, key=key) for step, found in sorted(by_step.items())}
+
+
+def worst_bounds_mean(rows: Sequence[Mapping], statistic: TargetStatistic) -> tuple | None:
+    """(mean over steps of the worst bin's low bound, of its high bound); None without bounds."""
+    worst = [
+        r
+        for r in worst_rows(rows, statistic).values()
+        if r.get(f"{statistic.column}_lo") is not None
+    ]
+    if not worst:
+        return None
+    return tuple(
+        float(np.mean([r[f"{statistic.column}_{side}"] for r in worst])) for side in ("lo", "hi")
+    )
 
 
 def separation(

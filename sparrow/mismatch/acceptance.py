@@ -26,17 +26,22 @@ import torch
 from sparrow.mismatch.fit import TAIL_THRESHOLD, BetaFit, MismatchError, fit_beta_tail
 from sparrow.mismatch.stats import (
     BIN_TOKENS,
+    EXACT,
+    BinFloor,
     BinStats,
     bin_index,
     bin_statistics,
     bins_below,
     min_p5,
+    topk_bound_estimator,
 )
 
 __all__ = [
     "BIN_TOKENS",
     "BetaFit",
+    "BinFloor",
     "BinStats",
+    "EXACT",
     "MismatchError",
     "TAIL_THRESHOLD",
     "acceptance_from_logits",
@@ -48,6 +53,7 @@ __all__ = [
     "bins_below",
     "fit_beta_tail",
     "min_p5",
+    "topk_bound_estimator",
 ]
 
 # rows per chunk are chosen so one fp32 temporary stays near 128 MiB at any vocabulary size

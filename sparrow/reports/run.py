@@ -215,10 +215,11 @@ def summarize(data: RunData, hist: AcceptanceHistogram | None) -> dict[str, Any]
     """The numbers of the summary page, as one flat-ish dict (also what --json prints)."""
     last_step = data.steps[-1] if data.steps else None
     final = {name: points[-1] for name, points in data.metrics.items()}
-    last_bins = [b for b in data.bins if b["step"] == last_step and b["p5"] is not None]
-    all_bins = [b for b in data.bins if b["p5"] is not None]
+    # bins below the floor (counted false) are marked, not ranked; rows from before it count
+    counted = [b for b in data.bins if b["p5"] is not None and b.get("counted") is not False]
+    last_bins = [b for b in counted if b["step"] == last_step]
     worst = min(last_bins, key=lambda b: b["p5"], default=None)
-    lowest = min(all_bins, key=lambda b: b["p5"], default=None)
+    lowest = min(counted, key=lambda b: b["p5"], default=None)
     return {
         "run_id": data.run_id,
         "status": data.run.get("status"),
@@ -235,6 +236,8 @@ def summarize(data: RunData, hist: AcceptanceHistogram | None) -> dict[str, Any]
         "final_min_p5": final[MIN_P5_METRIC][1] if MIN_P5_METRIC in final else None,
         "worst_bin": _bin_point(worst),
         "lowest_p5": _bin_point(lowest),
+        "uncounted_bins": sum(b.get("counted") is False for b in data.bins),
+        "estimators": sorted({b["estimator"] for b in data.bins if b.get("estimator")}),
         "threshold_events": len(data.events),
         "schedule_versions": [
             {"name": s["name"], "version": s["version"], "step": s["step"]} for s in data.schedules
@@ -250,7 +253,18 @@ def summarize(data: RunData, hist: AcceptanceHistogram | None) -> dict[str, Any]
 
 
 def _bin_point(row: dict | None) -> dict | None:
-    return None if row is None else {"step": row["step"], "bin": row["bin"], "p5": row["p5"]}
+    if row is None:
+        return None
+    keys = ("step", "bin", "p5", "p5_lo", "p5_hi", "samples", "estimator")
+    return {k: row.get(k) for k in keys}
+
+
+def interval(point: dict) -> str:
+    """ "p5 0.91 [0.88, 0.93]": the value and its bootstrap bounds where stored."""
+    bounds = ""
+    if point.get("p5_lo") is not None:
+        bounds = f" [{fmt(point['p5_lo'])}, {fmt(point['p5_hi'])}]"
+    return f"p5 {fmt(point['p5'])}{bounds}"
 
 
 def fmt(value: Any) -> str:
@@ -302,9 +316,14 @@ def summary_markdown(data: RunData, summary: dict[str, Any], files: list[str]) -
             + (
                 "-"
                 if point is None
-                else f"bin {point['bin']} at step {point['step']}, p5 {fmt(point['p5'])}"
+                else f"bin {point['bin']} at step {point['step']}, {interval(point)}"
             )
         )
+    lines.append(
+        f"- bins below the floor (marked, not ranked): {s['uncounted_bins']}; acceptance "
+        f"estimator: {', '.join(s['estimators']) or '-'} (p5 [low, high]: the 95% cluster "
+        "bootstrap over trajectories)"
+    )
     if s["acceptance_step"] is not None:
         lines.append(
             f"- acceptance p5 over all tokens of step {s['acceptance_step']}: "
@@ -312,8 +331,11 @@ def summary_markdown(data: RunData, summary: dict[str, Any], files: list[str]) -
         )
     lines += ["", f"## Threshold events ({len(data.events)})", ""]
     lines += _table(
-        ["step", "bin", "kind", "p5", "target"],
-        [[e["step"], e["bin"], e["kind"], e["p5"], e["target"]] for e in data.events],
+        ["step", "bin", "kind", "p5", "target", "estimator"],
+        [
+            [e["step"], e["bin"], e["kind"], e["p5"], e["target"], e.get("estimator")]
+            for e in data.events
+        ],
     )
     lines += ["", f"## Schedule versions ({len(data.schedules)})", ""]
     lines += _table(

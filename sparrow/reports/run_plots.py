@@ -74,7 +74,8 @@ def _per_bin(data: RunData, column: str) -> tuple[list[dict], dict[int, list[tup
 
 
 def draw_p5(ax: Axes, data: RunData, legend: bool = True) -> None:
-    """p5 per length bin over steps, the target as a dashed line, threshold events as crosses."""
+    """p5 per length bin over steps with its bootstrap band, the target as a dashed line,
+    threshold events as crosses, bins below the floor as hollow circles."""
     rows, series = _per_bin(data, "p5")
     if not rows:
         _empty(ax, "bin statistics")
@@ -89,6 +90,22 @@ def draw_p5(ax: Axes, data: RunData, legend: bool = True) -> None:
             linewidth=1.4,
             color=colors[b],
             label=f"bin {b}",
+        )
+        band = [r for r in rows if r["bin"] == b and r.get("p5_lo") is not None]
+        if band:
+            band.sort(key=lambda r: r["step"])
+            steps = [r["step"] for r in band]
+            lows, highs = [r["p5_lo"] for r in band], [r["p5_hi"] for r in band]
+            ax.fill_between(steps, lows, highs, color=colors[b], alpha=0.15, linewidth=0)
+    thin = [r for r in rows if r.get("counted") is False]
+    if thin:
+        ax.scatter(
+            [r["step"] for r in thin],
+            [r["p5"] for r in thin],
+            facecolors="none",
+            edgecolors="grey",
+            s=40,
+            label="below the bin floor",
         )
     if data.target is not None:
         ax.axhline(data.target, **TARGET_STYLE, label=f"target {data.target:g}")

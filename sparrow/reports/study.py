@@ -32,6 +32,7 @@ from sparrow.experiments.study import (
     passes_at_target,
     separation,
     step_rollout_cost,
+    worst_bounds_mean,
     worst_per_step,
 )
 from sparrow.reports.run import fmt
@@ -158,6 +159,11 @@ def summarize_study(
                 "worst_bin_mean": {
                     s.name: _mean(worst[s.name][a.name].values()) for s in STATISTICS
                 },
+                # the mean over steps of the worst counted bin's bootstrap bounds (None: rows
+                # written before the bounds existed)
+                "worst_bin_bounds_mean": {s.name: worst_bounds_mean(a.bins, s) for s in STATISTICS},
+                "uncounted_bins": sum(b.get("counted") is False for b in a.bins),
+                "estimators": sorted({b["estimator"] for b in a.bins if b.get("estimator")}),
                 "overrides": a.overrides,
             }
         )
@@ -179,6 +185,12 @@ def summarize_study(
         ],
         "cost_model": {"priced": not why, "why_not": why},
     }
+
+
+def _with_bounds(value: float | None, bounds: tuple | None) -> str:
+    if bounds is None:
+        return fmt(value)
+    return f"{fmt(value)} [{fmt(bounds[0])}, {fmt(bounds[1])}]"
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
@@ -238,10 +250,30 @@ def study_markdown(summary: dict[str, Any], files: list[str]) -> str:
     if not summary["cost_model"]["priced"]:
         lines += ["", f"Predicted cost left out: {summary['cost_model']['why_not']}."]
     names = [s.name for s in STATISTICS]
-    lines += ["", "## Worst bin per step, mean over steps", ""]
+    lines += [
+        "",
+        "## Worst bin per step, mean over steps",
+        "",
+        "Per step the worst bin among those at the floor (calibrate.min_bin_tokens and "
+        "min_bin_samples); the table holds the mean of that value over the arm's steps, not "
+        "every bin's value. In brackets: the mean over steps of the worst bin's 95% cluster "
+        "bootstrap bounds (trajectories resampled).",
+        "",
+    ]
     lines += _table(
-        ["arm", *names],
-        [[a["arm"], *(a["worst_bin_mean"][n] for n in names)] for a in summary["arms"]],
+        ["arm", *names, "bins below the floor", "estimator"],
+        [
+            [
+                a["arm"],
+                *(
+                    _with_bounds(a["worst_bin_mean"][n], a["worst_bin_bounds_mean"][n])
+                    for n in names
+                ),
+                a["uncounted_bins"],
+                ", ".join(a["estimators"]) or "-",
+            ]
+            for a in summary["arms"]
+        ],
     )
     lines += [
         "",

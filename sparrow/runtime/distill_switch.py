@@ -42,7 +42,10 @@ EVENT_KIND = "distill_switch"
 
 def cheaper_candidate(cfg, schedule: Schedule) -> Schedule | None:
     """One notch cheaper than `schedule` (None when no bin can go lower)."""
-    grid = list(cfg.calibrate.topk_pages) or topk_grid(max(2, max(schedule.topk_pages) + 1))
+    # the listed grid, unrefined: a notch is one of the paper's (or the small grid's) steps
+    grid = list(cfg.calibrate.topk_pages) or topk_grid(
+        max(2, max(schedule.topk_pages) + 1), max_step=None
+    )
     cheaper = one_notch_cheaper(schedule, grid)
     return None if cheaper.topk_pages == schedule.topk_pages else cheaper
 

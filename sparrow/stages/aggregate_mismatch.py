@@ -11,13 +11,22 @@ Writes, for the step:
   token_mismatch view reads these files.
 - bin_stats rows: sparrow.mismatch.acceptance.bin_statistics per length bin (bins of the schedule in
   force, schedule.json of the rollout stage), with the pages that schedule reads in the bin
-  (pages_read; NULL when decoding densely), its name and version; bin_stats.json beside
-  tokens.parquet.
-- threshold_events: `below_target` for every bin whose schedule.target_statistic (p5 by
-  default; sparrow/sparse/target.py) misses schedule.target, `recovered` for a bin that
-  was below at the previous step and is not now; the event's p5 column holds the bin's p5.
-- step metrics: mismatch/min_p5, mismatch/p5_bin_<b>, mismatch/acceptance_mean,
-  mismatch/leftover_mass_mean, mismatch/bins_below.
+  (pages_read; NULL when decoding densely), its name and version, the cluster-bootstrap
+  bounds of every statistic over the step's trajectories (seeded by the step), the
+  trajectories reaching the bin, `counted` (false below calibrate.min_bin_tokens /
+  min_bin_samples) and the estimator (top<k>_lower_bound: rollout.logprobs_topk);
+  bin_stats.json beside tokens.parquet.
+- threshold_events: `below_target` for every counted bin whose schedule.target_statistic
+  (p5 by default; sparrow/sparse/target.py) misses schedule.target, `recovered` for a bin
+  that was below at the previous step and is counted and not below now; the event's p5
+  column holds the bin's p5, its estimator column the estimator.
+- sample_stats rows: per trajectory S = sum (1 - acceptance), the lowest acceptance and the
+  log importance weight (sparrow/mismatch/sequence.py); S over lookup tokens stays NULL
+  until the rollouts carry token roles.
+- step metrics: mismatch/min_p5 (counted bins; left out when none counts), mismatch/p5_bin_<b>,
+  mismatch/acceptance_mean, mismatch/leftover_mass_mean, mismatch/bins_below,
+  mismatch/bins_uncounted, mismatch/ess (the batch's normalised effective sample size),
+  mismatch/sequence_mismatch_mean and _max (S over the step's trajectories).
 Rows are replaced by (run_id, step) in the stage's transaction; MLflow gets the metrics, one
 event per threshold crossing, and bin_stats.json.
 """
@@ -26,7 +35,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +43,14 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from sparrow.data.token_roles import role_names
-from sparrow.mismatch.acceptance import BinStats, bin_statistics, min_p5
+from sparrow.mismatch.acceptance import (
+    BinFloor,
+    BinStats,
+    bin_statistics,
+    min_p5,
+    topk_bound_estimator,
+)
+from sparrow.mismatch.sequence import effective_sample_size, sequence_statistics
 from sparrow.runtime.ledger import contract
 from sparrow.runtime.ledger.stage import StageOutcome, StageWrite, run_stage
 from sparrow.runtime.retry import INFRA_RETRIES
@@ -112,6 +128,8 @@ class StepBins:
     target: float
     # schedule.target_statistic: the BinStats field compared with the target
     statistic: str = DEFAULT_STATISTIC
+    # the acceptance estimator the statistics come from (sparrow/mismatch/stats.py)
+    estimator: str | None = None
 
     @property
     def p5(self) -> dict[int, float]:
@@ -121,48 +139,72 @@ class StepBins:
     def below(self) -> list[int]:
         statistic = get_statistic(self.statistic)
         return sorted(
-            s.bin for s in self.stats if statistic.misses(getattr(s, statistic.column), self.target)
+            s.bin
+            for s in self.stats
+            if s.counted and statistic.misses(getattr(s, statistic.column), self.target)
         )
 
+    def rows(self) -> list[dict]:
+        """bin_stats rows (NaN as None) without the run's keys."""
+        return [
+            {
+                **{k: _finite(v) if isinstance(v, float) else v for k, v in s.as_dict().items()},
+                "pages_read": self.pages_read[s.bin],
+                "schedule_name": self.schedule_name,
+                "schedule_version": self.schedule_version,
+                "estimator": self.estimator,
+            }
+            for s in self.stats
+        ]
+
     def as_json(self) -> str:
-        return json.dumps(
-            [
-                {
-                    **{
-                        k: _finite(v) if isinstance(v, float) else v for k, v in s.as_dict().items()
-                    },
-                    "pages_read": self.pages_read[s.bin],
-                }
-                for s in self.stats
-            ],
-            indent=2,
-        )
+        return json.dumps(self.rows(), indent=2)
 
     def write_rows(self, conn) -> None:
         """Replace the step's bin_stats and threshold_events rows."""
         run_id, step, p5, below = self.run_id, self.step, self.p5, self.below
-        mismatch_rows.replace_bin_stats(
+        mismatch_rows.replace_bin_stats(conn, run_id, step, self.rows())
+        previous = mismatch_rows.below_target_bins(conn, run_id, step - 1)
+        counted = {s.bin for s in self.stats if s.counted}
+        events = [(b, "below_target") for b in below]
+        events += [(b, "recovered") for b in sorted(previous) if b in counted and b not in below]
+        mismatch_rows.replace_threshold_events(
             conn,
             run_id,
             step,
-            [
-                {
-                    **{
-                        k: _finite(v) if isinstance(v, float) else v for k, v in s.as_dict().items()
-                    },
-                    "pages_read": self.pages_read[s.bin],
-                    "schedule_name": self.schedule_name,
-                    "schedule_version": self.schedule_version,
-                }
-                for s in self.stats
-            ],
+            [(b, kind, p5[b], self.target) for b, kind in events],
+            self.estimator,
         )
-        previous = mismatch_rows.below_target_bins(conn, run_id, step - 1)
-        events = [(b, "below_target") for b in below]
-        events += [(b, "recovered") for b in sorted(previous) if b in p5 and b not in below]
-        mismatch_rows.replace_threshold_events(
-            conn, run_id, step, [(b, kind, p5[b], self.target) for b, kind in events]
+
+
+def sample_rows(records, scores, estimator: str) -> list[dict]:
+    """sample_stats rows, one per trajectory (lookup_* None: the rollouts carry no roles)."""
+    rows = []
+    for i, record in enumerate(records):
+        stats = sequence_statistics(
+            scores["acceptance"][i], scores["dense_logprobs"][i], record.actor_logprobs
         )
+        rows.append(
+            {
+                "prompt": record.prompt_index,
+                "sample": record.sample_index,
+                **{k: _finite(v) if isinstance(v, float) else v for k, v in asdict(stats).items()},
+                "estimator": estimator,
+            }
+        )
+    return rows
+
+
+def sample_metrics(rows: list[dict]) -> dict[str, float]:
+    """The batch's effective sample size and S over its trajectories."""
+    if not rows:
+        return {}
+    sums = [r["mismatch_sum"] for r in rows]
+    return {
+        "mismatch/ess": effective_sample_size([r["log_weight"] for r in rows]),
+        "mismatch/sequence_mismatch_mean": float(np.mean(sums)),
+        "mismatch/sequence_mismatch_max": float(np.max(sums)),
+    }
 
 
 def aggregate_step(
@@ -177,12 +219,21 @@ def aggregate_step(
     table = token_table(runtime.run_id, step, records, scores, schedule)
     pq.write_table(table, contract.TOKENS.under(out))
     acceptance = table.column("acceptance").to_numpy()
+    cfg = runtime.cfg
+    # one trajectory per (prompt, sample): the bootstrap resamples these
+    prompt, sample = table.column("prompt").to_numpy(), table.column("sample").to_numpy()
+    trajectory = prompt.astype(np.int64) * (int(sample.max(initial=0)) + 1) + sample
     stats = bin_statistics(
         table.column("position").to_numpy(),
         acceptance,
         bin_tokens=schedule.bin_tokens,
         num_bins=schedule.num_bins,
+        samples=trajectory,
+        floor=BinFloor(cfg.calibrate.min_bin_tokens, cfg.calibrate.min_bin_samples),
+        seed=step,
     )
+    estimator = topk_bound_estimator(cfg.rollout.logprobs_topk)
+    samples = sample_rows(records, scores, estimator)
     bins = StepBins(
         runtime.run_id,
         step,
@@ -193,8 +244,9 @@ def aggregate_step(
         },
         schedule.name,
         used.version,
-        runtime.cfg.schedule.target,
-        runtime.cfg.schedule.target_statistic,
+        cfg.schedule.target,
+        cfg.schedule.target_statistic,
+        estimator,
     )
     contract.BIN_STATS.under(out).write_text(bins.as_json())
     metrics = {f"mismatch/p5_bin_{b}": p5 for b, p5 in bins.p5.items()}
@@ -204,8 +256,15 @@ def aggregate_step(
             "mismatch/acceptance_mean": float(acceptance.mean()),
             "mismatch/leftover_mass_mean": float(np.mean(table.column("leftover_mass").to_numpy())),
             "mismatch/bins_below": float(len(bins.below)),
+            "mismatch/bins_uncounted": float(sum(not s.counted for s in stats)),
+            **sample_metrics(samples),
         }
     )
+    metrics = {k: v for k, v in metrics.items() if math.isfinite(v)}  # no counted bin: no min
+
+    def write_rows(conn) -> None:
+        bins.write_rows(conn)
+        mismatch_rows.replace_sample_stats(conn, runtime.run_id, step, samples)
 
     def log_events(final: Path) -> None:
         if runtime.tracker is None:
@@ -216,7 +275,7 @@ def aggregate_step(
             contract.BIN_STATS.under(final), subdir=f"bin_stats/step-{step}"
         )
 
-    return StageWrite(metrics=metrics, db=bins.write_rows, after_commit=log_events)
+    return StageWrite(metrics=metrics, db=write_rows, after_commit=log_events)
 
 
 @task(name="aggregate_mismatch", cache_policy=NONE, **INFRA_RETRIES)

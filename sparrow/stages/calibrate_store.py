@@ -4,10 +4,12 @@
 
 Prices every (budget, bin) with the cost model (model shape from the checkpoint's config.json,
 calibrate.hardware, the calibration prompts' median length), chooses the cheapest monotone
-schedule meeting schedule.target on schedule.target_statistic, p5 by default
-(sparrow/control/choose.py), then writes: the schedule YAML
-`<workdir>/schedules/<name>-v<version>.yaml`; in DuckDB one transaction with the
-`calibration` rows (p1, p5, p10, mean and tokens per budget and bin) and a new `schedules` version;
+schedule whose lower confidence bound of schedule.target_statistic (p5 by default), fitted
+monotone in the budget, meets schedule.target in every bin at the floor
+(calibrate.min_bin_tokens and min_bin_samples; sparrow/control/choose.py), then writes: the
+schedule YAML `<workdir>/schedules/<name>-v<version>.yaml`; in DuckDB one transaction with the
+`calibration` rows (p1, p5, p10, mean with their bounds, tokens, trajectories, counted and the
+estimator "exact" per budget and bin) and a new `schedules` version;
 the plot and summary.json under `<workdir>/calibrations/<id>/`; and an MLflow run tagged
 with the calibration id holding the schedule, the plot, the table and the timings.
 """
@@ -23,9 +25,11 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from sparrow.config import SparrowConfig, load_config
-from sparrow.control.calibration import AcceptanceTable, model_shape
+from sparrow.control.acceptance_table import AcceptanceTable
+from sparrow.control.calibration import model_shape
 from sparrow.control.choose import Choice, choose_topk_pages, topk_cost_table
 from sparrow.costmodel import get_hardware
+from sparrow.mismatch.acceptance import EXACT, BinFloor
 from sparrow.model.builtin import resolve_model_path
 from sparrow.reports.calibration_plot import plot_calibration
 from sparrow.runtime.ledger.calibration_files import (
@@ -58,7 +62,8 @@ def choose(cfg: SparrowConfig, table: AcceptanceTable, prompt_len: int, model_di
         hardware=get_hardware(cfg.calibrate.hardware),
         prompt_len=prompt_len,
     )
-    # schedule.target_statistic (p5 by default) on its higher-is-better axis, as the chooser reads it
+    # schedule.target_statistic (p5 by default) on its higher-is-better axis, as the chooser reads
+    # it; its bound on the failing side where the table has bounds (one written before: the value)
     statistic = get_statistic(cfg.schedule.target_statistic)
     return choose_topk_pages(
         table.topk_pages,
@@ -66,8 +71,15 @@ def choose(cfg: SparrowConfig, table: AcceptanceTable, prompt_len: int, model_di
         table.tokens,
         cost,
         statistic.oriented(cfg.schedule.target),
-        cfg.calibrate.min_tokens,
+        cfg.calibrate.min_bin_tokens,
+        lower=table.conservative(statistic.name),
+        samples=table.samples,
+        min_samples=cfg.calibrate.min_bin_samples,
     )
+
+
+def bin_floor(cfg: SparrowConfig) -> BinFloor:
+    return BinFloor(cfg.calibrate.min_bin_tokens, cfg.calibrate.min_bin_samples)
 
 
 def store_calibration(
@@ -85,7 +97,7 @@ def store_calibration(
         yaml_path = save_schedule_yaml(
             schedule, workdir / "schedules" / f"{schedule.name}-v{version}.yaml"
         )
-        replace_calibration(conn, calibration_id, str(model_dir), table.rows())
+        replace_calibration(conn, calibration_id, str(model_dir), table.rows(bin_floor(cfg)))
         insert_schedule(
             conn,
             schedule,
@@ -159,6 +171,11 @@ def choose_and_store(
         "target": cfg.schedule.target,
         "topk_grid": list(table.topk_pages),
         "tokens_per_bin": [int(n) for n in table.tokens],
+        "samples_per_bin": None if table.samples is None else [int(n) for n in table.samples],
+        # the monotone fit of the bound (or value) the choice read, per bin at its budget
+        "fitted_at_choice": [None if b.fitted != b.fitted else b.fitted for b in choice.bins],
+        "chosen_by": "lower confidence bound" if table.bounds else "point estimate",
+        "estimator": EXACT,
         "notes": notes,
         "yaml": str(yaml_path),
         "plot": str(plot),

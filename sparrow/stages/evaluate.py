@@ -10,11 +10,19 @@ policy's own accuracy, not the sparse actor's): greedily, or with pipeline.eval_
 one sample at that temperature (where greedy is already right, as on the GPU testbed, the
 sampled accuracy is what RL moves); scored by data.reward, eval/accuracy is the mean reward
 (the fraction correct for 0/1 rewards such as exact_match).
+
+With DistillSparse the engines hold merge(policy, LoRA) after sync_weights: the LoRA belongs
+to the sparse actor only, so the stage loads the plain policy (its policy_update folder) into
+the engines for the evaluation and puts the merged weights back after it (eval.json's
+"adapter_removed" says whether it did). Evaluating on the merged weights credited the
+policy with the LoRA's work.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +43,23 @@ def eval_rows(runtime: RunRuntime) -> list:
     return [runtime.eval_data.row(i) for i in range(count)]
 
 
+@contextmanager
+def dense_policy(runtime: RunRuntime) -> Iterator[bool]:
+    """The engines hold the plain policy inside the block; True when a LoRA was taken out
+    (and is merged back on the way out)."""
+    pool = runtime.pool
+    adapter = pool.spec.adapter_path
+    if not adapter:
+        yield False
+        return
+    policy = str(runtime.policy_state(pool.spec.weights_path))
+    pool.load_weights(policy)
+    try:
+        yield True
+    finally:
+        pool.load_weights(policy, adapter)
+
+
 def evaluate_step(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
     rows = eval_rows(runtime)
     params = sampling_params(runtime, rows, step, greedy=True, source=runtime.cfg.data.eval)
@@ -42,7 +67,8 @@ def evaluate_step(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
     if temperature > 0:  # one sample a prompt, seeded per (run, step, prompt) as rollouts are
         params = [dataclasses.replace(p, temperature=temperature) for p in params]
     runtime.pool.set_schedule(None)  # the next rollout sets the schedule in force again
-    results = runtime.pool.generate([list(row.prompt_ids) for row in rows], params)
+    with dense_policy(runtime) as adapter_removed:
+        results = runtime.pool.generate([list(row.prompt_ids) for row in rows], params)
     texts = [samples[0].text or "" for samples in results]
     data = runtime.cfg.data
     batch = score_completions(
@@ -56,6 +82,7 @@ def evaluate_step(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
             "dataset": data.eval,
             "temperature": temperature,
             "accuracy": accuracy,
+            "adapter_removed": adapter_removed,
             "errors": batch.errors,
             "rows": [
                 {

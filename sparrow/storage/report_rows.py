@@ -17,7 +17,8 @@ from typing import Any
 from sparrow.storage.query import query
 from sparrow.storage.schema import renamed_row
 
-# the bin_stats columns a report reads
+# the bin_stats columns a report reads (a file from before schema version 5 gives None for
+# the bounds, samples, counted and estimator)
 BIN_REPORT_COLUMNS = (
     "step",
     "bin",
@@ -27,7 +28,13 @@ BIN_REPORT_COLUMNS = (
     "pages_read",
     "schedule_name",
     "schedule_version",
+    "p5_lo",
+    "p5_hi",
+    "samples",
+    "counted",
+    "estimator",
 )
+EVENT_COLUMNS = ("step", "bin", "kind", "p5", "target", "estimator")
 
 
 def _rows(workdir, sql: str, params: list | None = None) -> list[dict[str, Any]]:
@@ -57,13 +64,15 @@ def run_tables(workdir: str | Path, run_id: str) -> dict[str, list[dict[str, Any
                 workdir, "SELECT * FROM bin_stats WHERE run_id = ? ORDER BY step, bin", [run_id]
             )
         ],
-        "threshold_events": _rows(
-            workdir,
-            "SELECT step, bin, kind, p5, target FROM "
-            "threshold_events WHERE run_id = ? "
-            "ORDER BY step, bin, kind",
-            [run_id],
-        ),
+        "threshold_events": [
+            {k: r.get(k) for k in EVENT_COLUMNS}
+            for r in _rows(
+                workdir,
+                "SELECT * FROM threshold_events WHERE run_id = ? ORDER BY step, bin, kind",
+                [run_id],
+            )
+        ],
+        "sample_stats": sample_stats(workdir, run_id),
         "schedules": _rows(
             workdir,
             """
@@ -86,6 +95,21 @@ def run_tables(workdir: str | Path, run_id: str) -> dict[str, list[dict[str, Any
 def _bin_row(row: dict[str, Any]) -> dict[str, Any]:
     row = renamed_row("bin_stats", row)  # a file from before schema version 4
     return {k: row.get(k) for k in BIN_REPORT_COLUMNS}
+
+
+def sample_stats(workdir: str | Path, run_id: str) -> list[dict[str, Any]]:
+    """A run's per-trajectory rows by step, prompt, sample; none in a file from before schema
+    version 5 that no writer has opened since (it has no sample_stats table)."""
+    exists = _rows(
+        workdir, "SELECT 1 AS one FROM duckdb_tables() WHERE table_name = 'sample_stats'"
+    )
+    if not exists:
+        return []
+    return _rows(
+        workdir,
+        "SELECT * FROM sample_stats WHERE run_id = ? ORDER BY step, prompt, sample",
+        [run_id],
+    )
 
 
 def step_metric_rows(workdir: str | Path, run_id: str) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sparrow.storage.query import query
+from sparrow.storage.schema import V5_COLUMNS
 
 SCHEDULE_COLUMNS = (
     "name",
@@ -28,8 +29,18 @@ SCHEDULE_COLUMNS = (
     "skip_layers",
     "target",
 )
-# the calibration table's per (topk_pages, bin) columns, as AcceptanceTable.rows() gives them
-CALIBRATION_COLUMNS = ("topk_pages", "bin", "n", "p5", "mean", "p1", "p10")
+# the calibration table's per (topk_pages, bin) columns, as AcceptanceTable.rows() gives them;
+# those of schema version 5 (the floor, the estimator, the bounds) are NULL where a row lacks them
+CALIBRATION_COLUMNS = (
+    "topk_pages",
+    "bin",
+    "n",
+    "p5",
+    "mean",
+    "p1",
+    "p10",
+    *(column for table, column, _ in V5_COLUMNS if table == "calibration"),
+)
 
 
 def newest_version(conn, name: str) -> int | None:
@@ -121,5 +132,5 @@ def replace_calibration(
         conn.executemany(
             f"INSERT INTO calibration (calibration_id, model_path, {', '.join(CALIBRATION_COLUMNS)}) "
             f"VALUES ({', '.join('?' * (2 + len(CALIBRATION_COLUMNS)))})",
-            [[calibration_id, model_path, *(r[c] for c in CALIBRATION_COLUMNS)] for r in rows],
+            [[calibration_id, model_path, *(r.get(c) for c in CALIBRATION_COLUMNS)] for r in rows],
         )

@@ -8,7 +8,13 @@ not stored, because its file list changes as steps land.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
+
+# statistics with a cluster-bootstrap interval (sparrow/mismatch/bootstrap.py STATISTICS; storage
+# does not import the library): bin_stats holds <name>_lo and <name>_hi beside each
+INTERVAL_STATISTICS = ("mean", "p1", "p5", "p10", "p50", "min", "share_below_half")
+# the calibration table's statistics with intervals
+CALIBRATION_INTERVALS = ("p1", "p5", "p10", "mean")
 
 TABLES: dict[str, str] = {
     "meta": """
@@ -44,6 +50,7 @@ TABLES: dict[str, str] = {
             beta_a DOUBLE, beta_b DOUBLE, beta_var DOUBLE, ks DOUBLE,
             pages_read INTEGER, schedule_name VARCHAR, schedule_version INTEGER,
             min DOUBLE, share_below_half DOUBLE,   -- lowest acceptance; share below 0.5
+            {bin_stats_v5}
             PRIMARY KEY (run_id, step, bin))""",
     "threshold_events": """
         CREATE TABLE IF NOT EXISTS threshold_events (
@@ -51,6 +58,7 @@ TABLES: dict[str, str] = {
             kind VARCHAR,                -- below_target | recovered | distill_switch
             p5 DOUBLE, target DOUBLE,
             created_at TIMESTAMP DEFAULT current_timestamp,
+            estimator VARCHAR,           -- the acceptance estimator of the value (bin_stats')
             PRIMARY KEY (run_id, step, bin, kind))""",
     "step_metrics": """
         CREATE TABLE IF NOT EXISTS step_metrics (
@@ -69,8 +77,47 @@ TABLES: dict[str, str] = {
             n BIGINT, p5 DOUBLE, mean DOUBLE,
             created_at TIMESTAMP DEFAULT current_timestamp,
             p1 DOUBLE, p10 DOUBLE,
+            {calibration_v5}
             PRIMARY KEY (calibration_id, topk_pages, bin))""",
+    "sample_stats": """
+        CREATE TABLE IF NOT EXISTS sample_stats (
+            run_id VARCHAR, step INTEGER, prompt INTEGER, sample INTEGER,
+            tokens INTEGER,              -- generated tokens
+            mismatch_sum DOUBLE,         -- S = sum over tokens of (1 - acceptance)
+            lookup_tokens INTEGER,       -- tokens whose role is lookup; NULL: roles unknown
+            lookup_mismatch_sum DOUBLE,  -- S over the lookup tokens; NULL: roles unknown
+            min_acceptance DOUBLE,       -- lowest acceptance of the sequence
+            log_weight DOUBLE,           -- sum of log p_dense - log q_actor over its tokens
+            estimator VARCHAR,
+            PRIMARY KEY (run_id, step, prompt, sample))""",
 }
+
+# columns added by schema version 5 (issue 36): the cluster-bootstrap bounds, the floor and
+# the acceptance estimator; (table, column, type)
+V5_COLUMNS = [
+    ("bin_stats", "samples", "BIGINT"),  # trajectories with a token in the bin
+    ("bin_stats", "counted", "BOOLEAN"),  # false: below calibrate.min_bin_tokens/_samples
+    # exact | top<k>_lower_bound (sparrow/mismatch/stats.py)
+    ("bin_stats", "estimator", "VARCHAR"),
+    *(("bin_stats", f"{n}_{side}", "DOUBLE") for n in INTERVAL_STATISTICS for side in ("lo", "hi")),
+    ("calibration", "samples", "BIGINT"),
+    ("calibration", "counted", "BOOLEAN"),
+    ("calibration", "estimator", "VARCHAR"),
+    *(
+        ("calibration", f"{n}_{side}", "DOUBLE")
+        for n in CALIBRATION_INTERVALS
+        for side in ("lo", "hi")
+    ),
+    ("threshold_events", "estimator", "VARCHAR"),
+]
+
+
+def _v5_ddl(table: str) -> str:
+    return "".join(f"{c} {t}, " for name, c, t in V5_COLUMNS if name == table)
+
+
+TABLES["bin_stats"] = TABLES["bin_stats"].replace("{bin_stats_v5}", _v5_ddl("bin_stats"))
+TABLES["calibration"] = TABLES["calibration"].replace("{calibration_v5}", _v5_ddl("calibration"))
 
 # columns of the per-token Parquet files (aggregate_mismatch writes them)
 TOKEN_COLUMNS: dict[str, str] = {
@@ -100,6 +147,7 @@ MIGRATIONS = [
     ("calibration", "p10", "DOUBLE"),
     ("bin_stats", "min", "DOUBLE"),
     ("bin_stats", "share_below_half", "DOUBLE"),
+    *V5_COLUMNS,
 ]
 
 # columns renamed after a table first shipped (version 4, docs/glossary.md): (table, old, new).

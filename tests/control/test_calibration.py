@@ -60,9 +60,14 @@ def test_table_restricted_to_some_bins_keeps_counts():
 
 
 def test_topk_grid():
-    assert topk_grid(200) == tuple(b for b in PAPER_TOPK_PAGES if b < 200)
+    paper = tuple(b for b in PAPER_TOPK_PAGES if b < 200)
+    assert topk_grid(200, max_step=None) == paper
+    assert topk_grid(200) == (29, 36, 45, 52, 61, 77, 93, 108, 125, 157, 189)
     assert topk_grid(2400)[-1] == 1149
-    assert topk_grid(31) == (1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 28)
+    assert topk_grid(31, max_step=None) == (1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 28)
+    assert topk_grid(31) == (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28)
+    for grid in (topk_grid(2400), topk_grid(64)):  # every step brackets within 30%
+        assert all(b <= 1.3 * a or b == a + 1 for a, b in zip(grid, grid[1:]))
     with pytest.raises(CalibrationError, match="2 pages"):
         topk_grid(1)
 

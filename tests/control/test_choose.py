@@ -7,10 +7,41 @@ import itertools
 import numpy as np
 import pytest
 
-from sparrow.control.choose import ChooseError, choose_topk_pages, topk_cost_table
+from sparrow.control.choose import (
+    ChooseError,
+    choose_topk_pages,
+    monotone_fit,
+    topk_cost_table,
+)
 from sparrow.costmodel import get_hardware, get_model
 from sparrow.costmodel.segments import segment_cost
 from sparrow.sparse.presets import get_preset
+
+
+def pool_adjacent_violators(values):
+    """The non-decreasing least-squares fit, written out: merge neighbouring blocks that
+    violate the order into their mean until none does."""
+    blocks = [[v, 1] for v in values]  # [mean, size]
+    i = 0
+    while i < len(blocks) - 1:
+        if blocks[i][0] > blocks[i + 1][0]:
+            (a, n), (b, m) = blocks[i], blocks[i + 1]
+            blocks[i : i + 2] = [[(a * n + b * m) / (n + m), n + m]]
+            i = max(i - 1, 0)
+        else:
+            i += 1
+    return [mean for mean, size in blocks for _ in range(size)]
+
+
+def fitted_column(column):
+    """The fit of the finite entries; a NaN entry takes the fit of the last one before it."""
+    finite = [v for v in column if not np.isnan(v)]
+    fit = iter(pool_adjacent_violators(finite))
+    out, last = [], np.nan
+    for v in column:
+        last = next(fit) if not np.isnan(v) else last
+        out.append(last)
+    return out
 
 
 def brute_force(topk_pages, p5, tokens, cost, target, min_tokens):
@@ -23,10 +54,11 @@ def brute_force(topk_pages, p5, tokens, cost, target, min_tokens):
         if i not in measured:
             before = [m for m in measured if m < i]
             source = before[-1] if before else min(measured)
-        ok = [not np.isnan(p5[k, source]) and p5[k, source] >= target for k in range(num_budgets)]
+        fit = fitted_column(p5[:, source])
+        ok = [not np.isnan(v) and v >= target for v in fit]
         if not any(ok):
             return j == num_budgets - 1
-        return any(ok[: j + 1])
+        return ok[j]
 
     best, best_cost = None, np.inf
     for picks in itertools.product(range(num_budgets), repeat=num_bins):
@@ -54,6 +86,41 @@ def test_chooser_matches_brute_force(seed):
     picks, best_cost = brute_force(topk_pages, p5, tokens, cost, target, min_tokens)
     assert choice.cost == pytest.approx(best_cost)
     assert list(choice.topk_pages) == sorted(choice.topk_pages)
+
+
+def test_monotone_fit_is_pool_adjacent_violators():
+    rng = np.random.default_rng(0)
+    table = rng.uniform(0, 1, size=(9, 5))
+    table[rng.random(table.shape) < 0.2] = np.nan
+    fitted = monotone_fit(table)
+    for i in range(table.shape[1]):
+        np.testing.assert_allclose(fitted[:, i], fitted_column(table[:, i]), equal_nan=True)
+        finite = fitted[:, i][~np.isnan(fitted[:, i])]
+        assert list(finite) == sorted(finite)
+
+
+def test_one_lucky_pass_does_not_win():
+    # bin 0 passes by chance at 2 pages, then fails at 4 and 8: the fit pools them below target
+    p5 = np.array([[0.90], [0.80], [0.82], [0.95]])
+    choice = choose_topk_pages([2, 4, 8, 16], p5, [500], np.ones((4, 1)), 0.86)
+    assert choice.topk_pages == (16,)
+
+
+def test_the_lower_bound_decides_not_the_estimate():
+    p5 = np.array([[0.88], [0.90], [0.95]])
+    lower = np.array([[0.80], [0.87], [0.93]])  # 2 pages meets on the estimate only
+    cost = np.array([[1.0], [2.0], [4.0]])
+    assert choose_topk_pages([2, 4, 8], p5, [500], cost, 0.86).topk_pages == (2,)
+    choice = choose_topk_pages([2, 4, 8], p5, [500], cost, 0.86, lower=lower)
+    assert choice.topk_pages == (4,) and choice.bins[0].fitted == pytest.approx(0.87)
+
+
+def test_a_bin_with_too_few_trajectories_takes_its_neighbours_decision():
+    p5 = np.array([[0.99, 0.5], [0.99, 0.9]])
+    choice = choose_topk_pages(
+        [4, 8], p5, [600, 600], np.ones((2, 2)), 0.86, 500, samples=[8, 3], min_samples=8
+    )
+    assert choice.topk_pages == (4, 4) and "below the bin floor" in choice.bins[1].note
 
 
 def test_hand_worked_table():

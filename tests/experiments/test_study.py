@@ -19,6 +19,7 @@ from sparrow.experiments.study import (
     passes_at_target,
     separation,
     step_rollout_cost,
+    worst_bounds_mean,
     worst_per_step,
 )
 from sparrow.sparse import get_preset
@@ -77,6 +78,7 @@ def test_worst_bin_per_step_and_separation():
     ]
     assert worst_per_step(rows, get_statistic("p5")) == {1: 0.7, 2: 0.8}
     assert worst_per_step(rows, get_statistic("share_below_half")) == {1: 0.1, 2: 0.05, 3: 0.2}
+    assert worst_bounds_mean(rows, get_statistic("p5")) is None  # rows without bounds
     per_arm = {
         "dense": {1: 0.99, 2: 0.98},
         "ctl": {1: 0.9, 2: 0.7},
@@ -224,3 +226,15 @@ def test_the_preregistered_studies_hold_their_nine_arms():
         assert "algo.tis_cap=-1" in arms["notis-0.75"].overrides
         assert "data.reward=share_match" in study.common
         assert f"tags={int(variant == 'v3')}" in " ".join(study.common)
+
+
+def test_the_worst_bin_skips_bins_below_the_floor_and_carries_its_bounds():
+    rows = [
+        {"step": 1, "bin": 0, "p5": 0.9, "p5_lo": 0.85, "p5_hi": 0.93, "counted": True},
+        {"step": 1, "bin": 1, "p5": 0.3, "p5_lo": 0.1, "p5_hi": 0.6, "counted": False},
+        {"step": 2, "bin": 0, "p5": 0.8, "p5_lo": 0.75, "p5_hi": 0.87, "counted": True},
+        {"step": 2, "bin": 1, "p5": 0.85, "p5_lo": 0.8, "p5_hi": 0.9, "counted": None},
+    ]
+    p5 = get_statistic("p5")
+    assert worst_per_step(rows, p5) == {1: 0.9, 2: 0.8}  # bin 1 of step 1 is too thin
+    assert worst_bounds_mean(rows, p5) == pytest.approx((0.8, 0.9))

@@ -13,6 +13,7 @@ import duckdb
 import numpy as np
 import pytest
 
+from sparrow.control.choose import monotone_fit
 from sparrow.sparse.io import load_schedule_yaml
 
 pytestmark = pytest.mark.slow
@@ -31,7 +32,8 @@ def calibrated(flow_environment, tmp_path_factory):
         "calibrate.num_prompts=2",
         "calibrate.repeats=2",
         f"calibrate.topk_pages=[{','.join(map(str, GRID))}]",
-        "calibrate.min_tokens=20",
+        "calibrate.min_bin_tokens=20",
+        "calibrate.min_bin_samples=1",
         "calibrate.max_new_tokens=200",
         "calibrate.name=tiny-cal",
     ]
@@ -47,10 +49,15 @@ def test_the_chosen_schedule_meets_the_target_in_every_measured_bin(calibrated):
     assert chosen == sorted(chosen) and len(chosen) == 8  # tiny-0.86 has 8 bins
     measured = [i for i, n in enumerate(table["tokens"]) if n >= 20]
     assert measured
+    # the choice reads the lower bound of p5, fitted non-decreasing in the budget
+    lower = monotone_fit(np.array(table["p5_lo"], dtype=float))
+    assert summary["chosen_by"] == "lower confidence bound"
     for i in measured:
-        assert table["p5"][GRID.index(chosen[i])][i] >= summary["target"]
+        j = GRID.index(chosen[i])
+        assert lower[j, i] >= summary["target"] or j == len(GRID) - 1
+        assert table["p5_lo"][j][i] <= table["p5"][j][i] <= table["p5_hi"][j][i]
         # and no cheaper budget would have done, unless the schedule may not fall there
-        cheaper = [b for b in GRID if b < chosen[i] and table["p5"][GRID.index(b)][i] >= 0.86]
+        cheaper = [b for b in GRID if b < chosen[i] and lower[GRID.index(b), i] >= 0.86]
         assert not cheaper or (i > 0 and chosen[i - 1] == chosen[i])
     thin = [i for i in range(8) if i not in measured]
     assert all(any(f"bin {i}:" in note for note in summary["notes"]) for i in thin)

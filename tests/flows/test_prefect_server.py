@@ -156,7 +156,8 @@ def test_deploy_all_and_run_both_flows_on_a_local_server(server_env, tmp_path):
             "calibrate.num_prompts=1",
             "calibrate.repeats=2",
             "calibrate.topk_pages=[2,4]",
-            "calibrate.min_tokens=5",
+            "calibrate.min_bin_tokens=5",
+            "calibrate.min_bin_samples=1",
             "calibrate.max_new_tokens=48",
             "calibrate.name=served-cal",
         ]

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from sparrow.mismatch import bootstrap
 from sparrow.mismatch.acceptance import (
+    BinFloor,
     BinStats,
     MismatchError,
     bin_statistics,
@@ -139,13 +141,13 @@ def test_tail_summaries():
 def test_bin_stats_checks_its_invariants():
     (good,) = _stats({3: 0.9})
     with pytest.raises(MismatchError, match="p1 <= p5 <= p10 <= p50"):
-        BinStats(**{**good.as_dict(), "p10": 0.5})
+        BinStats.from_row({**good.as_dict(), "p10": 0.5})
     with pytest.raises(MismatchError, match="tail_n"):
-        BinStats(**{**good.as_dict(), "tail_n": 101})
+        BinStats.from_row({**good.as_dict(), "tail_n": 101})
     with pytest.raises(MismatchError, match="min must lie in"):
-        BinStats(**{**good.as_dict(), "min": good.p1 + 0.01})
+        BinStats.from_row({**good.as_dict(), "min": good.p1 + 0.01})
     with pytest.raises(MismatchError, match="share_below_half in"):
-        BinStats(**{**good.as_dict(), "share_below_half": 1.5})
+        BinStats.from_row({**good.as_dict(), "share_below_half": 1.5})
     assert list(good.as_dict()) == [
         "bin",
         "n",
@@ -161,7 +163,11 @@ def test_bin_stats_checks_its_invariants():
         "tail_n",
         "min",
         "share_below_half",
+        "samples",
+        "counted",
+        *(f"{name}_{side}" for name in bootstrap.STATISTICS for side in ("lo", "hi")),
     ]
+    assert BinStats.from_row(good.as_dict()) == good
     # rows built without the two newer statistics still validate (NaN: not computed)
     assert math.isnan(good.min) and math.isnan(good.share_below_half)
 
@@ -189,3 +195,41 @@ def test_min_and_share_below_half_against_a_plain_loop():
         values = [v for p, v in zip(positions, acceptance) if p // 2000 == s.bin]
         assert s.min == min(values)
         assert s.share_below_half == sum(v < 0.5 for v in values) / len(values)
+
+
+def test_intervals_are_the_bins_cluster_bootstrap_and_round_trip():
+    positions, acceptance = _tokens(n=3000)
+    samples = np.arange(3000) // 25  # 120 trajectories of 25 tokens, spread over the bins
+    stats = bin_statistics(positions, acceptance, samples=samples, seed=5)
+    for s in stats:
+        in_bin = positions // 2000 == s.bin
+        assert s.samples == np.unique(samples[in_bin]).size
+        expected = bootstrap.bootstrap_intervals(
+            acceptance[in_bin], samples[in_bin], seed=(5, s.bin)
+        )
+        assert s.intervals == expected
+        low, high = s.intervals["p5"]
+        assert low <= s.p5 <= high
+        row = s.as_dict()
+        assert (row["p5_lo"], row["p5_hi"]) == (low, high)
+        assert BinStats.from_row(row).intervals == s.intervals
+    assert all(not s.intervals for s in bin_statistics(positions, acceptance))
+
+
+def test_bins_below_the_floor_are_kept_but_not_counted():
+    # bin 0: 600 tokens of 10 trajectories; bin 1: 600 tokens of 3; bin 2: 40 tokens of 10
+    positions = np.concatenate([np.full(600, 10), np.full(600, 2010), np.full(40, 4010)])
+    samples = np.concatenate([np.arange(600) % 10, np.arange(600) % 3, np.arange(40) % 10])
+    acceptance = np.concatenate([np.full(600, 0.95), np.full(600, 0.2), np.full(40, 0.1)])
+    stats = bin_statistics(positions, acceptance, samples=samples, floor=BinFloor(500, 8))
+    assert [(s.bin, s.counted) for s in stats] == [(0, True), (1, False), (2, False)]
+    assert min_p5(stats) == pytest.approx(0.95)  # the thin bins are not the worst
+    assert bins_below(stats, 0.86) == []
+    assert bins_below(bin_statistics(positions, acceptance), 0.86) == [1, 2]  # no floor
+    assert math.isnan(min_p5(stats[1:]))
+    # without trajectory ids only the token count decides
+    assert [s.counted for s in bin_statistics(positions, acceptance, floor=BinFloor(500, 8))] == [
+        True,
+        True,
+        False,
+    ]

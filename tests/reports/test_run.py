@@ -20,6 +20,7 @@ from sparrow.reports.run import (
     load_run,
     make_report,
     summarize,
+    summary_markdown,
 )
 from sparrow.storage import RunLayout, Store
 
@@ -159,12 +160,14 @@ def test_summary_numbers_equal_the_inserted_rows(workdir):
     assert summary["first_reward"] == inserted["rewards"][0]
     assert summary["final_length"] == inserted["lengths"][-1]
     assert summary["final_min_p5"] == pytest.approx(min(last_p5))
-    assert summary["worst_bin"] == {
+    point = ("step", "bin", "p5")
+    assert {k: summary["worst_bin"][k] for k in point} == {
         "step": last,
         "bin": int(np.argmin(last_p5)),
         "p5": pytest.approx(min(last_p5)),
     }
-    assert summary["lowest_p5"] == {
+    assert summary["worst_bin"]["p5_lo"] is None  # rows written without bounds
+    assert {k: summary["lowest_p5"][k] for k in point} == {
         "step": int(low_step),
         "bin": int(low_bin),
         "p5": pytest.approx(all_p5.min()),
@@ -232,3 +235,25 @@ def test_run_with_no_steps_still_reports(workdir, tmp_path):
     ]
     text = paths[-1].read_text()
     assert "steps recorded: 0" in text and "status failed" in text
+
+
+def test_bins_below_the_floor_are_marked_not_ranked(workdir):
+    root, _ = workdir
+    data = load_run(root, "r1")
+    last = STEPS - 1
+    last_p5 = [_p5(last, b) for b in range(BINS)]
+    worst = int(np.argmin(last_p5))
+    for row in data.bins:
+        if row["step"] == last and row["bin"] == worst:
+            row.update(counted=False)
+        else:
+            row.update(
+                p5_lo=row["p5"] - 0.01, p5_hi=row["p5"] + 0.01, estimator="top20_lower_bound"
+            )
+    summary = summarize(data, None)
+    second = sorted(range(BINS), key=lambda b: last_p5[b])[1]
+    assert summary["worst_bin"]["bin"] == second and summary["uncounted_bins"] == 1
+    assert summary["estimators"] == ["top20_lower_bound"]
+    text = summary_markdown(data, summary, [])
+    assert f"p5 {summary['worst_bin']['p5']:.6g} [" in text
+    assert "bins below the floor (marked, not ranked): 1" in text

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from sparrow.data.rollouts import RolloutRecord
-from sparrow.mismatch.acceptance import bin_statistics
+from sparrow.mismatch.acceptance import BinFloor, bin_statistics
 from sparrow.sparse import Schedule
-from sparrow.stages.aggregate_mismatch import StepBins, token_table
+from sparrow.stages.aggregate_mismatch import StepBins, sample_metrics, sample_rows, token_table
 from sparrow.storage import Store, query
 
 
@@ -146,3 +146,44 @@ def test_threshold_events_follow_the_target_statistic():
     assert on["min"].below == [0]  # the lone 0.1 token
     assert on["share_below_half"].below == [0]  # 1 % of bin 0 lies below 0.5, above 0.5 %
     assert StepBins("r", 1, stats, {0: 4, 1: 5}, "s", 1, target=0.95).below == [1]
+
+
+def test_bins_below_the_floor_raise_no_event_and_rows_carry_bounds(tmp_path):
+    # bin 1 is low but thin (3 trajectories): marked, bounded, and no below_target event
+    positions = np.concatenate([np.arange(0, 100), np.arange(100, 200)])
+    samples = np.concatenate([np.arange(100) % 10, np.arange(100) % 3])
+    acceptance = np.where(positions < 100, 0.99, 0.5)
+    stats = bin_statistics(
+        positions, acceptance, bin_tokens=100, samples=samples, floor=BinFloor(50, 8)
+    )
+    bins = StepBins("r", 1, stats, {0: 4, 1: 5}, "s", 1, 0.86, estimator="top20_lower_bound")
+    assert bins.below == []
+    with Store.open_writer(tmp_path) as store, store.connect() as conn:
+        bins.write_rows(conn)
+    rows = query(
+        tmp_path,
+        "SELECT bin, samples, counted, p5_lo, p5_hi, estimator FROM bin_stats ORDER BY bin",
+    ).rows
+    assert [r[:3] for r in rows] == [(0, 10, True), (1, 3, False)]
+    assert all(r[3] <= r[4] for r in rows) and {r[5] for r in rows} == {"top20_lower_bound"}
+    assert query(tmp_path, "SELECT count(*) FROM threshold_events").rows == [(0,)]
+
+
+def test_sample_rows_and_the_batch_ess():
+    records = [record(0, 0, 5, 3), record(0, 1, 5, 2)]
+    scores = {
+        "acceptance": [[1.0, 0.5, 0.9], [0.8, 0.8]],
+        "dense_logprobs": [[0.0, -0.2, -0.2], [-1.0, -1.0]],
+    }
+    rows = sample_rows(records, scores, "top20_lower_bound")
+    assert [(r["prompt"], r["sample"], r["tokens"]) for r in rows] == [(0, 0, 3), (0, 1, 2)]
+    assert rows[0]["mismatch_sum"] == pytest.approx(0.6) and rows[0]["min_acceptance"] == 0.5
+    # actor logprobs of record(): 0, -0.1, -0.2 and 0, -0.1
+    assert rows[0]["log_weight"] == pytest.approx(-0.1) and rows[1]["log_weight"] == pytest.approx(
+        -1.9
+    )
+    assert rows[0]["lookup_mismatch_sum"] is None
+    weights = np.exp([-0.1, -1.9])
+    metrics = sample_metrics(rows)
+    assert metrics["mismatch/ess"] == pytest.approx(weights.sum() ** 2 / (2 * (weights**2).sum()))
+    assert metrics["mismatch/sequence_mismatch_max"] == pytest.approx(0.6)

@@ -120,7 +120,11 @@ def test_calibration_chooses_on_the_target_statistic():
         share_below_half=np.zeros((3, bins)),
     )
     model_dir = resolve_model_path("builtin:tiny")
-    common = ["calibrate.min_tokens=10", "schedule.name=tiny-0.86"]
+    common = [
+        "calibrate.min_bin_tokens=10",
+        "calibrate.min_bin_samples=1",
+        "schedule.name=tiny-0.86",
+    ]
     by_p5 = choose(load_config(common), table, 40, model_dir)
     by_min = choose(
         load_config([*common, "schedule.target_statistic=min", "schedule.target=0.5"]),

@@ -18,6 +18,7 @@ from sparrow.storage import (
     atomic_dir,
     query,
 )
+from sparrow.storage.schema import SCHEMA_VERSION
 
 
 @pytest.fixture
@@ -221,7 +222,7 @@ def test_older_bin_stats_stays_readable_and_gains_min_and_share(tmp_path):
     pages = query(tmp_path, "SELECT run_id, pages_read FROM bin_stats ORDER BY run_id").rows
     assert pages == [("new", 4), ("old", 4)]
     version = query(tmp_path, "SELECT value FROM meta WHERE key = 'schema_version'").rows
-    assert version == [("4",)]
+    assert version == [(str(SCHEMA_VERSION),)]
 
 
 def test_the_next_writer_removes_a_dead_writers_scratch(tmp_path):

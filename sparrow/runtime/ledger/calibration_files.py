@@ -55,7 +55,7 @@ def read_trajectories(path: str | Path) -> tuple[list[Trajectory], dict]:
 def table_to_dict(table: AcceptanceTable) -> dict:
     import numpy as np
 
-    from sparrow.control.calibration import STATISTICS
+    from sparrow.control.acceptance_table import STATISTICS
 
     def listed(array: np.ndarray) -> list:
         return [[None if np.isnan(v) else float(v) for v in row] for row in array]
@@ -69,15 +69,18 @@ def table_to_dict(table: AcceptanceTable) -> dict:
             for name in STATISTICS
             if getattr(table, name) is not None
         },
+        **{name: listed(bound) for name, bound in table.bounds.items()},
+        **({} if table.samples is None else {"samples": [int(n) for n in table.samples]}),
     }
 
 
 def table_from_dict(data: dict) -> AcceptanceTable:
     """table.json's contents as an AcceptanceTable (a file written before the rename calls
-    the grid "budgets"; one written before min and share_below_half existed has neither)."""
+    the grid "budgets"; one written before min and share_below_half, or the bounds and the
+    trajectory counts, existed has none of them)."""
     import numpy as np
 
-    from sparrow.control.calibration import STATISTICS, AcceptanceTable
+    from sparrow.control.acceptance_table import BOUNDS, STATISTICS, AcceptanceTable
 
     def array(key: str) -> np.ndarray:
         return np.array(
@@ -89,4 +92,6 @@ def table_from_dict(data: dict) -> AcceptanceTable:
         data["bin_tokens"],
         np.array(data["tokens"], dtype=np.int64),
         **{name: array(name) for name in STATISTICS if name in data},
+        samples=np.array(data["samples"], dtype=np.int64) if "samples" in data else None,
+        bounds={name: array(name) for name in BOUNDS if name in data},
     )

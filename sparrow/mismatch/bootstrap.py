@@ -1,0 +1,121 @@
+"""Cluster-bootstrap confidence intervals of per-bin acceptance statistics.
+
+    from sparrow.mismatch.bootstrap import bootstrap_intervals
+    intervals = bootstrap_intervals(acceptance, trajectory_ids, seed=0)   # one bin's tokens
+    low, high = intervals["p5"]                                           # 95% percentile interval
+
+Tokens of one trajectory are correlated (one hard prefix lowers many of them), so the
+resampling unit is the whole trajectory: each replicate draws as many trajectories as the bin
+holds, with replacement, and takes every token of each draw. Each replicate's statistics are
+those of bin_statistics (numpy's linear percentiles, the mean, the minimum, the share below
+0.5) on the repeated tokens; the interval is the percentile interval of the replicates (the
+plain percentile bootstrap; a bin with fewer than 2 trajectories gets NaN: one trajectory says
+nothing about the spread between them). The replicates are computed without building them:
+the bin is sorted once and each replicate is a vector of per-token repeat counts, so the
+k-th value of a replicate is a search in its cumulative counts (tests hold it to a plain loop).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+# statistics that get an interval: the bin_stats columns <name>_lo and <name>_hi
+STATISTICS = ("mean", "p1", "p5", "p10", "p50", "min", "share_below_half")
+PERCENTILE_OF = {"p1": 1.0, "p5": 5.0, "p10": 10.0, "p50": 50.0}
+RESAMPLES = 200
+LEVEL = 0.95
+# tokens x replicates held at once (int64 cumulative counts): about 32 MB
+CHUNK_ELEMENTS = 1 << 22
+# strictly below this counts in share_below_half (stats.LOW_ACCEPTANCE)
+LOW_ACCEPTANCE = 0.5
+
+
+def draw_clusters(num_clusters: int, resamples: int, seed: int | tuple[int, ...]) -> np.ndarray:
+    """[resamples, num_clusters] cluster indices drawn with replacement (numpy's PCG64)."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, num_clusters, size=(resamples, num_clusters))
+
+
+def replicate_statistics(
+    values: np.ndarray, clusters: np.ndarray, draws: np.ndarray
+) -> dict[str, np.ndarray]:
+    """Every statistic of STATISTICS on each replicate: {name: [resamples]}.
+
+    values: one bin's acceptance; clusters: its trajectory codes in [0, K); draws: the
+    [resamples, K] output of draw_clusters.
+    """
+    num_clusters = int(draws.shape[1])
+    resamples = int(draws.shape[0])
+    offsets = (np.arange(resamples) * num_clusters)[:, None]
+    counts = np.bincount((draws + offsets).ravel(), minlength=resamples * num_clusters)
+    counts = counts.reshape(resamples, num_clusters).astype(np.float64)
+    sizes = np.bincount(clusters, minlength=num_clusters).astype(np.float64)
+    sums = np.bincount(clusters, weights=values, minlength=num_clusters)
+    low = np.bincount(clusters, weights=values < LOW_ACCEPTANCE, minlength=num_clusters)
+    lowest = np.full(num_clusters, np.inf)
+    np.minimum.at(lowest, clusters, values)
+    tokens = counts @ sizes
+    out = {
+        "mean": np.clip(counts @ sums / tokens, 0.0, 1.0),
+        "share_below_half": counts @ low / tokens,
+        "min": np.where(counts > 0, lowest[None, :], np.inf).min(axis=1),
+    }
+    out.update(_replicate_percentiles(values, clusters, counts))
+    return out
+
+
+def _replicate_percentiles(
+    values: np.ndarray, clusters: np.ndarray, counts: np.ndarray
+) -> dict[str, np.ndarray]:
+    """numpy's linear percentile of each replicate, the replicate given as repeat counts."""
+    order = np.argsort(values, kind="stable")
+    ordered, codes = values[order], clusters[order]
+    out = {name: np.empty(counts.shape[0]) for name in PERCENTILE_OF}
+    step = max(1, CHUNK_ELEMENTS // max(1, values.size))
+    for start in range(0, counts.shape[0], step):
+        rows = counts[start : start + step].astype(np.int64)
+        cumulative = np.cumsum(rows[:, codes], axis=1)  # [chunk, tokens]
+        totals = cumulative[:, -1]
+        # rows laid end to end: row r's counts shifted by r * span stay sorted as one array
+        span = int(totals.max()) + 1
+        shift = np.arange(rows.shape[0]) * span
+        flat = (cumulative + shift[:, None]).ravel()
+        row_start = np.arange(rows.shape[0]) * values.size
+        for name, q in PERCENTILE_OF.items():
+            h = (totals - 1) * (q / 100.0)
+            below = np.floor(h)
+            above = np.minimum(below + 1, totals - 1)
+            # the k-th (0-based) repeated value: the first token whose cumulative count > k
+            first = np.searchsorted(flat, below + shift, side="right") - row_start
+            second = np.searchsorted(flat, above + shift, side="right") - row_start
+            a, b = ordered[first], ordered[second]
+            out[name][start : start + step] = a + (h - below) * (b - a)
+    return out
+
+
+def bootstrap_intervals(
+    values,
+    clusters,
+    resamples: int = RESAMPLES,
+    level: float = LEVEL,
+    seed: int | tuple[int, ...] = 0,
+) -> dict[str, tuple[float, float]]:
+    """{statistic: (low, high)}: the percentile interval at `level` of `resamples` cluster
+    bootstrap replicates; NaN bounds when the bin holds fewer than 2 clusters."""
+    values = np.asarray(values, dtype=np.float64).reshape(-1)
+    _, codes = np.unique(np.asarray(clusters).reshape(-1), return_inverse=True)
+    if codes.size != values.size:
+        raise ValueError(f"clusters has {codes.size} entries but values has {values.size}")
+    if not 0.0 < level < 1.0 or resamples < 2:
+        raise ValueError(f"need 0 < level < 1 and resamples >= 2, got {level}, {resamples}")
+    num_clusters = int(codes.max()) + 1 if codes.size else 0
+    if num_clusters < 2:
+        return {name: (math.nan, math.nan) for name in STATISTICS}
+    replicates = replicate_statistics(values, codes, draw_clusters(num_clusters, resamples, seed))
+    tail = 100.0 * (1.0 - level) / 2.0
+    return {
+        name: tuple(float(v) for v in np.percentile(replicates[name], [tail, 100.0 - tail]))
+        for name in STATISTICS
+    }
