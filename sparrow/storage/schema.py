@@ -98,6 +98,8 @@ MIGRATIONS = [
     ("calibration", "p10", "DOUBLE"),
     ("bin_stats", "min", "DOUBLE"),
     ("bin_stats", "share_below_half", "DOUBLE"),
+    ("schedules", "selection", "VARCHAR"),  # the page-scoring rule (NULL: centroid)
+    ("schedules", "dense_heads", "INTEGER[][]"),  # (layer, KV head) pairs read whole
 ]
 
 # columns renamed after a table first shipped (version 4, docs/glossary.md): (table, old, new).
