@@ -20,7 +20,7 @@ is stored and shown with it; no control decision reads it.
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sparrow import schedule_math
 from sparrow.errors import SparrowError
@@ -149,6 +149,34 @@ class Schedule:
     def reserved_pages(self) -> int:
         """Pages always read outside the top-k: reserved_bos + reserved_eos."""
         return self.reserved_bos + self.reserved_eos
+
+    def at_page_size(self, page_size: int) -> Schedule:
+        """The same token budgets in pages of `page_size` tokens: top-k and reserved pages
+        scaled by the ratio of the sizes (16 -> 8 doubles them; 8 -> 16 needs even counts)."""
+        if page_size == self.page_size:
+            return self
+        counts = (*self.topk_pages, self.reserved_bos, self.reserved_eos)
+        scaled = [count * self.page_size / page_size for count in counts]
+        if any(value != int(value) for value in scaled):
+            raise ScheduleError(
+                f"schedule {self.name!r}: pages of {self.page_size} tokens do not make whole "
+                f"pages of {page_size} ({list(counts)} top-k and reserved)"
+            )
+        *topk, bos, eos = (int(value) for value in scaled)
+        return replace(
+            self, page_size=page_size, topk_pages=tuple(topk), reserved_bos=bos, reserved_eos=eos
+        )
+
+    def configured(self, settings) -> Schedule:
+        """This schedule under a run's `schedule` config group (sparrow.config.schema
+        ScheduleConfig): its selection and dense_heads, and page_size when not 0."""
+        page_size = int(settings.page_size)
+        schedule = self.at_page_size(page_size) if page_size else self
+        return replace(
+            schedule,
+            selection=settings.selection,
+            dense_heads=tuple(tuple(pair) for pair in settings.dense_heads),
+        )
 
 
 def _pairs(name: str, values) -> tuple[tuple[int, int], ...]:
