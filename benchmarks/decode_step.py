@@ -6,6 +6,8 @@ Qwen3-4B shapes), dense vs each model's 0.86 preset, and the rollout-equivalent 
     python benchmarks/decode_step.py --smoke                     # tiny model, any device
     python benchmarks/decode_step.py --centroids float8_e4m3fn   # 8-bit page centroids
     python benchmarks/decode_step.py --programmatic-launch none  # EngineConfig's kernel choices
+    python benchmarks/decode_step.py --models qwen3-1.7b --batches 16 \
+        --selection centroid,centroid_maxhead,quest                # page-scoring rules side by side
 
 Per (model, batch 16 / 64, context): every sequence sits at that context; one step is one
 CUDA-graph replay (embedding, all layers with the KV write, attention, logits), median of
@@ -14,7 +16,9 @@ the page tables, so sequences alias physical pages at long contexts; the pool is
 times the L2, so every page read is still an HBM read. Memory bound of a step: weights plus
 the KV (and centroid) bytes it reads, over the device-to-device copy bandwidth measured in
 the same run. Rollout-equivalent: the sum of step times over positions 1K .. 33K, linear
-between measured contexts.
+between measured contexts. With --selection, the sparse steps are timed again under each
+listed page-scoring rule (the preset's pages: equal pages read) and each row gets
+`sparse_us_by_selection` and `over_centroid` (step time over centroid's, per context).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +51,7 @@ from sparrow.kernels.runtime import kernel_options  # noqa: E402
 from sparrow.model.config import ModelArch  # noqa: E402
 from sparrow.model.decoder import Decoder  # noqa: E402
 from sparrow.sparse.presets import get_preset  # noqa: E402
+from sparrow.sparse.scoring import get_rule  # noqa: E402
 from sparrow.sparse.selection import pages_read  # noqa: E402
 
 PAGE = 16
@@ -113,15 +119,24 @@ class StepBench:
         pool_pages: int,
         device: str,
         centroid_dtype: torch.dtype = torch.bfloat16,
+        bounds: bool = False,
     ):
         arch = model.arch
         self.model, self.arch, self.device = model, arch, device
         self.cache = KVCache.allocate(
-            arch, pool_pages, PAGE, torch.bfloat16, device, centroid_dtype=centroid_dtype
+            arch,
+            pool_pages,
+            PAGE,
+            torch.bfloat16,
+            device,
+            centroid_dtype=centroid_dtype,
+            bounds=bounds,
         )
         fill_random_(self.cache.k, 1)
         fill_random_(self.cache.v, 2)
         fill_random_(self.cache.centroids, 3)
+        if bounds:
+            fill_random_(self.cache.bounds, 4)
         self.graphs = DecodeGraphs(model, self.cache, use_graphs=device == "cuda")
         self.pool_pages = pool_pages
 
@@ -200,9 +215,13 @@ def rollout_us(contexts, step_us) -> float:
 
 
 def pool_pages_for(
-    arch: ModelArch, budget_bytes: float, largest: int, centroid_dtype: torch.dtype = torch.bfloat16
+    arch: ModelArch,
+    budget_bytes: float,
+    largest: int,
+    centroid_dtype: torch.dtype = torch.bfloat16,
+    bounds: bool = False,
 ) -> int:
-    per_page = bytes_per_page(arch, PAGE, torch.bfloat16, centroid_dtype)
+    per_page = bytes_per_page(arch, PAGE, torch.bfloat16, centroid_dtype, bounds)
     return max(1, min(int(budget_bytes // per_page), largest))
 
 
@@ -320,11 +339,16 @@ def hardware_for(gpu: str | None):
     return get_hardware("h200" if gpu and "H200" in gpu else "h100")
 
 
-def run_batch(bench, name, batch, contexts, bandwidth, params_bytes, gpu):
+def run_batch(bench, name, batch, contexts, bandwidth, params_bytes, gpu, selections=()):
     schedule = get_preset(f"{name}-0.86")
     arch = bench.arch
     dense = [bench.step_us(batch, c, None) for c in contexts]
     sparse = [bench.step_us(batch, c, schedule) for c in contexts]
+    by_selection = {
+        rule: [bench.step_us(batch, c, replace(schedule, selection=rule)) for c in contexts]
+        for rule in selections
+        if rule != "centroid"
+    }
     width = bench.cache.centroids.element_size()
     bound = lambda c, s: step_bytes(arch, params_bytes, batch, c, s, width) / bandwidth * 1e6
     dense_bound = [bound(c, None) for c in contexts]
@@ -358,6 +382,11 @@ def run_batch(bench, name, batch, contexts, bandwidth, params_bytes, gpu):
             schedule, hardware=measured_hw, **common
         ).predicted_speedup,
     )
+    if by_selection:
+        row["sparse_us_by_selection"] = {"centroid": sparse, **by_selection}
+        row["over_centroid"] = {
+            rule: [t / c for t, c in zip(times, sparse)] for rule, times in by_selection.items()
+        }
     if bench.device == "cuda":
         row["eager_step_us_2k_dense"] = eager_step_us(bench, batch, 2048)
         row["non_attention_step_us"] = non_attention_step_us(bench, batch)
@@ -366,7 +395,7 @@ def run_batch(bench, name, batch, contexts, bandwidth, params_bytes, gpu):
 
 
 def model_bench(
-    name, batches, contexts, device, smoke, centroid_dtype=torch.bfloat16
+    name, batches, contexts, device, smoke, centroid_dtype=torch.bfloat16, bounds=False
 ) -> tuple[StepBench, int]:
     """A random model of this shape with a page pool as large as the GPU allows (12 GiB
     kept free) up to the widest case; and its parameter bytes."""
@@ -375,16 +404,21 @@ def model_bench(
     params_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     largest = max(batches) * -(-max(contexts) // PAGE)
     free = torch.cuda.mem_get_info()[0] - 12 * 2**30 if device == "cuda" else 2**30
-    pool = pool_pages_for(arch, free, largest, centroid_dtype)
-    return StepBench(model, pool, device, centroid_dtype), params_bytes
+    pool = pool_pages_for(arch, free, largest, centroid_dtype, bounds)
+    return StepBench(model, pool, device, centroid_dtype, bounds), params_bytes
 
 
-def run_model(name, batches, contexts, bandwidth, device, smoke, centroid_dtype):
-    bench, params_bytes = model_bench(name, batches, contexts, device, smoke, centroid_dtype)
+def run_model(name, batches, contexts, bandwidth, device, smoke, centroid_dtype, selections=()):
+    bounds = any(get_rule(rule).bounds for rule in selections)
+    bench, params_bytes = model_bench(
+        name, batches, contexts, device, smoke, centroid_dtype, bounds
+    )
     gpu = torch.cuda.get_device_name() if device == "cuda" else None
     rows = []
     for batch in batches:
-        rows.append(run_batch(bench, name, batch, contexts, bandwidth, params_bytes, gpu))
+        rows.append(
+            run_batch(bench, name, batch, contexts, bandwidth, params_bytes, gpu, selections)
+        )
         rows[-1].update(
             params_bytes=params_bytes,
             pool_pages=bench.cache.num_pages,
@@ -426,8 +460,16 @@ def main(argv=None) -> int:
         choices=("bfloat16", "float8_e4m3fn"),
         help="page centroid dtype of the cache (EngineConfig.centroid_dtype)",
     )
+    parser.add_argument(
+        "--selection",
+        default="",
+        help="comma-separated page-scoring rules whose sparse steps are timed beside the "
+        "preset's (centroid), e.g. centroid_maxhead,quest",
+    )
     add_kernel_option_flags(parser)
     args = parser.parse_args(argv)
+    for rule in filter(None, args.selection.split(",")):
+        get_rule(rule)  # an unknown name fails now, listing the valid ones
     # as the engine's runner does: every step launched and captured under these options
     with kernel_options(kernel_options_from(args)):
         return run(args)
@@ -454,6 +496,7 @@ def run(args) -> int:
                 device,
                 args.smoke,
                 getattr(torch, args.centroids),
+                tuple(filter(None, args.selection.split(","))),
             )
         )
     write_json(
@@ -463,6 +506,7 @@ def run(args) -> int:
             facts=device_facts(),
             copy_bandwidth=copy,
             centroids=args.centroids,
+            selection=args.selection or "centroid",
             prompt_len=PROMPT,
             gen_len=GENERATED,
             rows=rows,

@@ -209,12 +209,14 @@ def _check_backend(cfg: SparrowConfig) -> None:
 def _registry_choices() -> dict[str, tuple[str, ...]]:
     from sparrow.costmodel.presets import HARDWARE
     from sparrow.rl import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+    from sparrow.sparse.scoring import SCORING_RULES
     from sparrow.sparse.target import TARGET_STATISTICS
 
     return {
         "algo.advantage": tuple(ADVANTAGE_ESTIMATORS.names()),
         "algo.loss": tuple(POLICY_LOSSES.names()),
         "schedule.target_statistic": tuple(TARGET_STATISTICS.names()),
+        "schedule.selection": tuple(SCORING_RULES.names()),
         "calibrate.hardware": tuple(HARDWARE),
     }
 
@@ -235,6 +237,12 @@ _RANGES = [
     ("trainer.num_workers", lambda v: v >= 0, ">= 0 (0 trains in the flow's process)"),
     ("trainer.sync_bucket_mib", lambda v: v >= 1, ">= 1"),
     ("schedule.target", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("schedule.page_size", lambda v: v >= 0 and v & (v - 1) == 0, "0 or a power of two"),
+    (
+        "schedule.dense_heads",
+        lambda v: all(len(pair) == 2 and min(pair) >= 0 for pair in v),
+        "a list of [layer, KV head] pairs >= 0",
+    ),
     ("algo.eps_low", lambda v: 0 <= v < 1, "in [0, 1)"),
     ("algo.eps_high", lambda v: v >= 0, ">= 0"),
     ("algo.lr", lambda v: v > 0, "> 0"),

@@ -96,6 +96,13 @@ class ScheduleConfig:
     target_statistic: str = "p5"
     """per-bin statistic held at the target: p5 (the paper's), p1, p10, mean, min, or
     share_below_half (lower is better: target is then the largest share allowed)"""
+    selection: str = "centroid"
+    """page-scoring rule (docs/selection.md): centroid, centroid_maxhead, quest, quest_maxhead,
+    or oracle (teacher-forced replay only: calibrate.sample_sparse=false; never decodes)"""
+    dense_heads: list[list[int]] = field(default_factory=list)
+    """(layer, KV head) pairs that read every page on sparse layers, e.g. [[2, 0], [5, 3]]"""
+    page_size: int = 0
+    """tokens per KV page; 0 keeps the schedule's, else its token budgets in pages of this size"""
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,10 @@ one prompt (D, r, I, S as in costmodel.py):
   sparse: compute 2PN + 2rND B + 2N L_in D + rND t / S
           memory  2ND B + 2 L_in D + ND t / S
   appendix variant: memory + 2P in both.
-A step is dense while its budget B covers the context (L_in + t <= B), sparse after.
+The scoring terms (2N L_in D, rND t / S; 2 L_in D, ND t / S) price the centroid rule; another
+page-scoring rule scales them (scoring_factors: quest reads two vectors a page, maxhead does
+r times the products). A step is dense while its budget B covers the context (L_in + t <= B),
+sparse after.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 
 from sparrow.costmodel.presets import CostModelError, Hardware, ModelShape
 from sparrow.sparse.schedule import Schedule
+from sparrow.sparse.scoring import get_rule
 
 VARIANTS = ("paper", "appendix")
 
@@ -62,6 +66,20 @@ class Cost:
         return {"compute": self.compute, "memory": self.memory, "total": self.total}
 
 
+def scoring_factors(selection: str, gqa_ratio: float) -> tuple[float, float]:
+    """(compute, memory) multipliers of the published scoring terms, which price the centroid
+    rule (one vector per page and KV head): a rule reads summary_vectors vectors (quest: the
+    two key bounds) and, scoring each query head (maxhead), does r times the products."""
+    try:
+        rule = get_rule(selection)
+    except ValueError as err:
+        raise CostModelError(str(err)) from None
+    if not rule.decodes:
+        raise CostModelError(f"page-scoring rule {selection!r} does not decode: no decode cost")
+    vectors = rule.summary_vectors
+    return vectors * (gqa_ratio if rule.per_head else 1), vectors
+
+
 def _step_rates(
     model: ModelShape,
     samples: int,
@@ -69,6 +87,7 @@ def _step_rates(
     budget_tokens: float | None,
     page_size: int,
     variant: str,
+    selection: str = "centroid",
 ) -> tuple[float, float, float, float]:
     """(compute at t=0, compute slope, memory at t=0, memory slope); budget None is dense."""
     P, N, L_in, D, r = model.parameters, samples, prompt_len, model.kv_dim, model.gqa_ratio
@@ -77,8 +96,10 @@ def _step_rates(
         m0, m1 = 2 * D * L_in, 2 * N * D
     else:
         B, S = budget_tokens, page_size
-        c0, c1 = 2 * P * N + 2 * r * N * D * B + 2 * N * L_in * D, r * N * D / S
-        m0, m1 = 2 * N * D * B + 2 * L_in * D, N * D / S
+        flops, reads = scoring_factors(selection, r)
+        c0 = 2 * P * N + 2 * r * N * D * B + flops * 2 * N * L_in * D
+        c1 = flops * r * N * D / S
+        m0, m1 = 2 * N * D * B + reads * 2 * L_in * D, reads * N * D / S
     if variant == "appendix":
         m0 += 2 * P
     return c0, c1, m0, m1
@@ -112,8 +133,10 @@ def segment_cost(
     budget_tokens: float | None = None,
     page_size: int = 16,
     variant: str = "paper",
+    selection: str = "centroid",
 ) -> Cost:
-    """Cost of decoding generated tokens [start, end) with one budget (None: dense)."""
+    """Cost of decoding generated tokens [start, end) with one budget (None: dense); the
+    sparse steps' page scoring priced for the rule `selection` (scoring_factors)."""
     check_variant(variant)
     if not 0 <= start <= end:
         raise CostModelError(f"need 0 <= start <= end, got start={start}, end={end}")
@@ -124,7 +147,9 @@ def segment_cost(
     dense = _step_rates(model, samples, prompt_len, None, page_size, variant)
     cost = _integrate(dense, start, split, I)
     if split < end:
-        sparse = _step_rates(model, samples, prompt_len, budget_tokens, page_size, variant)
+        sparse = _step_rates(
+            model, samples, prompt_len, budget_tokens, page_size, variant, selection
+        )
         cost = cost + _integrate(sparse, split, end, I)
     return cost
 
@@ -261,7 +286,13 @@ def schedule_cost(
                 budget_tokens=budget,
                 dense_tokens=dense_tokens_in(prompt_len, t0, t1, budget),
                 dense=segment_cost(start=t0, end=t1, budget_tokens=None, **common),
-                sparse=segment_cost(start=t0, end=t1, budget_tokens=budget, **common),
+                sparse=segment_cost(
+                    start=t0,
+                    end=t1,
+                    budget_tokens=budget,
+                    selection=schedule.selection,
+                    **common,
+                ),
             )
         )
     return ScheduleCost(

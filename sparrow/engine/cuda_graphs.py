@@ -35,10 +35,11 @@ import torch
 
 from sparrow.engine.kv_cache import KVCache
 from sparrow.kernels.kv_write import KVStore, write_kv
-from sparrow.kernels.page_topk import select_page_lists
+from sparrow.kernels.page_topk import read_every_page_lists, select_page_lists
 from sparrow.kernels.paged_decode import paged_decode_attention, sparse_paged_decode_attention
 from sparrow.kernels.runtime import next_power_of_2
 from sparrow.sparse.schedule import Schedule
+from sparrow.sparse.scoring import get_rule, page_bounds
 
 MIN_WIDTH = 64  # smallest page-table width bucket (1,024 tokens at 16 per page)
 
@@ -56,13 +57,18 @@ def width_bucket(width: int) -> int:
 
 
 def sparsity_key(schedule: Schedule | None, num_layers: int) -> tuple | None:
-    """What a captured graph fixes of a schedule (top-k values travel in a buffer)."""
+    """What a captured graph fixes of a schedule (top-k values travel in a buffer): page
+    size, reserved pages, sparse layers; then, unless the centroid rule without dense heads,
+    the scoring rule and the dense heads."""
     if schedule is None:
         return None
     sparse = tuple(schedule.is_sparse_layer(i) for i in range(num_layers))
     if not any(sparse):
         return None
-    return (schedule.page_size, schedule.reserved_bos, schedule.reserved_eos, sparse)
+    key = (schedule.page_size, schedule.reserved_bos, schedule.reserved_eos, sparse)
+    if schedule.selection != "centroid" or schedule.dense_heads:
+        key += (schedule.selection, schedule.dense_heads)
+    return key
 
 
 class KernelDecodeAttention:
@@ -108,27 +114,50 @@ class KernelDecodeAttention:
             write_kv(k_pages, v_pages, centroids, self.slots, k, v)
         if self.sparsity is None or not self.sparsity[3][layer]:
             return paged_decode_attention(q, k_pages, v_pages, self.page_tables, self.num_tokens)
-        page_size, reserved_bos, reserved_eos, _ = self.sparsity
+        page_size, reserved_bos, reserved_eos = self.sparsity[:3]
+        selection, dense_heads = self.sparsity[4:] or ("centroid", ())
+        bounds = get_rule(selection).bounds
+        if bounds:
+            update_bounds(cache, layer, self.slots)
         lists, counts, _ = select_page_lists(
             q,
-            centroids,
+            cache.bounds[layer] if bounds else centroids,
             self.page_tables,
             self.num_tokens,
             self.topk,
             page_size,
             reserved_bos,
             reserved_eos,
+            selection=selection,
         )
+        heads = tuple(head for at, head in dense_heads if at == layer)
+        lists, counts = read_every_page_lists(lists, counts, self.num_tokens, page_size, heads)
         return sparse_paged_decode_attention(
             q, k_pages, v_pages, self.page_tables, self.num_tokens, lists, counts
         )
 
 
+def update_bounds(cache: KVCache, layer: int, slots: torch.Tensor) -> None:
+    """The key bounds of the pages this step's tokens fill (slot at a page's last offset),
+    in torch ops on device tensors (no host sync: a CUDA graph captures them). A row that
+    fills nothing writes its page's bounds back unchanged; a padded row (slot -1) repeats row
+    0's write, so no two rows write one page with different values."""
+    page_size = cache.page_size
+    live = slots >= 0
+    page = torch.where(live, slots // page_size, 0)
+    page = torch.where(live, page, page[:1])
+    fills = live & (slots % page_size == page_size - 1)
+    keys = cache.k[layer][page].transpose(1, 2)  # [B, page_size, Hkv, D]
+    value = torch.where(fills.view(-1, 1, 1, 1), page_bounds(keys), cache.bounds[layer][page])
+    cache.bounds[layer][page] = torch.where(live.view(-1, 1, 1, 1), value, value[:1])
+
+
 def cache_layout(cache: KVCache) -> tuple:
     """Where and how the cache's tensors lie: a captured graph holds these addresses."""
-    return tuple(
-        (t.data_ptr(), tuple(t.shape), t.dtype) for t in (cache.k, cache.v, cache.centroids)
-    )
+    tensors = (cache.k, cache.v, cache.centroids)
+    if cache.bounds is not None:
+        tensors += (cache.bounds,)
+    return tuple((t.data_ptr(), tuple(t.shape), t.dtype) for t in tensors)
 
 
 class DecodeGraphs:

@@ -54,6 +54,7 @@ from sparrow.engine.scheduler import Batch, Scheduler, SequenceGroup, pages_need
 from sparrow.engine.sequence import SampleResult, Sequence
 from sparrow.engine.validate import check_fits, check_request, params_per_prompt, sample_seed
 from sparrow.sparse.schedule import Schedule
+from sparrow.sparse.scoring import get_rule
 
 
 @dataclass(frozen=True)
@@ -118,11 +119,11 @@ class Engine:
         self._graphs_asleep: DecodeGraphs | None = None  # kept through sleep (keep_graphs)
         self._anchor: torch.Tensor | None = None  # keeps the cache's address range (wake)
         self._sized_pages = 0  # the last cache's pages when sized from memory_utilization
+        self.schedule: Schedule | None = None
+        self.set_schedule(schedule)  # before the cache: a quest rule sizes it with bounds
         self.wake()
         self.max_context = self.config.max_context or arch.max_position_embeddings
         self.selection_log: list[SelectionRecord] = []
-        self.schedule: Schedule | None = None
-        self.set_schedule(schedule)
         self._calls = 0
         self._next_seq_id = 0
         self._sampling: CachedSampling | None = None
@@ -159,7 +160,8 @@ class Engine:
         centroids = centroid_torch_dtype(self.config.centroid_dtype, weight.dtype)
         if self._anchor is None:
             self._anchor = segment_anchor(weight.device)
-        self._sized_pages = self._pages_from_memory(weight, centroids)
+        bounds = self._needs_bounds()
+        self._sized_pages = self._pages_from_memory(weight, centroids, bounds)
         num_pages = (
             self.config.num_pages
             or self._sized_pages
@@ -169,6 +171,7 @@ class Engine:
                 weight.dtype,
                 self.config.kv_cache_mib,
                 centroids,
+                bounds,
             )
         )
         self.cache = KVCache.allocate(
@@ -178,6 +181,7 @@ class Engine:
             weight.dtype,
             weight.device,
             centroids,
+            bounds,
         )
         self.block_manager = BlockManager(num_pages, self.config.page_size)
         graphs, self._graphs_asleep = self._graphs_asleep, None
@@ -207,7 +211,13 @@ class Engine:
         keep_graphs)."""
         return self._graphs_asleep if self.runner is None else self.runner.graphs
 
-    def _pages_from_memory(self, weight: torch.Tensor, centroids: torch.dtype) -> int:
+    def _needs_bounds(self) -> bool:
+        """Whether the schedule's scoring rule reads per-page key bounds (quest rules)."""
+        return self.schedule is not None and get_rule(self.schedule.selection).bounds
+
+    def _pages_from_memory(
+        self, weight: torch.Tensor, centroids: torch.dtype, bounds: bool = False
+    ) -> int:
         """Pages that bring the device's used memory to memory_utilization of its total, the
         last wake's count while it fits (kv_cache.pages_for_room); 0 when the setting is off,
         off CUDA or with num_pages set."""
@@ -216,7 +226,9 @@ class Engine:
             return 0
         free, total = torch.cuda.mem_get_info(weight.device)
         room = int(share * total) - (total - free)
-        per_page = bytes_per_page(self.model.arch, self.config.page_size, weight.dtype, centroids)
+        per_page = bytes_per_page(
+            self.model.arch, self.config.page_size, weight.dtype, centroids, bounds
+        )
         if room < per_page:
             raise EngineError(
                 f"memory_utilization={share} leaves no room for the KV cache: "
@@ -233,10 +245,19 @@ class Engine:
                 f"schedule {schedule.name!r} has page_size {schedule.page_size} but "
                 f"the engine's KV pages hold {self.config.page_size} tokens"
             )
+        if schedule is not None and not get_rule(schedule.selection).decodes:
+            raise EngineError(
+                f"schedule {schedule.name!r}: page-scoring rule {schedule.selection!r} needs "
+                f"every key of the sequence and cannot decode (teacher-forced replay only)"
+            )
         self.schedule = schedule
         self._sparse_layers = schedule is not None and any(
             schedule.is_sparse_layer(i) for i in range(self.model.arch.num_layers)
         )
+        if self.cache is not None and self._needs_bounds() and self.cache.bounds is None:
+            # generate() leaves no sequence behind: a new cache, sized with bounds, loses none
+            self.sleep()
+            self.wake()
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], strict: bool = True) -> None:
         """Replace the model's weights in place (transformers names); the cache is unaffected

@@ -2,8 +2,9 @@
 
     cache = KVCache.allocate(arch, num_pages=64, page_size=16, dtype=torch.float32, device="cpu")
     cache = KVCache.allocate(..., centroid_dtype=torch.float8_e4m3fn)   # 8-bit centroids
+    cache = KVCache.allocate(..., bounds=True)   # per-channel key bounds too (quest rules)
     cache.write(layer, slot_mapping, k, v)      # k, v: [T, Hkv, D] post-RoPE
-    cache.update_centroids(layer, filled_pages) # once per page, when it fills
+    cache.update_centroids(layer, filled_pages) # once per page, when it fills (and bounds)
 
 Storage: k and v [num_layers, num_pages, Hkv, page_size, D] in the model's dtype (head-major:
 one KV head's page is one contiguous block, so a per-head page gather reads whole rows of
@@ -12,6 +13,9 @@ keys (as stored) computed in float32 and rounded once (kernels/kv_write.py round
 to the centroid dtype: the cache dtype by default (bf16 on GPU halves the bytes scoring
 reads against float32; float32 on CPU stays exact), or float8_e4m3fn with
 EngineConfig.centroid_dtype (half again; the selection changes slightly).
+With bounds, also bounds [num_layers, num_pages, 2, Hkv, D] in the cache dtype: the
+per-channel min and max of the page's keys (sparse/scoring.py page_bounds; exact, nothing to
+round), set with the centroid when the page fills; the quest rules score them.
 A page's centroid is only meaningful once the page is full; selection never scores the
 partial page (it is always read).
 """
@@ -27,6 +31,7 @@ import torch
 from sparrow.cuda_memory import expandable_segments
 from sparrow.engine.config import CENTROID_DTYPES, EngineError
 from sparrow.kernels.kv_write import round_centroids
+from sparrow.sparse.scoring import page_bounds
 
 if TYPE_CHECKING:
     from sparrow.model.config import ModelArch
@@ -42,13 +47,18 @@ def centroid_torch_dtype(name: str, cache_dtype: torch.dtype) -> torch.dtype:
 
 
 def bytes_per_page(
-    arch: ModelArch, page_size: int, dtype: torch.dtype, centroids: torch.dtype | None = None
+    arch: ModelArch,
+    page_size: int,
+    dtype: torch.dtype,
+    centroids: torch.dtype | None = None,
+    bounds: bool = False,
 ) -> int:
-    """Bytes one page costs over all layers: keys and values (cache dtype) and the centroid
-    (`centroids`, None: the cache dtype)."""
+    """Bytes one page costs over all layers: keys and values (cache dtype), the centroid
+    (`centroids`, None: the cache dtype) and, with bounds, two key bounds (cache dtype)."""
     element = torch.empty((), dtype=dtype).element_size()
     centroid = torch.empty((), dtype=centroids or dtype).element_size()
-    per_layer = arch.num_kv_heads * arch.head_dim * (2 * page_size * element + centroid)
+    summary = centroid + (2 * element if bounds else 0)
+    per_layer = arch.num_kv_heads * arch.head_dim * (2 * page_size * element + summary)
     return arch.num_layers * per_layer
 
 
@@ -74,8 +84,9 @@ def pages_for_budget(
     dtype: torch.dtype,
     mib: float,
     centroids: torch.dtype | None = None,
+    bounds: bool = False,
 ) -> int:
-    per_page = bytes_per_page(arch, page_size, dtype, centroids)
+    per_page = bytes_per_page(arch, page_size, dtype, centroids, bounds)
     pages = int(mib * 2**20) // per_page
     if pages < 1:
         raise EngineError(
@@ -90,6 +101,7 @@ class KVCache:
     k: torch.Tensor
     v: torch.Tensor
     centroids: torch.Tensor
+    bounds: torch.Tensor | None = None  # [layers, P, 2, Hkv, D] when a quest rule reads them
 
     @classmethod
     def allocate(
@@ -100,11 +112,14 @@ class KVCache:
         dtype: torch.dtype,
         device: torch.device | str,
         centroid_dtype: torch.dtype | None = None,
+        bounds: bool = False,
     ) -> KVCache:
-        """Zeroed keys and values in `dtype`, centroids in `centroid_dtype` (None: `dtype`).
-        On CUDA in expandable segments: a cache allocated again after the engine's sleep lies
-        where the last one did, so kept decode graphs replay (engine/cuda_graphs.py)."""
+        """Zeroed keys and values in `dtype`, centroids in `centroid_dtype` (None: `dtype`),
+        with `bounds` the per-channel key bounds in `dtype`. On CUDA in expandable segments: a
+        cache allocated again after the engine's sleep lies where the last one did, so kept
+        decode graphs replay (engine/cuda_graphs.py)."""
         shape = (arch.num_layers, num_pages, arch.num_kv_heads, page_size, arch.head_dim)
+        summary = shape[:2] + (2,) + shape[2:3] + shape[4:]
         with expandable_segments(device):
             return cls(
                 k=torch.zeros(shape, dtype=dtype, device=device),
@@ -112,6 +127,7 @@ class KVCache:
                 centroids=torch.zeros(
                     shape[:3] + shape[4:], dtype=centroid_dtype or dtype, device=device
                 ),
+                bounds=torch.zeros(summary, dtype=dtype, device=device) if bounds else None,
             )
 
     @property
@@ -142,10 +158,13 @@ class KVCache:
 
     def update_centroids(self, layer: int, pages: torch.Tensor) -> None:
         """Centroid of each listed (full) page: the float32 mean of its keys, rounded once to
-        the centroids' dtype."""
+        the centroids' dtype; and its key bounds when the cache keeps them."""
         if pages.numel():
             mean = self.k[layer, pages].float().mean(dim=2)
             self.centroids[layer, pages] = round_centroids(mean, self.centroids.dtype)
+            if self.bounds is not None:
+                # [F, Hkv, page_size, D] -> tokens at dim -3, as page_bounds takes them
+                self.bounds[layer, pages] = page_bounds(self.k[layer, pages].transpose(1, 2))
 
     def copy_pages(self, pairs: Iterable[tuple[int, int]]) -> None:
         """Copy keys, values and centroids from source to destination page, every layer."""
@@ -157,3 +176,5 @@ class KVCache:
         self.k[:, dst] = self.k[:, src]
         self.v[:, dst] = self.v[:, src]
         self.centroids[:, dst] = self.centroids[:, src]
+        if self.bounds is not None:
+            self.bounds[:, dst] = self.bounds[:, src]

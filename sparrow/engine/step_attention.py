@@ -8,8 +8,9 @@ Built per step from explicit metadata (never a global mutable context). Per laye
 the step's post-RoPE k, v at their slots, computes the centroid of every page this step
 filled, then runs one of the three entry points of engine/attention.py: prefill (dense causal
 over the new tokens), dense decode, or sparse decode (page selection from
-sparse/selection.py, then exact attention over the selected pages). Layers in the schedule's
-skip_layers, and every layer without a schedule, decode densely.
+sparse/selection.py over the scores of the schedule's rule, sparse/scoring.py, with the
+schedule's dense_heads reading every page; then exact attention over the selected pages).
+Layers in the schedule's skip_layers, and every layer without a schedule, decode densely.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import torch
 from sparrow.engine import attention as paths
 from sparrow.engine.kv_cache import KVCache
 from sparrow.sparse.schedule import Schedule
-from sparrow.sparse.selection import group_query_mean, select_pages
+from sparrow.sparse.scoring import PageSummary, get_rule
+from sparrow.sparse.selection import read_every_page, select_from_scores
 
 # called with (layer, page_mask [B, Hkv, W]) after each sparse selection (debug, tests)
 SelectionHook = Callable[[int, torch.Tensor], None]
@@ -84,6 +86,21 @@ class PagedAttention:
         self.schedule = schedule
         self.on_selection = on_selection
 
+    def _scores(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """The schedule's rule over the cached pages: [B, Hkv, W] float32. Summaries are read
+        in their stored dtype (float8 centroids included) and upcast by the rule."""
+        rule = get_rule(self.schedule.selection)
+        if not rule.decodes:
+            raise ValueError(f"page-scoring rule {rule.name!r} cannot decode (replay only)")
+        tables, cache = self.meta.page_tables, self.cache
+        if rule.bounds and cache.bounds is None:
+            raise ValueError(f"page-scoring rule {rule.name!r} needs a KV cache with bounds")
+        pages = PageSummary(
+            centroids=None if rule.bounds else cache.centroids[layer][tables],  # [B, W, Hkv, D]
+            bounds=cache.bounds[layer][tables] if rule.bounds else None,  # [B, W, 2, Hkv, D]
+        )
+        return rule.score(q, pages)
+
     def __call__(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
@@ -98,14 +115,15 @@ class PagedAttention:
             return paths.dense_decode_attention(
                 q, k_pages, v_pages, meta.page_tables, meta.num_tokens
             )
-        # sparse decode: score the cached pages' centroids against the group-mean query
-        # (in the centroid dtype, float8 included; score_pages upcasts to float32)
-        centroids = cache.centroids[layer][meta.page_tables]  # [B, W, Hkv, D]
         num_pages = (meta.num_tokens + cache.page_size - 1) // cache.page_size
-        q_mean = group_query_mean(q, k.shape[1])
-        page_mask = select_pages(
-            q_mean, centroids, num_pages, meta.topk, schedule.reserved_bos, schedule.reserved_eos
+        page_mask = select_from_scores(
+            self._scores(layer, q),
+            num_pages,
+            meta.topk,
+            schedule.reserved_bos,
+            schedule.reserved_eos,
         )
+        page_mask = read_every_page(page_mask, num_pages, schedule.dense_heads_of(layer))
         if self.on_selection is not None:
             self.on_selection(layer, page_mask)
         return paths.sparse_decode_attention(

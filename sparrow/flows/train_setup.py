@@ -99,7 +99,7 @@ def open_run_runtime(cfg: SparrowConfig) -> tuple[RunRuntime, bool, bool]:
         for row in runtime.train_data.batch(0, cfg.data.prompts_per_step):
             max_new_tokens_for(runtime, row, cfg.data.train)
         runtime.schedule_name, runtime.schedule_start_version = start_schedule(
-            store, runtime.run_id, cfg.schedule.name
+            store, runtime.run_id, cfg.schedule.name, cfg.schedule
         )
         started_ray = start_ray(cfg.ray.address)
         # the actors build their engines in their own processes while MLflow opens its store

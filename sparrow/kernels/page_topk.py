@@ -121,6 +121,20 @@ def _page_topk_kernel(
         gdc_launch_dependents()
 
 
+def read_every_page_lists(lists, counts, num_tokens, page_size, kv_heads):
+    """lists, counts with the listed KV heads reading every present page (a schedule's
+    dense_heads of one layer): torch ops on device tensors, so a CUDA graph captures them."""
+    if not kv_heads:
+        return lists, counts
+    width = lists.shape[-1]
+    every = torch.arange(width, dtype=lists.dtype, device=lists.device).expand(lists.shape[0], -1)
+    n_pages = ((num_tokens + page_size - 1) // page_size).to(counts.dtype)
+    for head in kv_heads:
+        lists[:, head] = every
+        counts[:, head] = n_pages
+    return lists, counts
+
+
 def lists_from_mask(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[B, Hkv, W] bool -> (lists [B, Hkv, W] int32 ascending, counts [B, Hkv] int32)."""
     width = mask.shape[-1]
@@ -223,8 +237,9 @@ def select_page_lists(
     reserved_bos: int,
     reserved_eos: int,
     want_mask: bool = False,
+    selection: str = "centroid",
 ):
     """Scoring and selection: lists, counts and optionally the mask, as page_scores then
-    page_topk."""
-    scores = page_scores(q, centroids, page_tables, num_tokens, page_size)
+    page_topk; selection: the scoring rule (a bounds rule takes the key bounds)."""
+    scores = page_scores(q, centroids, page_tables, num_tokens, page_size, selection=selection)
     return page_topk(scores, num_tokens, topk, page_size, reserved_bos, reserved_eos, want_mask)

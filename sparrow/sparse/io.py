@@ -8,8 +8,8 @@
 
 A schedule file is a mapping with the keys of `schedule_to_dict`; `name` and `topk_pages` are
 required, the rest default to the reference values (page 16, bins of 2,000 tokens,
-reserved_bos 1, reserved_eos 2, skip_layers [0, 1], target 0.86). docs/schedules.md has an
-example.
+reserved_bos 1, reserved_eos 2, skip_layers [0, 1], target 0.86, selection centroid, no
+dense_heads). docs/schedules.md has an example.
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ KEYS = (
     "skip_layers",
     "target",
     "description",
+    "selection",
+    "dense_heads",
 )
 REQUIRED_KEYS = ("name", "topk_pages")
 FILE_SUFFIXES = (".yaml", ".yml", ".json")
@@ -53,6 +55,8 @@ def schedule_to_dict(schedule: Schedule) -> dict[str, Any]:
         "skip_layers": list(schedule.skip_layers),
         "target": schedule.target,
         "description": schedule.description,
+        "selection": schedule.selection,
+        "dense_heads": [list(pair) for pair in schedule.dense_heads],
     }
 
 
@@ -65,10 +69,12 @@ def schedule_from_dict(data: Mapping[str, Any], source: str = "schedule") -> Sch
         raise ScheduleError(
             f"{source}: unknown schedule key {unknown[0]!r}; valid keys: {', '.join(KEYS)}"
         )
+    # a stored row from before a column existed holds NULL there: the default
+    data = {k: v for k, v in data.items() if v is not None or k in REQUIRED_KEYS}
     missing = [k for k in REQUIRED_KEYS if k not in data]
     if missing:
         raise ScheduleError(f"{source}: missing required schedule key {missing[0]!r}")
-    for key in ("topk_pages", "skip_layers"):
+    for key in ("topk_pages", "skip_layers", "dense_heads"):
         if key in data and not isinstance(data[key], (list, tuple)):
             raise ScheduleError(f"{source}: {key} must be a list, got {data[key]!r}")
     if "description" in data and not isinstance(data["description"], str):

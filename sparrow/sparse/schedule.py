@@ -2,8 +2,9 @@
 
 A schedule holds the page size, the bin width in tokens, the top-k page count for every bin,
 the always-read pages (reserved_bos at the start, reserved_eos most recent, the partial page
-among them), the dense layers (skip_layers), the acceptance target it was chosen for, and a
-name. A position past the last bin uses the last bin's budget (the reference schedules have
+among them), the dense layers (skip_layers), the acceptance target it was chosen for, a
+name, the page-scoring rule (`selection`, sparse/scoring.py; "centroid" by default) and the
+(layer, KV head) pairs that read every page (`dense_heads`). A position past the last bin uses the last bin's budget (the reference schedules have
 20 bins, the last one covering everything from 38K tokens on).
 
 Schedule owns the rules every layer shares: bin_of (position -> length bin, clamped to the last
@@ -19,10 +20,11 @@ is stored and shown with it; no control decision reads it.
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sparrow import schedule_math
 from sparrow.errors import SparrowError
+from sparrow.sparse.scoring import get_rule
 
 
 class ScheduleError(SparrowError, ValueError):
@@ -42,6 +44,10 @@ class Schedule:
     skip_layers: tuple[int, ...] = (0, 1)
     target: float = 0.86
     description: str = field(default="", compare=False)
+    # page-scoring rule (sparse/scoring.py SCORING_RULES; docs/selection.md)
+    selection: str = "centroid"
+    # (layer, KV head) pairs that read every page on sparse layers
+    dense_heads: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         # accept lists from YAML/JSON; store tuples so the schedule is hashable
@@ -49,6 +55,7 @@ class Schedule:
         object.__setattr__(
             self, "skip_layers", _int_tuple(self.name, "skip_layers", self.skip_layers)
         )
+        object.__setattr__(self, "dense_heads", _pairs(self.name, self.dense_heads))
         self.validate()
 
     def validate(self) -> None:
@@ -86,6 +93,12 @@ class Schedule:
             raise ScheduleError(f"{where}: skip_layers must be layer indices >= 0")
         if not 0.0 < self.target <= 1.0:
             raise ScheduleError(f"{where}: target must be in (0, 1], got {self.target}")
+        try:
+            get_rule(self.selection)
+        except (ValueError, TypeError) as err:
+            raise ScheduleError(f"{where}: selection: {err}") from None
+        if any(layer < 0 or head < 0 for layer, head in self.dense_heads):
+            raise ScheduleError(f"{where}: dense_heads must hold (layer, KV head) pairs >= 0")
 
     @property
     def num_bins(self) -> int:
@@ -122,6 +135,10 @@ class Schedule:
     def is_sparse_layer(self, layer: int) -> bool:
         return layer not in self.skip_layers
 
+    def dense_heads_of(self, layer: int) -> tuple[int, ...]:
+        """KV heads of `layer` that read every page (dense_heads), in order."""
+        return tuple(sorted(head for at, head in self.dense_heads if at == layer))
+
     def bin_bounds(self, index: int) -> tuple[int, int | None]:
         """Total positions [start, end) of a bin; the last bin's end is None (open)."""
         if not 0 <= index < self.num_bins:
@@ -132,6 +149,46 @@ class Schedule:
     def reserved_pages(self) -> int:
         """Pages always read outside the top-k: reserved_bos + reserved_eos."""
         return self.reserved_bos + self.reserved_eos
+
+    def at_page_size(self, page_size: int) -> Schedule:
+        """The same token budgets in pages of `page_size` tokens: top-k and reserved pages
+        scaled by the ratio of the sizes (16 -> 8 doubles them; 8 -> 16 needs even counts)."""
+        if page_size == self.page_size:
+            return self
+        counts = (*self.topk_pages, self.reserved_bos, self.reserved_eos)
+        scaled = [count * self.page_size / page_size for count in counts]
+        if any(value != int(value) for value in scaled):
+            raise ScheduleError(
+                f"schedule {self.name!r}: pages of {self.page_size} tokens do not make whole "
+                f"pages of {page_size} ({list(counts)} top-k and reserved)"
+            )
+        *topk, bos, eos = (int(value) for value in scaled)
+        return replace(
+            self, page_size=page_size, topk_pages=tuple(topk), reserved_bos=bos, reserved_eos=eos
+        )
+
+    def configured(self, settings) -> Schedule:
+        """This schedule under a run's `schedule` config group (sparrow.config.schema
+        ScheduleConfig): its selection and dense_heads, and page_size when not 0."""
+        page_size = int(settings.page_size)
+        schedule = self.at_page_size(page_size) if page_size else self
+        return replace(
+            schedule,
+            selection=settings.selection,
+            dense_heads=tuple(tuple(pair) for pair in settings.dense_heads),
+        )
+
+
+def _pairs(name: str, values) -> tuple[tuple[int, int], ...]:
+    """dense_heads as sorted, distinct (layer, head) integer pairs."""
+    pairs = set()
+    for value in values:
+        if not isinstance(value, (list, tuple)) or len(value) != 2:
+            raise ScheduleError(
+                f"schedule {name!r}: dense_heads must hold (layer, KV head) pairs, got {value!r}"
+            )
+        pairs.add(_int_tuple(name, "dense_heads", value))
+    return tuple(sorted(pairs))
 
 
 def _int_tuple(name: str, key: str, values) -> tuple[int, ...]:

@@ -10,24 +10,28 @@ page among them) are always read; the pages between them are eligible and scored
 q_mean . centroid; the top-k eligible pages are read; with no more than k eligible pages
 every page is read (a dense step). Ties in score go to the lower page index. Batched over
 B queries with ragged page counts: columns at or past a row's n are padding and never read.
+Other scores than q_mean . centroid come from the rules of sparse/scoring.py (the schedule's
+`selection`), ranked by select_from_scores alike; read_every_page applies dense_heads.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from sparrow import schedule_math
+from sparrow.sparse.scoring import group_query_mean
 
-
-def group_query_mean(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
-    """Mean of the query heads of each KV group: q [B, Hq, D] -> [B, Hkv, D] float32.
-
-    Query head j belongs to KV head j // (Hq / Hkv), the grouping of transformers' repeat_kv.
-    """
-    batch, heads, dim = q.shape
-    if heads % num_kv_heads:
-        raise ValueError(f"{heads} query heads do not split into {num_kv_heads} KV groups")
-    return q.float().view(batch, num_kv_heads, heads // num_kv_heads, dim).mean(dim=2)
+__all__ = [
+    "group_query_mean",
+    "pages_read",
+    "read_every_page",
+    "score_pages",
+    "select_from_scores",
+    "select_pages",
+    "token_mask",
+]
 
 
 def score_pages(q_mean: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
@@ -73,6 +77,22 @@ def select_from_scores(
     rank = torch.empty_like(order).scatter_(-1, order, page.expand_as(order).contiguous())
     chosen = eligible & (rank < topk.view(batch, 1, 1))
     return (present & ~eligible) | chosen
+
+
+def read_every_page(
+    mask: torch.Tensor, num_pages: torch.Tensor, kv_heads: Sequence[int]
+) -> torch.Tensor:
+    """mask [B, Hkv, P] with the listed KV heads reading every present page (a schedule's
+    dense_heads of one layer); num_pages [B]."""
+    if not kv_heads:
+        return mask
+    mask = mask.clone()
+    present = torch.arange(mask.shape[-1], device=mask.device) < num_pages.to(mask.device).view(
+        -1, 1
+    )
+    for head in kv_heads:
+        mask[:, head] = present
+    return mask
 
 
 def pages_read(

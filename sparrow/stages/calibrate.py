@@ -69,8 +69,9 @@ def policy(cfg: SparrowConfig) -> tuple[Any, Any, Path]:
 
 
 def base_schedule(cfg: SparrowConfig) -> Schedule:
-    """schedule.name: the template (page size, bins, reserved pages, dense layers)."""
-    return resolve_schedule(cfg.schedule.name)
+    """schedule.name: the template (page size, bins, reserved pages, dense layers), under
+    the configured selection, dense_heads and page_size (the replay scores by its rule)."""
+    return resolve_schedule(cfg.schedule.name).configured(cfg.schedule)
 
 
 def calibration_requests(

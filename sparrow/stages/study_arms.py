@@ -102,7 +102,7 @@ def pin_schedule(
         topk_pages = (study.fixed_topk_pages,) * base.num_bins
         source += f", flat at {study.fixed_topk_pages} pages"
     pinned = dataclasses.replace(
-        base,
+        base.configured(cfg.schedule),
         name=f"{study_id}-{arm.name}",
         topk_pages=topk_pages,
         target=cfg.schedule.target,

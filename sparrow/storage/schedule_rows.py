@@ -6,7 +6,8 @@
         row, version = schedule_in_force(conn, name, run_id, start_version, step)
 
 A schedule goes in and comes out as a plain dict of SCHEDULE_COLUMNS (name, page_size,
-bin_tokens, topk_pages, reserved_bos, reserved_eos, skip_layers, target): storage knows no
+bin_tokens, topk_pages, reserved_bos, reserved_eos, skip_layers, target, selection,
+dense_heads; the last two NULL in rows from before them): storage knows no
 Schedule class; sparrow.sparse.io.schedule_from_dict turns a row back into one.
 """
 
@@ -28,7 +29,11 @@ SCHEDULE_COLUMNS = (
     "reserved_eos",
     "skip_layers",
     "target",
+    "selection",
+    "dense_heads",
 )
+# the columns a file from before them lacks (read-only readers take them as NULL)
+LATER_SCHEDULE_COLUMNS = ("selection", "dense_heads")
 # the calibration table's per (topk_pages, bin) columns, as AcceptanceTable.rows() gives them;
 # those of schema version 5 (the floor, the estimator, the bounds) are NULL where a row lacks them
 CALIBRATION_COLUMNS = (
@@ -70,13 +75,27 @@ def insert_schedule(
             step,
             reason,
             yaml_path,
-            *(_plain(schedule[c]) for c in SCHEDULE_COLUMNS),
+            # the later columns may be left out: NULL, the defaults
+            *(
+                _plain(schedule.get(c) if c in LATER_SCHEDULE_COLUMNS else schedule[c])
+                for c in SCHEDULE_COLUMNS
+            ),
         ],
     )
 
 
+def _row(values: Sequence[Any]) -> dict[str, Any]:
+    """A schedule row from SCHEDULE_COLUMNS' values; a later column holding NULL is left out
+    (a row from before it: the schedule's default)."""
+    return {
+        c: v
+        for c, v in zip(SCHEDULE_COLUMNS, values)
+        if v is not None or c not in LATER_SCHEDULE_COLUMNS
+    }
+
+
 def _plain(value):
-    return list(value) if isinstance(value, tuple) else value
+    return [_plain(v) for v in value] if isinstance(value, tuple) else value
 
 
 def schedule_in_force(
@@ -90,7 +109,7 @@ def schedule_in_force(
         "ORDER BY version DESC LIMIT 1",
         [name, run_id, step, start_version, start_version],
     ).fetchone()
-    return None if row is None else (dict(zip(SCHEDULE_COLUMNS, row[1:])), int(row[0]))
+    return None if row is None else (_row(row[1:]), int(row[0]))
 
 
 def newest_schedule(conn, name: str) -> tuple[dict[str, Any], int] | None:
@@ -100,7 +119,7 @@ def newest_schedule(conn, name: str) -> tuple[dict[str, Any], int] | None:
         "WHERE name = ? ORDER BY version DESC LIMIT 1",
         [name],
     ).fetchone()
-    return None if row is None else (dict(zip(SCHEDULE_COLUMNS, row[1:])), int(row[0]))
+    return None if row is None else (_row(row[1:]), int(row[0]))
 
 
 def stored_schedule(
@@ -111,16 +130,16 @@ def stored_schedule(
     where, params = "name = ?", [name]
     if version is not None:
         where, params = where + " AND version = ?", params + [int(version)]
+    # select *: a file no writer has opened since a column was added lacks it (NULL here)
     result = query(
         workdir,
-        f"SELECT version, reason, {', '.join(SCHEDULE_COLUMNS)} FROM "
-        f"schedules WHERE {where} ORDER BY version DESC LIMIT 1",
+        f"SELECT * FROM schedules WHERE {where} ORDER BY version DESC LIMIT 1",
         params,
     )
     if not result.rows:
         return None
-    row = result.rows[0]
-    return dict(zip(SCHEDULE_COLUMNS, row[2:])), int(row[0]), row[1]
+    row = result.as_dicts()[0]
+    return _row([row.get(c) for c in SCHEDULE_COLUMNS]), int(row["version"]), row["reason"]
 
 
 def replace_calibration(

@@ -148,6 +148,8 @@ MIGRATIONS = [
     ("bin_stats", "min", "DOUBLE"),
     ("bin_stats", "share_below_half", "DOUBLE"),
     *V5_COLUMNS,
+    ("schedules", "selection", "VARCHAR"),  # the page-scoring rule (NULL: centroid)
+    ("schedules", "dense_heads", "INTEGER[][]"),  # (layer, KV head) pairs read whole
 ]
 
 # columns renamed after a table first shipped (version 4, docs/glossary.md): (table, old, new).

@@ -22,8 +22,11 @@ from typing import Any
 from sparrow.storage.errors import StorageError
 from sparrow.storage.layout import db_path
 from sparrow.storage.query import query
-from sparrow.storage.schedule_rows import SCHEDULE_COLUMNS
+from sparrow.storage.schedule_rows import LATER_SCHEDULE_COLUMNS, SCHEDULE_COLUMNS
 from sparrow.storage.schema import renamed_row
+
+# the schedule columns every file holds (a report reads files no writer has opened since)
+_SCHEDULE_COLUMNS = tuple(c for c in SCHEDULE_COLUMNS if c not in LATER_SCHEDULE_COLUMNS)
 
 
 def replace_study_arms(
@@ -86,7 +89,7 @@ def run_tables(workdir: str | Path, run_ids: Sequence[str]) -> dict[str, list[di
     tables["schedules"] = _rows(
         workdir,
         f"""
-        SELECT version, {", ".join(SCHEDULE_COLUMNS)} FROM schedules s WHERE EXISTS (
+        SELECT version, {", ".join(_SCHEDULE_COLUMNS)} FROM schedules s WHERE EXISTS (
             SELECT 1 FROM bin_stats b WHERE b.{mine} AND b.schedule_name = s.name
             AND b.schedule_version = s.version)""",
         ids,

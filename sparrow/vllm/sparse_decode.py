@@ -119,6 +119,13 @@ def layer_sparsity(
     the layer is among skip_layers)."""
     if schedule is None or not schedule.is_sparse_layer(layer):
         return None
+    if schedule.selection != "centroid" or schedule.dense_heads:
+        # the plugin scores centroids only (docs/selection.md): refuse rather than decode
+        # with another rule than the schedule was calibrated for
+        raise ValueError(
+            f"schedule {schedule.name!r}: the vLLM plugin decodes with selection 'centroid' "
+            f"and no dense_heads only, got {schedule.selection!r}, {list(schedule.dense_heads)}"
+        )
     table = torch.tensor(schedule.topk_pages, dtype=torch.int32, device=device)
     return LayerSparsity(
         table, schedule.bin_tokens, schedule.page_size, schedule.reserved_bos, schedule.reserved_eos

@@ -158,3 +158,16 @@ def test_vllm_backend_dense_loads_where_vllm_is_importable(monkeypatch):
 def test_unknown_backend_lists_native_and_vllm():
     with pytest.raises(ConfigError, match="allowed: native, vllm"):
         load_config(["rollout.backend=sglang"])
+
+
+def test_schedule_selection_is_a_registry_name_and_dense_heads_are_pairs():
+    cfg = load_config(["schedule.selection=quest_maxhead", "schedule.dense_heads=[[2,0],[5,3]]"])
+    assert cfg.schedule.selection == "quest_maxhead"
+    assert cfg.schedule.dense_heads == [[2, 0], [5, 3]]
+    assert load_config([]).schedule.selection == "centroid"
+    with pytest.raises(ConfigError, match="allowed: centroid, centroid_maxhead, oracle, quest"):
+        load_config(["schedule.selection=nope"])
+    with pytest.raises(ConfigError, match="schedule.dense_heads"):
+        load_config(["schedule.dense_heads=[[2,0,1]]"])
+    with pytest.raises(ConfigError, match="schedule.page_size"):
+        load_config(["schedule.page_size=12"])

@@ -194,3 +194,47 @@ def test_segment_and_schedule_errors():
             samples=1,
             variant="nope",
         )
+
+
+def test_each_rule_pays_its_scoring_bytes_and_flops():
+    """quest reads two vectors a page (the scoring memory doubles), maxhead does r times the
+    scoring products on the same bytes; the rest of the sparse cost is the centroid rule's."""
+    from dataclasses import replace
+
+    from sparrow.costmodel.segments import scoring_factors
+
+    model, hardware = get_model("qwen3-1.7b"), get_hardware("h100")
+    common = dict(
+        model=model,
+        hardware=hardware,
+        prompt_len=1024,
+        start=2000,
+        end=6000,
+        samples=8,
+        budget_tokens=2048,
+        page_size=16,
+    )
+    cost = {
+        rule: segment_cost(selection=rule, **common)
+        for rule in ("centroid", "centroid_maxhead", "quest", "quest_maxhead")
+    }
+    D, N, r, S = model.kv_dim, 8, model.gqa_ratio, 16
+    t0, t1, L_in = 2000, 6000, 1024
+    scoring_bytes = 2 * L_in * D * (t1 - t0) + N * D * (t1**2 - t0**2) / 2 / S
+    scoring_flops = 2 * N * L_in * D * (t1 - t0) + r * N * D * (t1**2 - t0**2) / 2 / S
+    base = cost["centroid"]
+    assert cost["quest"].memory - base.memory == pytest.approx(scoring_bytes)
+    assert cost["quest"].compute - base.compute == pytest.approx(scoring_flops)
+    assert cost["centroid_maxhead"].memory == pytest.approx(base.memory)
+    assert cost["centroid_maxhead"].compute - base.compute == pytest.approx((r - 1) * scoring_flops)
+    assert cost["quest_maxhead"].compute - base.compute == pytest.approx(
+        (2 * r - 1) * scoring_flops
+    )
+    assert scoring_factors("centroid", r) == (1, 1)
+    schedule = get_preset("qwen3-1.7b-0.86")
+    shape = dict(model=model, hardware=hardware, prompt_len=1024, gen_len=8192, samples=8)
+    plain = schedule_cost(schedule, **shape)
+    quest = schedule_cost(replace(schedule, selection="quest"), **shape)
+    assert quest.sparse.memory > plain.sparse.memory and quest.dense == plain.dense
+    with pytest.raises(CostModelError, match="oracle"):
+        segment_cost(selection="oracle", **common)

@@ -19,7 +19,12 @@ from sparrow.storage.run_rows import (
     replace_step_metrics,
     step_metric,
 )
-from sparrow.storage.schedule_rows import insert_schedule, newest_schedule, schedule_in_force
+from sparrow.storage.schedule_rows import (
+    insert_schedule,
+    newest_schedule,
+    schedule_in_force,
+    stored_schedule,
+)
 
 
 def _bin_row(bin_: int, p5: float) -> dict:
@@ -83,3 +88,28 @@ def test_run_rows_metrics_and_stages(tmp_path):
         for step in (1, 2):
             record_stage(conn, "r", step, "sync_weights", now, now, 1.0, "/x")
         assert last_step_of_stage(conn, "r", "sync_weights") == 2
+
+
+def test_a_schedule_keeps_its_scoring_rule_and_dense_heads(tmp_path):
+    """selection and dense_heads go in and come back; a row from before them (NULL there)
+    comes back without them: the schedule's defaults."""
+    row = {
+        "name": "q",
+        "page_size": 16,
+        "bin_tokens": 2000,
+        "topk_pages": (2, 4),
+        "reserved_bos": 1,
+        "reserved_eos": 2,
+        "skip_layers": (0,),
+        "target": 0.86,
+    }
+    rule = {"selection": "quest_maxhead", "dense_heads": ((2, 0), (3, 1))}
+    with Store.open_writer(tmp_path) as store, store.connect() as conn:
+        insert_schedule(conn, {**row, **rule}, 1, "r", 0, "initial")
+        insert_schedule(conn, {**row, "name": "old"}, 1, "r", 0, "initial")
+        got, _ = schedule_in_force(conn, "q", "r", 1, 1)
+        assert (got["selection"], got["dense_heads"]) == ("quest_maxhead", [[2, 0], [3, 1]])
+        old, _ = newest_schedule(conn, "old")
+        assert "selection" not in old and "dense_heads" not in old
+    stored, _, _ = stored_schedule(tmp_path, "q")
+    assert stored["dense_heads"] == [[2, 0], [3, 1]]

@@ -152,6 +152,7 @@ class TeacherForcedAttention:
                 self.centroid_dtype,
                 hook,
                 self._index,
+                self._dense_heads(layer),
             )
         flex = self._use_flex(q)
         outputs, start = [], 0
@@ -174,7 +175,9 @@ class TeacherForcedAttention:
         collected: list[torch.Tensor] = []
         keep = collected.append if self.on_selection is not None else None
         rows = selection_rows(k.shape[1], length, page_size) if flex else self.query_chunk
-        chunks = select_chunks(q, k, prompt_len, self.schedule, self.centroid_dtype, rows)
+        chunks = select_chunks(
+            q, k, prompt_len, self.schedule, self.centroid_dtype, rows, self._dense_heads(layer)
+        )
         if flex:
             out = sparse_flex_attention(q, k, v, chunks, page_size, keep)
         else:
@@ -182,6 +185,9 @@ class TeacherForcedAttention:
         if keep is not None:
             self.on_selection(layer, index, gather_pages(collected, -(-length // page_size)))
         return out
+
+    def _dense_heads(self, layer: int) -> tuple[int, ...]:
+        return self.schedule.dense_heads_of(layer)
 
     def _use_kernels(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
         if self.backend != "auto":

@@ -5,9 +5,9 @@ bits chunk by chunk of positions, then one attention launch over every sequence.
     # q [N, Hq, D], k, v [N, Hkv, D] packed sequences; out [N, Hq, D] in q's dtype
 
 The pages are teacher_selection.select_chunks' (the decode rule at every position, prompt
-positions dense): centroids of the full pages rounded as the engine's cache stores them,
-scores q_mean . centroid as one float32 product per chunk (the tensor cores' work, as
-select_chunks does it), then kernels/teacher_pages.py finds each row's top k and packs it
+positions dense): the schedule's scoring rule over what the engine's cache holds of the full
+pages (teacher/selection.py chunk_scores: float32 products per chunk, the tensor cores'
+work, as select_chunks does it; dense_heads set whole), then kernels/teacher_pages.py finds each row's top k and packs it
 into bits [Hkv, N, words] (4 MiB per 8K-token sequence at 8 KV heads). kernels/
 teacher_attention.py reads them; when q, k or v record gradients (DistillSparse), its
 autograd Function (kernels/teacher_attention_backward.py) saves what the backward kernels
@@ -23,12 +23,12 @@ from collections.abc import Callable
 
 import torch
 
-from sparrow.engine.teacher.selection import page_centroids
+from sparrow.engine.teacher.selection import chunk_scores, row_elements, sequence_pages
 from sparrow.kernels.teacher_attention import teacher_sparse_attention
 from sparrow.kernels.teacher_attention_backward import teacher_sparse_attention_trainable
 from sparrow.kernels.teacher_pages import WORD, select_page_bits, unpack_page_bits
 from sparrow.sparse.schedule import Schedule
-from sparrow.sparse.selection import group_query_mean
+from sparrow.sparse.scoring import get_rule
 
 # scores of one selection chunk: [rows, Hkv, pages] float32 of about this many elements
 SCORE_BUDGET = 1 << 26  # 256 MiB
@@ -61,12 +61,14 @@ def selection_bits(
     centroid_dtype: str,
     budget: int = SCORE_BUDGET,
     topk_of_bin: torch.Tensor | None = None,
+    dense_heads: tuple[int, ...] = (),
 ) -> torch.Tensor:
     """Bits [Hkv, N, words] int32 of every position of the packed sequences; topk_of_bin:
-    PackedIndex's, when the caller holds one."""
+    PackedIndex's, when the caller holds one; dense_heads: KV heads reading every page."""
     q, k = q.detach(), k.detach()  # the selection is discrete: no graph through it
     kv_heads = k.shape[1]
     size = schedule.page_size
+    rule = get_rule(schedule.selection)
     pages = -(-max(seq_lens) // size)
     words = -(-pages // WORD)
     bits = torch.empty(kv_heads, q.shape[0], words, dtype=torch.int32, device=q.device)
@@ -75,9 +77,9 @@ def selection_bits(
     start = 0
     for length, prompt_len in zip(seq_lens, prompt_lens):
         seq_q, seq_k = q[start : start + length], k[start : start + length]
-        centroids = page_centroids(seq_k, size, centroid_dtype) if prompt_len < length else None
+        pages = sequence_pages(seq_k, size, centroid_dtype, rule) if prompt_len < length else None
         width = -(-length // size)
-        rows = max(1, budget // max(1, kv_heads * width))
+        rows = max(1, budget // max(1, row_elements(rule, q.shape[1], kv_heads, length, width)))
         for first in range(0, length, rows):
             last = min(first + rows, length)
             position = torch.arange(first, last, device=q.device)
@@ -97,13 +99,8 @@ def selection_bits(
                     kv_heads=kv_heads,
                 )
                 continue
-            chunk_width = (last - 1) // size + 1
             # the product select_chunks computes, so both paths rank the same floats
-            scores = torch.einsum(
-                "thd,phd->thp",
-                group_query_mean(seq_q[first:last], kv_heads),
-                centroids[:chunk_width],
-            )
+            scores = chunk_scores(rule, seq_q, pages, first, last, size)
             if scores.stride(-1) != 1:  # einsum may hand back a permuted layout
                 scores = scores.contiguous()
             select_page_bits(
@@ -117,6 +114,19 @@ def selection_bits(
                 words,
                 out=out,
             )
+            for head in dense_heads:  # every present page, as a prompt row reads them
+                select_page_bits(
+                    None,
+                    first,
+                    last,
+                    topk,
+                    size,
+                    schedule.reserved_bos,
+                    schedule.reserved_eos,
+                    words,
+                    out=out[head : head + 1],
+                    kv_heads=1,
+                )
         start += length
     return bits
 
@@ -131,6 +141,7 @@ def kernel_sparse_attention(
     centroid_dtype: str,
     on_pages: Callable[[int, torch.Tensor], None] | None = None,
     index: PackedIndex | None = None,
+    dense_heads: tuple[int, ...] = (),
 ) -> torch.Tensor:
     """Attention of a sparse layer over packed sequences (see the module docstring);
     on_pages(sequence index, page mask [T, Hkv, P]) for each sequence, if given (tests);
@@ -138,7 +149,14 @@ def kernel_sparse_attention(
     if index is None:
         index = PackedIndex.build(seq_lens, schedule, q.device)
     bits = selection_bits(
-        q, k, seq_lens, prompt_lens, schedule, centroid_dtype, topk_of_bin=index.topk_of_bin
+        q,
+        k,
+        seq_lens,
+        prompt_lens,
+        schedule,
+        centroid_dtype,
+        topk_of_bin=index.topk_of_bin,
+        dense_heads=dense_heads,
     )
     if on_pages is not None:
         start = 0

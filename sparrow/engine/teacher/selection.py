@@ -5,10 +5,11 @@
                 # n = pages present at position last - 1 (columns past a row's own count are False)
 
 The rule is sparse/selection.py's select_from_scores, the decode step's, applied to every
-position t as the step that fed it: n = t // page_size + 1 pages present, the centroids of
-the full pages (rounded to the engine's centroid dtype), q_mean of the position's group, top-k
-of its length bin, reserved_bos / reserved_eos pages always read; prompt positions read every
-page (prefill is dense). Scores are held for one chunk only ([rows, Hkv, n] float32), so a
+position t as the step that fed it: n = t // page_size + 1 pages present, scored by the
+schedule's rule (sparse/scoring.py) over what the decode's cache holds of the full pages
+(centroids rounded to the engine's centroid dtype, or key bounds; the oracle reads the keys
+themselves: replay only), top-k of its length bin, reserved_bos / reserved_eos pages always
+read, the layer's dense_heads every page; prompt positions read every page (prefill is dense). Scores are held for one chunk only ([rows, Hkv, n] float32), so a
 32K sequence never holds its [T, Hkv, P] scores at once. select_by_threshold reaches the same
 pages as the stable sort of select_from_scores through the k-th largest score (torch.topk)
 and an index-ordered count of the ties at it: the lower page index wins a tie, as there.
@@ -24,7 +25,8 @@ import torch
 from sparrow.engine.kv_cache import centroid_torch_dtype
 from sparrow.kernels.kv_write import round_centroids
 from sparrow.sparse.schedule import Schedule
-from sparrow.sparse.selection import group_query_mean
+from sparrow.sparse.scoring import PageSummary, ScoringRule, get_rule, page_bounds
+from sparrow.sparse.selection import read_every_page
 
 
 def page_centroids(k: torch.Tensor, page_size: int, centroid_dtype: str) -> torch.Tensor:
@@ -39,6 +41,48 @@ def page_centroids(k: torch.Tensor, page_size: int, centroid_dtype: str) -> torc
     stored = centroid_torch_dtype(centroid_dtype, k.dtype)
     centroids[:full] = round_centroids(full_keys.mean(1), stored).float()
     return centroids
+
+
+def sequence_pages(
+    k: torch.Tensor, page_size: int, centroid_dtype: str, rule: ScoringRule
+) -> PageSummary:
+    """What `rule` reads of one sequence's pages (k [T, Hkv, D]), as the decode's KV cache
+    holds it: centroids (page_centroids), key bounds [P, 2, Hkv, D] of the full pages in
+    k's dtype (zeros for the partial page, never scored), or the keys themselves (oracle)."""
+    if not rule.decodes:
+        return PageSummary(keys=k, page_size=page_size)
+    if not rule.bounds:
+        return PageSummary(centroids=page_centroids(k, page_size, centroid_dtype))
+    length, kv_heads, dim = k.shape
+    full = length // page_size
+    bounds = torch.zeros(-(-length // page_size), 2, kv_heads, dim, dtype=k.dtype, device=k.device)
+    bounds[:full] = page_bounds(k[: full * page_size].view(full, page_size, kv_heads, dim))
+    return PageSummary(bounds=bounds)
+
+
+def chunk_scores(
+    rule: ScoringRule, q: torch.Tensor, pages: PageSummary, first: int, last: int, page_size: int
+) -> torch.Tensor:
+    """Scores [last - first, Hkv, n] of positions first..last-1 (q: the sequence's [T, Hq, D]),
+    n = pages present at position last - 1: the rule's own product, as decode computes it."""
+    if pages.keys is not None:  # oracle: each row's attention over keys 0..its position
+        position = torch.arange(first, last, device=q.device)
+        chunk = PageSummary(keys=pages.keys[:last], positions=position, page_size=page_size)
+        return rule.score(q[first:last], chunk)
+    width = (last - 1) // page_size + 1
+    chunk = PageSummary(
+        centroids=None if pages.centroids is None else pages.centroids[:width],
+        bounds=None if pages.bounds is None else pages.bounds[:width],
+    )
+    return rule.score(q[first:last], chunk)
+
+
+def row_elements(rule: ScoringRule, q_heads: int, kv_heads: int, length: int, width: int) -> int:
+    """Float32 elements one row's scoring holds at once (chunk sizing): the oracle's dense
+    scores over every key, a per-head rule's scores of each query head, else [Hkv, width]."""
+    if not rule.decodes:
+        return q_heads * length
+    return (q_heads if rule.per_head else kv_heads) * width
 
 
 def select_by_threshold(
@@ -80,16 +124,19 @@ def select_chunks(
     schedule: Schedule,
     centroid_dtype: str,
     rows: int,
+    dense_heads: tuple[int, ...] = (),
 ) -> Iterator[tuple[int, int, torch.Tensor]]:
     """(first, last, pages [last - first, Hkv, n] bool) for consecutive chunks of `rows`
-    positions of one sequence (q [T, Hq, D], k [T, Hkv, D]); see the module docstring."""
+    positions of one sequence (q [T, Hq, D], k [T, Hkv, D]); see the module docstring.
+    dense_heads: the KV heads of this layer that read every page (schedule.dense_heads_of)."""
     if rows < 1:
         raise ValueError(f"rows must be positive, got {rows}")
     q, k = q.detach(), k.detach()  # the selection is discrete: no graph through it
     length, kv_heads, _ = k.shape
     size = schedule.page_size
     device = k.device
-    centroids = page_centroids(k, size, centroid_dtype) if prompt_len < length else None
+    rule = get_rule(schedule.selection)
+    pages_of = sequence_pages(k, size, centroid_dtype, rule) if prompt_len < length else None
     topk_of_bin = torch.tensor(schedule.topk_pages, device=device)
     for first in range(0, length, rows):
         last = min(first + rows, length)
@@ -100,9 +147,7 @@ def select_chunks(
         if last <= prompt_len:
             yield first, last, present.expand(last - first, kv_heads, width)
             continue
-        scores = torch.einsum(
-            "thd,phd->thp", group_query_mean(q[first:last], kv_heads), centroids[:width]
-        )
+        scores = chunk_scores(rule, q, pages_of, first, last, size)
         bins = schedule.bin_of(position)
         # a schedule is non-decreasing over bins: the chunk's last row has its largest k
         pages = select_by_threshold(
@@ -113,6 +158,7 @@ def select_chunks(
             schedule.reserved_eos,
             schedule.topk_for_position(last - 1),
         )
+        pages = read_every_page(pages, num_pages, dense_heads)
         if first < prompt_len:  # prompt positions are dense, as prefill
             pages[: prompt_len - first] = present[: prompt_len - first]
         yield first, last, pages

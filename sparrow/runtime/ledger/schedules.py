@@ -21,8 +21,11 @@ from sparrow.storage.run_rows import replace_step_metrics, step_metric
 START_METRIC = "schedule/version"
 
 
-def start_schedule(store: Store, run_id: str, spec: str) -> tuple[str, int]:
-    """(name, version) the run starts with; chosen once per run, read back on resume."""
+def start_schedule(store: Store, run_id: str, spec: str, settings=None) -> tuple[str, int]:
+    """(name, version) the run starts with; chosen once per run, read back on resume.
+    settings: the run's `schedule` config group, whose selection, dense_heads and page_size
+    the run decodes with (Schedule.configured); a newest version that differs in them is
+    followed by a new version that has them."""
     with store.connect() as conn:
         newest = schedule_rows.newest_version
         name = spec if newest(conn, spec) is not None else resolve_schedule(spec).name
@@ -32,7 +35,17 @@ def start_schedule(store: Store, run_id: str, spec: str) -> tuple[str, int]:
         version = newest(conn, name)
         if version is None:
             version = 1
-            insert_schedule(conn, resolve_schedule(spec), version, run_id, 0, "initial")
+            base = resolve_schedule(spec)
+            schedule = base if settings is None else base.configured(settings)
+            insert_schedule(conn, schedule, version, run_id, 0, "initial")
+        elif settings is not None:
+            found = schedule_rows.newest_schedule(conn, name)
+            stored = schedule_from_dict(found[0], source=f"schedules row ({name}, v{version})")
+            schedule = stored.configured(settings)
+            if schedule != stored:
+                version += 1
+                reason = f"configured: selection {schedule.selection}, page {schedule.page_size}"
+                insert_schedule(conn, schedule, version, run_id, 0, reason)
         replace_step_metrics(conn, run_id, 0, {START_METRIC: float(version)})
     return name, version
 

@@ -98,3 +98,20 @@ def test_config_differences_lists_only_changed_keys():
         "rollout.top_k: 0 -> 5",
         "schedule.sparse: True -> False",
     ]
+
+
+def test_a_run_starts_with_its_configured_selection(tmp_path):
+    """schedule.selection / dense_heads / page_size: the version a run starts with has them;
+    a stored newest version without them is followed by one with them."""
+    from sparrow.config.schema import ScheduleConfig
+
+    store = Store.open_writer(tmp_path)
+    plain = ScheduleConfig(name="tiny-0.86")
+    quest = ScheduleConfig(name="tiny-0.86", selection="quest", dense_heads=[[1, 0]], page_size=4)
+    assert start_schedule(store, "a", "tiny-0.86", plain) == ("tiny-0.86", 1)
+    assert start_schedule(store, "b", "tiny-0.86", quest) == ("tiny-0.86", 2)
+    assert start_schedule(store, "c", "tiny-0.86", quest) == ("tiny-0.86", 2)  # same: reused
+    schedule, _ = schedule_in_force(store, "b", "tiny-0.86", 2, 1)
+    assert (schedule.selection, schedule.dense_heads, schedule.page_size) == ("quest", ((1, 0),), 4)
+    assert schedule.topk_pages[0] == 2 * get_preset("tiny-0.86").topk_pages[0]
+    store.close()
