@@ -6,18 +6,21 @@ checkpointing, and moving the trainer's state between the GPU and host memory.
     for file, names in checkpoint_parts(path, model.state_dict(), tied_names(model)):
         part = read_part(path, file, names)            # one file's tensors, fp32, host
     enable_checkpointing(model)
-    move_state(model, optimizer, torch.device("cpu"))     # offload; back with the GPU device
+    move_state(model, optimizer, torch.device("cpu"), stash)   # offload into a HostStash
+    move_state(model, optimizer, device)                       # onload
 
 Used by PolicyTrainer (rl/trainer.py); docs/trainer.md.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from sparrow.rl.checks import RLInputError
+from sparrow.trainer.host_stash import HostStash
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -147,30 +150,52 @@ def enable_checkpointing(model: torch.nn.Module) -> None:
     model.train()
 
 
-def move_state(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device
-) -> None:
-    """Parameters, buffers, the optimizer's parameters (the fp32 masters, if any) and its
-    moments to `device`, in place (the optimizer keeps its parameter objects). Host copies
-    are pinned, so both directions are async copies that one synchronize at the end completes."""
+def state_slots(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> list[tuple[torch.Tensor, list[Callable[[torch.Tensor], None]]]]:
+    """Every tensor an offload moves (the optimizer's parameters, i.e. the fp32 masters if
+    any, the model's parameters, AdamW's moments, the buffers), each once, with the setters
+    that point its owners at another tensor (a parameter keeps its object: `.data`)."""
+    slots: dict[int, tuple[torch.Tensor, list]] = {}
 
-    def move(tensor: torch.Tensor) -> torch.Tensor:
-        if device.type == "cpu" and tensor.is_cuda:
-            host = torch.empty_like(tensor, device="cpu", pin_memory=True)
-            return host.copy_(tensor, non_blocking=True)
-        return tensor.to(device, non_blocking=True)
+    def add(tensor: torch.Tensor, setter: Callable[[torch.Tensor], None]) -> None:
+        slots.setdefault(id(tensor), (tensor, []))[1].append(setter)
 
     trained = [p for group in optimizer.param_groups for p in group["params"]]
-    moved = {id(p) for p in trained}
-    for param in trained + [p for p in model.parameters() if id(p) not in moved]:
-        param.data = move(param.data)
-        state = optimizer.state.get(param, {})
-        for key, value in state.items():
-            if torch.is_tensor(value) and value.dim() > 0:
-                state[key] = move(value)
+    for param in trained + list(model.parameters()):
+        if id(param) in slots:
+            continue
+        add(param, lambda new, param=param: setattr(param, "data", new))
+        for key, value in optimizer.state.get(param, {}).items():
+            if torch.is_tensor(value) and value.dim() > 0:  # "step" stays a host scalar
+                add(
+                    value,
+                    lambda new, state=optimizer.state[param], key=key: state.update({key: new}),
+                )
     for owner in model.modules():
-        for name, buffer in list(owner._buffers.items()):
+        for name, buffer in owner._buffers.items():
             if buffer is not None:
-                owner._buffers[name] = move(buffer)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+                add(buffer, lambda new, owner=owner, name=name: owner._buffers.update({name: new}))
+    return list(slots.values())
+
+
+@torch.no_grad()
+def move_state(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    device: torch.device,
+    stash: HostStash | None = None,
+) -> None:
+    """state_slots' tensors to `device`, in place (the optimizer keeps its parameter objects).
+    To the host through `stash` (rl/host_stash.py: one page-locked buffer, reused), complete
+    on return; to a GPU, copies queued on the current stream from that page-locked memory,
+    so this returns at once and the next kernels run after them. Every tensor is copied."""
+    slots = state_slots(model, optimizer)
+    tensors = [tensor for tensor, _ in slots]
+    if device.type == "cpu" and stash is not None:
+        moved = stash.to_host(tensors)
+    else:
+        moved = [t.to(device, non_blocking=True, copy=True) for t in tensors]
+    for (_, setters), new in zip(slots, moved):
+        for setter in setters:
+            setter(new)

@@ -58,9 +58,12 @@ from sparrow.trainer.hf_model import (
     move_state,
     resolve_device,
     resolve_dtype,
+    state_slots,
 )
+from sparrow.trainer.host_stash import HostStash
 from sparrow.trainer.master_weights import MasterWeights
 from sparrow.trainer.memory import names_out_of_memory
+from sparrow.trainer.offload import HostOffload
 from sparrow.trainer.scoring import (
     TokenScores,
     micro_batches,
@@ -74,7 +77,7 @@ if TYPE_CHECKING:  # the library's config types, without importing the config lo
     from sparrow.config.schema import AlgoConfig
 
 
-class PolicyTrainer:
+class PolicyTrainer(HostOffload):
     """The dense policy, its AdamW optimizer, and the step counter (see the module doc); a
     Trainer (sparrow/trainer/protocol.py)."""
 
@@ -116,6 +119,8 @@ class PolicyTrainer:
         trained = self.masters.parameters() if self.masters else list(self.model.parameters())
         self.optimizer = torch.optim.AdamW(trained, lr=algo.lr, weight_decay=algo.weight_decay)
         self.offloaded = False
+        self._stash: HostStash | None = None  # the offload's host buffer (rl/host_stash.py)
+        self._reserve_host()
         self._saver = None  # rl/async_save.BackgroundSaver, made on the first background save
 
     def _load_model(self) -> torch.nn.Module:
@@ -298,21 +303,12 @@ class PolicyTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.model.zero_grad(set_to_none=True)
 
-    def offload(self) -> None:
-        """Move weights and optimizer moments to host memory (pinned on a CUDA machine) so
-        the rollout engine can have the GPU; onload() brings them back unchanged."""
-        if self.offloaded or self.device.type != "cuda":
-            return
-        self.free_gradients()
-        move_state(self.model, self.optimizer, torch.device("cpu"))
-        self.offloaded = True
-        torch.cuda.empty_cache()
+    def _offload_tensors(self) -> list[torch.Tensor]:
+        """What an offload moves (rl/offload.py; rl/sharded.py: this rank's shards)."""
+        return [tensor for tensor, _ in state_slots(self.model, self.optimizer)]
 
-    def onload(self) -> None:
-        if not self.offloaded:
-            return
-        move_state(self.model, self.optimizer, self.device)
-        self.offloaded = False
+    def _move_state(self, device: torch.device, stash: HostStash | None) -> None:
+        move_state(self.model, self.optimizer, device, stash)
 
     # weights and checkpoints
 

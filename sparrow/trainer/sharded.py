@@ -137,6 +137,7 @@ class ShardedPolicyTrainer(PolicyTrainer):
         self.optimizer = torch.optim.AdamW(
             list(self.model.parameters()), lr=algo.lr, weight_decay=algo.weight_decay
         )
+        self._reserve_host()  # the offload's page-locked buffer, with offload on (rl/offload.py)
 
     def _load_model(self) -> torch.nn.Module:
         return empty_hf_model(self.model_path)
@@ -343,25 +344,24 @@ class ShardedPolicyTrainer(PolicyTrainer):
     def save_in_background(self, folder: str | Path):
         raise NotImplementedError("ShardedPolicyTrainer saves with save() or export()")
 
-    def offload(self) -> None:
-        """This rank's weight shards and AdamW moments to host memory (rl/sharded_offload.py);
-        onload() brings them back unchanged. Unlike one process's offload, a CPU rank copies
-        too (tests hold the round trip there)."""
-        from sparrow.trainer.sharded_offload import move_shards
+    # offload (rl/offload.py): this rank's shards and moments, through its page-locked buffer
 
-        if self.offloaded:
-            return
-        self.free_gradients()
-        move_shards(self.root, self.optimizer, torch.device("cpu"))
-        self.offloaded = True
+    def _offloads(self) -> bool:
+        """A CPU rank copies too (the tests hold the round trip there)."""
+        return True
 
-    def onload(self) -> None:
-        from sparrow.trainer.sharded_offload import move_shards
+    def _offload_tensors(self) -> list[torch.Tensor]:
+        from sparrow.trainer.sharded_offload import shard_tensors
 
-        if not self.offloaded:
-            return
-        move_shards(self.root, self.optimizer, self.device)
-        self.offloaded = False
+        return shard_tensors(self.root, self.optimizer)
+
+    def _move_state(self, device: torch.device, stash) -> None:
+        from sparrow.trainer.sharded_offload import offload_shards, onload_shards
+
+        if stash is not None:
+            offload_shards(self.root, self.optimizer, stash)
+        else:
+            onload_shards(self.root, self.optimizer, device)
 
     @classmethod
     def load(

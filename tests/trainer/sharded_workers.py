@@ -99,8 +99,9 @@ def offload_round_trip(
     out_dir,
     backend="gloo",
 ):
-    """Two trainers, three updates each; one offloads and onloads its shards between the first
-    and second. Rank 0 saves both ends (weights, optimizer) and where the shards lived."""
+    """Two trainers, three updates each; one offloads and onloads its shards after the first
+    and after the second. Rank 0 saves both ends (weights, optimizer), where the shards lived
+    in the first round trip, and per round trip the host buffer's allocations and address."""
     from sparrow.trainer.sharded import ShardedPolicyTrainer
 
     if backend == "nccl":
@@ -111,7 +112,7 @@ def offload_round_trip(
     else:
         _join(rank, world_size, port)
     try:
-        ends, pointers, memory = {}, {}, {}
+        ends, pointers, memory, cycles = {}, {}, {}, []
         for name in ("plain", "offloaded"):
             trainer = ShardedPolicyTrainer(checkpoint, algo, seed=0)
             for k, reward in enumerate(rewards):
@@ -122,13 +123,24 @@ def offload_round_trip(
                     memory["shard_bytes"] = sum(
                         t.numel() * t.element_size() for t in _local_tensors(trainer)
                     )
+                if name == "offloaded" and k < len(rewards) - 1:
                     trainer.offload()
-                    pointers["offloaded"] = _local_pointers(trainer)
-                    memory["offloaded"] = _allocated()
-                    devices = {t.device.type for t in _local_tensors(trainer)}
+                    stash = trainer._stash
+                    cycles.append(
+                        {
+                            "allocations": stash.allocations,
+                            "buffer": stash.buffer.data_ptr(),
+                            "held": all(stash.holds(t) for t in _local_tensors(trainer)),
+                        }
+                    )
+                    if k == 0:
+                        pointers["offloaded"] = _local_pointers(trainer)
+                        memory["offloaded"] = _allocated()
+                        devices = {t.device.type for t in _local_tensors(trainer)}
                     trainer.onload()
-                    pointers["onloaded"] = _local_pointers(trainer)
-                    pointers["offloaded_devices"] = sorted(devices)
+                    if k == 0:
+                        pointers["onloaded"] = _local_pointers(trainer)
+                        pointers["offloaded_devices"] = sorted(devices)
             ends[name] = {
                 "weights": trainer.full_state_dict(),
                 "optimizer": trainer.full_optimizer_state(),
@@ -136,7 +148,8 @@ def offload_round_trip(
             del trainer
         if rank == 0:
             torch.save(
-                {"ends": ends, "pointers": pointers, "memory": memory}, out_dir / "offload.pt"
+                {"ends": ends, "pointers": pointers, "memory": memory, "cycles": cycles},
+                out_dir / "offload.pt",
             )
     finally:
         dist.destroy_process_group()

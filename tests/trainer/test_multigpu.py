@@ -76,7 +76,12 @@ def test_two_nccl_ranks_update_like_one_gpu(qwen3_checkpoint, tmp_path):
 
 
 def test_nccl_ranks_offload_their_shards_and_update_alike(qwen3_checkpoint, tmp_path):
-    from tests.trainer.test_sharded_offload import REWARDS, check_round_trip, update_batch
+    from tests.trainer.test_sharded_offload import (
+        REWARDS,
+        check_cycles,
+        check_round_trip,
+        update_batch,
+    )
 
     assert torch.cuda.device_count() >= 2
     algo, update_records, old = update_batch(qwen3_checkpoint)
@@ -101,4 +106,5 @@ def test_nccl_ranks_offload_their_shards_and_update_alike(qwen3_checkpoint, tmp_
     assert got["pointers"]["offloaded_devices"] == ["cpu"]
     memory = got["memory"]
     assert memory["before"] - memory["offloaded"] >= 0.9 * memory["shard_bytes"]
+    check_cycles(got)  # the page-locked buffer made once, reused by the second offload
     check_round_trip(got, exact=False)

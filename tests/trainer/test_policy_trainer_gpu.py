@@ -116,6 +116,42 @@ def test_offload_keeps_masters_and_moments(qwen3_checkpoint):
     assert all(len(a.dense_logprobs) == len(r.output_ids) for a, r in zip(again, records))
 
 
+def _host_allocations() -> int | None:
+    """Page-locked blocks torch's host allocator has made (None where torch keeps no count)."""
+    try:
+        return int(torch.cuda.host_memory_stats().get("num_host_alloc", 0))
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def test_offload_buffer_is_page_locked_once_and_reused(qwen3_checkpoint):
+    algo = dataclasses.replace(ALGO, offload_during_rollout=True)
+    trainer = PolicyTrainer(qwen3_checkpoint, algo, device="cuda", dtype="auto")
+    stash = trainer._stash
+    # reserved when the trainer was built: the first offload only copies
+    assert stash.allocations == 1 and stash.buffer.is_pinned()
+    pointer, size = stash.buffer.data_ptr(), stash.buffer.numel()
+    records = make_records(seed=4)
+    for cycle in range(3):
+        scores = trainer.score(records)
+        trainer.update(records, [1.0, 0.0, 0.0, 1.0], [s.dense_logprobs for s in scores], 2)
+        trainer.free_gradients()
+        masters = [m.clone() for m in trainer.masters.parameters()]
+        state_bytes = sum(t.numel() * t.element_size() for t in trainer._offload_tensors())
+        allocated, host_before = torch.cuda.memory_allocated(), _host_allocations()
+        trainer.offload()
+        assert all(stash.holds(t) and t.is_pinned() for t in trainer._offload_tensors())
+        assert allocated - torch.cuda.memory_allocated() >= 0.9 * state_bytes, cycle
+        trainer.onload()
+        if host_before is not None:  # no pinned block made by the offload or the onload
+            assert _host_allocations() == host_before, cycle
+        assert stash.allocations == 1, cycle
+        assert (stash.buffer.data_ptr(), stash.buffer.numel()) == (pointer, size)
+        assert all(torch.equal(a, b) for a, b in zip(masters, trainer.masters.parameters()))
+        assert all(p.is_cuda for p in trainer.model.parameters())
+    assert trainer.offload_stats()["allocations"] == 1.0
+
+
 def test_fused_norms_on_gpu_stay_close_to_fp32_cpu(qwen3_checkpoint):
     records = make_records(seed=3)
     cpu = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu").score(records)

@@ -1,6 +1,7 @@
 """ShardedPolicyTrainer.offload / onload (algo.offload_during_rollout with a trainer group) on 2
-gloo ranks: every shard and moment goes through fresh memory, and the updates after the round
-trip equal the ones without it, bit for bit.
+gloo ranks: every shard and moment goes through fresh memory, into one host buffer made once and
+reused by the second round trip, and the updates after the round trips equal the ones without
+them, bit for bit.
 
     python -m pytest tests/trainer/test_sharded_offload.py -q
 """
@@ -29,6 +30,15 @@ def update_batch(checkpoint):
     scores = PolicyTrainer(checkpoint, algo, device="cpu", seed=0).score(records)
     update_records = with_actor_logprobs(records, scores, [0.1 * (i % 3) for i in range(6)])
     return algo, update_records, [s.dense_logprobs for s in scores]
+
+
+def check_cycles(got: dict) -> None:
+    """Two round trips on rank 0: one host buffer, made once, held every shard both times."""
+    cycles = got["cycles"]
+    assert len(cycles) == 2
+    assert [c["allocations"] for c in cycles] == [1, 1]
+    assert cycles[0]["buffer"] == cycles[1]["buffer"]
+    assert all(c["held"] for c in cycles)
 
 
 def check_round_trip(got: dict, exact: bool) -> None:
@@ -65,5 +75,6 @@ def test_offload_round_trip_keeps_the_updates(qwen3_checkpoint, tmp_path):
     # every shard and moment was copied out and back (a move in place would keep them)
     assert all(a != b for a, b in zip(pointers["before"], pointers["offloaded"]) if a)
     assert all(a != b for a, b in zip(pointers["offloaded"], pointers["onloaded"]) if a)
-    # two more updates after the round trip: FSDP gathers from the restored shards
+    check_cycles(got)
+    # two more updates after the round trips: FSDP gathers from the restored shards
     check_round_trip(got, exact=True)
