@@ -61,6 +61,20 @@ def _set_allocator(settings: str) -> None:
     (setter or torch.cuda.memory._set_allocator_settings)(settings)
 
 
+@contextmanager
+def own_stream(stream: torch.cuda.Stream | None) -> Iterator[None]:
+    """Allocations made inside come from `stream`'s blocks (and, in expandable segments, its
+    own segment, which nothing of another stream shares); the current stream then waits for
+    the work queued there (the zero fill). A no-op for None (off CUDA)."""
+    if stream is None:
+        yield
+        return
+    current = torch.cuda.current_stream(stream.device)
+    with torch.cuda.stream(stream):
+        yield
+    current.wait_stream(stream)
+
+
 def segment_anchor(device: torch.device | str) -> torch.Tensor | None:
     """A small allocation (one 2 MiB page) in the expandable segment that the KV cache uses,
     held for the life of an engine: a segment left with nothing in it is released with its

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from sparrow.cuda_memory import return_cached_blocks, segment_anchor
+from sparrow.cuda_memory import own_stream, return_cached_blocks, segment_anchor
 from sparrow.engine.block_manager import BlockManager
 from sparrow.engine.config import EngineConfig, EngineError
 from sparrow.engine.cuda_graphs import DecodeGraphs
@@ -118,6 +118,7 @@ class Engine:
         self.cache: KVCache | None = None
         self._graphs_asleep: DecodeGraphs | None = None  # kept through sleep (keep_graphs)
         self._anchor: torch.Tensor | None = None  # keeps the cache's address range (wake)
+        self._cache_stream: torch.cuda.Stream | None = None  # the stream the cache is allocated on
         self._sized_pages = 0  # the last cache's pages when sized from memory_utilization
         self.schedule: Schedule | None = None
         self.set_schedule(schedule)  # before the cache: a quest rule sizes it with bounds
@@ -158,8 +159,13 @@ class Engine:
             return
         weight = next(self.model.parameters())
         centroids = centroid_torch_dtype(self.config.centroid_dtype, weight.dtype)
-        if self._anchor is None:
-            self._anchor = segment_anchor(weight.device)
+        if self._anchor is None and weight.device.type == "cuda":
+            # the cache's own stream, so its expandable segment holds this engine's anchor and
+            # cache alone: other allocations (another engine's freed cache) leave no hole there
+            # that could fit the next cache better than its own range
+            self._cache_stream = torch.cuda.Stream(weight.device)
+            with own_stream(self._cache_stream):
+                self._anchor = segment_anchor(weight.device)
         bounds = self._needs_bounds()
         self._sized_pages = self._pages_from_memory(weight, centroids, bounds)
         num_pages = (
@@ -174,15 +180,16 @@ class Engine:
                 bounds,
             )
         )
-        self.cache = KVCache.allocate(
-            self.model.arch,
-            num_pages,
-            self.config.page_size,
-            weight.dtype,
-            weight.device,
-            centroids,
-            bounds,
-        )
+        with own_stream(self._cache_stream):
+            self.cache = KVCache.allocate(
+                self.model.arch,
+                num_pages,
+                self.config.page_size,
+                weight.dtype,
+                weight.device,
+                centroids,
+                bounds,
+            )
         self.block_manager = BlockManager(num_pages, self.config.page_size)
         graphs, self._graphs_asleep = self._graphs_asleep, None
         if graphs is not None:
@@ -200,6 +207,8 @@ class Engine:
         if self.config.keep_graphs and self.runner.graphs is not None:
             self._graphs_asleep = self.runner.graphs
             self._graphs_asleep.release_cache()
+        if self._cache_stream is not None:  # the blocks go back to the cache's own stream
+            torch.cuda.current_stream(self._cache_stream.device).synchronize()
         self.cache = None
         self.runner = None  # type: ignore[assignment]
         self._sampling = None

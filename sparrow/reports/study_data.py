@@ -23,7 +23,7 @@ from sparrow.errors import SparrowError
 from sparrow.reports.run import config_value
 from sparrow.sparse import Schedule
 from sparrow.sparse.io import schedule_from_dict
-from sparrow.storage.schedule_rows import SCHEDULE_COLUMNS
+from sparrow.storage.schedule_rows import SCHEDULE_COLUMNS, schedule_row
 from sparrow.storage.study_rows import run_tables, study_arm_rows, study_ids
 
 # metrics renamed since a run could have written them (docs/glossary.md): old -> new
@@ -141,6 +141,6 @@ def _arm_tables(workdir: str | Path, arms_rows: list[dict]) -> dict[str, list[di
 def _schedules(rows: list[dict]) -> dict[tuple[str, int], Schedule]:
     out = {}
     for row in rows:
-        data = {k: row[k] for k in SCHEDULE_COLUMNS}
+        data = schedule_row([row.get(k) for k in SCHEDULE_COLUMNS])
         out[(row["name"], int(row["version"]))] = schedule_from_dict(data, "schedules row")
     return out

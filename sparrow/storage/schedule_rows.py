@@ -84,7 +84,7 @@ def insert_schedule(
     )
 
 
-def _row(values: Sequence[Any]) -> dict[str, Any]:
+def schedule_row(values: Sequence[Any]) -> dict[str, Any]:
     """A schedule row from SCHEDULE_COLUMNS' values; a later column holding NULL is left out
     (a row from before it: the schedule's default)."""
     return {
@@ -109,7 +109,7 @@ def schedule_in_force(
         "ORDER BY version DESC LIMIT 1",
         [name, run_id, step, start_version, start_version],
     ).fetchone()
-    return None if row is None else (_row(row[1:]), int(row[0]))
+    return None if row is None else (schedule_row(row[1:]), int(row[0]))
 
 
 def newest_schedule(conn, name: str) -> tuple[dict[str, Any], int] | None:
@@ -119,7 +119,7 @@ def newest_schedule(conn, name: str) -> tuple[dict[str, Any], int] | None:
         "WHERE name = ? ORDER BY version DESC LIMIT 1",
         [name],
     ).fetchone()
-    return None if row is None else (_row(row[1:]), int(row[0]))
+    return None if row is None else (schedule_row(row[1:]), int(row[0]))
 
 
 def stored_schedule(
@@ -139,7 +139,7 @@ def stored_schedule(
     if not result.rows:
         return None
     row = result.as_dicts()[0]
-    return _row([row.get(c) for c in SCHEDULE_COLUMNS]), int(row["version"]), row["reason"]
+    return schedule_row([row.get(c) for c in SCHEDULE_COLUMNS]), int(row["version"]), row["reason"]
 
 
 def replace_calibration(

@@ -61,8 +61,12 @@ class HostOffload:
         are counted in."""
         if not (self.algo.offload_during_rollout and self.device.type == "cuda"):
             return
-        trained = [p for g in self.optimizer.param_groups for p in g["params"] if p.requires_grad]
-        moments = 0 if self.optimizer.state else 2 * HostStash.bytes_for(trained)
+        # every parameter the optimizer steps: fp32 master copies take their gradients by
+        # assignment and do not require grad themselves, yet get their moments at the first step
+        trained = [p for g in self.optimizer.param_groups for p in g["params"]]
+        # a parameter whose state holds no moments yet (absent, or an empty entry) gets two
+        missing = [p for p in trained if "exp_avg" not in self.optimizer.state.get(p, {})]
+        moments = 2 * HostStash.bytes_for(missing)
         self._host_stash().reserve(HostStash.bytes_for(self._offload_tensors()) + moments)
 
     def offload_stats(self) -> dict[str, float]:

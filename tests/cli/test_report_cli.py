@@ -79,8 +79,17 @@ def test_json_holds_files_and_the_inserted_numbers(workdir, tmp_path, capsys):
     assert summary["final_reward"] == REWARDS[-1] and summary["first_reward"] == REWARDS[0]
     assert summary["steps"] == 3 and summary["threshold_events"] == 1
     worst_last = min((p5, b) for (s, b), p5 in P5.items() if s == 2)
-    assert summary["worst_bin"] == {"step": 2, "bin": worst_last[1], "p5": worst_last[0]}
-    assert summary["lowest_p5"] == {"step": 1, "bin": 1, "p5": 0.84}
+    worst = summary["worst_bin"]
+    assert {k: worst[k] for k in ("step", "bin", "p5")} == {
+        "step": 2,
+        "bin": worst_last[1],
+        "p5": worst_last[0],
+    }
+    # the bin's bootstrap bounds, trajectories and estimator ride along (NULL for rows of a
+    # store that predates them)
+    assert {"p5_lo", "p5_hi", "samples", "estimator"} <= set(worst)
+    lowest = summary["lowest_p5"]
+    assert {k: lowest[k] for k in ("step", "bin", "p5")} == {"step": 1, "bin": 1, "p5": 0.84}
     assert summary["target"] == 0.86  # no config: taken from the threshold event
     assert summary["acceptance_step"] == 2
     assert summary["acceptance_p5"] == pytest.approx(np.percentile(acceptance, 5))

@@ -38,8 +38,10 @@ def _small_overrides(workdir: Path, run_id: str, *extra: str) -> list[str]:
     nearly certain at 1: samples of one prompt must differ for the update to do anything.
     At temperature 2 some bins fall below target; control.patience=3 keeps the controller
     from raising them within the 2 steps, so the schedule stays tiny-0.86 version 1
-    (tests/stages/test_reoptimize.py covers raising). No end-of-run report: the session's base
-    run writes one (tests/cli/test_train_cli.py checks it)."""
+    (tests/stages/test_reoptimize.py covers raising). A bin counts from 8 tokens of 2
+    trajectories (calibrate.min_bin_*; the default floor, 500 of 8, is for real batches and
+    would leave every bin of 4 samples x 24 tokens out). No end-of-run report: the session's
+    base run writes one (tests/cli/test_train_cli.py checks it)."""
     return [
         f"pipeline.workdir={workdir}",
         f"pipeline.run_id={run_id}",
@@ -52,6 +54,8 @@ def _small_overrides(workdir: Path, run_id: str, *extra: str) -> list[str]:
         "data.eval=builtin:synthetic",
         "pipeline.eval_every=2",
         "control.patience=3",
+        "calibrate.min_bin_tokens=8",
+        "calibrate.min_bin_samples=2",
         "pipeline.report=false",
         *extra,
     ]
