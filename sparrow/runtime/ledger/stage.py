@@ -119,7 +119,11 @@ def run_stage(
     final = runtime.layout.stage_dir(step, stage)
     runtime.stages_run[stage] += 1
     with atomic_dir(final) as scratch:
-        written = body(scratch)
+        try:
+            written = body(scratch)
+        except SparrowError as err:
+            _add_redo_hint(runtime, err)
+            raise
         if runtime.kill_at == (stage, step):
             # fault injection: the files are written, the folder not renamed, nothing recorded
             os.kill(os.getpid(), signal.SIGKILL)
@@ -136,3 +140,13 @@ def run_stage(
     if written.after_commit is not None:
         written.after_commit(final)
     return StageOutcome(stage, step, str(final), False, duration)
+
+
+def _add_redo_hint(runtime: RunRuntime, err: SparrowError) -> None:
+    """An error about a recorded stage's file names the way out (sparrow runs redo)."""
+    from sparrow.runtime.ledger.redo import redo_hint
+
+    message = str(err)
+    hint = redo_hint(runtime.layout.run_dir, runtime.run_id, runtime.store.workdir, message)
+    if hint and len(err.args) == 1:
+        err.args = (message + hint,)
