@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from sparrow.config import SparrowConfig
+from sparrow.config import ConfigError, SparrowConfig
 from sparrow.data.datasets import load_prompts
 from sparrow.engine import EngineConfig
 from sparrow.model import load_tokenizer, read_arch
@@ -42,8 +42,18 @@ def with_run_id(cfg: SparrowConfig) -> SparrowConfig:
     return dataclasses.replace(cfg, pipeline=pipeline)
 
 
+def check_steps(cfg: SparrowConfig) -> None:
+    """A run of no steps would open services and a `runs` row for nothing: refuse it."""
+    if cfg.pipeline.steps < 1:
+        raise ConfigError(
+            f"pipeline.steps={cfg.pipeline.steps}: a run needs at least 1 step "
+            "(a finished run is extended by resuming it with a larger pipeline.steps)"
+        )
+
+
 def check_inputs(cfg: SparrowConfig) -> dict:
     """Load what a bad input would break, before the workdir is touched."""
+    check_steps(cfg)
     model_path = resolve_model_path(cfg.model.path)
     arch = read_arch(model_path)
     tokenizer = load_tokenizer(model_path)
