@@ -33,6 +33,7 @@ COMMANDS = (
     "runs",
     "calibrate",
     "study",
+    "ui",
 )
 
 
