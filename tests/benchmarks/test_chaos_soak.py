@@ -46,3 +46,4 @@ def test_killed_three_ways_and_resumed_ends_equal(tmp_path):
     assert all(t["equal"] and t["rows"] > 0 for t in result["tables"].values())
     assert result["weights_equal"] and result["stages_once"]
     assert result["scratch"] == [] and result["left"] == {}
+    assert result["failed_unkilled"] == 0  # a killed actor is replaced, the flow goes on
