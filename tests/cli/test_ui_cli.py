@@ -49,23 +49,28 @@ def test_ui_serves_and_leaves_nothing_once_stopped(tmp_path, stop):
         text=True,
         start_new_session=True,
     )
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        time.sleep(0.5)
-    else:
-        pytest.fail("MLflow's UI never listened")
-    [mlflow] = _mlflow_session(proc.pid)
-    assert len(_session(mlflow)) >= 3  # uvicorn's workers, the job runner, ...
-    if stop == "ctrl-c":
-        os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends
-    else:
-        proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 0
-    assert _session(mlflow) == []
-    assert "Ctrl-C stops it" in proc.stdout.read()
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.5)
+        else:
+            pytest.fail("MLflow's UI never listened")
+        [mlflow] = _mlflow_session(proc.pid)
+        assert len(_session(mlflow)) >= 3  # uvicorn's workers, the job runner, ...
+        if stop == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends
+        else:
+            proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert _session(mlflow) == []
+        assert "Ctrl-C stops it" in proc.stdout.read()
+    finally:
+        if proc.poll() is None:  # a failed check must not leave the server running
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
 
 
 def _mlflow_session(pid: int) -> list[int]:
