@@ -34,6 +34,7 @@ COMMANDS = (
     "calibrate",
     "study",
     "export",
+    "ui",
 )
 
 

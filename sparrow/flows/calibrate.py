@@ -26,6 +26,7 @@ quiet_prefect()
 from prefect import flow  # noqa: E402
 
 from sparrow.config import load_config  # noqa: E402
+from sparrow.flows.progress import PhaseProgress  # noqa: E402
 from sparrow.stages.calibrate import replay_task, sample_task, time_generation_task  # noqa: E402
 from sparrow.stages.calibrate_store import choose_task  # noqa: E402
 
@@ -35,13 +36,20 @@ def new_calibration_id() -> str:
 
 
 @flow(name="calibrate")
-def calibrate_flow(overrides: list[str], calibration_id: str = "") -> dict:
-    """Calibrate a schedule; a summary (schedule name, version, top-k per bin, timings, paths)."""
+def calibrate_flow(overrides: list[str], calibration_id: str = "", progress: bool = False) -> dict:
+    """Calibrate a schedule; a summary (schedule name, version, top-k per bin, timings, paths).
+    progress: a line on stderr as each phase starts and ends (sparrow/flows/progress.py)."""
     cfg = load_config(overrides)  # a bad key fails here, before any task
     calibration_id = calibration_id or new_calibration_id()
-    trajectories = sample_task(overrides, calibration_id)
-    table = replay_task(overrides, calibration_id, trajectories)
+    timed = cfg.calibrate.time_generation
+    phases = PhaseProgress(4 if timed else 3, quiet=not progress)
+    with phases.phase("sampling trajectories (dense, and under each top-k of the grid)"):
+        trajectories = sample_task(overrides, calibration_id)
+    with phases.phase("replaying them teacher-forced under each top-k"):
+        table = replay_task(overrides, calibration_id, trajectories)
     timing = None
-    if cfg.calibrate.time_generation:
-        timing = time_generation_task(overrides, calibration_id, table)
-    return choose_task(overrides, calibration_id, trajectories, table, timing)
+    if timed:
+        with phases.phase("timing generation under every budget"):
+            timing = time_generation_task(overrides, calibration_id, table)
+    with phases.phase("choosing and storing the schedule"):
+        return choose_task(overrides, calibration_id, trajectories, table, timing)

@@ -1,10 +1,12 @@
 """The per-step table the train flow prints while it runs (rich, one row per step).
 
     table = LiveTable(Console())
+    table.header()                          # at once; else the first row brings it
     table.row(step=1, metrics={"reward/mean": 0.5, ...}, resumed=False)
 
 Columns: step, mean reward, reward calls that raised, mean response length, lowest per-bin p5, mean KV pages read per
-token, rollout tokens/s, and the time of the longest stages. The header prints with the first
+token, rollout tokens/s, and the time of the longest stages. The header prints at once
+(`header()`, before the services start, so the first minute is not silent) or with the first
 row; every row is printed as it lands, so the table reads the same in a terminal and in a log.
 A step whose stages were all recorded by an earlier attempt is marked "resumed".
 """
@@ -52,6 +54,12 @@ class LiveTable:
             table.add_column(name, justify="right", width=CELL)
         table.add_column("", justify="left", width=WIDTHS["note"])
         return table
+
+    def header(self) -> None:
+        """Print the header alone (once); the rows that follow line up under it."""
+        if not self._header_done:
+            self.console.print(self._table(header=True))
+            self._header_done = True
 
     def row(self, step: int, metrics: Mapping[str, float | None], resumed: bool) -> list[str]:
         cells = [str(step)] + [format_cell(metrics.get(key), fmt) for _, key, fmt in COLUMNS]

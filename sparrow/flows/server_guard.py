@@ -1,31 +1,48 @@
-"""A watchdog that takes Prefect's temporary API server down with the process that started it.
+"""The services of a `sparrow` command: Prefect's temporary API server in a session of its own,
+and a watchdog that takes everything the command started down with it.
 
-    from sparrow.flows.server_guard import guard_local_server
+    from sparrow.flows.server_guard import guard_local_server, start_local_server
     guard_local_server()      # once, in the process that will run flows (sparrow train / calibrate)
+    start_local_server()      # before the first flow
 
-Without a Prefect server, Prefect starts a temporary API server (uvicorn) as a child of the
-flow's process and stops it when the process exits normally. A process killed with SIGKILL
-cannot stop it: the server is reparented to init and runs on. The guard is a small separate
-process that the kernel signals when its parent dies (Linux PR_SET_PDEATHSIG): while the
-parent lives it notes, once a second, the parent's child processes that are Prefect API
-servers; when the parent dies it terminates them. Off Linux, or with PREFECT_API_URL set (a
-real server, not ours to stop), it does nothing.
+Ctrl-C in a terminal sends SIGINT to the whole foreground process group. Prefect starts its
+temporary API server (uvicorn) as a child in that group, so the server died first and the flow
+spent minutes in connection retries. start_local_server starts that same server now, in its
+own session, so only the flow sees the signal (Ray's processes already block SIGINT). With
+PREFECT_API_URL set (a real server) it does nothing.
+
+A process killed with SIGKILL cannot stop what it started: the Prefect server runs on, and
+Ray's dashboard and runtime-env agents (started by the raylet even without the dashboard)
+wait about two minutes for a GCS that is gone before they exit. The watchdog is a small
+separate process that the kernel signals when its parent dies (Linux PR_SET_PDEATHSIG):
+while the parent lives it notes, once a second, every process descended from it; when the
+parent dies it sends each one still running (same pid and start time) SIGTERM, and SIGKILL
+after GRACE_S. So nothing outlives a `kill -9` by more than about GRACE_S + 1 s. Off Linux
+it does nothing. A Ray cluster joined with ray.address is not the command's and is left alone.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
 
 SERVER_MARK = "prefect.server.api.server:create_app"
+GRACE_S = 3.0
 
 _WATCH = r"""
 import ctypes, os, signal, sys, time
-parent = int(sys.argv[1]); mark = sys.argv[2]
-seen = set()
+parent = int(sys.argv[1]); grace = float(sys.argv[2]); me = os.getpid()
+seen = {}
+def start_time(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
 def children(pid):
-    # every thread's children: Prefect may start its server from a thread other than main
+    # every thread's children: Prefect and Ray start processes from other threads too
     found = []
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
@@ -38,20 +55,31 @@ def children(pid):
         except OSError:
             pass
     return found
-def is_server(pid):
-    if pid == os.getpid():
-        return False
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return mark.encode() in f.read()
-    except OSError:
-        return False
-def stop(*_):
-    for pid in seen:
+def note(roots):
+    todo = list(roots)
+    while todo:
+        pid = todo.pop()
+        for kid in children(pid):
+            if kid != me and kid not in seen:
+                started = start_time(kid)
+                if started is not None:
+                    seen[kid] = started
+                    todo.append(kid)
+def alive():
+    return [pid for pid, started in seen.items() if start_time(pid) == started]
+def send(sig):
+    for pid in alive():
         try:
-            os.kill(pid, signal.SIGTERM)
+            os.kill(pid, sig)
         except OSError:
             pass
+def stop(*_):
+    note(alive())  # what the survivors started since the last look
+    send(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    send(signal.SIGKILL)
     sys.exit(0)
 signal.signal(signal.SIGTERM, stop)
 libc = ctypes.CDLL(None, use_errno=True)
@@ -59,7 +87,7 @@ libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 if os.getppid() != parent:
     stop()
 while True:
-    seen.update(p for p in children(parent) if is_server(p))
+    note([parent])
     time.sleep(1.0)
 """
 
@@ -68,17 +96,68 @@ _WATCHDOG: dict[int, subprocess.Popen] = {}  # this process's watchdog, by pid (
 
 
 def guard_local_server() -> subprocess.Popen | None:
-    """Start the watchdog (module doc), once per process; None where it does not apply."""
-    if not sys.platform.startswith("linux") or os.environ.get("PREFECT_API_URL"):
+    """Start the watchdog (module doc), once per process; None off Linux."""
+    if not sys.platform.startswith("linux"):
         return None
     running = _WATCHDOG.get(os.getpid())
     if running is not None and running.poll() is None:
         return running
     _WATCHDOG[os.getpid()] = subprocess.Popen(
-        [sys.executable, "-c", _WATCH, str(os.getpid()), SERVER_MARK],
+        [sys.executable, "-c", _WATCH, str(os.getpid()), str(GRACE_S)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
     return _WATCHDOG[os.getpid()]
+
+
+def start_local_server() -> str | None:
+    """Start Prefect's temporary API server in its own session (module doc); its API URL, or
+    None when PREFECT_API_URL names a server. The flows then use it as they would have."""
+    if os.environ.get("PREFECT_API_URL"):
+        return None
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()  # the one instance Prefect's clients ask for
+    if not server.running:
+        server._run_uvicorn_command = functools.partial(_uvicorn_in_own_session, server)
+        server.start()
+    return server.api_url
+
+
+def _uvicorn_in_own_session(server) -> subprocess.Popen:
+    # Prefect 3.9's SubprocessASGIServer._run_uvicorn_command, plus start_new_session
+    import prefect
+    from prefect.settings import get_current_settings
+
+    server_env = {
+        "PREFECT_UI_ENABLED": "0",
+        "PREFECT__SERVER_EPHEMERAL": "1",
+        "PREFECT__SERVER_FINAL": "1",
+    }
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "--app-dir",
+            str(prefect.__module_path__.parent),
+            "--factory",
+            SERVER_MARK,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(server.port),
+            "--log-level",
+            "error",
+            "--lifespan",
+            "on",
+        ],
+        env={
+            **os.environ,
+            **server_env,
+            **get_current_settings().to_environment_variables(exclude_unset=True),
+        },
+        start_new_session=True,
+    )

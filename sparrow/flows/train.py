@@ -102,11 +102,12 @@ def train_flow(overrides: list[str], show_table: bool = True) -> dict:
     cfg = with_run_id(load_config(overrides))
     # rich assumes 80 columns when piped; a log should keep the table's rows whole
     console = Console(quiet=not show_table, width=None if sys.stdout.isatty() else 200)
+    table = LiveTable(console)
+    table.header()  # at once: opening the run and starting the actors takes a while
     runtime, resumed, started_ray = open_run_runtime(cfg)
     workdir, run_id, steps = cfg.pipeline.workdir, runtime.run_id, cfg.pipeline.steps
     status, skipped = "failed", {}
     try:
-        table = LiveTable(console)
         for step in range(1, steps + 1):
             skipped[step] = rl_step(
                 workdir,

@@ -19,10 +19,11 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from sparrow.config import SparrowConfig
+from sparrow.config import ConfigError, SparrowConfig
 from sparrow.data.chat import chat_renderer
 from sparrow.data.datasets import load_prompts
 from sparrow.engine import EngineConfig
+from sparrow.errors import is_disk_full
 from sparrow.model import load_tokenizer, read_arch
 from sparrow.model.builtin import resolve_model_path
 from sparrow.runtime.ledger.retention import repair_unsaved_policies, wait_for_deletions
@@ -43,8 +44,18 @@ def with_run_id(cfg: SparrowConfig) -> SparrowConfig:
     return dataclasses.replace(cfg, pipeline=pipeline)
 
 
+def check_steps(cfg: SparrowConfig) -> None:
+    """A run of no steps would open services and a `runs` row for nothing: refuse it."""
+    if cfg.pipeline.steps < 1:
+        raise ConfigError(
+            f"pipeline.steps={cfg.pipeline.steps}: a run needs at least 1 step "
+            "(a finished run is extended by resuming it with a larger pipeline.steps)"
+        )
+
+
 def check_inputs(cfg: SparrowConfig) -> dict:
     """Load what a bad input would break, before the workdir is touched."""
+    check_steps(cfg)
     model_path = resolve_model_path(cfg.model.path)
     arch = read_arch(model_path)
     tokenizer = load_tokenizer(model_path)
@@ -180,11 +191,22 @@ def close_run_runtime(runtime: RunRuntime, status: str) -> None:
         runtime.shutdown_trainer_group()
         if runtime.placement is not None:
             runtime.placement.release()
+        _record_end(runtime, status)
+    finally:
+        runtime.store.close()
+
+
+def _record_end(runtime: RunRuntime, status: str) -> None:
+    """Close the MLflow run and mark the run. A run ending on a full disk may not be able to
+    write either: the error that stopped it is the one to show, and the run, left marked
+    running with no writer, lists as interrupted and resumes the same way."""
+    try:
         if runtime.tracker is not None:
             runtime.tracker.end(status)
         finish_run(runtime.store, runtime.run_id, status)
-    finally:
-        runtime.store.close()
+    except Exception as err:
+        if status == "finished" or not is_disk_full(err, runtime.store.path):
+            raise
 
 
 def where_to_look(runtime: RunRuntime) -> list[str]:
@@ -200,5 +222,7 @@ def where_to_look(runtime: RunRuntime) -> list[str]:
         f"mismatch history (DuckDB): {workdir / 'sparrow.duckdb'}",
         f'  sparrow query --workdir {workdir} "{query}"',
         f"  sparrow runs --workdir {workdir}",
-        f"MLflow: mlflow ui --backend-store-uri {uri}",
+        f"MLflow: sparrow ui --workdir {workdir}   (or mlflow ui --backend-store-uri {uri},",
+        # MLflow 3.17's own behaviour (sparrow/cli/commands/ui.py): say so where it is offered
+        "  which leaves worker processes running when stopped with SIGTERM)",
     ]

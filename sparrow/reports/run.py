@@ -77,6 +77,16 @@ class RunData:
         points = self.metrics.get(name, [])
         return [s for s, _ in points], [v for _, v in points]
 
+    def bin_label(self, b: int) -> str:
+        """ "bin 3 (192-255)": the bin with the token positions it covers under the run's
+        newest schedule (the last bin takes every position past it: "bin 7 (448+)")."""
+        known = [s for s in self.schedules if s.get("bin_tokens") and s.get("topk_pages")]
+        if not known:
+            return f"bin {b}"
+        width, last = known[-1]["bin_tokens"], len(known[-1]["topk_pages"]) - 1
+        span = f"{b * width}+" if b >= last else f"{b * width}-{(b + 1) * width - 1}"
+        return f"bin {b} ({span})"
+
 
 @dataclass(frozen=True)
 class AcceptanceHistogram:
@@ -304,11 +314,12 @@ def summary_markdown(data: RunData, summary: dict[str, Any], files: list[str]) -
         f"- steps recorded: {s['steps']} (from {fmt(s['first_step'])} to {fmt(s['last_step'])})",
         f"- {REWARD_METRIC}: first {fmt(s['first_reward'])}, final {fmt(s['final_reward'])}",
         f"- {LENGTH_METRIC}: final {fmt(s['final_length'])}",
-        f"- {MIN_P5_METRIC}: final {fmt(s['final_min_p5'])} (target {fmt(s['target'])})",
+        f"- {MIN_P5_METRIC} (the lowest per-bin p5): final {fmt(s['final_min_p5'])} "
+        f"(target {fmt(s['target'])})",
     ]
     for key, label in (
-        ("worst_bin", "worst bin at the last step"),
-        ("lowest_p5", "lowest p5 of the run"),
+        ("worst_bin", "worst bin at the last step (per-bin p5)"),
+        ("lowest_p5", "lowest per-bin p5 of the run"),
     ):
         point = s[key]
         lines.append(
@@ -316,7 +327,7 @@ def summary_markdown(data: RunData, summary: dict[str, Any], files: list[str]) -
             + (
                 "-"
                 if point is None
-                else f"bin {point['bin']} at step {point['step']}, {interval(point)}"
+                else f"{data.bin_label(point['bin'])} at step {point['step']}, {interval(point)}"
             )
         )
     lines.append(
@@ -326,8 +337,8 @@ def summary_markdown(data: RunData, summary: dict[str, Any], files: list[str]) -
     )
     if s["acceptance_step"] is not None:
         lines.append(
-            f"- acceptance p5 over all tokens of step {s['acceptance_step']}: "
-            f"{fmt(s['acceptance_p5'])}"
+            f"- p5 over all tokens of step {s['acceptance_step']} (every bin together, so the "
+            f"many tokens of the early bins weigh most): {fmt(s['acceptance_p5'])}"
         )
     lines += ["", f"## Threshold events ({len(data.events)})", ""]
     lines += _table(
@@ -371,6 +382,7 @@ def write_report(
     hist = load_acceptance(workdir, run_id, step)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    remove_earlier_report(out)
     paths = [
         run_plots.plot_p5(data, out / "p5_per_bin.png"),
         run_plots.plot_reward_length(data, out / "reward_length.png"),
@@ -384,3 +396,22 @@ def write_report(
     md = out / "summary.md"
     md.write_text(summary_markdown(data, summary, [p.name for p in paths]))
     return paths + [md], summary
+
+
+# the files a report writes (acceptance_step<N>.png names its step)
+REPORT_FILES = (
+    "p5_per_bin.png",
+    "reward_length.png",
+    "acceptance_step*.png",
+    "summary.png",
+    "summary.md",
+)
+
+
+def remove_earlier_report(out: Path) -> list[Path]:
+    """Delete an earlier report's files in `out` (another step's histogram would stay beside
+    the new one); any other file there is left alone."""
+    stale = sorted({p for pattern in REPORT_FILES for p in out.glob(pattern) if p.is_file()})
+    for path in stale:
+        path.unlink()
+    return stale

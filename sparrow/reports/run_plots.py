@@ -89,7 +89,7 @@ def draw_p5(ax: Axes, data: RunData, legend: bool = True) -> None:
             markersize=3,
             linewidth=1.4,
             color=colors[b],
-            label=f"bin {b}",
+            label=data.bin_label(b),
         )
         band = [r for r in rows if r["bin"] == b and r.get("p5_lo") is not None]
         if band:
@@ -129,34 +129,13 @@ def draw_p5(ax: Axes, data: RunData, legend: bool = True) -> None:
             ncol=1 if len(bins) <= 12 else 2,
             frameon=False,
         )
-    else:  # a small panel: names at the lines' ends, where a legend box would hide them
-        _label_ends(ax, rows, bins if len(bins) <= 8 else [bins[0], bins[-1]], colors, data.target)
-
-
-def _label_ends(
-    ax: Axes, rows: list[dict], bins: list[int], colors: dict, target: float | None
-) -> None:
-    for b in bins:
-        step, p5 = max((r["step"], r["p5"]) for r in rows if r["bin"] == b)
-        ax.annotate(
-            f"bin {b}",
-            (step, p5),
-            xytext=(5, 0),
-            textcoords="offset points",
-            va="center",
+    else:  # a small panel: the legend below it, where names cannot fall on each other
+        ax.legend(
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.2),
             fontsize=7,
-            color=colors[b],
-        )
-    ax.margins(x=0.1)
-    if target is not None:
-        ax.annotate(
-            f"target {target:g}",
-            (0, target),
-            xycoords=("axes fraction", "data"),
-            xytext=(3, 3),
-            textcoords="offset points",
-            fontsize=7,
-            color="crimson",
+            ncol=3,
+            frameon=False,
         )
 
 
@@ -222,7 +201,7 @@ def draw_all_tokens(ax: Axes, hist: AcceptanceHistogram, target: float | None) -
         log=True,
     )
     ax.set_ylim(bottom=0.8)
-    ax.axvline(hist.p5, color="black", linewidth=1.2, label=f"p5 {hist.p5:.3f}")
+    ax.axvline(hist.p5, color="black", linewidth=1.2, label=f"p5 over all tokens {hist.p5:.3f}")
     if target is not None:
         ax.axvline(target, **TARGET_STYLE, label=f"target {target:g}")
     ax.set_xlim(0, 1)
@@ -288,11 +267,13 @@ def plot_acceptance(hist: AcceptanceHistogram, target: float | None, path: Path)
     return _save(fig, path)
 
 
-def _summary_lines(summary: dict[str, Any]) -> list[str]:
+def _summary_lines(summary: dict[str, Any], data: RunData) -> list[str]:
     from sparrow.reports.run import fmt
 
     def point(p: dict | None) -> str:
-        return "-" if p is None else f"bin {p['bin']} at step {p['step']} (p5 {fmt(p['p5'])})"
+        if p is None:
+            return "-"
+        return f"{data.bin_label(p['bin'])} at step {p['step']} (p5 {fmt(p['p5'])})"
 
     versions = (
         ", ".join(f"{v['name']} v{v['version']}" for v in summary["schedule_versions"]) or "-"
@@ -302,9 +283,12 @@ def _summary_lines(summary: dict[str, Any]) -> list[str]:
         f"status {fmt(summary['status'])}   steps {summary['steps']} "
         f"({fmt(summary['first_step'])}..{fmt(summary['last_step'])})   target {fmt(summary['target'])}",
         f"reward: first {fmt(summary['first_reward'])}, final {fmt(summary['final_reward'])}   "
-        f"final length {fmt(summary['final_length'])}   final min p5 {fmt(summary['final_min_p5'])}",
-        f"worst bin at the last step: {point(summary['worst_bin'])}   "
-        f"lowest p5: {point(summary['lowest_p5'])}",
+        f"final length {fmt(summary['final_length'])}   "
+        f"final lowest per-bin p5 {fmt(summary['final_min_p5'])}",
+        f"worst bin at the last step: {point(summary['worst_bin'])}",
+        f"lowest per-bin p5 of the run: {point(summary['lowest_p5'])}",
+        f"p5 over all tokens of step {fmt(summary['acceptance_step'])} (all bins together): "
+        f"{fmt(summary['acceptance_p5'])}",
         f"threshold events: {summary['threshold_events']}   schedules: {versions}",
         *_wrap(highlights, 120),
     ]
@@ -320,15 +304,20 @@ def plot_summary_page(
     data: RunData, hist: AcceptanceHistogram | None, summary: dict, path: Path
 ) -> Path:
     """One page: the key numbers on top, then p5, reward, length and the acceptance tail."""
+    return _save(summary_figure(data, hist, summary), path)
+
+
+def summary_figure(data: RunData, hist: AcceptanceHistogram | None, summary: dict) -> Figure:
+    """The summary page's figure (plot_summary_page saves it)."""
     from sparrow.reports.run import LENGTH_METRIC, REWARD_METRIC
 
-    fig = Figure(figsize=(11, 11.5), layout="constrained")
-    text_fig, plots_fig = fig.subfigures(2, 1, height_ratios=[1, 5])
+    fig = Figure(figsize=(11, 12.5), layout="constrained")
+    text_fig, plots_fig = fig.subfigures(2, 1, height_ratios=[1.5, 5])
     text_fig.suptitle(f"Sparrow run {data.run_id}", fontsize=15, fontweight="bold")
     text_fig.text(
         0.01,
         0.78,
-        "\n".join(_summary_lines(summary)),
+        "\n".join(_summary_lines(summary, data)),
         va="top",
         ha="left",
         fontsize=9.5,
@@ -337,7 +326,7 @@ def plot_summary_page(
     )
     axes = plots_fig.subplots(2, 2)
     draw_p5(axes[0, 0], data, legend=False)
-    axes[0, 0].set_title("acceptance p5 per bin (X: threshold event)")
+    axes[0, 0].set_title("per-bin acceptance p5 (X: threshold event)")
     draw_metric(axes[0, 1], data, REWARD_METRIC, "reward", "tab:blue")
     axes[0, 1].set_title(REWARD_METRIC)
     draw_metric(axes[1, 0], data, LENGTH_METRIC, "tokens", "tab:orange")
@@ -347,4 +336,4 @@ def plot_summary_page(
     else:
         draw_tail(axes[1, 1], hist)
         axes[1, 1].set_title(f"acceptance tail, step {hist.step}")
-    return _save(fig, path)
+    return fig

@@ -107,7 +107,10 @@ def load_schedule_yaml(path: str | os.PathLike) -> Schedule:
     path = Path(path)
     if not path.is_file():
         raise ScheduleError(f"schedule file not found: {path}")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ScheduleError(f"{path}: not a schedule file (not UTF-8 text)") from None
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as err:

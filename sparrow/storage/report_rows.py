@@ -76,7 +76,7 @@ def run_tables(workdir: str | Path, run_id: str) -> dict[str, list[dict[str, Any
         "schedules": _rows(
             workdir,
             """
-            SELECT name, version, step, reason, topk_pages, target FROM schedules s
+            SELECT name, version, step, reason, topk_pages, target, bin_tokens FROM schedules s
             WHERE run_id = ? OR EXISTS (SELECT 1 FROM bin_stats b WHERE b.run_id = ?
                   AND b.schedule_name = s.name AND b.schedule_version = s.version)
             ORDER BY coalesce(step, -1), version""",

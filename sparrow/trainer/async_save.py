@@ -25,7 +25,13 @@ from typing import Any
 
 import torch
 
-from sparrow.trainer.checkpoint import TrainerCheckpointError, rng_state, write_trainer_files
+from sparrow.errors import disk_full_error, is_disk_full
+from sparrow.trainer.checkpoint import (
+    TrainerCheckpointError,
+    rng_state,
+    tensor_bytes,
+    write_trainer_files,
+)
 
 
 class BackgroundSaver:
@@ -126,6 +132,10 @@ def _write(
             (scratch / "generation_config.json").write_text(generation)
         write_trainer_files(scratch, optimizer_state, rng, tokenizer_source, meta)
         os.replace(scratch, out)
+    except Exception as err:
+        if is_disk_full(err, out.parent):
+            raise disk_full_error(out, tensor_bytes([weights, optimizer_state])) from None
+        raise
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return out

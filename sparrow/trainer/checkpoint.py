@@ -13,7 +13,9 @@ Layout of a checkpoint folder:
 
 So the folder is itself a checkpoint the engine (sparrow.model.load_model), transformers
 and the trainer all load. It is written in a scratch folder beside out_dir and renamed into
-place, so a crash leaves no half checkpoint; an existing non-empty out_dir is refused.
+place, so a crash leaves no half checkpoint; an existing non-empty out_dir is refused. A full
+disk is DiskFullError naming out_dir and the bytes the state needs (torch's own error there
+is "unexpected pos", which does not say so).
 Weights are saved in the dtype the trainer holds them (fp32 master weights), so a resumed run
 continues bit for bit.
 """
@@ -31,7 +33,7 @@ from typing import Any
 
 import torch
 
-from sparrow.errors import SparrowError
+from sparrow.errors import SparrowError, disk_full_error, is_disk_full
 
 TRAINER_STATE = "trainer_state.json"
 OPTIMIZER_STATE = "optimizer.pt"
@@ -99,9 +101,25 @@ def save_checkpoint(
             optimizer_state = optimizer.state_dict()
         write_trainer_files(scratch, optimizer_state, rng_state(), tokenizer_source, meta)
         os.replace(scratch, out)
+    except Exception as err:
+        if is_disk_full(err, out.parent):
+            weights = state_dict if state_dict is not None else model.state_dict()
+            raise disk_full_error(out, tensor_bytes([weights, optimizer_state])) from None
+        raise
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return out
+
+
+def tensor_bytes(state: Any) -> int:
+    """The bytes of every tensor in nested dicts and lists (what a checkpoint of it needs)."""
+    if torch.is_tensor(state):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(tensor_bytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(tensor_bytes(v) for v in state)
+    return 0
 
 
 def write_trainer_files(

@@ -150,3 +150,26 @@ def test_a_damaged_token_file_flags_its_step(workdir, capsys):
     stages = runs_json(capsys, "done", "--workdir", str(workdir))
     flagged = [(r["step"], r["stage"]) for r in stages if r["damaged"]]
     assert flagged == [(2, "aggregate_mismatch")]
+
+
+def test_redo_forgets_stages_and_marks_the_run_resumable(workdir, capsys):
+    assert main(["runs", "redo", "done", "policy_update@2", "--workdir", str(workdir)]) == 0
+    out = capsys.readouterr().out
+    assert "forgot policy_update, sync_weights at step 2" in out
+    assert "pipeline.run_id=done" in out
+    stages = [(r["step"], r["stage"]) for r in runs_json(capsys, "done", "--workdir", str(workdir))]
+    assert stages == [(1, "rollout"), (1, "policy_update"), (1, "sync_weights"), (2, "rollout")]
+    [done] = [r for r in runs_json(capsys, "--workdir", str(workdir)) if r["run_id"] == "done"]
+    assert (done["status"], done["steps_done"]) == ("interrupted", 1)
+
+
+def test_redo_errors_are_one_line(workdir, capsys):
+    for args, expected in [
+        (["redo", "nope", "rollout@1"], "has no run 'nope'"),
+        (["redo", "done", "rollout"], "expected STAGE@STEP"),
+        (["redo", "done", "reward@1"], "no recorded stage reward at step 1"),
+        (["redo", "done"], "usage: sparrow runs redo"),
+    ]:
+        assert main(["runs", *args, "--workdir", str(workdir)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and expected in err[0], (args, err)

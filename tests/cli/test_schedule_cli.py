@@ -59,3 +59,28 @@ def test_show_unknown_is_one_line_error(capsys):
     assert main(["schedule", "show", "no-such-schedule"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no-such-schedule" in err and "tiny-0.86" in err
+
+
+def test_show_a_binary_file_is_one_line(tmp_path, capsys):
+    binary = tmp_path / "weights.yaml"
+    binary.write_bytes(bytes(range(256)) * 4)
+    assert main(["schedule", "show", str(binary)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {binary}: not a schedule file (not UTF-8 text)"]
+
+
+def test_show_looks_in_sparrow_work_without_workdir(tmp_path, monkeypatch, capsys):
+    from sparrow.runtime.ledger.schedules import insert_schedule
+    from sparrow.sparse.presets import get_preset
+    from sparrow.storage import Store
+
+    base = get_preset("tiny-0.86")
+    stored = base.__class__(**{**base.__dict__, "name": "cal-y", "topk_pages": (7,) * 8})
+    with Store.open_writer(tmp_path / "sparrow-work") as store, store.connect() as conn:
+        insert_schedule(conn, stored, 1, "cal-1", 0, "calibration cal-1")
+    monkeypatch.chdir(tmp_path)
+    assert main(["schedule", "show", "cal-y", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["topk_pages"] == [7] * 8
+    monkeypatch.chdir(tmp_path / "sparrow-work")  # no ./sparrow-work here: presets only
+    assert main(["schedule", "show", "cal-y"]) == 2
+    assert "unknown schedule 'cal-y'" in capsys.readouterr().err

@@ -98,41 +98,46 @@ def test_real_run_writes_its_report_into_the_run_folder_and_mlflow(base_run):
     assert logged == {f"plots/{name}" for name in [*pngs, "summary.md"]}
 
 
-def _server_children(pid: int) -> list[int]:
-    """Child processes of `pid` that are Prefect API servers (Linux /proc)."""
-    from sparrow.flows.server_guard import SERVER_MARK
-
-    kids = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            kids += (task / "children").read_text().split()
-        except OSError:
-            pass
-    found = []
-    for kid in kids:
-        try:
-            if SERVER_MARK.encode() in Path(f"/proc/{kid}/cmdline").read_bytes():
-                found.append(int(kid))
-        except OSError:
-            pass
+def _descendants(pid: int) -> dict[int, bytes]:
+    """Every process descended from `pid`, by pid, with its command line (Linux /proc)."""
+    found: dict[int, bytes] = {}
+    todo = [pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
+            try:
+                kids = [int(k) for k in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            for kid in kids:
+                try:
+                    found[kid] = Path(f"/proc/{kid}/cmdline").read_bytes()
+                except OSError:
+                    continue
+                todo.append(kid)
     return found
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the guard uses /proc and prctl")
-def test_kill_9_leaves_no_prefect_server_behind(tmp_path):
+def test_kill_9_leaves_no_process_behind(tmp_path):
+    """kill -9 of `sparrow train` once its actor decodes: Prefect's server, Ray's GCS, raylet,
+    dashboard and runtime-env agents and the actor are all gone within the guard's grace."""
     import signal
     import time
 
+    from sparrow.flows.server_guard import GRACE_S, SERVER_MARK
+
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "RAY_"))}
     env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    workdir = tmp_path / "w"
     proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
             "sparrow.cli.main",
             "train",
-            f"pipeline.workdir={tmp_path / 'w'}",
+            f"pipeline.workdir={workdir}",
+            "pipeline.run_id=k",
             "pipeline.steps=50",
             "data.prompts_per_step=2",
             "rollout.samples_per_prompt=2",
@@ -142,31 +147,41 @@ def test_kill_9_leaves_no_prefect_server_behind(tmp_path):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    servers: list[int] = []
     deadline = time.time() + 300
-    while not servers and time.time() < deadline and proc.poll() is None:
-        servers = _server_children(proc.pid)
-        time.sleep(0.5)
-    assert servers, "the run never started Prefect's temporary server"
-    time.sleep(2.0)  # the guard notes the server's pid once a second
+    while (
+        time.time() < deadline
+        and proc.poll() is None
+        and not list((workdir / "runs" / "k").glob("step-1/*rollout*"))
+    ):
+        time.sleep(0.2)
+    time.sleep(2.0)  # the guard notes the processes once a second
+    started = _descendants(proc.pid)
+    marks = b" ".join(started.values())
+    assert SERVER_MARK.encode() in marks and b"raylet" in marks, marks[:2000]
+    assert b"DashboardAgent" in marks or b"dashboard_agent" in marks or b"agent" in marks
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    deadline = time.time() + 20
-    while time.time() < deadline and any(Path(f"/proc/{pid}").exists() for pid in servers):
+    deadline = time.time() + GRACE_S + 5
+    left = dict(started)
+    while left and time.time() < deadline:
         time.sleep(0.5)
-    alive = [
-        pid
-        for pid in servers
-        if Path(f"/proc/{pid}").exists()
-        and b"create_app" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    ]
-    assert alive == []
+        left = {pid: cmd for pid, cmd in started.items() if _same_process(pid, cmd)}
+    assert left == {}
+
+
+def _same_process(pid: int, cmdline: bytes) -> bool:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes() == cmdline
+    except OSError:
+        return False
 
 
 @pytest.mark.slow
 def test_real_ctrl_c_is_one_line_and_the_run_resumes(tmp_path):
-    """SIGINT (what Ctrl-C sends) to a real `sparrow train` in its first step: one line on
-    stderr, exit status 130, the run marked interrupted; the same command then finishes it."""
+    """SIGINT to the process group of a real `sparrow train` in its first step, as Ctrl-C in a
+    terminal sends it (Prefect's server and Ray sit in groups of their own, so only the flow
+    sees it): one line on stderr, exit status 130 within a minute, the run marked interrupted;
+    the same command then finishes it."""
     import signal
     import time
 
@@ -186,8 +201,14 @@ def test_real_ctrl_c_is_one_line_and_the_run_resumes(tmp_path):
         "rollout.max_new_tokens=16",
         "pipeline.report=false",
     ]
+    # its own process group, as a shell starts a foreground job: Ctrl-C signals the group
     proc = subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        command,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     deadline = time.time() + 300
     # the rollout stage's scratch folder appears once the flow is running its first stage
@@ -197,9 +218,11 @@ def test_real_ctrl_c_is_one_line_and_the_run_resumes(tmp_path):
         and not list((workdir / "runs" / "c").glob("step-1/*rollout*"))
     ):
         time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
+    os.killpg(proc.pid, signal.SIGINT)  # what the terminal sends: the whole group
+    sent = time.time()
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
+    assert time.time() - sent < 60, err[-2000:]
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("interrupted"), err[-2000:]
     listed = subprocess.run(
@@ -219,3 +242,10 @@ def test_real_ctrl_c_is_one_line_and_the_run_resumes(tmp_path):
     )
     [run] = json.loads(listed.stdout)
     assert (run["status"], run["steps_done"]) == ("finished", 2)
+
+
+def test_zero_steps_is_refused_before_anything_starts(capsys, tmp_path, no_flow):
+    assert main(["train", "pipeline.steps=0", f"pipeline.workdir={tmp_path / 'w'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: pipeline.steps=0: a run needs at least 1")
+    assert not (tmp_path / "w").exists()

@@ -50,3 +50,16 @@ def test_rows_show_the_step_metrics_and_the_header_once():
 def test_format_cell():
     assert format_cell(None, "{:.1f}") == "-" and format_cell(float("nan"), "{:.1f}") == "-"
     assert format_cell(0.86, "{:.3f}") == "0.860"
+
+
+def test_the_header_prints_at_once_and_rows_line_up_under_it():
+    out = io.StringIO()
+    table = LiveTable(Console(file=out, width=200))
+    table.header()
+    assert out.getvalue().split()[:3] == ["step", "reward", "rw"]
+    table.header()  # once only
+    table.row(1, {"reward/mean": 0.5}, resumed=False)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and sum("min p5" in line for line in lines) == 1
+    # the cell sits under its column's header
+    assert lines[1].index("0.500") + len("0.500") == lines[0].index("reward") + len("reward")

@@ -80,9 +80,9 @@ def build_workdir(root, run_id="r1", target=0.86):
             [run_id, _p5(1, 3), target, run_id, _p5(2, 3), target],
         )
         conn.execute(
-            "INSERT INTO schedules (name, version, run_id, step, reason, topk_pages, target) "
-            "VALUES ('tiny-0.86', 0, ?, 0, 'initial', [4, 4, 6, 8], ?), "
-            "('tiny-0.86', 1, ?, 3, 'threshold event', [4, 4, 6, 10], ?)",
+            "INSERT INTO schedules (name, version, run_id, step, reason, topk_pages, target, "
+            "bin_tokens) VALUES ('tiny-0.86', 0, ?, 0, 'initial', [4, 4, 6, 8], ?, 1000), "
+            "('tiny-0.86', 1, ?, 3, 'threshold event', [4, 4, 6, 10], ?, 1000)",
             [run_id, target, run_id, target],
         )
     layout = RunLayout(root, run_id)
@@ -189,7 +189,8 @@ def test_summary_markdown_prints_those_numbers(report, workdir):
     assert f"final {inserted['rewards'][-1]:.6g}" in text
     assert f"final {inserted['lengths'][-1]:.6g}" in text
     last_p5 = [_p5(STEPS - 1, b) for b in range(BINS)]
-    assert f"bin {int(np.argmin(last_p5))} at step {STEPS - 1}, p5 {min(last_p5):.6g}" in text
+    worst = int(np.argmin(last_p5))  # bin 3, the last: every position from 3000 on
+    assert f"bin {worst} (3000+) at step {STEPS - 1}, p5 {min(last_p5):.6g}" in text
     assert f"| 2 | 3 | below_target | {_p5(2, 3):.6g} | 0.86 |" in text
     assert "| tiny-0.86 | 1 | 3 | threshold event | 4 4 6 10 |" in text
     assert "## Threshold events (2)" in text and "## Schedule versions (2)" in text
@@ -257,3 +258,72 @@ def test_bins_below_the_floor_are_marked_not_ranked(workdir):
     text = summary_markdown(data, summary, [])
     assert f"p5 {summary['worst_bin']['p5']:.6g} [" in text
     assert "bins below the floor (marked, not ranked): 1" in text
+
+
+def test_bins_show_their_token_range_and_the_two_p5s_are_named(workdir, report):
+    root, _ = workdir
+    data = load_run(root, "r1")
+    assert [data.bin_label(b) for b in range(BINS)] == [
+        "bin 0 (0-999)",
+        "bin 1 (1000-1999)",
+        "bin 2 (2000-2999)",
+        "bin 3 (3000+)",  # the last bin takes every position past it
+    ]
+    md = (report[0] / "summary.md").read_text()
+    assert "lowest per-bin p5 of the run: bin 3 (3000+) at step" in md
+    assert "mismatch/min_p5 (the lowest per-bin p5)" in md
+    assert f"p5 over all tokens of step {TOKEN_STEPS[-1]} (every bin together" in md
+
+
+def _overlaps(fig) -> list[tuple[str, str]]:
+    """Pairs of drawn, non-empty texts of `fig` whose boxes overlap (tick labels only of ticks
+    inside their axis's view: matplotlib keeps the others but does not draw them)."""
+    from matplotlib.text import Text
+
+    renderer = fig.canvas.get_renderer()
+    fig.draw(renderer)
+    ticks, drawn = set(), []
+    for ax in fig.get_axes():
+        for axis in (ax.xaxis, ax.yaxis):
+            lo, hi = sorted(axis.get_view_interval())
+            for tick in axis.get_major_ticks() + axis.get_minor_ticks():
+                ticks.update({tick.label1, tick.label2})
+                if lo <= tick.get_loc() <= hi:
+                    drawn += [t for t in (tick.label1, tick.label2) if t.get_visible()]
+    drawn += [t for t in fig.findobj(Text) if t not in ticks and t.get_visible()]
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in drawn if t.get_text().strip()]
+    return [
+        (a, b)
+        for i, (a, box_a) in enumerate(boxes)
+        for b, box_b in boxes[i + 1 :]
+        if box_a.overlaps(box_b)
+    ]
+
+
+def test_no_label_of_the_summary_page_falls_on_another(workdir):
+    """Every bin at the same p5 (the common case at 0.99+): their names once sat on top of
+    each other at the lines' ends."""
+    import dataclasses
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from sparrow.reports.run_plots import summary_figure
+
+    root, _ = workdir
+    data = load_run(root, "r1")
+    flat = [dict(row, p5=0.99) for row in data.bins]
+    data = dataclasses.replace(data, bins=flat)
+    hist = load_acceptance(root, "r1")
+    fig = summary_figure(data, hist, summarize(data, hist))
+    FigureCanvasAgg(fig)
+    assert _overlaps(fig) == []
+
+
+def test_a_new_report_removes_the_earlier_ones_files(workdir, tmp_path):
+    root, _ = workdir
+    make_report(root, "r1", tmp_path, step=TOKEN_STEPS[0])
+    (tmp_path / "notes.txt").write_text("mine")
+    make_report(root, "r1", tmp_path, step=TOKEN_STEPS[1])
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert f"acceptance_step{TOKEN_STEPS[0]}.png" not in names
+    assert f"acceptance_step{TOKEN_STEPS[1]}.png" in names and "notes.txt" in names

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
 
     quiet_prefect()
     from sparrow.config import load_config
-    from sparrow.flows.server_guard import guard_local_server
+    from sparrow.flows.server_guard import guard_local_server, start_local_server
     from sparrow.model.builtin import resolve_model_path
     from sparrow.sparse.io import resolve_schedule
 
@@ -52,10 +52,13 @@ def run(args: argparse.Namespace) -> int:
 
     install_sigint()
     resolve_schedule(cfg.schedule.name)
+    # Ctrl-C from a terminal reaches the whole process group: the server needs its own
+    start_local_server()
 
     from sparrow.flows.calibrate import calibrate_flow
 
-    summary = calibrate_flow(list(args.overrides))
+    # one line per phase on stderr: calibration takes minutes (21 on a busy 2-core machine)
+    summary = calibrate_flow(list(args.overrides), progress=True)
     if args.json:
         print_json(summary)
         return 0

@@ -1,8 +1,10 @@
-"""`sparrow runs [RUN_ID] [--workdir DIR] [--json]`: training runs and their stage status.
+"""`sparrow runs [RUN_ID] [--workdir DIR] [--json]`: training runs and their stage status;
+`sparrow runs redo RUN_ID STAGE@STEP`: forget a damaged recorded stage so a resume redoes it.
 
     sparrow runs                         # every run: status, steps done of steps, last stage
     sparrow runs run-20261121-1952-3f2a  # that run's recorded stages, step by step
     sparrow runs --workdir /data/work --json
+    sparrow runs redo run-20261121-1952-3f2a rollout@2   # then: sparrow train pipeline.run_id=...
 
 Status is the `runs` table's (running, finished, failed); a run marked running while no
 process holds the workdir's writer lock shows as `interrupted` (it was killed; resume it with
@@ -11,6 +13,9 @@ A step whose per-token Parquet file is damaged is named in the `damaged` column 
 step's aggregate_mismatch row of `sparrow runs ID`); the rest of the workdir reads as usual.
 "steps done" counts steps whose sync_weights stage is recorded, out of the run's
 pipeline.steps. Reads the DuckDB file read-only, so it works while a run is writing.
+`redo` forgets STAGE at STEP and the stages recorded after it in that step, removes their
+folders and marks the run interrupted (sparrow/runtime/ledger/redo.py); it takes the writer
+lock, so it is refused while a run writes the workdir.
 """
 
 from __future__ import annotations
@@ -33,7 +38,13 @@ class UnknownRunError(SparrowError):
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("runs", help="training runs of a workdir and their stages")
-    parser.add_argument("run_id", nargs="?", help="show this run's recorded stages")
+    parser.add_argument(
+        "words",
+        nargs="*",
+        metavar="RUN_ID | redo RUN_ID STAGE@STEP",
+        help="show this run's recorded stages; or forget STAGE at STEP (and the stages after "
+        "it in that step) so the next `sparrow train pipeline.run_id=RUN_ID` runs them again",
+    )
     parser.add_argument(
         "--workdir", default=PipelineConfig.workdir, help="the runs' pipeline.workdir"
     )
@@ -121,11 +132,35 @@ def stage_rows(workdir: str, run_id: str) -> list[dict]:
     return rows
 
 
+def redo(workdir: str, run_id: str, spec: str, as_json: bool) -> int:
+    from sparrow.runtime.ledger.redo import parse_stage_at, redo_stage
+    from sparrow.storage.run_rows import recorded_run_ids
+
+    stage, step = parse_stage_at(spec)
+    if run_id not in recorded_run_ids(workdir):
+        raise UnknownRunError(f"workdir {workdir} has no run {run_id!r}")
+    forgotten = redo_stage(workdir, run_id, stage, step)
+    if as_json:
+        print_json({"run_id": run_id, "step": step, "forgotten": forgotten})
+        return 0
+    print(f"run {run_id}: forgot {', '.join(forgotten)} at step {step}; resume with")
+    print(f"  sparrow train pipeline.workdir={workdir} pipeline.run_id={run_id}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
-    rows = stage_rows(args.workdir, args.run_id) if args.run_id else run_rows(args.workdir)
+    words = args.words
+    if words[:1] == ["redo"] and len(words) > 1:
+        if len(words) != 3:
+            raise SparrowError("usage: sparrow runs redo RUN_ID STAGE@STEP [--workdir DIR]")
+        return redo(args.workdir, words[1], words[2], args.json)
+    if len(words) > 1:
+        raise SparrowError(f"expected at most one RUN_ID, got {' '.join(words)}")
+    run_id = words[0] if words else None
+    rows = stage_rows(args.workdir, run_id) if run_id else run_rows(args.workdir)
     if args.json:
         print_json(rows)
     else:
-        title = f"run {args.run_id}: recorded stages" if args.run_id else f"runs in {args.workdir}"
+        title = f"run {run_id}: recorded stages" if run_id else f"runs in {args.workdir}"
         print_table(rows, title=title)
     return 0

@@ -7,16 +7,19 @@
     sparrow schedule show calibrated-tiny-qwen3-0.86@2 --workdir ./sparrow-work   # version 2
 
 `show` takes a preset name or a schedule file (.yaml, .yml, .json); its JSON is the file
-format (docs/schedules.md). With --workdir it also takes a stored schedule (calibrated, or a
-version the train flow's controller made) by name (newest version) or name@version, read
-from the workdir's DuckDB `schedules` table; a stored name shadows a preset. Pages read per step are top-k plus reserved_bos + reserved_eos.
+format (docs/schedules.md). It also takes a stored schedule (calibrated, or a version the
+train flow's controller made) by name (newest version) or name@version, read from the DuckDB
+`schedules` table of --workdir, or of ./sparrow-work when that holds one (the default workdir
+of the other commands); a stored name shadows a preset. Pages read per step are top-k plus reserved_bos + reserved_eos.
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from sparrow.cli.output import print_json, print_table
+from sparrow.config.schema import PipelineConfig
 from sparrow.sparse.io import resolve_schedule, schedule_to_dict
 from sparrow.sparse.presets import PRESETS
 from sparrow.sparse.schedule import Schedule
@@ -34,7 +37,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     show.add_argument(
         "--workdir",
         default=None,
-        help="also look up NAME or NAME@VERSION in this workdir's schedules table",
+        help="also look up NAME or NAME@VERSION in this workdir's schedules table "
+        f"(default: {PipelineConfig.workdir} when it holds a DuckDB file)",
     )
     show.set_defaults(func=run_show)
 
@@ -118,8 +122,17 @@ def stored_schedule(workdir: str, spec: str) -> Schedule | None:
     return schedule_from_dict(data, source=f"schedules row ({name}, v{number})")
 
 
+def default_workdir() -> str | None:
+    """The other commands' default workdir, when it holds a DuckDB file to look in."""
+    from sparrow.storage.layout import db_path
+
+    found = db_path(Path(PipelineConfig.workdir))
+    return PipelineConfig.workdir if found.is_file() else None
+
+
 def run_show(args: argparse.Namespace) -> int:
-    schedule = stored_schedule(args.workdir, args.schedule) if args.workdir else None
+    workdir = args.workdir or default_workdir()
+    schedule = stored_schedule(workdir, args.schedule) if workdir else None
     if schedule is None:
         schedule = resolve_schedule(args.schedule)
     if args.json:

@@ -41,16 +41,22 @@ def run(args: argparse.Namespace) -> int:
 
     quiet_prefect()
     from sparrow.config import load_config
-    from sparrow.flows.server_guard import guard_local_server
+    from sparrow.flows.server_guard import guard_local_server, start_local_server
+    from sparrow.flows.train_setup import check_steps
     from sparrow.model.builtin import resolve_model_path
 
     cfg = load_config(args.overrides)
+    check_steps(cfg)
     resolve_model_path(cfg.model.path)
-    # a kill -9 of this process must not leave Prefect's temporary API server behind
+    # a kill -9 of this process must not leave Prefect's server or Ray's agents behind
     guard_local_server()
     from sparrow.runtime.interrupt import install_sigint
 
     install_sigint()
+    if not args.json:  # services take 30 s to 1.5 min on a busy machine: say so at once
+        print("starting services (Prefect API, Ray, rollout actors) ...", flush=True)
+    # Ctrl-C from a terminal reaches the whole process group: the server needs its own
+    start_local_server()
 
     from sparrow.flows.train import train_flow
 

@@ -28,10 +28,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sparrow.errors import SparrowError
+from sparrow.errors import DiskFullError, SparrowError, disk_full_error, is_disk_full
 from sparrow.runtime import interrupt
 from sparrow.storage import atomic_dir
-from sparrow.storage.run_rows import record_stage, replace_step_metrics, stage_record
+from sparrow.storage.run_rows import (
+    record_stage,
+    replace_step_metrics,
+    stage_record,
+    stage_records,
+)
 
 if TYPE_CHECKING:
     from sparrow.runtime.run_runtime import RunRuntime
@@ -119,20 +124,79 @@ def run_stage(
     final = runtime.layout.stage_dir(step, stage)
     runtime.stages_run[stage] += 1
     with atomic_dir(final) as scratch:
-        written = body(scratch)
+        written = _run_body(runtime, stage, step, body, scratch)
         if runtime.kill_at == (stage, step):
             # fault injection: the files are written, the folder not renamed, nothing recorded
             os.kill(os.getpid(), signal.SIGKILL)
     duration = time.perf_counter() - clock
     finished = datetime.now(UTC).replace(tzinfo=None)
     metrics = {**written.metrics, f"time/{stage}_s": duration}
-    with runtime.store.connect() as conn:
-        if written.db is not None:
-            written.db(conn)
-        replace_step_metrics(conn, run_id, step, metrics)
-        record_stage(conn, run_id, step, stage, started, finished, duration, str(final))
+    try:
+        with runtime.store.connect() as conn:
+            if written.db is not None:
+                written.db(conn)
+            replace_step_metrics(conn, run_id, step, metrics)
+            record_stage(conn, run_id, step, stage, started, finished, duration, str(final))
+    except Exception as err:
+        if not is_disk_full(err, runtime.store.path):
+            raise
+        # the folder is in place but unrecorded: a resume writes it again
+        raise disk_full_error(
+            runtime.store.path, None, " (DuckDB grows its file and WAL)"
+        ) from None
     if runtime.tracker is not None:
         runtime.tracker.log_step(step, metrics)
     if written.after_commit is not None:
         written.after_commit(final)
     return StageOutcome(stage, step, str(final), False, duration)
+
+
+def _run_body(
+    runtime: RunRuntime, stage: str, step: int, body: Callable[[Path], StageWrite], scratch: Path
+) -> StageWrite:
+    """The stage's body; its error about a recorded file names `sparrow runs redo`, and a
+    full disk (torch, pyarrow, safetensors each say it their own way) is one DiskFullError."""
+    try:
+        return body(scratch)
+    except DiskFullError:
+        raise
+    except SparrowError as err:
+        _add_redo_hint(runtime, err)
+        raise
+    except Exception as err:
+        if not is_disk_full(err, scratch):
+            raise
+        needed, note = _space_needed(runtime, stage, step, scratch)
+        final = runtime.layout.stage_dir(step, stage)
+        raise disk_full_error(final, needed, note) from None
+
+
+def _space_needed(runtime: RunRuntime, stage: str, step: int, scratch: Path) -> tuple[int, str]:
+    """What the stage's folder took at the newest earlier step, else what it wrote so far."""
+    earlier = [
+        r
+        for r in stage_records(runtime.store, runtime.run_id)
+        if r.stage == stage and r.step < step
+    ]
+    if earlier:
+        folder = Path(earlier[-1].output_dir)
+        size = folder_bytes(folder)
+        if hasattr(runtime, "policy_state"):  # a background-saved policy lives beside it
+            state = runtime.policy_state(folder, wait=False)
+            size += folder_bytes(state) if state != folder else 0
+        return size, f" (what {stage} wrote at step {earlier[-1].step})"
+    return folder_bytes(scratch), " (at least: what it had written when the disk filled)"
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
+
+
+def _add_redo_hint(runtime: RunRuntime, err: SparrowError) -> None:
+    """An error about a recorded stage's file names the way out (sparrow runs redo)."""
+    from sparrow.runtime.ledger.redo import redo_hint
+
+    message = str(err)
+    hint = redo_hint(runtime.layout.run_dir, runtime.run_id, runtime.store.workdir, message)
+    if hint and len(err.args) == 1:
+        err.args = (message + hint,)

@@ -1,0 +1,81 @@
+"""`sparrow ui`: MLflow's UI over a workdir, and nothing of it left once stopped (MLflow's own
+`mlflow ui` leaves workers behind after a SIGTERM).
+
+Run: `python -m pytest tests/cli/test_ui_cli.py -q` (slow: MLflow's server takes ~20 s).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _session(sid: int) -> list[int]:
+    """The processes of session `sid` (Linux /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid:  # field 6 of stat, the session id
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])
+def test_ui_serves_and_leaves_nothing_once_stopped(tmp_path, stop):
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sparrow.cli.main", "ui", "--workdir", str(tmp_path)]
+        + ["--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.5)
+        else:
+            pytest.fail("MLflow's UI never listened")
+        [mlflow] = _mlflow_session(proc.pid)
+        assert len(_session(mlflow)) >= 3  # uvicorn's workers, the job runner, ...
+        if stop == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends
+        else:
+            proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert _session(mlflow) == []
+        assert "Ctrl-C stops it" in proc.stdout.read()
+    finally:
+        if proc.poll() is None:  # a failed check must not leave the server running
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+
+
+def _mlflow_session(pid: int) -> list[int]:
+    """The session of `pid`'s child that runs `mlflow ui` (it leads a session of its own)."""
+    kids = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        kids += [int(k) for k in (task / "children").read_text().split()]
+    return [os.getsid(k) for k in kids if b"mlflow\0ui" in Path(f"/proc/{k}/cmdline").read_bytes()]
