@@ -164,7 +164,6 @@ def sampled_accuracy(
 ) -> dict[str, float]:
     """Mean share_match reward (exact_match for one chain) of `samples` engine samples per
     prompt (temperature 1, dense decode); the checkpoint is read from model_dir as the RL flow reads it."""
-    from sparrow.data.rewards import share_match_reward
     from sparrow.engine import Engine, EngineConfig, SamplingParams
     from sparrow.model import load_model, load_tokenizer
 
@@ -198,7 +197,7 @@ def sampled_accuracy(
     ]
     results = engine.generate(prompts, params)
     rewards = [
-        share_match_reward(sample.text or "", example.answer)
+        sampled_grade(example, sample.text or "")
         for example, group in zip(examples, results)
         for sample in group
     ]
@@ -211,3 +210,10 @@ def sampled_accuracy(
         "samples": samples,
         "seconds": round(time.monotonic() - started, 1),
     }
+
+
+def sampled_grade(example: Example, text: str) -> float:
+    """The grade of one engine sample of `example` in sampled_accuracy."""
+    from sparrow.data.rewards import share_match_reward
+
+    return share_match_reward(text, example.answer)
