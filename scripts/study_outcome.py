@@ -72,7 +72,8 @@ def last_checkpoint(arm_dir: Path) -> Path | None:
 
 
 def outcome(model_dir: Path, tokenizer_dir: Path, examples, samples: int, seed: int) -> dict:
-    """Mean share_match reward of dense samples at temperature 1 (evaluate.sampled_accuracy)
+    """Sampled accuracy (chains whose hops and answer are right; share_match as answer_share) of
+    dense samples at temperature 1 (evaluate.sampled_accuracy)
     from a checkpoint folder, given the tokenizer of the model it started from."""
     from sparrow.experiments.testbed.evaluate import sampled_accuracy
 

@@ -161,6 +161,35 @@ def chase_completion(
     return chase_lines(parsed.targets, parsed.starts, parsed.num_hops, next_name, tag)
 
 
+def verified_share(prompt: str, completion: str) -> float:
+    """Share of the chains whose every hop line in the completion names the prompt's target
+    of the line's current name (from the chain's start on) and whose answer word is its end.
+
+    share_match reads the answer line alone, which a model can fill without the lookups when
+    the ends follow from the query line (num_hops a multiple of the starts' spacing: each
+    chain ends on the next one's start); this grade credits only a chase actually made.
+    Countdowns and tags are not read. Raises SparrowError for a prompt of another form.
+    """
+    parsed = parse_prompt(prompt)
+    if parsed is None:
+        raise SparrowError(f"not a multi_chase prompt: {prompt[:80]!r}")
+    marker = completion.rfind("Answer:")
+    body = completion[:marker] if marker >= 0 else completion
+    hops = [line.split(" ")[1] if " " in line else "" for line in body.split("\n")]
+    answers = completion[marker:].split("\n")[0].split()[1:] if marker >= 0 else []
+    chains, right = len(parsed.starts), 0
+    for chain, current in enumerate(parsed.starts):
+        lines = hops[chain : parsed.num_hops * chains : chains]
+        for line in lines:
+            name = parsed.targets[current]
+            if line != f"{current}={name}":
+                break
+            current = name
+        else:
+            right += len(lines) == parsed.num_hops and answers[chain : chain + 1] == [current]
+    return right / chains
+
+
 def completion_roles(completion: str) -> list[str]:
     """The role (ROLES) of each character of a reference completion of this family."""
     roles: list[str] = []

@@ -7,7 +7,12 @@ import random
 import pytest
 
 from sparrow.data.datasets import synthetic_spec
-from sparrow.data.multi_chase import chase_completion, completion_roles, parse_prompt
+from sparrow.data.multi_chase import (
+    chase_completion,
+    completion_roles,
+    parse_prompt,
+    verified_share,
+)
 from sparrow.data.rewards import REWARD_FUNCTIONS, exact_match_reward, final_answer
 from sparrow.data.synthetic import ALPHABET, make_examples
 from sparrow.errors import SparrowError
@@ -120,3 +125,21 @@ def test_sizes_are_checked_and_carried_by_the_dataset_spec():
         {"chains": 4, "tags": 1, "num_hops": 10},
     )
     assert parse_prompt("what is 2 + 2") is None and chase_completion("def x\nhops") is None
+
+
+def test_verified_share_credits_a_chain_for_its_true_hops_and_answer_only():
+    ex = make_examples("multi_chase", 1, seed=4, num_defs=40, num_hops=9, chains=4, tags=1)[0]
+    assert verified_share(ex.prompt, ex.completion) == 1.0  # tags are not read
+    lines = ex.completion.split("\n")
+    countdown, pair, tag = lines[5].split(" ")  # chain 1's second hop made up
+    lines[5] = f"{countdown} {pair.split('=')[0]}=zz {tag}"
+    assert verified_share(ex.prompt, "\n".join(lines)) == 0.75
+    assert share_match("\n".join(lines), ex.answer) == 1.0
+    words = ex.answer.split()
+    wrong_answer = ex.completion.replace(ex.answer, " ".join(words[:3] + ["zz"]))
+    assert verified_share(ex.prompt, wrong_answer) == 0.75
+    cut = "\n".join(ex.completion.split("\n")[:-5] + [f"Answer: {ex.answer}"])
+    assert verified_share(ex.prompt, cut) == 0.0  # the last hop of every chain missing
+    assert verified_share(ex.prompt, f"Answer: {ex.answer}") == 0.0
+    with pytest.raises(SparrowError):
+        verified_share("what is 2+2?\n", "Answer: 4")

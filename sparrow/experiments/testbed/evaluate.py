@@ -16,9 +16,11 @@ sampling the whole line right given a right prefix. Tags (multi_chase's benign t
 left out of every figure: any defined name is right there. With K chains the sampled
 figure is the expected graded reward: the mean over chains of the product of the chain's
 hop lines' probabilities, the answer line's shared evenly (an estimate: it takes a chain's
-answer as right when its own lines are; for K = 1 it is exact, as before). The sampled figure is the RL reward
-itself (share_match, exact_match for one chain, on what the engine generates at temperature
-1), on fewer prompts.
+answer as right when its own lines are; for K = 1 it is exact, as before). The sampled figure
+grades what the engine generates at temperature 1, on fewer prompts, by the share of chains
+whose hop lines and answer are all right (`accuracy`); the RL reward (share_match, reading the
+answer line alone) is `answer_share` beside it: on v2's sizes each chain ends on the next
+one's start, so a model can copy the answer from the query line without a single lookup.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from sparrow.data.multi_chase import parse_prompt
+from sparrow.data.multi_chase import parse_prompt, verified_share
 from sparrow.data.synthetic import Example
 from sparrow.data.token_roles import ReferencePath
 from sparrow.experiments.testbed.adaptive import StageEnd
@@ -162,7 +164,7 @@ def sampled_accuracy(
     seed: int,
     device: str | torch.device = "cpu",
 ) -> dict[str, float]:
-    """Mean share_match reward (exact_match for one chain) of `samples` engine samples per
+    """Mean sampled_grade (and share_match: answer_share) of `samples` engine samples per
     prompt (temperature 1, dense decode); the checkpoint is read from model_dir as the RL flow reads it."""
     from sparrow.data.rewards import share_match_reward
     from sparrow.engine import Engine, EngineConfig, SamplingParams
@@ -197,17 +199,27 @@ def sampled_accuracy(
         for index in range(len(examples))
     ]
     results = engine.generate(prompts, params)
-    rewards = [
-        share_match_reward(sample.text or "", example.answer)
+    pairs = [
+        (example, sample.text or "")
         for example, group in zip(examples, results)
         for sample in group
     ]
+    grades = [sampled_grade(example, text) for example, text in pairs]
+    answer_shares = [share_match_reward(text, example.answer) for example, text in pairs]
     del engine
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return {
-        "accuracy": sum(rewards) / max(1, len(rewards)),
+        "accuracy": _mean(grades),
+        "answer_share": _mean(answer_shares),
         "prompts": len(examples),
         "samples": samples,
         "seconds": round(time.monotonic() - started, 1),
     }
+
+
+def sampled_grade(example: Example, text: str) -> float:
+    """The grade of one engine sample of `example` in sampled_accuracy: the share of chains
+    whose hop lines and answer are all right (multi_chase.verified_share), not share_match,
+    which credits an answer copied from the query line past made-up hops."""
+    return verified_share(example.prompt, text)

@@ -1,5 +1,6 @@
 """Teacher-forced accuracy: exact for a model that always predicts the reference, the product
-of token probabilities for one that does not."""
+of token probabilities for one that does not; the sampled grade credits no chain whose answer
+was copied past wrong hop lines."""
 
 import math
 from types import SimpleNamespace
@@ -7,9 +8,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from sparrow.data.multi_chase import chase_completion, parse_prompt
+from sparrow.data.rewards import share_match_reward
 from sparrow.data.synthetic import make_examples
 from sparrow.experiments.testbed.data import encode, vocab
-from sparrow.experiments.testbed.evaluate import teacher_forced_accuracy
+from sparrow.experiments.testbed.evaluate import sampled_grade, teacher_forced_accuracy
 
 
 class NextTokenModel(torch.nn.Module):
@@ -64,3 +67,17 @@ def test_tags_are_left_out_and_chains_make_a_graded_estimate():
         assert result["sampled_estimate"] == pytest.approx(expected, rel=1e-4)
         assert result["hop"] == pytest.approx(p**line, rel=1e-4)
         assert result["sampled_estimate_by_hops"][1] == pytest.approx(p**line, rel=1e-4)
+
+
+def test_sampled_grade_credits_a_chain_only_through_its_true_hops():
+    # 64 hops of 4 chains round 256 names: each chain ends where the next one starts, so the
+    # answer can be copied from the query line while every hop line is a made-up definition
+    example = make_examples("multi_chase", 1, seed=3, num_defs=256, num_hops=64, chains=4)[0]
+    starts = parse_prompt(example.prompt).starts
+    assert example.answer.split() == starts[1:] + starts[:1]
+    names = sorted(parse_prompt(example.prompt).targets)
+    shortcut, _ = chase_completion(example.prompt, lambda current, target: names[0])
+    shortcut = shortcut[: shortcut.rindex("Answer:")] + f"Answer: {example.answer}"
+    assert share_match_reward(shortcut, example.answer) == 1.0
+    assert sampled_grade(example, shortcut) == 0.0
+    assert sampled_grade(example, example.completion) == 1.0
