@@ -214,9 +214,9 @@ def main(argv=None) -> dict:
     held_out = load_prompts(args.data, "prompt", "answer", tokenizer, 4096, "eval", args.seed)
     eval_rows = held_out.batch(0, args.eval_prompts)
     schema = _schema()
+    trainer_config = schema.TrainerConfig(micro_batch_tokens=args.micro_batch_tokens)
     algo = schema.AlgoConfig(
         lr=args.lr,
-        micro_batch_tokens=args.micro_batch_tokens,
         distill=schema.DistillConfig(
             enabled=True,
             lora_rank=args.rank,
@@ -236,9 +236,25 @@ def main(argv=None) -> dict:
     trainer = (
         None
         if args.no_update
-        else PolicyTrainer(path, algo, device, args.dtype, args.seed, args.temperature or 1.0)
+        else PolicyTrainer(
+            path,
+            algo,
+            device,
+            args.dtype,
+            args.seed,
+            args.temperature or 1.0,
+            trainer_config=trainer_config,
+        )
     )
-    distiller = SparseDistiller(path, algo, device, args.dtype, args.seed, args.temperature or 1.0)
+    distiller = SparseDistiller(
+        path,
+        algo,
+        device,
+        args.dtype,
+        args.seed,
+        args.temperature or 1.0,
+        trainer_config=trainer_config,
+    )
     base = trainer.state_dict_for_sync() if trainer else load_model(path).state_dict()
     distiller.set_base(base)
     report = {

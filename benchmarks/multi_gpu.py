@@ -100,7 +100,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--gradient-checkpointing",
         action="store_true",
-        help="recompute layers in the backward (algo.gradient_checkpointing)",
+        help="recompute layers in the backward (trainer.gradient_checkpointing)",
     )
     parser.add_argument(
         "--no-keep-graphs",
@@ -239,7 +239,7 @@ def mean_of(steps: list[dict]) -> dict[str, float]:
 def run_arm(args, ranks: int) -> dict:
     import ray
 
-    from sparrow.config.schema import AlgoConfig, RolloutConfig
+    from sparrow.config.schema import AlgoConfig, RolloutConfig, TrainerConfig
     from sparrow.engine import EngineConfig, SamplingParams
     from sparrow.runtime.placement import plan_placement
     from sparrow.runtime.rollout.actors import ActorPool
@@ -269,14 +269,14 @@ def run_arm(args, ranks: int) -> dict:
         plan.engines,
         work_item_prompts=args.work_item_prompts,
     )
-    algo = AlgoConfig(
-        lr=1e-6,
+    trainer_config = TrainerConfig(
         micro_batch_tokens=args.micro_batch_tokens,
         gradient_checkpointing=args.gradient_checkpointing,
     )
-    group = TrainerGroup.start(
-        TrainerSpec(str(model), algo, dtype="auto", device=plan.device), ranks, plan.trainer
+    spec = TrainerSpec(
+        str(model), AlgoConfig(lr=1e-6), trainer_config, dtype="auto", device=plan.device
     )
+    group = TrainerGroup.start(spec, ranks, plan.trainer)
     rng = random.Random(0)
     vocab = (SMOKE if args.smoke else SHAPE_17B)["vocab_size"]
     prompts = [[rng.randrange(300) for _ in range(args.prompt_tokens)] for _ in range(args.prompts)]

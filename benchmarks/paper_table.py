@@ -127,8 +127,8 @@ def group_overrides(args) -> list[str]:
         f"trainer.num_workers={args.gpus}",
         f"rollout.num_actors={args.gpus}",
         "rollout.placement=colocated",
-        "algo.offload_during_rollout=true",
-        "algo.gradient_checkpointing=true",
+        "trainer.offload_during_rollout=true",
+        "trainer.gradient_checkpointing=true",
     ]
 
 

@@ -3,8 +3,8 @@ sparse rollout: per-stage seconds from step 2 on, rollout and step speedups, MFU
 trainer stages, peak memory.
 
     python benchmarks/rl_step.py --new-tokens 8192 --out results/rl_step.json     # GPU, 1.7B
-    python benchmarks/rl_step.py --new-tokens 32768 --set algo.gradient_checkpointing=true \
-        --set algo.offload_during_rollout=true
+    python benchmarks/rl_step.py --new-tokens 32768 --set trainer.gradient_checkpointing=true \
+        --set trainer.offload_during_rollout=true
     python benchmarks/rl_step.py --smoke        # the same code on CPU, tiny model, ~1 minute
 
 Target case: a random-weight model of Qwen3-1.7B's shapes (28 layers, hidden 2048, 16 q / 8 kv

@@ -136,7 +136,10 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_rollout_shape_args(parser)
     parser.add_argument(
-        "--micro-batch-tokens", type=int, default=8192, help="algo.micro_batch_tokens (its default)"
+        "--micro-batch-tokens",
+        type=int,
+        default=8192,
+        help="trainer.micro_batch_tokens (its default)",
     )
     args = parser.parse_args(argv)
     if args.smoke:

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import device_facts, write_json  # noqa: E402
 from benchmarks.rl_step import model_flops, peak_flops  # noqa: E402
-from sparrow.config.schema import AlgoConfig  # noqa: E402
+from sparrow.config.schema import AlgoConfig, TrainerConfig  # noqa: E402
 from sparrow.data.rollouts import RolloutRecord  # noqa: E402
 from sparrow.trainer.policy_trainer import PolicyTrainer  # noqa: E402
 
@@ -81,6 +81,24 @@ def profile_table(fn, rows: int) -> str:
     return prof.key_averages().table(sort_by=key, row_limit=rows)
 
 
+def settings(items: list[str]) -> tuple[dict, dict]:
+    """`KEY=VALUE` items as (AlgoConfig changes, TrainerConfig changes); a key of neither is
+    an error."""
+    changes: dict[type, dict] = {AlgoConfig: {}, TrainerConfig: {}}
+    for item in items:
+        key, _, value = item.partition("=")
+        owners = [cls for cls in changes if key in {f.name for f in dataclasses.fields(cls)}]
+        if not owners:
+            raise SystemExit(f"--set {key}: not a TrainerConfig or AlgoConfig field")
+        cls = owners[0]
+        field = {f.name: f for f in dataclasses.fields(cls)}[key]
+        if "bool" in str(field.type):
+            changes[cls][key] = value.lower() == "true"
+        else:
+            changes[cls][key] = type(getattr(cls(), key))(value)
+    return changes[AlgoConfig], changes[TrainerConfig]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="builtin:tiny")
@@ -92,7 +110,7 @@ def main(argv=None) -> int:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="AlgoConfig fields (e.g. gradient_checkpointing=true)",
+        help="TrainerConfig or AlgoConfig fields (e.g. gradient_checkpointing=true)",
     )
     parser.add_argument("--profile", type=int, default=25, help="rows of the profile; 0 none")
     parser.add_argument("--smoke", action="store_true")
@@ -100,17 +118,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.smoke:
         args.tokens, args.prompt, args.seqs = 24, 8, 2
-    changes = {}
-    for item in args.set:
-        key, _, value = item.partition("=")
-        field = {f.name: f for f in dataclasses.fields(AlgoConfig)}[key]
-        changes[key] = (
-            value.lower() == "true"
-            if field.type in ("bool", bool)
-            else type(getattr(AlgoConfig(), key))(value)
-        )
-    algo = AlgoConfig(lr=1e-6, **changes)
-    trainer = PolicyTrainer(args.model, algo, device="auto", dtype="auto")
+    algo_changes, trainer_changes = settings(args.set)
+    algo = AlgoConfig(lr=1e-6, **algo_changes)
+    trainer = PolicyTrainer(
+        args.model,
+        algo,
+        device="auto",
+        dtype="auto",
+        trainer_config=TrainerConfig(**trainer_changes),
+    )
     vocab = trainer.model.get_output_embeddings().weight.shape[0]
     records = make_records(args.seqs, args.prompt, args.tokens, vocab)
     rewards = [float(i % 2) for i in range(len(records))]
@@ -129,7 +145,8 @@ def main(argv=None) -> int:
         "model": args.model,
         "tokens": args.tokens,
         "seqs": args.seqs,
-        "algo": changes,
+        "algo": algo_changes,
+        "trainer": trainer_changes,
         "score_s": score_s,
         "update_s": update_s,
         "score_peak_gib": score_peak,

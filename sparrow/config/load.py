@@ -236,6 +236,8 @@ _RANGES = [
     ("rollout.work_item_prompts", lambda v: v >= 0, ">= 0 (0 is automatic)"),
     ("trainer.num_workers", lambda v: v >= 0, ">= 0 (0 trains in the flow's process)"),
     ("trainer.sync_bucket_mib", lambda v: v >= 1, ">= 1"),
+    ("trainer.micro_batch_tokens", lambda v: v >= 1, ">= 1"),
+    ("trainer.logits_chunk_tokens", lambda v: v >= 1, ">= 1"),
     ("schedule.target", lambda v: 0 < v <= 1, "in (0, 1]"),
     ("schedule.page_size", lambda v: v >= 0 and v & (v - 1) == 0, "0 or a power of two"),
     (
@@ -247,9 +249,7 @@ _RANGES = [
     ("algo.eps_high", lambda v: v >= 0, ">= 0"),
     ("algo.lr", lambda v: v > 0, "> 0"),
     ("algo.grad_clip", lambda v: v >= 0, ">= 0 (0 disables)"),
-    ("algo.micro_batch_tokens", lambda v: v >= 1, ">= 1"),
     ("algo.ppo_epochs", lambda v: v >= 1, ">= 1"),
-    ("algo.logits_chunk_tokens", lambda v: v >= 1, ">= 1"),
     ("algo.distill.lora_rank", lambda v: v >= 1, ">= 1"),
     ("algo.distill.lora_alpha", lambda v: v > 0, "> 0"),
     ("algo.distill.kl_coef", lambda v: v >= 0, ">= 0"),

@@ -32,6 +32,15 @@ MOVED_KEYS = {
     "calibrate.patience": "control.patience",
     "calibrate.margin": "control.margin",
     "calibrate.remeasure_samples": "control.remeasure_samples",
+    # the trainer system's knobs, with the trainer
+    "algo.micro_batch_tokens": "trainer.micro_batch_tokens",
+    "algo.logits_chunk_tokens": "trainer.logits_chunk_tokens",
+    "algo.gradient_checkpointing": "trainer.gradient_checkpointing",
+    "algo.offload_during_rollout": "trainer.offload_during_rollout",
+    "algo.master_weights": "trainer.master_weights",
+    "algo.fused_norms": "trainer.fused_norms",
+    "algo.compile_layers": "trainer.compile_layers",
+    "algo.compile_logprobs": "trainer.compile_logprobs",
 }
 
 

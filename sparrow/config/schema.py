@@ -191,31 +191,8 @@ class AlgoConfig:
     """AdamW weight decay"""
     grad_clip: float = 1.0
     """gradient norm clip; 0 disables"""
-    micro_batch_tokens: int = 8192
-    """tokens per micro-batch in dense scoring and the update"""
     ppo_epochs: int = 1
     """optimizer passes over each step's rollouts"""
-    logits_chunk_tokens: int = 4096
-    """tokens whose [tokens, vocab] logits exist at once in scoring and the update"""
-    gradient_checkpointing: bool = False
-    """recompute each layer's activations in the backward (long sequences fit; ~30% more work)"""
-    offload_during_rollout: bool = False
-    """on GPU: weights and optimizer moments go to host memory while the rollout runs"""
-    master_weights: bool = True
-    """with a compute dtype below fp32 (bf16 on GPU): the model holds bf16 parameters and
-    AdamW steps fp32 master copies; false keeps fp32 parameters under autocast"""
-    fused_norms: bool = False
-    """one torch.rms_norm kernel per RMSNorm instead of transformers' elementwise chain
-    (sparrow/trainer/fused_norms.py); off until measured on a GPU"""
-    compile_layers: bool | None = None
-    """torch.compile each decoder layer (sparrow/trainer/compiled_layers.py): fused elementwise
-    work and less host overhead; null turns it on where the trainer runs on CUDA in one
-    process, not in a trainer group (an H100 at 4 x 8K tokens: with compile_logprobs, scoring
-    27% -> 44% MFU, the update 26% -> 43%)"""
-    compile_logprobs: bool | None = None
-    """the float32 log-softmax over each chunk of logits compiled, in scoring and the update
-    (sparrow/trainer/logprobs.py: bf16 logits read once; the update's chunks keep only their
-    normalizer and recompute the logits in the backward); null: as compile_layers"""
     correction: CorrectionConfig = field(default_factory=CorrectionConfig)
     """thresholds of the masking mismatch corrections (algo.loss mis_*, icepop, geo_mask)"""
     distill: DistillConfig = field(default_factory=DistillConfig)
@@ -362,6 +339,29 @@ class TrainerConfig:
     the flow's own process (one GPU shared with the engine)"""
     sync_bucket_mib: int = 256
     """bucket size of the weight broadcast to the rollout engines, in MiB"""
+    micro_batch_tokens: int = 8192
+    """tokens per micro-batch in dense scoring and the update"""
+    logits_chunk_tokens: int = 4096
+    """tokens whose [tokens, vocab] logits exist at once in scoring and the update"""
+    gradient_checkpointing: bool = False
+    """recompute each layer's activations in the backward (long sequences fit; ~30% more work)"""
+    offload_during_rollout: bool = False
+    """on GPU: weights and optimizer moments go to host memory while the rollout runs"""
+    master_weights: bool = True
+    """with a compute dtype below fp32 (bf16 on GPU): the model holds bf16 parameters and
+    AdamW steps fp32 master copies; false keeps fp32 parameters under autocast"""
+    fused_norms: bool = False
+    """one torch.rms_norm kernel per RMSNorm instead of transformers' elementwise chain
+    (sparrow/trainer/fused_norms.py); off until measured on a GPU"""
+    compile_layers: bool | None = None
+    """torch.compile each decoder layer (sparrow/trainer/compiled_layers.py): fused elementwise
+    work and less host overhead; null turns it on where the trainer runs on CUDA in one
+    process, not in a trainer group (an H100 at 4 x 8K tokens: with compile_logprobs, scoring
+    27% -> 44% MFU, the update 26% -> 43%)"""
+    compile_logprobs: bool | None = None
+    """the float32 log-softmax over each chunk of logits compiled, in scoring and the update
+    (sparrow/trainer/logprobs.py: bf16 logits read once; the update's chunks keep only their
+    normalizer and recompute the logits in the backward); null: as compile_layers"""
 
 
 @dataclass(frozen=True)
@@ -389,7 +389,8 @@ class SparrowConfig:
     control: ControlConfig = field(default_factory=ControlConfig)
     """the online controller's thresholds (the reoptimize_schedule stage)"""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    """where the trainer runs: in the flow's process or as a group of ranks"""
+    """where the trainer runs (in the flow's process or as a group of ranks) and how: micro-batch
+    sizes, memory savers, compilation"""
     ray: RayConfig = field(default_factory=RayConfig)
     """the Ray cluster (no group file: set it on the command line)"""
 

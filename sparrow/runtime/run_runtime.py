@@ -148,10 +148,15 @@ class RunRuntime:
             trainer = self._start_trainer_group(folder, dtype)
         elif folder == self.model_path:
             trainer = PolicyTrainer(
-                self.model_path, self.cfg.algo, device, dtype, self.cfg.pipeline.seed
+                self.model_path,
+                self.cfg.algo,
+                device,
+                dtype,
+                self.cfg.pipeline.seed,
+                trainer_config=self.cfg.trainer,
             )
         else:
-            trainer = PolicyTrainer.load(folder, self.cfg.algo, device, dtype)
+            trainer = PolicyTrainer.load(folder, self.cfg.algo, device, dtype, self.cfg.trainer)
         self.set_trainer(trainer, step - 1)
         return trainer
 
@@ -166,6 +171,7 @@ class RunRuntime:
         spec = TrainerSpec(
             str(self.model_path),
             self.cfg.algo,
+            self.cfg.trainer,
             seed=self.cfg.pipeline.seed,
             dtype=dtype,
             device=self.placement.device,
@@ -193,7 +199,7 @@ class RunRuntime:
 
     def before_rollout(self) -> dict[str, float]:
         """Give the rollout engines the GPU: the trainer drops its gradients (and, with
-        algo.offload_during_rollout, moves its weights and moments to host memory), the
+        trainer.offload_during_rollout, moves its weights and moments to host memory), the
         DistillSparse distiller frees its base weights (algo.distill.release_during_rollout), this
         process returns its cached blocks to the device, the engines allocate their caches.
         Returns the seconds of the trainer's part (`release_s`) and the engines' wake."""
@@ -204,7 +210,7 @@ class RunRuntime:
         clock = time.perf_counter()
         if self._trainer is not None:
             self._trainer.free_gradients()
-            if self.cfg.algo.offload_during_rollout and self._trainer.can_offload:
+            if self.cfg.trainer.offload_during_rollout and self._trainer.can_offload:
                 self._trainer.offload()
         if self.distiller is not None and self.cfg.algo.distill.release_during_rollout:
             self.distiller.distiller.release_base()  # rebuilt from the trainer by the next step

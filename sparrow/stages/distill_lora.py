@@ -77,15 +77,18 @@ def _distiller_before(runtime: RunRuntime, step: int):
     options = dict(
         temperature=cfg.rollout.temperature or 1.0, centroid_dtype=cfg.rollout.centroid_dtype
     )
+    distiller_options = dict(options, trainer_config=cfg.trainer)
     folder = adapter_folder_before(runtime, step)
     if group is not None:  # the ranks' own distillers (sparrow/runtime/trainer_group/distill.py)
         from sparrow.runtime.trainer_group.distill import DistillSpec, GroupDistiller
 
         return GroupDistiller.start(group, DistillSpec(folder, cfg.pipeline.seed, **options))
     if folder:
-        return SparseDistiller.load(folder, runtime.model_path, cfg.algo, device, dtype, **options)
+        return SparseDistiller.load(
+            folder, runtime.model_path, cfg.algo, device, dtype, **distiller_options
+        )
     return SparseDistiller(
-        runtime.model_path, cfg.algo, device, dtype, cfg.pipeline.seed, **options
+        runtime.model_path, cfg.algo, device, dtype, cfg.pipeline.seed, **distiller_options
     )
 
 

@@ -16,7 +16,7 @@ weights, offload and checkpoints see the same tensors), and transformers' activa
 checkpointing wraps the compiled call, so the backward recomputes it compiled too.
 Numbers stay those of the eager layer up to rounding (fused kernels round in other places).
 On a CPU the first call compiles for about a minute (tiny model) and gains nothing: the
-option is for GPUs; `algo.compile_layers` is off until measured there
+option is for GPUs; `trainer.compile_layers` is off until measured there
 (`python benchmarks/trainer.py --model DIR --tokens 8192 --seqs 4 --set compile_layers=true`).
 Tests: `python -m pytest tests/trainer/test_compiled_layers.py -q` (the numeric one
 runs with `-m gpu`).

@@ -1,6 +1,7 @@
 """DistillSparse: train the sparse actor's LoRA toward the dense policy, the base frozen.
 
-    distiller = SparseDistiller(model_path, config.algo, device="cpu", dtype="auto", seed=0)
+    distiller = SparseDistiller(model_path, config.algo, device="cpu", dtype="auto", seed=0,
+                                trainer_config=config.trainer)
     distiller.set_base(trainer.state_dict_for_sync())   # the policy after this step's update
     metrics = distiller.distill(records, schedule, advantages)   # {"distill/loss": ..., ...}
     adapter = distiller.adapter()        # merged into the rollout engines' weights only
@@ -8,7 +9,7 @@
 
 docs/method.md, DistillSparse: the student is the engine's own Decoder (base weights
 from the trainer, frozen, in the compute dtype) with a peft LoRA (rl/lora.py). On each
-micro-batch of the step's rollouts (scoring.micro_batches, algo.micro_batch_tokens) it runs the
+micro-batch of the step's rollouts (scoring.micro_batches, trainer.micro_batch_tokens) it runs the
 teacher-forced forward (engine/teacher_forced.py: each generated position with the page
 selection its decode step made under `schedule`; the fast GPU path on CUDA) three times:
 dense with the LoRA off (the target p_dense, no gradient), sparse with the LoRA off (only for
@@ -53,11 +54,15 @@ from sparrow.trainer.lora import (
     lora_parameters,
 )
 from sparrow.trainer.memory import names_out_of_memory
-from sparrow.trainer.policy_trainer import resolve_device, resolve_dtype
+from sparrow.trainer.policy_trainer import (
+    resolve_device,
+    resolve_dtype,
+    trainer_config_or_default,
+)
 from sparrow.trainer.scoring import effective_temperature, micro_batches
 
 if TYPE_CHECKING:
-    from sparrow.config.schema import AlgoConfig
+    from sparrow.config.schema import AlgoConfig, TrainerConfig
 
 OPTIMIZER_FILE = "distill_optimizer.pt"
 STATE_FILE = "distill_state.json"
@@ -80,6 +85,7 @@ class SparseDistiller:
         seed: int = 0,
         temperature: float = 1.0,
         centroid_dtype: str = "cache",
+        trainer_config: TrainerConfig | None = None,
     ):
         from sparrow.model import load_model
 
@@ -89,6 +95,7 @@ class SparseDistiller:
                 f"{', '.join(DISTILL_LOSSES)}"
             )
         self.algo, self.settings = algo, algo.distill
+        self.trainer_config = trainer_config_or_default(trainer_config)  # micro-batches, chunks
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.temperature = effective_temperature(temperature)
@@ -158,7 +165,9 @@ class SparseDistiller:
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = defaultdict(float)
         tokens = {"lora": [], "base": [], "position": []}
-        for batch in micro_batches([records[i] for i in keep], self.algo.micro_batch_tokens):
+        for batch in micro_batches(
+            [records[i] for i in keep], self.trainer_config.micro_batch_tokens
+        ):
             chunk = [records[keep[j]] for j in batch]
             adv = None if advantages is None else [advantages[keep[j]] for j in batch]
             loss = self._micro_batch(chunk, schedule, adv, max(total, 1), sums, tokens, cheaper)
@@ -207,13 +216,17 @@ class SparseDistiller:
                 lora_cheaper = self._hidden(sequences, prompt_lens, cheaper, chunk)
             tokens.setdefault("cheaper", []).append(
                 acceptance(
-                    lora_cheaper, dense, weight, self.temperature, self.algo.logits_chunk_tokens
+                    lora_cheaper,
+                    dense,
+                    weight,
+                    self.temperature,
+                    self.trainer_config.logits_chunk_tokens,
                 ).cpu()
             )
             del lora_cheaper
         sparse = self._hidden(sequences, prompt_lens, schedule, chunk)
         targets = torch.tensor([t for r in chunk for t in r.output_ids], device=self.device)
-        chunk_tokens = self.algo.logits_chunk_tokens
+        chunk_tokens = self.trainer_config.logits_chunk_tokens
         terms = token_terms(sparse, dense, weight, targets, self.temperature, chunk_tokens)
         divergence = distill_token_loss(terms, settings.loss)
         loss = settings.kl_coef * divergence.sum() / normalizer
@@ -295,11 +308,14 @@ class SparseDistiller:
         dtype="auto",
         temperature: float = 1.0,
         centroid_dtype: str = "cache",
+        trainer_config: TrainerConfig | None = None,
     ) -> SparseDistiller:
         """A distiller holding the adapter and optimizer state saved in `folder` (the base is
         set separately, set_base); lr comes from `algo`."""
         folder = Path(folder)
-        distiller = cls(model_path, algo, device, dtype, 0, temperature, centroid_dtype)
+        distiller = cls(
+            model_path, algo, device, dtype, 0, temperature, centroid_dtype, trainer_config
+        )
         adapter = Adapter.read(folder)
         if adapter.spec != distiller.spec:
             raise ValueError(

@@ -11,7 +11,7 @@ vocabulary (151,936) the whole batch's float32 logits would be 16 x 32K x 151,93
 about 320 GB. With gradients, each chunk is checkpointed: its logits are recomputed in the
 backward instead of kept, so the update holds one chunk of logits in the backward too.
 The matrix product runs in the ambient autocast dtype (bf16 on GPU); the softmax in float32.
-With compiled=True (algo.compile_logprobs) the float32 log-softmax and its gathers run as one
+With compiled=True (trainer.compile_logprobs) the float32 log-softmax and its gathers run as one
 torch.compile'd function per chunk, which reads the low-precision logits once instead of
 writing and re-reading float32 copies. With gradients, each chunk is then a LinearLogprob
 autograd function: the forward keeps only the chunk's log-normalizer, the backward recomputes

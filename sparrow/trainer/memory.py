@@ -7,7 +7,7 @@
 A CUDA out-of-memory deep in a forward or backward is a page of traceback that names a
 kernel, not a setting. The trainer's entry points turn it into TrainerMemoryError: the stage,
 the device's figures (what this process holds, what is free) and the settings that lower the
-need (algo.micro_batch_tokens, algo.gradient_checkpointing, rollout.release_memory,
+need (trainer.micro_batch_tokens, trainer.gradient_checkpointing, rollout.release_memory,
 trainer.num_workers). The failed call's frames are let go and the process's cached blocks
 given back before the error is raised, so the engines and the next stage on the same GPU get
 their memory back.
@@ -32,8 +32,8 @@ class TrainerMemoryError(SparrowError, RuntimeError):
 
 
 def names_out_of_memory(stage: str, checkpointing: bool = False) -> Callable:
-    """Wrap a trainer method (self has .algo and .device): torch.OutOfMemoryError becomes
-    TrainerMemoryError about `stage` (`checkpointing`: algo.gradient_checkpointing applies)."""
+    """Wrap a trainer method (self has .trainer_config and .device): torch.OutOfMemoryError
+    becomes TrainerMemoryError about `stage` (`checkpointing`: trainer.gradient_checkpointing applies)."""
 
     def wrap(method: Callable) -> Callable:
         @functools.wraps(method)
@@ -46,7 +46,7 @@ def names_out_of_memory(stage: str, checkpointing: bool = False) -> Callable:
             # so their blocks can go back to the device before its figures are read
             return_cached_blocks()
             raise TrainerMemoryError(
-                memory_message(stage, self.algo, self.device, said, checkpointing)
+                memory_message(stage, self.trainer_config, self.device, said, checkpointing)
             )
 
         return call
@@ -55,7 +55,11 @@ def names_out_of_memory(stage: str, checkpointing: bool = False) -> Callable:
 
 
 def memory_message(
-    stage: str, algo: Any, device: torch.device, said: str, checkpointing: bool = False
+    stage: str,
+    trainer_config: Any,
+    device: torch.device,
+    said: str,
+    checkpointing: bool = False,
 ) -> str:
     """The error's text, with the device's figures as they are now (a CUDA device)."""
     figures = ""
@@ -66,10 +70,10 @@ def memory_message(
             f" (after it, this process holds {held / GIB:.1f} GiB and {free / GIB:.1f} "
             f"of the device's {total / GIB:.1f} GiB are free)"
         )
-    fixes = [f"lower algo.micro_batch_tokens (now {algo.micro_batch_tokens})"]
-    if checkpointing and not algo.gradient_checkpointing:
+    fixes = [f"lower trainer.micro_batch_tokens (now {trainer_config.micro_batch_tokens})"]
+    if checkpointing and not trainer_config.gradient_checkpointing:
         fixes.append(
-            "set algo.gradient_checkpointing=true (the backward recomputes each "
+            "set trainer.gradient_checkpointing=true (the backward recomputes each "
             "layer instead of keeping its activations)"
         )
     fixes.append(

@@ -6,7 +6,7 @@ one page-locked host buffer allocated once (rl/host_stash.py).
     trainer.onload()       # back, the copies queued on the current stream
 
 PolicyTrainer moves its whole state (hf_model.move_state); ShardedPolicyTrainer its rank's
-shards through FSDP2 (sharded_offload.py). With algo.offload_during_rollout on a GPU, the
+shards through FSDP2 (sharded_offload.py). With trainer.offload_during_rollout on a GPU, the
 buffer is page-locked when the trainer is built (step 1, beside the compilation), so the
 offload before step 2's rollout is already the steady state: copies, no allocation.
 Tests: tests/trainer/test_host_stash.py, test_sharded_offload.py; on a GPU
@@ -21,7 +21,7 @@ from sparrow.trainer.host_stash import HostStash
 
 
 class HostOffload:
-    """The offload half of a trainer: needs .device, .algo, .optimizer, .offloaded,
+    """The offload half of a trainer: needs .device, .trainer_config, .optimizer, .offloaded,
     ._stash (None at first), free_gradients(), _offload_tensors() and _move_state()."""
 
     def _offloads(self) -> bool:
@@ -56,10 +56,10 @@ class HostOffload:
         return self._stash
 
     def _reserve_host(self) -> None:
-        """With algo.offload_during_rollout on a GPU, page-lock the offload's buffer now.
+        """With trainer.offload_during_rollout on a GPU, page-lock the offload's buffer now.
         AdamW's two moments per trained parameter do not exist before its first step and
         are counted in."""
-        if not (self.algo.offload_during_rollout and self.device.type == "cuda"):
+        if not (self.trainer_config.offload_during_rollout and self.device.type == "cuda"):
             return
         # every parameter the optimizer steps: fp32 master copies take their gradients by
         # assignment and do not require grad themselves, yet get their moments at the first step

@@ -1,24 +1,25 @@
 """The trainer side of an RL step: dense scoring and the policy update, on a transformers model.
 
-    trainer = PolicyTrainer("builtin:tiny", config.algo, device="cpu", dtype="auto", seed=0)
+    trainer = PolicyTrainer("builtin:tiny", config.algo, device="cpu", dtype="auto", seed=0,
+                            trainer_config=config.trainer)
     scores = trainer.score(records)                          # list[TokenScores], per record
     old = [s.dense_logprobs for s in scores]
     metrics = trainer.update(records, rewards, old, group_size=8)   # {"actor/loss": ..., ...}
     engine.update_weights(trainer.state_dict_for_sync())
-    trainer.save(folder); trainer = PolicyTrainer.load(folder, config.algo, "cpu", "auto")
+    trainer.save(folder); trainer = PolicyTrainer.load(folder, config.algo, "cpu", "auto", config.trainer)
     # load() also resumes a trainer group's folder (rl/sharded_checkpoint.py), in this process
 
 The model is the checkpoint's AutoModelForCausalLM with SDPA attention. `dtype` is the compute
 dtype: fp32 ("auto" on CPU) runs plainly. bf16 ("auto" on GPU) holds the model's parameters in
-bf16 and lets AdamW step fp32 master copies (rl/master_weights.py; algo.master_weights), so
+bf16 and lets AdamW step fp32 master copies (rl/master_weights.py; trainer.master_weights), so
 no weight is cast and no elementwise work runs in fp32 per step, while updates at the
-reference lr of 1e-6 still land; with algo.master_weights=false the parameters stay fp32 and
+reference lr of 1e-6 still land; with trainer.master_weights=false the parameters stay fp32 and
 the forward runs under autocast. Checkpoints hold the fp32 weights either way.
 
 update(): records are ordered by (prompt_index, sample_index) and cut into groups of
 group_size samples of one prompt; the algo.advantage estimator gives per-sample advantages,
 spread over each sample's tokens; the algo.loss policy loss (PolicyLossConfig.from_algo) runs
-per micro-batch (scoring.micro_batches, algo.micro_batch_tokens) with the whole batch's
+per micro-batch (scoring.micro_batches, trainer.micro_batch_tokens) with the whole batch's
 normalizer, so the accumulated gradient is the full batch's; then gradients are clipped to
 algo.grad_clip (0: no clip, the norm is still reported) and AdamW steps once. That is one
 pass; algo.ppo_epochs passes run per call. Metrics are averaged over the passes.
@@ -74,7 +75,7 @@ from sparrow.trainer.scoring import (
 from sparrow.trainer.sharded_checkpoint import read_full_optimizer
 
 if TYPE_CHECKING:  # the library's config types, without importing the config loader
-    from sparrow.config.schema import AlgoConfig
+    from sparrow.config.schema import AlgoConfig, TrainerConfig
 
 
 class PolicyTrainer(HostOffload):
@@ -93,9 +94,13 @@ class PolicyTrainer(HostOffload):
         dtype: str | torch.dtype = "auto",
         seed: int = 0,
         temperature: float = 1.0,
+        trainer_config: TrainerConfig | None = None,
     ):
+        """`algo`: the RL algorithm (loss, advantages, optimizer); `trainer_config`: how the
+        trainer runs it (micro-batches, memory savers, compilation; None: the defaults)."""
         self.model_path = resolve_model_path(str(model_path))
         self.algo = algo
+        self.trainer_config = trainer_config_or_default(trainer_config)
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.seed = seed
@@ -107,14 +112,14 @@ class PolicyTrainer(HostOffload):
         self.optimizer_steps = 0
         torch.manual_seed(seed)
         self.model = self._load_model()
-        if algo.gradient_checkpointing:
+        if self.trainer_config.gradient_checkpointing:
             enable_checkpointing(self.model)
-        if algo.fused_norms:
+        if self.trainer_config.fused_norms:
             fuse_rms_norms(self.model)
         if self.compiles("compile_layers"):
             compile_layers(self.model)
         self.masters = None
-        if self.dtype != torch.float32 and algo.master_weights:
+        if self.dtype != torch.float32 and self.trainer_config.master_weights:
             self.masters = MasterWeights(self.model, self.dtype)
         trained = self.masters.parameters() if self.masters else list(self.model.parameters())
         self.optimizer = torch.optim.AdamW(trained, lr=algo.lr, weight_decay=algo.weight_decay)
@@ -131,9 +136,9 @@ class PolicyTrainer(HostOffload):
         return self.device.type == "cuda"
 
     def compiles(self, option: str) -> bool:
-        """algo.compile_layers / compile_logprobs: true or false as set; null (the default) is
-        on where this trainer runs on CUDA."""
-        value = getattr(self.algo, option)
+        """trainer.compile_layers / compile_logprobs: true or false as set; null (the default)
+        is on where this trainer runs on CUDA."""
+        value = getattr(self.trainer_config, option)
         return self._compiles_by_default() if value is None else bool(value)
 
     def _compiles_by_default(self) -> bool:
@@ -153,9 +158,9 @@ class PolicyTrainer(HostOffload):
             return score_rollouts(
                 self.model,
                 records,
-                self.algo.micro_batch_tokens,
+                self.trainer_config.micro_batch_tokens,
                 self.temperature,
-                self.algo.logits_chunk_tokens,
+                self.trainer_config.logits_chunk_tokens,
                 forward=self._token_logprobs,
             )
 
@@ -189,7 +194,7 @@ class PolicyTrainer(HostOffload):
 
     def _micro_batches(self, ordered) -> list[list[int]]:
         """Indices of `ordered` per micro-batch (rl/sharded.py takes this rank's share)."""
-        return micro_batches(ordered, self.algo.micro_batch_tokens)
+        return micro_batches(ordered, self.trainer_config.micro_batch_tokens)
 
     def _token_logprobs(self, batch, extra_ids=None):
         """scoring.token_logprobs on this trainer's model (rl/sharded.py calls its FSDP root)."""
@@ -197,7 +202,7 @@ class PolicyTrainer(HostOffload):
             self.model,
             batch,
             self.temperature,
-            self.algo.logits_chunk_tokens,
+            self.trainer_config.logits_chunk_tokens,
             extra_ids,
             compiled=self.compiles("compile_logprobs"),
         )
@@ -335,6 +340,7 @@ class PolicyTrainer(HostOffload):
             "dtype": str(self.dtype).replace("torch.", ""),
             "master_weights": self.masters is not None,
             "algo": asdict(self.algo),
+            "trainer": asdict(self.trainer_config),
             "source_model": str(self.model_path),
         }
 
@@ -370,10 +376,12 @@ class PolicyTrainer(HostOffload):
         algo: AlgoConfig,
         device: str | torch.device = "auto",
         dtype: str | torch.dtype = "auto",
+        trainer_config: TrainerConfig | None = None,
     ) -> PolicyTrainer:
         """The trainer saved in `folder` (save(), or a trainer group's save() or export()),
         ready for its next update. lr and weight_decay come from `algo` (a resumed run may
-        change them); the moments and step counts from disk."""
+        change them), the system settings from `trainer_config`; the moments and step counts
+        from disk."""
         state = read_checkpoint_state(folder)
         trainer = cls(
             folder,
@@ -382,6 +390,7 @@ class PolicyTrainer(HostOffload):
             dtype,
             seed=int(state.meta.get("seed", 0)),
             temperature=float(state.meta.get("temperature", 1.0)),
+            trainer_config=trainer_config,
         )
         optimizer_state = state.optimizer
         if optimizer_state is None:  # a group's shards, read whole without a process group
@@ -395,6 +404,16 @@ class PolicyTrainer(HostOffload):
         trainer.optimizer_steps = int(state.meta.get("optimizer_steps", 0))
         restore_rng_state(state.rng)
         return trainer
+
+
+def trainer_config_or_default(trainer_config: TrainerConfig | None) -> TrainerConfig:
+    """`trainer_config`, or the schema's defaults for None (imported only then: the config
+    package's import brings its loader, which the library does without)."""
+    if trainer_config is not None:
+        return trainer_config
+    from sparrow.config.schema import TrainerConfig
+
+    return TrainerConfig()
 
 
 def _check_groups(ordered: Sequence[RolloutRecord], group_size: int) -> None:

@@ -159,7 +159,7 @@ def token_logprobs(
 ):
     """chunked_logprobs of the generated tokens [N] (and at extra_ids [N, K]) in
     batch.mask order; [chunk_tokens, vocab] logits at most at any moment; compiled: the
-    no-gradient log-softmax compiled (algo.compile_logprobs)."""
+    no-gradient log-softmax compiled (trainer.compile_logprobs)."""
     hidden = output_hidden(model, batch)
     weight = model.get_output_embeddings().weight
     return chunked_logprobs(

@@ -1,7 +1,7 @@
 """PolicyTrainer sharded over the ranks of a process group with torch FSDP2 (fully_shard).
 
     torch.distributed.init_process_group("gloo")          # "nccl" on GPUs; one process per rank
-    trainer = ShardedPolicyTrainer(model_path, config.algo, seed=0)
+    trainer = ShardedPolicyTrainer(model_path, config.algo, seed=0, trainer_config=config.trainer)
     scores = trainer.score(records)                       # every rank gets every record's scores
     metrics = trainer.update(records, rewards, old, group_size=8)   # the same on every rank
     weights = trainer.full_state_dict()                   # rank 0: full fp32 tensors; others: {}
@@ -94,6 +94,7 @@ class ShardedPolicyTrainer(PolicyTrainer):
         seed: int = 0,
         temperature: float = 1.0,
         group=None,
+        trainer_config=None,
     ):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -113,7 +114,13 @@ class ShardedPolicyTrainer(PolicyTrainer):
         # fp32 parameters on the meta device (_load_model): FSDP shards them, then
         # _materialize gives them memory and the checkpoint's values; bf16 compute is FSDP's
         super().__init__(
-            model_path, algo, device="cpu", dtype=torch.float32, seed=seed, temperature=temperature
+            model_path,
+            algo,
+            device="cpu",
+            dtype=torch.float32,
+            seed=seed,
+            temperature=temperature,
+            trainer_config=trainer_config,
         )
         tied = tied_names(self.model)
         self.compute_dtype = resolve_dtype(dtype, device)
@@ -167,7 +174,7 @@ class ShardedPolicyTrainer(PolicyTrainer):
             set_model_state_dict(self.model, part, options=options)
 
     def _compiles_by_default(self) -> bool:
-        """algo.compile_* left null is off in a group: the compiled paths are measured and
+        """trainer.compile_* left null is off in a group: the compiled paths are measured and
         GPU-tested in one process, not yet under FSDP on GPUs."""
         return False
 
@@ -187,7 +194,7 @@ class ShardedPolicyTrainer(PolicyTrainer):
         return self.root(
             batch,
             self.temperature,
-            self.algo.logits_chunk_tokens,
+            self.trainer_config.logits_chunk_tokens,
             extra_ids,
             self.compiles("compile_logprobs"),
         )
@@ -201,16 +208,16 @@ class ShardedPolicyTrainer(PolicyTrainer):
         # agreed before any forward, as collectives pair up in the order they are called
         forwards = sum(
             1
-            for batch in micro_batches(local, self.algo.micro_batch_tokens)
+            for batch in micro_batches(local, self.trainer_config.micro_batch_tokens)
             if any(len(local[i].output_ids) for i in batch)
         )
         padding = self._max(forwards) - forwards
         local_scores = score_rollouts(
             self.model,
             local,
-            self.algo.micro_batch_tokens,
+            self.trainer_config.micro_batch_tokens,
             self.temperature,
-            self.algo.logits_chunk_tokens,
+            self.trainer_config.logits_chunk_tokens,
             forward=self._token_logprobs,
         )
         with torch.no_grad():
@@ -235,7 +242,9 @@ class ShardedPolicyTrainer(PolicyTrainer):
         mine = shares(ordered, self.world_size)[self.rank]
         batches = [
             [mine[j] for j in batch]
-            for batch in micro_batches([ordered[i] for i in mine], self.algo.micro_batch_tokens)
+            for batch in micro_batches(
+                [ordered[i] for i in mine], self.trainer_config.micro_batch_tokens
+            )
         ]
         return batches + [PADDING] * (self._max(len(batches)) - len(batches))
 
@@ -365,11 +374,17 @@ class ShardedPolicyTrainer(PolicyTrainer):
 
     @classmethod
     def load(
-        cls, folder: str | Path, algo, dtype: str | torch.dtype = "auto", group=None
+        cls,
+        folder: str | Path,
+        algo,
+        dtype: str | torch.dtype = "auto",
+        group=None,
+        trainer_config=None,
     ) -> ShardedPolicyTrainer:
         """The trainer saved in `folder` (save(), export() or PolicyTrainer.save), on this
         group's ranks, whatever number of ranks wrote it. lr and weight_decay come from
-        `algo`. A collective: every rank calls it."""
+        `algo`, the system settings from `trainer_config`. A collective: every rank calls
+        it."""
         from sparrow.trainer.sharded_checkpoint import read_meta, restore
 
         meta = read_meta(folder)
@@ -380,6 +395,7 @@ class ShardedPolicyTrainer(PolicyTrainer):
             seed=int(meta.get("seed", 0)),
             temperature=float(meta.get("temperature", 1.0)),
             group=group,
+            trainer_config=trainer_config,
         )
         restore(trainer, folder, meta)
         return trainer

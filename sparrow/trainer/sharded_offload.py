@@ -4,7 +4,7 @@ rank's page-locked host buffer (rl/host_stash.py: allocated once, reused at ever
     offload_shards(trainer.root, trainer.optimizer, stash)       # into the stash
     onload_shards(trainer.root, trainer.optimizer, trainer.device)
 
-ShardedPolicyTrainer.offload / onload (algo.offload_during_rollout with a trainer group) call
+ShardedPolicyTrainer.offload / onload (trainer.offload_during_rollout with a trainer group) call
 these through rl/offload.py. The module's own `_apply`, which FSDP2 overrides for exactly this
 (`FSDPModule._apply` reshards first and re-registers every sharded parameter after the move,
 padding included), points the parameters and buffers at their new tensors; the parameter

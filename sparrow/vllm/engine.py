@@ -17,7 +17,7 @@ gpu_memory_utilization is this instance's own share, so the engine passes the ta
 other processes, a colocated trainer, hold at that moment), else kv_cache_mib
 (kv_cache_memory_bytes, less the page centroids' share when sparse). Unlike the native engine,
 vLLM does not resize its cache at wake: memory a colocated trainer takes after the start must be
-given back during the rollout (algo.offload_during_rollout; wake() says so when it is not).
+given back during the rollout (trainer.offload_during_rollout; wake() says so when it is not).
 Attention is FLASH_ATTN, or, when the engine starts with a schedule that makes a layer sparse,
 the project's block-sparse backend (plugin.py, sparse_backend.py: vLLM's CUSTOM backend,
 16-token blocks, the V1 model runner), which set_schedule then feeds through the worker
@@ -174,7 +174,7 @@ class VllmEngine:
         """Take back the KV cache (and the weights, unless a weight load brought them): the
         same size as at start, since vLLM does not resize it. VllmBackendError, before vLLM
         tries, when the device has less free memory than that (a colocated trainer that kept
-        its state: algo.offload_during_rollout)."""
+        its state: trainer.offload_during_rollout)."""
         tags = [
             tag
             for tag, awake in (("weights", self._weights_awake), ("kv_cache", self._kv_awake))
@@ -187,7 +187,7 @@ class VllmEngine:
                     f"vLLM cannot wake: its {' and '.join(tags)} need "
                     f"{self._released / 2**30:.1f} GiB of the GPU again (vLLM does not resize "
                     f"its cache) but {free / 2**30:.1f} GiB are free; a colocated trainer holds "
-                    f"the rest: set algo.offload_during_rollout=true, or start vLLM smaller "
+                    f"the rest: set trainer.offload_during_rollout=true, or start vLLM smaller "
                     f"(rollout.gpu_memory_utilization or rollout.kv_cache_mib)"
                 )
             self.llm.wake_up(tags=tags)
@@ -297,7 +297,7 @@ def _instance_share(target: float) -> float:
             f"rollout.gpu_memory_utilization={target} leaves vLLM {max(share, 0):.0%} of the GPU: "
             f"{(total - free) / 2**30:.1f} of {total / 2**30:.1f} GiB are in use already (a "
             f"colocated trainer?); raise it, offload the trainer during the rollout "
-            f"(algo.offload_during_rollout=true) or size the cache with rollout.kv_cache_mib"
+            f"(trainer.offload_during_rollout=true) or size the cache with rollout.kv_cache_mib"
         )
     return share
 

@@ -6,7 +6,9 @@ import torch
 import torch.distributed as dist
 
 
-def shape_rank(rank, world_size, port, checkpoint, algo, records, rewards, old, out_dir):
+def shape_rank(
+    rank, world_size, port, checkpoint, algo, trainer_config, records, rewards, old, out_dir
+):
     """A ShardedPolicyTrainer of one paper size on NCCL ranks, as the group runs it in the
     table: score, update, two offload / onload round trips with an update after each, and
     the sync's packed bf16 weights. Rank 0 saves what the test checks."""
@@ -18,7 +20,7 @@ def shape_rank(rank, world_size, port, checkpoint, algo, records, rewards, old, 
         "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
     )
     try:
-        trainer = ShardedPolicyTrainer(checkpoint, algo, seed=0)
+        trainer = ShardedPolicyTrainer(checkpoint, algo, seed=0, trainer_config=trainer_config)
         reserved = trainer.offload_stats()
         scores = trainer.score(records)
         losses = [trainer.update(records, rewards, old, 8)["actor/loss"]]

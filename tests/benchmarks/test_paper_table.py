@@ -28,7 +28,7 @@ def test_each_size_gets_its_preset_depth_and_the_group_settings():
         assert sized.schedule == f"qwen3-{size}-0.86" and sized.layers == 4
         assert sized.workdir.endswith(f"{size}-4l-4gpu")
         assert "trainer.num_workers=4" in sized.set and "rollout.num_actors=4" in sized.set
-        assert "algo.offload_during_rollout=true" in sized.set
+        assert "trainer.offload_during_rollout=true" in sized.set
         assert sized.set[-1] == "algo.lr=1e-6"  # the caller's settings last, so they win
     full = paper_table.parse_args(["--sizes", "8b"])
     assert paper_table.case_args(full, "8b").layers == 36

@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import paper_table  # noqa: E402
 
-from sparrow.config.schema import AlgoConfig  # noqa: E402
+from sparrow.config.schema import AlgoConfig, TrainerConfig  # noqa: E402
 from sparrow.data.rollouts import RolloutRecord  # noqa: E402
 from tests.benchmarks.paper_table_workers import shape_rank  # noqa: E402
 from tests.trainer.sharded_workers import free_port  # noqa: E402
@@ -66,15 +66,16 @@ def test_paper_shape_group_path_at_two_layers(size, tmp_path):
 
     shape = dict(paper_table.SHAPES[size], num_layers=2)
     make_random_checkpoint(tmp_path / "model", "qwen3", seed=0, **shape)
-    algo = AlgoConfig(
-        lr=1e-6, micro_batch_tokens=4096, gradient_checkpointing=True, offload_during_rollout=True
+    algo = AlgoConfig(lr=1e-6)
+    system = TrainerConfig(
+        micro_batch_tokens=4096, gradient_checkpointing=True, offload_during_rollout=True
     )
     batch = records()
     rewards = [float(i % 2) for i in range(len(batch))]
     old = [r.actor_logprobs for r in batch]
     mp.spawn(
         shape_rank,
-        args=(2, free_port(), str(tmp_path / "model"), algo, batch, rewards, old, tmp_path),
+        args=(2, free_port(), str(tmp_path / "model"), algo, system, batch, rewards, old, tmp_path),
         nprocs=2,
         join=True,
     )

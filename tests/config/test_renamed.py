@@ -89,3 +89,42 @@ def test_a_run_stored_before_the_move_resumes():
     assert config_differences(yaml.safe_dump(stored), cfg) == []
     stored["calibrate"]["patience"] = 5
     assert config_differences(yaml.safe_dump(stored), cfg) == ["control.patience: 5 -> 3"]
+
+
+TRAINER_KEYS = (
+    "micro_batch_tokens",
+    "logits_chunk_tokens",
+    "gradient_checkpointing",
+    "offload_during_rollout",
+    "master_weights",
+    "fused_norms",
+    "compile_layers",
+    "compile_logprobs",
+)
+
+
+@pytest.mark.parametrize("key", TRAINER_KEYS)
+def test_the_trainer_system_keys_moved_from_algo_to_trainer(key: str):
+    from sparrow.config.load import ConfigError
+
+    with pytest.raises(
+        ConfigError, match=rf"^config keys moved .*'algo\.{key}' is now 'trainer\.{key}'"
+    ):
+        load_config([f"algo.{key}=1"])
+    assert not hasattr(load_config().algo, key) and hasattr(load_config().trainer, key)
+
+
+def test_a_run_stored_with_the_trainer_keys_under_algo_resumes():
+    import yaml
+
+    from sparrow.runtime.ledger.run_record import config_differences
+
+    cfg = load_config(["trainer.micro_batch_tokens=512", "trainer.gradient_checkpointing=true"])
+    stored = yaml.safe_load(to_yaml(cfg))
+    for key in TRAINER_KEYS:  # as a run stored before the move
+        stored["algo"][key] = stored["trainer"].pop(key)
+    assert config_differences(yaml.safe_dump(stored), cfg) == []
+    stored["algo"]["micro_batch_tokens"] = 1024
+    assert config_differences(yaml.safe_dump(stored), cfg) == [
+        "trainer.micro_batch_tokens: 1024 -> 512"
+    ]

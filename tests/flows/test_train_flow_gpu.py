@@ -72,7 +72,7 @@ def test_two_sparse_steps_share_the_gpu(flow_environment, tmp_path, model_1p7b_4
             "schedule.name=qwen3-1.7b-0.86",
             "rollout.gpu_memory_utilization=0.5",
             "algo.lr=1e-4",
-            "algo.gradient_checkpointing=true",
+            "trainer.gradient_checkpointing=true",
         ],
         show_table=False,
     )

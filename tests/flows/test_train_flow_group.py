@@ -83,7 +83,7 @@ def test_distill_and_offload_with_a_group_then_resume_in_one_process(
         "trainer.num_workers=2",
         "rollout.num_actors=2",
         "rollout.work_item_prompts=1",
-        "algo.offload_during_rollout=true",
+        "trainer.offload_during_rollout=true",
         "algo.distill.enabled=true",
         "algo.lr=1e-6",
         "algo.distill.lr_scale=1000",

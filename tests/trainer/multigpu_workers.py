@@ -7,7 +7,17 @@ import torch.distributed as dist
 
 
 def update_rank(
-    rank, world_size, port, checkpoint, algo, records, rewards, old, group_size, out_dir
+    rank,
+    world_size,
+    port,
+    checkpoint,
+    algo,
+    trainer_config,
+    records,
+    rewards,
+    old,
+    group_size,
+    out_dir,
 ):
     from sparrow.trainer.sharded import ShardedPolicyTrainer
 
@@ -17,7 +27,9 @@ def update_rank(
     )
     try:
         # fp32 compute, so the two ranks' sum can be held to the one-GPU trainer closely
-        trainer = ShardedPolicyTrainer(checkpoint, algo, dtype="float32", seed=0)
+        trainer = ShardedPolicyTrainer(
+            checkpoint, algo, dtype="float32", seed=0, trainer_config=trainer_config
+        )
         metrics = trainer.update(records, rewards, old, group_size)
         weights = trainer.full_state_dict()
         if rank == 0:

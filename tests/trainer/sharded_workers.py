@@ -40,6 +40,7 @@ def one_rank(
     port,
     checkpoint,
     algo,
+    trainer_config,
     records,
     update_records,
     rewards,
@@ -51,7 +52,7 @@ def one_rank(
 
     _join(rank, world_size, port)
     try:
-        trainer = ShardedPolicyTrainer(checkpoint, algo, seed=0)
+        trainer = ShardedPolicyTrainer(checkpoint, algo, seed=0, trainer_config=trainer_config)
         scores = trainer.score(records)
         metrics = trainer.update(update_records, rewards, old, group_size)
         weights = trainer.full_state_dict()
@@ -65,7 +66,17 @@ def one_rank(
 
 
 def save_then_update(
-    rank, world_size, port, checkpoint, algo, update_records, rewards, old, group_size, out_dir
+    rank,
+    world_size,
+    port,
+    checkpoint,
+    algo,
+    trainer_config,
+    update_records,
+    rewards,
+    old,
+    group_size,
+    out_dir,
 ):
     """rewards: two lists, one per update; out_dir gets sharded/ (save), export/ (export)
     after the first update and, from rank 0, continued.pt after the second."""
@@ -73,7 +84,7 @@ def save_then_update(
 
     _join(rank, world_size, port)
     try:
-        trainer = ShardedPolicyTrainer(checkpoint, algo, seed=0)
+        trainer = ShardedPolicyTrainer(checkpoint, algo, seed=0, trainer_config=trainer_config)
         trainer.update(update_records, rewards[0], old, group_size)
         trainer.save(out_dir / "sharded")
         trainer.export(out_dir / "export")
@@ -92,6 +103,7 @@ def offload_round_trip(
     port,
     checkpoint,
     algo,
+    trainer_config,
     update_records,
     rewards,
     old,
@@ -114,7 +126,7 @@ def offload_round_trip(
     try:
         ends, pointers, memory, cycles = {}, {}, {}, []
         for name in ("plain", "offloaded"):
-            trainer = ShardedPolicyTrainer(checkpoint, algo, seed=0)
+            trainer = ShardedPolicyTrainer(checkpoint, algo, seed=0, trainer_config=trainer_config)
             for k, reward in enumerate(rewards):
                 trainer.update(update_records, reward, old, group_size)
                 if name == "offloaded" and k == 0:
@@ -175,7 +187,9 @@ def _allocated() -> int:
     return torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
 
 
-def distill_rank(rank, world_size, port, model_path, algo, records, schedule, out_dir):
+def distill_rank(
+    rank, world_size, port, model_path, algo, trainer_config, records, schedule, out_dir
+):
     """ShardedDistiller over a ShardedPolicyTrainer's base: one step, save, then a second step
     by a distiller loaded from the folder. Rank 0 saves metrics and LoRA after each step; every
     rank saves its LoRA after the first (they must agree)."""
@@ -185,15 +199,19 @@ def distill_rank(rank, world_size, port, model_path, algo, records, schedule, ou
 
     _join(rank, world_size, port)
     try:
-        trainer = ShardedPolicyTrainer(model_path, algo, seed=0)
-        distiller = ShardedDistiller(model_path, algo, "cpu", "float32", 0)
+        trainer = ShardedPolicyTrainer(model_path, algo, seed=0, trainer_config=trainer_config)
+        distiller = ShardedDistiller(
+            model_path, algo, "cpu", "float32", 0, trainer_config=trainer_config
+        )
         distiller.set_base_from(trainer)
         first = distiller.distill(records, schedule)
         torch.save(adapter_state(distiller.model), out_dir / f"lora{rank}.pt")
         distiller.save(out_dir / "distill")
         dist.barrier()
         distiller.release_base()
-        resumed = ShardedDistiller.load(out_dir / "distill", model_path, algo, "cpu", "float32")
+        resumed = ShardedDistiller.load(
+            out_dir / "distill", model_path, algo, "cpu", "float32", trainer_config=trainer_config
+        )
         resumed.set_base_from(trainer)
         second = resumed.distill(records, schedule)
         if rank == 0:

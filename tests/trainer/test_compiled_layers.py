@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 import torch
 
-from sparrow.config.schema import AlgoConfig
+from sparrow.config.schema import AlgoConfig, TrainerConfig
 from sparrow.trainer.compiled_layers import compile_layers, decoder_layers, is_compiled
 from sparrow.trainer.policy_trainer import PolicyTrainer, load_hf_model
 from tests.trainer.test_policy_trainer_gpu import make_records
 
-ALGO = AlgoConfig(lr=1e-3, micro_batch_tokens=64, grad_clip=1.0)
+ALGO = AlgoConfig(lr=1e-3, grad_clip=1.0)
+SYSTEM = TrainerConfig(micro_batch_tokens=64)
 
 
 def test_every_layer_is_compiled_in_place_keeping_its_parameters(qwen3_checkpoint):
@@ -32,9 +33,12 @@ def test_every_layer_is_compiled_in_place_keeping_its_parameters(qwen3_checkpoin
 
 
 def test_the_trainer_compiles_only_when_asked(qwen3_checkpoint):
-    plain = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu")
+    plain = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu", trainer_config=SYSTEM)
     asked = PolicyTrainer(
-        qwen3_checkpoint, dataclasses.replace(ALGO, compile_layers=True), device="cpu"
+        qwen3_checkpoint,
+        ALGO,
+        device="cpu",
+        trainer_config=dataclasses.replace(SYSTEM, compile_layers=True),
     )
     assert not any(is_compiled(layer) for layer in decoder_layers(plain.model))
     assert all(is_compiled(layer) for layer in decoder_layers(asked.model))
@@ -68,14 +72,19 @@ def assert_no_further_from_fp32(reference, eager, compiled, field="dense_logprob
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_compiled_layers_score_and_update_like_eager_on_gpu(qwen3_checkpoint, checkpointing):
-    algo = dataclasses.replace(ALGO, gradient_checkpointing=checkpointing)
-    reference = PolicyTrainer(qwen3_checkpoint, algo, device="cuda", dtype="float32")
-    eager = PolicyTrainer(qwen3_checkpoint, algo, device="cuda", dtype="auto")
+    system = dataclasses.replace(SYSTEM, gradient_checkpointing=checkpointing)
+    reference = PolicyTrainer(
+        qwen3_checkpoint, ALGO, device="cuda", dtype="float32", trainer_config=system
+    )
+    eager = PolicyTrainer(
+        qwen3_checkpoint, ALGO, device="cuda", dtype="auto", trainer_config=system
+    )
     compiled = PolicyTrainer(
         qwen3_checkpoint,
-        dataclasses.replace(algo, compile_layers=True),
+        ALGO,
         device="cuda",
         dtype="auto",
+        trainer_config=dataclasses.replace(system, compile_layers=True),
     )
     assert eager.dtype == compiled.dtype == torch.bfloat16
 

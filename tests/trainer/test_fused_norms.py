@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from sparrow.config.schema import AlgoConfig
+from sparrow.config.schema import AlgoConfig, TrainerConfig
 from sparrow.trainer.fused_norms import fuse_rms_norms, is_rms_norm
 from sparrow.trainer.policy_trainer import PolicyTrainer, load_hf_model
 from tests.trainer.test_policy_trainer import make_records, rollout_step
 
-ALGO = AlgoConfig(lr=1e-3, micro_batch_tokens=10_000, grad_clip=0.0, tis_cap=2.0)
+ALGO = AlgoConfig(lr=1e-3, grad_clip=0.0, tis_cap=2.0)
+SYSTEM = TrainerConfig(micro_batch_tokens=10_000)
 
 
 def test_every_norm_is_fused_and_the_forward_stays(qwen3_checkpoint):
@@ -39,14 +40,19 @@ def test_trainer_with_fused_norms_scores_and_updates_alike(qwen3_checkpoint, dty
     test holds bf16 scoring to) and move the weights the same way."""
     records = make_records(seed=5)
     rewards = [0, 1, 0, 1, 1, 0]
-    exact = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu", dtype="float32").score(records)
-    plain = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu", dtype=dtype, seed=2)
+    exact = PolicyTrainer(
+        qwen3_checkpoint, ALGO, device="cpu", dtype="float32", trainer_config=SYSTEM
+    ).score(records)
+    plain = PolicyTrainer(
+        qwen3_checkpoint, ALGO, device="cpu", dtype=dtype, seed=2, trainer_config=SYSTEM
+    )
     fused = PolicyTrainer(
         qwen3_checkpoint,
-        dataclasses.replace(ALGO, fused_norms=True),
+        ALGO,
         device="cpu",
         dtype=dtype,
         seed=2,
+        trainer_config=dataclasses.replace(SYSTEM, fused_norms=True),
     )
     tolerance = 1e-5 if dtype == "float32" else 0.15
     for want, a, b in zip(exact, plain.score(records), fused.score(records)):

@@ -10,7 +10,7 @@ import torch
 
 from sparrow.trainer.host_stash import ALIGN, HostStash
 from sparrow.trainer.policy_trainer import PolicyTrainer
-from tests.trainer.test_policy_trainer import ALGO, make_records, with_actor_logprobs
+from tests.trainer.test_policy_trainer import ALGO, SYSTEM, make_records, with_actor_logprobs
 
 
 def mixed_tensors(seed: int) -> list[torch.Tensor]:
@@ -68,8 +68,12 @@ def _state(trainer):
 
 def test_policy_trainer_round_trips_through_one_buffer(qwen3_checkpoint):
     records = make_records(prompts=2, group=2, seed=5)
-    plain = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu", dtype="bfloat16", seed=0)
-    moved = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu", dtype="bfloat16", seed=0)
+    plain = PolicyTrainer(
+        qwen3_checkpoint, ALGO, device="cpu", dtype="bfloat16", seed=0, trainer_config=SYSTEM
+    )
+    moved = PolicyTrainer(
+        qwen3_checkpoint, ALGO, device="cpu", dtype="bfloat16", seed=0, trainer_config=SYSTEM
+    )
     scores = plain.score(records)
     update_records = with_actor_logprobs(records, scores, [0.0, 0.1, 0.2, 0.3])
     old = [s.dense_logprobs for s in scores]

@@ -102,7 +102,7 @@ def test_the_trainer_scores_through_the_compiled_log_softmax_when_asked(
 
     import numpy as np
 
-    from sparrow.config.schema import AlgoConfig
+    from sparrow.config.schema import AlgoConfig, TrainerConfig
     from sparrow.trainer import logprobs
     from sparrow.trainer.policy_trainer import PolicyTrainer
     from tests.trainer.test_policy_trainer_gpu import make_records
@@ -115,12 +115,16 @@ def test_the_trainer_scores_through_the_compiled_log_softmax_when_asked(
         return compiled()
 
     monkeypatch.setattr(logprobs, "_compiled_normalized_at", counting)
-    algo = AlgoConfig(lr=1e-3, micro_batch_tokens=64, logits_chunk_tokens=8)
+    algo = AlgoConfig(lr=1e-3)
+    system = TrainerConfig(micro_batch_tokens=64, logits_chunk_tokens=8)
     records = make_records(seed=2)
     trainers = [
-        PolicyTrainer(qwen3_checkpoint, algo, device="cpu"),
+        PolicyTrainer(qwen3_checkpoint, algo, device="cpu", trainer_config=system),
         PolicyTrainer(
-            qwen3_checkpoint, dataclasses.replace(algo, compile_logprobs=True), device="cpu"
+            qwen3_checkpoint,
+            algo,
+            device="cpu",
+            trainer_config=dataclasses.replace(system, compile_logprobs=True),
         ),
     ]
     plain = trainers[0].score(records)
@@ -148,7 +152,7 @@ def test_the_trainer_scores_through_the_compiled_log_softmax_when_asked(
     assert not trainers[0].compiles("compile_layers")
     trainers[0].device = cuda
     assert trainers[0].compiles("compile_logprobs") and trainers[0].compiles("compile_layers")
-    trainers[1].algo = dataclasses.replace(algo, compile_logprobs=False)
+    trainers[1].trainer_config = dataclasses.replace(system, compile_logprobs=False)
     trainers[1].device = cuda
     assert not trainers[1].compiles("compile_logprobs")
 

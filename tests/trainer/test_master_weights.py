@@ -11,12 +11,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from sparrow.config.schema import AlgoConfig
+from sparrow.config.schema import AlgoConfig, TrainerConfig
 from sparrow.trainer.master_weights import MasterWeights
 from sparrow.trainer.policy_trainer import PolicyTrainer
 from tests.trainer.test_policy_trainer import make_records, rollout_step
 
-ALGO = AlgoConfig(lr=1e-3, micro_batch_tokens=10_000, grad_clip=0.0, tis_cap=2.0)
+ALGO = AlgoConfig(lr=1e-3, grad_clip=0.0, tis_cap=2.0)
+SYSTEM = TrainerConfig(micro_batch_tokens=10_000)
 
 
 def tied_net():
@@ -70,7 +71,9 @@ def test_a_small_update_lands_on_the_master_and_publish_rounds_it():
 
 
 def test_trainer_holds_bf16_and_saves_the_fp32_masters(qwen3_checkpoint, tmp_path):
-    trainer = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu", dtype="bfloat16", seed=3)
+    trainer = PolicyTrainer(
+        qwen3_checkpoint, ALGO, device="cpu", dtype="bfloat16", seed=3, trainer_config=SYSTEM
+    )
     assert trainer.masters is not None
     assert all(p.dtype == torch.bfloat16 for p in trainer.model.parameters())
     start = [m.clone() for m in trainer.masters.parameters()]
@@ -92,11 +95,15 @@ def test_trainer_holds_bf16_and_saves_the_fp32_masters(qwen3_checkpoint, tmp_pat
 
 def test_resume_with_master_weights_is_exact(qwen3_checkpoint, tmp_path):
     records = make_records(seed=4)
-    straight = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu", dtype="bfloat16", seed=1)
+    straight = PolicyTrainer(
+        qwen3_checkpoint, ALGO, device="cpu", dtype="bfloat16", seed=1, trainer_config=SYSTEM
+    )
     rollout_step(straight, records, [0, 1, 0, 1, 1, 0], 3)
     straight.save(tmp_path / "ckpt")
     want = rollout_step(straight, records, [1, 1, 0, 0, 0.5, 0], 3)
-    resumed = PolicyTrainer.load(tmp_path / "ckpt", ALGO, device="cpu", dtype="bfloat16")
+    resumed = PolicyTrainer.load(
+        tmp_path / "ckpt", ALGO, device="cpu", dtype="bfloat16", trainer_config=SYSTEM
+    )
     got = rollout_step(resumed, records, [1, 1, 0, 0, 0.5, 0], 3)
     assert got == want
     for a, b in zip(straight.masters.parameters(), resumed.masters.parameters()):
@@ -105,8 +112,10 @@ def test_resume_with_master_weights_is_exact(qwen3_checkpoint, tmp_path):
 
 @pytest.mark.parametrize("master_weights", [True, False])
 def test_bf16_update_moves_logprobs_the_same_way_either_way(qwen3_checkpoint, master_weights):
-    algo = dataclasses.replace(ALGO, master_weights=master_weights)
-    trainer = PolicyTrainer(qwen3_checkpoint, algo, device="cpu", dtype="bfloat16", seed=0)
+    system = dataclasses.replace(SYSTEM, master_weights=master_weights)
+    trainer = PolicyTrainer(
+        qwen3_checkpoint, ALGO, device="cpu", dtype="bfloat16", seed=0, trainer_config=system
+    )
     assert (trainer.masters is not None) == master_weights
     records = make_records(prompts=2, group=2, seed=1)
     rewards = [1.0, 0.0, 0.0, 1.0]

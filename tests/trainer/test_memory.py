@@ -11,7 +11,7 @@ import torch
 from sparrow.errors import SparrowError
 from sparrow.trainer.memory import TrainerMemoryError, names_out_of_memory
 from sparrow.trainer.policy_trainer import PolicyTrainer
-from tests.trainer.test_policy_trainer import ALGO, make_records
+from tests.trainer.test_policy_trainer import ALGO, SYSTEM, make_records
 
 DEVICE_SAID = (
     "CUDA out of memory. Tried to allocate 2.32 GiB. GPU 0 has a total capacity of "
@@ -26,7 +26,7 @@ def out_of_memory(*args, **kwargs):
 def test_scoring_and_the_update_name_the_settings_that_lower_their_memory(
     qwen3_checkpoint, monkeypatch
 ):
-    trainer = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu", seed=0)
+    trainer = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu", seed=0, trainer_config=SYSTEM)
     records = make_records()
     monkeypatch.setattr(trainer, "_token_logprobs", out_of_memory)
     with pytest.raises(TrainerMemoryError) as err:
@@ -35,7 +35,7 @@ def test_scoring_and_the_update_name_the_settings_that_lower_their_memory(
     assert isinstance(err.value, SparrowError) and "\n" not in text
     assert text.startswith(
         "dense scoring ran out of GPU memory on cpu: CUDA out of memory. "
-        "Tried to allocate 2.32 GiB. To fit: lower algo.micro_batch_tokens "
+        "Tried to allocate 2.32 GiB. To fit: lower trainer.micro_batch_tokens "
         "(now 10000)"
     )
     assert "rollout.release_memory" in text and "trainer.num_workers" in text
@@ -43,15 +43,17 @@ def test_scoring_and_the_update_name_the_settings_that_lower_their_memory(
     assert err.value.__context__ is None  # the failed call's frames are not held
 
     monkeypatch.setattr(trainer, "_one_pass", out_of_memory)
-    scores = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu", seed=0).score(records)
+    scores = PolicyTrainer(
+        qwen3_checkpoint, ALGO, device="cpu", seed=0, trainer_config=SYSTEM
+    ).score(records)
     old = [s.dense_logprobs for s in scores]
     with pytest.raises(
         TrainerMemoryError,
         match=r"^the policy update ran out of GPU memory.*"
-        r"set algo\.gradient_checkpointing=true",
+        r"set trainer\.gradient_checkpointing=true",
     ):
         trainer.update(records, [0.0, 1.0] * 3, old, 3)
-    trainer.algo = dataclasses.replace(ALGO, gradient_checkpointing=True)
+    trainer.trainer_config = dataclasses.replace(SYSTEM, gradient_checkpointing=True)
     with pytest.raises(TrainerMemoryError) as err:
         trainer.update(records, [0.0, 1.0] * 3, old, 3)
     assert "gradient_checkpointing" not in str(err.value)  # already on
@@ -59,7 +61,7 @@ def test_scoring_and_the_update_name_the_settings_that_lower_their_memory(
 
 def test_the_failed_calls_tensors_are_let_go_before_the_error():
     class Trainer:
-        algo, device = ALGO, torch.device("cpu")
+        trainer_config, device = SYSTEM, torch.device("cpu")
 
         @names_out_of_memory("a stage")
         def run(self):
@@ -74,7 +76,7 @@ def test_the_failed_calls_tensors_are_let_go_before_the_error():
 
 def test_other_errors_pass_through():
     class Trainer:
-        algo, device = ALGO, torch.device("cpu")
+        trainer_config, device = SYSTEM, torch.device("cpu")
 
         @names_out_of_memory("a stage")
         def run(self):

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from sparrow.config.schema import TrainerConfig
 from sparrow.model import load_model
 from sparrow.trainer.policy_trainer import PolicyTrainer
 from tests.trainer.broadcast_workers import one_member
@@ -53,16 +54,30 @@ def test_nccl_broadcast_gives_the_sender_weights(
 
 def test_two_nccl_ranks_update_like_one_gpu(qwen3_checkpoint, tmp_path):
     assert torch.cuda.device_count() >= 2
-    algo = dataclasses.replace(ALGO, micro_batch_tokens=1, grad_clip=0.05)
+    algo = dataclasses.replace(ALGO, grad_clip=0.05)
+    system = TrainerConfig(micro_batch_tokens=1)
     records = make_records(prompts=3, group=2, seed=12)
     rewards = [0.0, 1.0, 1.0, 0.5, 0.2, 0.0]
-    single = PolicyTrainer(qwen3_checkpoint, algo, device="cuda", dtype="float32", seed=0)
+    single = PolicyTrainer(
+        qwen3_checkpoint, algo, device="cuda", dtype="float32", seed=0, trainer_config=system
+    )
     scores = single.score(records)
     update_records = with_actor_logprobs(records, scores, [0.1 * (i % 3) for i in range(6)])
     old = [s.dense_logprobs for s in scores]
     mp.spawn(
         update_rank,
-        args=(2, free_port(), qwen3_checkpoint, algo, update_records, rewards, old, 2, tmp_path),
+        args=(
+            2,
+            free_port(),
+            qwen3_checkpoint,
+            algo,
+            system,
+            update_records,
+            rewards,
+            old,
+            2,
+            tmp_path,
+        ),
         nprocs=2,
         join=True,
     )
@@ -84,7 +99,7 @@ def test_nccl_ranks_offload_their_shards_and_update_alike(qwen3_checkpoint, tmp_
     )
 
     assert torch.cuda.device_count() >= 2
-    algo, update_records, old = update_batch(qwen3_checkpoint)
+    algo, system, update_records, old = update_batch(qwen3_checkpoint)
     mp.spawn(
         offload_round_trip,
         args=(
@@ -92,6 +107,7 @@ def test_nccl_ranks_offload_their_shards_and_update_alike(qwen3_checkpoint, tmp_
             free_port(),
             qwen3_checkpoint,
             algo,
+            system,
             update_records,
             REWARDS,
             old,

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from sparrow.config.schema import AlgoConfig
+from sparrow.config.schema import AlgoConfig, TrainerConfig
 from sparrow.data.rollouts import RolloutRecord
 from sparrow.model import load_model, load_tokenizer
 from sparrow.model.attention import causal_attention
@@ -21,7 +21,8 @@ from sparrow.rl.checks import RLInputError
 from sparrow.trainer.policy_trainer import PolicyTrainer
 
 VOCAB = 384
-ALGO = AlgoConfig(lr=1e-3, micro_batch_tokens=10_000, grad_clip=0.0, tis_cap=2.0)
+ALGO = AlgoConfig(lr=1e-3, grad_clip=0.0, tis_cap=2.0)
+SYSTEM = TrainerConfig(micro_batch_tokens=10_000)
 
 
 def make_records(prompts=2, group=3, seed=0):
@@ -70,7 +71,9 @@ def weights(trainer):
 
 
 def test_update_raises_positive_advantage_tokens(qwen3_checkpoint):
-    trainer = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu", dtype="auto", seed=0)
+    trainer = PolicyTrainer(
+        qwen3_checkpoint, ALGO, device="cpu", dtype="auto", seed=0, trainer_config=SYSTEM
+    )
     records = make_records(prompts=2, group=2, seed=1)
     rewards = [1.0, 0.0, 0.0, 1.0]  # advantages +, -, -, + (GRPO)
     before = [sum(s.dense_logprobs) for s in trainer.score(records)]
@@ -90,8 +93,9 @@ def test_micro_batches_sum_to_the_full_batch(qwen3_checkpoint, loss_agg):
     rewards = [0.0, 1.0, 1.0, 0.5, 0.2, 0.0]
     results = []
     for budget in (10_000, 1):  # one micro-batch, then one sequence per micro-batch
-        algo = dataclasses.replace(ALGO, micro_batch_tokens=budget, loss_agg=loss_agg)
-        trainer = PolicyTrainer(qwen3_checkpoint, algo, device="cpu", seed=0)
+        algo = dataclasses.replace(ALGO, loss_agg=loss_agg)
+        system = dataclasses.replace(SYSTEM, micro_batch_tokens=budget)
+        trainer = PolicyTrainer(qwen3_checkpoint, algo, device="cpu", seed=0, trainer_config=system)
         metrics = rollout_step(trainer, records, rewards, group=2)
         grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
         results.append((metrics, grads, weights(trainer)))
@@ -118,7 +122,7 @@ def test_micro_batches_sum_to_the_full_batch(qwen3_checkpoint, loss_agg):
 def test_grpo_reference_loss_by_hand(qwen3_checkpoint):
     """First pass, TIS off: ratio = 1, so the loss is -(sum of A_i n_i) / total tokens."""
     algo = dataclasses.replace(ALGO, tis_cap=-1.0)
-    trainer = PolicyTrainer(qwen3_checkpoint, algo, device="cpu")
+    trainer = PolicyTrainer(qwen3_checkpoint, algo, device="cpu", trainer_config=SYSTEM)
     records = make_records(prompts=2, group=3, seed=3)
     rewards = [1.0, 0.0, 0.0, 0.3, 0.6, 0.9]
     metrics = rollout_step(trainer, records, rewards, group=3)
@@ -135,7 +139,7 @@ def test_mask_truncated_leaves_cut_samples_out_of_the_loss(qwen3_checkpoint):
     """As the reference above, with samples 1 and 4 cut at the length limit: their tokens
     leave the loss and its denominator; advantages still come from every reward."""
     algo = dataclasses.replace(ALGO, tis_cap=-1.0, mask_truncated=True)
-    trainer = PolicyTrainer(qwen3_checkpoint, algo, device="cpu")
+    trainer = PolicyTrainer(qwen3_checkpoint, algo, device="cpu", trainer_config=SYSTEM)
     records = make_records(prompts=2, group=3, seed=3)
     records = [
         dataclasses.replace(r, finish_reason="length" if i in (1, 4) else "stop")
@@ -159,7 +163,7 @@ def test_mask_truncated_leaves_cut_samples_out_of_the_loss(qwen3_checkpoint):
 
 def test_gradient_clipping_reports_the_norm_before_clipping(qwen3_checkpoint):
     algo = dataclasses.replace(ALGO, grad_clip=1e-3)
-    trainer = PolicyTrainer(qwen3_checkpoint, algo, device="cpu")
+    trainer = PolicyTrainer(qwen3_checkpoint, algo, device="cpu", trainer_config=SYSTEM)
     metrics = rollout_step(trainer, make_records(seed=4), [0, 1, 0, 1, 1, 0], group=3)
     clipped = torch.linalg.vector_norm(
         torch.stack([torch.linalg.vector_norm(p.grad) for p in trainer.model.parameters()])
@@ -170,7 +174,7 @@ def test_gradient_clipping_reports_the_norm_before_clipping(qwen3_checkpoint):
 
 def test_several_epochs_step_several_times(qwen3_checkpoint):
     algo = dataclasses.replace(ALGO, ppo_epochs=3)
-    trainer = PolicyTrainer(qwen3_checkpoint, algo, device="cpu")
+    trainer = PolicyTrainer(qwen3_checkpoint, algo, device="cpu", trainer_config=SYSTEM)
     metrics = rollout_step(trainer, make_records(seed=5), [0, 1, 0, 1, 1, 0], group=3)
     assert trainer.optimizer_steps == 3 and trainer.step == 1
     # later passes see p_theta != p_old, so the mean ratio over passes moves off 1
@@ -180,12 +184,14 @@ def test_several_epochs_step_several_times(qwen3_checkpoint):
 def test_save_load_resumes_exactly(qwen3_checkpoint, tmp_path):
     records = make_records(seed=6)
     steps = [[0, 1, 0, 1, 1, 0], [1, 1, 0, 0, 0.5, 0]]
-    straight = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu", seed=7)
+    straight = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu", seed=7, trainer_config=SYSTEM)
     rollout_step(straight, records, steps[0], 3)
     straight.save(tmp_path / "ckpt")
     expected = rollout_step(straight, records, steps[1], 3)
 
-    resumed = PolicyTrainer.load(tmp_path / "ckpt", ALGO, device="cpu", dtype="auto")
+    resumed = PolicyTrainer.load(
+        tmp_path / "ckpt", ALGO, device="cpu", dtype="auto", trainer_config=SYSTEM
+    )
     assert resumed.step == 1 and resumed.seed == 7
     got = rollout_step(resumed, records, steps[1], 3)
     assert got == expected
@@ -196,7 +202,7 @@ def test_save_load_resumes_exactly(qwen3_checkpoint, tmp_path):
 
 
 def test_saved_folder_is_a_checkpoint_the_engine_loads(qwen3_checkpoint, tmp_path):
-    trainer = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu")
+    trainer = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu", trainer_config=SYSTEM)
     rollout_step(trainer, make_records(seed=8), [0, 1, 0, 1, 1, 0], group=3)
     folder = trainer.save(tmp_path / "ckpt")
     ids = torch.tensor([5, 17, 200, 3, 99, 42])
@@ -213,15 +219,15 @@ def test_saved_folder_is_a_checkpoint_the_engine_loads(qwen3_checkpoint, tmp_pat
 
 
 def test_load_takes_lr_from_the_new_config(qwen3_checkpoint, tmp_path):
-    trainer = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu")
+    trainer = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu", trainer_config=SYSTEM)
     trainer.save(tmp_path / "ckpt")
     slower = dataclasses.replace(ALGO, lr=1e-5)
-    resumed = PolicyTrainer.load(tmp_path / "ckpt", slower, device="cpu")
+    resumed = PolicyTrainer.load(tmp_path / "ckpt", slower, device="cpu", trainer_config=SYSTEM)
     assert [g["lr"] for g in resumed.optimizer.param_groups] == [1e-5]
 
 
 def test_bad_update_inputs_are_named(qwen3_checkpoint):
-    trainer = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu")
+    trainer = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu", trainer_config=SYSTEM)
     records = make_records(prompts=2, group=2)
     old = [[0.0] * len(r.output_ids) for r in records]
     with pytest.raises(RLInputError, match="4 records, 3 rewards"):
@@ -244,11 +250,11 @@ def test_missing_model_directory(tmp_path):
     from sparrow.errors import SparrowError
 
     with pytest.raises(SparrowError, match=f"model directory {tmp_path / 'none'} does not exist"):
-        PolicyTrainer(tmp_path / "none", ALGO, device="cpu")
+        PolicyTrainer(tmp_path / "none", ALGO, device="cpu", trainer_config=SYSTEM)
 
 
 def test_nothing_generated_leaves_the_weights(qwen3_checkpoint):
-    trainer = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu")
+    trainer = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu", trainer_config=SYSTEM)
     usual = rollout_step(trainer, make_records(seed=9), [0, 1, 0, 1, 1, 0], group=3)
     before = weights(trainer)
     empty = [
@@ -269,8 +275,8 @@ def test_trainer_memory_options_keep_the_update(qwen3_checkpoint, change):
     records = make_records(prompts=2, group=3, seed=7)
     rewards = [1.0, 0.0, 0.5, 0.0, 1.0, 0.2]
     results = []
-    for algo in (ALGO, dataclasses.replace(ALGO, **change)):
-        trainer = PolicyTrainer(qwen3_checkpoint, algo, device="cpu", seed=0)
+    for system in (SYSTEM, dataclasses.replace(SYSTEM, **change)):
+        trainer = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu", seed=0, trainer_config=system)
         weights_before = weights(trainer)
         metrics = rollout_step(trainer, records, rewards, group=3)
         results.append((metrics, weights(trainer)))
@@ -287,11 +293,11 @@ def test_trainer_memory_options_keep_the_update(qwen3_checkpoint, change):
 
 
 def test_gradient_checkpointing_wraps_every_layer_in_the_update(qwen3_checkpoint):
-    """With algo.gradient_checkpointing each decoder layer's forward in the update goes through
+    """With trainer.gradient_checkpointing each decoder layer's forward in the update goes through
     the checkpoint function (whose backward recomputes it); scoring (no gradient) never does."""
     records = make_records(prompts=1, group=2, seed=8)
-    algo = dataclasses.replace(ALGO, gradient_checkpointing=True)
-    trainer = PolicyTrainer(qwen3_checkpoint, algo, device="cpu", seed=0)
+    system = dataclasses.replace(SYSTEM, gradient_checkpointing=True)
+    trainer = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu", seed=0, trainer_config=system)
     layers = trainer.model.get_decoder().layers
     calls = [0]
     for layer in layers:
@@ -306,7 +312,7 @@ def test_gradient_checkpointing_wraps_every_layer_in_the_update(qwen3_checkpoint
     assert calls[0] == 0
     trainer.update(records, [1.0, 0.0], [s.dense_logprobs for s in scores], 2)
     assert calls[0] == len(layers)  # one micro-batch
-    plain = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu", seed=0)
+    plain = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu", seed=0, trainer_config=SYSTEM)
     assert not plain.model.training and not any(
         getattr(layer, "gradient_checkpointing", False)
         for layer in plain.model.get_decoder().layers

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from sparrow.config.schema import AlgoConfig
+from sparrow.config.schema import AlgoConfig, TrainerConfig
 from sparrow.data.rollouts import RolloutRecord
 from sparrow.model import causal_attention, load_model
 from sparrow.trainer.policy_trainer import PolicyTrainer
@@ -21,7 +21,8 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
-ALGO = AlgoConfig(lr=1e-3, micro_batch_tokens=64, grad_clip=1.0)
+ALGO = AlgoConfig(lr=1e-3, grad_clip=1.0)
+SYSTEM = TrainerConfig(micro_batch_tokens=64)
 
 
 def make_records(seed=0, prompts=2, group=2, vocab=384):
@@ -53,8 +54,10 @@ def make_records(seed=0, prompts=2, group=2, vocab=384):
 
 def test_bf16_scores_stay_close_to_fp32_cpu(qwen3_checkpoint):
     records = make_records()
-    cpu = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu").score(records)
-    gpu_trainer = PolicyTrainer(qwen3_checkpoint, ALGO, device="cuda", dtype="auto")
+    cpu = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu", trainer_config=SYSTEM).score(records)
+    gpu_trainer = PolicyTrainer(
+        qwen3_checkpoint, ALGO, device="cuda", dtype="auto", trainer_config=SYSTEM
+    )
     assert gpu_trainer.dtype == torch.bfloat16
     assert all(p.dtype == torch.bfloat16 and p.is_cuda for p in gpu_trainer.model.parameters())
     assert all(m.dtype == torch.float32 and m.is_cuda for m in gpu_trainer.masters.parameters())
@@ -66,7 +69,9 @@ def test_bf16_scores_stay_close_to_fp32_cpu(qwen3_checkpoint):
 
 
 def test_gpu_update_direction_sync_and_resume(qwen3_checkpoint, tmp_path):
-    trainer = PolicyTrainer(qwen3_checkpoint, ALGO, device="cuda", dtype="auto")
+    trainer = PolicyTrainer(
+        qwen3_checkpoint, ALGO, device="cuda", dtype="auto", trainer_config=SYSTEM
+    )
     records = make_records(seed=1)
     rewards = [1.0, 0.0, 0.0, 1.0]
     before = trainer.score(records)
@@ -86,7 +91,7 @@ def test_gpu_update_direction_sync_and_resume(qwen3_checkpoint, tmp_path):
             engine_model(ids, torch.arange(4, device="cuda"), causal_attention([4]))
         )
     torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
-    resumed = PolicyTrainer.load(folder, ALGO, device="cuda", dtype="auto")
+    resumed = PolicyTrainer.load(folder, ALGO, device="cuda", dtype="auto", trainer_config=SYSTEM)
     old = [s.dense_logprobs for s in after]
     m1 = trainer.update(records, rewards, old, 2)
     m2 = resumed.update(records, rewards, old, 2)
@@ -98,7 +103,9 @@ def test_gpu_update_direction_sync_and_resume(qwen3_checkpoint, tmp_path):
 
 
 def test_offload_keeps_masters_and_moments(qwen3_checkpoint):
-    trainer = PolicyTrainer(qwen3_checkpoint, ALGO, device="cuda", dtype="auto")
+    trainer = PolicyTrainer(
+        qwen3_checkpoint, ALGO, device="cuda", dtype="auto", trainer_config=SYSTEM
+    )
     records = make_records(seed=2)
     scores = trainer.score(records)
     trainer.update(records, [1.0, 0.0, 0.0, 1.0], [s.dense_logprobs for s in scores], 2)
@@ -125,8 +132,10 @@ def _host_allocations() -> int | None:
 
 
 def test_offload_buffer_is_page_locked_once_and_reused(qwen3_checkpoint):
-    algo = dataclasses.replace(ALGO, offload_during_rollout=True)
-    trainer = PolicyTrainer(qwen3_checkpoint, algo, device="cuda", dtype="auto")
+    system = dataclasses.replace(SYSTEM, offload_during_rollout=True)
+    trainer = PolicyTrainer(
+        qwen3_checkpoint, ALGO, device="cuda", dtype="auto", trainer_config=system
+    )
     stash = trainer._stash
     # reserved when the trainer was built: the first offload only copies
     assert stash.allocations == 1 and stash.buffer.is_pinned()
@@ -154,9 +163,13 @@ def test_offload_buffer_is_page_locked_once_and_reused(qwen3_checkpoint):
 
 def test_fused_norms_on_gpu_stay_close_to_fp32_cpu(qwen3_checkpoint):
     records = make_records(seed=3)
-    cpu = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu").score(records)
+    cpu = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu", trainer_config=SYSTEM).score(records)
     fused = PolicyTrainer(
-        qwen3_checkpoint, dataclasses.replace(ALGO, fused_norms=True), device="cuda", dtype="auto"
+        qwen3_checkpoint,
+        ALGO,
+        device="cuda",
+        dtype="auto",
+        trainer_config=dataclasses.replace(SYSTEM, fused_norms=True),
     )
     for a, b in zip(cpu, fused.score(records)):
         np.testing.assert_allclose(b.dense_logprobs, a.dense_logprobs, atol=0.15)

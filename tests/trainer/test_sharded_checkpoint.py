@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from sparrow.config.schema import TrainerConfig
 from sparrow.trainer.checkpoint import TrainerCheckpointError
 from sparrow.trainer.policy_trainer import PolicyTrainer
 from sparrow.trainer.sharded_checkpoint import SHARDED_STATE
@@ -26,7 +27,8 @@ pytestmark = pytest.mark.slow
 
 # one sequence per micro-batch (the ranks hold 4 and 2 sequences) and an active clip, as in
 # test_sharded_trainer.py
-GROUP_ALGO = dataclasses.replace(ALGO, micro_batch_tokens=1, grad_clip=0.05)
+GROUP_ALGO = dataclasses.replace(ALGO, grad_clip=0.05)
+GROUP_SYSTEM = TrainerConfig(micro_batch_tokens=1)
 REWARDS = ([0.0, 1.0, 1.0, 0.5, 0.2, 0.0], [1.0, 0.0, 0.0, 1.0, 0.5, 0.5])
 
 
@@ -50,7 +52,9 @@ def moments_close(have: dict, want: dict) -> None:
 
 def test_one_process_resumes_two_ranks_shards(qwen3_checkpoint, qwen3_gqa3_checkpoint, tmp_path):
     records = make_records(prompts=3, group=2, seed=12)
-    single = PolicyTrainer(qwen3_checkpoint, GROUP_ALGO, device="cpu", seed=0)
+    single = PolicyTrainer(
+        qwen3_checkpoint, GROUP_ALGO, device="cpu", seed=0, trainer_config=GROUP_SYSTEM
+    )
     scores = single.score(records)
     update_records = with_actor_logprobs(records, scores, [0.1 * (i % 3) for i in range(6)])
     old = [s.dense_logprobs for s in scores]
@@ -58,6 +62,7 @@ def test_one_process_resumes_two_ranks_shards(qwen3_checkpoint, qwen3_gqa3_check
         2,
         qwen3_checkpoint,
         GROUP_ALGO,
+        GROUP_SYSTEM,
         update_records,
         REWARDS,
         old,
@@ -68,7 +73,9 @@ def test_one_process_resumes_two_ranks_shards(qwen3_checkpoint, qwen3_gqa3_check
     folder = tmp_path / "sharded"
     assert (folder / SHARDED_STATE).is_dir() and not (folder / "optimizer.pt").exists()
 
-    resumed = PolicyTrainer.load(folder, GROUP_ALGO, device="cpu", dtype="auto")
+    resumed = PolicyTrainer.load(
+        folder, GROUP_ALGO, device="cpu", dtype="auto", trainer_config=GROUP_SYSTEM
+    )
     assert not dist.is_initialized()
     assert resumed.step == 1 and resumed.optimizer_steps == 1
     # every moment on its own parameter: bit for bit the group's state gathered in one
@@ -82,7 +89,9 @@ def test_one_process_resumes_two_ranks_shards(qwen3_checkpoint, qwen3_gqa3_check
             assert torch.equal(loaded["state"][index][key], tensor), (index, key)
 
     # bf16 with fp32 master weights (a GPU's "auto"): the same moments, on the masters
-    masters = PolicyTrainer.load(folder, GROUP_ALGO, device="cpu", dtype="bfloat16")
+    masters = PolicyTrainer.load(
+        folder, GROUP_ALGO, device="cpu", dtype="bfloat16", trainer_config=GROUP_SYSTEM
+    )
     assert masters.masters is not None
     on_masters = masters.optimizer.state_dict()["state"]
     assert all(
@@ -112,7 +121,9 @@ def test_one_process_resumes_two_ranks_shards(qwen3_checkpoint, qwen3_gqa3_check
     shutil.copytree(folder, broken)
     next((broken / SHARDED_STATE).glob("__1_*.distcp")).unlink()
     with pytest.raises(TrainerCheckpointError, match="unreadable: FileNotFoundError.*__1_"):
-        PolicyTrainer.load(broken, GROUP_ALGO, device="cpu", dtype="auto")
+        PolicyTrainer.load(
+            broken, GROUP_ALGO, device="cpu", dtype="auto", trainer_config=GROUP_SYSTEM
+        )
     other = tmp_path / "other"
     shutil.copytree(folder, other)
     for name in ("config.json", "model.safetensors"):
@@ -121,4 +132,6 @@ def test_one_process_resumes_two_ranks_shards(qwen3_checkpoint, qwen3_gqa3_check
         TrainerCheckpointError,
         match=r"do not fit this model: parameters \['model.layers.0.self_attn",
     ):
-        PolicyTrainer.load(other, GROUP_ALGO, device="cpu", dtype="auto")
+        PolicyTrainer.load(
+            other, GROUP_ALGO, device="cpu", dtype="auto", trainer_config=GROUP_SYSTEM
+        )

@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 
-from sparrow.config.schema import AlgoConfig, DistillConfig
+from sparrow.config.schema import AlgoConfig, DistillConfig, TrainerConfig
 from sparrow.model.builtin import resolve_model_path
 from sparrow.model.loader import SafetensorsCheckpoint
 from sparrow.sparse import get_preset
@@ -26,9 +26,9 @@ SCHEDULE = get_preset("tiny-0.80")
 ALGO = AlgoConfig(
     lr=1e-6,
     grad_clip=1e-3,
-    micro_batch_tokens=64,
     distill=DistillConfig(enabled=True, lora_rank=4, lora_alpha=8, lr_scale=1000.0, loss="full_kl"),
 )
+SYSTEM = TrainerConfig(micro_batch_tokens=64)
 
 
 def close_metrics(have: dict, want: dict) -> None:
@@ -48,10 +48,10 @@ def test_two_ranks_distill_like_one_process_and_resume(tmp_path):
     path = resolve_model_path("builtin:tiny")
     # three prompts: one rank takes two, the other one
     records = sparse_rollouts(path, SCHEDULE, prompts=3, samples=2, new_tokens=24)
-    single = SparseDistiller(path, ALGO, "cpu", "float32", seed=0)
+    single = SparseDistiller(path, ALGO, "cpu", "float32", seed=0, trainer_config=SYSTEM)
     single.set_base(SafetensorsCheckpoint(path))
     before = {k: v.clone() for k, v in adapter_state(single.model).items()}
-    run_ranks(2, path, ALGO, records, SCHEDULE, tmp_path, body=distill_rank)
+    run_ranks(2, path, ALGO, SYSTEM, records, SCHEDULE, tmp_path, body=distill_rank)
     got = torch.load(tmp_path / "distill0.pt", weights_only=False)
 
     first = single.distill(records, SCHEDULE)
@@ -77,5 +77,7 @@ def test_two_ranks_distill_like_one_process_and_resume(tmp_path):
             for key in ("mean", "p1", "p5", "p10", "p50", "min"):
                 assert have[key] == pytest.approx(want[key], rel=1e-5), (which, key)
     # the folder is the single-process one: one process resumes from it too
-    resumed = SparseDistiller.load(tmp_path / "distill", path, ALGO, "cpu", "float32")
+    resumed = SparseDistiller.load(
+        tmp_path / "distill", path, ALGO, "cpu", "float32", trainer_config=SYSTEM
+    )
     close_lora(adapter_state(resumed.model), after_first)

@@ -1,4 +1,4 @@
-"""ShardedPolicyTrainer.offload / onload (algo.offload_during_rollout with a trainer group) on 2
+"""ShardedPolicyTrainer.offload / onload (trainer.offload_during_rollout with a trainer group) on 2
 gloo ranks: every shard and moment goes through fresh memory, into one host buffer made once and
 reused by the second round trip, and the updates after the round trips equal the ones without
 them, bit for bit.
@@ -12,6 +12,7 @@ import dataclasses
 
 import torch
 
+from sparrow.config.schema import TrainerConfig
 from tests.trainer.sharded_workers import offload_round_trip, run_ranks
 from tests.trainer.test_policy_trainer import ALGO, make_records, with_actor_logprobs
 
@@ -25,11 +26,14 @@ REWARDS = (
 def update_batch(checkpoint):
     from sparrow.trainer.policy_trainer import PolicyTrainer
 
-    algo = dataclasses.replace(ALGO, micro_batch_tokens=1, grad_clip=0.05)
+    algo = dataclasses.replace(ALGO, grad_clip=0.05)
+    system = TrainerConfig(micro_batch_tokens=1)
     records = make_records(prompts=3, group=2, seed=12)
-    scores = PolicyTrainer(checkpoint, algo, device="cpu", seed=0).score(records)
+    scores = PolicyTrainer(checkpoint, algo, device="cpu", seed=0, trainer_config=system).score(
+        records
+    )
     update_records = with_actor_logprobs(records, scores, [0.1 * (i % 3) for i in range(6)])
-    return algo, update_records, [s.dense_logprobs for s in scores]
+    return algo, system, update_records, [s.dense_logprobs for s in scores]
 
 
 def check_cycles(got: dict) -> None:
@@ -57,11 +61,12 @@ def check_round_trip(got: dict, exact: bool) -> None:
 
 
 def test_offload_round_trip_keeps_the_updates(qwen3_checkpoint, tmp_path):
-    algo, update_records, old = update_batch(qwen3_checkpoint)
+    algo, system, update_records, old = update_batch(qwen3_checkpoint)
     run_ranks(
         2,
         qwen3_checkpoint,
         algo,
+        system,
         update_records,
         REWARDS,
         old,

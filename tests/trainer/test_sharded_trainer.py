@@ -11,6 +11,7 @@ import dataclasses
 import pytest
 import torch
 
+from sparrow.config.schema import TrainerConfig
 from sparrow.model import load_model
 from sparrow.model.attention import causal_attention
 from sparrow.trainer.policy_trainer import PolicyTrainer
@@ -43,14 +44,15 @@ def test_shares_keep_prompts_whole_and_balance_tokens():
 def test_two_gloo_ranks_equal_one_process(fixture, checkpointing, request, tmp_path):
     """Tied embeddings in one file, the same in three files (rank 0 broadcasts them file by
     file), untied with llama3 RoPE scaling (buffers kept through the meta-device init); and
-    ranks that recompute each layer in the backward (algo.gradient_checkpointing under FSDP)
+    ranks that recompute each layer in the backward (trainer.gradient_checkpointing under FSDP)
     against one process that keeps its activations."""
     qwen3_checkpoint = request.getfixturevalue(fixture)
     # one sequence per micro-batch: the ranks hold 4 and 2 sequences, so one rank pads
-    algo = dataclasses.replace(ALGO, micro_batch_tokens=1, grad_clip=0.05)
+    algo = dataclasses.replace(ALGO, grad_clip=0.05)
+    system = TrainerConfig(micro_batch_tokens=1)
     records = make_records(prompts=3, group=2, seed=12)
     rewards = [0.0, 1.0, 1.0, 0.5, 0.2, 0.0]
-    single = PolicyTrainer(qwen3_checkpoint, algo, device="cpu", seed=0)
+    single = PolicyTrainer(qwen3_checkpoint, algo, device="cpu", seed=0, trainer_config=system)
     before = weights(single)
     scores = single.score(records)
     update_records = with_actor_logprobs(records, scores, [0.1 * (i % 3) for i in range(6)])
@@ -58,7 +60,8 @@ def test_two_gloo_ranks_equal_one_process(fixture, checkpointing, request, tmp_p
     run_ranks(
         2,
         qwen3_checkpoint,
-        dataclasses.replace(algo, gradient_checkpointing=checkpointing),
+        algo,
+        dataclasses.replace(system, gradient_checkpointing=checkpointing),
         records,
         update_records,
         rewards,
@@ -113,7 +116,9 @@ def test_two_gloo_ranks_equal_one_process(fixture, checkpointing, request, tmp_p
     torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-4)
 
     # and one process resumes from it: a second update lands where the single trainer's does
-    resumed = PolicyTrainer.load(tmp_path / "export", algo, device="cpu", dtype="auto")
+    resumed = PolicyTrainer.load(
+        tmp_path / "export", algo, device="cpu", dtype="auto", trainer_config=system
+    )
     assert resumed.step == 1 and resumed.optimizer_steps == 1
     second = [1.0, 0.0, 0.0, 1.0, 0.5, 0.5]
     single.update(update_records, second, old, 2)

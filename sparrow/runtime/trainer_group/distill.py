@@ -43,7 +43,11 @@ class DistillRank:
     def start_distiller(self, spec: Any, distill: DistillSpec) -> int:
         from sparrow.trainer.sharded_distill import ShardedDistiller
 
-        options = dict(temperature=distill.temperature, centroid_dtype=distill.centroid_dtype)
+        options = dict(
+            temperature=distill.temperature,
+            centroid_dtype=distill.centroid_dtype,
+            trainer_config=spec.trainer_config,
+        )
         device = self.trainer.device
         self.distiller = None
         if distill.folder:

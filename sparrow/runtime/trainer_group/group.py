@@ -1,7 +1,7 @@
 """The trainer as a group of Ray actors: ShardedPolicyTrainer (FSDP2) on N ranks, driven like
 one PolicyTrainer.
 
-    group = TrainerGroup.start(TrainerSpec(model_path, algo, seed=0), num_workers=2)
+    group = TrainerGroup.start(TrainerSpec(model_path, algo, config.trainer, seed=0), num_workers=2)
     group = TrainerGroup.start(spec, 2, resume_from=folder)    # saved by any N, or one process
     scores = group.score(records)                              # as PolicyTrainer.score
     metrics = group.update(records, rewards, old, group_size=8)
@@ -171,7 +171,7 @@ class TrainerGroup:
 
     def offload(self) -> None:
         """Each rank moves its weight shards and AdamW moments to host memory
-        (algo.offload_during_rollout; ShardedPolicyTrainer.offload). A save still being
+        (trainer.offload_during_rollout; ShardedPolicyTrainer.offload). A save still being
         written is waited for first, so the engines see the freed memory when they wake."""
         self._all("offload")
 

@@ -2,7 +2,7 @@
 
     rank = TrainerRank(rank=0, world_size=2)       # in a Ray actor (sparrow/runtime/trainer_group/group.py)
     host, port = rank.rendezvous()                 # rank 0's node and a free port there
-    rank.init(host, port, TrainerSpec(model_path, algo, device="cuda"))
+    rank.init(host, port, TrainerSpec(model_path, algo, config.trainer, device="cuda"))
     rank.score(records); rank.update(records, rewards, old, group_size); rank.save(folder)
 
 A rank holds a ShardedPolicyTrainer (rl/sharded.py, FSDP2) and answers the group's calls; rank
@@ -27,6 +27,7 @@ class TrainerSpec:
 
     model_path: str
     algo: Any  # AlgoConfig
+    trainer_config: Any = None  # TrainerConfig: micro-batches, memory savers; None: defaults
     seed: int = 0
     temperature: float = 1.0
     dtype: str = "auto"  # compute dtype: auto is bf16 on GPU, fp32 on CPU
@@ -72,10 +73,17 @@ class TrainerRank(DistillRank):
             backend, init_method=f"tcp://{host}:{port}", rank=self.rank, world_size=self.world_size
         )
         if resume_from:
-            self.trainer = ShardedPolicyTrainer.load(resume_from, spec.algo, spec.dtype)
+            self.trainer = ShardedPolicyTrainer.load(
+                resume_from, spec.algo, spec.dtype, trainer_config=spec.trainer_config
+            )
         else:
             self.trainer = ShardedPolicyTrainer(
-                spec.model_path, spec.algo, spec.dtype, seed=spec.seed, temperature=spec.temperature
+                spec.model_path,
+                spec.algo,
+                spec.dtype,
+                seed=spec.seed,
+                temperature=spec.temperature,
+                trainer_config=spec.trainer_config,
             )
         return self.trainer.step
 

@@ -21,13 +21,20 @@ from sparrow.runtime.rollout.worker import WorkerSpec
 from sparrow.runtime.trainer_group.group import TrainerGroup
 from sparrow.runtime.trainer_group.rank import TrainerSpec
 from sparrow.trainer.policy_trainer import PolicyTrainer
-from tests.trainer.test_policy_trainer import ALGO, make_records, weights, with_actor_logprobs
+from tests.trainer.test_policy_trainer import (
+    ALGO,
+    SYSTEM,
+    make_records,
+    weights,
+    with_actor_logprobs,
+)
 
 pytestmark = pytest.mark.slow
 
 # one sequence per micro-batch, so the ranks hold different counts and one pads; a clip
 # that is active, so the global gradient norm matters
-GROUP_ALGO = dataclasses.replace(ALGO, micro_batch_tokens=1, grad_clip=0.05)
+GROUP_ALGO = dataclasses.replace(ALGO, grad_clip=0.05)
+GROUP_SYSTEM = dataclasses.replace(SYSTEM, micro_batch_tokens=1)
 REWARDS = (
     [0.0, 1.0, 1.0, 0.5, 0.2, 0.0],
     [1.0, 0.0, 0.0, 1.0, 0.5, 0.5],
@@ -61,9 +68,11 @@ def test_two_ranks_equal_one_process_and_resume_on_another_count(
 ):
     import ray
 
-    single = PolicyTrainer(qwen3_checkpoint, GROUP_ALGO, device="cpu", seed=0)
+    single = PolicyTrainer(
+        qwen3_checkpoint, GROUP_ALGO, device="cpu", seed=0, trainer_config=GROUP_SYSTEM
+    )
     records, scores, update_records, old = batch(single)
-    spec = TrainerSpec(str(qwen3_checkpoint), GROUP_ALGO, seed=0)
+    spec = TrainerSpec(str(qwen3_checkpoint), GROUP_ALGO, GROUP_SYSTEM, seed=0)
     two = TrainerGroup.start(spec, 2)
     try:
         got_scores = two.score(records)
@@ -129,10 +138,14 @@ def test_sync_gives_every_actor_the_trainers_weights(
     # four processes on a Ray that counts the machine's CPUs (2 here): half a CPU each
     pool = ActorPool.start(worker, 2, {"num_cpus": 0.5})
     group = TrainerGroup.start(
-        TrainerSpec(str(qwen3_checkpoint), GROUP_ALGO, seed=0), 2, placement=[{"num_cpus": 0.5}] * 2
+        TrainerSpec(str(qwen3_checkpoint), GROUP_ALGO, GROUP_SYSTEM, seed=0),
+        2,
+        placement=[{"num_cpus": 0.5}] * 2,
     )
     try:
-        single = PolicyTrainer(qwen3_checkpoint, GROUP_ALGO, device="cpu", seed=0)
+        single = PolicyTrainer(
+            qwen3_checkpoint, GROUP_ALGO, device="cpu", seed=0, trainer_config=GROUP_SYSTEM
+        )
         records, _, update_records, old = batch(single)
         group.update(update_records, REWARDS[0], old, 2)
         # a bucket of 16 KiB: the tiny model goes in dozens of buckets
@@ -184,7 +197,7 @@ def test_distill_on_the_ranks_and_sync_the_merged_weights(ray_up, tmp_path):
     from sparrow.trainer.distill import SparseDistiller
     from sparrow.trainer.lora import Adapter, adapter_state, merged_for_engine
     from tests.trainer.distill_fixtures import sparse_rollouts
-    from tests.trainer.test_sharded_distill import ALGO, SCHEDULE, close_lora, close_metrics
+    from tests.trainer.test_sharded_distill import ALGO, SCHEDULE, SYSTEM, close_lora, close_metrics
 
     path = resolve_model_path("builtin:tiny")
     records = sparse_rollouts(path, SCHEDULE, prompts=3, samples=2, new_tokens=24)
@@ -195,7 +208,7 @@ def test_distill_on_the_ranks_and_sync_the_merged_weights(ray_up, tmp_path):
         {"num_cpus": 0.5},
     )
     group = TrainerGroup.start(
-        TrainerSpec(str(path), ALGO, seed=0), 2, placement=[{"num_cpus": 0.5}] * 2
+        TrainerSpec(str(path), ALGO, SYSTEM, seed=0), 2, placement=[{"num_cpus": 0.5}] * 2
     )
     full_state = lambda: ray.get(
         [a.__ray_call__.remote(lambda r: r.trainer.full_state_dict()) for a in group.actors]
@@ -226,7 +239,7 @@ def test_distill_on_the_ranks_and_sync_the_merged_weights(ray_up, tmp_path):
         group.shutdown()
         pool.shutdown()
 
-    single = SparseDistiller(path, ALGO, "cpu", "float32", seed=0)
+    single = SparseDistiller(path, ALGO, "cpu", "float32", seed=0, trainer_config=SYSTEM)
     single.set_base(SafetensorsCheckpoint(path))
     close_metrics(first, single.distill(records, SCHEDULE))
     adapter = Adapter.read(tmp_path / "step1")
@@ -253,7 +266,7 @@ def test_the_update_is_sent_without_the_top_k_and_reads_none(qwen3_checkpoint):
 
     runs = []
     for strip in (False, True):
-        trainer = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu", seed=0)
+        trainer = PolicyTrainer(qwen3_checkpoint, ALGO, device="cpu", seed=0, trainer_config=SYSTEM)
         records, _, update_records, old = batch(trainer)
         sent = without_topk(update_records) if strip else update_records
         if strip:
@@ -314,7 +327,9 @@ def test_a_rank_that_fails_stops_the_group_at_once_and_its_error_comes_back(
     from sparrow.trainer.memory import TrainerMemoryError
 
     records = make_records(prompts=2, group=2, seed=3)
-    group = TrainerGroup.start(TrainerSpec(str(qwen3_checkpoint), GROUP_ALGO, seed=0), 2)
+    group = TrainerGroup.start(
+        TrainerSpec(str(qwen3_checkpoint), GROUP_ALGO, GROUP_SYSTEM, seed=0), 2
+    )
     try:
 
         def out_of_memory(*args, **kwargs):
@@ -329,7 +344,7 @@ def test_a_rank_that_fails_stops_the_group_at_once_and_its_error_comes_back(
             scoring = pool.submit(group.score, records)
             with pytest.raises(
                 TrainerMemoryError,
-                match="^dense scoring ran out of GPU memory.*algo.micro_batch_tokens",
+                match="^dense scoring ran out of GPU memory.*trainer.micro_batch_tokens",
             ):
                 scoring.result(timeout=120)
         assert group.failed.startswith(
