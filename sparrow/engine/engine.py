@@ -43,10 +43,9 @@ from sparrow.engine.cuda_graphs import DecodeGraphs
 from sparrow.engine.feed import POLL_S, FeedPull
 from sparrow.engine.kv_cache import (
     KVCache,
-    bytes_per_page,
     centroid_torch_dtype,
     pages_for_budget,
-    pages_for_room,
+    pages_from_memory,
 )
 from sparrow.engine.runner import ModelRunner, StepOutputs
 from sparrow.engine.sampler import SamplingBatch, SamplingParams, sample
@@ -167,7 +166,9 @@ class Engine:
             with own_stream(self._cache_stream):
                 self._anchor = segment_anchor(weight.device)
         bounds = self._needs_bounds()
-        self._sized_pages = self._pages_from_memory(weight, centroids, bounds)
+        self._sized_pages = pages_from_memory(
+            self.model.arch, self.config, weight, centroids, bounds, self._sized_pages
+        )
         num_pages = (
             self.config.num_pages
             or self._sized_pages
@@ -223,27 +224,6 @@ class Engine:
     def _needs_bounds(self) -> bool:
         """Whether the schedule's scoring rule reads per-page key bounds (quest rules)."""
         return self.schedule is not None and get_rule(self.schedule.selection).bounds
-
-    def _pages_from_memory(
-        self, weight: torch.Tensor, centroids: torch.dtype, bounds: bool = False
-    ) -> int:
-        """Pages that bring the device's used memory to memory_utilization of its total, the
-        last wake's count while it fits (kv_cache.pages_for_room); 0 when the setting is off,
-        off CUDA or with num_pages set."""
-        share = self.config.memory_utilization
-        if not share or weight.device.type != "cuda" or self.config.num_pages:
-            return 0
-        free, total = torch.cuda.mem_get_info(weight.device)
-        room = int(share * total) - (total - free)
-        per_page = bytes_per_page(
-            self.model.arch, self.config.page_size, weight.dtype, centroids, bounds
-        )
-        if room < per_page:
-            raise EngineError(
-                f"memory_utilization={share} leaves no room for the KV cache: "
-                f"{(total - free) / 2**30:.1f} of {total / 2**30:.1f} GiB already in use"
-            )
-        return pages_for_room(room, per_page, self._sized_pages)
 
     # trainer hooks
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from sparrow.cuda_memory import expandable_segments
-from sparrow.engine.config import CENTROID_DTYPES, EngineError
+from sparrow.engine.config import CENTROID_DTYPES, EngineConfig, EngineError
 from sparrow.kernels.kv_write import round_centroids
 from sparrow.sparse.scoring import page_bounds
 
@@ -178,3 +178,28 @@ class KVCache:
         self.centroids[:, dst] = self.centroids[:, src]
         if self.bounds is not None:
             self.bounds[:, dst] = self.bounds[:, src]
+
+
+def pages_from_memory(
+    arch: ModelArch,
+    config: EngineConfig,
+    weight: torch.Tensor,
+    centroids: torch.dtype,
+    bounds: bool,
+    before: int,
+) -> int:
+    """Pages that bring the device's used memory to config.memory_utilization of its total,
+    `before` (the last wake's count) while it fits (pages_for_room); 0 when the setting is
+    off, off CUDA or with num_pages set."""
+    share = config.memory_utilization
+    if not share or weight.device.type != "cuda" or config.num_pages:
+        return 0
+    free, total = torch.cuda.mem_get_info(weight.device)
+    room = int(share * total) - (total - free)
+    per_page = bytes_per_page(arch, config.page_size, weight.dtype, centroids, bounds)
+    if room < per_page:
+        raise EngineError(
+            f"memory_utilization={share} leaves no room for the KV cache: "
+            f"{(total - free) / 2**30:.1f} of {total / 2**30:.1f} GiB already in use"
+        )
+    return pages_for_room(room, per_page, before)
