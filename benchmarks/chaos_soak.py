@@ -40,6 +40,10 @@ SMALL = (
     "rollout.samples_per_prompt=2",
     "rollout.max_new_tokens=16",
     "rollout.temperature=2.0",
+    # bins of 4 samples x 16 tokens count from 8 tokens of 2 trajectories (the default floor is
+    # for real batches), so bin_stats and threshold_events have rows to compare
+    "calibrate.min_bin_tokens=8",
+    "calibrate.min_bin_samples=2",
     "pipeline.keep_checkpoints=0",
     "pipeline.report=false",
 )

@@ -36,11 +36,21 @@ class UnknownRunError(SparrowError):
     """A run id that the workdir does not hold."""
 
 
+class _RunsWords(argparse.Action):
+    """RUN_ID, or redo ...: a second word after a run id is a usage error at parse time."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if len(values) > 1 and values[0] != "redo":  # redo's own words: checked by run()
+            parser.error(f"expected RUN_ID or redo RUN_ID STAGE@STEP, got: {' '.join(values)}")
+        setattr(namespace, self.dest, values)
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("runs", help="training runs of a workdir and their stages")
     parser.add_argument(
         "words",
         nargs="*",
+        action=_RunsWords,
         metavar="RUN_ID | redo RUN_ID STAGE@STEP",
         help="show this run's recorded stages; or forget STAGE at STEP (and the stages after "
         "it in that step) so the next `sparrow train pipeline.run_id=RUN_ID` runs them again",
