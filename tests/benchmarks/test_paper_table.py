@@ -10,7 +10,6 @@ The smoke run's arm processes report to the session's Prefect test API and join 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -55,27 +54,8 @@ def test_merge_orders_sizes_as_the_table_does(tmp_path):
     assert merged["merged_from"] == paths and len(merged["facts"]) == 2
 
 
-def test_smoke_run_reports_each_arm_through_a_trainer_group(tmp_path, flow_environment):
-    out = tmp_path / "paper.json"
-    env, ray_address = flow_environment.subprocess_env(tmp_path / "prefect-home")
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "paper_table.py"),
-            "--smoke",
-            "--workdir",
-            str(tmp_path / "work"),
-            "--out",
-            str(out),
-            "--set",
-            f"ray.address={ray_address}",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+def test_smoke_run_reports_each_arm_through_a_trainer_group(run_flow_smoke):
+    out = run_flow_smoke("paper_table.py", 1200)
     (row,) = json.loads(out.read_text())["sizes"]
     assert row["size"] == "1.7b" and row["gpus"] == 2 and row["batch"] == 4
     assert row["paper"]["step_speedup"] == 1.97

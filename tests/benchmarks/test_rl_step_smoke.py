@@ -9,34 +9,13 @@ Its arms' processes report to the session's Prefect test API and join its Ray
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_smoke_run_reports_every_case_key(tmp_path, flow_environment):
-    out = tmp_path / "rl_step.json"
-    env, ray_address = flow_environment.subprocess_env(tmp_path / "prefect-home")
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "rl_step.py"),
-            "--smoke",
-            "--workdir",
-            str(tmp_path / "work"),
-            "--out",
-            str(out),
-            "--set",
-            f"ray.address={ray_address}",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+def test_smoke_run_reports_every_case_key(run_flow_smoke, tmp_path):
+    out = run_flow_smoke("rl_step.py", 600)
     payload = json.loads(out.read_text())
     (case,) = payload["cases"]
     for key in (
