@@ -225,7 +225,10 @@ def run_in_sandbox(
         return run_limited(command, wall_s, limits.max_output_bytes, True, info_pipe)
     try:
         prefix = group.join_command() + ["--"] + drop_root
-        result = run_limited(prefix + command, wall_s, limits.max_output_bytes, False, info_pipe)
+        with group.watch_memory():
+            result = run_limited(
+                prefix + command, wall_s, limits.max_output_bytes, False, info_pipe
+            )
         exceeded = group.memory_exceeded()
     finally:
         group.finish()

@@ -23,10 +23,14 @@ import errno
 import functools
 import itertools
 import os
+import select
 import signal
+import threading
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparrow.data.sandbox_process import SandboxEscapeError
@@ -80,6 +84,7 @@ class RunCgroup:
 
     version: int
     folders: tuple[Path, ...]
+    _killed_at_limit: threading.Event = field(default_factory=threading.Event, compare=False)
 
     @classmethod
     def create(cls, memory_bytes: int, max_processes: int, parent: str = "") -> RunCgroup:
@@ -112,6 +117,9 @@ class RunCgroup:
         return [
             (memory / "memory.limit_in_bytes", memory_bytes),
             (memory / "memory.memsw.limit_in_bytes", memory_bytes),  # where swap is accounted
+            # oom_kill_disable: at the limit the run's processes wait instead of one of them
+            # being killed; watch_memory kills all of them (v2's oom.group, by hand)
+            (memory / "memory.oom_control", 1),
             (pids / "pids.max", max_processes),
         ]
 
@@ -121,12 +129,53 @@ class RunCgroup:
 
     def memory_exceeded(self) -> bool:
         """An out-of-memory kill happened in the group."""
+        if self._killed_at_limit.is_set():
+            return True
         if self.version == 2:
             events = _read(self.folders[0] / "memory.events")
         else:
             events = _read(self.folders[0] / "memory.oom_control")
-        counts = dict(line.split() for line in events.splitlines() if len(line.split()) == 2)
-        return int(counts.get("oom_kill", "0")) > 0
+        return int(_counts(events).get("oom_kill", "0")) > 0
+
+    @contextmanager
+    def watch_memory(self) -> Iterator[None]:
+        """While inside: on cgroup v1, the whole run is killed once it reaches its memory limit
+        (v1 has no oom.group: its kernel would kill one process and let the others go on, so a
+        run of many processes could keep taking memory back). Nothing to do on v2."""
+        memory = self.folders[0]
+        if (
+            self.version == 2
+            or _counts(_read(memory / "memory.oom_control")).get("oom_kill_disable") != "1"
+        ):
+            yield
+            return
+        stop = threading.Event()
+        watcher = threading.Thread(target=self._kill_at_limit, args=(stop,), daemon=True)
+        watcher.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            watcher.join()
+
+    def _kill_at_limit(self, stop: threading.Event) -> None:
+        control = self.folders[0] / "memory.oom_control"
+        notice = _oom_notice(self.folders[0], control)
+        try:
+            while not stop.is_set():
+                if notice is not None:
+                    ready, _, _ = select.select([notice], [], [], 0.05)
+                    if ready:
+                        os.eventfd_read(notice)
+                else:
+                    time.sleep(0.005)
+                if _counts(_read(control)).get("under_oom") == "1":
+                    self._killed_at_limit.set()
+                    for pid in self.processes():
+                        _signal(pid)
+        finally:
+            if notice is not None:
+                os.close(notice)
 
     def processes(self) -> list[int]:
         return sorted({int(p) for f in self.folders for p in _read(f / "cgroup.procs").split()})
@@ -187,6 +236,23 @@ def _signal(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def _oom_notice(folder: Path, control: Path) -> int | None:
+    """An eventfd that v1's cgroup.event_control makes readable at each out-of-memory event;
+    None where it cannot be set up (the watcher then reads the control file every 5 ms)."""
+    notice = os.eventfd(0)
+    try:
+        with open(control) as watched:
+            (folder / "cgroup.event_control").write_text(f"{notice} {watched.fileno()}")
+    except OSError:
+        os.close(notice)
+        return None
+    return notice
+
+
+def _counts(text: str) -> dict[str, str]:
+    return dict(line.split() for line in text.splitlines() if len(line.split()) == 2)
 
 
 def _read(path: Path) -> str:
