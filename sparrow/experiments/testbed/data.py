@@ -77,12 +77,20 @@ class Variant:
 # the study's variants (docs/study.md): v1 is the first testbed's task at the study's
 # length, v2 four chains, v3 four chains with benign tags; the -long ones are 12-16K tokens
 VARIANTS = {
-    "v1": Variant(256, 256),
-    "v2": Variant(256, 64, chains=4),
-    "v3": Variant(256, 64, chains=4, tags=1),
+    "v1": Variant(256, 255),
+    "v2": Variant(256, 63, chains=4),
+    "v3": Variant(256, 63, chains=4, tags=1),
     "v2-long": Variant(676, 300, chains=4),
     "v3-long": Variant(676, 300, chains=4, tags=1),
 }
+
+
+def ends_on_a_start(num_defs: int, num_hops: int, chains: int = 1) -> bool:
+    """Whether a chain's last hop lands on a start named in the query line (its own, or the
+    next chain's): the answer could then be copied from the prompt without one lookup. The
+    starts lie num_defs // chains names apart round the cycle (multi_chase)."""
+    starts = {(j * num_defs // chains) % num_defs for j in range(chains)}
+    return any((start + num_hops) % num_defs in starts for start in starts)
 
 
 @dataclass(frozen=True)
@@ -117,16 +125,25 @@ def _length(num_defs: int, num_hops: int, chains: int = 1, tags: int = 0) -> int
 
 
 def curriculum(num_defs: int, num_hops: int, chains: int = 1, tags: int = 0) -> list[Stage]:
-    """CURRICULUM scaled to the full sizes (every stage with all the chains, so at least as
-    many names as chains); repeated sizes (tiny tasks) merge their shares."""
+    """CURRICULUM scaled to the full sizes; repeated sizes (tiny tasks) merge their shares.
+
+    With several chains, the first stage is still one chain among 2 names, and every later
+    stage has at least 2 names a chain, hops below the spacing of the starts: on the GPU, a
+    curriculum that began with 4 chains among 4 names (each chain's one hop ends on the next
+    chain's start, so the answer is in the query line) learnt that copy first and the lookup
+    in the definitions only in part afterwards (docs/testbed.md, "The study testbed")."""
     stages: list[Stage] = []
-    for defs_share, hops_share, share in CURRICULUM:
-        defs = max(2, chains, min(num_defs, round(num_defs * defs_share)))
+    for row, (defs_share, hops_share, share) in enumerate(CURRICULUM):
+        k = 1 if row == 0 else chains
+        defs = max(2, 2 * k if k > 1 else 2, min(num_defs, round(num_defs * defs_share)))
         hops = max(1, round(num_hops * hops_share))
-        if stages and (stages[-1].num_defs, stages[-1].num_hops) == (defs, hops):
-            stages[-1] = Stage(defs, hops, stages[-1].share + share, chains, tags)
+        if k > 1 and defs < num_defs:
+            hops = max(1, min(hops, defs // k - 1))
+        stage = Stage(defs, hops, share, k, tags)
+        if stages and stages[-1].sizes() == stage.sizes():
+            stages[-1] = Stage(defs, hops, stages[-1].share + share, k, tags)
         else:
-            stages.append(Stage(defs, hops, share, chains, tags))
+            stages.append(stage)
     return stages
 
 

@@ -6,10 +6,13 @@ import pytest
 
 from sparrow.data.synthetic import make_examples
 from sparrow.experiments.testbed.data import (
+    TASK,
+    VARIANTS,
     StepPlan,
     curriculum,
     derived_seed,
     encode,
+    ends_on_a_start,
     held_out_examples,
     step_examples,
     vocab,
@@ -113,3 +116,25 @@ def test_encode_gives_one_id_per_name_and_marks_the_completion():
         encode(
             examples[:1] + make_examples("pointer_chase_long", 1, seed=0, num_defs=7, num_hops=5)
         )
+
+
+def test_no_variant_lets_a_chain_end_on_a_start_named_in_the_query_line():
+    assert ends_on_a_start(256, 64, chains=4) and ends_on_a_start(256, 256)  # the old sizes
+    assert not ends_on_a_start(256, 63, chains=4) and not ends_on_a_start(676, 300, chains=4)
+    for name, variant in VARIANTS.items():
+        assert not ends_on_a_start(variant.num_defs, variant.num_hops, variant.chains), name
+        example = make_examples(TASK, 1, seed=1, **variant.sizes())[0]
+        starts = example.prompt.split("\n")[1].split()[1 : 1 + variant.chains]
+        assert not set(example.answer.split()) & set(starts), name
+
+
+def test_several_chains_start_from_one_chain_among_two_names_and_never_read_a_start():
+    stages = curriculum(**VARIANTS["v3"].sizes())
+    assert (stages[0].num_defs, stages[0].chains, stages[0].tags) == (2, 1, 1)
+    assert all(stage.chains == 4 for stage in stages[1:])
+    assert stages[-1].sizes() == VARIANTS["v3"].sizes()
+    for stage in stages[1:]:
+        assert stage.num_defs >= 2 * stage.chains
+        assert not ends_on_a_start(stage.num_defs, stage.num_hops, stage.chains), stage
+        assert stage.num_hops < stage.num_defs // stage.chains, stage
+    assert abs(sum(stage.share for stage in stages) - 1.0) < 1e-9
