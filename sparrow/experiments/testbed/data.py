@@ -132,8 +132,12 @@ def curriculum(num_defs: int, num_hops: int, chains: int = 1, tags: int = 0) -> 
     curriculum that began with 4 chains among 4 names (each chain's one hop ends on the next
     chain's start, so the answer is in the query line) learnt that copy first and the lookup
     in the definitions only in part afterwards (docs/testbed.md, "The study testbed")."""
+    rows = list(CURRICULUM)
+    if chains > 1:  # the one-chain start takes the second row's share too: the lookup is
+        # learnt there, and what it does not use passes on (adaptive.py)
+        rows = [(*rows[0][:2], rows[0][2] + rows[1][2])] + rows[2:]
     stages: list[Stage] = []
-    for row, (defs_share, hops_share, share) in enumerate(CURRICULUM):
+    for row, (defs_share, hops_share, share) in enumerate(rows):
         k = 1 if row == 0 else chains
         defs = max(2, 2 * k if k > 1 else 2, min(num_defs, round(num_defs * defs_share)))
         hops = max(1, round(num_hops * hops_share))
