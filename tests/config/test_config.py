@@ -61,6 +61,25 @@ def test_range_checks():
         load_config(["pipeline.fail_at=rollout"])
 
 
+def test_evaluation_samples_need_a_temperature_and_k_within_them():
+    with pytest.raises(ConfigError, match=r"'pipeline\.eval_samples'.*eval_temperature > 0"):
+        load_config(["pipeline.eval_samples=4"])
+    with pytest.raises(
+        ConfigError, match=r"'pipeline\.eval_pass_k'.*1\.\.pipeline\.eval_samples=4"
+    ):
+        load_config(
+            [
+                "pipeline.eval_samples=4",
+                "pipeline.eval_temperature=0.6",
+                "pipeline.eval_pass_k=[1,8]",
+            ]
+        )
+    cfg = load_config(
+        ["pipeline.eval_samples=4", "pipeline.eval_temperature=0.6", "pipeline.eval_pass_k=[1,4]"]
+    )
+    assert cfg.pipeline.eval_pass_k == [1, 4]
+
+
 def test_malformed_override():
     with pytest.raises(ConfigError, match="key=value"):
         load_config(["algo.lr"])
