@@ -52,12 +52,12 @@ from sparrow.storage.eval_rows import replace_eval_results
 
 def eval_rows(runtime: RunRuntime) -> list:
     """Rows 0.. of the evaluation set: pipeline.eval_prompts of them; with 0, every row of a
-    file, or prompts_per_step x samples_per_prompt rows of a built-in task (endless)."""
+    file (a shipped one too), or prompts_per_step x samples_per_prompt rows of a synthetic
+    task (endless)."""
     cfg = runtime.cfg
-    count = cfg.pipeline.eval_prompts
-    if not count:
-        builtin = cfg.data.eval.startswith("builtin:")
-        count = cfg.data.prompts_per_step * cfg.rollout.samples_per_prompt if builtin else 1 << 62
+    count = cfg.pipeline.eval_prompts or len(runtime.eval_data)
+    if not cfg.pipeline.eval_prompts and runtime.eval_data.endless:
+        count = cfg.data.prompts_per_step * cfg.rollout.samples_per_prompt
     count = min(len(runtime.eval_data), count)
     return [runtime.eval_data.row(i) for i in range(count)]
 

@@ -55,8 +55,9 @@ def _runtime(tmp_path, adapter: str):
 
 
 class _Rows:
-    def __init__(self, rows):
+    def __init__(self, rows, endless: bool = False):
         self.rows = rows
+        self.endless = endless
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -164,4 +165,5 @@ def test_a_file_is_evaluated_whole_and_eval_prompts_caps_it():
     runtime.cfg = load_config(["data.eval=/data/eval.jsonl", "pipeline.eval_prompts=5"])
     assert [r.row for r in eval_rows(runtime)] == [0, 1, 2, 3, 4]
     runtime.cfg = load_config(["data.eval=builtin:synthetic", "data.prompts_per_step=1"])
+    runtime.eval_data = _Rows(rows, endless=True)
     assert len(eval_rows(runtime)) == 8  # 1 prompt x 8 samples_per_prompt rows
