@@ -169,6 +169,7 @@ def validate(cfg: SparrowConfig) -> None:
         except ChatTemplateError as err:
             raise ConfigError(f"config key {err}") from None
     _check_backend(cfg)
+    _check_eval(cfg.pipeline)
     for key in ("fail_at", "kill_at"):
         spec = getattr(cfg.pipeline, key)
         stage, sep, step = spec.partition("@")
@@ -190,6 +191,23 @@ def _check_reward(name: str, key: str = "data.reward") -> None:
             preflight()  # the code reward: bwrap must be installed before a run starts
         except Exception as err:
             raise ConfigError(f"config key {key!r}: {name!r} cannot run here: {err}") from None
+
+
+def _check_eval(pipeline) -> None:
+    """n greedy samples of a prompt are one answer n times; pass@k needs k <= n."""
+    n = pipeline.eval_samples
+    if n > 1 and pipeline.eval_temperature == 0:
+        raise ConfigError(
+            f"config key 'pipeline.eval_samples' is {n} but pipeline.eval_temperature is 0: "
+            f"greedy samples of a prompt are all the same; set pipeline.eval_temperature > 0 "
+            f"(e.g. 0.6) or pipeline.eval_samples=1"
+        )
+    bad = [k for k in pipeline.eval_pass_k if not 1 <= k <= n]
+    if bad:
+        raise ConfigError(
+            f"config key 'pipeline.eval_pass_k' is {list(pipeline.eval_pass_k)!r}; each k must "
+            f"be in 1..pipeline.eval_samples={n}"
+        )
 
 
 def _check_backend(cfg: SparrowConfig) -> None:
@@ -226,6 +244,8 @@ _RANGES = [
     ("rollout.max_new_tokens", lambda v: v >= 1, ">= 1"),
     ("rollout.temperature", lambda v: v >= 0, ">= 0 (0 is greedy)"),
     ("pipeline.eval_temperature", lambda v: v >= 0, ">= 0 (0 is greedy)"),
+    ("pipeline.eval_samples", lambda v: v >= 1, ">= 1"),
+    ("pipeline.eval_prompts", lambda v: v >= 0, ">= 0 (0: every row of a file)"),
     ("rollout.top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
     ("rollout.top_k", lambda v: v >= 0, ">= 0 (0 keeps all)"),
     ("rollout.logprobs_topk", lambda v: v >= 1, ">= 1"),

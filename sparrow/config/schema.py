@@ -270,8 +270,17 @@ class PipelineConfig:
     eval_every: int = 0
     """evaluate every K steps; 0 never"""
     eval_temperature: float = 0.0
-    """0: evaluate greedily (the policy's best answer); > 0: one sample per eval prompt at this
-    temperature (the policy's sampled accuracy, which RL raises once greedy is right); dense"""
+    """0: evaluate greedily (the policy's best answer); > 0: eval_samples samples per eval
+    prompt at this temperature (the policy's sampled accuracy, which RL raises once greedy is
+    right); dense"""
+    eval_samples: int = 1
+    """samples per evaluation prompt (the n of pass@k); more than 1 needs eval_temperature > 0"""
+    eval_prompts: int = 0
+    """evaluation prompts, rows 0.. of data.eval; 0: every row of a file, or
+    data.prompts_per_step x rollout.samples_per_prompt rows of a built-in task"""
+    eval_pass_k: list[int] = field(default_factory=list)
+    """the k of the pass@k reported per data_source (each 1..eval_samples); empty: 1, 2, 4, ...
+    below eval_samples, and eval_samples"""
     reoptimize_every: int = 0
     """re-optimize the schedule every K steps even without a threshold event; 0 never"""
     report: bool = True

@@ -8,7 +8,8 @@
 Specs: "builtin:synthetic" (the default task of sparrow.data.synthetic, pointer_chase,
 the one the embedded model was trained on; "builtin:<task>" names any task there, and
 "builtin:<task>:<size>=<n>,..." sets its sizes, e.g.
-"builtin:pointer_chase_long:num_defs=512,num_hops=1450"; row r is made
+"builtin:pointer_chase_long:num_defs=512,num_hops=1450"; "builtin:math-train" and
+"builtin:math-test" are files shipped in the package, sparrow/data/shipped.py; row r is made
 from its own seed, derived from (seed, split, r), so train and eval never share a seed and any
 row can be read without the ones before it; 2**62 rows), "<path>.parquet", "<path>.jsonl"
 (one JSON object per line; either file in plain columns or in the community layout of
@@ -40,6 +41,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from sparrow.data.prompt_rows import DatasetError, FileRow, read_prompt_rows
+from sparrow.data.shipped import shipped_names, shipped_path
 from sparrow.data.synthetic import DEFAULT_TASK, TASKS, make_examples, task_spec
 from sparrow.errors import SparrowError
 
@@ -116,6 +118,11 @@ class PromptDataset:
         )
 
     @property
+    def endless(self) -> bool:
+        """A synthetic task's rows, made from seeds, never run out (a file's do)."""
+        return self._prompts is None
+
+    @property
     def num_rows(self) -> int:
         return SYNTHETIC_ROWS if self._prompts is None else len(self._prompts)
 
@@ -184,7 +191,7 @@ def synthetic_spec(spec: str) -> tuple[str, dict[str, int]]:
     if f"builtin:{base}" not in SYNTHETIC_SPECS:
         raise DatasetError(
             f"unknown built-in dataset {spec!r}; valid: "
-            + ", ".join(sorted(SYNTHETIC_SPECS))
+            + ", ".join(sorted(SYNTHETIC_SPECS) + shipped_names())
             + " (sizes as builtin:<task>:<size>=<n>,...)"
         )
     task, sizes = SYNTHETIC_SPECS[f"builtin:{base}"], {}
@@ -250,6 +257,7 @@ def load_prompts(
         raise DatasetError(f"seed must be an integer, got {seed!r}")
     if not isinstance(spec, str) or not spec:
         raise DatasetError(f"dataset spec must be a non-empty string, got {spec!r}")
+    spec = str(shipped_path(spec) or spec)  # "builtin:math-train": a file in the package
     if spec.startswith("builtin:"):
         synthetic_spec(spec)  # an unknown task or a bad size fails here, naming the spec
         dataset = PromptDataset(

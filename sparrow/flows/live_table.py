@@ -4,8 +4,9 @@
     table.header()                          # at once; else the first row brings it
     table.row(step=1, metrics={"reward/mean": 0.5, ...}, resumed=False)
 
-Columns: step, mean reward, reward calls that raised, mean response length, lowest per-bin p5, mean KV pages read per
-token, rollout tokens/s, and the time of the longest stages. The header prints at once
+Columns: step, mean reward, reward calls that raised, mean response length, lowest per-bin
+p5, mean KV pages read per token, rollout tokens/s, the time of the longest stages, and the
+evaluation's accuracy on steps that evaluate. The header prints at once
 (`header()`, before the services start, so the first minute is not silent) or with the first
 row; every row is printed as it lands, so the table reads the same in a terminal and in a log.
 A step whose stages were all recorded by an earlier attempt is marked "resumed".
@@ -31,6 +32,9 @@ COLUMNS = (
     ("reward s", "time/reward_s", "{:.1f}"),
     ("score s", "time/dense_score_s", "{:.1f}"),
     ("update s", "time/policy_update_s", "{:.1f}"),
+    # the evaluate stage's mean reward ("-" on steps without evaluation; per data_source and
+    # pass@k in MLflow and DuckDB's eval_results)
+    ("eval", "eval/accuracy", "{:.3f}"),
 )
 WIDTHS = {"step": 5, "note": 8}
 CELL = 9

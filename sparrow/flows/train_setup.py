@@ -20,8 +20,7 @@ import dataclasses
 from pathlib import Path
 
 from sparrow.config import ConfigError, SparrowConfig
-from sparrow.data.chat import chat_renderer
-from sparrow.data.datasets import load_prompts
+from sparrow.data.run_prompts import configured_prompts
 from sparrow.engine import EngineConfig
 from sparrow.errors import is_disk_full
 from sparrow.model import load_tokenizer, read_arch
@@ -62,29 +61,13 @@ def check_inputs(cfg: SparrowConfig) -> dict:
     data = cfg.data
     # every prompt of a file (a built-in task's as it is made) must leave room to generate
     max_context = cfg.model.max_context or arch.max_position_embeddings
-    chat = chat_renderer(model_path, data.chat_template, data.enable_thinking)
-    train = load_prompts(
-        data.train,
-        data.prompt_key,
-        data.answer_key,
-        tokenizer,
-        data.max_prompt_tokens,
-        split="train",
-        seed=cfg.pipeline.seed,
-        max_context=max_context,
-        chat=chat,
+    train = configured_prompts(
+        data.train, data, model_path, tokenizer, "train", cfg.pipeline.seed, max_context
     )
     evaluation = None
-    if data.eval:
-        evaluation = load_prompts(
-            data.eval,
-            data.prompt_key,
-            data.answer_key,
-            tokenizer,
-            data.max_prompt_tokens,
-            split="eval",
-            seed=cfg.pipeline.seed,
-            max_context=max_context,
+    if data.eval:  # rendered by the same chat template as the training prompts
+        evaluation = configured_prompts(
+            data.eval, data, model_path, tokenizer, "eval", cfg.pipeline.seed, max_context
         )
     train.batch(0, data.prompts_per_step)  # a built-in task's rows are checked as made
     return dict(

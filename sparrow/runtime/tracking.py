@@ -91,17 +91,19 @@ def _first_use_lock(uri: str, workdir: str | Path) -> Iterator[None]:
 
 
 def flatten_config(cfg: SparrowConfig) -> dict[str, str]:
-    """Dotted keys to string values ("algo.lr" -> "1e-06"), the form MLflow params take."""
+    """Dotted keys to string values ("algo.lr" -> "1e-06"), the form MLflow params take. A
+    key whose value is a mapping (data.reward_by_source) is one param: its keys are the
+    user's patterns ("chase/*"), which MLflow refuses in a param's name."""
     flat: dict[str, str] = {}
 
     def walk(prefix: str, value: Any) -> None:
-        if isinstance(value, Mapping):
-            for key, item in value.items():
-                walk(f"{prefix}.{key}" if prefix else str(key), item)
+        if dataclasses.is_dataclass(value):
+            for item in dataclasses.fields(value):
+                walk(f"{prefix}.{item.name}" if prefix else item.name, getattr(value, item.name))
         else:
-            flat[prefix] = str(value)
+            flat[prefix] = str(dict(value) if isinstance(value, Mapping) else value)
 
-    walk("", dataclasses.asdict(cfg))
+    walk("", cfg)
     return flat
 
 

@@ -33,7 +33,7 @@ from sparrow.control.calibration import (
     sample_trajectories,
     topk_grid,
 )
-from sparrow.data.datasets import load_prompts
+from sparrow.data.run_prompts import configured_prompts
 from sparrow.engine import EngineConfig, SamplingParams
 from sparrow.model.builtin import resolve_model_path
 from sparrow.runtime.ledger.calibration_files import (
@@ -75,19 +75,14 @@ def base_schedule(cfg: SparrowConfig) -> Schedule:
 
 
 def calibration_requests(
-    cfg: SparrowConfig, tokenizer: Any, max_context: int
+    cfg: SparrowConfig, tokenizer: Any, max_context: int, model_path: str | Path
 ) -> tuple[list, list[SamplingParams]]:
-    """(prompt ids, sampling params) of the calibration prompts, seeded from pipeline.seed;
-    new tokens are cut to what the context leaves after each prompt."""
+    """(prompt ids, sampling params) of the calibration prompts, seeded from pipeline.seed and
+    rendered as training renders them (the model's chat template, data.chat_template); new
+    tokens are cut to what the context leaves after each prompt."""
     cal, rollout = cfg.calibrate, cfg.rollout
-    data = load_prompts(
-        cal.prompts or cfg.data.train,
-        cfg.data.prompt_key,
-        cfg.data.answer_key,
-        tokenizer,
-        cfg.data.max_prompt_tokens,
-        split="train",
-        seed=cfg.pipeline.seed,
+    data = configured_prompts(
+        cal.prompts or cfg.data.train, cfg.data, model_path, tokenizer, "train", cfg.pipeline.seed
     )
     rows = [data.row(i) for i in range(min(cal.num_prompts, len(data)))]
     new_tokens = cal.max_new_tokens or rollout.max_new_tokens
@@ -116,9 +111,11 @@ def sample(overrides: list[str], calibration_id: str) -> str:
     """Trajectories to replay: dense ones (they fix the top-k grid when calibrate.topk_pages is
     empty), and with calibrate.sample_sparse, the sparse actor's own under every top-k of the grid."""
     cfg = load_config(overrides)
-    model, tokenizer, _ = policy(cfg)
+    model, tokenizer, model_path = policy(cfg)
     template = base_schedule(cfg)
-    prompts, params = calibration_requests(cfg, tokenizer, model.arch.max_position_embeddings)
+    prompts, params = calibration_requests(
+        cfg, tokenizer, model.arch.max_position_embeddings, model_path
+    )
     engine = engine_config(cfg, template)
     clock = time.perf_counter()
     trajectories = sample_trajectories(model, tokenizer, prompts, params, engine_config=engine)
@@ -201,9 +198,11 @@ def replay(overrides: list[str], calibration_id: str, trajectories_path: str) ->
 def time_generation(overrides: list[str], calibration_id: str, table_path: str) -> dict:
     """Seconds to generate the calibration requests under every top-k of the grid."""
     cfg = load_config(overrides)
-    model, tokenizer, _ = policy(cfg)
+    model, tokenizer, model_path = policy(cfg)
     template = base_schedule(cfg)
-    prompts, params = calibration_requests(cfg, tokenizer, model.arch.max_position_embeddings)
+    prompts, params = calibration_requests(
+        cfg, tokenizer, model.arch.max_position_embeddings, model_path
+    )
     table = json.loads(Path(table_path).read_text())
     grid = table["topk_pages"] if "topk_pages" in table else table["budgets"]
     seconds = {}

@@ -8,7 +8,8 @@
 Every SQL statement of the project lives here, one module per group of tables, plain values
 in and out: run_rows (runs, stage_runs, step_metrics), schedule_rows (schedules,
 calibration), mismatch_rows (bin_stats, threshold_events), study_rows (study_arms and a
-study's report), report_rows (a run's report). Callers hold a transaction, never SQL.
+study's report), report_rows (a run's report), eval_rows (eval_results). Callers hold a
+transaction, never SQL.
 """
 
 from sparrow.storage.errors import QueryRefusedError, StorageError, WorkdirBusyError

@@ -90,6 +90,14 @@ TABLES: dict[str, str] = {
             log_weight DOUBLE,           -- sum of log p_dense - log q_actor over its tokens
             estimator VARCHAR,
             PRIMARY KEY (run_id, step, prompt, sample))""",
+    "eval_results": """
+        CREATE TABLE IF NOT EXISTS eval_results (
+            run_id VARCHAR, step INTEGER,
+            data_source VARCHAR,         -- the rows' data_source; '' for plain rows
+            k INTEGER, pass_at_k DOUBLE, -- unbiased pass@k (sparrow/data/eval_scores.py)
+            accuracy DOUBLE,             -- mean reward over the source's samples
+            prompts INTEGER, samples_per_prompt INTEGER,
+            PRIMARY KEY (run_id, step, data_source, k))""",
 }
 
 # columns added by schema version 5 (issue 36): the cluster-bootstrap bounds, the floor and

@@ -61,6 +61,25 @@ def test_range_checks():
         load_config(["pipeline.fail_at=rollout"])
 
 
+def test_evaluation_samples_need_a_temperature_and_k_within_them():
+    with pytest.raises(ConfigError, match=r"'pipeline\.eval_samples'.*eval_temperature > 0"):
+        load_config(["pipeline.eval_samples=4"])
+    with pytest.raises(
+        ConfigError, match=r"'pipeline\.eval_pass_k'.*1\.\.pipeline\.eval_samples=4"
+    ):
+        load_config(
+            [
+                "pipeline.eval_samples=4",
+                "pipeline.eval_temperature=0.6",
+                "pipeline.eval_pass_k=[1,8]",
+            ]
+        )
+    cfg = load_config(
+        ["pipeline.eval_samples=4", "pipeline.eval_temperature=0.6", "pipeline.eval_pass_k=[1,4]"]
+    )
+    assert cfg.pipeline.eval_pass_k == [1, 4]
+
+
 def test_malformed_override():
     with pytest.raises(ConfigError, match="key=value"):
         load_config(["algo.lr"])
@@ -171,3 +190,26 @@ def test_schedule_selection_is_a_registry_name_and_dense_heads_are_pairs():
         load_config(["schedule.dense_heads=[[2,0,1]]"])
     with pytest.raises(ConfigError, match="schedule.page_size"):
         load_config(["schedule.page_size=12"])
+
+
+def test_the_qwen3_math_preset_composes_for_qwen3_on_the_shipped_set(qwen3_checkpoint):
+    """The README's "Train your own model" groups: Qwen3's schedule and learning rate, the
+    shipped math set evaluated with samples, and its prompts load through the model's own
+    chat template (the random checkpoint's ChatML stands in for Qwen3's)."""
+    from sparrow.data.run_prompts import configured_prompts
+    from sparrow.model import load_tokenizer
+
+    groups = ["model", "schedule", "rollout", "algo", "data", "pipeline"]
+    cfg = load_config([f"{g}=qwen3_math" for g in groups] + [f"model.path={qwen3_checkpoint}"])
+    assert cfg.schedule.name == "qwen3-1.7b-0.86" and cfg.algo.lr == 1e-6
+    assert (cfg.data.train, cfg.data.eval, cfg.data.reward) == (
+        "builtin:math-train",
+        "builtin:math-test",
+        "math",
+    )
+    assert cfg.pipeline.eval_samples > 1 and cfg.pipeline.eval_temperature > 0
+    tokenizer = load_tokenizer(qwen3_checkpoint)
+    for spec, rows in ((cfg.data.train, 400), (cfg.data.eval, 100)):
+        data = configured_prompts(spec, cfg.data, qwen3_checkpoint, tokenizer)
+        assert len(data) == rows
+        assert data.row(0).prompt.startswith("<|im_start|>user\n")

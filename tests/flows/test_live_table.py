@@ -23,6 +23,7 @@ def test_rows_show_the_step_metrics_and_the_header_once():
         "rollout/tokens_per_s": 1234.4,
         "time/rollout_s": 12.04,
         "reward/errors": 3.0,
+        "eval/accuracy": 0.625,
     }
     first = table.row(1, metrics, resumed=True)
     assert first == [
@@ -37,6 +38,7 @@ def test_rows_show_the_step_metrics_and_the_header_once():
         "-",
         "-",
         "-",
+        "0.625",
         "resumed",
     ]
     second = table.row(2, {"reward/mean": float("nan")}, resumed=False)

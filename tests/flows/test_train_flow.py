@@ -128,9 +128,10 @@ def test_evaluation_is_greedy_dense_decoding_of_the_step_policy(reference, rewar
     assert not {tuple(p) for p in prompts} & train
     engine = Engine(load_model(policy), tokenizer, EngineConfig(max_batch_size=4), None)
     greedy = engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=24))
-    assert [samples[0].text for samples in greedy] == [r["completion"] for r in result["rows"]]
-    rewards = [reward_fn(r["completion"], r["answer"]) for r in result["rows"]]
-    assert [r["reward"] for r in result["rows"]] == pytest.approx(rewards)
+    assert [[samples[0].text] for samples in greedy] == [r["completions"] for r in result["rows"]]
+    rewards = [reward_fn(r["completions"][0], r["answer"]) for r in result["rows"]]
+    assert [r["rewards"][0] for r in result["rows"]] == pytest.approx(rewards)
+    assert all(len(r["rewards"]) == 1 for r in result["rows"])
     assert metrics_of(workdir, "ref")[(2, "eval/accuracy")] == pytest.approx(np.mean(rewards))
 
 
@@ -167,13 +168,13 @@ def test_evaluation_at_a_temperature_samples_the_step_policy_once_per_prompt(
         )[0][0].text
         for index, prompt in enumerate(prompts)
     ]
-    assert sampled == [r["completion"] for r in result["rows"]]
+    assert [[text] for text in sampled] == [r["completions"] for r in result["rows"]]
     greedy = engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=24))
     assert [g[0].text for g in greedy] != sampled  # not the greedy answers
     metrics = metrics_of(workdir, "hot")
     assert metrics[(1, "eval/temperature")] == 3.0
     assert metrics[(1, "eval/accuracy")] == pytest.approx(
-        np.mean([reward_fn(r["completion"], r["answer"]) for r in result["rows"]])
+        np.mean([reward_fn(r["completions"][0], r["answer"]) for r in result["rows"]])
     )
 
 

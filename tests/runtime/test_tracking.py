@@ -60,6 +60,16 @@ def test_start_makes_tagged_run_with_config_and_params(workdir, cfg, tmp_path, c
     assert logged["algo"]["lr"] == pytest.approx(3e-6)
 
 
+def test_reward_patterns_are_one_param(workdir):
+    """data.reward_by_source's keys are fnmatch patterns ("chase/*"), which MLflow refuses in
+    a param's name: the mapping is logged as one param."""
+    cfg = load_config(['data.reward_by_source={"chase/*": exact_match, "a b": math}'])
+    tracker = Tracker.start(cfg, "run-patterns", workdir)
+    params = _client(workdir).get_run(tracker.mlflow_run_id).data.params
+    assert params["data.reward_by_source"] == "{'chase/*': 'exact_match', 'a b': 'math'}"
+    assert not [k for k in params if k.startswith("data.reward_by_source.")]
+
+
 def test_log_step_metrics_read_back(workdir, cfg):
     tracker = Tracker.start(cfg, "run-metrics", workdir)
     rewards = [0.125, 0.25, float("nan")]
