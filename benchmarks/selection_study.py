@@ -128,7 +128,7 @@ def build_sequences(args, model, tokenizer, examples) -> list:
             logprobs_topk=1,
             max_new_tokens=longest - s.prompt_len,
             seed=derived_seed(args.seed, "selection-study", j),
-        )  # fmt: skip
+        )
         for j, s in enumerate(refs)
     ]
     results = Engine(model, tokenizer, config).generate(
