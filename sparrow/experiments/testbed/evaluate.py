@@ -81,15 +81,13 @@ def teacher_forced_accuracy(model: torch.nn.Module, examples: list[Example], row
             greedy.append(float((hit[row] | free)[completion[row]].all()))
             logp = token_logp[row].masked_fill(free, 0.0)
             lines.append(
-                _line_logps(target[row][completion[row]].cpu(), logp[completion[row]], newline)
+                line_logps(target[row][completion[row]].cpu(), logp[completion[row]], newline)
             )
     model.train(was_training)
     per_line = torch.stack(lines) if lines else torch.zeros(0, 1, dtype=torch.float64)
     hops = (per_line.shape[1] - 1) // chains  # per chain; the last line is the answer
-    # [prompts, hop, chain]: line i is hop i // chains of chain i % chains
-    by_chain = per_line[:, :-1].reshape(len(per_line), hops, chains)
-    prefix = by_chain.cumsum(1).exp().mean(2)
-    whole = (by_chain.sum(1) + per_line[:, -1:] / chains).exp().mean(1)
+    prefix = _by_chain(per_line, chains).cumsum(1).exp().mean(2)
+    whole = graded_estimate(per_line, chains)
     marks = sorted({max(1, round(hops * share)) for share in (1 / 8, 1 / 4, 1 / 2, 3 / 4, 1)})
     return {
         "greedy": _mean(greedy),
@@ -149,7 +147,21 @@ def _mean(values: list[float]) -> float:
     return sum(values) / max(1, len(values))
 
 
-def _line_logps(completion_ids: torch.Tensor, logp: torch.Tensor, newline: int) -> torch.Tensor:
+def _by_chain(per_line: torch.Tensor, chains: int) -> torch.Tensor:
+    """[prompts, hop, chain] of the hop lines' logps: line i is hop i // chains of chain
+    i % chains (the last line, the answer, left out)."""
+    hops = (per_line.shape[1] - 1) // chains
+    return per_line[:, :-1].reshape(len(per_line), hops, chains)
+
+
+def graded_estimate(per_line: torch.Tensor, chains: int) -> torch.Tensor:
+    """[prompts] expected graded reward at temperature 1 from each line's logp [prompts,
+    lines] (line_logps; the answer line last): the mean over chains of the product of the
+    chain's hop lines' probabilities, the answer line's shared evenly (module doc)."""
+    return (_by_chain(per_line, chains).sum(1) + per_line[:, -1:] / chains).exp().mean(1)
+
+
+def line_logps(completion_ids: torch.Tensor, logp: torch.Tensor, newline: int) -> torch.Tensor:
     """Sum of the token logps of each line of the completion (a line's "\n" belongs to it)."""
     ends = (completion_ids == newline).long()
     line = torch.cumsum(ends, 0) - ends
