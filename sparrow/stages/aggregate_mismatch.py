@@ -7,8 +7,9 @@ Writes, for the step:
   sample, prompt, position (total position: prompt length + index in the completion), bin
   (Schedule.bin_of: a position past the schedule's last bin is in the last bin), pages_read (pages the actor read for it), acceptance, leftover_mass, actor_logprob,
   dense_logprob, role (the token's role on a chase task's reference path: lookup, local,
-  benign, answer, unknown; NULL for other tasks; sparrow/data/token_roles.py); DuckDB's
-  token_mismatch view reads these files.
+  benign, answer, unknown; NULL for other tasks; sparrow/data/token_roles.py), policy_version
+  (the step whose update generated the sample, docs/async.md); DuckDB's token_mismatch view
+  reads these files.
 - bin_stats rows: sparrow.mismatch.acceptance.bin_statistics per length bin (bins of the schedule in
   force, schedule.json of the rollout stage), with the pages that schedule reads in the bin
   (pages_read; NULL when decoding densely), its name and version, the cluster-bootstrap
@@ -20,8 +21,8 @@ Writes, for the step:
   (p5 by default; sparrow/sparse/target.py) misses schedule.target, `recovered` for a bin
   that was below at the previous step and is counted and not below now; the event's p5
   column holds the bin's p5, its estimator column the estimator.
-- sample_stats rows: per trajectory S = sum (1 - acceptance), the lowest acceptance and the
-  log importance weight (sparrow/mismatch/sequence.py); S over lookup tokens stays NULL
+- sample_stats rows: per trajectory S = sum (1 - acceptance), the lowest acceptance, the
+  log importance weight (sparrow/mismatch/sequence.py) and its policy version; S over lookup tokens stays NULL
   until the rollouts carry token roles.
 - step metrics: mismatch/min_p5 (counted bins; left out when none counts), mismatch/p5_bin_<b>,
   mismatch/acceptance_mean, mismatch/leftover_mass_mean, mismatch/bins_below,
@@ -99,8 +100,12 @@ def token_table(run_id: str, step: int, records, scores, schedule: Schedule):
             else [None] * len(record.output_ids)
         )
     ]
+    # a file from before versions were recorded: every such run was synchronous
+    columns["policy_version"] = [
+        version_of(record, step) for record in records for _ in record.output_ids
+    ]
     count = len(columns["sample"])
-    ints = {"sample", "prompt", "position", "bin", "pages_read"}
+    ints = {"sample", "prompt", "position", "bin", "pages_read", "policy_version"}
     arrays = {
         "run_id": pa.array([run_id] * count, pa.string()),
         "step": pa.array([step] * count, pa.int32()),
@@ -109,6 +114,11 @@ def token_table(run_id: str, step: int, records, scores, schedule: Schedule):
         arrays[name] = pa.array(values, pa.int32() if name in ints else pa.float64())
     arrays["role"] = pa.array(roles, pa.string())
     return pa.table(arrays)
+
+
+def version_of(record, step: int) -> int:
+    """The policy version that generated `record` (step - 1 for a file that predates it)."""
+    return step - 1 if record.policy_version is None else int(record.policy_version)
 
 
 def _finite(value: float) -> float | None:
@@ -177,7 +187,7 @@ class StepBins:
         )
 
 
-def sample_rows(records, scores, estimator: str) -> list[dict]:
+def sample_rows(records, scores, estimator: str, step: int) -> list[dict]:
     """sample_stats rows, one per trajectory (lookup_* None: the rollouts carry no roles)."""
     rows = []
     for i, record in enumerate(records):
@@ -190,6 +200,7 @@ def sample_rows(records, scores, estimator: str) -> list[dict]:
                 "sample": record.sample_index,
                 **{k: _finite(v) if isinstance(v, float) else v for k, v in asdict(stats).items()},
                 "estimator": estimator,
+                "policy_version": version_of(record, step),
             }
         )
     return rows
@@ -233,7 +244,7 @@ def aggregate_step(
         seed=step,
     )
     estimator = topk_bound_estimator(cfg.rollout.logprobs_topk)
-    samples = sample_rows(records, scores, estimator)
+    samples = sample_rows(records, scores, estimator, step)
     bins = StepBins(
         runtime.run_id,
         step,

@@ -56,7 +56,7 @@ def generate_rollouts(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
     finally:
         runtime.after_rollout()
     released = runtime.pool.memory() if runtime.pool_on_gpu else []
-    records = to_records(rows, results, runtime.tokenizer)
+    records = to_records(rows, results, runtime.tokenizer, policy_version=step - 1)
     write_rollouts(contract.ROLLOUTS.under(out), records)
     contract.write_rollout_schedule(out, schedule, version, cfg.schedule.sparse)
     lengths = np.array([len(r.output_ids) for r in records], dtype=np.float64)

@@ -49,6 +49,22 @@ def test_token_rows_carry_total_positions_and_bins():
     assert table["dense_logprob"] == [-1.0, -2.0, -3.0, -4.0, -5.0]
     assert set(table["run_id"]) == {"r"} and set(table["step"]) == {4}
     assert table["role"] == [None] * 5  # no roles: not a chase task
+    assert table["policy_version"] == [3] * 5  # no version recorded: synchronous, step - 1
+
+
+def test_token_rows_carry_the_policy_version_of_their_sample():
+    import dataclasses
+
+    records = [
+        dataclasses.replace(record(0, 0, 2, 3), policy_version=1),
+        dataclasses.replace(record(0, 1, 2, 2), policy_version=2),
+    ]
+    scores = {
+        key: [[0.5] * 3, [0.5] * 2] for key in ("acceptance", "leftover_mass", "dense_logprobs")
+    }
+    schedule = Schedule("s", topk_pages=(1,), page_size=2, bin_tokens=6)
+    table = token_table("r", 3, records, scores, schedule).to_pydict()
+    assert table["policy_version"] == [1, 1, 1, 2, 2]
 
 
 def test_token_rows_carry_the_roles_of_their_records():
@@ -175,8 +191,10 @@ def test_sample_rows_and_the_batch_ess():
         "acceptance": [[1.0, 0.5, 0.9], [0.8, 0.8]],
         "dense_logprobs": [[0.0, -0.2, -0.2], [-1.0, -1.0]],
     }
-    rows = sample_rows(records, scores, "top20_lower_bound")
+    rows = sample_rows(records, scores, "top20_lower_bound", step=3)
     assert [(r["prompt"], r["sample"], r["tokens"]) for r in rows] == [(0, 0, 3), (0, 1, 2)]
+    # records without a recorded version come from a synchronous step: version step - 1
+    assert [r["policy_version"] for r in rows] == [2, 2]
     assert rows[0]["mismatch_sum"] == pytest.approx(0.6) and rows[0]["min_acceptance"] == 0.5
     # actor logprobs of record(): 0, -0.1, -0.2 and 0, -0.1
     assert rows[0]["log_weight"] == pytest.approx(-0.1) and rows[1]["log_weight"] == pytest.approx(
