@@ -171,3 +171,18 @@ def test_schedule_selection_is_a_registry_name_and_dense_heads_are_pairs():
         load_config(["schedule.dense_heads=[[2,0,1]]"])
     with pytest.raises(ConfigError, match="schedule.page_size"):
         load_config(["schedule.page_size=12"])
+
+
+def test_max_staleness_is_0_or_1_and_refuses_what_the_pipelined_flow_lacks():
+    assert load_config().pipeline.max_staleness == 0
+    assert load_config(["pipeline.max_staleness=1"]).pipeline.max_staleness == 1
+    with pytest.raises(ConfigError, match="pipeline.max_staleness.*2.*0 \\(synchronous\\) or 1"):
+        load_config(["pipeline.max_staleness=2"])
+    for key in ("algo.dynamic_sampling=true", "algo.distill.enabled=true", "trainer.num_workers=2"):
+        name = key.partition("=")[0]
+        with pytest.raises(ConfigError, match=f"not run with {re.escape(name)}="):
+            load_config(["pipeline.max_staleness=1", key])
+        load_config([key])  # synchronous: allowed
+    with pytest.raises(ConfigError, match="keep_checkpoints' is 1.*0 or above 1"):
+        load_config(["pipeline.max_staleness=1", "pipeline.keep_checkpoints=1"])
+    load_config(["pipeline.max_staleness=1", "pipeline.keep_checkpoints=0"])
