@@ -33,6 +33,7 @@ from sparrow.data.reward_runner import score_completions
 from sparrow.runtime.ledger import contract
 from sparrow.runtime.ledger.stage import StageOutcome, StageWrite, run_stage
 from sparrow.runtime.retry import INFRA_RETRIES
+from sparrow.runtime.rollout.in_flight import ensure_engine_version, settle_rollout
 from sparrow.runtime.rollout.requests import sampling_params
 from sparrow.runtime.run_runtime import RunRuntime, lookup
 
@@ -61,6 +62,9 @@ def dense_policy(runtime: RunRuntime) -> Iterator[bool]:
 
 
 def evaluate_step(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
+    settle_rollout(runtime)  # one-step-off: the next step's rollout holds the engines
+    if runtime.cfg.pipeline.max_staleness:
+        ensure_engine_version(runtime, step)  # the policy after this step's update
     rows = eval_rows(runtime)
     params = sampling_params(runtime, rows, step, greedy=True, source=runtime.cfg.data.eval)
     temperature = runtime.cfg.pipeline.eval_temperature

@@ -52,6 +52,11 @@ ROLLOUTS = StageFile(
 ROLLOUT_SCHEDULE = StageFile(
     "rollout", "schedule.json", "the schedule the rollout decoded with, its version, sparse or not"
 )
+ROLLOUT_LAUNCH = StageFile(
+    "rollout",
+    "launch.json",
+    "the policy version that generated the samples, when generation started, whether in flight",
+)
 REWARDS = StageFile("reward", "rewards.parquet", "one row per sample: prompt, sample, reward")
 REWARD_SUMMARY = StageFile(
     "reward", "summary.json", "the reward function, its errors and timeouts, the first traceback"
@@ -85,6 +90,7 @@ EVAL = StageFile("evaluate", "eval.json", "greedy (or sampled) accuracy and ever
 FILES = (
     ROLLOUTS,
     ROLLOUT_SCHEDULE,
+    ROLLOUT_LAUNCH,
     REWARDS,
     REWARD_SUMMARY,
     SCORES,
