@@ -170,11 +170,38 @@ def validate(cfg: SparrowConfig) -> None:
             raise ConfigError(f"config key {err}") from None
     _check_backend(cfg)
     _check_eval(cfg.pipeline)
+    _check_staleness(cfg)
     for key in ("fail_at", "kill_at"):
         spec = getattr(cfg.pipeline, key)
         stage, sep, step = spec.partition("@")
         if spec and (not sep or not stage or not step.isdigit()):
             raise ConfigError(f"config key 'pipeline.{key}' is {spec!r}; it must be STAGE@STEP")
+
+
+def _check_staleness(cfg: SparrowConfig) -> None:
+    """pipeline.max_staleness=1 with what the pipelined flow does not carry yet, or with
+    retention that would prune the older policy a resumed rollout starts from."""
+    staleness = cfg.pipeline.max_staleness
+    if not staleness:
+        return
+    refused = {
+        "algo.dynamic_sampling": cfg.algo.dynamic_sampling,
+        "algo.distill.enabled": cfg.algo.distill.enabled,
+        "trainer.num_workers": cfg.trainer.num_workers > 0,
+    }
+    for key, on in refused.items():
+        if on:
+            raise ConfigError(
+                f"config key 'pipeline.max_staleness' is {staleness}; the one-step-off flow does "
+                f"not run with {key}={_get(cfg, key)} yet (docs/async.md): set one of them back"
+            )
+    keep = cfg.pipeline.keep_checkpoints
+    if 0 < keep <= staleness:
+        raise ConfigError(
+            f"config key 'pipeline.keep_checkpoints' is {keep}; with pipeline.max_staleness="
+            f"{staleness} it must be 0 or above {staleness}: a resumed rollout starts from the "
+            f"policy {staleness + 1} updates back"
+        )
 
 
 def _check_reward(name: str, key: str = "data.reward") -> None:
@@ -246,6 +273,7 @@ _RANGES = [
     ("pipeline.eval_temperature", lambda v: v >= 0, ">= 0 (0 is greedy)"),
     ("pipeline.eval_samples", lambda v: v >= 1, ">= 1"),
     ("pipeline.eval_prompts", lambda v: v >= 0, ">= 0 (0: every row of a file)"),
+    ("pipeline.max_staleness", lambda v: v in (0, 1), "0 (synchronous) or 1 (one-step-off)"),
     ("rollout.top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
     ("rollout.top_k", lambda v: v >= 0, ">= 0 (0 keeps all)"),
     ("rollout.logprobs_topk", lambda v: v >= 1, ">= 1"),

@@ -283,6 +283,10 @@ class PipelineConfig:
     below eval_samples, and eval_samples"""
     reoptimize_every: int = 0
     """re-optimize the schedule every K steps even without a threshold event; 0 never"""
+    max_staleness: int = 0
+    """policy versions a rollout may lag the update it feeds: 0 the synchronous step; 1
+    one-step-off, the rollout of step n+1 starts from the weights of update n-1 before step n
+    scores and updates, and is collected when step n+1 begins (docs/async.md)"""
     report: bool = True
     """at the end of the run, write its report (plots and summary.md, what `sparrow report`
     writes) into runs/<run_id>/report and MLflow's plots/; false skips it (a few seconds)"""

@@ -7,7 +7,8 @@
 The rollout stage writes them, reward / dense_score / policy_update read them by path. A row
 holds what the engine returned for the sample (SampleResult) plus where it came from: the
 dataset row, its prompt ids and text (as the chat template rendered it), its ground-truth
-answer, data_source and extra_info. Per-token lists (ids, logprobs,
+answer, data_source and extra_info, and the policy version whose weights generated it
+(docs/async.md). Per-token lists (ids, logprobs,
 top-K, pages read) are Parquet list columns, so `duckdb` and `pyarrow` read them as they are.
 
 Both directions go column by column through numpy (values plus offsets), never through one
@@ -60,6 +61,10 @@ class RolloutRecord:
     prompt_text: str = ""  # the prompt as the model saw it (after the chat template)
     data_source: str = ""  # the dataset row's data_source (routes its reward), "" for plain rows
     extra_info: str = ""  # JSON text of the row's extra_info, handed to rewards that take it
+    # the policy version that generated the sample: the step whose update gave the engines
+    # their weights (0: the initial model); None in a file written before versions were
+    # recorded (every such run was synchronous: version = step - 1)
+    policy_version: int | None = None
 
     def __post_init__(self) -> None:
         n = len(self.output_ids)
@@ -100,7 +105,13 @@ class RolloutRecord:
 
 COLUMNS = tuple(f.name for f in fields(RolloutRecord))
 # columns added later: a file written before them reads with their defaults
-OPTIONAL_COLUMNS = {"token_roles": (), "prompt_text": "", "data_source": "", "extra_info": ""}
+OPTIONAL_COLUMNS = {
+    "token_roles": (),
+    "prompt_text": "",
+    "data_source": "",
+    "extra_info": "",
+    "policy_version": None,
+}
 
 
 # write
@@ -275,5 +286,6 @@ def _schema():
             ("prompt_text", pa.string()),
             ("data_source", pa.string()),
             ("extra_info", pa.string()),
+            ("policy_version", pa.int32()),
         ]
     )

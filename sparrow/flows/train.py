@@ -6,7 +6,8 @@
 train_flow(overrides) resolves the config, opens the run (sparrow/flows/train_setup.py: inputs
 checked, workdir locked, `runs` row created or resumed, MLflow run, Ray and rollout actors),
 then runs each step as the subflow rl_step: the stage tasks of sparrow/stages/ in the step's order (docs/architecture.md)
-(rollout, reward, dense_score, aggregate_mismatch, reoptimize_schedule, policy_update,
+(rollout, reward, with pipeline.max_staleness=1 the start of the next step's rollout
+(docs/async.md), dense_score, aggregate_mismatch, reoptimize_schedule, policy_update,
 distill_lora when algo.distill.enabled, sync_weights, then checkpoint every
 pipeline.checkpoint_every steps and after the last, and evaluate every pipeline.eval_every steps when data.eval is set). Tasks pass references (paths)
 only. After each step it prints a row of the live table; at the end it writes the run's
@@ -44,19 +45,28 @@ from sparrow.stages.evaluate import evaluate_task  # noqa: E402
 from sparrow.stages.policy_update import policy_update_task  # noqa: E402
 from sparrow.stages.reoptimize_schedule import reoptimize_schedule_task  # noqa: E402
 from sparrow.stages.reward import reward_task  # noqa: E402
-from sparrow.stages.rollout import rollout_task  # noqa: E402
+from sparrow.stages.rollout import launch_rollout_task, rollout_task  # noqa: E402
 from sparrow.stages.sync_weights import sync_weights_task  # noqa: E402
 from sparrow.storage.run_rows import stage_records, step_metrics  # noqa: E402
 
 
 @flow(name="rl-step")
 def rl_step(
-    workdir: str, run_id: str, step: int, checkpoint: bool, evaluate: bool, distill: bool = False
+    workdir: str,
+    run_id: str,
+    step: int,
+    checkpoint: bool,
+    evaluate: bool,
+    distill: bool = False,
+    one_step_off: bool = False,
 ) -> dict:
-    """One RL step; {stage: True if it was skipped as already recorded}."""
+    """One RL step; {stage: True if it was skipped as already recorded}. One-step-off: the
+    next step's rollout starts once this step's rewards are in (docs/async.md)."""
     rollout = rollout_task(workdir, run_id, step)
     rollouts = str(contract.ROLLOUTS.under(rollout.output_dir))
     reward = reward_task(workdir, run_id, step, rollouts)
+    if one_step_off:
+        launch_rollout_task(workdir, run_id, step + 1)
     scores = dense_score_task(workdir, run_id, step, rollouts)
     scores_path = str(contract.SCORES.under(scores.output_dir))
     rewards_path = str(contract.REWARDS.under(reward.output_dir))
@@ -116,6 +126,7 @@ def train_flow(overrides: list[str], show_table: bool = True) -> dict:
                 checkpoint=_due(step, cfg.pipeline.checkpoint_every, steps, at_end=True),
                 evaluate=bool(cfg.data.eval) and _due(step, cfg.pipeline.eval_every, steps, False),
                 distill=cfg.algo.distill.enabled,
+                one_step_off=cfg.pipeline.max_staleness > 0,
             )
             table.row(step, step_metrics(runtime.store, run_id, step), all(skipped[step].values()))
         status = "finished"

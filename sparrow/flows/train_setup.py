@@ -138,6 +138,7 @@ def start_pool(runtime: RunRuntime, wait: bool = True) -> ActorPool:
         )
         placement = runtime.placement.engines
         count, resources = len(placement), placement[0]
+    runtime.engine_version = runtime.policy_version_before(first)
     spec = WorkerSpec(
         model_path=str(runtime.model_path),
         weights_path=str(runtime.policy_folder_before(first)),
@@ -166,6 +167,9 @@ def _adapter_before(runtime: RunRuntime, step: int) -> str:
 def close_run_runtime(runtime: RunRuntime, status: str) -> None:
     """Stop the actors, close the MLflow run, mark the run, release the workdir."""
     release(runtime)
+    # a rollout in flight is not waited for: it was recorded nowhere, and the actors stop
+    # under it (its thread ends on their error); a resume generates it again
+    runtime.rollout_in_flight = None
     try:
         runtime.wait_for_saves()
         wait_for_deletions()

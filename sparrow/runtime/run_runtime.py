@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from sparrow.data.datasets import PromptDataset, TextEncoder
     from sparrow.runtime.placement import Placement
     from sparrow.runtime.rollout.actors import ActorPool
+    from sparrow.runtime.rollout.in_flight import InFlightRollout
     from sparrow.runtime.tracking import Tracker
     from sparrow.runtime.trainer_group.distill import GroupDistiller
     from sparrow.runtime.trainer_group.group import TrainerGroup
@@ -92,6 +93,10 @@ class RunRuntime:
     # the distill_lora stage's distiller (sparrow/stages/distill_lora.py), None until its
     # first step and after anything that makes it stale
     distiller: CachedDistiller | None = None
+    # the policy version the engines hold (the step of the update they loaded; 0 the initial
+    # model), and a one-step-off rollout started ahead of its step (in_flight.py)
+    engine_version: int = 0
+    rollout_in_flight: InFlightRollout | None = None
     _trainer: Trainer | None = None
     _trainer_step: int = -1
     # trainers whose background save (policy_update on GPU) may still be writing
@@ -109,12 +114,20 @@ class RunRuntime:
 
     def policy_folder_before(self, step: int) -> Path:
         """The newest recorded policy folder before `step`, else the initial model."""
-        updates = [
+        updates = self._updates_before(step)
+        return self.policy_state(updates[-1].output_dir) if updates else self.model_path
+
+    def policy_version_before(self, step: int) -> int:
+        """The version policy_folder_before(step) holds: its update's step, 0 the initial model."""
+        updates = self._updates_before(step)
+        return updates[-1].step if updates else 0
+
+    def _updates_before(self, step: int) -> list:
+        return [
             r
             for r in stage_records(self.store, self.run_id)
             if r.stage == "policy_update" and r.step < step
         ]
-        return self.policy_state(updates[-1].output_dir) if updates else self.model_path
 
     def policy_state(self, policy_dir: str | Path, wait: bool = True) -> Path:
         """The checkpoint folder of a policy_update stage folder: the folder itself, or the

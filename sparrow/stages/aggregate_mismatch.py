@@ -5,12 +5,17 @@
 Writes, for the step:
 - tokens.parquet (RunLayout.token_file): one row per generated token with run_id, step,
   sample, prompt, position (total position: prompt length + index in the completion), bin
-  (Schedule.bin_of: a position past the schedule's last bin is in the last bin), pages_read (pages the actor read for it), acceptance, leftover_mass, actor_logprob,
-  dense_logprob, role (the token's role on a chase task's reference path: lookup, local,
-  benign, answer, unknown; NULL for other tasks; sparrow/data/token_roles.py); DuckDB's
+  (Schedule.bin_of: a position past the schedule's last bin is in the last bin), pages_read
+  (pages the actor read for it), acceptance (against the step's dense policy), leftover_mass,
+  actor_logprob, dense_logprob, role (the token's role on a chase task's reference path:
+  lookup, local, benign, answer, unknown; NULL for other tasks; sparrow/data/token_roles.py),
+  policy_version (the step whose update generated the sample), sparse_acceptance and
+  version_dense_logprob (against the dense policy of policy_version: the sparse mismatch
+  alone; equal to acceptance and dense_logprob for a fresh sample; docs/async.md); DuckDB's
   token_mismatch view reads these files.
-- bin_stats rows: sparrow.mismatch.acceptance.bin_statistics per length bin (bins of the schedule in
-  force, schedule.json of the rollout stage), with the pages that schedule reads in the bin
+- bin_stats rows: sparrow.mismatch.acceptance.bin_statistics of sparse_acceptance (what the
+  schedule controls: a stale sample's drift from the newer weights is not the schedule's)
+  per length bin (bins of the schedule in force, schedule.json of the rollout stage), with the pages that schedule reads in the bin
   (pages_read; NULL when decoding densely), its name and version, the cluster-bootstrap
   bounds of every statistic over the step's trajectories (seeded by the step), the
   trajectories reaching the bin, `counted` (false below calibrate.min_bin_tokens /
@@ -20,11 +25,13 @@ Writes, for the step:
   (p5 by default; sparrow/sparse/target.py) misses schedule.target, `recovered` for a bin
   that was below at the previous step and is counted and not below now; the event's p5
   column holds the bin's p5, its estimator column the estimator.
-- sample_stats rows: per trajectory S = sum (1 - acceptance), the lowest acceptance and the
-  log importance weight (sparrow/mismatch/sequence.py); S over lookup tokens stays NULL
+- sample_stats rows: per trajectory S = sum (1 - acceptance), the lowest acceptance, the
+  log importance weight (sparrow/mismatch/sequence.py), its policy version and S over
+  sparse_acceptance (sparse_mismatch_sum); S over lookup tokens stays NULL
   until the rollouts carry token roles.
 - step metrics: mismatch/min_p5 (counted bins; left out when none counts), mismatch/p5_bin_<b>,
-  mismatch/acceptance_mean, mismatch/leftover_mass_mean, mismatch/bins_below,
+  mismatch/acceptance_mean, mismatch/sparse_acceptance_mean, mismatch/stale_frac (share of
+  samples generated before the step's policy), mismatch/leftover_mass_mean, mismatch/bins_below,
   mismatch/bins_uncounted, mismatch/ess (the batch's normalised effective sample size),
   mismatch/sequence_mismatch_mean and _max (S over the step's trajectories).
 Rows are replaced by (run_id, step) in the stage's transaction; MLflow gets the metrics, one
@@ -76,6 +83,8 @@ def token_table(run_id: str, step: int, records, scores, schedule: Schedule):
             "leftover_mass",
             "actor_logprob",
             "dense_logprob",
+            "sparse_acceptance",
+            "version_dense_logprob",
         )
     }
     for i, record in enumerate(records):
@@ -90,6 +99,10 @@ def token_table(run_id: str, step: int, records, scores, schedule: Schedule):
         columns["leftover_mass"] += list(scores["leftover_mass"][i])
         columns["actor_logprob"] += list(record.actor_logprobs)
         columns["dense_logprob"] += list(scores["dense_logprobs"][i])
+        columns["sparse_acceptance"] += list(_version_scores(scores, "sparse_acceptance")[i])
+        columns["version_dense_logprob"] += list(
+            _version_scores(scores, "version_dense_logprobs")[i]
+        )
     roles = [
         role
         for record in records
@@ -99,8 +112,12 @@ def token_table(run_id: str, step: int, records, scores, schedule: Schedule):
             else [None] * len(record.output_ids)
         )
     ]
+    # a file from before versions were recorded: every such run was synchronous
+    columns["policy_version"] = [
+        version_of(record, step) for record in records for _ in record.output_ids
+    ]
     count = len(columns["sample"])
-    ints = {"sample", "prompt", "position", "bin", "pages_read"}
+    ints = {"sample", "prompt", "position", "bin", "pages_read", "policy_version"}
     arrays = {
         "run_id": pa.array([run_id] * count, pa.string()),
         "step": pa.array([step] * count, pa.int32()),
@@ -109,6 +126,17 @@ def token_table(run_id: str, step: int, records, scores, schedule: Schedule):
         arrays[name] = pa.array(values, pa.int32() if name in ints else pa.float64())
     arrays["role"] = pa.array(roles, pa.string())
     return pa.table(arrays)
+
+
+def _version_scores(scores, name: str) -> list:
+    """A version column of the scores (contract.VERSION_SCORE_COLUMNS), or, from a caller that
+    has only the step's scores, the column it equals for fresh samples."""
+    return scores[name] if name in scores else scores[contract.VERSION_SCORE_COLUMNS[name]]
+
+
+def version_of(record, step: int) -> int:
+    """The policy version that generated `record` (step - 1 for a file that predates it)."""
+    return step - 1 if record.policy_version is None else int(record.policy_version)
 
 
 def _finite(value: float) -> float | None:
@@ -177,7 +205,7 @@ class StepBins:
         )
 
 
-def sample_rows(records, scores, estimator: str) -> list[dict]:
+def sample_rows(records, scores, estimator: str, step: int) -> list[dict]:
     """sample_stats rows, one per trajectory (lookup_* None: the rollouts carry no roles)."""
     rows = []
     for i, record in enumerate(records):
@@ -190,6 +218,10 @@ def sample_rows(records, scores, estimator: str) -> list[dict]:
                 "sample": record.sample_index,
                 **{k: _finite(v) if isinstance(v, float) else v for k, v in asdict(stats).items()},
                 "estimator": estimator,
+                "policy_version": version_of(record, step),
+                "sparse_mismatch_sum": float(
+                    np.sum(1.0 - np.asarray(_version_scores(scores, "sparse_acceptance")[i]))
+                ),
             }
         )
     return rows
@@ -219,13 +251,16 @@ def aggregate_step(
     table = token_table(runtime.run_id, step, records, scores, schedule)
     pq.write_table(table, contract.TOKENS.under(out))
     acceptance = table.column("acceptance").to_numpy()
+    # the controller's statistic: the sparse mismatch alone, against the dense policy of the
+    # version that generated each sample (the same as acceptance in a synchronous run)
+    sparse_acceptance = table.column("sparse_acceptance").to_numpy()
     cfg = runtime.cfg
     # one trajectory per (prompt, sample): the bootstrap resamples these
     prompt, sample = table.column("prompt").to_numpy(), table.column("sample").to_numpy()
     trajectory = prompt.astype(np.int64) * (int(sample.max(initial=0)) + 1) + sample
     stats = bin_statistics(
         table.column("position").to_numpy(),
-        acceptance,
+        sparse_acceptance,
         bin_tokens=schedule.bin_tokens,
         num_bins=schedule.num_bins,
         samples=trajectory,
@@ -233,7 +268,7 @@ def aggregate_step(
         seed=step,
     )
     estimator = topk_bound_estimator(cfg.rollout.logprobs_topk)
-    samples = sample_rows(records, scores, estimator)
+    samples = sample_rows(records, scores, estimator, step)
     bins = StepBins(
         runtime.run_id,
         step,
@@ -254,6 +289,10 @@ def aggregate_step(
         {
             "mismatch/min_p5": min_p5(stats),
             "mismatch/acceptance_mean": float(acceptance.mean()),
+            "mismatch/sparse_acceptance_mean": float(sparse_acceptance.mean()),
+            "mismatch/stale_frac": float(
+                np.mean([version_of(r, step) < step - 1 for r in records]) if records else 0.0
+            ),
             "mismatch/leftover_mass_mean": float(np.mean(table.column("leftover_mass").to_numpy())),
             "mismatch/bins_below": float(len(bins.below)),
             "mismatch/bins_uncounted": float(sum(not s.counted for s in stats)),

@@ -7,8 +7,13 @@ attention) gives each generated token its dense logprob, the PPO "old" logprob, 
 acceptance rate against the actor's top-K with the leftover actor mass
 (PolicyTrainer.score). scores.parquet (sparrow/runtime/ledger/contract.py) has one row per sample, in the rollout file's order:
 prompt_index, sample_index, and the lists dense_logprobs, acceptance, leftover_mass (float64,
-so the update reads back exactly what was computed). Step metrics: time/dense_forward_s (the
-scoring), time/dense_read_s (reading the rollout file), dense/tokens.
+so the update reads back exactly what was computed), and version_dense_logprobs,
+sparse_acceptance: the same against the dense policy of the version that generated the sample
+(sparrow/trainer/version_scores.py, read from that version's policy folder), which for a
+fresh sample (version step - 1, every sample of a synchronous run) are the same numbers.
+Step metrics: time/dense_forward_s (the scoring), time/dense_read_s (reading the rollout
+file), dense/tokens, dense/stale_samples (samples of an older version) and, when there are
+any, time/dense_version_s (scoring them against their own version).
 """
 
 from __future__ import annotations
@@ -35,16 +40,47 @@ def score_step(runtime: RunRuntime, step: int, rollouts_path: str, out: Path) ->
         clock = time.perf_counter()
         scores = trainer.score(records)
         seconds = time.perf_counter() - clock
-    contract.write_scores(contract.SCORES.under(out), records, scores)
+    clock = time.perf_counter()
+    version_scores, stale = scores_of_versions(runtime, trainer, step, records, scores)
+    version_seconds = {"time/dense_version_s": time.perf_counter() - clock} if stale else {}
+    contract.write_scores(contract.SCORES.under(out), records, scores, version_scores)
     tokens = sum(len(r.output_ids) for r in records)
     return StageWrite(
         metrics={
             "dense/tokens": float(tokens),
+            "dense/stale_samples": float(stale),
             "time/dense_forward_s": seconds,
             "time/dense_read_s": read_seconds,
+            **version_seconds,
             **peak("memory/score_peak_gib"),
         }
     )
+
+
+def scores_of_versions(runtime: RunRuntime, trainer, step: int, records, scores):
+    """(scores against each sample's own version, number of stale samples): a stale sample
+    is scored again against the dense policy of the version that generated it."""
+    import torch
+
+    from sparrow.trainer.version_scores import score_with_checkpoint, stale_versions
+
+    stale = stale_versions(records, current_version=step - 1)
+    version_scores = list(scores)
+    for version, indices in stale.items():
+        # the policy after update `version` (0: the initial model), waiting for its save
+        folder = runtime.policy_folder_before(version + 1)
+        again = score_with_checkpoint(
+            folder,
+            [records[i] for i in indices],
+            torch.device(trainer.device),
+            getattr(trainer, "dtype", torch.float32),
+            getattr(trainer, "temperature", 1.0),
+            runtime.cfg.trainer.micro_batch_tokens,
+            runtime.cfg.trainer.logits_chunk_tokens,
+        )
+        for i, score in zip(indices, again):
+            version_scores[i] = score
+    return version_scores, sum(len(indices) for indices in stale.values())
 
 
 @task(name="dense_score", cache_policy=NONE, **INFRA_RETRIES)

@@ -45,6 +45,7 @@ from sparrow.data.reward_routing import score_samples
 from sparrow.runtime.ledger import contract
 from sparrow.runtime.ledger.stage import StageOutcome, StageWrite, run_stage
 from sparrow.runtime.retry import INFRA_RETRIES
+from sparrow.runtime.rollout.in_flight import ensure_engine_version, settle_rollout
 from sparrow.runtime.rollout.requests import sampling_params
 from sparrow.runtime.run_runtime import RunRuntime, lookup
 from sparrow.storage.eval_rows import replace_eval_results
@@ -152,6 +153,9 @@ def result_rows(scores: list[SourceScore]) -> list[dict]:
 
 def evaluate_step(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
     pipeline = runtime.cfg.pipeline
+    settle_rollout(runtime)  # one-step-off: the next step's rollout holds the engines
+    if pipeline.max_staleness:
+        ensure_engine_version(runtime, step)  # the policy after this step's update
     rows = eval_rows(runtime)
     completions, adapter_removed = generate(runtime, rows, step)
     rewards, batch = score_rows(runtime, rows, completions)

@@ -9,7 +9,9 @@ replaced by one built from that folder. synced.json records the folder and each 
 process and weights. With an adapter folder (the distill_lora stage's), the engines get
 merge(policy, LoRA) (sparrow/trainer/lora.py), computed in fp32 from the fp32 policy: by the
 trainer before packing the CUDA IPC buffer, or by each actor as it reads the policy folder.
-The trainer keeps the plain policy.
+The trainer keeps the plain policy. One-step-off (docs/async.md): a rollout in flight (the next
+step's, from the previous weights) is waited for first; the engines then hold this step's
+version (runtime.engine_version).
 """
 
 from __future__ import annotations
@@ -23,16 +25,21 @@ from prefect.cache_policies import NONE
 from sparrow.runtime.ledger import contract
 from sparrow.runtime.ledger.stage import StageInputError, StageOutcome, StageWrite, run_stage
 from sparrow.runtime.retry import INFRA_RETRIES
+from sparrow.runtime.rollout.in_flight import settle_rollout
 from sparrow.runtime.run_runtime import RunRuntime, lookup
 
 
 def sync(
     runtime: RunRuntime, step: int, policy_dir: str, out: Path, adapter_dir: str = ""
 ) -> StageWrite:
+    settle_rollout(runtime)  # one-step-off: the next step's rollout holds the engines
     clock = time.perf_counter()
     trainer = runtime.trainer_after(step)
+    runtime.engine_version = -1  # unknown until the load below is through
     if trainer is not None and trainer.sharded:
-        return _sync_group(runtime, trainer, policy_dir, out, clock, adapter_dir)
+        write = _sync_group(runtime, trainer, policy_dir, out, clock, adapter_dir)
+        runtime.engine_version = step
+        return write
     colocated = trainer is not None and runtime.pool_on_gpu and trainer.device.type == "cuda"
     # GPU to GPU needs no file: the state may still be being written (a replacement actor
     # reads it later); a folder sync waits for it
@@ -53,6 +60,7 @@ def sync(
     else:
         runtime.pool.load_weights(policy_dir, adapter_dir)
         modes = ["folder"] * len(runtime.pool.actors)
+    runtime.engine_version = step
     seconds = time.perf_counter() - clock
     contract.write_json(
         contract.SYNCED.under(out),

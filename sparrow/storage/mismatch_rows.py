@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sparrow.storage.schema import V5_COLUMNS
+from sparrow.storage.schema import V5_COLUMNS, V6_COLUMNS
 
 # bin_stats columns after (run_id, step), as a step's rows give them
 BIN_COLUMNS = (
@@ -50,6 +50,7 @@ SAMPLE_COLUMNS = (
     "min_acceptance",
     "log_weight",
     "estimator",
+    *(column for table, column, _ in V6_COLUMNS if table == "sample_stats"),
 )
 # statistics a caller may ask the history of (a column name is put into SQL: never user text)
 STATISTIC_COLUMNS = ("mean", "p1", "p5", "p10", "p50", "min", "share_below_half")

@@ -89,7 +89,9 @@ def _open_sandboxed(workdir: str | Path) -> tuple[duckdb.DuckDBPyConnection, tup
     try:
         conn.execute(
             token_view_sql(
-                [str(p) for p in files.readable], frozenset(str(p) for p in files.old_columns)
+                [str(p) for p in files.readable],
+                frozenset(str(p) for p in files.old_columns),
+                frozenset(files.columns),
             )
         )
         # allowed_directories can only be set once the database is open, before access is cut

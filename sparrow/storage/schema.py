@@ -8,7 +8,7 @@ not stored, because its file list changes as steps land.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 # statistics with a cluster-bootstrap interval (sparrow/mismatch/bootstrap.py STATISTICS; storage
 # does not import the library): bin_stats holds <name>_lo and <name>_hi beside each
@@ -89,6 +89,7 @@ TABLES: dict[str, str] = {
             min_acceptance DOUBLE,       -- lowest acceptance of the sequence
             log_weight DOUBLE,           -- sum of log p_dense - log q_actor over its tokens
             estimator VARCHAR,
+            {sample_stats_v6}
             PRIMARY KEY (run_id, step, prompt, sample))""",
     "eval_results": """
         CREATE TABLE IF NOT EXISTS eval_results (
@@ -124,6 +125,22 @@ def _v5_ddl(table: str) -> str:
     return "".join(f"{c} {t}, " for name, c, t in V5_COLUMNS if name == table)
 
 
+# columns added by schema version 6 (issue 41, docs/async.md): the policy version that
+# generated a trajectory (the step whose update gave the engines their weights) and S over
+# its sparse mismatch alone (acceptance against the dense policy of that version)
+V6_COLUMNS = [
+    ("sample_stats", "policy_version", "INTEGER"),
+    ("sample_stats", "sparse_mismatch_sum", "DOUBLE"),
+]
+
+
+def _v6_ddl(table: str) -> str:
+    return "".join(f"{c} {t}, " for name, c, t in V6_COLUMNS if name == table)
+
+
+TABLES["sample_stats"] = TABLES["sample_stats"].replace(
+    "{sample_stats_v6}", _v6_ddl("sample_stats")
+)
 TABLES["bin_stats"] = TABLES["bin_stats"].replace("{bin_stats_v5}", _v5_ddl("bin_stats"))
 TABLES["calibration"] = TABLES["calibration"].replace("{calibration_v5}", _v5_ddl("calibration"))
 
@@ -142,6 +159,14 @@ TOKEN_COLUMNS: dict[str, str] = {
     "dense_logprob": "DOUBLE",
     # lookup / local / benign / answer / unknown on a chase task's reference path, else NULL
     "role": "VARCHAR",
+    # schema version 6 (docs/async.md): the step whose update generated the token's sample
+    # (0: the initial model; a synchronous step's is step - 1, a one-step-off step's older)
+    "policy_version": "INTEGER",
+    # the acceptance against the dense policy of policy_version: the sparse mismatch alone
+    # (equal to acceptance, which is against the step's dense policy, when the sample is fresh)
+    "sparse_acceptance": "DOUBLE",
+    # the token's dense logprob under policy_version's weights (dense_logprob: the step's)
+    "version_dense_logprob": "DOUBLE",
 }
 
 TOKEN_FILE_GLOB = "runs/*/step-*/aggregate_mismatch/tokens.parquet"
@@ -158,6 +183,7 @@ MIGRATIONS = [
     *V5_COLUMNS,
     ("schedules", "selection", "VARCHAR"),  # the page-scoring rule (NULL: centroid)
     ("schedules", "dense_heads", "INTEGER[][]"),  # (layer, KV head) pairs read whole
+    *V6_COLUMNS,
 ]
 
 # columns renamed after a table first shipped (version 4, docs/glossary.md): (table, old, new).
@@ -199,16 +225,25 @@ def renamed_row(table: str, row: dict) -> dict:
     return row
 
 
-def token_view_sql(files: list[str], old_files: frozenset[str] = frozenset()) -> str:
+def token_view_sql(
+    files: list[str], old_files: frozenset[str] = frozenset(), present: frozenset[str] | None = None
+) -> str:
     """The token_mismatch view: over the given Parquet files (sparrow.storage.token_files checks
     them first), or typed and empty when there are none. `old_files` hold a column under
-    its old name (OLD_TOKEN_COLUMNS): the view gives it under the new one."""
+    its old name (OLD_TOKEN_COLUMNS): the view gives it under the new one. `present`: the
+    columns any of the files holds; a TOKEN_COLUMNS column none holds (files written before
+    it) is NULL in the view, so a query naming it runs on any workdir."""
     if files:
         listed = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
         source = (
             f"SELECT {_token_select(files, old_files)} FROM read_parquet([{listed}], "
             f"union_by_name = true)"
         )
+        known = set(present or ()) | set(OLD_TOKEN_COLUMNS.values())
+        absent = [c for c in TOKEN_COLUMNS if present is not None and c not in known]
+        if absent:
+            nulls = ", ".join(f"CAST(NULL AS {TOKEN_COLUMNS[c]}) AS {c}" for c in absent)
+            source = f"SELECT *, {nulls} FROM ({source})"
     else:
         columns = ", ".join(f"CAST(NULL AS {t}) AS {c}" for c, t in TOKEN_COLUMNS.items())
         source = f"SELECT {columns} WHERE false"

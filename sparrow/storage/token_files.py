@@ -48,6 +48,8 @@ class TokenFiles:
     damaged: list[Damaged] = field(default_factory=list)
     # readable files written before a column was renamed (OLD_TOKEN_COLUMNS)
     old_columns: list[Path] = field(default_factory=list)
+    # every column some readable file holds (a column added later is missing from older files)
+    columns: set[str] = field(default_factory=set)
 
 
 def find_token_files(workdir: str | Path, warn: bool = True) -> TokenFiles:
@@ -69,6 +71,7 @@ def find_token_files(workdir: str | Path, warn: bool = True) -> TokenFiles:
                 )
         else:
             files.readable.append(path)
+            files.columns.update(names)
             if any(old in names for old in OLD_TOKEN_COLUMNS):
                 files.old_columns.append(path)
     return files

@@ -213,3 +213,18 @@ def test_the_qwen3_math_preset_composes_for_qwen3_on_the_shipped_set(qwen3_check
         data = configured_prompts(spec, cfg.data, qwen3_checkpoint, tokenizer)
         assert len(data) == rows
         assert data.row(0).prompt.startswith("<|im_start|>user\n")
+
+
+def test_max_staleness_is_0_or_1_and_refuses_what_the_pipelined_flow_lacks():
+    assert load_config().pipeline.max_staleness == 0
+    assert load_config(["pipeline.max_staleness=1"]).pipeline.max_staleness == 1
+    with pytest.raises(ConfigError, match="pipeline.max_staleness.*2.*0 \\(synchronous\\) or 1"):
+        load_config(["pipeline.max_staleness=2"])
+    for key in ("algo.dynamic_sampling=true", "algo.distill.enabled=true", "trainer.num_workers=2"):
+        name = key.partition("=")[0]
+        with pytest.raises(ConfigError, match=f"not run with {re.escape(name)}="):
+            load_config(["pipeline.max_staleness=1", key])
+        load_config([key])  # synchronous: allowed
+    with pytest.raises(ConfigError, match="keep_checkpoints' is 1.*0 or above 1"):
+        load_config(["pipeline.max_staleness=1", "pipeline.keep_checkpoints=1"])
+    load_config(["pipeline.max_staleness=1", "pipeline.keep_checkpoints=0"])

@@ -156,3 +156,14 @@ def test_token_roles_round_trip_and_an_older_file_reads_none(tmp_path):
     assert [r.token_roles for r in read_rollouts(tmp_path / "old.parquet")] == [(), ()]
     with pytest.raises(ValueError, match="disagree in length"):
         dataclasses.replace(_record(0, 3), token_roles=(1, 2))
+
+
+def test_the_policy_version_round_trips_and_an_older_file_reads_none(tmp_path):
+    records = [dataclasses.replace(_record(0, 2), policy_version=3), _record(1, 1)]
+    path = write_rollouts(tmp_path / "r.parquet", records)
+    back = read_rollouts(path)
+    assert back == records and [r.policy_version for r in back] == [3, None]
+    assert back != [dataclasses.replace(records[0], policy_version=2), records[1]]
+    old = pq.read_table(path).drop_columns(["policy_version"])
+    pq.write_table(old, tmp_path / "old.parquet")
+    assert [r.policy_version for r in read_rollouts(tmp_path / "old.parquet")] == [None, None]

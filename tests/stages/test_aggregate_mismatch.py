@@ -7,6 +7,7 @@ Run: `python -m pytest tests/stages/test_aggregate_mismatch.py -q`.
 from __future__ import annotations
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from sparrow.data.rollouts import RolloutRecord
@@ -49,6 +50,22 @@ def test_token_rows_carry_total_positions_and_bins():
     assert table["dense_logprob"] == [-1.0, -2.0, -3.0, -4.0, -5.0]
     assert set(table["run_id"]) == {"r"} and set(table["step"]) == {4}
     assert table["role"] == [None] * 5  # no roles: not a chase task
+    assert table["policy_version"] == [3] * 5  # no version recorded: synchronous, step - 1
+
+
+def test_token_rows_carry_the_policy_version_of_their_sample():
+    import dataclasses
+
+    records = [
+        dataclasses.replace(record(0, 0, 2, 3), policy_version=1),
+        dataclasses.replace(record(0, 1, 2, 2), policy_version=2),
+    ]
+    scores = {
+        key: [[0.5] * 3, [0.5] * 2] for key in ("acceptance", "leftover_mass", "dense_logprobs")
+    }
+    schedule = Schedule("s", topk_pages=(1,), page_size=2, bin_tokens=6)
+    table = token_table("r", 3, records, scores, schedule).to_pydict()
+    assert table["policy_version"] == [1, 1, 1, 2, 2]
 
 
 def test_token_rows_carry_the_roles_of_their_records():
@@ -175,8 +192,10 @@ def test_sample_rows_and_the_batch_ess():
         "acceptance": [[1.0, 0.5, 0.9], [0.8, 0.8]],
         "dense_logprobs": [[0.0, -0.2, -0.2], [-1.0, -1.0]],
     }
-    rows = sample_rows(records, scores, "top20_lower_bound")
+    rows = sample_rows(records, scores, "top20_lower_bound", step=3)
     assert [(r["prompt"], r["sample"], r["tokens"]) for r in rows] == [(0, 0, 3), (0, 1, 2)]
+    # records without a recorded version come from a synchronous step: version step - 1
+    assert [r["policy_version"] for r in rows] == [2, 2]
     assert rows[0]["mismatch_sum"] == pytest.approx(0.6) and rows[0]["min_acceptance"] == 0.5
     # actor logprobs of record(): 0, -0.1, -0.2 and 0, -0.1
     assert rows[0]["log_weight"] == pytest.approx(-0.1) and rows[1]["log_weight"] == pytest.approx(
@@ -187,3 +206,65 @@ def test_sample_rows_and_the_batch_ess():
     metrics = sample_metrics(rows)
     assert metrics["mismatch/ess"] == pytest.approx(weights.sum() ** 2 / (2 * (weights**2).sum()))
     assert metrics["mismatch/sequence_mismatch_max"] == pytest.approx(0.6)
+
+
+def test_stale_samples_give_the_controller_their_sparse_acceptance(tmp_path):
+    """bin_stats (the controller's statistic) come from the acceptance against each sample's
+    own version; the token rows keep both; sample_stats sum both; a plain loop checks each."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from sparrow.config import load_config
+    from sparrow.data.rollouts import write_rollouts
+    from sparrow.runtime.ledger import contract
+    from sparrow.stages.aggregate_mismatch import aggregate_step
+    from sparrow.trainer.scoring import TokenScores
+
+    # step 3: samples of version 2 are fresh, of version 1 stale
+    records = [
+        dataclasses.replace(record(p, s, 4, 6), policy_version=1 + (p + s) % 2)
+        for p in range(3)
+        for s in range(2)
+    ]
+    rng = np.random.default_rng(0)
+    current = [rng.uniform(0.2, 1.0, 6) for _ in records]
+    own = [
+        c if r.policy_version == 2 else np.minimum(1.0, c + 0.3) for r, c in zip(records, current)
+    ]
+    rollout_dir, out = tmp_path / "rollout", tmp_path / "out"
+    out.mkdir()
+    write_rollouts(contract.ROLLOUTS.under(rollout_dir), records)
+    schedule = Schedule("s", topk_pages=(1, 2), page_size=2, bin_tokens=6)
+    contract.write_rollout_schedule(rollout_dir, schedule, 1, True)
+    step_scores = [TokenScores((-1.0,) * 6, tuple(c), (0.0,) * 6) for c in current]
+    version_scores = [TokenScores((-2.0,) * 6, tuple(o), (0.0,) * 6) for o in own]
+    contract.write_scores(tmp_path / "scores.parquet", records, step_scores, version_scores)
+    cfg = load_config(["calibrate.min_bin_tokens=1", "calibrate.min_bin_samples=1"])
+    runtime = SimpleNamespace(run_id="r", cfg=cfg, tracker=None)
+    written = aggregate_step(runtime, 3, str(rollout_dir), str(tmp_path / "scores.parquet"), out)
+    table = pq.read_table(contract.TOKENS.under(out)).to_pydict()
+    assert table["acceptance"] == pytest.approx(np.concatenate(current).tolist())
+    assert table["sparse_acceptance"] == pytest.approx(np.concatenate(own).tolist())
+    assert table["policy_version"] == [r.policy_version for r in records for _ in range(6)]
+    assert set(table["version_dense_logprob"]) == {-2.0} and set(table["dense_logprob"]) == {-1.0}
+    # per bin, the p5 of the sparse acceptance, by a plain loop over the tokens
+    by_bin: dict[int, list[float]] = {}
+    for position, value in zip(table["position"], table["sparse_acceptance"]):
+        by_bin.setdefault(schedule.bin_of(position), []).append(value)
+    metrics = written.metrics
+    for b, values in by_bin.items():
+        assert metrics[f"mismatch/p5_bin_{b}"] == pytest.approx(np.percentile(values, 5))
+    assert metrics["mismatch/stale_frac"] == pytest.approx(3 / 6)
+    assert metrics["mismatch/sparse_acceptance_mean"] == pytest.approx(np.mean(np.concatenate(own)))
+    assert metrics["mismatch/acceptance_mean"] == pytest.approx(np.mean(np.concatenate(current)))
+    with Store.open_writer(tmp_path / "db") as store, store.connect() as conn:
+        written.db(conn)
+    rows = query(
+        tmp_path / "db",
+        "SELECT policy_version, mismatch_sum, sparse_mismatch_sum FROM sample_stats "
+        "ORDER BY prompt, sample",
+    ).rows
+    for (version, total, sparse), r, c, o in zip(rows, records, current, own):
+        assert version == r.policy_version
+        assert total == pytest.approx(sum(1 - v for v in c))
+        assert sparse == pytest.approx(sum(1 - v for v in o))

@@ -81,6 +81,8 @@ def setup(tmp_path):
         pool_on_gpu=False,
         pool=InProcessPool(spec),
         policy_state=lambda folder, wait=True: Path(folder),
+        rollout_in_flight=None,  # no one-step-off rollout holds the engines
+        engine_version=0,
     )
     return runtime, trainer, Path(policy), adapter_dir, adapter
 

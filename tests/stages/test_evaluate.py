@@ -51,6 +51,7 @@ def _runtime(tmp_path, adapter: str):
         pool=FakePool(str(tmp_path / "policy"), adapter),
         max_context=64,
         policy_state=lambda folder: tmp_path / "state",
+        rollout_in_flight=None,  # no one-step-off rollout holds the engines
     )
 
 

@@ -52,6 +52,11 @@ ROLLOUTS = StageFile(
 ROLLOUT_SCHEDULE = StageFile(
     "rollout", "schedule.json", "the schedule the rollout decoded with, its version, sparse or not"
 )
+ROLLOUT_LAUNCH = StageFile(
+    "rollout",
+    "launch.json",
+    "the policy version that generated the samples, when generation started, whether in flight",
+)
 REWARDS = StageFile("reward", "rewards.parquet", "one row per sample: prompt, sample, reward")
 REWARD_SUMMARY = StageFile(
     "reward", "summary.json", "the reward function, its errors and timeouts, the first traceback"
@@ -59,7 +64,9 @@ REWARD_SUMMARY = StageFile(
 SCORES = StageFile(
     "dense_score",
     "scores.parquet",
-    "one row per sample: dense logprobs, acceptance, leftover actor mass per token",
+    "one row per sample: dense logprobs, acceptance, leftover actor mass per token; the same "
+    "against the dense policy of the sample's own version (version_dense_logprobs, "
+    "sparse_acceptance: docs/async.md)",
 )
 TOKENS = StageFile(
     "aggregate_mismatch", "tokens.parquet", "one row per generated token (DuckDB token_mismatch)"
@@ -83,6 +90,7 @@ EVAL = StageFile("evaluate", "eval.json", "greedy (or sampled) accuracy and ever
 FILES = (
     ROLLOUTS,
     ROLLOUT_SCHEDULE,
+    ROLLOUT_LAUNCH,
     REWARDS,
     REWARD_SUMMARY,
     SCORES,
@@ -99,6 +107,13 @@ FILES = (
 # the folder, beside a step's stage folders, that a background policy save writes into
 POLICY_STATE_DIR = "policy_state"
 SCORE_COLUMNS = ("dense_logprobs", "acceptance", "leftover_mass")
+# against the dense policy of the version that generated the sample (the step's own for a
+# fresh sample): column -> the SCORE_COLUMNS column it equals where the sample is fresh, and
+# in a file written before these columns
+VERSION_SCORE_COLUMNS = {
+    "version_dense_logprobs": "dense_logprobs",
+    "sparse_acceptance": "acceptance",
+}
 
 
 def write_json(path: Path, data: Any, indent: int = 2) -> Path:
@@ -168,7 +183,14 @@ def read_rewards(path: str | Path, records: Sequence[Any] | None = None) -> list
 # dense_score
 
 
-def write_scores(path: Path, records: Sequence[Any], scores: Sequence[Any]) -> None:
+def write_scores(
+    path: Path,
+    records: Sequence[Any],
+    scores: Sequence[Any],
+    version_scores: Sequence[Any] | None = None,
+) -> None:
+    """`scores` against the step's dense policy; `version_scores` against the dense policy of
+    each sample's own version (None: every sample is fresh, the same scores)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -179,17 +201,26 @@ def write_scores(path: Path, records: Sequence[Any], scores: Sequence[Any]) -> N
     }
     for name in SCORE_COLUMNS:
         columns[name] = pa.array([getattr(s, name) for s in scores], floats)
+    version_scores = scores if version_scores is None else version_scores
+    for name, same in VERSION_SCORE_COLUMNS.items():
+        columns[name] = pa.array([getattr(s, same) for s in version_scores], floats)
     pq.write_table(pa.table(columns), path)
 
 
 def read_scores(
     path: str | Path, records: Sequence[Any] | None = None
 ) -> dict[str, list[list[float]]]:
-    """Column name -> per-sample lists; checked against the rollout records when given."""
+    """Column name -> per-sample lists (SCORE_COLUMNS and VERSION_SCORE_COLUMNS; a file from
+    before the latter gives the former's values); checked against the rollout records when
+    given."""
     import pyarrow.parquet as pq
 
     table = pq.read_table(path)
     scores = {name: table.column(name).to_pylist() for name in SCORE_COLUMNS}
+    for name, same in VERSION_SCORE_COLUMNS.items():
+        scores[name] = (
+            table.column(name).to_pylist() if name in table.column_names else scores[same]
+        )
     if records is not None:
         if len(records) != table.num_rows:
             raise StageInputError(f"{path} has {table.num_rows} rows for {len(records)} rollouts")

@@ -5,7 +5,7 @@
 Each record carries the prompt as the model saw it (after the chat template), the row's
 data_source and extra_info (they route and feed its reward), and, with the tokenizer, each
 generated token's role on a chase task's reference path (sparrow/data/token_roles.py; empty
-for other tasks).
+for other tasks), and the policy version that generated it (docs/async.md).
 """
 
 from __future__ import annotations
@@ -22,9 +22,13 @@ def eos_ids(tokenizer: Any) -> tuple[int, ...]:
 
 
 def to_records(
-    rows: Sequence[Any], results: Sequence[Sequence[Any]], tokenizer: Any = None
+    rows: Sequence[Any],
+    results: Sequence[Sequence[Any]],
+    tokenizer: Any = None,
+    policy_version: int | None = None,
 ) -> list[RolloutRecord]:
-    """The step's records, prompt by prompt, sample by sample."""
+    """The step's records, prompt by prompt, sample by sample; each records the policy
+    version whose weights the engines generated it with."""
     paths = [
         None
         if tokenizer is None
@@ -49,6 +53,7 @@ def to_records(
             prompt_text=row.prompt,
             data_source=row.data_source,
             extra_info=row.extra_info,
+            policy_version=policy_version,
         )
         for p, (row, samples, path) in enumerate(zip(rows, results, paths))
         for s in samples
