@@ -122,7 +122,12 @@ def test_samples_per_prompt_give_accuracy_and_pass_at_k_per_data_source(tmp_path
     ]
     pool = ScriptedPool({0: ["7", "7", "x", "x"], 1: ["x"] * 4, 2: ["x", "7", "x", "x"]})
     runtime = SimpleNamespace(
-        cfg=cfg, eval_data=_Rows(rows), pool=pool, max_context=64, run_id="r1"
+        cfg=cfg,
+        eval_data=_Rows(rows),
+        pool=pool,
+        max_context=64,
+        run_id="r1",
+        rollout_in_flight=None,  # no one-step-off rollout holds the engines
     )
     write = evaluate_step(runtime, 3, tmp_path)
     assert pool.schedule is None  # dense
