@@ -371,8 +371,8 @@ class RayConfig:
     placement_strategy: str = "pack"
     """with a trainer group (trainer.num_workers > 0), how its Ray placement group (one bundle
     per rank, engine i in bundle i) spreads over the nodes: pack fills as few nodes as fit;
-    strict_spread puts each rank and its engines on a node of its own (fails to place with
-    fewer nodes than ranks); spread does so where it can. On GPUs it applies to
+    strict_spread puts each rank and its engines on a node of its own (refused after 60 s
+    when the cluster has fewer nodes than ranks); spread does so where it can. On GPUs it applies to
     rollout.placement=colocated; without GPUs pack reserves nothing (Ray's scheduler places
     each process) and the spreads make one engine per rank when rollout.num_actors is 0"""
 
