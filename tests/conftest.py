@@ -181,16 +181,23 @@ class FlowEnvironment:
         self.ray_address = ray.get_runtime_context().gcs_address
         self.stack = stack
 
-    def start(self) -> None:
-        if self.prefect_started:
+    def start(self, ray: bool = True) -> None:
+        """ray=False: the Prefect test API alone, for a flow that joins a cluster of its own
+        (tests/flows/test_two_nodes.py); it stops what an earlier test started first."""
+        if self.prefect_started and bool(self.ray_address) == ray:
             return
+        if self.stack is not None and bool(self.ray_address) != ray:
+            self.stop()
         from sparrow.flows.prefect_env import quiet_prefect
 
         quiet_prefect()
         import prefect.settings
         from prefect.testing.utilities import prefect_test_harness
 
-        self.start_ray()
+        if ray:
+            self.start_ray()
+        elif self.stack is None:
+            self.stack = contextlib.ExitStack()
         self.stack.enter_context(prefect_test_harness(server_startup_timeout=180))
         # a flow run's heartbeat thread sleeps in 1 s steps and each flow and subflow joins it
         # on exit (~0.5 s a flow run); no test here watches for crashed runs
@@ -214,6 +221,7 @@ class FlowEnvironment:
     def stop(self) -> None:
         if self.stack is not None:
             stack, self.stack, self.prefect_started = self.stack, None, False
+            self.ray_address = ""
             stack.close()
 
 

@@ -381,6 +381,13 @@ class TrainerConfig:
 class RayConfig:
     address: str = ""
     """Ray cluster address; empty starts a local Ray"""
+    placement_strategy: str = "pack"
+    """with a trainer group (trainer.num_workers > 0), how its Ray placement group (one bundle
+    per rank, engine i in bundle i) spreads over the nodes: pack fills as few nodes as fit;
+    strict_spread puts each rank and its engines on a node of its own (refused after 60 s
+    when the cluster has fewer nodes than ranks); spread does so where it can. On GPUs it applies to
+    rollout.placement=colocated; without GPUs pack reserves nothing (Ray's scheduler places
+    each process) and the spreads make one engine per rank when rollout.num_actors is 0"""
 
 
 @dataclass(frozen=True)
@@ -427,6 +434,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.dtype": ("auto", "float32", "bfloat16", "float16"),
     "rollout.backend": ("native", "vllm"),
     "rollout.placement": ("colocated", "separate"),
+    "ray.placement_strategy": ("pack", "spread", "strict_spread"),
     "rollout.centroid_dtype": ("cache", "float8_e4m3fn"),
     "rollout.programmatic_launch": ("all", "none", "linear", "attention"),
     "algo.loss_agg": ("token_mean", "sequence_mean"),

@@ -135,6 +135,7 @@ def start_pool(runtime: RunRuntime, wait: bool = True) -> ActorPool:
             cfg.rollout.placement,
             cfg.rollout.num_actors,
             device.startswith("cuda"),
+            cfg.ray.placement_strategy,
         )
         placement = runtime.placement.engines
         count, resources = len(placement), placement[0]

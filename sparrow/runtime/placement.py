@@ -10,6 +10,12 @@ each, so they share that GPU as the trainer and engine share one GPU today (the 
 cache is released while the trainer scores and updates); `separate` gives every rank and every
 engine a whole GPU (rollout.num_actors engines, 0: the GPUs the ranks leave). Without GPUs
 every rank and engine is a process with an even share of the CPUs.
+
+`strategy` (ray.placement_strategy) is the placement group's: "pack" as above; "strict_spread"
+puts each bundle, so each rank with its engines, on a node of its own (a trainer group with a
+rank on each of two nodes); "spread" where it can. Without GPUs "pack" reserves nothing, and a
+spread reserves one bundle per rank holding the CPU shares of the rank and its engines
+(engine j in bundle j mod ranks; one engine per rank when rollout.num_actors is 0).
 """
 
 from __future__ import annotations
@@ -18,6 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparrow.errors import SparrowError
+
+# a placement group not ready by then cannot be placed (a strict spread over too few nodes)
+PLACEMENT_TIMEOUT_S = 60.0
 
 
 class PlacementError(SparrowError):
@@ -39,14 +48,19 @@ class Placement:
             self.group = None
 
 
-def plan_placement(num_workers: int, placement: str, num_actors: int, use_gpu: bool) -> Placement:
+def plan_placement(
+    num_workers: int, placement: str, num_actors: int, use_gpu: bool, strategy: str = "pack"
+) -> Placement:
     import ray
 
     resources = ray.cluster_resources()
     gpus = int(resources.get("GPU", 0)) if use_gpu else 0
     if gpus == 0:
-        engines = num_actors or 1
+        spread = strategy != "pack"
+        engines = num_actors or (num_workers if spread else 1)
         share = max(0.01, float(resources.get("CPU", 1)) / (num_workers + engines))
+        if spread:
+            return _spread_on_cpus(num_workers, engines, share, strategy)
         return Placement(
             [{"num_cpus": share}] * num_workers, [{"num_cpus": share}] * engines, "cpu"
         )
@@ -64,26 +78,49 @@ def plan_placement(num_workers: int, placement: str, num_actors: int, use_gpu: b
             f"rollout.placement=colocated puts one engine on each of the trainer.num_workers="
             f"{num_workers} GPUs (rollout.num_actors={num_actors}); the cluster has {gpus} GPUs"
         )
-    return _colocated(num_workers)
+    return _colocated(num_workers, strategy)
 
 
-def _colocated(num_workers: int) -> Placement:
+def _reserve(bundles: list[dict], strategy: str):
+    """A placement group of `bundles`, ready; one that the cluster cannot hold (strict_spread
+    with fewer nodes than bundles) is a PlacementError, not a wait forever."""
     import ray
-    from ray.util.placement_group import placement_group
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    group = placement_group(bundles, strategy=strategy.upper())
+    ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
+    if not ready:
+        remove_placement_group(group)
+        nodes = sum(1 for node in ray.nodes() if node["Alive"])
+        raise PlacementError(
+            f"ray.placement_strategy={strategy}: the cluster ({nodes} nodes, "
+            f"{ray.cluster_resources()}) cannot hold the bundles {bundles} "
+            f"within {PLACEMENT_TIMEOUT_S} s"
+        )
+    return group
+
+
+def _in_bundle(group, index: int, **resources: float) -> dict:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    group = placement_group([{"GPU": 1, "CPU": 2}] * num_workers, strategy="PACK")
-    ray.get(group.ready())
+    return {
+        **resources,
+        "scheduling_strategy": PlacementGroupSchedulingStrategy(
+            group, placement_group_bundle_index=index
+        ),
+    }
 
-    def half(index: int) -> dict:
-        return {
-            "num_gpus": 0.5,
-            "num_cpus": 1,
-            "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                group, placement_group_bundle_index=index
-            ),
-        }
 
-    return Placement(
-        [half(i) for i in range(num_workers)], [half(i) for i in range(num_workers)], "cuda", group
-    )
+def _colocated(num_workers: int, strategy: str) -> Placement:
+    group = _reserve([{"GPU": 1, "CPU": 2}] * num_workers, strategy)
+    half = [_in_bundle(group, i, num_gpus=0.5, num_cpus=1) for i in range(num_workers)]
+    return Placement(half, list(half), "cuda", group)
+
+
+def _spread_on_cpus(num_workers: int, engines: int, share: float, strategy: str) -> Placement:
+    """Bundle i holds rank i and engines i, i + num_workers, ...: its CPUs are their shares."""
+    homes = [j % num_workers for j in range(engines)]
+    bundles = [{"CPU": share * (1 + homes.count(i))} for i in range(num_workers)]
+    group = _reserve(bundles, strategy)
+    ranks = [_in_bundle(group, i, num_cpus=share) for i in range(num_workers)]
+    return Placement(ranks, [_in_bundle(group, i, num_cpus=share) for i in homes], "cpu", group)

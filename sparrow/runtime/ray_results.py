@@ -1,6 +1,7 @@
 """Results of several Ray calls that depend on one another, taken as each finishes.
 
     results = results_failing_fast(futures, on_failure)   # in the order of `futures`
+    node_id()                                             # the Ray node of this process
 
 Calls that meet in a collective (trainer ranks, a weight broadcast) wait for each other: one
 that fails leaves the rest waiting until the collective's timeout. Taking the results as
@@ -13,6 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+
+def node_id() -> str:
+    """The Ray node this process runs on ("" outside Ray): recorded with an actor's or a
+    rank's pid, so a run on several nodes says where each ran."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
 
 
 def results_failing_fast(

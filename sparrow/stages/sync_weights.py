@@ -6,7 +6,7 @@
 Weights travel by path: each actor reads the safetensors of the policy_update folder itself
 (ActorPool.load_weights), nothing is shipped through the flow. An actor found dead is
 replaced by one built from that folder. synced.json records the folder and each actor's
-process and weights. With an adapter folder (the distill_lora stage's), the engines get
+process, Ray node and weights (with a trainer group, each rank's process and node too). With an adapter folder (the distill_lora stage's), the engines get
 merge(policy, LoRA) (sparrow/trainer/lora.py), computed in fp32 from the fp32 policy: by the
 trainer before packing the CUDA IPC buffer, or by each actor as it reads the policy folder.
 The trainer keeps the plain policy. One-step-off (docs/async.md): a rollout in flight (the next
@@ -104,6 +104,7 @@ def _sync_group(
             "seconds": seconds,
             "phases": phases,
             "actors": runtime.pool.info(),
+            "ranks": group.info(),
         },
     )
     return StageWrite(

@@ -37,6 +37,8 @@ RESUMABLE_KEYS = frozenset(
         "pipeline.workdir",
         "pipeline.report",
         "ray.address",
+        # which nodes the ranks and engines run on: a policy folder resumes anywhere
+        "ray.placement_strategy",
         "rollout.num_actors",
         # how many GPUs train and generate: a sharded policy folder resumes on any number of ranks
         "trainer.num_workers",

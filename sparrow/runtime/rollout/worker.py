@@ -151,8 +151,11 @@ class RolloutWorker(SyncedWorker):
         self.engine.set_schedule(schedule)
 
     def info(self) -> dict[str, Any]:
+        from sparrow.runtime.ray_results import node_id
+
         return {
             "pid": os.getpid(),
+            "node_id": node_id(),
             "weights_path": self.weights_path,
             "schedule": None if self.engine.schedule is None else self.engine.schedule.name,
         }

@@ -194,6 +194,10 @@ class TrainerGroup:
         if pending:
             self._results("save", pending)
 
+    def info(self) -> list[dict[str, Any]]:
+        """Per rank, its number, pid and Ray node (TrainerRank.info)."""
+        return self._all("info")
+
     def export(self, folder) -> str:
         return self._all("export", str(folder))[0]
 

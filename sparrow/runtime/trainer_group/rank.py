@@ -58,6 +58,14 @@ class TrainerRank(DistillRank):
             port = s.getsockname()[1]
         return ray.util.get_node_ip_address(), port
 
+    def info(self) -> dict[str, Any]:
+        """This rank's number, pid and Ray node (synced.json records them)."""
+        import os
+
+        from sparrow.runtime.ray_results import node_id
+
+        return {"rank": self.rank, "pid": os.getpid(), "node_id": node_id()}
+
     def init(self, host: str, port: int, spec: TrainerSpec, resume_from: str = "") -> int:
         import torch
         import torch.distributed as dist

@@ -71,6 +71,7 @@ def test_open_run_creates_then_resumes_then_refuses_a_change(store, tmp_path):
             "pipeline.steps=9",
             "pipeline.fail_at=reward@2",
             "ray.address=auto",
+            "ray.placement_strategy=strict_spread",
             "pipeline.report=false",
         ]
     )
