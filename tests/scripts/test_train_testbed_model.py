@@ -169,7 +169,7 @@ def test_a_study_variant_trains_on_cpu_and_the_small_sizes_hold_5_to_15m(script,
     assert info["stages"][-1]["chains"] == 4 and 0.0 <= info["held_out_sampled_accuracy"] <= 1.0
     for size, low, high in (("small", 5e6, 8e6), ("medium", 10e6, 15e6)):
         args = script.parse_args(["--out", str(tmp_path), "--model-size", size, "--variant", "v2"])
-        assert (args.num_defs, args.num_hops, args.chains, args.tags) == (256, 64, 4, 0)
+        assert (args.num_defs, args.num_hops, args.chains, args.tags) == (256, 63, 4, 0)
         parameters = sum(p.numel() for p in script.build_model(args).parameters())
         assert low <= parameters <= high, (size, parameters)
     args = script.parse_args(["--out", "x", "--variant", "v3", "--num-hops", "9"])

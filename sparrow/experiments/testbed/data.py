@@ -124,25 +124,40 @@ def _length(num_defs: int, num_hops: int, chains: int = 1, tags: int = 0) -> int
     return len(token_ids(example.prompt)) + len(token_ids(example.completion)) + 1
 
 
+# several chains: the one-chain stages first, as the first testbed learnt them (names, hops);
+# at most half of the clean steps, what a stage does not use passing on (adaptive.py)
+ONE_CHAIN_START = ((2, 1), (4, 2), (8, 5), (16, 15), (32, 30))
+ONE_CHAIN_SHARE = 0.4
+
+
 def curriculum(num_defs: int, num_hops: int, chains: int = 1, tags: int = 0) -> list[Stage]:
     """CURRICULUM scaled to the full sizes; repeated sizes (tiny tasks) merge their shares.
 
-    With several chains, the first stage is still one chain among 2 names, and every later
-    stage has at least 2 names a chain, hops below the spacing of the starts: on the GPU, a
-    curriculum that began with 4 chains among 4 names (each chain's one hop ends on the next
-    chain's start, so the answer is in the query line) learnt that copy first and the lookup
-    in the definitions only in part afterwards (docs/testbed.md, "The study testbed")."""
-    rows = list(CURRICULUM)
-    if chains > 1:  # the one-chain start takes the second row's share too: the lookup is
-        # learnt there, and what it does not use passes on (adaptive.py)
-        rows = [(*rows[0][:2], rows[0][2] + rows[1][2])] + rows[2:]
+    With several chains: the lookup is learnt on one chain first (ONE_CHAIN_START, up to the
+    names a chain has at full size), then the names double with every chain, each such stage
+    with at least 2 names a chain and fewer hops than the starts' spacing, so no stage can be
+    answered from the query line. A curriculum that began with 4 chains among 4 names (each
+    chain's one hop ends on the next chain's start) learnt that copy first and the lookup
+    only in part, on the GPU and on a CPU; one that began with one chain among 2 names and
+    then went to 4 chains learnt no more on the CPU (docs/testbed.md, "The study testbed")."""
+    if chains == 1:
+        rows = [
+            (max(2, min(num_defs, round(num_defs * d))), max(1, round(num_hops * h)), share, 1)
+            for d, h, share in CURRICULUM
+        ]
+    else:
+        start = [(d, h) for d, h in ONE_CHAIN_START if d <= max(2, num_defs // chains)]
+        rows = [(d, h, ONE_CHAIN_SHARE / len(start), 1) for d, h in start]
+        sizes = [num_defs]
+        while sizes[0] // 2 >= max(2 * chains, start[-1][0]) and len(sizes) < 4:
+            sizes.insert(0, sizes[0] // 2)
+        shares = (0.1, 0.15, 0.15, 0.2)[-len(sizes) :]
+        scale = (1 - ONE_CHAIN_SHARE) / sum(shares)
+        for defs, share in zip(sizes, shares):
+            hops = num_hops if defs == num_defs else max(1, min(num_hops, defs // chains - 1))
+            rows.append((defs, hops, share * scale, chains))
     stages: list[Stage] = []
-    for row, (defs_share, hops_share, share) in enumerate(rows):
-        k = 1 if row == 0 else chains
-        defs = max(2, 2 * k if k > 1 else 2, min(num_defs, round(num_defs * defs_share)))
-        hops = max(1, round(num_hops * hops_share))
-        if k > 1 and defs < num_defs:
-            hops = max(1, min(hops, defs // k - 1))
+    for defs, hops, share, k in rows:
         stage = Stage(defs, hops, share, k, tags)
         if stages and stages[-1].sizes() == stage.sizes():
             stages[-1] = Stage(defs, hops, stages[-1].share + share, k, tags)

@@ -6,6 +6,8 @@ import pytest
 
 from sparrow.data.synthetic import make_examples
 from sparrow.experiments.testbed.data import (
+    ONE_CHAIN_SHARE,
+    ONE_CHAIN_START,
     TASK,
     VARIANTS,
     StepPlan,
@@ -128,13 +130,17 @@ def test_no_variant_lets_a_chain_end_on_a_start_named_in_the_query_line():
         assert not set(example.answer.split()) & set(starts), name
 
 
-def test_several_chains_start_from_one_chain_among_two_names_and_never_read_a_start():
+def test_several_chains_learn_the_lookup_on_one_chain_first_and_never_read_a_start():
     stages = curriculum(**VARIANTS["v3"].sizes())
-    assert (stages[0].num_defs, stages[0].chains, stages[0].tags) == (2, 1, 1)
-    assert all(stage.chains == 4 for stage in stages[1:])
-    assert stages[-1].sizes() == VARIANTS["v3"].sizes()
-    for stage in stages[1:]:
-        assert stage.num_defs >= 2 * stage.chains
+    one = [stage for stage in stages if stage.chains == 1]
+    assert [(s.num_defs, s.num_hops) for s in one] == list(ONE_CHAIN_START)
+    assert stages[: len(one)] == one and all(s.tags == 1 for s in stages)
+    several = stages[len(one) :]
+    assert [s.num_defs for s in several] == [32, 64, 128, 256]
+    assert several[-1].sizes() == VARIANTS["v3"].sizes()
+    for stage in several:
+        assert stage.chains == 4 and stage.num_defs >= 2 * stage.chains
         assert not ends_on_a_start(stage.num_defs, stage.num_hops, stage.chains), stage
         assert stage.num_hops < stage.num_defs // stage.chains, stage
     assert abs(sum(stage.share for stage in stages) - 1.0) < 1e-9
+    assert abs(sum(s.share for s in one) - ONE_CHAIN_SHARE) < 1e-9
