@@ -448,6 +448,7 @@ def run(args, device: torch.device, started: float, deadline: float) -> dict:
         "held_out_greedy_accuracy": tf["greedy"],
         "held_out_sampled_accuracy_estimate": tf["sampled_estimate"],
         "held_out_hop_accuracy": tf["hop"],
+        "held_out_argmax_by_role": tf["argmax_by_role"],
         "held_out_sampled_estimate_by_hops": tf["sampled_estimate_by_hops"],
     }
     info["tflops_per_s"] = round(info["flops"] / max(1e-9, info["train_seconds"]) / 1e12, 2)

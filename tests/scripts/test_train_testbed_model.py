@@ -15,12 +15,16 @@ from sparrow.model import load_tokenizer
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train_testbed_model.py"
 
 
-@pytest.fixture(scope="module")
-def script():
-    spec = importlib.util.spec_from_file_location("train_testbed_model", SCRIPT)
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, SCRIPT.parent / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def script():
+    return _load("train_testbed_model")
 
 
 def _sha(path: Path) -> str:
@@ -38,6 +42,10 @@ def test_smoke_run_writes_a_checkpoint_and_its_record(script, tmp_path):
         "training_info.json",
     ):
         assert (out / name).is_file(), name
+    assert set(info["held_out_argmax_by_role"]) == {"answer", "local", "lookup"}
+    by_role = _load("testbed_by_role").main([str(out), "--sizes", "8:2:1,8:1:4", "--prompts", "2"])
+    assert [(row["names"], row["chains"]) for row in by_role] == [(8, 1), (8, 4)]
+    assert all(0.0 <= row["argmax_by_role"]["lookup"] <= 1.0 for row in by_role)
     assert json.loads((out / "training_info.json").read_text()) == info
     assert info["model_safetensors_sha256"] == _sha(out / "model.safetensors")
     assert info["seed"] == 0 and info["steps_planned"] == info["steps_done"] == 8

@@ -55,13 +55,16 @@ def precision(device: torch.device):
 
 @torch.no_grad()
 def teacher_forced_accuracy(model: torch.nn.Module, examples: list[Example], rows: int = 8) -> dict:
-    """{"greedy", "sampled_estimate", "hop", "sampled_estimate_by_hops"} over `examples` (all
-    of one length); the last maps k to the mean probability of sampling the first k hop lines
-    right: about the sampled accuracy of a k-hop chain (to pick a length RL can work at)."""
+    """{"greedy", "sampled_estimate", "hop", "sampled_estimate_by_hops", "argmax_by_role"} over
+    `examples` (all of one length); "sampled_estimate_by_hops" maps k to the mean probability
+    of sampling the first k hop lines right: about the sampled accuracy of a k-hop chain (to
+    pick a length RL can work at); "argmax_by_role", the share of the reference's lookup,
+    local and answer tokens that are the model's argmax (which part of a hop line fails)."""
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     greedy, lines = [], []
+    by_role: dict[str, list[bool]] = {}
     newline = vocab()["\n"]
     chains = len(parse_prompt(examples[0].prompt).starts) if examples else 1
     for start in range(0, len(examples), rows):
@@ -77,7 +80,11 @@ def teacher_forced_accuracy(model: torch.nn.Module, examples: list[Example], row
         completion = mask[:, 1:].clone()
         completion[:, -1] = False
         for row, example in enumerate(chunk):
-            free = _benign(example, completion.shape[1])
+            roles = _roles(example, completion.shape[1])
+            free = torch.tensor([role == "benign" for role in roles], dtype=torch.bool)
+            for role, right in zip(roles, hit[row].tolist()):
+                if role in ("lookup", "local", "answer"):
+                    by_role.setdefault(role, []).append(right)
             greedy.append(float((hit[row] | free)[completion[row]].all()))
             logp = token_logp[row].masked_fill(free, 0.0)
             lines.append(
@@ -94,18 +101,19 @@ def teacher_forced_accuracy(model: torch.nn.Module, examples: list[Example], row
         "sampled_estimate": _mean(whole.tolist()),
         "hop": _mean(per_line[:, :-1].exp().mean(1).tolist()) if hops else 1.0,
         "sampled_estimate_by_hops": {k: _mean(prefix[:, k - 1].tolist()) for k in marks if hops},
+        "argmax_by_role": {role: _mean(hits) for role, hits in sorted(by_role.items())},
     }
 
 
-def _benign(example: Example, length: int) -> torch.Tensor:
-    """[length] True at the targets (ids[1:]) that are tags: any defined name is right."""
+def _roles(example: Example, length: int) -> list[str]:
+    """The role (multi_chase ROLES) of each target (ids[1:]) of the example's reference
+    sequence; "" on the prompt and the eos. Tags ("benign"): any defined name is right."""
     path = ReferencePath.of(example.prompt, token_ids)
     prompt = len(token_ids(example.prompt))
-    free = torch.zeros(length, dtype=torch.bool)
+    roles = [""] * length
     if path is not None:
-        roles = torch.tensor([role == "benign" for role in path.roles], dtype=torch.bool)
-        free[prompt - 1 : prompt - 1 + len(roles)] = roles
-    return free
+        roles[prompt - 1 : prompt - 1 + len(path.roles)] = path.roles
+    return roles[:length]
 
 
 def stage_hop_accuracy(model: torch.nn.Module, stage: Stage, prompts: int, seed: int) -> float:

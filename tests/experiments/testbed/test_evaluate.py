@@ -33,8 +33,28 @@ def test_a_model_predicting_the_reference_is_right_greedy_and_sampled():
     examples = make_examples("pointer_chase_long", 3, seed=2, num_defs=10, num_hops=15)
     result = teacher_forced_accuracy(NextTokenModel(60.0), examples, rows=2)
     by_hops = result.pop("sampled_estimate_by_hops")
+    assert result.pop("argmax_by_role") == {"answer": 1.0, "local": 1.0, "lookup": 1.0}
     assert result == pytest.approx({"greedy": 1.0, "sampled_estimate": 1.0, "hop": 1.0})
     assert by_hops == pytest.approx({2: 1.0, 4: 1.0, 8: 1.0, 11: 1.0, 15: 1.0})
+
+
+class LookupBlindModel(NextTokenModel):
+    """NextTokenModel, but after each "=" it puts the margin on a wrong name."""
+
+    def forward(self, input_ids):
+        logits = super().forward(input_ids).logits
+        after = input_ids[:, :-1] == vocab()["="]
+        wrong = torch.where(after, input_ids[:, 1:] + 1, input_ids[:, 1:])
+        logits[:, :-1] = 0.0
+        logits[:, :-1].scatter_(-1, wrong[..., None], self.margin)
+        return SimpleNamespace(logits=logits)
+
+
+def test_argmax_by_role_tells_a_failed_lookup_from_a_failed_copy():
+    examples = make_examples("multi_chase", 2, seed=4, num_defs=12, num_hops=2, chains=4)
+    result = teacher_forced_accuracy(LookupBlindModel(5.0), examples)
+    assert result["argmax_by_role"] == {"answer": 1.0, "local": 1.0, "lookup": 0.0}
+    assert result["greedy"] == 0.0
 
 
 def test_sampled_estimate_is_the_product_of_reference_probabilities():
