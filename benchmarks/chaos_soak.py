@@ -11,8 +11,9 @@ are up), a killer picks a seeded random moment within the next step's work (the 
 seconds per step) and sends SIGKILL to one target, in turn from --targets:
 - flow: the `sparrow train` process itself; the next process resumes the run;
 - actor: a Ray rollout actor (`ray::RolloutWorker`); the flow replaces it and goes on;
-- prefect: Prefect's temporary API server; the flow fails or hangs (after --hang-s it is
-  killed), and the next process resumes.
+- prefect: Prefect's temporary API server; the command ends with one line and exit 1
+  (should it hang instead, it is killed after --hang-s and the outcome says so), and the
+  next process resumes.
 A kill that comes after the process finished is not counted. When --kills are spent, the
 last process runs to the end. Then: every table of the two workdirs compared row by row
 (stage_runs once each; step_metrics but wall-clock ones; bin_stats; threshold_events;

@@ -23,10 +23,13 @@ it does nothing. A Ray cluster joined with ray.address is not the command's and 
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import subprocess
 import sys
+import threading
+import time
 
 SERVER_MARK = "prefect.server.api.server:create_app"
 GRACE_S = 3.0
@@ -123,7 +126,33 @@ def start_local_server() -> str | None:
     if not server.running:
         server._run_uvicorn_command = functools.partial(_uvicorn_in_own_session, server)
         server.start()
+        _watch_server(server)
     return server.api_url
+
+
+def _watch_server(server) -> None:
+    """End this process with one line when the server it started dies under it (killed, out
+    of memory): Prefect's clients would otherwise retry for minutes and print pages of
+    connection tracebacks. A stage is recorded only once whole, so the run resumes where it
+    stopped, as after a kill -9 (and the watchdog stops what this process started). Not at
+    exit: Prefect stops the server then, after this module's own exit hook has run."""
+    process, stopping = server.server_process, threading.Event()
+    atexit.register(stopping.set)  # registered after Prefect's stop: runs before it
+
+    def watch() -> None:
+        while process.poll() is None:
+            time.sleep(0.5)
+        if stopping.is_set() or server.server_process is not process:
+            return  # stopped on purpose, or restarted by Prefect itself
+        sys.stderr.write(
+            f"sparrow: Prefect's API server (pid {process.pid}) ended with exit code "
+            f"{process.returncode} while the command ran; stopping here. Every recorded stage "
+            "is kept: run the same command again to resume.\n"
+        )
+        sys.stderr.flush()
+        os._exit(1)
+
+    threading.Thread(target=watch, name="prefect-server-watch", daemon=True).start()
 
 
 def _uvicorn_in_own_session(server) -> subprocess.Popen:

@@ -32,7 +32,7 @@ def test_killed_three_ways_and_resumed_ends_equal(tmp_path):
             "--kills=3",
             "--targets=flow,actor,prefect",
             "--seed=1",
-            "--hang-s=120",
+            "--hang-s=60",
             f"--root={tmp_path}",
         ],
         env=env,
@@ -43,6 +43,8 @@ def test_killed_three_ways_and_resumed_ends_equal(tmp_path):
     result = json.loads(done.stdout)
     assert done.returncode == 0 and result["ok"], done.stdout[-4000:]
     assert [k["target"] for k in result["kills"]] == ["flow", "actor", "prefect"]
+    # a killed Prefect server ends the command at once with its one line (no client retries)
+    assert result["kills"][2]["outcome"] == "flow exited 1", result["kills"]
     assert all(t["equal"] and t["rows"] > 0 for t in result["tables"].values())
     assert result["weights_equal"] and result["stages_once"]
     assert result["scratch"] == [] and result["left"] == {}

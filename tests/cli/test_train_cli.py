@@ -119,9 +119,12 @@ def _descendants(pid: int) -> dict[int, bytes]:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the guard uses /proc and prctl")
-def test_kill_9_leaves_no_process_behind(tmp_path):
+@pytest.mark.parametrize("killed", ["command", "prefect-server"])
+def test_kill_9_leaves_no_process_behind(tmp_path, killed):
     """kill -9 of `sparrow train` once its actor decodes: Prefect's server, Ray's GCS, raylet,
-    dashboard and runtime-env agents and the actor are all gone within the guard's grace."""
+    dashboard and runtime-env agents and the actor are all gone within the guard's grace.
+    kill -9 of its Prefect server instead: the command ends at once with one line saying so
+    and how to resume (not minutes of client retries), and leaves nothing behind either."""
     import signal
     import time
 
@@ -145,7 +148,7 @@ def test_kill_9_leaves_no_process_behind(tmp_path):
         ],
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=(tmp_path / "stderr").open("wb"),  # a file: a full pipe would stall the run
     )
     deadline = time.time() + 300
     while (
@@ -159,8 +162,17 @@ def test_kill_9_leaves_no_process_behind(tmp_path):
     marks = b" ".join(started.values())
     assert SERVER_MARK.encode() in marks and b"raylet" in marks, marks[:2000]
     assert b"DashboardAgent" in marks or b"dashboard_agent" in marks or b"agent" in marks
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    if killed == "command":
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    else:
+        (server,) = [pid for pid, cmd in started.items() if SERVER_MARK.encode() in cmd]
+        os.kill(server, signal.SIGKILL)
+        proc.wait(timeout=30)
+        err = (tmp_path / "stderr").read_bytes()
+        lines = err.decode().strip().splitlines()
+        assert proc.returncode == 1, err[-2000:]
+        assert "Prefect's API server" in lines[-1] and "resume" in lines[-1], err[-2000:]
     deadline = time.time() + GRACE_S + 5
     left = dict(started)
     while left and time.time() < deadline:
