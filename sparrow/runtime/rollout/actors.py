@@ -50,6 +50,12 @@ def start_ray(address: str) -> bool:
     import ray
 
     if ray.is_initialized():
+        joined = ray.get_runtime_context().gcs_address
+        if ":" in address and "://" not in address and _port(address) != _port(joined):
+            raise RayStartError(
+                f"ray.address={address} names another cluster than the one this process is "
+                f"already connected to ({joined}); a process joins one Ray cluster"
+            )
         return False
     kwargs: dict[str, Any] = dict(
         include_dashboard=False, log_to_driver=False, logging_level="ERROR", configure_logging=True
@@ -60,6 +66,10 @@ def start_ray(address: str) -> bool:
         where = f"ray.address={address}" if address else "a local Ray"
         raise RayStartError(f"cannot start {where}: {err}") from None
     return True
+
+
+def _port(address: str) -> str:
+    return address.rsplit(":", 1)[-1]
 
 
 def actor_resources(num_actors: int, use_gpu: bool = True) -> tuple[int, dict[str, float], str]:

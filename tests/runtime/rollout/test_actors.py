@@ -281,3 +281,14 @@ def test_the_worker_counts_the_wakes_that_kept_the_graphs():
     worker.wake()
     stats = worker.rollout_stats()
     assert stats["graphs_kept"] == 1 and stats["wake_s"] >= 0 and worker.counts == {}
+
+
+def test_a_process_joined_to_one_cluster_refuses_an_address_naming_another(
+    ray_up, flow_environment
+):
+    from sparrow.runtime.rollout.actors import RayStartError, start_ray
+
+    assert start_ray(flow_environment.ray_address) is False  # the same cluster: joined already
+    assert start_ray("auto") is False and start_ray("") is False
+    with pytest.raises(RayStartError, match="ray.address=127.0.0.1:1 names another cluster"):
+        start_ray("127.0.0.1:1")
