@@ -14,8 +14,9 @@ seconds per step) and sends SIGKILL to one target, in turn from --targets:
 - prefect: Prefect's temporary API server; the command ends with one line and exit 1
   (should it hang instead, it is killed after --hang-s and the outcome says so), and the
   next process resumes.
-A kill that comes after the process finished is not counted. When --kills are spent, the
-last process runs to the end. Then: every table of the two workdirs compared row by row
+A kill that comes after the process finished, or finds no process of its target (a server
+already stopped at the end of a run), is not counted: the same target is tried again.
+When --kills are spent, the last process runs to the end. Then: every table of the two workdirs compared row by row
 (stage_runs once each; step_metrics but wall-clock ones; bin_stats; threshold_events;
 schedules; the per-token rows of every step), the final policy weights compared bit for bit,
 no scratch folder under runs/, no process that ended in error without being killed (an
@@ -176,6 +177,8 @@ def chain(args, env: dict, extra: list[str], step_s: float, root: Path) -> dict:
             failed += 1
             continue
         outcome = kill(proc, target, seen, args.hang_s)
+        if outcome == "no target":  # not up yet, or already stopped: the same target again
+            continue
         kills.append({"target": target, "after_s": round(delay, 1), "outcome": outcome})
     time.sleep(args.grace_s)  # the watchdog of a killed command sends SIGKILL after its grace
     return {

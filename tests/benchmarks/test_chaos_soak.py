@@ -1,4 +1,4 @@
-"""The chaos soak, briefly: 2 steps of the embedded default at test size, SIGKILL to the flow,
+"""The chaos soak, briefly: 3 steps of the embedded default at test size, SIGKILL to the flow,
 then to a Ray rollout actor, then to Prefect's server, resuming each time; every table equals
 the uninterrupted run's, the final weights too, and nothing is left running or half-written.
 
@@ -28,7 +28,7 @@ def test_killed_three_ways_and_resumed_ends_equal(tmp_path):
         [
             sys.executable,
             str(ROOT / "benchmarks" / "chaos_soak.py"),
-            "--steps=2",
+            "--steps=3",  # room for three kills before the run ends
             "--kills=3",
             "--targets=flow,actor,prefect",
             "--seed=1",
