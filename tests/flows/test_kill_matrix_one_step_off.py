@@ -23,16 +23,7 @@ from safetensors.torch import load_file
 from sparrow.data.rollouts import read_rollouts
 from tests.conftest import BASE_RUN_ARGS
 from tests.flows.test_kill_matrix import VARYING, _rows, _train
-
-STEP2_STAGES = (
-    "rollout",
-    "reward",
-    "dense_score",
-    "aggregate_mismatch",
-    "reoptimize_schedule",
-    "policy_update",
-    "sync_weights",
-)
+from tests.flows.test_train_flow import STEP_STAGES as STEP2_STAGES
 
 
 @pytest.mark.slow

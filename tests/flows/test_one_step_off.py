@@ -24,6 +24,7 @@ from sparrow.data.rollouts import read_rollouts
 from sparrow.flows.train import train_flow
 from sparrow.runtime.ledger.stage import StageFailedOnPurpose
 from sparrow.storage import query
+from tests.flows.test_train_flow import STEP_STAGES
 
 pytestmark = [
     pytest.mark.slow,
@@ -32,15 +33,6 @@ pytestmark = [
 ]
 
 PIPELINED = ("pipeline.steps=3", "pipeline.max_staleness=1")
-STEP_STAGES = (
-    "rollout",
-    "reward",
-    "dense_score",
-    "aggregate_mismatch",
-    "reoptimize_schedule",
-    "policy_update",
-    "sync_weights",
-)
 TIMING = ("time/", "rollout/tokens_per_s")
 
 
