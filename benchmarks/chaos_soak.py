@@ -147,6 +147,14 @@ def kill(proc: subprocess.Popen, target: str, seen: dict, hang_s: float) -> str:
     return f"flow hung {hang_s:.0f} s, killed"
 
 
+def failure(proc: subprocess.Popen, log: Path, offset: int) -> dict:
+    """A process that failed on its own: its exit code and the last lines it wrote."""
+    with open(log, "rb") as f:
+        f.seek(offset)
+        lines = f.read().decode(errors="replace").strip().splitlines()
+    return {"exit": proc.returncode, "last_lines": lines[-8:]}
+
+
 def chain(args, env: dict, extra: list[str], step_s: float, root: Path) -> dict:
     """The interrupted chain (module doc); its kills, processes and what it left running.
     A kill lands at a seeded random moment of the step under way once the services are up
@@ -154,27 +162,29 @@ def chain(args, env: dict, extra: list[str], step_s: float, root: Path) -> dict:
     rng = random.Random(args.seed)
     targets = args.targets.split(",")
     cmd = command(root / "chaos", "soak", args.steps, extra)
-    kills, seen, processes, proc, failed = [], {}, 0, None, 0
+    log = root / "chaos.log"
+    kills, seen, processes, proc, failed, offset = [], {}, 0, None, [], 0
     while processes <= args.kills + 5:  # a process that keeps failing on its own stops it
         if proc is None or proc.poll() is not None:
             processes += 1
-            proc = start(cmd, env, root / "chaos.log")
+            offset = log.stat().st_size if log.exists() else 0
+            proc = start(cmd, env, log)
         if len(kills) >= args.kills:
             if not watch(proc, seen, time.monotonic() + args.timeout_s) or proc.returncode == 0:
                 break
-            failed += 1
+            failed.append(failure(proc, log, offset))
             continue
         target = targets[len(kills) % len(targets)]
         if watch(proc, seen, time.monotonic() + args.timeout_s, ready=True):
             if proc.returncode == 0:
                 break
-            failed += 1
+            failed.append(failure(proc, log, offset))
             continue
         delay = rng.uniform(0.05, 1.0) * step_s  # within the step under way
         if watch(proc, seen, time.monotonic() + delay):
             if proc.returncode == 0:
                 break  # the run finished before this kill: nothing left to interrupt
-            failed += 1
+            failed.append(failure(proc, log, offset))
             continue
         outcome = kill(proc, target, seen, args.hang_s)
         if outcome == "no target":  # not up yet, or already stopped: the same target again
@@ -184,7 +194,8 @@ def chain(args, env: dict, extra: list[str], step_s: float, root: Path) -> dict:
     return {
         "kills": kills,
         "processes": processes,
-        "failed_unkilled": failed,  # processes that ended nonzero with no kill of their own
+        "failed_unkilled": len(failed),  # processes that ended nonzero with no kill of theirs
+        "failures": failed[:3],  # the first ones' exit codes and last lines, to say why
         "exit": proc.returncode,
         "left": alive(seen),
     }

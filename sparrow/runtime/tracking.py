@@ -85,9 +85,40 @@ def _first_use_lock(uri: str, workdir: str | Path) -> Iterator[None]:
     fd = os.open(Path(workdir) / "mlflow.db.lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
+        _make_sqlite_whole(uri)
         yield
     finally:
         os.close(fd)  # closing releases the lock
+
+
+def _make_sqlite_whole(uri: str) -> None:
+    """Make a new SQLite store under another name and rename it into place once MLflow has
+    made all its tables. MLflow's migrations commit one by one, so a process killed among them
+    (a run's first seconds) would leave a store on which every later open fails with "table
+    ... already exists". Called under the first-use lock, so a scratch store left is stale."""
+    if not uri.startswith("sqlite:///"):
+        return
+    path = Path(uri[len("sqlite:///") :])
+    for stale in path.parent.glob(f".{path.name}.tmp-*"):
+        stale.unlink()
+    if path.exists():
+        return
+    from mlflow.tracking import MlflowClient
+
+    scratch = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    scratch_uri = f"sqlite:///{scratch.as_posix()}"
+    MlflowClient(tracking_uri=scratch_uri).search_experiments(max_results=1)
+    _close_engine(scratch_uri)
+    os.replace(scratch, path)
+
+
+def _close_engine(uri: str) -> None:
+    """Close MLflow's pooled connections to `uri` (a scratch store about to be renamed)."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    engine = getattr(SqlAlchemyStore, "_engine_map", {}).pop(uri, None)
+    if engine is not None:
+        engine.dispose()
 
 
 def flatten_config(cfg: SparrowConfig) -> dict[str, str]:
@@ -129,6 +160,7 @@ class Tracker:
             logging.getLogger("alembic").setLevel(logging.WARNING)
         from mlflow.exceptions import MlflowException
         from mlflow.tracking import MlflowClient
+        from sqlalchemy.exc import SQLAlchemyError
 
         uri = cfg.pipeline.mlflow_uri or default_tracking_uri(workdir)
         Path(workdir).mkdir(parents=True, exist_ok=True)
@@ -143,6 +175,12 @@ class Tracker:
             )
         except MlflowException as err:
             raise TrackingError(f"MLflow store {uri} cannot be used: {err.message}") from None
+        except SQLAlchemyError as err:  # a store damaged outside MLflow's own checks
+            raise TrackingError(
+                f"MLflow store {uri} cannot be used ({type(err).__name__}: "
+                f"{str(err).splitlines()[0]}); move it aside to start a new one (the run's "
+                "files and DuckDB history are kept)"
+            ) from None
         if len(existing) > 1:
             raise TrackingError(
                 f"MLflow store {uri} holds several runs tagged {RUN_ID_TAG}={run_id}"

@@ -265,3 +265,53 @@ def test_two_processes_open_a_new_store_at_once(tmp_path):
         )
     }
     assert tags == {"cal-a", "cal-b"}
+
+
+# a process killed while MLflow creates its tables: it counts the CREATE TABLEs of a store
+# made elsewhere, then dies at the last one in the workdir (a migration that makes two tables
+# has made its first and not yet recorded itself)
+_KILLED_CHILD = """
+import os, sys
+import sqlalchemy
+from sqlalchemy import event
+from sparrow.config import load_config
+from sparrow.runtime.tracking import Tracker
+workdir, scratch = sys.argv[1:3]
+made, limit = [], [0]
+@event.listens_for(sqlalchemy.engine.Engine, "before_cursor_execute")
+def die_midway(conn, cursor, statement, *args):
+    if statement.lstrip().upper().startswith("CREATE TABLE"):
+        made.append(statement)
+        if len(made) == limit[0]:
+            os._exit(9)
+Tracker.start(load_config([]), "k", scratch)
+limit[0], made[:] = len(made), []
+Tracker.start(load_config([]), "k", workdir)
+"""
+
+
+def test_a_process_killed_while_the_store_is_made_leaves_a_store_that_opens(tmp_path, cfg):
+    """kill -9 while MLflow makes its SQLite tables (a run's first seconds): the next process
+    opens the store and makes its run. The store is made under another name and renamed
+    into place whole, so a half-made one (which fails with "table ... already exists" on every
+    later open) never stands at the store's path."""
+    import subprocess
+    import sys
+
+    work = tmp_path / "work"
+    done = subprocess.run(
+        [sys.executable, "-c", _KILLED_CHILD, str(work), str(tmp_path / "scratch")], capture_output=True, text=True
+    )
+    assert done.returncode == 9, done.stderr[-2000:]
+    tracker = Tracker.start(cfg, "k", work)
+    assert not tracker.resumed
+    assert [p.name for p in work.iterdir() if p.name.startswith(".mlflow.db")] == []
+
+
+def test_a_damaged_store_is_one_named_error(tmp_path, cfg):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "mlflow.db").write_bytes(b"not a database" * 400)
+    with pytest.raises(TrackingError, match=r"mlflow\.db cannot be used .*move it aside"):
+        Tracker.start(cfg, "k", work)
+    assert (work / "mlflow.db").read_bytes() == b"not a database" * 400  # left as it was
