@@ -300,7 +300,9 @@ def test_a_process_killed_while_the_store_is_made_leaves_a_store_that_opens(tmp_
 
     work = tmp_path / "work"
     done = subprocess.run(
-        [sys.executable, "-c", _KILLED_CHILD, str(work), str(tmp_path / "scratch")], capture_output=True, text=True
+        [sys.executable, "-c", _KILLED_CHILD, str(work), str(tmp_path / "scratch")],
+        capture_output=True,
+        text=True,
     )
     assert done.returncode == 9, done.stderr[-2000:]
     tracker = Tracker.start(cfg, "k", work)
