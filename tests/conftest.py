@@ -274,7 +274,8 @@ def base_run(tmp_path_factory) -> BaseRun:
     temporary server and a local Ray of its own); the caller checks its exit status."""
     root = tmp_path_factory.mktemp("base-run")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "RAY_"))}
-    env["PREFECT_HOME"] = str(root / "prefect-home")
+    # a home whose parent does not exist yet either (Prefect makes only the last folder)
+    env["PREFECT_HOME"] = str(root / "home" / "prefect")
     workdir = root / "work"
     done = subprocess.run(
         [

@@ -273,3 +273,34 @@ def test_zero_steps_is_refused_before_anything_starts(capsys, tmp_path, no_flow)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: pipeline.steps=0: a run needs at least 1")
     assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_prefect_server_that_does_not_start_is_one_line_and_left_stopped(tmp_path):
+    """Prefect's temporary API server not answering in time (here a 0 s start-up timeout):
+    exit 2 with one line naming PREFECT_HOME, not Prefect's traceback, and the server stopped."""
+    from sparrow.flows.server_guard import SERVER_MARK
+
+    home = tmp_path / "home" / "prefect"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "RAY_"))}
+    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="0")
+    done = subprocess.run(
+        [sys.executable, "-m", "sparrow.cli.main", "train", f"pipeline.workdir={tmp_path / 'w'}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: Prefect's temporary API server did not start"), last
+    assert f"PREFECT_HOME={home}" in last and "Traceback" not in done.stderr
+    servers = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if SERVER_MARK.encode() in (proc / "cmdline").read_bytes():
+                if f"PREFECT_HOME={home}".encode() in (proc / "environ").read_bytes():
+                    servers.append(proc.name)
+        except OSError:
+            continue
+    assert servers == []
