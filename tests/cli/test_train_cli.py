@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.chaos_soak import alive, descendants
 from sparrow.cli.main import main
 
 
@@ -98,25 +99,6 @@ def test_real_run_writes_its_report_into_the_run_folder_and_mlflow(base_run):
     assert logged == {f"plots/{name}" for name in [*pngs, "summary.md"]}
 
 
-def _descendants(pid: int) -> dict[int, bytes]:
-    """Every process descended from `pid`, by pid, with its command line (Linux /proc)."""
-    found: dict[int, bytes] = {}
-    todo = [pid]
-    while todo:
-        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
-            try:
-                kids = [int(k) for k in (task / "children").read_text().split()]
-            except OSError:
-                continue
-            for kid in kids:
-                try:
-                    found[kid] = Path(f"/proc/{kid}/cmdline").read_bytes()
-                except OSError:
-                    continue
-                todo.append(kid)
-    return found
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the guard uses /proc and prctl")
 @pytest.mark.parametrize("killed", ["command", "prefect-server"])
@@ -160,7 +142,7 @@ def test_kill_9_leaves_no_process_behind(tmp_path, killed):
     ):
         time.sleep(0.2)
     time.sleep(2.0)  # the guard notes the processes once a second
-    started = _descendants(proc.pid)
+    started = descendants(proc.pid)
     marks = b" ".join(started.values())
     assert SERVER_MARK.encode() in marks and b"raylet" in marks, marks[:2000]
     assert b"DashboardAgent" in marks or b"dashboard_agent" in marks or b"agent" in marks
@@ -179,7 +161,7 @@ def test_kill_9_leaves_no_process_behind(tmp_path, killed):
     left = dict(started)
     while left and time.time() < deadline:
         time.sleep(0.5)
-        left = {pid: cmd for pid, cmd in started.items() if _same_process(pid, cmd)}
+        left = {pid: started[pid] for pid in alive(started)}
     assert left == {}, {pid: _described(pid, cmd) for pid, cmd in left.items()}
 
 
@@ -191,13 +173,6 @@ def _described(pid: int, cmdline: bytes) -> str:
         stat = ["gone", "?"]
     args = b" ".join(part for part in cmdline.split(b"\0") if part).decode(errors="replace")
     return f"{args[:300]} (state {stat[0]}, parent {stat[1]})"
-
-
-def _same_process(pid: int, cmdline: bytes) -> bool:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes() == cmdline
-    except OSError:
-        return False
 
 
 @pytest.mark.slow
