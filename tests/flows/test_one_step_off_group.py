@@ -2,8 +2,9 @@
 trainer.num_workers=2 on gloo, two engines, rollout.placement=separate: on CPU each rank and
 engine is a process with its share of the CPUs; docs/async.md).
 
-Three steps: the rollouts come from policy versions 0, 0 and 1 as in one process, and the
-weights reach the engines by the group's broadcast. A run failed in step 2's sync_weights,
+Three steps: the rollouts come from policy versions 0, 0 and 1 as in one process, the weights
+reach the engines by the group's broadcast, and the stale samples of steps 2 and 3 are scored
+against their own version (on rank 0). A run failed in step 2's sync_weights,
 with the rollout of step 3 in flight, is resumed: its engines start from version 2, so the
 rollout of step 3 is generated again only after they load version 1's folder. The resumed
 run ends equal to the uninterrupted one (tests/flows/test_one_step_off.py's comparison).
@@ -24,6 +25,7 @@ from tests.flows.test_one_step_off import (
     ONE_STEP_OFF_VERSIONS,
     PIPELINED,
     assert_same_end,
+    metrics_of,
     rollout_versions,
     stage_dir,
 )
@@ -39,7 +41,10 @@ GROUP = (
     "trainer.num_workers=2",
     "rollout.num_actors=2",
     "rollout.placement=separate",
+    # the CPU suite's time: no evaluation, shorter samples, no controller event in 3 steps
     "pipeline.eval_every=0",
+    "rollout.max_new_tokens=12",
+    "control.patience=4",
 )
 
 
@@ -55,6 +60,9 @@ def test_a_group_one_step_off_from_the_right_versions_and_resumed_to_the_same_en
             (stage_dir(reference, "g", step, "sync_weights") / "synced.json").read_text()
         )
         assert synced["modes"] == ["gloo", "gloo"]
+    # steps 2 and 3 trained on stale samples, scored again against their version on rank 0
+    stale = metrics_of(reference)
+    assert [stale[(s, "dense/stale_samples")] for s in (1, 2, 3)] == [0, 4, 4]
 
     workdir = tmp_path / "work"
     with pytest.raises(StageFailedOnPurpose, match="sync_weights.*step 2"):
