@@ -84,7 +84,11 @@ def parse_args(argv):
     p.add_argument("--batch-sequences", type=int, default=8, help="sequences per forward")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", default=None, help="the JSON; the CSV goes beside it")
-    p.add_argument("--plot", default=None, help="PNG of lookup acceptance vs pages read")
+    p.add_argument(
+        "--plot",
+        default=None,
+        help="PNG: lookup acceptance and the accuracy estimate vs pages read",
+    )
     p.add_argument("--smoke", action="store_true", help="embedded tiny model, CPU seconds")
     args = p.parse_args(argv)
     given = {a.lstrip("-").replace("-", "_").split("=")[0] for a in argv or sys.argv[1:]}
@@ -239,27 +243,32 @@ def write_csv(path: Path, rows: list[dict]) -> None:
 
 
 def plot(path: str, rows: list[dict]) -> None:
-    """Lookup acceptance (mean solid, p5 dashed) against pages read, a line per rule, a
-    panel per page size."""
+    """Against pages read, a line per rule, a column per page size: lookup acceptance (mean
+    solid, p5 dashed) on top, the step-0 accuracy estimate below."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     sizes = sorted({r["page_size"] for r in rows}, reverse=True)
-    figure, axes = plt.subplots(1, len(sizes), figsize=(5 * len(sizes), 4), squeeze=False)
-    for ax, size in zip(axes[0], sizes):
+    figure, axes = plt.subplots(2, len(sizes), figsize=(5 * len(sizes), 7.5), squeeze=False)
+    for column, size in enumerate(sizes):
+        top, bottom = axes[0][column], axes[1][column]
         for index, rule in enumerate(dict.fromkeys(r["rule"] for r in rows)):
             cell = sorted((r for r in rows if r["rule"] == rule and r["page_size"] == size),
                           key=lambda r: r["pages_read_share"])  # fmt: skip
             x = [r["pages_read_share"] for r in cell]
             color = f"C{index}"
-            ax.plot(x, [r["acceptance_lookup_mean"] for r in cell], "-o", ms=3, color=color,
-                    label=rule)  # fmt: skip
-            ax.plot(x, [r["acceptance_lookup_p5"] for r in cell], "--", color=color)
-        ax.set(xscale="log", ylim=(0, 1.02), title=f"pages of {size} tokens",
-               xlabel="pages read (share of dense)", ylabel="lookup acceptance")  # fmt: skip
-        ax.grid(alpha=0.3)
+            top.plot(x, [r["acceptance_lookup_mean"] for r in cell], "-o", ms=3, color=color,
+                     label=rule)  # fmt: skip
+            top.plot(x, [r["acceptance_lookup_p5"] for r in cell], "--", color=color)
+            bottom.plot(x, [r["accuracy_estimate"] for r in cell], "-o", ms=3, color=color)
+        top.set(xscale="log", ylim=(0, 1.02), title=f"pages of {size} tokens",
+                ylabel="lookup acceptance")  # fmt: skip
+        bottom.set(xscale="log", ylim=(0, 1.02), xlabel="pages read (share of dense)",
+                   ylabel="step-0 accuracy estimate")  # fmt: skip
+        for ax in (top, bottom):
+            ax.grid(alpha=0.3)
     axes[0][0].legend(title="mean (solid), p5 (dashed)", fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
