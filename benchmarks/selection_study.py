@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import json
 import math
 import statistics
 import sys
@@ -90,6 +91,11 @@ def parse_args(argv):
         help="PNG: lookup acceptance and the accuracy estimate vs pages read",
     )
     p.add_argument("--smoke", action="store_true", help="embedded tiny model, CPU seconds")
+    p.add_argument(
+        "--reprice",
+        default=None,
+        help="a study JSON: recompute its cost columns with today's cost model (no replay)",
+    )
     args = p.parse_args(argv)
     given = {a.lstrip("-").replace("-", "_").split("=")[0] for a in argv or sys.argv[1:]}
     for key, value in (SMOKE if args.smoke else {}).items():
@@ -275,8 +281,34 @@ def plot(path: str, rows: list[dict]) -> None:
     plt.close(figure)
 
 
+def reprice(path: str, model: str) -> dict:
+    """The cost columns of a study's JSON (and its CSV) again from the cost model, which is
+    arithmetic on the schedule, the checkpoint's shape and the median lengths: no replay."""
+    result = json.loads(Path(path).read_text())
+    args = result["args"]
+    template = get_preset(args["schedule"])
+    shape, hardware = model_shape(model), get_hardware(args["hardware"])
+    for row in result["rows"]:
+        schedule = cell_schedule(template, row["page_size"], row["rule"], row["topk_pages"])
+        row.update(
+            summary.predicted_cost(
+                shape, hardware, schedule, result["prompt_len_median"], result["generated_median"]
+            )
+        )
+    result["repriced"] = {"date": time.strftime("%Y-%m-%d"), "model": model}
+    write_json(path, result, quiet=True)
+    write_csv(Path(path).with_suffix(".csv"), result["rows"])
+    return result
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.reprice:
+        result = reprice(args.reprice, args.model)
+        print(f"repriced {args.reprice} and {Path(args.reprice).with_suffix('.csv')}")
+        if args.plot:
+            plot(args.plot, result["rows"])
+        return 0
     result = run(args)
     write_json(args.out, result, quiet=args.out is not None)
     if args.out:
