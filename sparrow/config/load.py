@@ -171,6 +171,7 @@ def validate(cfg: SparrowConfig) -> None:
     _check_backend(cfg)
     _check_eval(cfg.pipeline)
     _check_staleness(cfg)
+    _check_partial(cfg)
     for key in ("fail_at", "kill_at"):
         spec = getattr(cfg.pipeline, key)
         stage, sep, step = spec.partition("@")
@@ -201,6 +202,27 @@ def _check_staleness(cfg: SparrowConfig) -> None:
             f"{staleness} it must be 0 or above {staleness}: a resumed rollout starts from the "
             f"policy {staleness + 1} updates back"
         )
+
+
+def _check_partial(cfg: SparrowConfig) -> None:
+    """rollout.finish_fraction < 1 (partial rollouts, docs/async.md) with what it does not
+    carry yet, or with retention that would prune the version a carried token came from."""
+    fraction = cfg.rollout.finish_fraction
+    if fraction >= 1:
+        return
+    refused = {
+        "pipeline.max_staleness": cfg.pipeline.max_staleness > 0,
+        "algo.dynamic_sampling": cfg.algo.dynamic_sampling,
+        "trainer.num_workers": cfg.trainer.num_workers > 0,
+        "rollout.backend": cfg.rollout.backend != "native",
+        "pipeline.keep_checkpoints": cfg.pipeline.keep_checkpoints == 1,
+    }
+    for key, on in refused.items():
+        if on:
+            raise ConfigError(
+                f"config key 'rollout.finish_fraction' is {fraction}; partial rollouts do not "
+                f"run with {key}={_get(cfg, key)} (docs/async.md): set one of them back"
+            )
 
 
 def _check_reward(name: str, key: str = "data.reward") -> None:
@@ -274,6 +296,7 @@ _RANGES = [
     ("pipeline.eval_prompts", lambda v: v >= 0, ">= 0 (0: every row of a file)"),
     ("pipeline.max_staleness", lambda v: v in (0, 1), "0 (synchronous) or 1 (one-step-off)"),
     ("rollout.top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("rollout.finish_fraction", lambda v: 0 < v <= 1, "in (0, 1] (1 waits for every sample)"),
     ("rollout.top_k", lambda v: v >= 0, ">= 0 (0 keeps all)"),
     ("rollout.logprobs_topk", lambda v: v >= 1, ">= 1"),
     ("rollout.kv_cache_mib", lambda v: v >= 1, ">= 1"),

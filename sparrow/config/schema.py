@@ -42,6 +42,10 @@ class RolloutConfig:
     logprobs_topk: int = 20
     """top tokens and logprobs returned per generated token (the acceptance lower bound uses
     them)"""
+    finish_fraction: float = 1.0
+    """partial rollouts (docs/async.md): the step's batch closes once this share of its GRPO
+    groups have every sample finished; the unfinished ones resume in the next step's rollout
+    under its weights, which takes that many fewer new prompts. 1 waits for every sample"""
     kv_cache_mib: int = 256
     """KV cache memory per engine in MiB (used when gpu_memory_utilization is 0 or on CPU)"""
     gpu_memory_utilization: float = 0.0

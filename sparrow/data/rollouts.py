@@ -8,8 +8,9 @@ The rollout stage writes them, reward / dense_score / policy_update read them by
 holds what the engine returned for the sample (SampleResult) plus where it came from: the
 dataset row, its prompt ids and text (as the chat template rendered it), its ground-truth
 answer, data_source and extra_info, and the policy version whose weights generated it
-(docs/async.md). Per-token lists (ids, logprobs,
-top-K, pages read) are Parquet list columns, so `duckdb` and `pyarrow` read them as they are.
+(per token when a carried sample resumed under newer weights: docs/async.md). Per-token
+lists (ids, logprobs, top-K, pages read) are Parquet list columns, so `duckdb` and `pyarrow`
+read them as they are.
 
 Both directions go column by column through numpy (values plus offsets), never through one
 Python object per top-K entry: read back, the actor's top-K ids and logprobs are [tokens, K]
@@ -65,6 +66,10 @@ class RolloutRecord:
     # their weights (0: the initial model); None in a file written before versions were
     # recorded (every such run was synchronous: version = step - 1)
     policy_version: int | None = None
+    # per generated token, the policy version that generated it, when they differ: a sample
+    # carried over an early close and resumed under newer weights (rollout.finish_fraction;
+    # policy_version is then its first token's); empty when every token is policy_version's
+    token_versions: Sequence[int] = ()
 
     def __post_init__(self) -> None:
         n = len(self.output_ids)
@@ -74,8 +79,9 @@ class RolloutRecord:
             len(self.topk_logprobs),
             len(self.pages_read),
         }
-        if len(self.token_roles) not in (0, n):
-            lengths.add(len(self.token_roles))
+        for name in ("token_roles", "token_versions"):
+            if len(getattr(self, name)) not in (0, n):
+                lengths.add(len(getattr(self, name)))
         if lengths != {n}:
             raise ValueError(
                 f"rollout ({self.prompt_index}, {self.sample_index}): per-token "
@@ -102,6 +108,13 @@ class RolloutRecord:
     def total_length(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
 
+    def versions_of_tokens(self, default: int) -> list[int]:
+        """The policy version of each generated token (`default` where none is recorded)."""
+        if len(self.token_versions):
+            return [int(v) for v in self.token_versions]
+        version = default if self.policy_version is None else int(self.policy_version)
+        return [version] * len(self.output_ids)
+
 
 COLUMNS = tuple(f.name for f in fields(RolloutRecord))
 # columns added later: a file written before them reads with their defaults
@@ -111,6 +124,7 @@ OPTIONAL_COLUMNS = {
     "data_source": "",
     "extra_info": "",
     "policy_version": None,
+    "token_versions": (),
 }
 
 
@@ -287,5 +301,6 @@ def _schema():
             ("data_source", pa.string()),
             ("extra_info", pa.string()),
             ("policy_version", pa.int32()),
+            ("token_versions", ints),
         ]
     )

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +38,7 @@ from tqdm import tqdm
 
 from sparrow.cuda_memory import own_stream, return_cached_blocks, segment_anchor
 from sparrow.engine.block_manager import BlockManager
+from sparrow.engine.close import EarlyClose
 from sparrow.engine.config import EngineConfig, EngineError
 from sparrow.engine.cuda_graphs import DecodeGraphs
 from sparrow.engine.feed import POLL_S, FeedPull
@@ -50,7 +51,7 @@ from sparrow.engine.kv_cache import (
 from sparrow.engine.runner import ModelRunner, StepOutputs
 from sparrow.engine.sampler import SamplingBatch, SamplingParams, sample
 from sparrow.engine.scheduler import Batch, Scheduler, SequenceGroup, pages_needed
-from sparrow.engine.sequence import SampleResult, Sequence
+from sparrow.engine.sequence import OPEN, SampleResult, Sequence
 from sparrow.engine.validate import check_fits, check_request, params_per_prompt, sample_seed
 from sparrow.sparse.schedule import Schedule
 from sparrow.sparse.scoring import get_rule
@@ -262,9 +263,14 @@ class Engine:
         params: SamplingParams | Seq[SamplingParams],
         progress: bool = False,
         feed: Any = None,
+        close: EarlyClose | None = None,
     ) -> list[list[SampleResult]]:
         """Samples for every prompt: outer list per prompt, inner per sample (params.n); with
-        a `feed`, then for every request it gave, in the order taken (see the module doc)."""
+        a `feed`, then for every request it gave, in the order taken (see the module doc).
+        `close` stops the call once enough groups of requests finished; the rest come back
+        open (sparrow/engine/close.py)."""
+        if close is not None and feed is not None:
+            raise EngineError("an early close needs every request up front, not a feed")
         per_prompt = params_per_prompt(prompts, params)
         self.wake()
         self._calls += 1
@@ -286,17 +292,28 @@ class Engine:
         )
         self.stats = dict.fromkeys(STATS, 0)
         pull = FeedPull(feed, self._make_group, groups, bar) if feed is not None else None
+        closed = None if close is None else (lambda: close.reached(groups))
         try:
-            self._loop(scheduler, bar, pull)
+            self._loop(scheduler, bar, pull, closed)
+            if closed is not None:  # what the close cut keeps its tokens, marked open
+                for seq in (s for group in groups for s in group.samples):
+                    seq.finish_reason = seq.finish_reason or OPEN
         finally:
             bar.close()
             self._sampling = None
-            for seq in list(scheduler.running):  # only after an exception: free everything
+            for seq in list(scheduler.running):  # an exception or a close: free everything
                 scheduler.finish(seq)
         return [[self._result(seq) for seq in group.samples] for group in groups]
 
-    def _loop(self, scheduler: Scheduler, bar: tqdm, pull: FeedPull | None = None) -> None:
-        """Steps until every sample has finished (and the feed, if any, has no more). In
+    def _loop(
+        self,
+        scheduler: Scheduler,
+        bar: tqdm,
+        pull: FeedPull | None = None,
+        closed: Callable[[], bool] | None = None,
+    ) -> None:
+        """Steps until every sample has finished (and the feed, if any, has no more), or
+        `closed()` says so after a step (a step launched ahead is then dropped). In
         steady decode the next step is launched before the host reads the current one's
         tokens (see docs/engine.md, overlap). Requests are pulled only on the synchronous
         path: a sample that stops drops the step launched ahead, so room always comes here."""
@@ -314,12 +331,16 @@ class Engine:
                 batch = scheduler.schedule()
                 if batch.is_prefill:
                     bar.update(self._finish(scheduler, self._prefill(scheduler, batch)))
+                    if closed is not None and closed():
+                        break
                 else:
                     launched = self._decode(batch.seqs, step)
                 step += 1
                 continue
             ahead = self._decode_ahead(scheduler, launched)
             bar.update(self._finish(scheduler, launched))
+            if closed is not None and closed():
+                break  # the step launched ahead (if any) is dropped with the loop
             if ahead is not None and ahead.seqs != scheduler.running:
                 # a sample stopped: the synchronous loop runs another batch next, so the step
                 # launched ahead is dropped whole and the next one runs from the host's state

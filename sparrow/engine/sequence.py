@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from sparrow.engine.validate import SamplingParams
 
 FINISH_REASONS = ("stop", "length")
+# a sample cut by an early close (sparrow/engine/close.py): it has more to generate
+OPEN = "open"
 
 
 class Status(enum.Enum):
@@ -72,9 +74,9 @@ class SampleResult:
         )
         if any(length != n for length in lengths):
             raise ValueError(f"SampleResult fields disagree in length: {n} ids vs {lengths}")
-        if self.finish_reason not in FINISH_REASONS:
+        if self.finish_reason not in (*FINISH_REASONS, OPEN):
             raise ValueError(
-                f"finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}"
+                f"finish_reason must be one of {(*FINISH_REASONS, OPEN)}, got {self.finish_reason!r}"
             )
 
     def to_dict(self) -> dict[str, Any]:

@@ -9,7 +9,8 @@ Writes, for the step:
   (pages the actor read for it), acceptance (against the step's dense policy), leftover_mass,
   actor_logprob, dense_logprob, role (the token's role on a chase task's reference path:
   lookup, local, benign, answer, unknown; NULL for other tasks; sparrow/data/token_roles.py),
-  policy_version (the step whose update generated the sample), sparse_acceptance and
+  policy_version (the step whose update generated the token: a carried sample's tokens may
+  differ, rollout.finish_fraction), sparse_acceptance and
   version_dense_logprob (against the dense policy of policy_version: the sparse mismatch
   alone; equal to acceptance and dense_logprob for a fresh sample; docs/async.md); DuckDB's
   token_mismatch view reads these files.
@@ -114,7 +115,7 @@ def token_table(run_id: str, step: int, records, scores, schedule: Schedule):
     ]
     # a file from before versions were recorded: every such run was synchronous
     columns["policy_version"] = [
-        version_of(record, step) for record in records for _ in record.output_ids
+        version for record in records for version in record.versions_of_tokens(step - 1)
     ]
     count = len(columns["sample"])
     ints = {"sample", "prompt", "position", "bin", "pages_read", "policy_version"}

@@ -63,7 +63,11 @@ def scores_of_versions(runtime: RunRuntime, trainer, step: int, records, scores)
     is scored again against the dense policy of the version that generated it."""
     import torch
 
-    from sparrow.trainer.version_scores import score_with_checkpoint, stale_versions
+    from sparrow.trainer.version_scores import (
+        score_with_checkpoint,
+        stale_versions,
+        tokens_of_version,
+    )
 
     stale = stale_versions(records, current_version=step - 1)
     version_scores = list(scores)
@@ -84,8 +88,8 @@ def scores_of_versions(runtime: RunRuntime, trainer, step: int, records, scores)
                 runtime.cfg.trainer.logits_chunk_tokens,
             )
         for i, score in zip(indices, again):
-            version_scores[i] = score
-    return version_scores, sum(len(indices) for indices in stale.values())
+            version_scores[i] = tokens_of_version(version_scores[i], score, records[i], version)
+    return version_scores, len({i for indices in stale.values() for i in indices})
 
 
 @task(name="dense_score", cache_policy=NONE, **INFRA_RETRIES)

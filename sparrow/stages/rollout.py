@@ -24,6 +24,7 @@ same plan, the engines first loading its version's policy folder when they hold 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from prefect import task
@@ -42,6 +43,7 @@ from sparrow.runtime.rollout.in_flight import (
     schedule_step,
     take_rollout,
 )
+from sparrow.runtime.rollout.partial import carried_from, plan_partial
 from sparrow.runtime.rollout.records import to_records
 from sparrow.runtime.rollout.requests import sampling_params
 from sparrow.runtime.run_runtime import RunRuntime, lookup
@@ -91,15 +93,34 @@ def start_rollout(runtime: RunRuntime, plan: RolloutPlan, background: bool) -> I
     return InFlightRollout(runtime, plan, generate, background)
 
 
+def start_partial(runtime: RunRuntime, plan: RolloutPlan) -> tuple[InFlightRollout, Any]:
+    """rollout.finish_fraction < 1 (synchronous): the carried samples resumed beside fewer new
+    prompts, closed early (sparrow/runtime/rollout/partial.py)."""
+    partial = plan_partial(runtime, plan, carried_from(runtime, plan.step))
+    runtime.pool.set_schedule(plan.schedule if plan.sparse else None)
+
+    def generate():
+        results = runtime.pool.generate_closing(partial.prompts, partial.params, partial.rule)
+        return partial.plan.rows, results, {}
+
+    return InFlightRollout(runtime, partial.plan, generate, background=False), partial
+
+
 def generate_rollouts(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
     cfg = runtime.cfg
-    flight = take_rollout(runtime, step)
-    if flight is None:  # synchronous, the first step, or a resume: generate it now
+    flight, partial = take_rollout(runtime, step), None
+    if flight is None and cfg.rollout.finish_fraction < 1:
+        flight, partial = start_partial(runtime, plan_rollout(runtime, step))
+    elif flight is None:  # synchronous, the first step, or a resume: generate it now
         flight = start_rollout(runtime, plan_rollout(runtime, step), background=False)
     done, plan = flight.settle(), flight.plan
     elapsed, handover, memory, released = done.elapsed, done.handover, done.memory, done.released
-    engines = done.engines
-    records = to_records(done.rows, done.results, runtime.tokenizer, plan.policy_version)
+    engines, carry = done.engines, {}
+    if partial is None:
+        records = to_records(done.rows, done.results, runtime.tokenizer, plan.policy_version)
+    else:  # the complete groups are the batch; the rest go on to the next step
+        records, carried_on, carry = partial.split(done.results, runtime.tokenizer)
+        write_rollouts(contract.CARRIED.under(out), carried_on)
     write_rollouts(contract.ROLLOUTS.under(out), records)
     contract.write_rollout_schedule(out, plan.schedule, plan.schedule_version, plan.sparse)
     contract.write_json(
@@ -148,6 +169,7 @@ def generate_rollouts(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
             "schedule/version": float(version),
             "rollout/policy_version": float(plan.policy_version),
             **dynamic,
+            **carry,
         }
     )
 

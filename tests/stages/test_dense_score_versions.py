@@ -20,7 +20,7 @@ from sparrow.config.schema import TrainerConfig
 from sparrow.data.rollouts import RolloutRecord
 from sparrow.stages.dense_score import scores_of_versions
 from sparrow.trainer.scoring import TokenScores
-from sparrow.trainer.version_scores import VersionError, stale_versions
+from sparrow.trainer.version_scores import VersionError, stale_versions, tokens_of_version
 
 VOCAB = 384
 
@@ -137,3 +137,31 @@ def test_a_trainer_group_scores_stale_samples_on_its_rank_0(qwen3_checkpoint):
         assert version_scores[i].dense_logprobs == pytest.approx(dense, abs=1e-4)
         assert version_scores[i].acceptance == pytest.approx(accept, abs=1e-4)
     assert version_scores[0] is step_scores[0] and version_scores[2] is step_scores[2]
+
+
+def test_a_carried_sample_is_stale_for_each_older_version_of_its_tokens():
+    rng = random.Random(3)
+    carried = dataclasses.replace(
+        _record(0, 0, rng),
+        output_ids=(5, 6, 7, 8),
+        actor_logprobs=(-0.1,) * 4,
+        topk_ids=((1, 2, 3, 4),) * 4,
+        topk_logprobs=((-0.1, -2.0, -3.0, -4.0),) * 4,
+        pages_read=(1,) * 4,
+        token_versions=(0, 0, 1, 2),  # two tokens by version 0, one by 1, one by 2
+    )
+    assert carried.versions_of_tokens(default=9) == [0, 0, 1, 2]
+    fresh = _record(1, 2, rng)
+    assert fresh.versions_of_tokens(default=9) == [2] * len(fresh.output_ids)
+    assert stale_versions([fresh, carried], current_version=2) == {0: [1], 1: [1]}
+    # the step's scores, then version 0's and version 1's: each token keeps its own version's
+    step = TokenScores((-1.0,) * 4, (0.9,) * 4, (0.0,) * 4)
+    v0 = TokenScores((-5.0,) * 4, (0.5,) * 4, (0.1,) * 4)
+    v1 = TokenScores((-7.0,) * 4, (0.7,) * 4, (0.2,) * 4)
+    scores = tokens_of_version(step, v0, carried, 0)
+    scores = tokens_of_version(scores, v1, carried, 1)
+    assert scores.dense_logprobs == (-5.0, -5.0, -7.0, -1.0)
+    assert scores.acceptance == (0.5, 0.5, 0.7, 0.9)
+    assert scores.leftover_mass == (0.1, 0.1, 0.2, 0.0)
+    # a sample of one version is replaced whole by its version's scores
+    assert tokens_of_version(step, v0, fresh, 0) == v0

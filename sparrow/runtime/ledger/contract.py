@@ -57,6 +57,11 @@ ROLLOUT_LAUNCH = StageFile(
     "launch.json",
     "the policy version that generated the samples, when generation started, whether in flight",
 )
+CARRIED = StageFile(
+    "rollout",
+    "carried.parquet",
+    "the groups an early close left unfinished, which the next step resumes (finish_fraction)",
+)
 REWARDS = StageFile("reward", "rewards.parquet", "one row per sample: prompt, sample, reward")
 REWARD_SUMMARY = StageFile(
     "reward", "summary.json", "the reward function, its errors and timeouts, the first traceback"
@@ -91,6 +96,7 @@ FILES = (
     ROLLOUTS,
     ROLLOUT_SCHEDULE,
     ROLLOUT_LAUNCH,
+    CARRIED,
     REWARDS,
     REWARD_SUMMARY,
     SCORES,

@@ -199,6 +199,16 @@ class ActorPool:
         results, self.last_dispatch = dispatch(self, prompts, params, self.work_item_prompts)
         return results
 
+    def generate_closing(
+        self, prompts: Sequence[Sequence[int]], params: Sequence[Any], rule: Any
+    ) -> list[list[Any]]:
+        """generate() that closes early by a dispatch.CloseRule (rollout.finish_fraction):
+        whole groups in one work item per actor; unfinished samples come back open."""
+        from sparrow.runtime.rollout.dispatch import dispatch_closing
+
+        results, self.last_dispatch = dispatch_closing(self, prompts, params, rule)
+        return results
+
     def load_weights(self, path: str, adapter_path: str = "") -> list[Any]:
         self.spec = replace(self.spec, weights_path=str(path), adapter_path=str(adapter_path))
         return self._call_each("load_weights", str(path), str(adapter_path))

@@ -84,6 +84,57 @@ def dispatch(
     return [sample for item in range(len(run.items)) for sample in run.done[item]], run.times
 
 
+@dataclass(frozen=True)
+class CloseRule:
+    """A rollout that closes early (rollout.finish_fraction < 1, docs/async.md): labels[i]
+    is request i's group (nondecreasing: a group's requests are contiguous); the batch closes
+    once `fraction` of its groups finished, the `required` ones among them."""
+
+    labels: tuple[int, ...]
+    fraction: float
+    required: frozenset[int] = frozenset()
+
+    def items(self, actors: int) -> list[range]:
+        """One contiguous item of whole groups per actor (as even as whole groups allow)."""
+        starts = [i for i, label in enumerate(self.labels) if i == 0 or label != self.labels[i - 1]]
+        bounds = starts + [len(self.labels)]
+        return [
+            range(bounds[part.start], bounds[part.stop]) for part in work_items(len(starts), actors)
+        ]
+
+    def close_of(self, item: range):
+        """The EarlyClose of one item: its own share of groups closes it."""
+        from sparrow.engine.close import EarlyClose, groups_to_close
+
+        labels = self.labels[item.start : item.stop]
+        return EarlyClose(
+            labels,
+            groups_to_close(self.fraction, len(set(labels))),
+            frozenset(self.required & set(labels)),
+        )
+
+
+def dispatch_closing(
+    pool, prompts: Sequence[Sequence[int]], params: Sequence[Any], rule: CloseRule
+) -> tuple[list[list[Any]], DispatchTimes]:
+    """Whole groups in one work item per actor, each one generate() call that closes on its
+    own share (so the cut does not depend on timing between actors); results in order."""
+    import ray
+
+    if not len(prompts) == len(params) == len(rule.labels):
+        raise ValueError(f"{len(prompts)} prompts, {len(params)} params, {len(rule.labels)} labels")
+    clock = time.perf_counter()
+    items = rule.items(len(pool.actors))
+    run = _Run(pool, prompts, params, items, [rule.close_of(item) for item in items])
+    for actor in range(len(pool.actors)):
+        run.submit(actor)
+    while run.running:
+        [future], _ = ray.wait(list(run.running), num_returns=1)
+        run.submit(run.collect(future))
+    run.times.wall_s = time.perf_counter() - clock
+    return [sample for item in range(len(run.items)) for sample in run.done[item]], run.times
+
+
 class PromptSource:
     """One rollout's requests (index, prompt, params) in one queue per actor (contiguous, as
     even as whole prompts allow); the body of a Ray actor that the engines call, loaded
@@ -196,8 +247,9 @@ def dispatch_pulled(
 class _Run:
     """One dispatch's state: items still to hand out, those running, their results."""
 
-    def __init__(self, pool, prompts, params, items: list[range]):
+    def __init__(self, pool, prompts, params, items: list[range], closes: list | None = None):
         self.pool, self.prompts, self.params, self.items = pool, prompts, params, items
+        self.closes = closes  # per item: its EarlyClose (dispatch_closing)
         self.pending = list(range(len(items)))[::-1]  # popped from the end: item 0 first
         self.done: dict[int, list[list[Any]]] = {}
         self.retried: set[int] = set()
@@ -210,7 +262,9 @@ class _Run:
             item = self.pending.pop()
             chosen = self.items[item]
             future = self.pool.actors[actor].generate.remote(
-                [self.prompts[j] for j in chosen], [self.params[j] for j in chosen]
+                [self.prompts[j] for j in chosen],
+                [self.params[j] for j in chosen],
+                *([] if self.closes is None else [self.closes[item]]),
             )
             self.running[future] = (actor, item, time.perf_counter())
 

@@ -26,9 +26,10 @@ def to_records(
     results: Sequence[Sequence[Any]],
     tokenizer: Any = None,
     policy_version: int | None = None,
+    first_index: int = 0,
 ) -> list[RolloutRecord]:
     """The step's records, prompt by prompt, sample by sample; each records the policy
-    version whose weights the engines generated it with."""
+    version whose weights the engines generated it with; prompt indices from first_index."""
     paths = [
         None
         if tokenizer is None
@@ -37,7 +38,7 @@ def to_records(
     ]
     return [
         RolloutRecord(
-            prompt_index=p,
+            prompt_index=first_index + p,
             sample_index=s.sample_index,
             dataset_row=row.row,
             prompt_ids=tuple(row.prompt_ids),

@@ -1,5 +1,6 @@
 """The rollout requests of a step: one SamplingParams per prompt row, seeded per (run, step,
-prompt), its generation cut to the room the model's context leaves.
+prompt), its generation cut to the room the model's context leaves; a carried sample's
+resumed request seeded per (step, prompt, sample) (resume_seed).
 
     params = sampling_params(runtime, rows, step)               # the rollout stage's
     params = sampling_params(runtime, rows, step, greedy=True)  # the evaluate stage's
@@ -34,6 +35,16 @@ def request_seed(run_seed: int, rollout_seed: int, step: int, prompt_index: int)
         step,
         prompt_index,
     ]
+    return int(np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+def resume_seed(
+    run_seed: int, rollout_seed: int, step: int, prompt_index: int, sample_index: int
+) -> int:
+    """The seed of one carried sample's resumed request at `step` (its prompt's position in
+    that step's rollout): a stream of its own beside request_seed's (docs/async.md)."""
+    entropy = [abs(run_seed), int(run_seed < 0), abs(rollout_seed), int(rollout_seed < 0)]
+    entropy += [step, prompt_index, sample_index, 1]
     return int(np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 

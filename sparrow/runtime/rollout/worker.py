@@ -76,8 +76,12 @@ class RolloutWorker(SyncedWorker):
         if spec.adapter_path:
             self.load_weights(spec.weights_path, spec.adapter_path)
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: Sequence[Any]) -> list[list[Any]]:
-        return self._counted(lambda: self.engine.generate(prompts, list(params)))
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: Sequence[Any], close: Any = None
+    ) -> list[list[Any]]:
+        """`close`: an EarlyClose (sparrow/engine/close.py; the native engine's)."""
+        extra = {} if close is None else {"close": close}
+        return self._counted(lambda: self.engine.generate(prompts, list(params), **extra))
 
     def generate_from(self, source: Any, worker: int, rollout: int) -> list[tuple[int, list]]:
         """Requests pulled from a PromptSource actor (sparrow/runtime/rollout/dispatch.py) while the
