@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import json
 import math
 import statistics
 import sys
@@ -84,8 +85,17 @@ def parse_args(argv):
     p.add_argument("--batch-sequences", type=int, default=8, help="sequences per forward")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", default=None, help="the JSON; the CSV goes beside it")
-    p.add_argument("--plot", default=None, help="PNG of lookup acceptance vs pages read")
+    p.add_argument(
+        "--plot",
+        default=None,
+        help="PNG: lookup acceptance and the accuracy estimate vs pages read",
+    )
     p.add_argument("--smoke", action="store_true", help="embedded tiny model, CPU seconds")
+    p.add_argument(
+        "--reprice",
+        default=None,
+        help="a study JSON: recompute its cost columns with today's cost model (no replay)",
+    )
     args = p.parse_args(argv)
     given = {a.lstrip("-").replace("-", "_").split("=")[0] for a in argv or sys.argv[1:]}
     for key, value in (SMOKE if args.smoke else {}).items():
@@ -239,35 +249,66 @@ def write_csv(path: Path, rows: list[dict]) -> None:
 
 
 def plot(path: str, rows: list[dict]) -> None:
-    """Lookup acceptance (mean solid, p5 dashed) against pages read, a line per rule, a
-    panel per page size."""
+    """Against pages read, a line per rule, a column per page size: lookup acceptance (mean
+    solid, p5 dashed) on top, the step-0 accuracy estimate below."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     sizes = sorted({r["page_size"] for r in rows}, reverse=True)
-    figure, axes = plt.subplots(1, len(sizes), figsize=(5 * len(sizes), 4), squeeze=False)
-    for ax, size in zip(axes[0], sizes):
+    figure, axes = plt.subplots(2, len(sizes), figsize=(5 * len(sizes), 7.5), squeeze=False)
+    for column, size in enumerate(sizes):
+        top, bottom = axes[0][column], axes[1][column]
         for index, rule in enumerate(dict.fromkeys(r["rule"] for r in rows)):
             cell = sorted((r for r in rows if r["rule"] == rule and r["page_size"] == size),
                           key=lambda r: r["pages_read_share"])  # fmt: skip
             x = [r["pages_read_share"] for r in cell]
             color = f"C{index}"
-            ax.plot(x, [r["acceptance_lookup_mean"] for r in cell], "-o", ms=3, color=color,
-                    label=rule)  # fmt: skip
-            ax.plot(x, [r["acceptance_lookup_p5"] for r in cell], "--", color=color)
-        ax.set(xscale="log", ylim=(0, 1.02), title=f"pages of {size} tokens",
-               xlabel="pages read (share of dense)", ylabel="lookup acceptance")  # fmt: skip
-        ax.grid(alpha=0.3)
+            top.plot(x, [r["acceptance_lookup_mean"] for r in cell], "-o", ms=3, color=color,
+                     label=rule)  # fmt: skip
+            top.plot(x, [r["acceptance_lookup_p5"] for r in cell], "--", color=color)
+            bottom.plot(x, [r["accuracy_estimate"] for r in cell], "-o", ms=3, color=color)
+        top.set(xscale="log", ylim=(0, 1.02), title=f"pages of {size} tokens",
+                ylabel="lookup acceptance")  # fmt: skip
+        bottom.set(xscale="log", ylim=(0, 1.02), xlabel="pages read (share of dense)",
+                   ylabel="step-0 accuracy estimate")  # fmt: skip
+        for ax in (top, bottom):
+            ax.grid(alpha=0.3)
     axes[0][0].legend(title="mean (solid), p5 (dashed)", fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
 
 
+def reprice(path: str, model: str) -> dict:
+    """The cost columns of a study's JSON (and its CSV) again from the cost model, which is
+    arithmetic on the schedule, the checkpoint's shape and the median lengths: no replay."""
+    result = json.loads(Path(path).read_text())
+    args = result["args"]
+    template = get_preset(args["schedule"])
+    shape, hardware = model_shape(model), get_hardware(args["hardware"])
+    for row in result["rows"]:
+        schedule = cell_schedule(template, row["page_size"], row["rule"], row["topk_pages"])
+        row.update(
+            summary.predicted_cost(
+                shape, hardware, schedule, result["prompt_len_median"], result["generated_median"]
+            )
+        )
+    result["repriced"] = {"date": time.strftime("%Y-%m-%d"), "model": model}
+    write_json(path, result, quiet=True)
+    write_csv(Path(path).with_suffix(".csv"), result["rows"])
+    return result
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.reprice:
+        result = reprice(args.reprice, args.model)
+        print(f"repriced {args.reprice} and {Path(args.reprice).with_suffix('.csv')}")
+        if args.plot:
+            plot(args.plot, result["rows"])
+        return 0
     result = run(args)
     write_json(args.out, result, quiet=args.out is not None)
     if args.out:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One seed of the pre-registered study (docs/study.md, "The study of 2026-11-27") on one
-# 4-GPU machine in one 30-minute hold: calibrate the six schedules, run the nine arms of
+# machine in one 30-minute hold (4 GPUs planned; GPUS=N, default every visible GPU, spreads
+# the runs round-robin): calibrate the six schedules, run the nine arms of
 # sparrow/conf/study/study_<variant>.yaml at once for 100 steps, then per-step CSVs, the
 # held-out outcome of every arm and summary.json under $OUT/<variant>-s<seed>/.
 #
@@ -22,11 +23,25 @@ STUDY_MINUTES=${STUDY_MINUTES:-21}
 DEST=$OUT/$ID
 mkdir -p "$DEST" "$WORK"
 case $VARIANT in
-  v2) SPEC=builtin:multi_chase:num_defs=256,num_hops=64,chains=4,tags=0; TOKENS=2304 ;;
-  v3) SPEC=builtin:multi_chase:num_defs=256,num_hops=64,chains=4,tags=1; TOKENS=2816 ;;
+  v2|v3) ;;
   *) echo "variant must be v2 or v3" >&2; exit 2 ;;
 esac
 STUDY=sparrow/conf/study/study_$VARIANT.yaml
+# the task, the length and the rule arms' selection come from the study's YAML alone
+read -r SPEC TOKENS RULE < <(python - "$STUDY" <<'PY'
+import sys
+from omegaconf import OmegaConf
+data = OmegaConf.to_container(OmegaConf.load(sys.argv[1]))
+common = dict(o.split("=", 1) for o in data["common"] if "=" in o)
+rules = {o.split("=", 1)[1] for a in data["arms"] for o in a.get("overrides", [])
+         if o.startswith("schedule.selection=")}
+assert len(rules) <= 1, f"one selection rule for the rule arms, found {sorted(rules)}"
+print(common["data.train"], common["rollout.max_new_tokens"], rules.pop() if rules else "centroid")
+PY
+)
+GPUS=${GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l)}
+[ "$GPUS" -ge 1 ] || { echo "no GPU visible (set GPUS=N)" >&2; exit 2; }
+gpu() { echo $(( $1 % GPUS )); }   # the i-th run's GPU, round-robin
 if [ "${SKIP_RULE_ARMS:-0}" = 1 ]; then
   python - "$STUDY" "$DEST/study.yaml" <<'PY'
 import sys
@@ -50,21 +65,22 @@ calibrate() {  # GPU NAME TARGET [extra overrides]
     calibrate.name=$name "$@" >"$DEST/calibrate-$name.log" 2>&1
 }
 log "calibrating"
-calibrate 0 $VARIANT-centroid-0.75 0.75 & calibrate 1 $VARIANT-centroid-0.82 0.82 &
-calibrate 2 $VARIANT-centroid-0.86 0.86 & calibrate 3 $VARIANT-centroid-0.92 0.92 &
+calibrate "$(gpu 0)" $VARIANT-centroid-0.75 0.75 & calibrate "$(gpu 1)" $VARIANT-centroid-0.82 0.82 &
+calibrate "$(gpu 2)" $VARIANT-centroid-0.86 0.86 & calibrate "$(gpu 3)" $VARIANT-centroid-0.92 0.92 &
 wait
 if [ "${SKIP_RULE_ARMS:-0}" != 1 ]; then
-  calibrate 0 $VARIANT-rule-0.86 0.86 schedule.selection=centroid_maxhead &
-  calibrate 1 $VARIANT-rule-0.80 0.80 schedule.selection=centroid_maxhead &
+  calibrate "$(gpu 0)" $VARIANT-rule-0.86 0.86 "schedule.selection=$RULE" &
+  calibrate "$(gpu 1)" $VARIANT-rule-0.80 0.80 "schedule.selection=$RULE" &
   wait
 fi
 log "calibrated"
 sparrow query --workdir "$WORK" --csv "SELECT * FROM calibration ORDER BY ALL" >"$DEST/calibration.csv" || true
 
-# the arms: nine slots, 3 on GPU 0 and 2 on each other GPU, all at once
-log "study $ID: up to $STUDY_MINUTES minutes"
+# the arms: nine slots round-robin over the GPUs (with 4: 3 on GPU 0, 2 on each other), all at once
+SLOTS=$(for i in 0 1 2 3 4 5 6 7 8; do gpu $i; done | paste -sd,)
+log "study $ID: up to $STUDY_MINUTES minutes on GPUs $SLOTS, rule arms $RULE"
 timeout --signal=INT --kill-after=120 "${STUDY_MINUTES}m" \
-  sparrow study run "$ID" --study "$STUDY" --gpus 0,1,2,3,0,1,2,3,0 \
+  sparrow study run "$ID" --study "$STUDY" --gpus "$SLOTS" \
     model.path="$MODEL" pipeline.workdir="$WORK" pipeline.seed="$SEED" \
     >"$DEST/study.log" 2>&1 || log "study stopped (exit $?)"
 log "study done"

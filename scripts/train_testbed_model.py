@@ -17,11 +17,12 @@ first and full-length chains last (sparrow/experiments/testbed/data.py), a stage
 held-out hop accuracy reaches --advance-accuracy (sparrow/experiments/testbed/adaptive.py; checked every
 --stage-eval-every steps on --stage-eval-prompts prompts, and recorded with the full-length
 accuracy at each stage's end in training_info's stage_eval); the last --noise-share of
-the steps train on chains whose hops go wrong at --hop-noise ("auto": the rate that brings the
-teacher-forced sampled accuracy down to --target-accuracy), so that RL has room to improve;
-stop when --max-minutes less --eval-reserve-s have passed, whatever the plan; save
-model.safetensors (fp32), config.json, the tokenizer and training_info.json; then sample the
-held-out prompts with the project's engine and add that accuracy to training_info.json.
+the steps (or of the time, if the clock runs out first: experiments/testbed/phases.py) train on
+chains whose hops go wrong at --hop-noise ("auto": the rate that brings the teacher-forced
+sampled accuracy down to --target-accuracy), so that RL has room to improve; stop when
+--max-minutes less --eval-reserve-s have passed; save the model, the tokenizer and
+training_info.json; then sample held-out prompts with the project's engine and add that
+accuracy. --init-from DIR --noise-only runs the noisy phase alone on a kept model.
 
 Reproducibility: data, initial weights, curriculum and wrong hops follow from --seed (and the
 sizes) alone. On CPU the same arguments, torch build and --threads give the same bytes
@@ -79,6 +80,7 @@ from sparrow.experiments.testbed.evaluate import (
     stage_record,
     teacher_forced_accuracy,
 )
+from sparrow.experiments.testbed.phases import NoisePhase, StartError, load_start  # noqa: E402
 from sparrow.experiments.testbed.steps import (
     batch_shape,
     forward_backward,
@@ -173,6 +175,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=1, help="CPU threads (CPU bytes depend on it)")
     p.add_argument("--deterministic", action="store_true")
+    p.add_argument("--init-from", type=Path, help="a kept testbed model folder to start from")
+    p.add_argument("--noise-only", action="store_true", help="the noisy phase alone (lr 1e-4)")
     args = p.parse_args(argv)
     given = {
         a.lstrip("-").replace("-", "_").split("=")[0]
@@ -188,6 +192,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         for key, value in preset.items():
             if key not in given:
                 setattr(args, key, value)
+    if args.noise_only and "lr" not in given:  # the rate the full run's tail trains at
+        args.lr = 1e-4
     check_args(p, args)
     return args
 
@@ -207,6 +213,10 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error("--steps must be >= 0 and --heads a multiple of --kv-heads")
     if args.stage_eval_every < 1 or args.stage_eval_prompts < 1:
         parser.error("--stage-eval-every and --stage-eval-prompts must be >= 1")
+    if args.noise_only and args.init_from is None:
+        parser.error("--noise-only needs --init-from (a kept model to add the noisy phase to)")
+    if args.noise_only and args.noise_share == 0:
+        parser.error("--noise-only with --noise-share 0 would train nothing")
 
 
 def build_model(args) -> Qwen3ForCausalLM:
@@ -309,18 +319,21 @@ def train(model, optimizer, plan: StepPlan, held_out, args, device, deadline: fl
         return stage_hop_accuracy(model, stage, args.stage_eval_prompts, args.seed)
 
     recent, began = None, time.monotonic()
+    phase = NoisePhase(plan.clean_steps, plan.noise_share, began, deadline)
     for step in range(plan.steps):
         if time.monotonic() > deadline:
             log["stopped_at_budget"] = True
             print(f"stopping at step {step} of {plan.steps}: the time budget is spent", flush=True)
             break
-        if step == plan.clean_steps:
+        if phase.started_at is None and phase.noisy(step):
             log["hop_noise"], log["before_noise"] = auto_noise(model, held_out, args)
             print(
-                f"step {step}: hop noise {log['hop_noise']:.5f} from {log['before_noise']}",
+                f"step {step}: hop noise {log['hop_noise']:.5f} from {log['before_noise']}"
+                + (" (the clean phase's time is spent)" if phase.cut_by_time else ""),
                 flush=True,
             )
-        stage_noisy = walk.stage_at(step)
+        noisy = phase.started_at is not None
+        stage_noisy = (plan.stages[-1], True) if noisy else walk.stage_at(step)
         loss, tokens = train_step(
             model, optimizer, plan, step, stage_noisy, log["hop_noise"], args, device
         )
@@ -335,7 +348,7 @@ def train(model, optimizer, plan: StepPlan, held_out, args, device, deadline: fl
                 f"{time.monotonic() - began:.0f}s",
                 flush=True,
             )
-        if ended := walk.after_step(step + 1, probe):
+        if not noisy and (ended := walk.after_step(step + 1, probe)):
             log["stage_eval"].append(
                 stage_record(
                     model, ended, step + 1, recent, plan.stages, args.stage_eval_prompts, args.seed
@@ -348,6 +361,7 @@ def train(model, optimizer, plan: StepPlan, held_out, args, device, deadline: fl
         )
     )
     log["stage_checks"] = [check | {"stage": check["stage"] + 1} for check in walk.checks]
+    log |= phase.record(log["steps_done"])
     log["final_loss"] = None if recent is None else float(recent)
     log["train_seconds"] = round(time.monotonic() - began, 1)
     return log
@@ -358,12 +372,13 @@ def plan_steps(
 ) -> tuple[StepPlan, list[float] | None]:
     """The step plan: --steps, or as many steps as fit before the deadline at the measured
     speed; with the measured seconds per step of each stage (None when not measured)."""
+    noise_share = 1.0 if args.noise_only else args.noise_share
     if args.steps > 0:
-        return StepPlan(stages, args.steps, args.noise_share), None
+        return StepPlan(stages, args.steps, noise_share), None
     seconds = measure_step_seconds(
         model, stages, args.batch_tokens, args.micro_tokens, args.seed, device
     )
-    shares = StepPlan(stages, 1_000_000, args.noise_share).step_shares()
+    shares = StepPlan(stages, 1_000_000, noise_share).step_shares()
     if args.advance_accuracy <= 1:  # stages may end early: plan at the slowest step's time
         shares = [(max(seconds, key=seconds.get), 1.0)]
     steps = fit_steps(shares, seconds, deadline - time.monotonic())
@@ -373,7 +388,7 @@ def plan_steps(
         f"({time.monotonic() - started:.0f}s spent so far)",
         flush=True,
     )
-    return StepPlan(stages, steps, args.noise_share), measured
+    return StepPlan(stages, steps, noise_share), measured
 
 
 def save(model, args, info: dict) -> None:
@@ -428,7 +443,15 @@ def main(argv: list[str] | None = None) -> dict:
 def run(args, device: torch.device, started: float, deadline: float) -> dict:
     torch.manual_seed(args.seed)
     build_char_tokenizer(args.out, letter_pairs=LETTER_PAIRS)
-    model = build_model(args).to(device).train()
+    source = None
+    if args.init_from is None:
+        model = build_model(args)
+    else:
+        try:
+            model, source = load_start(args.init_from, vars(args))
+        except StartError as err:
+            raise SystemExit(f"train_testbed_model: {err}") from None
+    model = model.to(device).train()
     optimizer = make_optimizer(model, args, device)
     held_out = held_out_examples(
         args.num_defs,
@@ -439,8 +462,11 @@ def run(args, device: torch.device, started: float, deadline: float) -> dict:
         tags=args.tags,
     )
     stages = curriculum(args.num_defs, args.num_hops, args.chains, args.tags)
+    if args.noise_only:  # the kept model has walked the curriculum: full length only
+        stages = stages[-1:]
     plan, measured = plan_steps(model, stages, args, device, started, deadline)
     info = describe(args, model, device, plan) | {"measured_step_seconds": measured}
+    info["init_from"] = source
     info |= train(model, optimizer, plan, held_out, args, device, deadline)
     tf = teacher_forced(model, held_out)
     info |= {

@@ -271,24 +271,35 @@ class BaseRun:
 @pytest.fixture(scope="session")
 def base_run(tmp_path_factory) -> BaseRun:
     """BASE_RUN_ARGS run to the end by `sparrow train` in a fresh Prefect home (Prefect's
-    temporary server and a local Ray of its own); the caller checks its exit status."""
-    root = tmp_path_factory.mktemp("base-run")
+    temporary server and a local Ray of its own); the caller checks its exit status. Run once
+    for all pytest-xdist workers: the first to ask runs it under a lock in their common temp
+    folder and records its outcome there; the others read it (its users only read the run)."""
+    import fcntl
+    import json
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # every worker's temp folder is a child of this one
+    root = shared / "base-run"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "RAY_"))}
-    env["PREFECT_HOME"] = str(root / "prefect-home")
-    workdir = root / "work"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sparrow.cli.main",
-            "train",
-            f"pipeline.workdir={workdir}",
-            "pipeline.run_id=base",
-            *BASE_RUN_ARGS,
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    # a home whose parent does not exist yet either (Prefect makes only the last folder)
+    env["PREFECT_HOME"] = str(root / "home" / "prefect")
+    workdir, record = root / "work", root / "outcome.json"
+    with open(shared / "base-run.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not record.exists():
+            root.mkdir(exist_ok=True)
+            command = [
+                sys.executable,
+                "-m",
+                "sparrow.cli.main",
+                "train",
+                f"pipeline.workdir={workdir}",
+                "pipeline.run_id=base",
+                *BASE_RUN_ARGS,
+            ]
+            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+            outcome = [command, done.returncode, done.stdout, done.stderr]
+            record.write_text(json.dumps(outcome))
+    done = subprocess.CompletedProcess(*json.loads(record.read_text()))
     return BaseRun(workdir, "base", BASE_RUN_ARGS, env, done)

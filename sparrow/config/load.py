@@ -188,7 +188,6 @@ def _check_staleness(cfg: SparrowConfig) -> None:
     refused = {
         "algo.dynamic_sampling": cfg.algo.dynamic_sampling,
         "algo.distill.enabled": cfg.algo.distill.enabled,
-        "trainer.num_workers": cfg.trainer.num_workers > 0,
     }
     for key, on in refused.items():
         if on:

@@ -64,8 +64,9 @@ class RolloutConfig:
     """rollout actors; 0 means one per GPU, or one on a machine without GPU"""
     placement: str = "colocated"
     """with a trainer group (trainer.num_workers > 0) on GPUs: colocated puts one engine on
-    each trainer rank's GPU (the KV cache released while the trainer works); separate gives
-    the engines GPUs of their own"""
+    each trainer rank's GPU (the KV cache released while the trainer works, kept with
+    pipeline.max_staleness=1); separate gives the engines GPUs of their own, where a
+    one-step-off rollout runs beside the update (docs/async.md)"""
     work_item_prompts: int = 0
     """0: each engine takes prompts while it runs, its own share first, then those waiting
     behind a full engine (sparrow/runtime/rollout/dispatch.py); an engine without a feed (vLLM),

@@ -12,10 +12,12 @@ from sparrow.costmodel.presets import (
     get_model,
 )
 from sparrow.costmodel.segments import (
+    SCORING_PRICES,
     VARIANTS,
     BinCost,
     Cost,
     ScheduleCost,
+    check_scoring,
     check_variant,
     schedule_cost,
     segment_cost,
@@ -24,6 +26,7 @@ from sparrow.costmodel.segments import (
 __all__ = [
     "HARDWARE",
     "MODELS",
+    "SCORING_PRICES",
     "VARIANTS",
     "BinCost",
     "Cost",
@@ -32,6 +35,7 @@ __all__ = [
     "ModelShape",
     "ScheduleCost",
     "attended_tokens",
+    "check_scoring",
     "check_variant",
     "dense_cost",
     "get_hardware",

@@ -30,6 +30,7 @@ from sparrow.costmodel.presets import (
 )
 from sparrow.costmodel.segments import (
     Cost,
+    check_scoring,
     check_variant,
 )
 
@@ -99,6 +100,7 @@ def sparse_cost(
     budget_tokens: float,
     page_size: int,
     variant: str = "paper",
+    scoring: str = "published",
 ) -> Cost:
     """Block-sparse decode with a constant KV budget B, page scoring included.
 
@@ -106,8 +108,12 @@ def sparse_cost(
               scoring 2 N L_in D L_out + r N D L_out^2 / (2S) + I (2 L_in D L_out + N D L_out^2 / (2S))
     appendix: 2 r N D B L_out -> r N D H(L_in, L_out, B), 2 N D B L_out -> N D H(L_in, L_out, B),
               and C_mem += 2 P L_out
+    scoring="pages": the prompt's scoring as the engine does it, one centroid per page of each
+              sample's prompt: 2 N L_in D L_out -> r N D L_in L_out / S, 2 I L_in D L_out ->
+              I N D L_in L_out / S
     """
     check_variant(variant)
+    check_scoring(scoring)
     _check_lengths(
         params=params,
         samples=samples,
@@ -125,8 +131,14 @@ def sparse_cost(
     compute = 2 * N * P * L_out + r * N * D * attended
     memory = N * D * attended
     # scoring, as published: a prompt term without 1/S, and the generated pages' centroids
-    compute += 2 * N * L_in * D * L_out + r * N * D * L_out**2 / (2 * S)
-    memory += 2 * L_in * D * L_out + N * D * L_out**2 / (2 * S)
+    if scoring == "pages":
+        compute += r * N * D * L_in * L_out / S
+        memory += N * D * L_in * L_out / S
+    else:
+        compute += 2 * N * L_in * D * L_out
+        memory += 2 * L_in * D * L_out
+    compute += r * N * D * L_out**2 / (2 * S)
+    memory += N * D * L_out**2 / (2 * S)
     if variant == "appendix":
         memory += 2 * P * L_out
     return Cost(compute, memory, intensity)

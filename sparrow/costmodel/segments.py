@@ -15,7 +15,9 @@ one prompt (D, r, I, S as in costmodel.py):
   appendix variant: memory + 2P in both.
 The scoring terms (2N L_in D, rND t / S; 2 L_in D, ND t / S) price the centroid rule; another
 page-scoring rule scales them (scoring_factors: quest reads two vectors a page, maxhead does
-r times the products). A step is dense while its budget B covers the context (L_in + t <= B),
+r times the products). scoring="pages" prices the prompt's part as the engine scores it, one
+summary per page of each sample's prompt (rND L_in / S; ND L_in / S), where the published
+term charges the prompt's every key once a step. A step is dense while its budget B covers the context (L_in + t <= B),
 sparse after.
 """
 
@@ -29,12 +31,20 @@ from sparrow.sparse.schedule import Schedule
 from sparrow.sparse.scoring import get_rule
 
 VARIANTS = ("paper", "appendix")
+SCORING_PRICES = ("published", "pages")
 
 
 def check_variant(variant: str) -> None:
     if variant not in VARIANTS:
         raise CostModelError(
             f"unknown cost model variant {variant!r}; valid: {', '.join(VARIANTS)}"
+        )
+
+
+def check_scoring(scoring: str) -> None:
+    if scoring not in SCORING_PRICES:
+        raise CostModelError(
+            f"unknown scoring price {scoring!r}; valid: {', '.join(SCORING_PRICES)}"
         )
 
 
@@ -88,6 +98,7 @@ def _step_rates(
     page_size: int,
     variant: str,
     selection: str = "centroid",
+    scoring: str = "published",
 ) -> tuple[float, float, float, float]:
     """(compute at t=0, compute slope, memory at t=0, memory slope); budget None is dense."""
     P, N, L_in, D, r = model.parameters, samples, prompt_len, model.kv_dim, model.gqa_ratio
@@ -97,9 +108,13 @@ def _step_rates(
     else:
         B, S = budget_tokens, page_size
         flops, reads = scoring_factors(selection, r)
-        c0 = 2 * P * N + 2 * r * N * D * B + flops * 2 * N * L_in * D
+        if scoring == "pages":
+            prompt_flops, prompt_reads = r * N * D * L_in / S, N * D * L_in / S
+        else:
+            prompt_flops, prompt_reads = 2 * N * L_in * D, 2 * L_in * D
+        c0 = 2 * P * N + 2 * r * N * D * B + flops * prompt_flops
         c1 = flops * r * N * D / S
-        m0, m1 = 2 * N * D * B + reads * 2 * L_in * D, reads * N * D / S
+        m0, m1 = 2 * N * D * B + reads * prompt_reads, reads * N * D / S
     if variant == "appendix":
         m0 += 2 * P
     return c0, c1, m0, m1
@@ -134,10 +149,13 @@ def segment_cost(
     page_size: int = 16,
     variant: str = "paper",
     selection: str = "centroid",
+    scoring: str = "published",
 ) -> Cost:
     """Cost of decoding generated tokens [start, end) with one budget (None: dense); the
-    sparse steps' page scoring priced for the rule `selection` (scoring_factors)."""
+    sparse steps' page scoring priced for the rule `selection` (scoring_factors), its prompt
+    part as published or per page (`scoring`)."""
     check_variant(variant)
+    check_scoring(scoring)
     if not 0 <= start <= end:
         raise CostModelError(f"need 0 <= start <= end, got start={start}, end={end}")
     if budget_tokens is not None and budget_tokens < 1:
@@ -148,7 +166,7 @@ def segment_cost(
     cost = _integrate(dense, start, split, I)
     if split < end:
         sparse = _step_rates(
-            model, samples, prompt_len, budget_tokens, page_size, variant, selection
+            model, samples, prompt_len, budget_tokens, page_size, variant, selection, scoring
         )
         cost = cost + _integrate(sparse, split, end, I)
     return cost
@@ -206,6 +224,7 @@ class ScheduleCost:
     gen_len: int
     samples: int
     bins: tuple[BinCost, ...]
+    scoring: str = "published"
 
     @property
     def dense(self) -> Cost:
@@ -225,6 +244,7 @@ class ScheduleCost:
             "model": self.model,
             "hardware": self.hardware,
             "variant": self.variant,
+            "scoring": self.scoring,
             "prompt_len": self.prompt_len,
             "gen_len": self.gen_len,
             "samples": self.samples,
@@ -254,9 +274,12 @@ def schedule_cost(
     gen_len: int,
     samples: int,
     variant: str = "paper",
+    scoring: str = "published",
 ) -> ScheduleCost:
-    """Cost of N samples of gen_len tokens after a prompt, bin by bin (bin = position // width)."""
+    """Cost of N samples of gen_len tokens after a prompt, bin by bin (bin = position // width);
+    `scoring` prices the prompt's page scoring as published or per page (segment_cost)."""
     check_variant(variant)
+    check_scoring(scoring)
     checks = (("prompt_len", prompt_len, 0), ("gen_len", gen_len, 1), ("samples", samples, 1))
     for name, value, low in checks:
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -291,10 +314,19 @@ def schedule_cost(
                     end=t1,
                     budget_tokens=budget,
                     selection=schedule.selection,
+                    scoring=scoring,
                     **common,
                 ),
             )
         )
     return ScheduleCost(
-        schedule.name, model.name, hardware.name, variant, prompt_len, gen_len, samples, tuple(bins)
+        schedule.name,
+        model.name,
+        hardware.name,
+        variant,
+        prompt_len,
+        gen_len,
+        samples,
+        tuple(bins),
+        scoring,
     )

@@ -173,10 +173,12 @@ def step_rollout_cost(
     gen_len: float,
     samples_per_prompt: int,
     prompts: int,
+    scoring: str = "pages",
 ) -> tuple[float, float]:
     """(predicted eFLOPs of one step's rollout, the same decoded densely): `prompts` groups of
     `samples_per_prompt` samples of the mean length after the mean prompt; schedule None is
-    dense decoding."""
+    dense decoding. Page scoring is priced per page of the prompt as the engine reads it
+    (`scoring`, sparrow/costmodel/segments.py), not as the published formula's prompt term."""
     cost = schedule_cost(
         schedule or Schedule("dense", (1,)),
         model=model,
@@ -184,6 +186,7 @@ def step_rollout_cost(
         prompt_len=int(round(prompt_len)),
         gen_len=max(1, int(round(gen_len))),
         samples=samples_per_prompt,
+        scoring=scoring,
     )
     dense = cost.dense.total * prompts
     return (dense if schedule is None else cost.sparse.total * prompts), dense

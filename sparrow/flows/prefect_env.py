@@ -14,6 +14,9 @@ Prefect profile wins: with PREFECT_API_URL pointing at a server, flows report to
 from __future__ import annotations
 
 import os
+from pathlib import Path
+
+from sparrow.errors import SparrowError
 
 QUIET_DEFAULTS = {
     "PREFECT_SERVER_ALLOW_EPHEMERAL_MODE": "true",
@@ -31,6 +34,23 @@ QUIET_DEFAULTS = {
 
 
 def quiet_prefect() -> None:
-    """Set QUIET_DEFAULTS in os.environ where unset; call before Prefect is imported."""
+    """Set QUIET_DEFAULTS in os.environ where unset and make PREFECT_HOME; call before Prefect
+    is imported."""
     for key, value in QUIET_DEFAULTS.items():
         os.environ.setdefault(key, value)
+    make_prefect_home()
+
+
+def make_prefect_home() -> None:
+    """Make PREFECT_HOME, parents included. Prefect makes only its last folder, and with the
+    parent missing its temporary API server then fails to start for minutes of retries."""
+    home = os.environ.get("PREFECT_HOME")
+    if not home:
+        return
+    try:
+        Path(home).expanduser().mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as err:
+        raise SparrowError(
+            f"PREFECT_HOME={home} cannot be made ({err.strerror}): Prefect keeps its database "
+            "there; set it to a folder this user can write"
+        ) from None

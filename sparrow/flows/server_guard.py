@@ -31,6 +31,8 @@ import sys
 import threading
 import time
 
+from sparrow.errors import SparrowError
+
 SERVER_MARK = "prefect.server.api.server:create_app"
 GRACE_S = 3.0
 
@@ -121,11 +123,20 @@ def start_local_server() -> str | None:
     if os.environ.get("PREFECT_API_URL"):
         return None
     from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import get_current_settings
 
     server = SubprocessASGIServer()  # the one instance Prefect's clients ask for
     if not server.running:
         server._run_uvicorn_command = functools.partial(_uvicorn_in_own_session, server)
-        server.start()
+        try:
+            server.start()
+        except RuntimeError as err:  # it never answered: one line, not Prefect's traceback
+            server.stop()
+            home = get_current_settings().home
+            raise SparrowError(
+                f"Prefect's temporary API server did not start ({err}); its database is under "
+                f"PREFECT_HOME={home}. Set PREFECT_API_URL to use a running server instead"
+            ) from None
         _watch_server(server)
     return server.api_url
 

@@ -9,7 +9,9 @@ packed onto as few nodes as it fits) and puts rank i and engine i in bundle i wi
 each, so they share that GPU as the trainer and engine share one GPU today (the engine's KV
 cache is released while the trainer scores and updates); `separate` gives every rank and every
 engine a whole GPU (rollout.num_actors engines, 0: the GPUs the ranks leave). Without GPUs
-every rank and engine is a process with an even share of the CPUs.
+every rank and engine is a process with an even share of the CPUs. One-step-off
+(pipeline.max_staleness=1, docs/async.md) the rollout in flight runs on the engines while the
+ranks score and update: on GPUs of their own with `separate`, sharing each GPU with `colocated`.
 
 `strategy` (ray.placement_strategy) is the placement group's: "pack" as above; "strict_spread"
 puts each bundle, so each rank with its engines, on a node of its own (a trainer group with a

@@ -221,7 +221,7 @@ class RunRuntime:
         from sparrow.cuda_memory import return_cached_blocks
 
         clock = time.perf_counter()
-        if self._trainer is not None:
+        if self._trainer is not None and not self._trainer.failed:  # a stopped group holds nothing
             self._trainer.free_gradients()
             if self.cfg.trainer.offload_during_rollout and self._trainer.can_offload:
                 self._trainer.offload()

@@ -9,8 +9,9 @@ acceptance rate against the actor's top-K with the leftover actor mass
 prompt_index, sample_index, and the lists dense_logprobs, acceptance, leftover_mass (float64,
 so the update reads back exactly what was computed), and version_dense_logprobs,
 sparse_acceptance: the same against the dense policy of the version that generated the sample
-(sparrow/trainer/version_scores.py, read from that version's policy folder), which for a
-fresh sample (version step - 1, every sample of a synchronous run) are the same numbers.
+(sparrow/trainer/version_scores.py, read from that version's policy folder; with a trainer
+group, by its rank 0), which for a fresh sample (version step - 1, every sample of a
+synchronous run) are the same numbers.
 Step metrics: time/dense_forward_s (the scoring), time/dense_read_s (reading the rollout
 file), dense/tokens, dense/stale_samples (samples of an older version) and, when there are
 any, time/dense_version_s (scoring them against their own version).
@@ -73,15 +74,19 @@ def scores_of_versions(runtime: RunRuntime, trainer, step: int, records, scores)
     for version, indices in stale.items():
         # the policy after update `version` (0: the initial model), waiting for its save
         folder = runtime.policy_folder_before(version + 1)
-        again = score_with_checkpoint(
-            folder,
-            [records[i] for i in indices],
-            torch.device(trainer.device),
-            getattr(trainer, "dtype", torch.float32),
-            getattr(trainer, "temperature", 1.0),
-            runtime.cfg.trainer.micro_batch_tokens,
-            runtime.cfg.trainer.logits_chunk_tokens,
-        )
+        samples = [records[i] for i in indices]
+        if trainer.sharded:  # on rank 0's device: the flow's process holds none of the group's
+            again = trainer.score_checkpoint(folder, samples)
+        else:
+            again = score_with_checkpoint(
+                folder,
+                samples,
+                torch.device(trainer.device),
+                getattr(trainer, "dtype", torch.float32),
+                getattr(trainer, "temperature", 1.0),
+                runtime.cfg.trainer.micro_batch_tokens,
+                runtime.cfg.trainer.logits_chunk_tokens,
+            )
         for i, score in zip(indices, again):
             version_scores[i] = tokens_of_version(version_scores[i], score, records[i], version)
     return version_scores, len({i for indices in stale.values() for i in indices})

@@ -110,3 +110,27 @@ def test_sampled_sequences_run_through_the_engine(tmp_path):
         # a sample's lookups are counted while it follows the reference path
         assert row["key_page_lookups"] == row["acceptance_lookup_n"] <= 4 * 8 * 2
         assert row["acceptance_all_n"] == report["tokens"]
+
+
+def test_reprice_recomputes_the_cost_columns_without_a_replay(smoke, tmp_path):
+    out, report = smoke
+    copy = tmp_path / "study.json"
+    stale = json.loads(out.read_text())
+    for row in stale["rows"]:
+        row["predicted_speedup"] = -1.0  # what an older cost model wrote
+        row.pop("predicted_speedup_pages", None)
+    copy.write_text(json.dumps(stale))
+    model = report["args"]["model"]
+    done = run_benchmark("selection_study.py", "--reprice", str(copy), "--model", model)
+    assert done.returncode == 0, done.stderr[-3000:]
+    again = json.loads(copy.read_text())
+    assert again["repriced"]["model"] == model
+    for old, new in zip(report["rows"], again["rows"]):
+        assert new["predicted_speedup"] == old["predicted_speedup"]  # the same arithmetic
+        if new["rule"] == "oracle":
+            assert new["predicted_speedup_pages"] is None
+            continue
+        # one summary per prompt page instead of every prompt key: never dearer
+        assert new["predicted_cost_over_dense_pages"] <= new["predicted_cost_over_dense"]
+    with copy.with_suffix(".csv").open() as handle:
+        assert "predicted_speedup_pages" in next(csv.DictReader(handle))

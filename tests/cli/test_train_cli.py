@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.chaos_soak import alive, descendants
 from sparrow.cli.main import main
 
 
@@ -98,25 +99,6 @@ def test_real_run_writes_its_report_into_the_run_folder_and_mlflow(base_run):
     assert logged == {f"plots/{name}" for name in [*pngs, "summary.md"]}
 
 
-def _descendants(pid: int) -> dict[int, bytes]:
-    """Every process descended from `pid`, by pid, with its command line (Linux /proc)."""
-    found: dict[int, bytes] = {}
-    todo = [pid]
-    while todo:
-        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
-            try:
-                kids = [int(k) for k in (task / "children").read_text().split()]
-            except OSError:
-                continue
-            for kid in kids:
-                try:
-                    found[kid] = Path(f"/proc/{kid}/cmdline").read_bytes()
-                except OSError:
-                    continue
-                todo.append(kid)
-    return found
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the guard uses /proc and prctl")
 @pytest.mark.parametrize("killed", ["command", "prefect-server"])
@@ -160,7 +142,7 @@ def test_kill_9_leaves_no_process_behind(tmp_path, killed):
     ):
         time.sleep(0.2)
     time.sleep(2.0)  # the guard notes the processes once a second
-    started = _descendants(proc.pid)
+    started = descendants(proc.pid)
     marks = b" ".join(started.values())
     assert SERVER_MARK.encode() in marks and b"raylet" in marks, marks[:2000]
     assert b"DashboardAgent" in marks or b"dashboard_agent" in marks or b"agent" in marks
@@ -179,7 +161,7 @@ def test_kill_9_leaves_no_process_behind(tmp_path, killed):
     left = dict(started)
     while left and time.time() < deadline:
         time.sleep(0.5)
-        left = {pid: cmd for pid, cmd in started.items() if _same_process(pid, cmd)}
+        left = {pid: started[pid] for pid in alive(started)}
     assert left == {}, {pid: _described(pid, cmd) for pid, cmd in left.items()}
 
 
@@ -191,13 +173,6 @@ def _described(pid: int, cmdline: bytes) -> str:
         stat = ["gone", "?"]
     args = b" ".join(part for part in cmdline.split(b"\0") if part).decode(errors="replace")
     return f"{args[:300]} (state {stat[0]}, parent {stat[1]})"
-
-
-def _same_process(pid: int, cmdline: bytes) -> bool:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes() == cmdline
-    except OSError:
-        return False
 
 
 @pytest.mark.slow
@@ -273,3 +248,34 @@ def test_zero_steps_is_refused_before_anything_starts(capsys, tmp_path, no_flow)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: pipeline.steps=0: a run needs at least 1")
     assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_prefect_server_that_does_not_start_is_one_line_and_left_stopped(tmp_path):
+    """Prefect's temporary API server not answering in time (here a 0 s start-up timeout):
+    exit 2 with one line naming PREFECT_HOME, not Prefect's traceback, and the server stopped."""
+    from sparrow.flows.server_guard import SERVER_MARK
+
+    home = tmp_path / "home" / "prefect"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "RAY_"))}
+    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="0")
+    done = subprocess.run(
+        [sys.executable, "-m", "sparrow.cli.main", "train", f"pipeline.workdir={tmp_path / 'w'}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: Prefect's temporary API server did not start"), last
+    assert f"PREFECT_HOME={home}" in last and "Traceback" not in done.stderr
+    servers = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if SERVER_MARK.encode() in (proc / "cmdline").read_bytes():
+                if f"PREFECT_HOME={home}".encode() in (proc / "environ").read_bytes():
+                    servers.append(proc.name)
+        except OSError:
+            continue
+    assert servers == []

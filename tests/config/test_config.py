@@ -220,11 +220,15 @@ def test_max_staleness_is_0_or_1_and_refuses_what_the_pipelined_flow_lacks():
     assert load_config(["pipeline.max_staleness=1"]).pipeline.max_staleness == 1
     with pytest.raises(ConfigError, match="pipeline.max_staleness.*2.*0 \\(synchronous\\) or 1"):
         load_config(["pipeline.max_staleness=2"])
-    for key in ("algo.dynamic_sampling=true", "algo.distill.enabled=true", "trainer.num_workers=2"):
+    for key in ("algo.dynamic_sampling=true", "algo.distill.enabled=true"):
         name = key.partition("=")[0]
         with pytest.raises(ConfigError, match=f"not run with {re.escape(name)}="):
             load_config(["pipeline.max_staleness=1", key])
         load_config([key])  # synchronous: allowed
+    # a trainer group runs one-step-off, with the engines on its GPUs or on their own
+    for placement in ("colocated", "separate"):
+        group = ["trainer.num_workers=2", f"rollout.placement={placement}"]
+        assert load_config(["pipeline.max_staleness=1", *group]).trainer.num_workers == 2
     with pytest.raises(ConfigError, match="keep_checkpoints' is 1.*0 or above 1"):
         load_config(["pipeline.max_staleness=1", "pipeline.keep_checkpoints=1"])
     load_config(["pipeline.max_staleness=1", "pipeline.keep_checkpoints=0"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from sparrow.costmodel import (
@@ -238,3 +240,36 @@ def test_each_rule_pays_its_scoring_bytes_and_flops():
     assert quest.sparse.memory > plain.sparse.memory and quest.dense == plain.dense
     with pytest.raises(CostModelError, match="oracle"):
         segment_cost(selection="oracle", **common)
+
+
+def test_pages_scoring_prices_the_prompt_by_its_pages():
+    # every step sparse (512-token budget below a 2048 prompt); the per-page price replaces
+    # the published prompt term 2 N L_in D (compute) and 2 L_in D (bytes) by one summary per
+    # page of each sample's prompt: r N D L_in / S and N D L_in / S, every step
+    s = Schedule(name="flat", topk_pages=(29,) * 5)
+    N, L_in, L_out, S = 8, 2048, 9000, 16
+    D, r, intensity = MODEL.kv_dim, MODEL.gqa_ratio, HW.intensity
+    common = dict(model=MODEL, hardware=HW, prompt_len=L_in, gen_len=L_out, samples=N)
+    published = schedule_cost(s, **common)
+    pages = schedule_cost(s, **common, scoring="pages")
+    assert pages.scoring == "pages" and pages.to_dict()["scoring"] == "pages"
+    removed = (2 * N * L_in * D + intensity * 2 * L_in * D) * L_out
+    added = (r * N * D * L_in / S + intensity * N * D * L_in / S) * L_out
+    assert published.sparse.total - pages.sparse.total == pytest.approx(removed - added, rel=1e-9)
+    assert pages.dense.total == published.dense.total  # dense decode does not score
+    closed = sparse_cost(
+        **_symbols(L_in, L_out, N), budget_tokens=512, page_size=S, scoring="pages"
+    )
+    assert pages.sparse.total == pytest.approx(closed.total, rel=1e-12)
+    # quest reads two summaries a page: twice the per-page scoring bytes of centroid
+    quest = schedule_cost(dataclasses.replace(s, selection="quest"), **common, scoring="pages")
+    extra = quest.sparse.memory - pages.sparse.memory
+    assert extra == pytest.approx(N * D * L_in * L_out / S + N * D * L_out**2 / (2 * S), rel=1e-9)
+
+
+def test_unknown_scoring_price_is_refused_with_the_valid_ones():
+    with pytest.raises(CostModelError, match="scoring price 'exact'.*published, pages"):
+        schedule_cost(
+            get_preset("qwen3-1.7b-0.86"), model=MODEL, hardware=HW, prompt_len=10,
+            gen_len=100, samples=1, scoring="exact",
+        )  # fmt: skip

@@ -133,7 +133,13 @@ def test_step_rollout_cost_is_the_cost_models():
         prompts=3,
     )
     want = schedule_cost(
-        schedule, model=model, hardware=hw, prompt_len=300, gen_len=20000, samples=8
+        schedule,
+        model=model,
+        hardware=hw,
+        prompt_len=300,
+        gen_len=20000,
+        samples=8,
+        scoring="pages",
     )
     assert sparse == pytest.approx(3 * want.sparse.total)
     assert dense == pytest.approx(3 * want.dense.total) and dense > sparse

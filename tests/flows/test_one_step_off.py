@@ -68,16 +68,23 @@ def test_every_stage_once_and_each_rollout_from_the_version_before_last(pipeline
         (s, st) for s in (1, 2, 3) for st in STEP_STAGES
     } | {(2, "evaluate"), (3, "checkpoint")}
     assert {r["n"] for r in recorded} == {1}
-    launches = {}
-    for step, version in ((1, 0), (2, 0), (3, 1)):
-        records = read_rollouts(stage_dir(workdir, "p", step, "rollout") / "rollouts.parquet")
-        assert {r.policy_version for r in records} == {version}
-        launches[step] = json.loads(
-            (stage_dir(workdir, "p", step, "rollout") / "launch.json").read_text()
-        )
-        assert launches[step]["policy_version"] == version
-    # step 1 has no step before it to start it; steps 2 and 3 were started in flight
-    assert [launches[s]["in_flight"] for s in (1, 2, 3)] == [False, True, True]
+    assert rollout_versions(workdir, "p") == ONE_STEP_OFF_VERSIONS
+
+
+# per step: (versions of its samples, launch.json's version, started in flight); step 1 has no
+# step before it to start it, steps 2 and 3 were started in flight from the version before last
+ONE_STEP_OFF_VERSIONS = [(1, {0}, 0, False), (2, {0}, 0, True), (3, {1}, 1, True)]
+
+
+def rollout_versions(workdir: Path, run_id: str) -> list[tuple[int, set, int, bool]]:
+    found = []
+    for step in (1, 2, 3):
+        folder = stage_dir(workdir, run_id, step, "rollout")
+        records = read_rollouts(folder / "rollouts.parquet")
+        launch = json.loads((folder / "launch.json").read_text())
+        versions = {r.policy_version for r in records}
+        found.append((step, versions, launch["policy_version"], launch["in_flight"]))
+    return found
 
 
 def test_the_next_rollout_starts_after_the_rewards_and_before_the_scoring(pipelined):
@@ -129,12 +136,19 @@ def test_a_failure_in_each_stage_of_step_2_resumes_to_the_same_end(
             )
     summary = train_flow(small_overrides(workdir, "p", *PIPELINED), show_table=False)
     assert summary["status"] == "finished"
+    assert_same_end(workdir, reference, "p")
+
+
+def assert_same_end(workdir: Path, reference: Path, run_id: str) -> None:
+    """The resumed run of 3 steps ended as the uninterrupted one: every stage recorded once,
+    the samples of every step (versions included), the metrics less wall-clock ones, and the
+    final weights bit for bit."""
     stages = "SELECT step, stage, count(*) AS n FROM stage_runs GROUP BY ALL ORDER BY ALL"
     assert rows(workdir, stages) == rows(reference, stages)
     for step in (1, 2, 3):
-        path = Path("runs/p") / f"step-{step}" / "rollout" / "rollouts.parquet"
+        path = stage_dir(Path(), run_id, step, "rollout") / "rollouts.parquet"
         assert read_rollouts(workdir / path) == read_rollouts(reference / path)
     assert metrics_of(workdir) == metrics_of(reference)
-    final = "runs/p/step-3/policy_update/model.safetensors"
+    final = stage_dir(Path(), run_id, 3, "policy_update") / "model.safetensors"
     want, got = load_file(str(reference / final)), load_file(str(workdir / final))
     assert want.keys() == got.keys() and all(bool((want[k] == got[k]).all()) for k in want)

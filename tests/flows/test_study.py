@@ -186,6 +186,7 @@ def test_the_report_is_written_from_duckdb(resumed, tmp_path, capsys):
             prompt_len=round(metric[(s, "rollout/prompt_tokens_mean")]),
             gen_len=round(metric[(s, "response/length_mean")]),
             samples=2,
+            scoring="pages",
         )
         for s in (1, 2)
     ]

@@ -195,6 +195,7 @@ def test_predicted_cost_is_the_cost_models(report):
         prompt_len=40,
         gen_len=200,
         samples=8,
+        scoring="pages",
     )
     assert arms["cheap"]["predicted_eflops_per_step"] == pytest.approx(2 * cost.sparse.total)
     assert arms["cheap"]["predicted_speedup"] == pytest.approx(cost.predicted_speedup)

@@ -182,3 +182,48 @@ def test_a_study_variant_trains_on_cpu_and_the_small_sizes_hold_5_to_15m(script,
         assert low <= parameters <= high, (size, parameters)
     args = script.parse_args(["--out", "x", "--variant", "v3", "--num-hops", "9"])
     assert (args.num_hops, args.chains, args.tags, args.layers) == (9, 4, 1, 12)
+
+
+def test_a_run_out_of_time_still_trains_its_noisy_phase(script, tmp_path):
+    # far more steps than 12 s hold: the clock, not the plan, begins the noisy phase
+    args = ["--smoke", "--device", "cpu", "--steps", "100000", "--max-minutes", "0.2"]
+    info = script.main(["--out", str(tmp_path / "slow"), *args, "--eval-reserve-s", "0"])
+    assert info["stopped_at_budget"] and info["steps_done"] < 100000
+    assert info["curriculum_cut_by_time"] and info["hop_noise"] == 0.05
+    assert info["noise_steps_done"] > 0 and info["before_noise"] is not None
+    assert info["clean_steps_done"] + info["noise_steps_done"] == info["steps_done"]
+
+
+def test_noise_only_from_a_kept_model(script, tmp_path):
+    script.main(["--out", str(tmp_path / "kept"), "--smoke", "--device", "cpu"])
+    kept_sha = _sha(tmp_path / "kept" / "model.safetensors")
+    info = script.main(
+        ["--out", str(tmp_path / "rl"), "--smoke", "--device", "cpu", "--steps", "3"]
+        + ["--init-from", str(tmp_path / "kept"), "--noise-only"]
+    )
+    assert info["init_from"] == {
+        "path": str(tmp_path / "kept"),
+        "model_safetensors_sha256": kept_sha,
+    }
+    assert info["noise_steps_done"] == info["steps_done"] == 3 and info["clean_steps_done"] == 0
+    assert info["args"]["lr"] == 1e-4 and info["hop_noise"] == 0.05
+    assert [s["num_hops"] for s in info["stages"]] == [12]  # full length only
+    assert info["model_safetensors_sha256"] != kept_sha  # the weights moved
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--noise-only"], "--noise-only needs --init-from"),
+        (["--noise-only", "--init-from", "x", "--noise-share", "0"], "would train nothing"),
+    ],
+)
+def test_noise_only_refuses_what_cannot_run(script, tmp_path, capsys, extra, says):
+    with pytest.raises(SystemExit):
+        script.main(["--out", str(tmp_path / "x"), "--smoke", *extra])
+    assert says in capsys.readouterr().err
+
+
+def test_init_from_a_folder_without_weights_is_one_line(script, tmp_path):
+    with pytest.raises(SystemExit, match="no model.safetensors there"):
+        script.main(["--out", str(tmp_path / "x"), "--smoke", "--init-from", str(tmp_path)])

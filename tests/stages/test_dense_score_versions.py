@@ -1,6 +1,7 @@
 """dense_score's second look at stale samples: each is scored against the dense policy of the
-version that generated it (its policy folder), held to a plain per-token loop; fresh samples
-keep the step's scores; a version newer than the scoring policy is refused.
+version that generated it (its policy folder; with a trainer group, on its rank 0), held to a
+plain per-token loop; fresh samples keep the step's scores; a version newer than the scoring
+policy is refused.
 
 Run: `python -m pytest tests/stages/test_dense_score_versions.py -q`.
 """
@@ -83,7 +84,7 @@ def test_stale_samples_are_scored_against_their_own_version(qwen3_checkpoint, ti
         policy_folder_before=lambda step: folders[step],
         cfg=SimpleNamespace(trainer=TrainerConfig(micro_batch_tokens=64)),
     )
-    trainer = SimpleNamespace(device="cpu", dtype=torch.float32, temperature=1.0)
+    trainer = SimpleNamespace(device="cpu", dtype=torch.float32, temperature=1.0, sharded=False)
     step_scores = [
         TokenScores(
             (-9.0,) * len(r.output_ids), (0.125,) * len(r.output_ids), (0.0,) * len(r.output_ids)
@@ -103,3 +104,36 @@ def test_stale_samples_are_scored_against_their_own_version(qwen3_checkpoint, ti
     again = dataclasses.replace(records[1], policy_version=0)
     moved, _ = scores_of_versions(runtime, trainer, 3, [again], step_scores[1:2])
     assert moved[0].dense_logprobs != pytest.approx(version_scores[1].dense_logprobs, abs=1e-3)
+
+
+def test_a_trainer_group_scores_stale_samples_on_its_rank_0(qwen3_checkpoint):
+    from sparrow.runtime.trainer_group.rank import TrainerRank
+
+    rank = TrainerRank(rank=0, world_size=2)  # its trainer: what score_checkpoint reads of it
+    rank.trainer = SimpleNamespace(
+        device=torch.device("cpu"),
+        compute_dtype=torch.float32,
+        temperature=1.0,
+        trainer_config=TrainerConfig(micro_batch_tokens=64),
+    )
+    asked = []
+
+    def on_rank_0(folder, samples):  # TrainerGroup.score_checkpoint, without Ray
+        asked.append((str(folder), [(r.prompt_index, r.sample_index) for r in samples]))
+        return rank.score_checkpoint(str(folder), samples)
+
+    group = SimpleNamespace(device="cpu", sharded=True, score_checkpoint=on_rank_0)
+    runtime = SimpleNamespace(
+        policy_folder_before=lambda step: {1: qwen3_checkpoint}[step],
+        cfg=SimpleNamespace(trainer=TrainerConfig(micro_batch_tokens=64)),
+    )
+    rng = random.Random(2)
+    records = [_record(i, v, rng) for i, v in enumerate([1, 0, 1, 0])]
+    step_scores = [TokenScores((-9.0,), (0.125,), (0.0,)) for _ in records]
+    version_scores, stale = scores_of_versions(runtime, group, 2, records, step_scores)
+    assert stale == 2 and asked == [(str(qwen3_checkpoint), [(0, 1), (1, 1)])]
+    for i in (1, 3):
+        dense, accept = _plain(qwen3_checkpoint, records[i])
+        assert version_scores[i].dense_logprobs == pytest.approx(dense, abs=1e-4)
+        assert version_scores[i].acceptance == pytest.approx(accept, abs=1e-4)
+    assert version_scores[0] is step_scores[0] and version_scores[2] is step_scores[2]

@@ -144,26 +144,30 @@ def predicted_cost(
     shape: ModelShape, hardware: Hardware, schedule: Schedule, prompt_len: int, gen_len: int
 ) -> dict:
     """The cost model's sparse/dense eFLOPs ratio of one sample under the flat schedule, its
-    scoring priced for the schedule's rule (None for a rule that cannot decode: oracle)."""
+    scoring priced for the schedule's rule, the prompt's scoring as published and per page
+    (`_pages`: what the engine reads); None for a rule that cannot decode (oracle)."""
+    keys = ("predicted_cost_over_dense", "predicted_speedup", "predicted_cost_over_dense_pages",
+            "predicted_speedup_pages", "scoring_memory_factor", "scoring_compute_factor")  # fmt: skip
     try:
         compute, memory = scoring_factors(schedule.selection, shape.gqa_ratio)
-        cost = schedule_cost(
-            schedule,
-            model=shape,
-            hardware=hardware,
-            prompt_len=prompt_len,
-            gen_len=gen_len,
-            samples=1,
-        )
+        costs = [
+            schedule_cost(
+                schedule,
+                model=shape,
+                hardware=hardware,
+                prompt_len=prompt_len,
+                gen_len=gen_len,
+                samples=1,
+                scoring=scoring,
+            )  # fmt: skip
+            for scoring in ("published", "pages")
+        ]
     except CostModelError:
-        return dict(predicted_cost_over_dense=None, predicted_speedup=None,
-                    scoring_memory_factor=None, scoring_compute_factor=None)  # fmt: skip
-    return {
-        "predicted_cost_over_dense": cost.sparse.total / cost.dense.total,
-        "predicted_speedup": cost.predicted_speedup,
-        "scoring_memory_factor": memory,
-        "scoring_compute_factor": compute,
-    }
+        return dict.fromkeys(keys)
+    values = []
+    for cost in costs:
+        values += [cost.sparse.total / cost.dense.total, cost.predicted_speedup]
+    return dict(zip(keys, values + [memory, compute]))
 
 
 def head_ranking(key_mass: np.ndarray, lookups: int, template: Schedule) -> list[dict]:

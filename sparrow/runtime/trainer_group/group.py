@@ -4,6 +4,7 @@ one PolicyTrainer.
     group = TrainerGroup.start(TrainerSpec(model_path, algo, config.trainer, seed=0), num_workers=2)
     group = TrainerGroup.start(spec, 2, resume_from=folder)    # saved by any N, or one process
     scores = group.score(records)                              # as PolicyTrainer.score
+    stale = group.score_checkpoint(folder, records)            # rank 0, an older policy folder
     metrics = group.update(records, rewards, old, group_size=8)
     group.save(folder)                 # HF safetensors + optimizer shards (rl/sharded_checkpoint.py)
     modes = sync_group_to_pool(group, pool, folder, bucket_bytes)   # sparrow/runtime/rollout/weight_sync.py
@@ -146,6 +147,16 @@ class TrainerGroup:
 
     def score(self, records):
         return self._all("score", list(records))[0]
+
+    def score_checkpoint(self, folder, records) -> list:
+        """`records` scored against the policy saved in `folder`, on rank 0 alone (a
+        one-step-off step's stale samples against their own version; the flow's process holds
+        none of the group's devices)."""
+        if self.failed:
+            raise TrainerGroupError(self.failed)
+        self.wait_for_save()
+        future = self.actors[0].score_checkpoint.remote(str(folder), list(records))
+        return self._results("score_checkpoint", [future])[0]
 
     def update(self, records, rewards, old_logprobs, group_size: int) -> dict[str, float]:
         metrics = self._all(

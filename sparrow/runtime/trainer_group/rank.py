@@ -115,6 +115,23 @@ class TrainerRank(DistillRank):
         self.seconds["update"] = time.perf_counter() - clock
         return metrics if self.rank == 0 else None
 
+    def score_checkpoint(self, folder: str, records) -> list:
+        """`records` under the dense policy saved in `folder` (a one-step-off step's stale
+        samples against their own version, sparrow/trainer/version_scores.py), on this rank's
+        device as the trainer scores; one rank alone, not a collective."""
+        from sparrow.trainer.version_scores import score_with_checkpoint
+
+        trainer = self.trainer
+        return score_with_checkpoint(
+            folder,
+            records,
+            trainer.device,
+            trainer.compute_dtype,
+            trainer.temperature,
+            trainer.trainer_config.micro_batch_tokens,
+            trainer.trainer_config.logits_chunk_tokens,
+        )
+
     def timings(self) -> dict[str, float]:
         """Seconds of this rank's last score and update calls (the driver's wall time less
         these is the records' and results' way through Ray)."""

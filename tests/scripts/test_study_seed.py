@@ -1,0 +1,77 @@
+"""scripts/study_seed.sh with stand-ins for `sparrow` and `nvidia-smi` on PATH: what it asks
+the CLI for (the task and length of the study's YAML, the rule arms' selection, GPUs
+round-robin over however many there are), without a GPU or a run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "study_seed.sh"
+
+FAKE_SPARROW = """#!/usr/bin/env bash
+echo "GPU=${CUDA_VISIBLE_DEVICES:-none} $*" >> "$CALLS"
+"""
+FAKE_SMI = """#!/usr/bin/env bash
+for i in $(seq 0 $((FAKE_GPUS - 1))); do echo "GPU $i: fake"; done
+"""
+
+
+def _run(tmp_path: Path, variant: str, gpus: int) -> list[str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("sparrow", FAKE_SPARROW), ("nvidia-smi", FAKE_SMI)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    calls = tmp_path / "calls.txt"
+    env = os.environ | {
+        "PATH": f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "CALLS": str(calls),
+        "FAKE_GPUS": str(gpus),
+        "OUT": str(tmp_path / "out"),
+        "WORK": str(tmp_path / "work"),
+        "STUDY_MINUTES": "1",
+    }
+    done = subprocess.run(
+        ["bash", str(SCRIPT), variant, "0", str(tmp_path / "model")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return calls.read_text().splitlines()
+
+
+@pytest.mark.parametrize(("variant", "gpus"), [("v2", 4), ("v3", 2)])
+def test_the_seed_asks_for_the_yamls_task_rule_and_every_gpu(tmp_path, variant, gpus):
+    study = OmegaConf.to_container(
+        OmegaConf.load(ROOT / f"sparrow/conf/study/study_{variant}.yaml")
+    )
+    common = dict(o.split("=", 1) for o in study["common"] if "=" in o)
+    rule = next(
+        o.split("=", 1)[1]
+        for arm in study["arms"]
+        for o in arm.get("overrides", [])
+        if o.startswith("schedule.selection=")
+    )
+    calls = _run(tmp_path, variant, gpus)
+    calibrations = [c for c in calls if " calibrate " in f" {c} "]
+    assert len(calibrations) == 6
+    for call in calibrations:
+        assert f"data.train={common['data.train']}" in call
+        assert f"rollout.max_new_tokens={common['rollout.max_new_tokens']}" in call
+    rule_calls = [c for c in calibrations if "-rule-" in c]
+    assert len(rule_calls) == 2 and all(f"schedule.selection={rule}" in c for c in rule_calls)
+    used = {c.split()[0] for c in calibrations}
+    assert used == {f"GPU={i}" for i in range(min(gpus, 4))}
+    (run,) = [c for c in calls if " study run " in c]
+    slots = ",".join(str(i % gpus) for i in range(9))
+    assert f"--gpus {slots}" in run
