@@ -232,3 +232,25 @@ def test_max_staleness_is_0_or_1_and_refuses_what_the_pipelined_flow_lacks():
     with pytest.raises(ConfigError, match="keep_checkpoints' is 1.*0 or above 1"):
         load_config(["pipeline.max_staleness=1", "pipeline.keep_checkpoints=1"])
     load_config(["pipeline.max_staleness=1", "pipeline.keep_checkpoints=0"])
+
+
+def test_finish_fraction_is_in_0_1_and_refuses_what_partial_rollouts_lack():
+    assert load_config().rollout.finish_fraction == 1.0
+    assert load_config(["rollout.finish_fraction=0.25"]).rollout.finish_fraction == 0.25
+    for value in ("0", "1.5"):
+        with pytest.raises(ConfigError, match=r"finish_fraction' is .*; it must be in \(0, 1\]"):
+            load_config([f"rollout.finish_fraction={value}"])
+    refused = (
+        "pipeline.max_staleness=1",
+        "algo.dynamic_sampling=true",
+        "trainer.num_workers=2",
+        "pipeline.keep_checkpoints=1",  # prunes the version of a carried sample's first tokens
+    )
+    for key in refused:
+        name = key.partition("=")[0]
+        with pytest.raises(
+            ConfigError, match=f"partial rollouts do not run with {re.escape(name)}="
+        ):
+            load_config(["rollout.finish_fraction=0.5", key])
+        load_config([key])  # waiting for every sample: allowed
+    load_config(["rollout.finish_fraction=0.5", "pipeline.keep_checkpoints=0"])

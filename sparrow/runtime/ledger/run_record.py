@@ -9,7 +9,9 @@ the same pipeline.run_id resumes the run only if the configuration is the same, 
 keys that cannot change its results (RESUMABLE_KEYS: where it fails on purpose, how many steps,
 where the workdir and the Ray cluster are, how many actors and trainer ranks, whether it writes
 its report); any other
-difference is ConfigMismatchError naming every key that differs, old and new value.
+difference is ConfigMismatchError naming every key that differs, old and new value. With
+partial rollouts (rollout.finish_fraction < 1) the number of actors is fixed too: each actor
+closes on its own share of the groups, so their number changes which samples a step keeps.
 """
 
 from __future__ import annotations
@@ -49,6 +51,15 @@ RESUMABLE_KEYS = frozenset(
 )
 
 
+def resumable_keys(flat: dict[str, object]) -> frozenset[str]:
+    """RESUMABLE_KEYS for a flat configuration: less rollout.num_actors when the rollout
+    closes early (sparrow/runtime/rollout/dispatch.py, CloseRule: one share per actor)."""
+    fraction = flat.get("rollout.finish_fraction", 1.0)
+    if isinstance(fraction, (int, float)) and fraction < 1:
+        return RESUMABLE_KEYS - {"rollout.num_actors"}
+    return RESUMABLE_KEYS
+
+
 class ConfigMismatchError(SparrowError):
     """A resumed run whose configuration differs from the one it was started with."""
 
@@ -69,15 +80,15 @@ def flat_config(config: dict, prefix: str = "") -> dict[str, object]:
 
 
 def config_hash(cfg: SparrowConfig) -> str:
-    """sha256 of the configuration without RESUMABLE_KEYS (equal hash: same results)."""
-    flat = {
-        k: v for k, v in flat_config(dataclasses.asdict(cfg)).items() if k not in RESUMABLE_KEYS
-    }
+    """sha256 of the configuration without its resumable keys (equal hash: same results)."""
+    flat = flat_config(dataclasses.asdict(cfg))
+    resumable = resumable_keys(flat)
+    flat = {k: v for k, v in flat.items() if k not in resumable}
     return hashlib.sha256(repr(sorted(flat.items())).encode()).hexdigest()
 
 
 def config_differences(stored_yaml: str, cfg: SparrowConfig) -> list[str]:
-    """'key: old -> new' for every key outside RESUMABLE_KEYS whose value changed. A key the
+    """'key: old -> new' for every key outside the resumable ones whose value changed. A key the
     stored config lacks (added to the schema since) counts as unchanged at its default."""
     # a run stored before a key was renamed holds the old name: compare it under the new one
     old = flat_config(
@@ -90,7 +101,7 @@ def config_differences(stored_yaml: str, cfg: SparrowConfig) -> list[str]:
     new = flat_config(yaml.safe_load(to_yaml(cfg)) or {})
     default = flat_config(yaml.safe_load(to_yaml(SparrowConfig())) or {})
     old.update({k: v for k, v in default.items() if k not in old and new.get(k) == v})
-    keys = sorted((set(old) | set(new)) - RESUMABLE_KEYS)
+    keys = sorted((set(old) | set(new)) - (resumable_keys(old) & resumable_keys(new)))
     return [
         f"{k}: {old.get(k, '(absent)')!r} -> {new.get(k, '(absent)')!r}"
         for k in keys

@@ -101,6 +101,19 @@ def test_config_differences_lists_only_changed_keys():
     ]
 
 
+def test_partial_rollouts_fix_the_number_of_actors():
+    from sparrow.config import to_yaml
+
+    # each actor closes on its own share of the groups: their number changes the batch
+    cfg = load_config(["rollout.finish_fraction=0.5", "rollout.num_actors=2"])
+    other = load_config(["rollout.finish_fraction=0.5", "rollout.num_actors=1"])
+    assert config_differences(to_yaml(cfg), other) == ["rollout.num_actors: 2 -> 1"]
+    assert config_hash(other) != config_hash(cfg)
+    # a rollout that waits for every sample gives the same samples on any number of actors
+    whole = load_config(["rollout.num_actors=2"])
+    assert config_differences(to_yaml(whole), load_config(["rollout.num_actors=1"])) == []
+
+
 def test_a_run_starts_with_its_configured_selection(tmp_path):
     """schedule.selection / dense_heads / page_size: the version a run starts with has them;
     a stored newest version without them is followed by one with them."""
