@@ -67,15 +67,20 @@ class DispatchTimes:
 def dispatch(
     pool, prompts: Sequence[Sequence[int]], params: Sequence[Any], item_prompts: int = 0
 ) -> tuple[list[list[Any]], DispatchTimes]:
-    import ray
-
     if len(prompts) != len(params):
         raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
     if item_prompts == 0 and pool.pulls:
         return dispatch_pulled(pool, prompts, params)
     clock = time.perf_counter()
     run = _Run(pool, prompts, params, work_items(len(prompts), len(pool.actors), item_prompts))
-    for actor in range(len(pool.actors)):
+    return _drive(run, clock)
+
+
+def _drive(run: _Run, clock: float) -> tuple[list[list[Any]], DispatchTimes]:
+    """Every actor busy until the work items run out; (results in item order, timings)."""
+    import ray
+
+    for actor in range(len(run.pool.actors)):
         run.submit(actor)
     while run.running:
         [future], _ = ray.wait(list(run.running), num_returns=1)
@@ -119,20 +124,12 @@ def dispatch_closing(
 ) -> tuple[list[list[Any]], DispatchTimes]:
     """Whole groups in one work item per actor, each one generate() call that closes on its
     own share (so the cut does not depend on timing between actors); results in order."""
-    import ray
-
     if not len(prompts) == len(params) == len(rule.labels):
         raise ValueError(f"{len(prompts)} prompts, {len(params)} params, {len(rule.labels)} labels")
     clock = time.perf_counter()
     items = rule.items(len(pool.actors))
     run = _Run(pool, prompts, params, items, [rule.close_of(item) for item in items])
-    for actor in range(len(pool.actors)):
-        run.submit(actor)
-    while run.running:
-        [future], _ = ray.wait(list(run.running), num_returns=1)
-        run.submit(run.collect(future))
-    run.times.wall_s = time.perf_counter() - clock
-    return [sample for item in range(len(run.items)) for sample in run.done[item]], run.times
+    return _drive(run, clock)
 
 
 class PromptSource:
