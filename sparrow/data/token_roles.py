@@ -12,7 +12,9 @@ harmless ones (tags). A token's role is the role of its place on the reference: 
 the role of reference token i while tokens 0..i-1 followed the reference (token i itself may
 be the one that leaves it: a wrong lookup is still a lookup); every later token is
 `unknown`, as is a token past the reference's end. A benign token (a tag) follows the
-reference whatever defined name it writes: tags are free and the chain goes on unchanged.
+reference whatever two-letter name it writes, defined in the prompt or not: no tag changes
+the chain or the answer. (Only defined names were accepted at first; the v3 testbed model
+writes undefined names as tags, which made every later token of its samples `unknown`.)
 
 The reference is encoded piece by piece, one piece per run of characters of one role
 (sparrow/data/multi_chase.py completion_roles); every piece boundary falls between a letter
@@ -23,8 +25,10 @@ not so (checked) gets None, as does a prompt of another task.
 
 from __future__ import annotations
 
+import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import groupby
 
 from sparrow.data.multi_chase import ROLES, chase_completion, completion_roles, parse_prompt
@@ -37,7 +41,7 @@ ROLE_CODE = {role: code for code, role in enumerate(ROLES)}
 class ReferencePath:
     ids: tuple[int, ...]  # the reference completion's tokens, then the first eos id if any
     roles: tuple[str, ...]  # one per id
-    benign_ids: frozenset[int]  # what a benign place accepts: the defined names' tokens
+    benign_ids: frozenset[int]  # what a benign place accepts: any two-letter name's tokens
 
     @classmethod
     def of(cls, prompt: str, encode: Encode, eos_ids: Sequence[int] = ()) -> ReferencePath | None:
@@ -50,7 +54,7 @@ class ReferencePath:
         ids, roles = _encode_by_role(completion, encode)
         if ids != encode(completion):
             return None
-        benign = frozenset(token for name in parsed.targets for token in encode(name))
+        benign = _name_tokens(encode)
         tail = list(eos_ids[:1])
         return cls(tuple(ids + tail), tuple(roles + ["local"] * len(tail)), benign)
 
@@ -66,6 +70,14 @@ class ReferencePath:
             out.append(role)
             on_path = token == self.ids[index] or (role == "benign" and token in self.benign_ids)
         return out
+
+
+@lru_cache(maxsize=8)
+def _name_tokens(encode: Encode) -> frozenset[int]:
+    """The tokens of every two-letter lowercase name (one a name with letter pairs, the
+    letters with the character tokenizer)."""
+    letters = string.ascii_lowercase
+    return frozenset(token for a in letters for b in letters for token in encode(a + b))
 
 
 def _encode_by_role(completion: str, encode: Encode) -> tuple[list[int], list[str]]:

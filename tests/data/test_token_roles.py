@@ -35,11 +35,16 @@ def test_a_wrong_lookup_is_a_lookup_and_everything_after_is_unknown():
     assert set(roles[5:]) == {"unknown"}
 
 
-def test_any_defined_name_as_tag_stays_on_the_path_an_undefined_one_leaves_it():
+def test_any_name_as_tag_stays_on_the_path_anything_else_leaves_it():
     free = token_roles(PROMPT, pairs("1 ka=qd mz\n0 mz=ol qd\nAnswer: qd ol"), pairs, [EOS])
     assert "unknown" not in free and free.count("benign") == 2
-    off = token_roles(PROMPT, pairs("1 ka=qd zz\n0 mz=ol qd\n"), pairs, [EOS])
+    # zz is defined nowhere in the prompt: still a name, and no tag changes the chain
+    undefined = token_roles(PROMPT, pairs("1 ka=qd zz\n0 mz=ol qd\nAnswer: qd ol"), pairs, [EOS])
+    assert undefined == free
+    off = token_roles(PROMPT, pairs("1 ka=qd 7\n0 mz=ol qd\n"), pairs, [EOS])
     assert off[6] == "benign" and set(off[7:]) == {"unknown"}
+    chars_free = token_roles(PROMPT, chars("1 ka=qd zz\n0 mz=ol qd\n"), chars, [EOS])
+    assert chars_free[8:10] == ["benign", "benign"] and "unknown" not in chars_free
 
 
 def test_character_tokenizer_gives_each_character_its_role():
