@@ -119,7 +119,10 @@ def prompts_of(args) -> tuple[list, dict]:
 
 
 def build_sequences(args, model, tokenizer, examples) -> list:
-    refs = [reference_sequence(e.prompt, tokenizer, j) for j, e in enumerate(examples)]
+    refs = [
+        reference_sequence(e.prompt, tokenizer, j, completion=e.completion)
+        for j, e in enumerate(examples)
+    ]
     if args.sequences == "reference":
         return refs
     from sparrow.engine import EngineConfig, SamplingParams
@@ -150,7 +153,7 @@ def build_sequences(args, model, tokenizer, examples) -> list:
         for sample in group
         if sample.output_ids
     ]
-    return sampled + [reference_sequence(e.prompt, tokenizer, j, measured=False)
+    return sampled + [reference_sequence(e.prompt, tokenizer, j, False, e.completion)
                       for j, e in enumerate(examples)]  # fmt: skip
 
 

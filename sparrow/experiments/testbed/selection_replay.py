@@ -58,18 +58,26 @@ class StudySequence:
         return np.array([i for i, k in enumerate(self.keys) if k >= 0], dtype=np.int64)
 
 
-def reference_sequence(prompt: str, tokenizer, index: int, measured: bool = True):
-    """The reference completion of a chase prompt (eos last) as a StudySequence."""
+def reference_sequence(
+    prompt: str, tokenizer, index: int, measured: bool = True, completion: str | None = None
+):
+    """The reference completion of a chase prompt (eos last) as a StudySequence; with
+    `completion` (the example's own, tags as the task drew them), that text instead of the
+    reference's (whose tags all repeat the first defined name, unlike any training example)."""
     eos = tuple(tokenizer.eos_token_ids[:1])
     path = ReferencePath.of(prompt, tokenizer.encode, eos)
     if path is None:
         raise ValueError(f"not a chase prompt for this tokenizer: {prompt[:80]!r}")
     keys = lookup_key_positions(prompt, tokenizer.encode, eos)
     prompt_ids = tokenizer.encode(prompt)
+    ids = path.ids if completion is None else tuple(tokenizer.encode(completion)) + eos
+    roles = path.roles if completion is None else tuple(path.roles_of(ids))
+    if "unknown" in roles:
+        raise ValueError(f"completion {index} leaves its prompt's reference path")
     return StudySequence(
-        tuple(prompt_ids) + path.ids,
+        tuple(prompt_ids) + ids,
         len(prompt_ids),
-        path.roles,
+        roles,
         tuple(-1 if k is None else k for k in keys),
         index,
         reference=True,
