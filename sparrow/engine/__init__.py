@@ -9,9 +9,9 @@ docs/engine.md walks through the parts; tests live in tests/engine/.
 """
 
 from sparrow.engine.config import EngineConfig, EngineError
-from sparrow.engine.engine import Engine, SelectionRecord
+from sparrow.engine.engine import Engine
 from sparrow.engine.sampler import SampleOutput, SamplingParams, sample
-from sparrow.engine.sequence import SampleResult
+from sparrow.engine.sequence import SampleResult, SelectionRecord
 from sparrow.engine.teacher.forced import teacher_forced_hidden, teacher_forced_logits
 
 __all__ = [

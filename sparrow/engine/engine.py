@@ -51,24 +51,10 @@ from sparrow.engine.kv_cache import (
 from sparrow.engine.runner import ModelRunner, StepOutputs
 from sparrow.engine.sampler import SamplingBatch, SamplingParams, sample
 from sparrow.engine.scheduler import Batch, Scheduler, SequenceGroup, pages_needed
-from sparrow.engine.sequence import OPEN, SampleResult, Sequence
+from sparrow.engine.sequence import OPEN, SampleResult, SelectionRecord, Sequence
 from sparrow.engine.validate import check_fits, check_request, params_per_prompt, sample_seed
 from sparrow.sparse.schedule import Schedule
 from sparrow.sparse.scoring import get_rule
-
-
-@dataclass(frozen=True)
-class SelectionRecord:
-    """Debug record of one sparse layer of one decode step for one sample."""
-
-    step: int
-    layer: int
-    prompt_index: int
-    sample_index: int
-    position: int
-    # per KV head: the logical page indices read (page i holds positions i*ps .. i*ps+ps-1)
-    pages: tuple[tuple[int, ...], ...]
-
 
 # counts of the last generate(): steps run, decode steps launched ahead of the previous step's
 # host work, and steps launched ahead then dropped because a sample stopped

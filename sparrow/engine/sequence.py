@@ -175,3 +175,16 @@ class Sequence:
             finish_reason=self.finish_reason,
             text=text,
         )
+
+
+@dataclass(frozen=True)
+class SelectionRecord:
+    """Debug record of one sparse layer of one decode step for one sample."""
+
+    step: int
+    layer: int
+    prompt_index: int
+    sample_index: int
+    position: int
+    # per KV head: the logical page indices read (page i holds positions i*ps .. i*ps+ps-1)
+    pages: tuple[tuple[int, ...], ...]
