@@ -17,8 +17,8 @@ The scoring terms (2N L_in D, rND t / S; 2 L_in D, ND t / S) price the centroid 
 page-scoring rule scales them (scoring_factors: quest reads two vectors a page, maxhead does
 r times the products). scoring="pages" prices the prompt's part as the engine scores it, one
 summary per page of each sample's prompt (rND L_in / S; ND L_in / S), where the published
-term charges the prompt's every key once a step. A step is dense while its budget B covers the context (L_in + t <= B),
-sparse after.
+term charges the prompt's every key once a step. A step is dense while its budget B covers
+the context (L_in + t <= B), sparse after.
 """
 
 from __future__ import annotations
