@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import warnings
 from pathlib import Path
 
 from sparrow.errors import SparrowError
+from sparrow.storage.layout import scratch_dir
 
 BUILTIN_PREFIX = "builtin:"
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
@@ -100,7 +100,7 @@ def random_standin(folder: Path) -> Path:
     if (folder / "config.json").is_file():
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    scratch = scratch_dir(folder)
     try:
         _write_random_tiny(scratch)
         try:

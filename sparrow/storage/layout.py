@@ -7,8 +7,9 @@
 A stage writes into a hidden sibling folder and renames it into place when complete, so a
 crash never leaves a half-written stage folder where a reader (or a resume) would trust it.
 A writer killed outright (kill -9, a lost node) leaves its scratch behind, named
-`.<final>.tmp-<pid>`; the next writer removes those of dead processes when it takes the
-workdir (remove_stale_scratch, called by Store.open_writer).
+`.<final>.tmp-<pid>` (or `.<final>.tmp-<pid>-<random>` where one process may write the same
+folder twice at once: scratch_dir); the next writer removes those of dead processes when it
+takes the workdir (remove_stale_scratch, called by Store.open_writer).
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 DB_FILENAME = "sparrow.duckdb"
-_SCRATCH = re.compile(r"^\..+\.tmp-(\d+)$")
+_SCRATCH = re.compile(r"^\..+\.tmp-(\d+)(?:-\w+)?$")
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,15 @@ def atomic_dir(final: str | Path) -> Iterator[Path]:
     if final.exists():  # a stage that wrote its folder but died before recording itself
         shutil.rmtree(final)
     os.replace(scratch, final)
+
+
+def scratch_dir(final: str | Path) -> Path:
+    """A new, empty scratch folder beside `final`, unique even within one process, named so
+    that remove_stale_scratch recognizes it once this process is gone. The caller renames it
+    onto `final` when complete and removes it otherwise."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-{os.getpid()}-", dir=final.parent))
 
 
 @contextmanager

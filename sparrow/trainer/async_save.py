@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 import torch
 
 from sparrow.errors import disk_full_error, is_disk_full
+from sparrow.storage.layout import scratch_dir
 from sparrow.trainer.checkpoint import (
     TrainerCheckpointError,
     rng_state,
@@ -124,7 +124,7 @@ def _write(
     from safetensors.torch import save_file
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    scratch = scratch_dir(out)
     try:
         save_file(weights, str(scratch / "model.safetensors"), metadata={"format": "pt"})
         (scratch / "config.json").write_text(config)

@@ -26,7 +26,6 @@ import json
 import os
 import pickle
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from typing import Any
 import torch
 
 from sparrow.errors import SparrowError, disk_full_error, is_disk_full
+from sparrow.storage.layout import scratch_dir
 
 TRAINER_STATE = "trainer_state.json"
 OPTIMIZER_STATE = "optimizer.pt"
@@ -94,7 +94,7 @@ def save_checkpoint(
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise TrainerCheckpointError(f"checkpoint folder {out} already exists and is not empty")
     out.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    scratch = scratch_dir(out)
     try:
         model.save_pretrained(scratch, safe_serialization=True, state_dict=state_dict)
         if optimizer_state is None:

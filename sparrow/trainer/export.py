@@ -21,10 +21,10 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 from sparrow.errors import SparrowError
+from sparrow.storage.layout import scratch_dir
 from sparrow.trainer.checkpoint import TOKENIZER_FILES
 
 STATE_POINTER = "state.json"  # the policy_update folder's pointer to a background save
@@ -92,7 +92,7 @@ def export_policy(source: str | Path, out_dir: str | Path, dtype: str = "bfloat1
     transformers_logging.disable_progress_bar()  # a command's output is its one line
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype[dtype])
     out.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    scratch = scratch_dir(out)
     try:
         model.save_pretrained(scratch, safe_serialization=True)
         for name in (*TOKENIZER_FILES, *EXTRA_FILES):

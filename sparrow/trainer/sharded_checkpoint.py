@@ -34,7 +34,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from sparrow.storage.layout import scratch_dir
 from sparrow.trainer.checkpoint import (
     OPTIMIZER_STATE,
     RNG_STATE,
@@ -75,7 +75,7 @@ def save_sharded(trainer, folder: str | Path) -> Path:
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise TrainerCheckpointError(f"checkpoint folder {out} already exists and is not empty")
         out.parent.mkdir(parents=True, exist_ok=True)
-        scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+        scratch = scratch_dir(out)
     scratch = _broadcast_path(trainer, scratch)
     weights = trainer.full_state_dict()
     optimizer = get_optimizer_state_dict(trainer.model, trainer.optimizer)
