@@ -32,7 +32,7 @@ PACKAGE = "sparrow"
 # side by side above them
 PACKAGE_LAYERS = (("library", "storage"), ("runtime", "reports"), ("stages",), ("flows",), ("cli",))
 SYSTEM_ROLES = {"storage", "runtime", "reports", "stages", "flows", "cli"}
-STORAGE_MAY_IMPORT = ("sparrow.errors",)
+STORAGE_MAY_IMPORT = ("sparrow.errors", "sparrow.scratch")
 ORCHESTRATORS = ("prefect", "ray", "mlflow", "duckdb")
 TENSOR_LIBRARIES = ("torch", "triton", "transformers", "peft")
 FLOW_ENGINES = ("prefect",)
@@ -48,6 +48,7 @@ LIBRARY_LAYERS = (
             "sparrow.config.schema",
             "sparrow.token_arrays",
             "sparrow.cuda_memory",
+            "sparrow.scratch",
         ),
     ),
     ("mismatch", ("sparrow.mismatch",)),

@@ -20,7 +20,7 @@ import warnings
 from pathlib import Path
 
 from sparrow.errors import SparrowError
-from sparrow.storage.layout import scratch_dir
+from sparrow.scratch import scratch_dir
 
 BUILTIN_PREFIX = "builtin:"
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"

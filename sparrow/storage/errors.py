@@ -13,3 +13,12 @@ class WorkdirBusyError(StorageError):
 
 class QueryRefusedError(StorageError):
     """A query that would write, attach or export; `sparrow query` only reads."""
+
+
+def interrupted(err: BaseException) -> bool:
+    """Whether `err` is DuckDB's report of a Ctrl-C: a SIGINT that arrives while a statement
+    runs is turned by DuckDB into `RuntimeError: Query interrupted` (or its InterruptException),
+    not the KeyboardInterrupt the rest of the program stops on. Callers re-raise it as one."""
+    if type(err).__name__ == "InterruptException":
+        return True
+    return type(err) is RuntimeError and str(err).strip() == "Query interrupted"

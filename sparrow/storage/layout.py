@@ -8,23 +8,22 @@ A stage writes into a hidden sibling folder and renames it into place when compl
 crash never leaves a half-written stage folder where a reader (or a resume) would trust it.
 A writer killed outright (kill -9, a lost node) leaves its scratch behind, named
 `.<final>.tmp-<pid>` (or `.<final>.tmp-<pid>-<random>` where one process may write the same
-folder twice at once: scratch_dir); the next writer removes those of dead processes when it
+folder twice at once: sparrow.scratch); the next writer removes those of dead processes when it
 takes the workdir (remove_stale_scratch, called by Store.open_writer).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from sparrow.scratch import scratch_pid
+
 DB_FILENAME = "sparrow.duckdb"
-_SCRATCH = re.compile(r"^\..+\.tmp-(\d+)(?:-\w+)?$")
 
 
 @dataclass(frozen=True)
@@ -76,15 +75,6 @@ def atomic_dir(final: str | Path) -> Iterator[Path]:
     os.replace(scratch, final)
 
 
-def scratch_dir(final: str | Path) -> Path:
-    """A new, empty scratch folder beside `final`, unique even within one process, named so
-    that remove_stale_scratch recognizes it once this process is gone. The caller renames it
-    onto `final` when complete and removes it otherwise."""
-    final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-{os.getpid()}-", dir=final.parent))
-
-
 @contextmanager
 def atomic_file(final: str | Path) -> Iterator[Path]:
     """Yield a scratch path beside `final`; on success it is renamed onto `final`."""
@@ -106,8 +96,8 @@ def remove_stale_scratch(workdir: str | Path) -> list[Path]:
     runs = Path(workdir) / "runs"
     for root, dirs, files in os.walk(runs):
         for name in [*dirs, *files]:
-            match = _SCRATCH.match(name)
-            if not match or process_alive(int(match.group(1))):
+            pid = scratch_pid(name)
+            if pid is None or process_alive(pid):
                 continue
             path = Path(root) / name
             if path.is_dir() and not path.is_symlink():
@@ -115,7 +105,7 @@ def remove_stale_scratch(workdir: str | Path) -> list[Path]:
             else:
                 path.unlink(missing_ok=True)
             removed.append(path)
-        dirs[:] = [d for d in dirs if not _SCRATCH.match(d)]
+        dirs[:] = [d for d in dirs if scratch_pid(d) is None]
     return removed
 
 

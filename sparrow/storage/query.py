@@ -24,7 +24,7 @@ from typing import Any
 
 import duckdb
 
-from sparrow.storage.errors import StorageError
+from sparrow.storage.errors import StorageError, interrupted
 from sparrow.storage.layout import db_path
 from sparrow.storage.schema import token_view_sql
 from sparrow.storage.sql_guard import check_read_only
@@ -72,7 +72,11 @@ def query_all(
                 QueryResult(columns, rows, statement.strip().rstrip(";").strip(), damaged)
             )
         return results
-    except duckdb.Error as err:
+    except (duckdb.Error, RuntimeError) as err:
+        if interrupted(err):  # Ctrl-C during a statement: stop as on any other Ctrl-C
+            raise KeyboardInterrupt from err
+        if not isinstance(err, duckdb.Error):
+            raise
         raise StorageError(f"query failed: {err}") from None
     finally:
         conn.close()

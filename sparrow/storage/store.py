@@ -18,7 +18,7 @@ from pathlib import Path
 
 import duckdb
 
-from sparrow.storage.errors import StorageError, WorkdirBusyError
+from sparrow.storage.errors import StorageError, WorkdirBusyError, interrupted
 from sparrow.storage.layout import db_path, remove_stale_scratch
 from sparrow.storage.schema import create_tables
 
@@ -86,8 +86,10 @@ class Store:
             conn.execute("BEGIN TRANSACTION")
             yield conn
             conn.execute("COMMIT")
-        except BaseException:
+        except BaseException as err:
             conn.execute("ROLLBACK")
+            if interrupted(err):  # Ctrl-C during a statement: stop as on any other Ctrl-C
+                raise KeyboardInterrupt from err
             raise
         finally:
             conn.close()

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from sparrow.errors import disk_full_error, is_disk_full
-from sparrow.storage.layout import scratch_dir
+from sparrow.scratch import scratch_dir
 from sparrow.trainer.checkpoint import (
     TrainerCheckpointError,
     rng_state,

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from sparrow.errors import SparrowError, disk_full_error, is_disk_full
-from sparrow.storage.layout import scratch_dir
+from sparrow.scratch import scratch_dir
 
 TRAINER_STATE = "trainer_state.json"
 OPTIMIZER_STATE = "optimizer.pt"

@@ -24,7 +24,7 @@ import shutil
 from pathlib import Path
 
 from sparrow.errors import SparrowError
-from sparrow.storage.layout import scratch_dir
+from sparrow.scratch import scratch_dir
 from sparrow.trainer.checkpoint import TOKENIZER_FILES
 
 STATE_POINTER = "state.json"  # the policy_update folder's pointer to a background save

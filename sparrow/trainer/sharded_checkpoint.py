@@ -41,7 +41,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sparrow.storage.layout import scratch_dir
+from sparrow.scratch import scratch_dir
 from sparrow.trainer.checkpoint import (
     OPTIMIZER_STATE,
     RNG_STATE,

@@ -5,7 +5,8 @@ import os
 import subprocess
 import sys
 
-from sparrow.storage.layout import atomic_dir, remove_stale_scratch, scratch_dir
+from sparrow.scratch import scratch_dir
+from sparrow.storage.layout import atomic_dir, remove_stale_scratch
 
 
 def _dead_pid() -> int:
