@@ -69,7 +69,11 @@ def test_ui_serves_and_leaves_nothing_once_stopped(tmp_path, stop):
         out = []
         reader = threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True)
         reader.start()
-        assert proc.wait(timeout=60) == 0  # grace 5 s + kill; room for a loaded machine
+        try:
+            code = proc.wait(timeout=60)  # grace 5 s + kill; room for a loaded machine
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"`sparrow ui` still running 60 s after {stop}: {_where(proc.pid, mlflow)}")
+        assert code == 0
         reader.join(timeout=10)
         assert _session(mlflow) == []
         assert "Ctrl-C stops it" in "".join(out)
@@ -77,6 +81,22 @@ def test_ui_serves_and_leaves_nothing_once_stopped(tmp_path, stop):
         if proc.poll() is None:  # a failed check must not leave the server running
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
+
+
+def _where(pid: int, mlflow_sid: int) -> str:
+    """What a process that does not stop is doing: its state and kernel wait channel, and
+    those of the MLflow session's processes still there (a failure's message)."""
+
+    def one(p: int) -> str:
+        try:
+            state = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            wchan = Path(f"/proc/{p}/wchan").read_text()
+            cmd = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ")[:80].decode()
+        except OSError:
+            return f"{p}: gone"
+        return f"{p} {state} {wchan} {cmd}"
+
+    return "; ".join(one(p) for p in [pid, *_session(mlflow_sid)])
 
 
 def _mlflow_session(pid: int) -> list[int]:
