@@ -36,6 +36,7 @@ from sparrow.flows.train_setup import (
     where_to_look,
     with_run_id,
 )  # noqa: E402
+from sparrow.runtime import interrupt  # noqa: E402
 from sparrow.runtime.ledger import contract  # noqa: E402
 from sparrow.stages.aggregate_mismatch import aggregate_mismatch_task  # noqa: E402
 from sparrow.stages.checkpoint import checkpoint_task  # noqa: E402
@@ -137,6 +138,13 @@ def train_flow(overrides: list[str], show_table: bool = True) -> dict:
     except KeyboardInterrupt:
         status = "interrupted"  # Ctrl-C: resumable like a failure, and shown as what it was
         raise
+    except Exception as err:
+        if not interrupt.requested():
+            raise
+        # a Ctrl-C that a library turned into an error of its own (DuckDB's "Query
+        # interrupted", a task's failure): still the user's Ctrl-C
+        status = "interrupted"
+        raise KeyboardInterrupt from err
     finally:
         close_run_runtime(runtime, status)
         if started_ray:

@@ -99,7 +99,10 @@ def _connect_with_retry(path: Path, read_only: bool) -> duckdb.DuckDBPyConnectio
     deadline = time.monotonic() + CONNECT_RETRY_S
     while True:
         try:
-            return duckdb.connect(str(path), read_only=read_only)
+            conn = duckdb.connect(str(path), read_only=read_only)
+            # no progress bar: DuckDB draws it on stdout, into a table or CSV being printed
+            conn.execute("SET enable_progress_bar = false")
+            return conn
         except duckdb.IOException as err:
             if "lock" not in str(err).lower() or time.monotonic() > deadline:
                 raise StorageError(f"cannot open {path}: {err}") from None

@@ -42,8 +42,14 @@ def _session(sid: int) -> list[int]:
 @pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])
 def test_ui_serves_and_leaves_nothing_once_stopped(tmp_path, stop):
     port = _free_port()
+    # started as a shell starts a foreground job: Python's own SIGINT handler, whatever this test
+    # process inherited (a process started with SIGINT ignored keeps ignoring it, Ctrl-C too)
+    foreground = (
+        "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "runpy.run_module('sparrow.cli.main', run_name='__main__')"
+    )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sparrow.cli.main", "ui", "--workdir", str(tmp_path)]
+        [sys.executable, "-c", foreground, "ui", "--workdir", str(tmp_path)]
         + ["--port", str(port)],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

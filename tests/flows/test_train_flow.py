@@ -324,3 +324,19 @@ def torch_equal(a, b) -> bool:
     import torch
 
     return torch.equal(a, b)
+
+
+def test_a_ctrl_c_a_library_turned_into_its_own_error_still_interrupts(
+    tmp_path, small_overrides, monkeypatch
+):
+    """A Ctrl-C can land inside a library that reports it as an error of its own (DuckDB's
+    `RuntimeError: Query interrupted`); once a Ctrl-C was requested, the flow stops on any
+    error as interrupted (resumable, exit 130 in the CLI), not failed."""
+    from sparrow.runtime import interrupt
+
+    monkeypatch.setattr(interrupt, "_requested", True)
+    monkeypatch.setattr(interrupt, "check", lambda: None)  # the request reaches no boundary
+    workdir = tmp_path / "work"
+    with pytest.raises(KeyboardInterrupt):  # pipeline.fail_at stands in for the library's error
+        train_flow(small_overrides(workdir, "c", "pipeline.fail_at=reward@1"), show_table=False)
+    assert rows(workdir, "SELECT status FROM runs") == [{"status": "interrupted"}]

@@ -248,28 +248,42 @@ def test_the_next_writer_removes_a_dead_writers_scratch(tmp_path):
     assert (step / "reward" / "rewards.parquet").read_bytes() == b"done"
 
 
-SLOW_SQL = "SELECT count(*) FROM range(100000000000) t(a) WHERE a % 7 = 3"
+# seconds of work for DuckDB, so a Ctrl-C lands inside it (and a missed one fails in seconds)
+SLOW_SQL = "SELECT count(*) FROM range(3000000000) t(a) WHERE a % 7 = 3"
 
 
-def _sigint_in(seconds: float):
+@pytest.fixture
+def ctrl_c_in():
+    """ctrl_c_in(seconds): SIGINT to this process then, with Python's own SIGINT handler in
+    place (a test worker may have inherited SIGINT ignored); the handler is put back after."""
     import signal
     import threading
 
-    timer = threading.Timer(seconds, lambda: os.kill(os.getpid(), signal.SIGINT))
-    timer.start()
-    return timer
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timers = []
+
+    def arm(seconds: float) -> None:
+        timers.append(threading.Timer(seconds, lambda: os.kill(os.getpid(), signal.SIGINT)))
+        timers[-1].start()
+
+    yield arm
+    for timer in timers:
+        timer.join()
+    signal.signal(signal.SIGINT, previous)
 
 
-def test_ctrl_c_during_a_statement_is_a_keyboard_interrupt_and_rolls_back(store, tmp_path):
+def test_ctrl_c_during_a_statement_is_a_keyboard_interrupt_and_rolls_back(
+    store, tmp_path, ctrl_c_in
+):
     """DuckDB turns a SIGINT that arrives while a statement runs into `RuntimeError: Query
     interrupted`; the store and `query` stop on it as on any Ctrl-C, writing nothing."""
     _add_bins(store, [("r1", 0, 0, 10, 0.9)])
-    _sigint_in(0.3)
+    ctrl_c_in(0.3)
     with pytest.raises(KeyboardInterrupt):
         with store.connect() as conn:
             conn.execute("DELETE FROM bin_stats")
             conn.execute(SLOW_SQL).fetchall()
     assert query(tmp_path, "SELECT count(*) FROM bin_stats").rows == [(1,)]
-    _sigint_in(0.3)
+    ctrl_c_in(0.3)
     with pytest.raises(KeyboardInterrupt):
         query(tmp_path, SLOW_SQL)
