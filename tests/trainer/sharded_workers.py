@@ -34,6 +34,14 @@ def _join(rank, world_size, port) -> None:
     )
 
 
+def _done_together() -> None:
+    """Both ranks done before either tears the group down. Without it rank 1 left while rank
+    0 was still saving, and once (a loaded 2-core machine) a rank aborted at that point
+    ("terminate called without an active exception", SIGABRT); the likeliest cause, not
+    proven, is gloo torn down on one side while the other still held the pair open."""
+    dist.barrier()
+
+
 def one_rank(
     rank,
     world_size,
@@ -61,6 +69,7 @@ def one_rank(
             torch.save(
                 {"scores": scores, "metrics": metrics, "weights": weights}, out_dir / "rank0.pt"
             )
+        _done_together()
     finally:
         dist.destroy_process_group()
 
@@ -93,6 +102,7 @@ def save_then_update(
         optimizer = trainer.full_optimizer_state()
         if rank == 0:
             torch.save({"weights": weights, "optimizer": optimizer}, out_dir / "continued.pt")
+        _done_together()
     finally:
         dist.destroy_process_group()
 
@@ -163,6 +173,7 @@ def offload_round_trip(
                 {"ends": ends, "pointers": pointers, "memory": memory, "cycles": cycles},
                 out_dir / "offload.pt",
             )
+        _done_together()
     finally:
         dist.destroy_process_group()
 
@@ -224,6 +235,7 @@ def distill_rank(
                 },
                 out_dir / "distill0.pt",
             )
+        _done_together()
     finally:
         dist.destroy_process_group()
 
@@ -253,5 +265,6 @@ def pack_rank(rank, world_size, port, checkpoint, algo, adapter, out_dir):
             )
         else:
             assert all(p is None for p in packs.values())
+        _done_together()
     finally:
         dist.destroy_process_group()
