@@ -99,8 +99,7 @@ def random_standin(folder: Path) -> Path:
     """
     if (folder / "config.json").is_file():
         return folder
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    scratch = scratch_dir(folder)
+    scratch = scratch_dir(folder)  # makes folder's parent too
     try:
         _write_random_tiny(scratch)
         try:

@@ -1,5 +1,7 @@
 """Storage errors. They subclass sparrow.errors' SparrowError so the CLI prints them as one line."""
 
+import duckdb
+
 from sparrow.errors import SparrowError
 
 
@@ -19,6 +21,6 @@ def interrupted(err: BaseException) -> bool:
     """Whether `err` is DuckDB's report of a Ctrl-C: a SIGINT that arrives while a statement
     runs is turned by DuckDB into `RuntimeError: Query interrupted` (or its InterruptException),
     not the KeyboardInterrupt the rest of the program stops on. Callers re-raise it as one."""
-    if type(err).__name__ == "InterruptException":
+    if isinstance(err, duckdb.InterruptException):
         return True
     return type(err) is RuntimeError and str(err).strip() == "Query interrupted"

@@ -72,12 +72,12 @@ def query_all(
                 QueryResult(columns, rows, statement.strip().rstrip(";").strip(), damaged)
             )
         return results
-    except (duckdb.Error, RuntimeError) as err:
+    except Exception as err:
         if interrupted(err):  # Ctrl-C during a statement: stop as on any other Ctrl-C
             raise KeyboardInterrupt from err
-        if not isinstance(err, duckdb.Error):
-            raise
-        raise StorageError(f"query failed: {err}") from None
+        if isinstance(err, duckdb.Error):
+            raise StorageError(f"query failed: {err}") from None
+        raise
     finally:
         conn.close()
 

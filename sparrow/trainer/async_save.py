@@ -123,8 +123,7 @@ def _write(
 ) -> Path:
     from safetensors.torch import save_file
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    scratch = scratch_dir(out)
+    scratch = scratch_dir(out)  # makes out's parent too
     try:
         save_file(weights, str(scratch / "model.safetensors"), metadata={"format": "pt"})
         (scratch / "config.json").write_text(config)

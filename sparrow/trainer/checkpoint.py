@@ -93,8 +93,7 @@ def save_checkpoint(
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise TrainerCheckpointError(f"checkpoint folder {out} already exists and is not empty")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    scratch = scratch_dir(out)
+    scratch = scratch_dir(out)  # makes out's parent too
     try:
         model.save_pretrained(scratch, safe_serialization=True, state_dict=state_dict)
         if optimizer_state is None:

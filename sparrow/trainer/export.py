@@ -91,8 +91,7 @@ def export_policy(source: str | Path, out_dir: str | Path, dtype: str = "bfloat1
 
     transformers_logging.disable_progress_bar()  # a command's output is its one line
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype[dtype])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    scratch = scratch_dir(out)
+    scratch = scratch_dir(out)  # makes out's parent too
     try:
         model.save_pretrained(scratch, safe_serialization=True)
         for name in (*TOKENIZER_FILES, *EXTRA_FILES):

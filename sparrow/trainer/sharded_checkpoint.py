@@ -74,8 +74,7 @@ def save_sharded(trainer, folder: str | Path) -> Path:
     if trainer.rank == 0:
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise TrainerCheckpointError(f"checkpoint folder {out} already exists and is not empty")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        scratch = scratch_dir(out)
+        scratch = scratch_dir(out)  # makes out's parent too
     scratch = _broadcast_path(trainer, scratch)
     weights = trainer.full_state_dict()
     optimizer = get_optimizer_state_dict(trainer.model, trainer.optimizer)
