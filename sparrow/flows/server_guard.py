@@ -61,11 +61,13 @@ def children(pid):
             pass
     return found
 def note(roots):
+    # the whole tree at every look: a process noted earlier starts children later (the raylet
+    # its agents), and those outlive it when it dies first
     todo = list(roots)
     while todo:
         pid = todo.pop()
         for kid in children(pid):
-            if kid != me and kid not in seen:
+            if kid != me:
                 started = start_time(kid)
                 if started is not None:
                     seen[kid] = started

@@ -1,0 +1,72 @@
+"""The command's watchdog (sparrow.flows.server_guard): after a kill -9 of the command, a
+process started late by one the watchdog had already noted is stopped too, even when its own
+parent ended first (the raylet's agents, reparented to init, once outlived a killed run).
+
+Run: `python -m pytest tests/flows/test_server_guard.py -q`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from sparrow.flows.server_guard import GRACE_S
+
+_COMMAND = textwrap.dedent(
+    """
+    import subprocess, sys
+    from sparrow.flows.server_guard import guard_local_server
+    guard_local_server()
+    child = subprocess.Popen(
+        [sys.executable, "-c", sys.argv[1]], stdout=subprocess.PIPE, text=True
+    )
+    late = child.stdout.readline().strip()
+    child.wait()  # the late process is an orphan now, its parent gone
+    print(late, flush=True)
+    subprocess.run(["sleep", "120"])
+    """
+)
+
+# noted at the watchdog's first looks, it starts a process two seconds in and ends later
+_CHILD = textwrap.dedent(
+    """
+    import subprocess, time
+    time.sleep(2.0)
+    late = subprocess.Popen(["sleep", "120"], stdout=subprocess.DEVNULL, start_new_session=True)
+    print(late.pid, flush=True)
+    time.sleep(2.5)
+    """
+)
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the guard uses /proc and prctl")
+def test_kill_9_stops_a_late_grandchild_whose_parent_ended_first():
+    command = subprocess.Popen(
+        [sys.executable, "-c", _COMMAND, _CHILD], stdout=subprocess.PIPE, text=True
+    )
+    late = int(command.stdout.readline())
+    try:
+        assert _running(late)
+        command.send_signal(signal.SIGKILL)
+        command.wait()
+        deadline = time.time() + GRACE_S + 10
+        while _running(late) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not _running(late), f"pid {late} outlived the killed command"
+    finally:
+        if _running(late):
+            os.kill(late, signal.SIGKILL)
