@@ -2,14 +2,16 @@
 and a watchdog that takes everything the command started down with it.
 
     from sparrow.flows.server_guard import guard_local_server, start_local_server
-    guard_local_server()      # once, in the process that will run flows (sparrow train / calibrate)
-    start_local_server()      # before the first flow
+    guard_local_server()   # once, in the process that will run flows (sparrow train / calibrate)
+    start_local_server()   # before Prefect is imported and the first flow runs
 
 Ctrl-C in a terminal sends SIGINT to the whole foreground process group. Prefect starts its
 temporary API server (uvicorn) as a child in that group, so the server died first and the flow
-spent minutes in connection retries. start_local_server starts that same server now, in its
-own session, so only the flow sees the signal (Ray's processes already block SIGINT). With
-PREFECT_API_URL set (a real server) it does nothing.
+spent minutes in connection retries. start_local_server starts that same server (the same
+uvicorn command and settings) itself, in its own session, so only the flow sees the signal
+(Ray's processes already block SIGINT), and sets PREFECT_API_URL to it: Prefect's clients then
+use it as any server, and Prefect's server code (about 3 s of imports) stays out of this
+process. With PREFECT_API_URL already set (a real server) it does nothing.
 
 A process killed with SIGKILL cannot stop what it started: the Prefect server runs on, and
 Ray's dashboard and runtime-env agents (started by the raylet even without the dashboard)
@@ -24,12 +26,14 @@ it does nothing. A Ray cluster joined with ray.address is not the command's and 
 from __future__ import annotations
 
 import atexit
-import functools
+import importlib.util
 import os
+import socket
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 from sparrow.errors import SparrowError
 
@@ -119,44 +123,146 @@ def guard_local_server() -> subprocess.Popen | None:
     return _WATCHDOG[os.getpid()]
 
 
-def start_local_server() -> str | None:
-    """Start Prefect's temporary API server in its own session (module doc); its API URL, or
-    None when PREFECT_API_URL names a server. The flows then use it as they would have."""
+class LocalServer:
+    """Prefect's API server as this command runs it (start_local_server): a uvicorn process of
+    its own session on a free port of 127.0.0.1, stopped at exit."""
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen | None = None
+        self.port = 0
+        self.stopping = threading.Event()
+        self._spawn()
+        atexit.register(self.stop)
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    def _spawn(self) -> None:
+        self.port = _free_port()
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "--app-dir",
+                str(_prefect_parent()),
+                "--factory",
+                SERVER_MARK,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--log-level",
+                "error",
+                "--lifespan",
+                "on",
+            ],
+            env={**os.environ, **_SERVER_ENV},
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # Ctrl-C in the terminal reaches the flow alone
+        )
+
+    def wait(self) -> None:
+        """Return once the server answers its health check (on a new port if uvicorn found its
+        port taken); or stop it and raise SparrowError after
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS. Then watch it (_watch_server)."""
+        import urllib.error
+        import urllib.request
+
+        timeout = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", 180))
+        deadline, restarts = time.monotonic() + timeout, 0
+        while True:
+            code = self.process.poll()
+            if code == _PORT_TAKEN and restarts < 3:  # another process took the port first
+                restarts += 1
+                self._spawn()
+                continue
+            if code is not None:
+                self._fail(f"its process exited with code {code}")
+            try:
+                with urllib.request.urlopen(f"{self.api_url}/health", timeout=5) as answer:
+                    if answer.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() >= deadline:
+                self._fail(f"no answer within {timeout:g} s")
+            time.sleep(0.1)
+        _watch_server(self.process, self.stopping)
+
+    def _fail(self, why: str) -> None:
+        self.stop()
+        raise SparrowError(
+            f"Prefect's temporary API server did not start ({why}); its database is under "
+            f"PREFECT_HOME={_prefect_home()}. Set PREFECT_API_URL to use a running server instead"
+        )
+
+    def stop(self) -> None:
+        self.stopping.set()
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def start_local_server() -> LocalServer | None:
+    """Start Prefect's temporary API server for this command's flows, in a session of its own
+    (module doc), wait for its health check and point this process's Prefect at it
+    (PREFECT_API_URL); None when PREFECT_API_URL already names a server. Call before Prefect
+    is imported: its settings read the environment once."""
     if os.environ.get("PREFECT_API_URL"):
         return None
-    from prefect.server.api.server import SubprocessASGIServer
-    from prefect.settings import get_current_settings
-
-    server = SubprocessASGIServer()  # the one instance Prefect's clients ask for
-    if not server.running:
-        server._run_uvicorn_command = functools.partial(_uvicorn_in_own_session, server)
-        try:
-            server.start()
-        except RuntimeError as err:  # it never answered: one line, not Prefect's traceback
-            server.stop()
-            home = get_current_settings().home
-            raise SparrowError(
-                f"Prefect's temporary API server did not start ({err}); its database is under "
-                f"PREFECT_HOME={home}. Set PREFECT_API_URL to use a running server instead"
-            ) from None
-        _watch_server(server)
-    return server.api_url
+    if "prefect" in sys.modules:
+        raise RuntimeError("start_local_server() must run before Prefect is imported")
+    server = LocalServer()
+    server.wait()
+    os.environ["PREFECT_API_URL"] = server.api_url
+    return server
 
 
-def _watch_server(server) -> None:
+# what Prefect's own temporary server is started with (no UI; the server knows it is one)
+_SERVER_ENV = {
+    "PREFECT_UI_ENABLED": "0",
+    "PREFECT__SERVER_EPHEMERAL": "1",
+    "PREFECT__SERVER_FINAL": "1",
+}
+_PORT_TAKEN = 3  # uvicorn's exit code when it cannot bind
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _prefect_parent() -> Path:
+    """The folder holding the prefect package, found without importing it."""
+    spec = importlib.util.find_spec("prefect")
+    return Path(spec.origin).parent.parent
+
+
+def _prefect_home() -> str:
+    return os.environ.get("PREFECT_HOME") or str(Path.home() / ".prefect")
+
+
+def _watch_server(process: subprocess.Popen, stopping: threading.Event) -> None:
     """End this process with one line when the server it started dies under it (killed, out
     of memory): Prefect's clients would otherwise retry for minutes and print pages of
     connection tracebacks. A stage is recorded only once whole, so the run resumes where it
-    stopped, as after a kill -9 (and the watchdog stops what this process started). Not at
-    exit: Prefect stops the server then, after this module's own exit hook has run."""
-    process, stopping = server.server_process, threading.Event()
-    atexit.register(stopping.set)  # registered after Prefect's stop: runs before it
+    stopped, as after a kill -9 (and the watchdog stops what this process started). Not once
+    the command stops the server itself (stopping set)."""
 
     def watch() -> None:
         while process.poll() is None:
             time.sleep(0.5)
-        if stopping.is_set() or server.server_process is not process:
-            return  # stopped on purpose, or restarted by Prefect itself
+        if stopping.is_set():
+            return
         sys.stderr.write(
             f"sparrow: Prefect's API server (pid {process.pid}) ended with exit code "
             f"{process.returncode} while the command ran; stopping here. Every recorded stage "
@@ -166,40 +272,3 @@ def _watch_server(server) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="prefect-server-watch", daemon=True).start()
-
-
-def _uvicorn_in_own_session(server) -> subprocess.Popen:
-    # Prefect 3.9's SubprocessASGIServer._run_uvicorn_command, plus start_new_session
-    import prefect
-    from prefect.settings import get_current_settings
-
-    server_env = {
-        "PREFECT_UI_ENABLED": "0",
-        "PREFECT__SERVER_EPHEMERAL": "1",
-        "PREFECT__SERVER_FINAL": "1",
-    }
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "--app-dir",
-            str(prefect.__module_path__.parent),
-            "--factory",
-            SERVER_MARK,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(server.port),
-            "--log-level",
-            "error",
-            "--lifespan",
-            "on",
-        ],
-        env={
-            **os.environ,
-            **server_env,
-            **get_current_settings().to_environment_variables(exclude_unset=True),
-        },
-        start_new_session=True,
-    )

@@ -70,3 +70,54 @@ def test_kill_9_stops_a_late_grandchild_whose_parent_ended_first():
     finally:
         if _running(late):
             os.kill(late, signal.SIGKILL)
+
+
+_SERVER = textwrap.dedent(
+    """
+    import json, socket, sys, urllib.request
+    from sparrow.flows import server_guard
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    ports = [taken.getsockname()[1]]
+    free = server_guard._free_port
+    server_guard._free_port = lambda: ports.pop() if ports else free()  # the first one is taken
+    spawned = []
+    spawn = server_guard.LocalServer._spawn
+    def noted(self):
+        spawn(self)
+        spawned.append(self.process)
+    server_guard.LocalServer._spawn = noted
+    server = server_guard.start_local_server()
+    first = spawned[0]
+    with urllib.request.urlopen(server.api_url + "/health") as answer:
+        healthy = answer.status
+    import prefect.settings
+    print(json.dumps({
+        "respawned": first is not server.process and first.returncode == 3,
+        "healthy": healthy,
+        "prefect_url": prefect.settings.PREFECT_API_URL.value() == server.api_url,
+        "pid": server.process.pid,
+    }))
+    server.stop()
+    print(server.process.poll() is not None)
+    """
+)
+
+
+def test_the_server_restarts_on_a_taken_port_answers_and_stops(tmp_path):
+    """start_local_server's server (module doc of sparrow.flows.server_guard): a port taken
+    before uvicorn binds it means a new one; the server answers, this process's Prefect points
+    at it, and stop() ends it."""
+    import json
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect")
+    done = subprocess.run(
+        [sys.executable, "-c", _SERVER], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    first, stopped = done.stdout.strip().splitlines()
+    result = json.loads(first)
+    assert result["respawned"] and result["healthy"] == 200 and result["prefect_url"], result
+    assert stopped == "True" and not _running(result["pid"])

@@ -52,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
 
     install_sigint()
     resolve_schedule(cfg.schedule.name)
-    # Ctrl-C from a terminal reaches the whole process group: the server needs its own
+    # Prefect's API server, in a session of its own: Ctrl-C from a terminal reaches the whole
+    # process group
     start_local_server()
 
     from sparrow.flows.calibrate import calibrate_flow

@@ -55,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
     install_sigint()
     if not args.json:  # services take 30 s to 1.5 min on a busy machine: say so at once
         print("starting services (Prefect API, Ray, rollout actors) ...", flush=True)
-    # Ctrl-C from a terminal reaches the whole process group: the server needs its own
+    # Prefect's API server, in a session of its own: Ctrl-C from a terminal reaches the whole
+    # process group
     start_local_server()
 
     from sparrow.flows.train import train_flow
