@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol
-
-import torch
+from typing import TYPE_CHECKING, Protocol
 
 from sparrow.registry import Registry
+
+if TYPE_CHECKING:  # torch is imported where a rule computes: the rules' names and traits
+    import torch  # (schedules, the cost model, the CLI's parser) do not need it
 
 # where each bound lies along dim -3 of PageSummary.bounds [.., P, 2, Hkv, D]
 MIN, MAX = 0, 1
@@ -75,6 +76,8 @@ def _dot(q: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
     grouped = "g" if q.dim() == 4 else ""
     shared = vectors.dim() == 3
     pattern = f"rh{grouped}d,{'' if shared else 'r'}phd->rh{grouped}p"
+    import torch
+
     return torch.einsum(pattern, q.float(), vectors.float())
 
 
@@ -144,6 +147,8 @@ class OracleRule(_Rule):
     def score(self, q, pages):
         """Attention mass per page of each row (dense softmax over keys 0..position), mean
         over the group's query heads: q [R, Hq, D] against the shared keys [L, Hkv, D]."""
+        import torch
+
         keys = _need(pages.keys, self.name, "keys (replay only)")
         positions = _need(pages.positions, self.name, "row positions")
         size = pages.page_size
@@ -178,4 +183,6 @@ def get_rule(name: str) -> ScoringRule:
 def page_bounds(keys: torch.Tensor) -> torch.Tensor:
     """Per-channel bounds of pages' keys [.., page_size, Hkv, D] -> [.., 2, Hkv, D] in the
     keys' dtype (a min and a max are exact in any dtype: nothing to round)."""
+    import torch
+
     return torch.stack([keys.amin(dim=-3), keys.amax(dim=-3)], dim=-3)

@@ -52,3 +52,17 @@ def test_ctrl_c_is_one_line_and_status_130(monkeypatch, capsys):
     [line] = captured.err.splitlines()
     assert line.startswith("interrupted") and "pipeline.run_id=ID" in line
     assert "Traceback" not in captured.err and captured.out == ""
+
+
+def test_the_parser_imports_none_of_the_heavy_libraries():
+    """`sparrow --help`, `sparrow query`, `sparrow runs`: building the parser imports every
+    command's module, and none of them may pull torch, Prefect, Ray, MLflow or transformers
+    (about 1.5 s of torch alone on 2 cores); a command imports what it needs when it runs."""
+    heavy = ("torch", "prefect", "ray", "mlflow", "transformers")
+    probe = (
+        "import sys; from sparrow.cli.main import build_parser; build_parser(); "
+        f"print(' '.join(m for m in {heavy!r} if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == ""
