@@ -248,7 +248,8 @@ def _prefect_parent() -> Path:
 
 
 def _prefect_home() -> str:
-    return os.environ.get("PREFECT_HOME") or str(Path.home() / ".prefect")
+    """Where Prefect keeps its database: PREFECT_HOME, ~/.prefect by default."""
+    return str(Path(os.environ.get("PREFECT_HOME") or "~/.prefect").expanduser())
 
 
 def _watch_server(process: subprocess.Popen, stopping: threading.Event) -> None:
