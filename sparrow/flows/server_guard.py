@@ -220,10 +220,21 @@ def start_local_server() -> LocalServer | None:
         return None
     if "prefect" in sys.modules:
         raise RuntimeError("start_local_server() must run before Prefect is imported")
+    _no_proxy_for_loopback()
     server = LocalServer()
     server.wait()
     os.environ["PREFECT_API_URL"] = server.api_url
     return server
+
+
+def _no_proxy_for_loopback() -> None:
+    """Add 127.0.0.1 and localhost to NO_PROXY (both spellings): the server listens on the
+    loopback only, and with HTTP_PROXY set (a proxied network) Prefect's HTTP client would
+    send even those requests to the proxy and fail."""
+    for key in ("NO_PROXY", "no_proxy"):
+        hosts = [h.strip() for h in os.environ.get(key, "").split(",") if h.strip()]
+        hosts += [h for h in ("127.0.0.1", "localhost") if h not in hosts]
+        os.environ[key] = ",".join(hosts)
 
 
 # what Prefect's own temporary server is started with (no UI; the server knows it is one)

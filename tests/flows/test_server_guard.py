@@ -93,10 +93,14 @@ _SERVER = textwrap.dedent(
     with urllib.request.urlopen(server.api_url + "/health") as answer:
         healthy = answer.status
     import prefect.settings
+    from prefect.client.orchestration import get_client
+    with get_client(sync_client=True) as client:  # Prefect's own client, past the proxy
+        client_error = client.api_healthcheck()
     print(json.dumps({
         "respawned": first is not server.process and first.returncode == 3,
         "healthy": healthy,
         "prefect_url": prefect.settings.PREFECT_API_URL.value() == server.api_url,
+        "client_error": repr(client_error) if client_error else "",
         "pid": server.process.pid,
     }))
     server.stop()
@@ -108,11 +112,15 @@ _SERVER = textwrap.dedent(
 def test_the_server_restarts_on_a_taken_port_answers_and_stops(tmp_path):
     """start_local_server's server (module doc of sparrow.flows.server_guard): a port taken
     before uvicorn binds it means a new one; the server answers, this process's Prefect points
-    at it, and stop() ends it."""
+    at it and reaches it although HTTP_PROXY names a proxy that answers nothing (loopback
+    requests bypass it), and stop() ends it."""
     import json
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env["PREFECT_HOME"] = str(tmp_path / "prefect")
+    env.update(HTTP_PROXY="http://127.0.0.1:9", http_proxy="http://127.0.0.1:9")
+    for key in ("NO_PROXY", "no_proxy"):
+        env.pop(key, None)
     done = subprocess.run(
         [sys.executable, "-c", _SERVER], env=env, capture_output=True, text=True, timeout=300
     )
@@ -120,4 +128,5 @@ def test_the_server_restarts_on_a_taken_port_answers_and_stops(tmp_path):
     first, stopped = done.stdout.strip().splitlines()
     result = json.loads(first)
     assert result["respawned"] and result["healthy"] == 200 and result["prefect_url"], result
+    assert result["client_error"] == "", result
     assert stopped == "True" and not _running(result["pid"])
