@@ -10,9 +10,10 @@ these through rl/offload.py. The module's own `_apply`, which FSDP2 overrides fo
 padding included), points the parameters and buffers at their new tensors; the parameter
 objects stay the same, so the optimizer keeps them, and its moments (DTensors) follow them.
 Offload: every shard and moment is copied into the stash first (one synchronize), and each
-DTensor is rebuilt around its host view (DTensor.from_local, no copy); a shard FSDP pads
-(a first dimension the ranks do not divide) is padded again in fresh host memory by FSDP,
-which the real shapes at 2, 4 and 8 ranks never need. Onload: copies queued on the current
+DTensor is rebuilt around its host view with its own spec (no copy: DTensor.from_local would
+move the view back to the mesh's device); a shard FSDP pads (a first dimension the ranks do
+not divide) is padded again in fresh host memory by FSDP, which the real shapes at 2, 4 and
+8 ranks never need. Onload: copies queued on the current
 stream from the page-locked views (FSDP pads a padded shard again on the device).
 Every tensor is copied, also from host to host, so a CPU rank's round trip goes through fresh
 memory as a GPU rank's does; that is what the CPU tests hold. Gradients must be freed first.
@@ -47,19 +48,14 @@ def shard_tensors(root: torch.nn.Module, optimizer: torch.optim.Optimizer) -> li
 
 
 def _around(tensor: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
-    """`local` in `tensor`'s place: a DTensor with the same mesh, placements and shape."""
+    """`local` in `tensor`'s place: a DTensor with the same spec (mesh, placements, shape),
+    wrapped where it lies. DTensor.from_local would copy a host `local` back onto a GPU mesh's
+    device (it moves a local tensor to the mesh's device type), keeping the shards on the GPU."""
     if not hasattr(tensor, "to_local"):
         return local
     from torch.distributed.tensor import DTensor
 
-    return DTensor.from_local(
-        local,
-        tensor.device_mesh,
-        tensor.placements,
-        run_check=False,
-        shape=tensor.shape,
-        stride=tensor.stride(),
-    )
+    return DTensor(local, tensor._spec, requires_grad=False)
 
 
 def _check_no_gradients(root: torch.nn.Module) -> None:

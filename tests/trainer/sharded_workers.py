@@ -268,3 +268,37 @@ def pack_rank(rank, world_size, port, checkpoint, algo, adapter, out_dir):
         _done_together()
     finally:
         dist.destroy_process_group()
+
+
+def wrap_host_views(rank, world_size, port, out_dir):
+    """A shard rebuilt around a host view by sharded_offload._around while its mesh names
+    a GPU (the mesh's device type set to "cuda" after the group is built, as an NCCL rank's
+    would be): rank 0 saves whether the result wraps the view itself, where it lies."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from sparrow.trainer.sharded_offload import _around
+
+    _join(rank, world_size, port)
+    try:
+        mesh = init_device_mesh("cpu", (world_size,))
+        shard = distribute_tensor(torch.arange(8.0).reshape(4, 2), mesh, [Shard(0)])
+        host = shard.to_local().clone()
+        mesh._device_type = "cuda"  # what device_type reads (torch 2.13)
+        try:
+            wrapped = _around(shard, host)
+            got = {
+                "same_storage": wrapped.to_local().data_ptr() == host.data_ptr(),
+                "device": wrapped.to_local().device.type,
+                "shape": tuple(wrapped.shape),
+                "placements": wrapped.placements == shard.placements,
+            }
+        except Exception as error:  # the mesh's device is not there: a copy was attempted
+            got = {"error": repr(error)}
+        finally:
+            mesh._device_type = "cpu"
+        if rank == 0:
+            torch.save(got, out_dir / "wrapped.pt")
+        _done_together()
+    finally:
+        dist.destroy_process_group()

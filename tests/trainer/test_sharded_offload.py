@@ -83,3 +83,14 @@ def test_offload_round_trip_keeps_the_updates(qwen3_checkpoint, tmp_path):
     check_cycles(got)
     # two more updates after the round trips: FSDP gathers from the restored shards
     check_round_trip(got, exact=True)
+
+
+def test_a_shard_is_rebuilt_around_its_host_view_whatever_device_its_mesh_names(tmp_path):
+    """On an NCCL rank the mesh names the GPU; building the host DTensor with
+    DTensor.from_local copied each view back onto the GPU, so an offload freed nothing and
+    left every shard there (the 2-GPU test saw ['cuda'])."""
+    from tests.trainer.sharded_workers import wrap_host_views
+
+    run_ranks(2, tmp_path, body=wrap_host_views)
+    got = torch.load(tmp_path / "wrapped.pt", weights_only=False)
+    assert got == {"same_storage": True, "device": "cpu", "shape": (4, 2), "placements": True}
