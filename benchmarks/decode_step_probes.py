@@ -8,6 +8,8 @@ and where one step's GPU time goes, kernel by kernel.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from benchmarks.common import device_facts, time_graph, write_json
@@ -20,6 +22,7 @@ from benchmarks.decode_step import (
 )
 from sparrow.engine.cuda_graphs import DecodeGraphs
 from sparrow.sparse.presets import get_preset
+from sparrow.sparse.scoring import get_rule
 
 
 def fused_non_attention_step_us(bench: StepBench, batch: int) -> float:
@@ -95,6 +98,7 @@ def profile_step(
         batch=batch,
         context=context,
         sparse=schedule is not None,
+        selection=schedule.selection if schedule is not None else None,
         graph_step_us=graph_us,
         kernels_us=kernels_us,
         between_kernels_us=graph_us - kernels_us,
@@ -130,11 +134,19 @@ def profile_steps(args, device, batches, copy) -> int:
     rows = []
     contexts = (256,) if args.smoke else (1024, 32768)
     for name in args.models.split(","):
-        bench, params_bytes = model_bench(name, batches, contexts, device, args.smoke)
+        rules = tuple(filter(None, args.selection.split(",")))
+        bounds = any(get_rule(rule).bounds for rule in rules)
+        bench, params_bytes = model_bench(
+            name, batches, contexts, device, args.smoke, bounds=bounds
+        )
         schedule = get_preset(f"{name}-0.86") if not args.smoke else None
+        # dense, the preset's sparse step, then the same schedule under each --selection rule
+        scheds = [None, schedule]
+        if schedule is not None:
+            scheds += [replace(schedule, selection=rule) for rule in rules]
         for batch in batches:
             for context in contexts:
-                for sched in (None, schedule):
+                for sched in scheds:
                     row = profile_step(bench, batch, context, sched, params_bytes)
                     row.update(model=name, params_bytes=params_bytes)
                     rows.append(row)

@@ -35,11 +35,12 @@ import torch
 
 from sparrow.engine.kv_cache import KVCache
 from sparrow.kernels.kv_write import KVStore, write_kv
+from sparrow.kernels.page_bounds import update_page_bounds
 from sparrow.kernels.page_topk import read_every_page_lists, select_page_lists
 from sparrow.kernels.paged_decode import paged_decode_attention, sparse_paged_decode_attention
 from sparrow.kernels.runtime import next_power_of_2
 from sparrow.sparse.schedule import Schedule
-from sparrow.sparse.scoring import get_rule, page_bounds
+from sparrow.sparse.scoring import get_rule
 
 MIN_WIDTH = 64  # smallest page-table width bucket (1,024 tokens at 16 per page)
 
@@ -138,18 +139,9 @@ class KernelDecodeAttention:
 
 
 def update_bounds(cache: KVCache, layer: int, slots: torch.Tensor) -> None:
-    """The key bounds of the pages this step's tokens fill (slot at a page's last offset),
-    in torch ops on device tensors (no host sync: a CUDA graph captures them). A row that
-    fills nothing writes its page's bounds back unchanged; a padded row (slot -1) repeats row
-    0's write, so no two rows write one page with different values."""
-    page_size = cache.page_size
-    live = slots >= 0
-    page = torch.where(live, slots // page_size, 0)
-    page = torch.where(live, page, page[:1])
-    fills = live & (slots % page_size == page_size - 1)
-    keys = cache.k[layer][page].transpose(1, 2)  # [B, page_size, Hkv, D]
-    value = torch.where(fills.view(-1, 1, 1, 1), page_bounds(keys), cache.bounds[layer][page])
-    cache.bounds[layer][page] = torch.where(live.view(-1, 1, 1, 1), value, value[:1])
+    """The key bounds of the pages this step's tokens fill (kernels/page_bounds.py: one
+    launch on a GPU, capturable torch ops elsewhere)."""
+    update_page_bounds(cache.k[layer], cache.bounds[layer], slots)
 
 
 def cache_layout(cache: KVCache) -> tuple:
