@@ -7,8 +7,8 @@
 #
 #   bash scripts/study_seed.sh v2 0 /path/to/tb-v2      # model: scripts/train_testbed_model.py
 #
-# Time plan (docs/study.md, "GPU plan"): calibration about 2.5 min, the arms at most
-# STUDY_MINUTES (default 21), outcome and CSVs about 2 min. An arm that has not finished
+# Time plan (docs/study.md, "GPU plan" and its fourth addendum): calibration about 2 min,
+# the arms at most STUDY_MINUTES (default 21), outcome and CSVs about 2.5 min. An arm that has not finished
 # by then is stopped (Ctrl-C: resumable, but its state does not outlive the machine) and
 # reported with the steps it did. SKIP_RULE_ARMS=1 drops the two selection-rule arms
 # (for a tree without schedule.selection).
@@ -65,14 +65,14 @@ calibrate() {  # GPU NAME TARGET [extra overrides]
     calibrate.name=$name "$@" >"$DEST/calibrate-$name.log" 2>&1
 }
 log "calibrating"
+# all at once, round-robin over the GPUs (the pilot's two rounds of four and two took 170 s)
 calibrate "$(gpu 0)" $VARIANT-centroid-0.75 0.75 & calibrate "$(gpu 1)" $VARIANT-centroid-0.82 0.82 &
 calibrate "$(gpu 2)" $VARIANT-centroid-0.86 0.86 & calibrate "$(gpu 3)" $VARIANT-centroid-0.92 0.92 &
-wait
 if [ "${SKIP_RULE_ARMS:-0}" != 1 ]; then
-  calibrate "$(gpu 0)" $VARIANT-rule-0.86 0.86 "schedule.selection=$RULE" &
-  calibrate "$(gpu 1)" $VARIANT-rule-0.80 0.80 "schedule.selection=$RULE" &
-  wait
+  calibrate "$(gpu 4)" $VARIANT-rule-0.86 0.86 "schedule.selection=$RULE" &
+  calibrate "$(gpu 5)" $VARIANT-rule-0.80 0.80 "schedule.selection=$RULE" &
 fi
+wait
 log "calibrated"
 sparrow query --workdir "$WORK" --csv "SELECT * FROM calibration ORDER BY ALL" >"$DEST/calibration.csv" || true
 
