@@ -129,14 +129,21 @@ def last_step_of_stage(conn, run_id: str, stage: str) -> int | None:
 
 
 def replace_step_metrics(conn, run_id: str, step: int, metrics: Mapping[str, float]) -> None:
-    """Write one step's metrics by name; a NaN or None is stored as NULL."""
-    for name, value in metrics.items():
-        conn.execute(
-            "DELETE FROM step_metrics WHERE run_id = ? AND step = ? AND name = ?",
-            [run_id, step, name],
-        )
-        number = None if value is None or not math.isfinite(float(value)) else float(value)
-        conn.execute("INSERT INTO step_metrics VALUES (?, ?, ?, ?)", [run_id, step, name, number])
+    """Write one step's metrics by name; a NaN or None is stored as NULL. Two statements
+    for the whole step (a statement per metric cost about 1 ms each, 100 a step)."""
+    names = list(metrics)
+    values = [
+        None if value is None or not math.isfinite(float(value)) else float(value)
+        for value in metrics.values()
+    ]
+    conn.execute(
+        "DELETE FROM step_metrics WHERE run_id = ? AND step = ? AND list_contains(?, name)",
+        [run_id, step, names],
+    )
+    conn.execute(
+        "INSERT INTO step_metrics SELECT ?, ?, unnest(?::VARCHAR[]), unnest(?::DOUBLE[])",
+        [run_id, step, names, values],
+    )
 
 
 def step_metric(conn, run_id: str, step: int, name: str) -> float | None:

@@ -90,6 +90,56 @@ def test_run_rows_metrics_and_stages(tmp_path):
         assert last_step_of_stage(conn, "r", "sync_weights") == 2
 
 
+def test_step_metrics_replace_by_name_within_their_step_only(tmp_path):
+    """One step's names are replaced together; other names, steps and runs keep theirs; an
+    int is stored as a float and an empty mapping writes nothing."""
+    from sparrow.storage.run_rows import step_metrics
+
+    with Store.open_writer(tmp_path) as store:
+        with store.connect() as conn:
+            replace_step_metrics(conn, "r", 1, {"a": 1.0, "b": 2, "c": float("inf")})
+            replace_step_metrics(conn, "r", 2, {"a": 5.0})
+            replace_step_metrics(conn, "s", 1, {"a": 7.0})
+            replace_step_metrics(conn, "r", 1, {"a": 3.0, "d": None})
+            replace_step_metrics(conn, "r", 1, {})
+        assert step_metrics(store, "r", 1) == {"a": 3.0, "b": 2.0, "c": None, "d": None}
+        assert step_metrics(store, "r", 2) == {"a": 5.0}
+        assert step_metrics(store, "s", 1) == {"a": 7.0}
+
+
+def test_sample_stats_take_numpy_scalars_and_replace_their_step(tmp_path):
+    """Rows as aggregate_mismatch builds them (numpy scalars, None for unknown roles) come
+    back as written, in order; writing a step again replaces that step's rows only."""
+    import numpy as np
+
+    from sparrow.storage.mismatch_rows import SAMPLE_COLUMNS, replace_sample_stats
+
+    def row(i: int) -> dict:
+        out = dict.fromkeys(SAMPLE_COLUMNS)
+        out.update(
+            prompt=np.int64(i // 2), sample=i % 2, tokens=np.int32(10 + i),
+            mismatch_sum=np.float32(0.5 * i), min_acceptance=np.float64(0.25), estimator="exact",
+        )  # fmt: skip
+        return out
+
+    with Store.open_writer(tmp_path) as store:
+        with store.connect() as conn:
+            replace_sample_stats(conn, "r", 1, [row(i) for i in range(4)])
+            replace_sample_stats(conn, "r", 2, [row(i) for i in range(3)])
+            replace_sample_stats(conn, "r", 1, [row(i) for i in range(2)])
+            got = conn.execute(
+                "SELECT step, prompt, sample, tokens, mismatch_sum, lookup_tokens, estimator "
+                "FROM sample_stats ORDER BY step, prompt, sample"
+            ).fetchall()
+    assert got == [
+        (1, 0, 0, 10, 0.0, None, "exact"),
+        (1, 0, 1, 11, 0.5, None, "exact"),
+        (2, 0, 0, 10, 0.0, None, "exact"),
+        (2, 0, 1, 11, 0.5, None, "exact"),
+        (2, 1, 0, 12, 1.0, None, "exact"),
+    ]
+
+
 def test_a_schedule_keeps_its_scoring_rule_and_dense_heads(tmp_path):
     """selection and dense_heads go in and come back; a row from before them (NULL there)
     comes back without them: the schedule's defaults."""
