@@ -75,7 +75,9 @@ def last_checkpoint(arm_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def outcome(model_dir: Path, tokenizer_dir: Path, examples, samples: int, seed: int) -> dict:
+def outcome(
+    model_dir: Path, tokenizer_dir: Path, examples, samples: int, seed: int, device: str
+) -> dict:
     """Sampled accuracy (chains whose hops and answer are right; share_match as answer_share) of
     dense samples at temperature 1 (evaluate.sampled_accuracy)
     from a checkpoint folder, given the tokenizer of the model it started from."""
@@ -89,7 +91,7 @@ def outcome(model_dir: Path, tokenizer_dir: Path, examples, samples: int, seed: 
         for name in ("tokenizer.json", "tokenizer_config.json"):
             if not (folder / name).exists():
                 shutil.copy(tokenizer_dir / name, folder / name)
-        return sampled_accuracy(folder, examples, samples, seed, device="cuda")
+        return sampled_accuracy(folder, examples, samples, seed, device=device)
 
 
 def main() -> None:
@@ -102,6 +104,7 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=128)
     p.add_argument("--samples", type=int, default=4)
     p.add_argument("--skip-eval", action="store_true")
+    p.add_argument("--device", default="cuda", help="where the outcome decodes (cpu: a dry run)")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     sizes = VARIANTS[args.variant].sizes()
@@ -112,7 +115,9 @@ def main() -> None:
     seed = derived_seed("study-outcome")
     summary = {"study_id": args.study_id, "variant": args.variant, "arms": {}}
     if not args.skip_eval:
-        summary["start"] = outcome(args.model, args.model, examples, args.samples, seed)
+        summary["start"] = outcome(
+            args.model, args.model, examples, args.samples, seed, args.device
+        )
     arms_root = args.workdir / "studies" / args.study_id / "arms"
     for arm_dir in sorted(d for d in arms_root.iterdir() if d.is_dir()):
         arm, entry = arm_dir.name, {}
@@ -125,7 +130,9 @@ def main() -> None:
         checkpoint = last_checkpoint(arm_dir)
         entry["checkpoint"] = None if checkpoint is None else str(checkpoint)
         if checkpoint is not None and not args.skip_eval:
-            entry["outcome"] = outcome(checkpoint, args.model, examples, args.samples, seed)
+            entry["outcome"] = outcome(
+                checkpoint, args.model, examples, args.samples, seed, args.device
+            )
         summary["arms"][arm] = entry
         print(arm, json.dumps(entry), flush=True)
     dense = summary["arms"].get("dense", {}).get("outcome", {}).get("accuracy")
