@@ -7,7 +7,8 @@ arm's per-step CSVs, its outcome on the fixed held-out set, and one summary JSON
 Per arm, from its own DuckDB file (read-only): `<arm>_steps.csv` (every step_metrics name as
 a column), `<arm>_bins.csv` (bin_stats rows), `<arm>_roles.csv` (per step and token role:
 tokens, p5, p1, mean acceptance, share below 0.5; from the token Parquet files),
-`<arm>_stages.csv` (each stage's start, end and seconds per step: stage_runs). The outcome
+`<arm>_stages.csv` (each stage's start, end and seconds per step: stage_runs),
+`<arm>_samples.csv` (sample_stats: one row per trajectory and step). The outcome
 (the pre-registered one): the arm's last checkpoint (trainer weights; no LoRA in this study),
 decoded densely at temperature 1 by the project's engine on the same `--prompts` held-out
 prompts for every arm and seed (stream "study-outcome", seed 0), `--samples` each, mean
@@ -34,6 +35,8 @@ SELECT step, role, count(*) AS tokens,
        quantile_cont(acceptance, 0.05) AS p5, quantile_cont(acceptance, 0.01) AS p1,
        avg(acceptance) AS mean, avg(CAST(acceptance < 0.5 AS DOUBLE)) AS share_below_half
 FROM token_mismatch GROUP BY ALL ORDER BY ALL"""
+# per trajectory: S, S over lookups, the sequence minimum, the log weight (sample_stats)
+SAMPLE_SQL = "SELECT * FROM sample_stats ORDER BY step, prompt, sample"
 # each stage's wall clock per step: where a step's time goes between the stages' own timers
 STAGE_SQL = """
 SELECT step, stage, started_at, finished_at, duration_s FROM stage_runs ORDER BY started_at"""
@@ -126,6 +129,7 @@ def main() -> None:
         write_csv(args.out / f"{arm}_bins.csv", rows_of(arm_dir, "SELECT * FROM bin_stats"))
         write_csv(args.out / f"{arm}_roles.csv", rows_of(arm_dir, ROLE_SQL))
         write_csv(args.out / f"{arm}_stages.csv", rows_of(arm_dir, STAGE_SQL))
+        write_csv(args.out / f"{arm}_samples.csv", rows_of(arm_dir, SAMPLE_SQL))
         entry["steps_done"] = max((row["step"] for row in steps), default=0)
         checkpoint = last_checkpoint(arm_dir)
         entry["checkpoint"] = None if checkpoint is None else str(checkpoint)

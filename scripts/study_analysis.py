@@ -1,0 +1,286 @@
+"""The pre-registered analysis (docs/study.md) over the seeds' folders that
+scripts/study_seed.sh brings back: labels, question (a) per statistic with seed-bootstrap CIs,
+(b) per sparse arm, (c), and the reasons a variant is inconclusive. Written before any seed ran.
+
+    python scripts/study_analysis.py results/v2-s0 results/v2-s1 results/v2-s2 \
+        results/v3-s0 results/v3-s1 results/v3-s2 --out analysis [--resamples 10000]
+
+Each folder is `<variant>-s<seed>` with summary.json (outcomes), `<arm>_steps.csv`,
+`<arm>_bins.csv`, `<arm>_samples.csv` (when kept) and report/summary.json (predicted costs).
+Writes analysis.json and analysis.md into --out. The numbers are
+sparrow/experiments/study_analysis.py's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from sparrow.experiments.study import worst_per_step
+from sparrow.experiments.study_analysis import (
+    DENSE,
+    RESAMPLES,
+    Unit,
+    auc_difference,
+    inconclusive,
+    label,
+    non_inferior,
+    predictor,
+    rule_sufficient,
+    transfer,
+)
+from sparrow.sparse.target import get_statistic
+
+BIN_STATISTICS = ("p1", "p5", "p10", "mean", "min", "share_below_half")
+FIRST = 20  # "a predictor must warn early": the mean over steps 1-20
+NOT_STORED = ("p0.1",)  # pre-registered, but no stored table holds it
+
+
+def read_csv(path: Path) -> list[dict]:
+    """Rows with numbers as floats, empty cells as None; none when the file is missing."""
+    if not path.exists() or not path.stat().st_size:
+        return []
+    rows = []
+    with open(path, newline="") as handle:
+        for row in csv.DictReader(handle):
+            rows.append({k: _value(v) for k, v in row.items()})
+    return rows
+
+
+def _value(text: str):
+    if text == "":
+        return None
+    if text in ("True", "False"):
+        return text == "True"
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def _means(per_step: dict[int, float]) -> dict[str, float]:
+    """{'_first20': mean over steps 1-20, '_all': mean over every step}, where defined."""
+    out = {}
+    first = [v for s, v in per_step.items() if 1 <= s <= FIRST and v is not None]
+    every = [v for s, v in per_step.items() if s >= 1 and v is not None]
+    if first:
+        out["_first20"] = float(np.mean(first))
+    if every:
+        out["_all"] = float(np.mean(every))
+    return out
+
+
+def unit_statistics(folder: Path, arm: str) -> dict[str, float]:
+    """The pre-registered statistics of one arm of one seed."""
+    bins = read_csv(folder / f"{arm}_bins.csv")
+    steps = read_csv(folder / f"{arm}_steps.csv")
+    samples = read_csv(folder / f"{arm}_samples.csv")
+    per_stat: dict[str, dict[int, float]] = {}
+    for name in BIN_STATISTICS:
+        per_stat[name] = worst_per_step(bins, get_statistic(name))
+    ks: dict[int, list[float]] = defaultdict(list)
+    for row in bins:
+        if row.get("ks") is not None and row.get("counted") is not False:
+            ks[int(row["step"])].append(row["ks"])
+    per_stat["ks"] = {s: max(v) for s, v in ks.items()}
+    for key, column in (("S", "mismatch/sequence_mismatch_mean"), ("ess", "mismatch/ess")):
+        per_stat[key] = {
+            int(r["step"]): r[column] for r in steps if r.get(column) is not None and r["step"]
+        }
+    by_step: dict[int, list[dict]] = defaultdict(list)
+    for row in samples:
+        by_step[int(row["step"])].append(row)
+    per_stat["seq_min"] = {
+        s: float(np.mean([r["min_acceptance"] for r in rows if r["min_acceptance"] is not None]))
+        for s, rows in by_step.items()
+        if any(r["min_acceptance"] is not None for r in rows)
+    }
+    per_stat["S_lookup"] = {
+        s: float(np.mean([r["lookup_mismatch_sum"] for r in rows]))
+        for s, rows in by_step.items()
+        if all(r.get("lookup_mismatch_sum") is not None for r in rows)
+    }
+    out = {}
+    for name, values in per_stat.items():
+        for suffix, mean in _means(values).items():
+            out[name + suffix] = mean
+    return out
+
+
+def load_units(folders: list[Path]) -> tuple[list[Unit], dict[tuple[str, int], dict]]:
+    """Every arm of every seed folder; and per (variant, seed) the arms' predicted cost
+    ratios to dense (report/summary.json)."""
+    units, costs = [], {}
+    for folder in folders:
+        found = re.fullmatch(r"(v\d+[a-z-]*)-s(\d+)", folder.name)
+        if not found:
+            raise SystemExit(f"{folder}: expected a folder named <variant>-s<seed>")
+        variant, seed = found.group(1), int(found.group(2))
+        summary = json.loads((folder / "summary.json").read_text())
+        start = summary.get("start", {}).get("accuracy")
+        for arm, entry in summary["arms"].items():
+            steps = read_csv(folder / f"{arm}_steps.csv")
+            evals = [
+                (int(r["step"]), r["eval/accuracy"])
+                for r in steps
+                if r.get("eval/accuracy") is not None
+            ]
+            peak_step, peak = max(evals, key=lambda e: e[1]) if evals else (None, None)
+            units.append(
+                Unit(
+                    variant=variant,
+                    seed=seed,
+                    arm=arm,
+                    outcome=entry.get("outcome", {}).get("accuracy"),
+                    gap=entry.get("gap_to_dense"),
+                    start=start,
+                    peak=peak,
+                    peak_step=peak_step,
+                    steps=int(entry.get("steps_done") or 0),
+                    stats=unit_statistics(folder, arm),
+                )
+            )
+        costs[(variant, seed)] = _cost_ratios(folder / "report" / "summary.json")
+    return units, costs
+
+
+def _cost_ratios(path: Path) -> dict[str, float]:
+    if not path.exists():
+        return {}
+    arms = json.loads(path.read_text())["arms"]
+    eflops = {a["arm"]: a.get("predicted_eflops_per_step") for a in arms}
+    dense = eflops.get(DENSE)
+    return {arm: value / dense for arm, value in eflops.items() if value and dense}
+
+
+def analyse(units: list[Unit], costs: dict, resamples: int = RESAMPLES) -> dict:
+    variants = sorted({u.variant for u in units})
+    names = sorted({k for u in units for k in u.stats})
+    out: dict = {"variants": {}, "not_stored": list(NOT_STORED), "resamples": resamples}
+    for variant in variants:
+        mine = [u for u in units if u.variant == variant]
+        arms = sorted({u.arm for u in mine if u.arm != DENSE})
+        ratio = {
+            arm: _mean([costs.get((variant, u.seed), {}).get(arm) for u in mine if u.arm == arm])
+            for arm in arms
+        }
+        out["variants"][variant] = {
+            "units": [
+                {
+                    "seed": u.seed,
+                    "arm": u.arm,
+                    "steps": u.steps,
+                    "outcome": u.outcome,
+                    "gap": u.gap,
+                    "start": u.start,
+                    "peak": u.peak,
+                    "peak_step": u.peak_step,
+                    "label": label(u),
+                    "flag": "under 100 steps" if u.steps < 100 else None,
+                }
+                for u in sorted(mine, key=lambda u: (u.seed, u.arm))
+            ],
+            "a_predictors": [predictor(mine, name, resamples) for name in names],
+            "a_against_p5": [
+                auc_difference(mine, name, "p5_first20", resamples)
+                for name in names
+                if name != "p5_first20"
+            ],
+            "b_non_inferior": [non_inferior(mine, arm, ratio[arm]) for arm in arms],
+            "c_rule": rule_sufficient(mine),
+            "inconclusive": inconclusive(mine),
+        }
+    if {"v2", "v3"} <= set(variants):
+        v2 = [u for u in units if u.variant == "v2"]
+        v3 = [u for u in units if u.variant == "v3"]
+        out["a_transfer_v2_to_v3"] = [transfer(v2, v3, name) for name in names]
+    return out
+
+
+def _mean(values) -> float | None:
+    found = [v for v in values if v is not None and math.isfinite(v)]
+    return float(np.mean(found)) if found else None
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        return f"[{_fmt(value[0])}, {_fmt(value[1])}]"
+    return str(value)
+
+
+def markdown(result: dict) -> str:
+    lines = ["# Study analysis (pre-registered, docs/study.md)", ""]
+    lines.append(f"Bootstrap: {result['resamples']} resamples of seeds. Not stored, so not")
+    lines.append(f"computed: {', '.join(result['not_stored'])}.")
+    for variant, data in result["variants"].items():
+        lines += ["", f"## {variant}", "", "| seed | arm | steps | outcome | gap | label |"]
+        lines.append("|---|---|---|---|---|---|")
+        for u in data["units"]:
+            lines.append(
+                f"| {u['seed']} | {u['arm']} | {u['steps']} | {_fmt(u['outcome'])} | "
+                f"{_fmt(u['gap'])} | {u['label'] or 'missing'}{' (flagged)' if u['flag'] else ''} |"
+            )
+        lines += [
+            "",
+            "(a) | statistic | units (not stable) | AUC [95% CI] | Spearman with gap [CI] |",
+        ]
+        lines.append("|---|---|---|---|---|")
+        for p in data["a_predictors"]:
+            lines.append(
+                f"| | {p['statistic']} | {p['units']} ({p['not_stable']}) | "
+                f"{_fmt(p['auc'])} {_fmt(p['auc_ci'])} | {_fmt(p['spearman'])} "
+                f"{_fmt(p['spearman_ci'])} |"
+            )
+        lines += ["", "(b) | arm | gaps | one-sided 95% lower | cost / dense | non-inferior |"]
+        lines.append("|---|---|---|---|---|---|")
+        for b in data["b_non_inferior"]:
+            gaps = ", ".join(_fmt(g) for g in b["gaps"])
+            lines.append(
+                f"| | {b['arm']} | {gaps} | {_fmt(b['gap_lower_95'])} | "
+                f"{_fmt(b['cost_ratio'])} | {b['non_inferior']} |"
+            )
+        c = data["c_rule"]
+        lines += ["", f"(c) rule-0.86 stable {c['rule_stable'][0]} of {c['rule_stable'][1]}, "
+                  f"centroid-0.86 {c['centroid_stable'][0]} of {c['centroid_stable'][1]}: "
+                  f"{c['answer']}"]  # fmt: skip
+        reasons = data["inconclusive"]
+        lines.append(
+            f"Inconclusive: {'; '.join(reasons) if reasons else 'no pre-registered reason'}"
+        )
+    if "a_transfer_v2_to_v3" in result:
+        lines += ["", "## Transfer of Youden's threshold, V2 to V3", ""]
+        lines += ["| statistic | share of V3 units labelled right | transfers |", "|---|---|---|"]
+        for t in result["a_transfer_v2_to_v3"]:
+            lines.append(
+                f"| {t['statistic']} | {_fmt(t['share_right'])} | {t.get('transfers', '-')} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("folders", type=Path, nargs="+")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--resamples", type=int, default=RESAMPLES)
+    args = p.parse_args()
+    units, costs = load_units(args.folders)
+    result = analyse(units, costs, args.resamples)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "analysis.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / "analysis.md").write_text(markdown(result))
+    print(args.out / "analysis.md")
+
+
+if __name__ == "__main__":
+    main()

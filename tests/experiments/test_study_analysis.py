@@ -1,0 +1,178 @@
+"""The pre-registered analysis (sparrow/experiments/study_analysis.py, scripts/study_analysis.py)
+on made-up units whose answers are known by hand."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sparrow.experiments.study_analysis import (
+    Unit,
+    inconclusive,
+    label,
+    non_inferior,
+    one_sided_lower,
+    predictor_auc,
+    rule_sufficient,
+    seed_bootstrap,
+    transfer,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def unit(arm="centroid-0.86", seed=0, outcome=0.8, gap=0.0, start=0.3, peak=None, peak_step=None,
+         steps=100, variant="v2", **stats) -> Unit:  # fmt: skip
+    return Unit(variant, seed, arm, outcome, gap, start, peak, peak_step, steps, stats)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "want"),
+    [
+        ({}, "stable"),
+        ({"gap": -0.05}, "stable"),  # the margin itself is inside
+        ({"gap": -0.06}, "stalled"),
+        ({"steps": 99}, "stalled"),  # ran out of steps: not stable, flagged by the report
+        ({"outcome": 0.24, "start": 0.3, "gap": 0.0}, "destabilized"),  # below start - 0.05
+        ({"outcome": 0.7, "peak": 0.85, "peak_step": 40}, "destabilized"),  # learnt, then fell
+        ({"outcome": 0.7, "peak": 0.85, "peak_step": 30}, "stable"),  # a peak by step 30 only
+        ({"steps": 49}, None),  # under 50 steps: missing
+        ({"outcome": None}, None),
+    ],
+)
+def test_labels_follow_the_registered_rules_in_order(kwargs, want):
+    assert label(unit(**kwargs)) == want
+
+
+def test_auc_is_oriented_per_statistic_and_undefined_with_one_label():
+    good = [unit(seed=s, p5_all=0.9, S_all=1.0) for s in range(3)]
+    bad = [unit(seed=s, gap=-0.3, p5_all=0.5, S_all=9.0, arm="fixed") for s in range(3)]
+    assert predictor_auc(good + bad, "p5_all") == 1.0
+    assert predictor_auc(good + bad, "S_all") == 1.0  # a lower S looks fine
+    assert predictor_auc(good, "p5_all") is None
+    dense = [unit(arm="dense", seed=s, p5_all=0.0) for s in range(3)]  # never a sparse unit
+    assert predictor_auc(good + bad + dense, "p5_all") == 1.0
+
+
+def test_the_bootstrap_draws_whole_seeds():
+    """Seed 0 separates perfectly, seed 1 backwards: a draw of seed 0 twice gives 1, of seed
+    1 twice 0, so the interval spans both; a statistic that separates in every seed has a
+    point interval at 1."""
+    units = [
+        unit(seed=0, p5_all=0.9, stat=1.0), unit(seed=0, arm="fixed", gap=-0.3, p5_all=0.1, stat=0.0),
+        unit(seed=1, p5_all=0.1, stat=1.0), unit(seed=1, arm="fixed", gap=-0.3, p5_all=0.9, stat=0.0),
+    ]  # fmt: skip
+    low, high = seed_bootstrap(units, lambda s: predictor_auc(s, "p5_all"), resamples=400)
+    assert (low, high) == (0.0, 1.0)
+    assert seed_bootstrap(units, lambda s: predictor_auc(s, "stat"), resamples=100) == (1.0, 1.0)
+
+
+def test_the_one_sided_t_bound_by_hand():
+    # mean 0, sd 0.02, t(0.95, 2) = 2.919986: 0 - 2.919986 * 0.02 / sqrt(3)
+    assert one_sided_lower([0.0, -0.02, 0.02]) == pytest.approx(-2.919986 * 0.02 / math.sqrt(3))
+    assert one_sided_lower([0.1]) is None
+
+
+def test_non_inferiority_needs_every_check():
+    gaps = [0.0, 0.01, -0.01]
+    arm = [unit(arm="rule-0.86", seed=s, gap=g) for s, g in enumerate(gaps)]
+    assert non_inferior(arm, "rule-0.86", 0.25)["non_inferior"]
+    assert not non_inferior(arm, "rule-0.86", 0.31)["non_inferior"]  # too dear
+    assert not non_inferior(arm, "rule-0.86", None)["non_inferior"]  # no price
+    short = arm[:2] + [unit(arm="rule-0.86", seed=2, gap=-0.01, steps=90)]
+    assert not non_inferior(short, "rule-0.86", 0.25)["all_100_steps"]
+    wide = [unit(arm="rule-0.86", seed=s, gap=g) for s, g in enumerate([0.05, -0.1, 0.0])]
+    assert not non_inferior(wide, "rule-0.86", 0.25)["gap_lower_bound"]
+
+
+def test_question_c():
+    def arms(rule_gaps, centroid_gaps):
+        return [unit(arm="rule-0.86", seed=s, gap=g) for s, g in enumerate(rule_gaps)] + [
+            unit(arm="centroid-0.86", seed=s, gap=g) for s, g in enumerate(centroid_gaps)
+        ]
+
+    assert rule_sufficient(arms([0, 0, 0], [-0.2, -0.2, 0]))["answer"] == "yes"
+    assert rule_sufficient(arms([-0.2, -0.2, 0], [-0.2, -0.2, -0.2]))["answer"] == "no"
+    assert rule_sufficient(arms([-0.2, 0, 0], [0, 0, 0]))["answer"] == "moot"
+    assert rule_sufficient(arms([-0.2, 0, 0], [-0.2, 0, 0]))["answer"] == "open"
+
+
+def test_inconclusive_reasons():
+    dense = [unit(arm="dense", seed=s, outcome=0.35, start=0.3) for s in range(3)]
+    fixed = [unit(arm="fixed", seed=s) for s in range(3)]
+    reasons = inconclusive(dense + fixed)
+    assert any("dense gained under 0.10" in r for r in reasons)
+    assert any("fixed arm came out stable" in r for r in reasons)
+    assert any("every sparse unit is stable" in r for r in reasons)
+    learnt = [unit(arm="dense", seed=s, outcome=0.9, start=0.3) for s in range(3)]
+    mixed = [unit(arm="fixed", seed=s, gap=-0.5) for s in range(3)] + [unit(arm="rule-0.86")]
+    assert inconclusive(learnt + mixed) == []
+
+
+def test_youdens_threshold_from_one_variant_labels_the_other():
+    v2 = [unit(seed=s, p5_all=0.9) for s in range(3)] + [
+        unit(seed=s, arm="fixed", gap=-0.3, p5_all=0.4) for s in range(3)
+    ]
+    v3 = [unit(seed=s, variant="v3", p5_all=0.8) for s in range(3)] + [
+        unit(seed=s, variant="v3", arm="fixed", gap=-0.3, p5_all=0.5 + 0.2 * s) for s in range(3)
+    ]
+    found = transfer(v2, v3, "p5_all")
+    assert found["threshold"] == pytest.approx(0.65)  # halfway between V2's two classes
+    # V3: the stable units (0.8) and one not-stable unit (0.5) right, 0.7 and 0.9 wrong
+    assert found["share_right"] == pytest.approx(4 / 6) and not found["transfers"]
+
+
+def _write(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=sorted({k for r in rows for k in r}))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def test_the_script_reads_seed_folders_and_writes_the_analysis(tmp_path):
+    """Two seeds of one variant, two arms, files as scripts/study_outcome.py writes them."""
+    for seed in (0, 1):
+        folder = tmp_path / f"v2-s{seed}"
+        (folder / "report").mkdir(parents=True)
+        arms = {
+            "dense": {"steps_done": 100, "outcome": {"accuracy": 0.8}, "gap_to_dense": 0.0},
+            "fixed": {"steps_done": 100, "outcome": {"accuracy": 0.3}, "gap_to_dense": -0.5},
+        }
+        (folder / "summary.json").write_text(
+            json.dumps({"arms": arms, "start": {"accuracy": 0.32}})
+        )
+        (folder / "report" / "summary.json").write_text(
+            json.dumps({"arms": [{"arm": "dense", "predicted_eflops_per_step": 10.0},
+                                 {"arm": "fixed", "predicted_eflops_per_step": 2.0}]})
+        )  # fmt: skip
+        for arm, p5 in (("dense", 0.99), ("fixed", 0.2)):
+            _write(folder / f"{arm}_steps.csv", [
+                {"step": s, "eval/accuracy": 0.5 if s == 10 else "", "mismatch/ess": 0.9,
+                 "mismatch/sequence_mismatch_mean": 1 - p5} for s in range(1, 101)
+            ])  # fmt: skip
+            _write(folder / f"{arm}_bins.csv", [
+                {"step": s, "bin": b, "p5": p5 + 0.01 * b, "p1": p5, "p10": p5, "mean": p5,
+                 "min": p5, "share_below_half": 1 - p5, "ks": 0.1, "counted": True}
+                for s in range(1, 101) for b in (0, 1)
+            ])  # fmt: skip
+    out = tmp_path / "analysis"
+    done = subprocess.run(
+        [sys.executable, "scripts/study_analysis.py", str(tmp_path / "v2-s0"),
+         str(tmp_path / "v2-s1"), "--out", str(out), "--resamples", "50"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads((out / "analysis.json").read_text())["variants"]["v2"]
+    assert [u["label"] for u in result["units"]] == ["stable", "stalled"] * 2
+    p5 = next(p for p in result["a_predictors"] if p["statistic"] == "p5_first20")
+    assert p5["units"] == 2 and p5["not_stable"] == 2 and p5["auc"] is None  # one label only
+    (fixed,) = result["b_non_inferior"]
+    assert fixed["cost_ratio"] == pytest.approx(0.2) and not fixed["non_inferior"]
+    assert "every sparse unit is stalled: no AUC" in result["inconclusive"]
+    assert "| 1 | fixed | 100 | 0.300 | -0.500 | stalled |" in (out / "analysis.md").read_text()
