@@ -231,27 +231,26 @@ def markdown(result: dict) -> str:
                 f"| {u['seed']} | {u['arm']} | {u['steps']} | {_fmt(u['outcome'])} | "
                 f"{_fmt(u['gap'])} | {u['label'] or 'missing'}{' (flagged)' if u['flag'] else ''} |"
             )
-        lines += [
-            "",
-            "(a) | statistic | units (not stable) | AUC [95% CI] | Spearman with gap [CI] |",
-        ]
-        lines.append("|---|---|---|---|---|")
+        lines += ["", '### (a) statistics for "not stable"', ""]
+        lines.append("| statistic | units (not stable) | AUC [95% CI] | Spearman with gap [CI] |")
+        lines.append("|---|---|---|---|")
         for p in data["a_predictors"]:
             lines.append(
-                f"| | {p['statistic']} | {p['units']} ({p['not_stable']}) | "
+                f"| {p['statistic']} | {p['units']} ({p['not_stable']}) | "
                 f"{_fmt(p['auc'])} {_fmt(p['auc_ci'])} | {_fmt(p['spearman'])} "
                 f"{_fmt(p['spearman_ci'])} |"
             )
-        lines += ["", "(b) | arm | gaps | one-sided 95% lower | cost / dense | non-inferior |"]
-        lines.append("|---|---|---|---|---|---|")
+        lines += ["", "### (b) non-inferiority", ""]
+        lines.append("| arm | gaps | one-sided 95% lower | cost / dense | non-inferior |")
+        lines.append("|---|---|---|---|---|")
         for b in data["b_non_inferior"]:
             gaps = ", ".join(_fmt(g) for g in b["gaps"])
             lines.append(
-                f"| | {b['arm']} | {gaps} | {_fmt(b['gap_lower_95'])} | "
+                f"| {b['arm']} | {gaps} | {_fmt(b['gap_lower_95'])} | "
                 f"{_fmt(b['cost_ratio'])} | {b['non_inferior']} |"
             )
         c = data["c_rule"]
-        lines += ["", f"(c) rule-0.86 stable {c['rule_stable'][0]} of {c['rule_stable'][1]}, "
+        lines += ["", "### (c)", "", f"rule-0.86 stable {c['rule_stable'][0]} of {c['rule_stable'][1]}, "
                   f"centroid-0.86 {c['centroid_stable'][0]} of {c['centroid_stable'][1]}: "
                   f"{c['answer']}"]  # fmt: skip
         reasons = data["inconclusive"]
