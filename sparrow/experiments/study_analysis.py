@@ -79,9 +79,13 @@ def label(unit: Unit) -> str | None:
     return "stalled"
 
 
+WINDOWS = ("_first20", "_all")  # a statistic's name ends in the steps its mean is over
+
+
 def oriented(name: str, value: float) -> float:
-    """The statistic on the "higher looks fine" axis."""
-    return -value if name.split("_first")[0].split("_all")[0] in LOWER_IS_FINE else value
+    """The statistic (`<statistic><window>`) on the "higher looks fine" axis."""
+    base = next((name.removesuffix(w) for w in WINDOWS if name.endswith(w)), name)
+    return -value if base in LOWER_IS_FINE else value
 
 
 def _labelled(units: Sequence[Unit], name: str) -> list[tuple[Unit, bool, float]]:

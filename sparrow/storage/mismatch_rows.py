@@ -72,13 +72,8 @@ def replace_sample_stats(conn, run_id: str, step: int, rows: Sequence[Mapping[st
     conn.execute("DELETE FROM sample_stats WHERE run_id = ? AND step = ?", [run_id, step])
     if not rows:
         return
-    types = dict(
-        conn.execute(
-            "SELECT column_name, data_type FROM information_schema.columns "
-            "WHERE table_name = 'sample_stats'"
-        ).fetchall()
-    )
-    lists = ", ".join(f"unnest(?::{types[c]}[])" for c in SAMPLE_COLUMNS)
+    # the insert casts each list to its column's type (a list of None included)
+    lists = ", ".join("unnest(?)" for _ in SAMPLE_COLUMNS)
     conn.execute(
         f"INSERT INTO sample_stats (run_id, step, {', '.join(SAMPLE_COLUMNS)}) "
         f"SELECT ?, ?, {lists}",
