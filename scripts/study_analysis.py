@@ -219,36 +219,48 @@ def _fmt(value) -> str:
     return str(value)
 
 
+def _table(header: list[str], rows) -> list[str]:
+    """A markdown table's lines: the header, its rule, one line per row of cells."""
+    return [
+        f"| {' | '.join(header)} |",
+        "|" + "---|" * len(header),
+        *(f"| {' | '.join(str(cell) for cell in row)} |" for row in rows),
+    ]
+
+
 def markdown(result: dict) -> str:
     lines = ["# Study analysis (pre-registered, docs/study.md)", ""]
     lines.append(f"Bootstrap: {result['resamples']} resamples of seeds. Not stored, so not")
     lines.append(f"computed: {', '.join(result['not_stored'])}.")
     for variant, data in result["variants"].items():
-        lines += ["", f"## {variant}", "", "| seed | arm | steps | outcome | gap | label |"]
-        lines.append("|---|---|---|---|---|---|")
-        for u in data["units"]:
-            lines.append(
-                f"| {u['seed']} | {u['arm']} | {u['steps']} | {_fmt(u['outcome'])} | "
-                f"{_fmt(u['gap'])} | {u['label'] or 'missing'}{' (flagged)' if u['flag'] else ''} |"
-            )
+        lines += ["", f"## {variant}", ""]
+        lines += _table(
+            ["seed", "arm", "steps", "outcome", "gap", "label"],
+            (
+                [u["seed"], u["arm"], u["steps"], _fmt(u["outcome"]), _fmt(u["gap"]),
+                 f"{u['label'] or 'missing'}{' (flagged)' if u['flag'] else ''}"]
+                for u in data["units"]
+            ),
+        )  # fmt: skip
         lines += ["", '### (a) statistics for "not stable"', ""]
-        lines.append("| statistic | units (not stable) | AUC [95% CI] | Spearman with gap [CI] |")
-        lines.append("|---|---|---|---|")
-        for p in data["a_predictors"]:
-            lines.append(
-                f"| {p['statistic']} | {p['units']} ({p['not_stable']}) | "
-                f"{_fmt(p['auc'])} {_fmt(p['auc_ci'])} | {_fmt(p['spearman'])} "
-                f"{_fmt(p['spearman_ci'])} |"
-            )
+        lines += _table(
+            ["statistic", "units (not stable)", "AUC [95% CI]", "Spearman with gap [CI]"],
+            (
+                [p["statistic"], f"{p['units']} ({p['not_stable']})",
+                 f"{_fmt(p['auc'])} {_fmt(p['auc_ci'])}",
+                 f"{_fmt(p['spearman'])} {_fmt(p['spearman_ci'])}"]
+                for p in data["a_predictors"]
+            ),
+        )  # fmt: skip
         lines += ["", "### (b) non-inferiority", ""]
-        lines.append("| arm | gaps | one-sided 95% lower | cost / dense | non-inferior |")
-        lines.append("|---|---|---|---|---|")
-        for b in data["b_non_inferior"]:
-            gaps = ", ".join(_fmt(g) for g in b["gaps"])
-            lines.append(
-                f"| {b['arm']} | {gaps} | {_fmt(b['gap_lower_95'])} | "
-                f"{_fmt(b['cost_ratio'])} | {b['non_inferior']} |"
-            )
+        lines += _table(
+            ["arm", "gaps", "one-sided 95% lower", "cost / dense", "non-inferior"],
+            (
+                [b["arm"], ", ".join(_fmt(g) for g in b["gaps"]), _fmt(b["gap_lower_95"]),
+                 _fmt(b["cost_ratio"]), b["non_inferior"]]
+                for b in data["b_non_inferior"]
+            ),
+        )  # fmt: skip
         c = data["c_rule"]
         lines += ["", "### (c)", "", f"rule-0.86 stable {c['rule_stable'][0]} of {c['rule_stable'][1]}, "
                   f"centroid-0.86 {c['centroid_stable'][0]} of {c['centroid_stable'][1]}: "
@@ -259,11 +271,13 @@ def markdown(result: dict) -> str:
         )
     if "a_transfer_v2_to_v3" in result:
         lines += ["", "## Transfer of Youden's threshold, V2 to V3", ""]
-        lines += ["| statistic | share of V3 units labelled right | transfers |", "|---|---|---|"]
-        for t in result["a_transfer_v2_to_v3"]:
-            lines.append(
-                f"| {t['statistic']} | {_fmt(t['share_right'])} | {t.get('transfers', '-')} |"
-            )
+        lines += _table(
+            ["statistic", "share of V3 units labelled right", "transfers"],
+            (
+                [t["statistic"], _fmt(t["share_right"]), t.get("transfers", "-")]
+                for t in result["a_transfer_v2_to_v3"]
+            ),
+        )
     return "\n".join(lines) + "\n"
 
 
