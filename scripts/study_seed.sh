@@ -10,8 +10,9 @@
 # Time plan (docs/study.md, "GPU plan" and its fourth addendum): calibration about 2 min,
 # the arms at most STUDY_MINUTES (default 21), outcome and CSVs about 2.5 min. An arm that has not finished
 # by then is stopped (Ctrl-C: resumable, but its state does not outlive the machine) and
-# reported with the steps it did. SKIP_RULE_ARMS=1 drops the two selection-rule arms
-# (for a tree without schedule.selection).
+# reported with the steps it did. ARMS=a,b,... runs those arms of the YAML only (a seed split
+# over holds, docs/study.md's third addendum), with only the schedules they need calibrated;
+# SKIP_RULE_ARMS=1 drops the two selection-rule arms (for a tree without schedule.selection).
 set -euo pipefail
 VARIANT=${1:?variant: v2 or v3}
 SEED=${2:?seed}
@@ -42,16 +43,36 @@ PY
 GPUS=${GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l)}
 [ "$GPUS" -ge 1 ] || { echo "no GPU visible (set GPUS=N)" >&2; exit 2; }
 gpu() { echo $(( $1 % GPUS )); }   # the i-th run's GPU, round-robin
-if [ "${SKIP_RULE_ARMS:-0}" = 1 ]; then
-  python - "$STUDY" "$DEST/study.yaml" <<'PY'
+# the arms this hold runs: every arm of the YAML, or ARMS's, less the rule arms if SKIP_RULE_ARMS=1
+python - "$STUDY" "$DEST/study.yaml" "${ARMS:-}" "${SKIP_RULE_ARMS:-0}" <<'PY'
 import sys
 from omegaconf import OmegaConf
 data = OmegaConf.to_container(OmegaConf.load(sys.argv[1]))
-data["arms"] = [a for a in data["arms"] if not any("schedule.selection" in o for o in a.get("overrides", []))]
+names = [a["name"] for a in data["arms"]]
+wanted = [n.strip() for n in sys.argv[3].split(",") if n.strip()] or names
+unknown = sorted(set(wanted) - set(names))
+if unknown:
+    sys.exit(f"ARMS names {unknown}, not arms of {sys.argv[1]} ({', '.join(names)})")
+data["arms"] = [a for a in data["arms"] if a["name"] in wanted]
+if sys.argv[4] == "1":
+    data["arms"] = [a for a in data["arms"] if not any("schedule.selection" in o for o in a.get("overrides", []))]
 OmegaConf.save(OmegaConf.create(data), sys.argv[2])
 PY
-  STUDY=$DEST/study.yaml
-fi
+STUDY=$DEST/study.yaml
+# the schedules those arms name, once each: NAME TARGET SELECTION
+CALIBRATIONS=$(python - "$STUDY" <<'PY'
+import sys
+from omegaconf import OmegaConf
+seen = {}
+for arm in OmegaConf.to_container(OmegaConf.load(sys.argv[1]))["arms"]:
+    o = dict(x.split("=", 1) for x in arm.get("overrides", []) if "=" in x)
+    if "schedule.name" in o and "schedule.target" in o:
+        seen.setdefault(o["schedule.name"], (o["schedule.target"], o.get("schedule.selection", "")))
+for name, (target, selection) in seen.items():
+    print(name, target, selection or "-")
+PY
+)
+NARMS=$(python -c "import sys; from omegaconf import OmegaConf; print(len(OmegaConf.load(sys.argv[1]).arms))" "$STUDY")
 START=$(date +%s)
 log() { echo "[$(( $(date +%s) - START ))s] $*" | tee -a "$DEST/timeline.txt"; }
 
@@ -66,18 +87,19 @@ calibrate() {  # GPU NAME TARGET [extra overrides]
 }
 log "calibrating"
 # all at once, round-robin over the GPUs (the pilot's two rounds of four and two took 170 s)
-calibrate "$(gpu 0)" $VARIANT-centroid-0.75 0.75 & calibrate "$(gpu 1)" $VARIANT-centroid-0.82 0.82 &
-calibrate "$(gpu 2)" $VARIANT-centroid-0.86 0.86 & calibrate "$(gpu 3)" $VARIANT-centroid-0.92 0.92 &
-if [ "${SKIP_RULE_ARMS:-0}" != 1 ]; then
-  calibrate "$(gpu 4)" $VARIANT-rule-0.86 0.86 "schedule.selection=$RULE" &
-  calibrate "$(gpu 5)" $VARIANT-rule-0.80 0.80 "schedule.selection=$RULE" &
-fi
+i=0
+while read -r name target selection; do
+  [ -n "$name" ] || continue
+  extra=(); [ "$selection" = - ] || extra=("schedule.selection=$selection")
+  calibrate "$(gpu $i)" "$name" "$target" "${extra[@]}" &
+  i=$((i + 1))
+done <<< "$CALIBRATIONS"
 wait
 log "calibrated"
 sparrow query --workdir "$WORK" --csv "SELECT * FROM calibration ORDER BY ALL" >"$DEST/calibration.csv" || true
 
-# the arms: nine slots round-robin over the GPUs (with 4: 3 on GPU 0, 2 on each other), all at once
-SLOTS=$(for i in 0 1 2 3 4 5 6 7 8; do gpu $i; done | paste -sd,)
+# the arms: one slot each, round-robin over the GPUs (nine on 4: 3 on GPU 0, 2 on each other), all at once
+SLOTS=$(for ((i = 0; i < NARMS; i++)); do gpu $i; done | paste -sd,)
 log "study $ID: up to $STUDY_MINUTES minutes on GPUs $SLOTS, rule arms $RULE"
 timeout --signal=INT --kill-after=120 "${STUDY_MINUTES}m" \
   sparrow study run "$ID" --study "$STUDY" --gpus "$SLOTS" \

@@ -23,7 +23,7 @@ for i in $(seq 0 $((FAKE_GPUS - 1))); do echo "GPU $i: fake"; done
 """
 
 
-def _run(tmp_path: Path, variant: str, gpus: int) -> list[str]:
+def _run(tmp_path: Path, variant: str, gpus: int, **extra: str) -> list[str]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, text in (("sparrow", FAKE_SPARROW), ("nvidia-smi", FAKE_SMI)):
@@ -37,6 +37,7 @@ def _run(tmp_path: Path, variant: str, gpus: int) -> list[str]:
         "OUT": str(tmp_path / "out"),
         "WORK": str(tmp_path / "work"),
         "STUDY_MINUTES": "1",
+        **extra,
     }
     done = subprocess.run(
         ["bash", str(SCRIPT), variant, "0", str(tmp_path / "model")],
@@ -75,3 +76,35 @@ def test_the_seed_asks_for_the_yamls_task_rule_and_every_gpu(tmp_path, variant, 
     (run,) = [c for c in calls if " study run " in c]
     slots = ",".join(str(i % gpus) for i in range(9))
     assert f"--gpus {slots}" in run
+
+
+def test_a_seed_split_over_holds_runs_and_calibrates_its_arms_only(tmp_path):
+    calls = _run(tmp_path, "v2", 2, ARMS="dense,fixed,centroid-0.75,centroid-0.86,rule-0.86")
+    calibrations = sorted(
+        c.split("calibrate.name=")[1].split()[0] for c in calls if " calibrate " in f" {c} "
+    )
+    assert calibrations == ["v2-centroid-0.75", "v2-centroid-0.86", "v2-rule-0.86"]
+    (run,) = [c for c in calls if " study run " in c]
+    assert "--gpus 0,1,0,1,0" in run
+    study = OmegaConf.load(tmp_path / "out" / "v2-s0" / "study.yaml")
+    assert [a.name for a in study.arms] == [
+        "dense",
+        "fixed",
+        "centroid-0.75",
+        "centroid-0.86",
+        "rule-0.86",
+    ]
+
+
+def test_the_notis_arm_calibrates_the_schedule_it_shares(tmp_path):
+    calls = _run(tmp_path, "v2", 2, ARMS="notis-0.75")
+    (calibration,) = [c for c in calls if " calibrate " in f" {c} "]
+    assert "calibrate.name=v2-centroid-0.75" in calibration
+    assert "schedule.target=0.75" in calibration and "schedule.selection" not in calibration
+
+
+def test_an_unknown_arm_is_one_error_that_names_it(tmp_path):
+    bin_dir = tmp_path / "bin"
+    with pytest.raises(AssertionError, match="centroid-0.5"):
+        _run(tmp_path, "v2", 2, ARMS="dense,centroid-0.5")
+    assert not (tmp_path / "calls.txt").exists() and bin_dir.exists()
