@@ -25,6 +25,7 @@ import fcntl
 import logging
 import numbers
 import os
+import shutil
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -35,8 +36,10 @@ import yaml
 
 from sparrow.config import SparrowConfig, to_yaml
 from sparrow.errors import SparrowError
+from sparrow.model.builtin import cache_dir
 from sparrow.sparse.io import schedule_to_dict
 from sparrow.sparse.schedule import Schedule
+from sparrow.storage.mlflow_store import restamp_default_experiment
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -95,7 +98,9 @@ def _make_sqlite_whole(uri: str) -> None:
     """Make a new SQLite store under another name and rename it into place once MLflow has
     made all its tables. MLflow's migrations commit one by one, so a process killed among them
     (a run's first seconds) would leave a store on which every later open fails with "table
-    ... already exists". Called under the first-use lock, so a scratch store left is stale."""
+    ... already exists". Called under the first-use lock, so a scratch store left is stale.
+    The migrations take 1-3 s; a new store is a copy of an empty one this MLflow version made
+    before (`_store_template`), kept there by the first store made without one."""
     if not uri.startswith("sqlite:///"):
         return
     path = Path(uri[len("sqlite:///") :])
@@ -103,13 +108,47 @@ def _make_sqlite_whole(uri: str) -> None:
         stale.unlink()
     if path.exists():
         return
-    from mlflow.tracking import MlflowClient
-
     scratch = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    scratch_uri = f"sqlite:///{scratch.as_posix()}"
-    MlflowClient(tracking_uri=scratch_uri).search_experiments(max_results=1)
-    _close_engine(scratch_uri)
+    template = _store_template()
+    if template.is_file():
+        shutil.copyfile(template, scratch)
+        _restamp_default_experiment(scratch)
+    else:
+        from mlflow.tracking import MlflowClient
+
+        scratch_uri = f"sqlite:///{scratch.as_posix()}"
+        MlflowClient(tracking_uri=scratch_uri).search_experiments(max_results=1)
+        _close_engine(scratch_uri)
+        _keep_template(scratch, template)
     os.replace(scratch, path)
+
+
+def _store_template() -> Path:
+    """Where an empty store of the installed MLflow version is kept, in Sparrow's cache folder
+    ($SPARROW_CACHE_DIR, else ~/.cache/sparrow). The version is in the name because each
+    version's migrations end at its own schema."""
+    from importlib.metadata import version
+
+    return cache_dir() / f"mlflow-{version('mlflow')}-empty.db"
+
+
+def _keep_template(store: Path, template: Path) -> None:
+    """Copy a store MLflow has just made (nothing in it yet) to `template`, whole or not at all
+    (a copy under another name renamed into place). A cache that cannot be written is skipped:
+    the next store is migrated again."""
+    try:
+        template.parent.mkdir(parents=True, exist_ok=True)
+        part = template.with_name(f".{template.name}.tmp-{os.getpid()}")
+        shutil.copyfile(store, part)
+        os.replace(part, template)
+    except OSError:
+        pass
+
+
+def _restamp_default_experiment(store: Path) -> None:
+    """Give the copied store's "Default" experiment what MLflow gives it when it makes a store:
+    the time now and `./mlruns/0` of this process's directory as its artifact location."""
+    restamp_default_experiment(store, str(Path("mlruns").resolve() / "0"), int(time.time() * 1000))
 
 
 def _close_engine(uri: str) -> None:

@@ -295,14 +295,18 @@ def test_a_process_killed_while_the_store_is_made_leaves_a_store_that_opens(tmp_
     opens the store and makes its run. The store is made under another name and renamed
     into place whole, so a half-made one (which fails with "table ... already exists" on every
     later open) never stands at the store's path."""
+    import os
     import subprocess
     import sys
 
     work = tmp_path / "work"
+    # no kept empty store to copy: MLflow makes this one by its migrations
+    env = dict(os.environ, SPARROW_CACHE_DIR=str(tmp_path / "cache"))
     done = subprocess.run(
         [sys.executable, "-c", _KILLED_CHILD, str(work)],
         capture_output=True,
         text=True,
+        env=env,
     )
     assert done.returncode == 9, done.stderr[-2000:]
     tracker = Tracker.start(cfg, "k", work)
@@ -317,3 +321,66 @@ def test_a_damaged_store_is_one_named_error(tmp_path, cfg):
     with pytest.raises(TrackingError, match=r"mlflow\.db cannot be used .*move it aside"):
         Tracker.start(cfg, "k", work)
     assert (work / "mlflow.db").read_bytes() == b"not a database" * 400  # left as it was
+
+
+def _store_contents(path):
+    """(schema, experiments without their times, alembic version) of a SQLite store."""
+    import sqlite3
+    from contextlib import closing
+
+    with closing(sqlite3.connect(path)) as conn:
+        # a table's clauses as a sorted list: MLflow's migrations write some constraints in
+        # an order that differs from one store it makes to the next
+        schema = sorted(
+            (kind, name, sorted(part.strip() for part in (sql or "").split(",")))
+            for kind, name, sql in conn.execute("SELECT type, name, sql FROM sqlite_master")
+        )
+        experiments = conn.execute(
+            "SELECT experiment_id, name, artifact_location, lifecycle_stage FROM experiments"
+        ).fetchall()
+        times = conn.execute("SELECT creation_time, last_update_time FROM experiments").fetchall()
+        version = conn.execute("SELECT version_num FROM alembic_version").fetchall()
+    return schema, experiments, version, times
+
+
+def test_a_new_store_is_a_copy_of_the_kept_empty_one_and_equals_a_made_one(tmp_path, monkeypatch):
+    """The first store MLflow makes is kept; later ones are copies of it, made without MLflow,
+    equal to a store MLflow makes (tables, version, the Default experiment's location) and
+    stamped with their own time."""
+    import time
+
+    from sparrow.runtime import tracking
+
+    monkeypatch.setenv("SPARROW_CACHE_DIR", str(tmp_path / "cache"))
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    tracking._make_sqlite_whole(f"sqlite:///{tmp_path / 'first.db'}")
+    template = tracking._store_template()
+    assert template.is_file() and template.name == f"mlflow-{mlflow.__version__}-empty.db"
+    # another directory: MLflow puts the Default experiment's artifacts under the process's
+    monkeypatch.chdir(tmp_path / "b")
+    made, copied = tmp_path / "made.db", tmp_path / "copied.db"
+    mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{made}").search_experiments()
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a kept empty store was there to copy")
+
+    monkeypatch.setattr(mlflow.tracking, "MlflowClient", refused)
+    before = int(time.time() * 1000)
+    tracking._make_sqlite_whole(f"sqlite:///{copied}")
+    *want, _ = _store_contents(made)
+    *got, times = _store_contents(copied)
+    assert got == want and want[1][0][1] == "Default" and "/b/mlruns/" in want[1][0][2]
+    assert all(created >= before and updated >= before for created, updated in times)
+    monkeypatch.undo()
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{copied}")
+    assert client.create_experiment("x") and [e.name for e in client.search_experiments()]
+
+
+def test_a_cache_that_cannot_be_written_makes_each_store_by_migration(tmp_path, monkeypatch, cfg):
+    (tmp_path / "cache").write_text("a file where the cache folder would be")
+    monkeypatch.setenv("SPARROW_CACHE_DIR", str(tmp_path / "cache" / "sub"))
+    tracker = Tracker.start(cfg, "k", tmp_path / "work")
+    assert not tracker.resumed and (tmp_path / "work" / "mlflow.db").is_file()
+    assert list(tmp_path.glob("cache*")) == [tmp_path / "cache"]
