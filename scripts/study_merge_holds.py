@@ -25,7 +25,8 @@ import shutil
 import sys
 from pathlib import Path
 
-DENSE = "dense"
+from sparrow.experiments.study_analysis import DENSE, set_gaps_to_dense
+
 MEASURED = ("topk_pages", "bin", "n", "p1", "p5", "p10", "mean")
 
 
@@ -81,10 +82,7 @@ def merge(holds: list[Path], out: Path) -> dict:
                 shutil.copy2(csv_path, out / csv_path.name)
         if DENSE in summary["arms"] and "start" in summary:
             merged["start"] = summary["start"]
-    dense = merged["arms"].get(DENSE, {}).get("outcome", {}).get("accuracy")
-    for entry in merged["arms"].values():
-        accuracy = entry.get("outcome", {}).get("accuracy")
-        entry["gap_to_dense"] = None if None in (dense, accuracy) else accuracy - dense
+    set_gaps_to_dense(merged["arms"])
     (out / "summary.json").write_text(json.dumps(merged, indent=2) + "\n")
     reports = [hold / "report" / "summary.json" for hold in holds]
     report_arms = [a for r in reports if r.exists() for a in json.loads(r.read_text())["arms"]]

@@ -26,6 +26,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from sparrow.experiments.study_analysis import set_gaps_to_dense
 from sparrow.experiments.testbed.data import VARIANTS, derived_seed, held_out_examples
 from sparrow.storage import query
 from sparrow.storage.errors import StorageError
@@ -139,10 +140,7 @@ def main() -> None:
             )
         summary["arms"][arm] = entry
         print(arm, json.dumps(entry), flush=True)
-    dense = summary["arms"].get("dense", {}).get("outcome", {}).get("accuracy")
-    for entry in summary["arms"].values():
-        accuracy = entry.get("outcome", {}).get("accuracy")
-        entry["gap_to_dense"] = None if None in (dense, accuracy) else accuracy - dense
+    set_gaps_to_dense(summary["arms"])
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 

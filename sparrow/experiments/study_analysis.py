@@ -61,6 +61,15 @@ class Unit:
         return self.arm != DENSE
 
 
+def set_gaps_to_dense(arms: Mapping[str, dict]) -> None:
+    """Each summary entry's `gap_to_dense`: its outcome's accuracy minus the dense arm's (None
+    where either has no outcome)."""
+    dense = arms.get(DENSE, {}).get("outcome", {}).get("accuracy")
+    for entry in arms.values():
+        accuracy = entry.get("outcome", {}).get("accuracy")
+        entry["gap_to_dense"] = None if None in (dense, accuracy) else accuracy - dense
+
+
 def label(unit: Unit) -> str | None:
     """The unit's label (module doc); None when it is missing (under 50 steps, no outcome)."""
     if unit.steps < MIN_STEPS or unit.outcome is None:
