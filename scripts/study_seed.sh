@@ -44,7 +44,7 @@ GPUS=${GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l)}
 [ "$GPUS" -ge 1 ] || { echo "no GPU visible (set GPUS=N)" >&2; exit 2; }
 gpu() { echo $(( $1 % GPUS )); }   # the i-th run's GPU, round-robin
 # the arms this hold runs: every arm of the YAML, or ARMS's, less the rule arms if SKIP_RULE_ARMS=1
-python - "$STUDY" "$DEST/study.yaml" "${ARMS:-}" "${SKIP_RULE_ARMS:-0}" <<'PY'
+NARMS=$(python - "$STUDY" "$DEST/study.yaml" "${ARMS:-}" "${SKIP_RULE_ARMS:-0}" <<'PY'
 import sys
 from omegaconf import OmegaConf
 data = OmegaConf.to_container(OmegaConf.load(sys.argv[1]))
@@ -57,7 +57,9 @@ data["arms"] = [a for a in data["arms"] if a["name"] in wanted]
 if sys.argv[4] == "1":
     data["arms"] = [a for a in data["arms"] if not any("schedule.selection" in o for o in a.get("overrides", []))]
 OmegaConf.save(OmegaConf.create(data), sys.argv[2])
+print(len(data["arms"]))
 PY
+)
 STUDY=$DEST/study.yaml
 # the schedules those arms name, once each: NAME TARGET SELECTION
 CALIBRATIONS=$(python - "$STUDY" <<'PY'
@@ -72,7 +74,6 @@ for name, (target, selection) in seen.items():
     print(name, target, selection or "-")
 PY
 )
-NARMS=$(python -c "import sys; from omegaconf import OmegaConf; print(len(OmegaConf.load(sys.argv[1]).arms))" "$STUDY")
 START=$(date +%s)
 log() { echo "[$(( $(date +%s) - START ))s] $*" | tee -a "$DEST/timeline.txt"; }
 
