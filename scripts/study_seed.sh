@@ -5,8 +5,11 @@
 # sparrow/conf/study/study_<variant>.yaml at once for 100 steps, then per-step CSVs, the
 # held-out outcome of every arm and summary.json under $OUT/<variant>-s<seed>/.
 #
-#   bash scripts/study_seed.sh v2 0 /path/to/tb-v2      # model: scripts/train_testbed_model.py
+#   bash scripts/study_seed.sh v2 0          # the kept admitted model, models/testbed-v2-small
+#   bash scripts/study_seed.sh v2 0 /path/to/tb-v2      # another (scripts/train_testbed_model.py)
 #
+# A model folder with training_info.json must hold the weights it names (sha256), else the
+# script stops before any run; the seed folder records the model's sha256 (model.json).
 # Time plan (docs/study.md, "GPU plan" and its fourth addendum): calibration about 2 min,
 # the arms at most STUDY_MINUTES (default 21), outcome and CSVs about 2.5 min. An arm that has not finished
 # by then is stopped (Ctrl-C: resumable, but its state does not outlive the machine) and
@@ -16,7 +19,7 @@
 set -euo pipefail
 VARIANT=${1:?variant: v2 or v3}
 SEED=${2:?seed}
-MODEL=${3:?the testbed model folder}
+MODEL=${3:-models/testbed-$VARIANT-small}
 OUT=${OUT:-/tmp/study-out}
 WORK=${WORK:-/tmp/sw-$VARIANT-s$SEED}
 ID=$VARIANT-s$SEED
@@ -28,6 +31,23 @@ case $VARIANT in
   *) echo "variant must be v2 or v3" >&2; exit 2 ;;
 esac
 STUDY=sparrow/conf/study/study_$VARIANT.yaml
+[ -d "$MODEL" ] || { echo "no model folder $MODEL (the third argument)" >&2; exit 2; }
+MODEL=$(cd "$MODEL" && pwd)  # absolute: the arms' processes need not share this folder
+# the weights are the ones training_info.json names, or nothing runs
+python - "$MODEL" "$DEST/model.json" <<'PY'
+import hashlib, json, sys
+from pathlib import Path
+folder, out = Path(sys.argv[1]), Path(sys.argv[2])
+record = {"model": str(folder)}
+info = folder / "training_info.json"
+if info.exists():
+    want = json.loads(info.read_text()).get("model_safetensors_sha256")
+    got = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
+    if want and got != want:
+        sys.exit(f"{folder}/model.safetensors has sha256 {got}, training_info.json names {want}")
+    record["model_safetensors_sha256"] = got
+out.write_text(json.dumps(record, indent=1) + "\n")
+PY
 # the task, the length and the rule arms' selection come from the study's YAML alone
 read -r SPEC TOKENS RULE < <(python - "$STUDY" <<'PY'
 import sys

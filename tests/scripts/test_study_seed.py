@@ -4,7 +4,9 @@ round-robin over however many there are), without a GPU or a run."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +25,13 @@ for i in $(seq 0 $((FAKE_GPUS - 1))); do echo "GPU $i: fake"; done
 """
 
 
-def _run(tmp_path: Path, variant: str, gpus: int, **extra: str) -> list[str]:
+def _run(
+    tmp_path: Path, variant: str, gpus: int, model: str | None = "", **extra: str
+) -> list[str]:
+    """The CLI calls of one seed; model "" makes an empty model folder, None passes none."""
+    if model == "":
+        model = str(tmp_path / "model")
+        Path(model).mkdir()
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, text in (("sparrow", FAKE_SPARROW), ("nvidia-smi", FAKE_SMI)):
@@ -40,7 +48,7 @@ def _run(tmp_path: Path, variant: str, gpus: int, **extra: str) -> list[str]:
         **extra,
     }
     done = subprocess.run(
-        ["bash", str(SCRIPT), variant, "0", str(tmp_path / "model")],
+        ["bash", str(SCRIPT), variant, "0"] + ([model] if model else []),
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -106,4 +114,25 @@ def test_the_notis_arm_calibrates_the_schedule_it_shares(tmp_path):
 def test_an_unknown_arm_is_one_error_that_names_it(tmp_path):
     with pytest.raises(AssertionError, match="centroid-0.5"):
         _run(tmp_path, "v2", 2, ARMS="dense,centroid-0.5")
+    assert not (tmp_path / "calls.txt").exists()
+
+
+def test_without_a_model_argument_the_kept_admitted_model_runs(tmp_path):
+    calls = _run(tmp_path, "v3", 1, model=None, ARMS="dense")
+    kept = ROOT / "models" / "testbed-v3-small"
+    (run,) = [c for c in calls if " study run " in c]
+    assert f"model.path={kept}" in run
+    info = json.loads((kept / "training_info.json").read_text())
+    record = json.loads((tmp_path / "out" / "v3-s0" / "model.json").read_text())
+    assert record["model_safetensors_sha256"] == info["model_safetensors_sha256"]
+
+
+def test_weights_other_than_training_infos_stop_the_seed_before_any_run(tmp_path):
+    model = tmp_path / "changed"
+    shutil.copytree(ROOT / "models" / "testbed-v2-small", model)
+    data = bytearray((model / "model.safetensors").read_bytes())
+    data[-1] ^= 1  # one bit of the last weight
+    (model / "model.safetensors").write_bytes(bytes(data))
+    with pytest.raises(AssertionError, match="training_info.json names"):
+        _run(tmp_path, "v2", 1, model=str(model))
     assert not (tmp_path / "calls.txt").exists()
