@@ -4,7 +4,8 @@ folder like a whole seed's; the analysis (scripts/study_analysis.py) wants one f
 
     python scripts/study_merge_holds.py results/v2-s0-holdA results/v2-s0-holdB --out results/v2-s0
 
-Every hold must be of the same study id (variant and seed) and no arm may be in two holds.
+Every hold must be of the same study id (variant and seed), of the same starting weights
+where its model.json names them (scripts/study_seed.sh writes it), and no arm may be in two holds.
 The merged folder has every arm's CSVs as its hold wrote them; summary.json with every arm,
 each gap to dense computed again against the dense arm's outcome (whichever hold ran it), the
 start scored by the dense arm's hold (each hold's own start is kept under `holds`); and
@@ -54,6 +55,15 @@ def merge(holds: list[Path], out: Path) -> dict:
     ids = {s["study_id"] for s in summaries}
     if len(ids) != 1:
         raise SystemExit(f"the holds are of different studies: {sorted(ids)}")
+    weights = {}
+    for hold in holds:
+        record = hold / "model.json"
+        if record.exists():
+            sha = json.loads(record.read_text()).get("model_safetensors_sha256")
+            weights.setdefault(sha, []).append(str(hold))
+    if len(weights) > 1:
+        named = "; ".join(f"{sha} in {', '.join(folders)}" for sha, folders in weights.items())
+        raise SystemExit(f"the holds started from different weights: {named}")
     owner: dict[str, Path] = {}
     for hold, summary in zip(holds, summaries):
         for arm in summary["arms"]:
@@ -63,6 +73,8 @@ def merge(holds: list[Path], out: Path) -> dict:
     tables = [calibration_tables(hold) for hold in holds]
     out.mkdir(parents=True)
     merged = {"study_id": ids.pop(), "variant": summaries[0].get("variant"), "arms": {}}
+    if weights:
+        merged["model_safetensors_sha256"] = next(iter(weights))
     merged["holds"] = []
     for i, (hold, summary) in enumerate(zip(holds, summaries)):
         others = set().union(*(t for j, t in enumerate(tables) if j != i))

@@ -32,7 +32,7 @@ case $VARIANT in
 esac
 STUDY=sparrow/conf/study/study_$VARIANT.yaml
 [ -d "$MODEL" ] || { echo "no model folder $MODEL (the third argument)" >&2; exit 2; }
-MODEL=$(cd "$MODEL" && pwd)  # absolute: the arms' processes need not share this folder
+MODEL=$(cd "$MODEL" && pwd)  # absolute: the arms run from other folders
 # the weights are the ones training_info.json names, or nothing runs
 python - "$MODEL" "$DEST/model.json" <<'PY'
 import hashlib, json, sys

@@ -1,6 +1,7 @@
 """scripts/study_merge_holds.py: two holds of one seed become the one folder the analysis
 reads; gaps are taken against the dense arm of whichever hold ran it; a calibration that
-differs between holds is said; bad input is one error and writes nothing."""
+differs between holds is said; holds from other starting weights, or other bad input, are one
+error and write nothing."""
 
 from __future__ import annotations
 
@@ -120,6 +121,21 @@ def test_holds_of_different_seeds_do_not_merge(tmp_path):
     done = _merge(a, b, "--out", tmp_path / "v2-s0")
     assert done.returncode != 0 and "v2-s1" in done.stderr
     assert not (tmp_path / "v2-s0").exists()
+
+
+def test_holds_from_different_weights_do_not_merge_and_same_weights_are_recorded(tmp_path):
+    a = _hold(tmp_path, "holdA", {"dense": 0.6}, {"c1": SAME["centroid"]})
+    b = _hold(tmp_path, "holdB", {"fixed": 0.3}, {"c2": SAME["centroid"]})
+    for hold, sha in ((a, "aa11"), (b, "bb22")):
+        (hold / "model.json").write_text(json.dumps({"model_safetensors_sha256": sha}))
+    done = _merge(a, b, "--out", tmp_path / "v2-s0")
+    assert done.returncode != 0 and "aa11" in done.stderr and "bb22" in done.stderr
+    assert not (tmp_path / "v2-s0").exists()
+
+    (b / "model.json").write_text(json.dumps({"model_safetensors_sha256": "aa11"}))
+    assert _merge(a, b, "--out", tmp_path / "v2-s0").returncode == 0
+    merged = json.loads((tmp_path / "v2-s0" / "summary.json").read_text())
+    assert merged["model_safetensors_sha256"] == "aa11"
 
 
 def test_a_real_seed_split_and_merged_reads_as_the_whole_seed(tmp_path):
