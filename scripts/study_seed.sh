@@ -35,18 +35,16 @@ STUDY=sparrow/conf/study/study_$VARIANT.yaml
 MODEL=$(cd "$MODEL" && pwd)  # absolute: the arms run from other folders
 # the weights are the ones training_info.json names, or nothing runs
 python - "$MODEL" "$DEST/model.json" <<'PY'
-import hashlib, json, sys
+import json, sys
 from pathlib import Path
-folder, out = Path(sys.argv[1]), Path(sys.argv[2])
-record = {"model": str(folder)}
-info = folder / "training_info.json"
-if info.exists():
-    want = json.loads(info.read_text()).get("model_safetensors_sha256")
-    got = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
-    if want and got != want:
-        sys.exit(f"{folder}/model.safetensors has sha256 {got}, training_info.json names {want}")
-    record["model_safetensors_sha256"] = got
-out.write_text(json.dumps(record, indent=1) + "\n")
+from sparrow.experiments.testbed.phases import StartError, kept_weights_sha256
+record = {"model": sys.argv[1]}
+if (Path(sys.argv[1]) / "training_info.json").exists():
+    try:
+        record["model_safetensors_sha256"] = kept_weights_sha256(sys.argv[1])
+    except StartError as err:
+        sys.exit(str(err))
+Path(sys.argv[2]).write_text(json.dumps(record, indent=1) + "\n")
 PY
 # the task, the length and the rule arms' selection come from the study's YAML alone
 read -r SPEC TOKENS RULE < <(python - "$STUDY" <<'PY'

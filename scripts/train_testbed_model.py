@@ -43,7 +43,6 @@ import time
 _PROCESS_START = time.monotonic()  # the budget counts the imports too
 
 import argparse  # noqa: E402
-import hashlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import random  # noqa: E402
@@ -80,7 +79,12 @@ from sparrow.experiments.testbed.evaluate import (
     stage_record,
     teacher_forced_accuracy,
 )
-from sparrow.experiments.testbed.phases import NoisePhase, StartError, load_start  # noqa: E402
+from sparrow.experiments.testbed.phases import (  # noqa: E402
+    NoisePhase,
+    StartError,
+    load_start,
+    weights_sha256,
+)
 from sparrow.experiments.testbed.steps import (
     batch_shape,
     forward_backward,
@@ -396,8 +400,7 @@ def save(model, args, info: dict) -> None:
     if args.save_dtype == "bfloat16":  # half the bytes: the small testbeds travel with the repo
         model = model.to(torch.bfloat16)
     model.save_pretrained(args.out)
-    weights = (args.out / "model.safetensors").read_bytes()
-    info["model_safetensors_sha256"] = hashlib.sha256(weights).hexdigest()
+    info["model_safetensors_sha256"] = weights_sha256(args.out)
     write_info(args, info)
 
 

@@ -4,6 +4,7 @@
     phase = NoisePhase(clean_steps=plan.clean_steps, noise_share=0.15, began=t0, deadline=t1)
     if phase.noisy(step): ...            # from this step on, full-length chains with wrong hops
     model, source = load_start("/tmp/tb-v2-small", sizes)   # --init-from
+    sha = kept_weights_sha256("models/testbed-v2-small")    # raises if training_info disagrees
 
 The noisy phase (a share of the steps at the end, on chains whose hops sometimes go wrong)
 is what makes a testbed model right when greedy but only partly right when sampled, which
@@ -15,6 +16,7 @@ once the clean phase has used its share of the time, whichever comes first.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -97,3 +99,23 @@ def load_start(folder: str | Path, sizes: dict) -> tuple[Qwen3ForCausalLM, dict]
         "model_safetensors_sha256": info.get("model_safetensors_sha256"),
     }
     return model, source
+
+
+def weights_sha256(folder: str | Path) -> str:
+    """sha256 of the folder's model.safetensors (training_info.json's model_safetensors_sha256)."""
+    return hashlib.sha256((Path(folder) / "model.safetensors").read_bytes()).hexdigest()
+
+
+def kept_weights_sha256(folder: str | Path) -> str:
+    """The kept model's weights' sha256, checked against the one its training_info.json names
+    (when it names one); a difference is a StartError naming both."""
+    folder = Path(folder)
+    got = weights_sha256(folder)
+    info_path = folder / "training_info.json"
+    info = json.loads(info_path.read_text()) if info_path.is_file() else {}
+    want = info.get("model_safetensors_sha256")
+    if want and got != want:
+        raise StartError(
+            f"{folder}/model.safetensors has sha256 {got}, training_info.json names {want}"
+        )
+    return got

@@ -7,7 +7,6 @@ python -m pytest tests/experiments/testbed/test_kept_models.py -q
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from transformers import Qwen3ForCausalLM
 
 from sparrow.experiments.testbed.data import VARIANTS, held_out_examples
 from sparrow.experiments.testbed.evaluate import teacher_forced_accuracy
+from sparrow.experiments.testbed.phases import kept_weights_sha256
 
 MODELS = Path(__file__).resolve().parents[3] / "models"
 ADMISSION = (0.3, 0.6)  # docs/study.md: the starting model's sampled graded reward
@@ -26,8 +26,7 @@ ADMISSION = (0.3, 0.6)  # docs/study.md: the starting model's sampled graded rew
 def test_the_kept_model_is_the_admitted_one_and_knows_its_lookups(variant):
     folder = MODELS / f"testbed-{variant}-small"
     info = json.loads((folder / "training_info.json").read_text())
-    weights = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
-    assert weights == info["model_safetensors_sha256"]
+    assert kept_weights_sha256(folder) == info["model_safetensors_sha256"]
     assert info["args"]["variant"] == variant and info["args"]["model_size"] == "small"
     assert ADMISSION[0] <= info["held_out_sampled_accuracy"] <= ADMISSION[1]
 
