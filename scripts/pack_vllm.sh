@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Pack vLLM 0.23.0, and what it needs that the GPU image lacks, for the device machine: wheels
-# in parts of at most 50 MiB under OUT (default .vllmwheels, which this script has git ignore).
+# under OUT (default .vllmwheels, which this script has git ignore), in chunks that each fit one
+# device call beside the working tree (scripts/split_device_parts.py).
 #
-#   scripts/pack_vllm.sh [OUT]     # packs (about 7 parts, 310 MiB); a re-run rebuilds OUT
+#   scripts/pack_vllm.sh [OUT]     # packs (357 MiB: 14 chunks of 26 MiB); a re-run rebuilds OUT
 #   scripts/pack_vllm.sh --check   # only compares vLLM's requirements with the lists below
 #
 # PACKED is vLLM 0.23.0's Requires-Dist that the GPU image lacks (gpu-image-packages.txt beside
@@ -42,6 +43,8 @@ PACKED=(
   rpds-py==2026.9.1 setproctitle==1.3.8 sniffio==1.3.1 sse-starlette==3.7.0 starlette==1.10.0
   supervisor==4.3.0 truststore==0.10.5 typing-inspection==0.4.5 uvicorn==0.54.0
   watchfiles==1.3.0 websockets==17.4 xgrammar==0.2.5.post1
+  # not vLLM's: sparrow.config imports omegaconf, so the vLLM GPU tests that build configs run
+  omegaconf==2.4.0 antlr4-python3-runtime==4.13.2
 )
 # vLLM requirements (and dependencies) not packed; see the header
 LEFT_OUT=(
@@ -100,5 +103,6 @@ mkdir -p "$out"
 git check-ignore -q "$out" || { echo "pack_vllm: $out is not ignored by git" >&2; exit 2; }
 check_requirements
 NO_DEPS=1 "$tool" "$out" "$VLLM" "${PACKED[@]}"
-parts=$(ls -d "$out"/part-* | wc -l)
-echo "pack_vllm: $parts parts, $(du -sm "$out" | cut -f1) MiB under $out; device calls: docs/backends.md"
+# 50 MiB parts no longer fit one call beside the tree (with the kept models): cut them smaller
+python3 scripts/split_device_parts.py "$out"
+echo "pack_vllm: $(du -sm "$out" | cut -f1) MiB under $out; device calls: docs/backends.md"
