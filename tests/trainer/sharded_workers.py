@@ -8,6 +8,7 @@ save() and export(), then a second update whose result rank 0 saves.
 
 from __future__ import annotations
 
+import faulthandler
 import socket
 
 import torch
@@ -28,6 +29,9 @@ def run_ranks(world_size: int, *args, body=None) -> None:
 
 
 def _join(rank, world_size, port) -> None:
+    # a rank that crashes in native code prints where (a SIGSEGV was seen once, 2026-11-29,
+    # in test_one_process_resumes_two_ranks_shards on a loaded 2-core machine; not reproduced)
+    faulthandler.enable()
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
