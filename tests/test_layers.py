@@ -49,6 +49,7 @@ LIBRARY_LAYERS = (
             "sparrow.token_arrays",
             "sparrow.cuda_memory",
             "sparrow.scratch",
+            "sparrow.cache",
         ),
     ),
     ("mismatch", ("sparrow.mismatch",)),

@@ -11,7 +11,8 @@ spent minutes in connection retries. start_local_server starts that same server 
 uvicorn command and settings) itself, in its own session, so only the flow sees the signal
 (Ray's processes already block SIGINT), and sets PREFECT_API_URL to it: Prefect's clients then
 use it as any server, and Prefect's server code (about 3 s of imports) stays out of this
-process. With PREFECT_API_URL already set (a real server) it does nothing.
+process. With PREFECT_API_URL already set (a real server) it does nothing. A new PREFECT_HOME
+starts from a copy of a database this Prefect version made before (flows/prefect_template.py).
 
 A process killed with SIGKILL cannot stop what it started: the Prefect server runs on, and
 Ray's dashboard and runtime-env agents (started by the raylet even without the dashboard)
@@ -36,6 +37,7 @@ import time
 from pathlib import Path
 
 from sparrow.errors import SparrowError
+from sparrow.flows import prefect_template
 
 SERVER_MARK = "prefect.server.api.server:create_app"
 GRACE_S = 3.0
@@ -221,8 +223,11 @@ def start_local_server() -> LocalServer | None:
     if "prefect" in sys.modules:
         raise RuntimeError("start_local_server() must run before Prefect is imported")
     _no_proxy_for_loopback()
+    made = prefect_template.seed_database()  # a new home starts from a made database
     server = LocalServer()
     server.wait()
+    if made == "new":  # this server made its database: later new homes copy it
+        prefect_template.keep_template()
     os.environ["PREFECT_API_URL"] = server.api_url
     return server
 

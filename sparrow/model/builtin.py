@@ -19,6 +19,7 @@ import shutil
 import warnings
 from pathlib import Path
 
+from sparrow.cache import cache_dir
 from sparrow.errors import SparrowError
 from sparrow.scratch import scratch_dir
 
@@ -59,12 +60,6 @@ def resolve_model_path(spec: str) -> Path:
     if not (folder / "config.json").is_file():
         raise ModelPathError(f"model directory {folder} has no config.json")
     return folder
-
-
-def cache_dir() -> Path:
-    """$SPARROW_CACHE_DIR, else ~/.cache/sparrow."""
-    override = os.environ.get("SPARROW_CACHE_DIR")
-    return Path(override).expanduser() if override else Path.home() / ".cache" / "sparrow"
 
 
 def _builtin(name: str) -> Path:

@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from sparrow.cache import cache_dir
 from sparrow.config import SparrowConfig, to_yaml
 from sparrow.errors import SparrowError
-from sparrow.model.builtin import cache_dir
 from sparrow.sparse.io import schedule_to_dict
 from sparrow.sparse.schedule import Schedule
 from sparrow.storage.mlflow_store import restamp_default_experiment
