@@ -83,7 +83,8 @@ from sparrow.experiments.testbed.phases import (  # noqa: E402
     NoisePhase,
     StartError,
     load_start,
-    weights_sha256,
+    save_kept_model,
+    write_training_info,
 )
 from sparrow.experiments.testbed.steps import (
     batch_shape,
@@ -395,19 +396,6 @@ def plan_steps(
     return StepPlan(stages, steps, noise_share), measured
 
 
-def save(model, args, info: dict) -> None:
-    model.generation_config.pad_token_id = model.config.pad_token_id
-    if args.save_dtype == "bfloat16":  # half the bytes: the small testbeds travel with the repo
-        model = model.to(torch.bfloat16)
-    model.save_pretrained(args.out)
-    info["model_safetensors_sha256"] = weights_sha256(args.out)
-    write_info(args, info)
-
-
-def write_info(args, info: dict) -> None:
-    (args.out / "training_info.json").write_text(json.dumps(info, indent=2) + "\n")
-
-
 def describe(args, model, device, plan: StepPlan) -> dict:
     return {
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
@@ -481,7 +469,7 @@ def run(args, device: torch.device, started: float, deadline: float) -> dict:
         "held_out_sampled_estimate_by_hops": tf["sampled_estimate_by_hops"],
     }
     info["tflops_per_s"] = round(info["flops"] / max(1e-9, info["train_seconds"]) / 1e12, 2)
-    save(model, args, info)
+    save_kept_model(model, args.out, args.save_dtype, info)
     del model, optimizer
     # --deterministic is for the weights; the engine's kernels need not have such forms
     torch.use_deterministic_algorithms(False)
@@ -493,7 +481,7 @@ def run(args, device: torch.device, started: float, deadline: float) -> dict:
         "sampled_eval": sampled,
         "wall_seconds": round(time.monotonic() - started, 1),
     }
-    write_info(args, info)
+    write_training_info(args.out, info)
     print(json.dumps({k: v for k, v in info.items() if k not in ("args", "stages")}), flush=True)
     return info
 

@@ -4,6 +4,7 @@
     phase = NoisePhase(clean_steps=plan.clean_steps, noise_share=0.15, began=t0, deadline=t1)
     if phase.noisy(step): ...            # from this step on, full-length chains with wrong hops
     model, source = load_start("/tmp/tb-v2-small", sizes)   # --init-from
+    save_kept_model(model, out, "bfloat16", info)           # weights + training_info.json
     sha = kept_weights_sha256("models/testbed-v2-small")    # raises if training_info disagrees
 
 The noisy phase (a share of the steps at the end, on chains whose hops sometimes go wrong)
@@ -104,6 +105,21 @@ def load_start(folder: str | Path, sizes: dict) -> tuple[Qwen3ForCausalLM, dict]
 def weights_sha256(folder: str | Path) -> str:
     """sha256 of the folder's model.safetensors (training_info.json's model_safetensors_sha256)."""
     return hashlib.sha256((Path(folder) / "model.safetensors").read_bytes()).hexdigest()
+
+
+def save_kept_model(model: Qwen3ForCausalLM, folder: Path, dtype: str, info: dict) -> None:
+    """Save the model (in bfloat16 when dtype says so: half the bytes, for a model kept in the
+    repository) and training_info.json naming its weights' sha256 (kept_weights_sha256 checks it)."""
+    model.generation_config.pad_token_id = model.config.pad_token_id
+    if dtype == "bfloat16":
+        model = model.to(torch.bfloat16)
+    model.save_pretrained(folder)
+    info["model_safetensors_sha256"] = weights_sha256(folder)
+    write_training_info(folder, info)
+
+
+def write_training_info(folder: Path, info: dict) -> None:
+    (folder / "training_info.json").write_text(json.dumps(info, indent=2) + "\n")
 
 
 def kept_weights_sha256(folder: str | Path) -> str:
