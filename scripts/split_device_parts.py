@@ -71,6 +71,14 @@ def packed_parts(folder: Path) -> list[Path]:
     return parts
 
 
+def _blocks(parts: list[Path]):
+    """The parts' bytes in joining order, a MiB at a time."""
+    for part in parts:
+        with part.open("rb") as source:
+            while block := source.read(MIB):
+                yield block
+
+
 def split(folder: Path, chunk_bytes: int) -> list[Path]:
     """Cut folder's parts into chunk-NN/piece.MMM of at most chunk_bytes; returns the chunks."""
     parts = packed_parts(folder)
@@ -80,29 +88,17 @@ def split(folder: Path, chunk_bytes: int) -> list[Path]:
     shutil.rmtree(staging, ignore_errors=True)
     digest = hashlib.sha256()
     width = max(3, len(str(count)))
-    written = 0
-    index = 0
-    out = None
-    for part in parts:
-        with part.open("rb") as source:
-            while block := source.read(min(MIB, chunk_bytes)):
-                view = memoryview(block)
-                while view:
-                    if out is None or written == chunk_bytes:
-                        if out is not None:
-                            out.close()
-                        index += 1
-                        chunk = staging / f"chunk-{index:02d}"
-                        chunk.mkdir(parents=True)
-                        out = (chunk / f"piece.{index:0{width}d}").open("wb")
-                        written = 0
-                    take = min(len(view), chunk_bytes - written)
-                    out.write(view[:take])
-                    digest.update(view[:take])
-                    written += take
-                    view = view[take:]
-    out.close()
-    assert index == count, (index, count)
+    blocks, pending = _blocks(parts), b""
+    for index in range(1, count + 1):
+        chunk = staging / f"chunk-{index:02d}"
+        chunk.mkdir(parents=True)
+        with (chunk / f"piece.{index:0{width}d}").open("wb") as out:
+            need = chunk_bytes
+            while need and (pending := pending or next(blocks, b"")):
+                take, pending = pending[:need], pending[need:]
+                out.write(take)
+                digest.update(take)
+                need -= len(take)
     last = staging / f"chunk-{count:02d}" / "install.sh"
     last.write_text(INSTALL.format(count=count, sha256=digest.hexdigest()))
     last.chmod(0o755)

@@ -30,7 +30,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from sparrow.cache import cache_dir
-from sparrow.storage.prefect_store import copy_empty_database
+from sparrow.storage.prefect_store import copy_empty_database, remove_database
 
 DATABASE_URL_KEYS = (
     "PREFECT_SERVER_DATABASE_CONNECTION_URL",
@@ -89,7 +89,6 @@ def keep_template() -> bool:
             return False
         os.replace(part, template)
     except (OSError, sqlite3.Error):
-        for path in (part, Path(f"{part}-wal"), Path(f"{part}-shm")):
-            path.unlink(missing_ok=True)
+        remove_database(part)
         return False
     return True

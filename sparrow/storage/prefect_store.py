@@ -2,6 +2,7 @@
 keeps an empty one to copy into new homes; Prefect itself does everything else):
 
     copy_empty_database(Path("~/.prefect/prefect.db"), Path("kept.db"))   # True: a copy made
+    remove_database(Path("kept.db"))                                       # with its -wal, -shm
 """
 
 from __future__ import annotations
@@ -21,9 +22,14 @@ def copy_empty_database(database: Path, copy: Path) -> bool:
             target.execute("PRAGMA journal_mode=DELETE")
             empty = _empty_and_migrated(target)
     if not empty:
-        for path in (copy, Path(f"{copy}-wal"), Path(f"{copy}-shm")):
-            path.unlink(missing_ok=True)
+        remove_database(copy)
     return empty
+
+
+def remove_database(path: Path) -> None:
+    """A SQLite file and the write-ahead files SQLite may have left beside it."""
+    for each in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        each.unlink(missing_ok=True)
 
 
 def _empty_and_migrated(conn: sqlite3.Connection) -> bool:
