@@ -16,21 +16,26 @@
 # reported with the steps it did. ARMS=a,b,... runs those arms of the YAML only (a seed split
 # over holds, docs/study.md's third addendum), with only the schedules they need calibrated;
 # SKIP_RULE_ARMS=1 drops the two selection-rule arms (for a tree without schedule.selection).
+# STUDY_FILE=path runs another study's YAML on the variant's data and model (docs/async.md's
+# one-step-off check: sparrow/conf/study/study_v2_async.yaml), its folder <name>-s<seed>.
 set -euo pipefail
 VARIANT=${1:?variant: v2 or v3}
 SEED=${2:?seed}
 MODEL=${3:-models/testbed-$VARIANT-small}
 OUT=${OUT:-/tmp/study-out}
-WORK=${WORK:-/tmp/sw-$VARIANT-s$SEED}
-ID=$VARIANT-s$SEED
-STUDY_MINUTES=${STUDY_MINUTES:-21}
-DEST=$OUT/$ID
-mkdir -p "$DEST" "$WORK"
 case $VARIANT in
   v2|v3) ;;
   *) echo "variant must be v2 or v3" >&2; exit 2 ;;
 esac
-STUDY=sparrow/conf/study/study_$VARIANT.yaml
+# the study's YAML: the variant's stability study, or STUDY_FILE (another study on its data)
+STUDY=${STUDY_FILE:-sparrow/conf/study/study_$VARIANT.yaml}
+[ -f "$STUDY" ] || { echo "no study file $STUDY (STUDY_FILE)" >&2; exit 2; }
+NAME=$(basename "$STUDY" .yaml); NAME=${NAME#study_}  # study_v2.yaml: v2; study_v2_async.yaml: v2_async
+WORK=${WORK:-/tmp/sw-$NAME-s$SEED}
+ID=$NAME-s$SEED
+STUDY_MINUTES=${STUDY_MINUTES:-21}
+DEST=$OUT/$ID
+mkdir -p "$DEST" "$WORK"
 [ -d "$MODEL" ] || { echo "no model folder $MODEL (the third argument)" >&2; exit 2; }
 MODEL=$(cd "$MODEL" && pwd)  # absolute: the arms run from other folders
 # the weights are the ones training_info.json names, or nothing runs

@@ -6,9 +6,13 @@ A random-weight model with 1.7B's layer shapes and real vocabulary but 4 layers,
 rollout under qwen3-1.7b-0.86 with eos off, the trainer and the rollout actor sharing the
 GPU: the KV cache is sized from device memory, freed after each rollout and allocated again
 for the next, the weights reach the actor over CUDA IPC, and the stage outputs are complete.
+The second test runs three steps one-step-off (pipeline.max_staleness=1) on the same GPU.
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -104,3 +108,62 @@ def test_two_sparse_steps_share_the_gpu(flow_environment, tmp_path, model_1p7b_4
         name for name in before if not torch.equal(before[name].float(), after[name].float())
     ]
     assert len(changed) > len(before) // 2
+
+
+def test_one_step_off_shares_the_gpu_and_trains_on_the_version_before(
+    flow_environment, tmp_path, model_1p7b_4_layers
+):
+    """pipeline.max_staleness=1 on one GPU (docs/async.md): the rollout of step n+1 runs on
+    the engine while the trainer scores and updates step n beside it; the engine keeps its
+    KV cache through them; steps 1, 2 and 3 train on samples of versions 0, 0 and 1, and
+    scoring counts the stale samples."""
+    from sparrow.flows.train import train_flow
+    from sparrow.storage.query import query
+
+    flow_environment.start()
+    workdir = tmp_path / "work"
+    summary = train_flow(
+        [
+            f"model.path={model_1p7b_4_layers}",
+            f"pipeline.workdir={workdir}",
+            "pipeline.run_id=p",
+            "pipeline.steps=3",
+            "pipeline.max_staleness=1",
+            "pipeline.keep_checkpoints=2",
+            "data.prompts_per_step=2",
+            "rollout.samples_per_prompt=4",
+            "rollout.max_new_tokens=512",
+            "rollout.ignore_eos=true",
+            "data.reward=test_char_code",
+            "schedule.name=qwen3-1.7b-0.86",
+            "rollout.gpu_memory_utilization=0.4",
+            "algo.lr=1e-4",
+            "trainer.gradient_checkpointing=true",
+        ],
+        show_table=False,
+    )
+    assert summary["status"] == "finished"
+    rows = query(workdir, "SELECT step, stage FROM stage_runs WHERE run_id = 'p'").as_dicts()
+    assert {(r["step"], r["stage"]) for r in rows} >= {
+        (s, st) for s in (1, 2, 3) for st in STAGES[:7]
+    }
+    metrics = {
+        (r["step"], r["name"]): r["value"]
+        for r in query(
+            workdir, "SELECT step, name, value FROM step_metrics WHERE run_id = 'p'"
+        ).as_dicts()
+    }
+    assert [metrics[(s, "rollout/policy_version")] for s in (1, 2, 3)] == [0, 0, 1]
+    assert [metrics[(s, "dense/stale_samples")] for s in (1, 2, 3)] == [0, 8, 8]
+    for step in (1, 2, 3):
+        assert metrics[(step, "rollout/tokens")] == 2 * 4 * 512  # eos off: every sample full
+        assert metrics[(step, "actor/grad_norm")] > 0
+        assert 0 < metrics[(step, "mismatch/acceptance_mean")] <= 1
+    # rollouts 2 and 3 were generated in flight, beside the step before's update
+    folders = query(
+        workdir,
+        "SELECT output_dir FROM stage_runs WHERE run_id = 'p' AND stage = 'rollout' AND step > 1",
+    ).as_dicts()
+    launches = [json.loads((Path(r["output_dir"]) / "launch.json").read_text()) for r in folders]
+    assert len(launches) == 2
+    assert all(launch["in_flight"] for launch in launches), launches

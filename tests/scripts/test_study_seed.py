@@ -111,6 +111,26 @@ def test_the_notis_arm_calibrates_the_schedule_it_shares(tmp_path):
     assert "schedule.target=0.75" in calibration and "schedule.selection" not in calibration
 
 
+def test_another_studys_file_runs_its_arms_on_the_variants_data(tmp_path):
+    async_yaml = "sparrow/conf/study/study_v2_async.yaml"
+    calls = _run(tmp_path, "v2", 1, STUDY_FILE=async_yaml)
+    (calibration,) = [c for c in calls if " calibrate " in f" {c} "]
+    assert (
+        "calibrate.name=v2-centroid-0.86" in calibration and "schedule.target=0.86" in calibration
+    )
+    (run,) = [c for c in calls if " study run " in c]
+    assert run.split(" study run ")[1].startswith("v2_async-s0 ") and "--gpus 0,0,0" in run
+    study = OmegaConf.load(tmp_path / "out" / "v2_async-s0" / "study.yaml")
+    staleness = {a.name: "pipeline.max_staleness=1" in a.overrides for a in study.arms}
+    assert staleness == {"centroid-0.86": False, "async-0.86": True, "async-dense": True}
+
+
+def test_a_missing_study_file_is_one_error_before_any_run(tmp_path):
+    with pytest.raises(AssertionError, match="no study file"):
+        _run(tmp_path, "v2", 1, STUDY_FILE="sparrow/conf/study/nothing.yaml")
+    assert not (tmp_path / "calls.txt").exists()
+
+
 def test_an_unknown_arm_is_one_error_that_names_it(tmp_path):
     with pytest.raises(AssertionError, match="centroid-0.5"):
         _run(tmp_path, "v2", 2, ARMS="dense,centroid-0.5")
