@@ -14,7 +14,8 @@ Modes (docs/async.md):
   GPU the trainer in the flow's process beside the engine.
 - `async`: pipeline.max_staleness=1, the rollout of step n+1 generated while step n scores and
   updates; on G GPUs (G even) G/2 trainer ranks and G/2 engines on GPUs of their own
-  (rollout.placement=separate); on one GPU the engine and the trainer share it.
+  (rollout.placement=separate); on one GPU the engine and the trainer share it, and since the
+  engine keeps its KV cache through the update, both modes give it 45% of the GPU's memory.
 Each (mode, arm) is rl_step.py's arm: one `train_flow` process, the 1.7B shape's random
 weights (--layers deep) with the real vocabulary, --prompts x --samples sequences, eos off
 (every sample to --new-tokens) unless --eos (random weights then stop at a random eos draw,
@@ -84,8 +85,13 @@ def mode_overrides(mode: str, gpus: int) -> list[str]:
     staleness = f"pipeline.max_staleness={int(mode == 'async')}"
     if mode == "async":  # a resumed rollout starts from the policy two updates back
         staleness += " pipeline.keep_checkpoints=2"
-    if gpus == 1:
-        return [*staleness.split(), "trainer.num_workers=0", "rollout.num_actors=1"]
+    if gpus == 1:  # engine and trainer share the GPU; one-step-off the KV cache stays put
+        return [
+            *staleness.split(),
+            "trainer.num_workers=0",
+            "rollout.num_actors=1",
+            "rollout.gpu_memory_utilization=0.45",  # both modes, so the same KV budget
+        ]
     ranks = gpus if mode == "sync" else gpus // 2
     return [
         *staleness.split(),

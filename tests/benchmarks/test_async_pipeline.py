@@ -70,6 +70,12 @@ def test_each_mode_places_engines_and_ranks_as_docs_async_says():
     assert "pipeline.keep_checkpoints=2" in async4  # a resume goes two updates back
     one = async_pipeline.mode_overrides("async", 1)
     assert "trainer.num_workers=0" in one and "pipeline.max_staleness=1" in one
+    # one GPU: the same KV budget in both modes, room left for the trainer beside it
+    sync1 = async_pipeline.mode_overrides("sync", 1)
+    assert (
+        "rollout.gpu_memory_utilization=0.45" in one
+        and "rollout.gpu_memory_utilization=0.45" in sync1
+    )
 
 
 @pytest.mark.parametrize(
