@@ -54,11 +54,21 @@ def model_1p7b_4_layers(tmp_path_factory):
     )
 
 
+def _recorded(workdir, run_id: str, steps: int) -> dict:
+    """The run's step metrics by (step, name), once every step recorded the first seven stages."""
+    from sparrow.storage.query import query
+
+    sql = "SELECT step, stage FROM stage_runs WHERE run_id = ?"
+    recorded = {(r["step"], r["stage"]) for r in query(workdir, sql, [run_id]).as_dicts()}
+    assert recorded >= {(s, st) for s in range(1, steps + 1) for st in STAGES[:7]}
+    sql = "SELECT step, name, value FROM step_metrics WHERE run_id = ?"
+    return {(r["step"], r["name"]): r["value"] for r in query(workdir, sql, [run_id]).as_dicts()}
+
+
 def test_two_sparse_steps_share_the_gpu(flow_environment, tmp_path, model_1p7b_4_layers):
     from safetensors.torch import load_file
 
     from sparrow.flows.train import train_flow
-    from sparrow.storage.query import query
 
     flow_environment.start()
     workdir = tmp_path / "work"
@@ -81,14 +91,7 @@ def test_two_sparse_steps_share_the_gpu(flow_environment, tmp_path, model_1p7b_4
         show_table=False,
     )
     assert summary["status"] == "finished"
-    rows = query(workdir, "SELECT step, stage FROM stage_runs WHERE run_id = 'g'").as_dicts()
-    assert {(r["step"], r["stage"]) for r in rows} >= {(s, st) for s in (1, 2) for st in STAGES[:7]}
-    metrics = {
-        (r["step"], r["name"]): r["value"]
-        for r in query(
-            workdir, "SELECT step, name, value FROM step_metrics WHERE run_id = 'g'"
-        ).as_dicts()
-    }
+    metrics = _recorded(workdir, "g", steps=2)
     for step in (1, 2):
         assert metrics[(step, "rollout/tokens")] == 2 * 4 * 1024  # eos off: every sample full
         assert metrics[(step, "sync/ipc_actors")] == 1.0  # weights over CUDA IPC
@@ -143,16 +146,7 @@ def test_one_step_off_shares_the_gpu_and_trains_on_the_version_before(
         show_table=False,
     )
     assert summary["status"] == "finished"
-    rows = query(workdir, "SELECT step, stage FROM stage_runs WHERE run_id = 'p'").as_dicts()
-    assert {(r["step"], r["stage"]) for r in rows} >= {
-        (s, st) for s in (1, 2, 3) for st in STAGES[:7]
-    }
-    metrics = {
-        (r["step"], r["name"]): r["value"]
-        for r in query(
-            workdir, "SELECT step, name, value FROM step_metrics WHERE run_id = 'p'"
-        ).as_dicts()
-    }
+    metrics = _recorded(workdir, "p", steps=3)
     assert [metrics[(s, "rollout/policy_version")] for s in (1, 2, 3)] == [0, 0, 1]
     assert [metrics[(s, "dense/stale_samples")] for s in (1, 2, 3)] == [0, 8, 8]
     for step in (1, 2, 3):
