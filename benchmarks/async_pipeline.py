@@ -82,23 +82,22 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def mode_overrides(mode: str, gpus: int) -> list[str]:
     """The flow's settings of a mode on `gpus` GPUs (module doc)."""
-    staleness = f"pipeline.max_staleness={int(mode == 'async')}"
-    if mode == "async":  # a resumed rollout starts from the policy two updates back
-        staleness += " pipeline.keep_checkpoints=2"
+    pipelined = mode == "async"
+    # one-step-off, a resumed rollout starts from the policy two updates back
+    sets = [f"pipeline.max_staleness={int(pipelined)}"]
+    sets += ["pipeline.keep_checkpoints=2"] if pipelined else []
     if gpus == 1:  # engine and trainer share the GPU; one-step-off the KV cache stays put
-        return [
-            *staleness.split(),
+        return sets + [
             "trainer.num_workers=0",
             "rollout.num_actors=1",
             "rollout.gpu_memory_utilization=0.45",  # both modes, so the same KV budget
         ]
-    ranks = gpus if mode == "sync" else gpus // 2
-    return [
-        *staleness.split(),
+    ranks = gpus // 2 if pipelined else gpus
+    return sets + [
         f"trainer.num_workers={ranks}",
         f"rollout.num_actors={ranks}",
-        f"rollout.placement={'colocated' if mode == 'sync' else 'separate'}",
-        f"trainer.offload_during_rollout={str(mode == 'sync').lower()}",
+        f"rollout.placement={'separate' if pipelined else 'colocated'}",
+        f"trainer.offload_during_rollout={str(not pipelined).lower()}",
         "trainer.gradient_checkpointing=true",
     ]
 

@@ -54,10 +54,28 @@ def model_1p7b_4_layers(tmp_path_factory):
     )
 
 
-def _recorded(workdir, run_id: str, steps: int) -> dict:
-    """The run's step metrics by (step, name), once every step recorded the first seven stages."""
+def _sparse_run(model, workdir, run_id: str, steps: int, *overrides: str) -> dict:
+    """`steps` steps of the train flow, sparse under qwen3-1.7b-0.86 with eos off (2 prompts x 4
+    samples, `overrides` on top), finished with the first seven stages of every step recorded;
+    its step metrics by (step, name)."""
+    from sparrow.flows.train import train_flow
     from sparrow.storage.query import query
 
+    shared = (
+        f"model.path={model}",
+        f"pipeline.workdir={workdir}",
+        f"pipeline.run_id={run_id}",
+        f"pipeline.steps={steps}",
+        "data.prompts_per_step=2",
+        "rollout.samples_per_prompt=4",
+        "rollout.ignore_eos=true",
+        "data.reward=test_char_code",
+        "schedule.name=qwen3-1.7b-0.86",
+        "algo.lr=1e-4",
+        "trainer.gradient_checkpointing=true",
+    )
+    summary = train_flow([*shared, *overrides], show_table=False)
+    assert summary["status"] == "finished"
     sql = "SELECT step, stage FROM stage_runs WHERE run_id = ?"
     recorded = {(r["step"], r["stage"]) for r in query(workdir, sql, [run_id]).as_dicts()}
     assert recorded >= {(s, st) for s in range(1, steps + 1) for st in STAGES[:7]}
@@ -68,30 +86,16 @@ def _recorded(workdir, run_id: str, steps: int) -> dict:
 def test_two_sparse_steps_share_the_gpu(flow_environment, tmp_path, model_1p7b_4_layers):
     from safetensors.torch import load_file
 
-    from sparrow.flows.train import train_flow
-
     flow_environment.start()
     workdir = tmp_path / "work"
-    summary = train_flow(
-        [
-            f"model.path={model_1p7b_4_layers}",
-            f"pipeline.workdir={workdir}",
-            "pipeline.run_id=g",
-            "pipeline.steps=2",
-            "data.prompts_per_step=2",
-            "rollout.samples_per_prompt=4",
-            "rollout.max_new_tokens=1024",
-            "rollout.ignore_eos=true",
-            "data.reward=test_char_code",
-            "schedule.name=qwen3-1.7b-0.86",
-            "rollout.gpu_memory_utilization=0.5",
-            "algo.lr=1e-4",
-            "trainer.gradient_checkpointing=true",
-        ],
-        show_table=False,
+    metrics = _sparse_run(
+        model_1p7b_4_layers,
+        workdir,
+        "g",
+        2,
+        "rollout.max_new_tokens=1024",
+        "rollout.gpu_memory_utilization=0.5",
     )
-    assert summary["status"] == "finished"
-    metrics = _recorded(workdir, "g", steps=2)
     for step in (1, 2):
         assert metrics[(step, "rollout/tokens")] == 2 * 4 * 1024  # eos off: every sample full
         assert metrics[(step, "sync/ipc_actors")] == 1.0  # weights over CUDA IPC
@@ -120,33 +124,20 @@ def test_one_step_off_shares_the_gpu_and_trains_on_the_version_before(
     the engine while the trainer scores and updates step n beside it; the engine keeps its
     KV cache through them; steps 1, 2 and 3 train on samples of versions 0, 0 and 1, and
     scoring counts the stale samples."""
-    from sparrow.flows.train import train_flow
     from sparrow.storage.query import query
 
     flow_environment.start()
     workdir = tmp_path / "work"
-    summary = train_flow(
-        [
-            f"model.path={model_1p7b_4_layers}",
-            f"pipeline.workdir={workdir}",
-            "pipeline.run_id=p",
-            "pipeline.steps=3",
-            "pipeline.max_staleness=1",
-            "pipeline.keep_checkpoints=2",
-            "data.prompts_per_step=2",
-            "rollout.samples_per_prompt=4",
-            "rollout.max_new_tokens=512",
-            "rollout.ignore_eos=true",
-            "data.reward=test_char_code",
-            "schedule.name=qwen3-1.7b-0.86",
-            "rollout.gpu_memory_utilization=0.4",
-            "algo.lr=1e-4",
-            "trainer.gradient_checkpointing=true",
-        ],
-        show_table=False,
+    metrics = _sparse_run(
+        model_1p7b_4_layers,
+        workdir,
+        "p",
+        3,
+        "pipeline.max_staleness=1",
+        "pipeline.keep_checkpoints=2",
+        "rollout.max_new_tokens=512",
+        "rollout.gpu_memory_utilization=0.4",
     )
-    assert summary["status"] == "finished"
-    metrics = _recorded(workdir, "p", steps=3)
     assert [metrics[(s, "rollout/policy_version")] for s in (1, 2, 3)] == [0, 0, 1]
     assert [metrics[(s, "dense/stale_samples")] for s in (1, 2, 3)] == [0, 8, 8]
     for step in (1, 2, 3):
