@@ -64,10 +64,13 @@ def tree_bytes(repo: Path) -> int:
 
 
 def packed_parts(folder: Path) -> list[Path]:
-    """The data files of device-wheels' part-NN folders, in joining order."""
-    parts = sorted(folder.glob("part-*/part.*"))
+    """The data files of device-wheels' part-NN folders (or of an earlier cut's chunk-NN
+    folders, to cut them again once the tree has grown), in joining order."""
+    parts = sorted(folder.glob("part-*/part.*")) or sorted(folder.glob("chunk-*/piece.*"))
     if not parts:
-        raise SplitError(f"{folder}: no part-*/part.* files (pack with device-wheels first)")
+        raise SplitError(
+            f"{folder}: no part-*/part.* or chunk-*/piece.* files (pack with device-wheels first)"
+        )
     return parts
 
 

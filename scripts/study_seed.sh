@@ -77,6 +77,8 @@ unknown = sorted(set(wanted) - set(names))
 if unknown:
     sys.exit(f"ARMS names {unknown}, not arms of {sys.argv[1]} ({', '.join(names)})")
 data["arms"] = [a for a in data["arms"] if a["name"] in wanted]
+if data.get("reference_arm", "dense") not in wanted:  # this hold leaves it out: none here
+    data["reference_arm"] = ""
 if sys.argv[4] == "1":
     data["arms"] = [a for a in data["arms"] if not any("schedule.selection" in o for o in a.get("overrides", []))]
 OmegaConf.save(OmegaConf.create(data), sys.argv[2])

@@ -49,7 +49,8 @@ class StudyConfig:
     # top-k pages per bin of the arms marked fixed_budget, cheap enough to fall below target
     # (was `fixed_budget_pages`)
     fixed_topk_pages: int = 2
-    # the arm the collapse rule compares with (dense rollout)
+    # the arm the collapse rule compares with (dense rollout); "" for none (a hold of a seed
+    # split over machines that leaves it out: its report's collapse labels are undecidable)
     reference_arm: str = "dense"
     # collapse rule: how many final steps of each arm's reward are averaged
     collapse_window: int = 5
@@ -125,10 +126,10 @@ def check_study(study: StudyConfig, source: str = "study") -> None:
         raise ConfigError(f"{source}: arm name {bad[0]!r} must be letters, digits, '_', '.', '-'")
     if len(set(names)) != len(names):
         raise ConfigError(f"{source}: arm names must be unique, got {', '.join(names)}")
-    if study.reference_arm not in names:
+    if study.reference_arm and study.reference_arm not in names:
         raise ConfigError(
             f"{source}: reference_arm {study.reference_arm!r} is not an arm; "
-            f"arms: {', '.join(names)}"
+            f'arms: {", ".join(names)} ("" for none)'
         )
     if study.fixed_topk_pages < 1 or study.collapse_window < 1:
         raise ConfigError(f"{source}: fixed_topk_pages and collapse_window must be >= 1")

@@ -200,12 +200,18 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
 
 def study_markdown(summary: dict[str, Any], files: list[str]) -> str:
     rule = summary["collapse_rule"]
+    if rule["reference_arm"]:
+        collapse = (
+            f"Collapse rule: an arm collapsed when the mean reward of its last {rule['window']} "
+            f"steps is below {rule['ratio']:g} x arm `{rule['reference_arm']}`'s "
+            f"({fmt(rule['reference_final_reward'])})."
+        )
+    else:
+        collapse = "No reference arm in this study (a hold of a split seed): no collapse labels."
     lines = [
         f"# Stability study `{summary['study_id']}`",
         "",
-        f"Collapse rule: an arm collapsed when the mean reward of its last {rule['window']} "
-        f"steps is below {rule['ratio']:g} x arm `{rule['reference_arm']}`'s "
-        f"({fmt(rule['reference_final_reward'])}).",
+        collapse,
         "",
         "## Arms",
         "",

@@ -195,6 +195,8 @@ def test_arm_names_must_be_unique_and_usable(tmp_path):
     with pytest.raises(ConfigError, match="studies: default"):
         load_study("missing")
     assert StudyConfig().reference_arm == "dense"
+    path.write_text("arms: [{name: a}]\nreference_arm: ''\n")  # a hold without dense
+    assert load_study(str(path)).reference_arm == ""
 
 
 def schedule_keys() -> set[str]:

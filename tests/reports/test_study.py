@@ -7,6 +7,7 @@ Run: `python -m pytest tests/reports/test_study.py -q`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import duckdb
@@ -48,7 +49,7 @@ def bin_row(p5: float) -> dict:
     }
 
 
-def build(workdir, old_columns: bool = False) -> None:
+def build(workdir, old_columns: bool = False, study: StudyConfig = STUDY) -> None:
     tiny = resolve_model_path("builtin:tiny")
     schedule = get_preset("tiny-0.86")
     with Store.open_writer(workdir) as store, store.connect() as conn:
@@ -58,7 +59,7 @@ def build(workdir, old_columns: bool = False) -> None:
             conn.execute(
                 "INSERT INTO study_arms (study_id, arm, arm_index, run_id, overrides, "
                 "study_yaml) VALUES ('s', ?, ?, ?, ?, ?)",
-                [arm, index, run_id, overrides, study_yaml(STUDY)],
+                [arm, index, run_id, overrides, study_yaml(study)],
             )
             conn.execute(
                 "INSERT INTO runs (run_id, model_path, config_yaml, status) VALUES "
@@ -123,6 +124,15 @@ def test_files_are_pngs_json_and_markdown(report):
     assert json.loads((out / "summary.json").read_text()) == json.loads(json.dumps(summary))
     text = (out / "summary.md").read_text()
     assert "| cheap | s-cheap | finished | 4 |" in text and "![reward.png](reward.png)" in text
+
+
+def test_a_hold_without_the_reference_arm_reports_no_collapse_labels(tmp_path):
+    workdir = tmp_path / "work"
+    build(workdir, study=dataclasses.replace(STUDY, reference_arm=""))
+    _, summary = write_study_report(workdir, "s", tmp_path / "report")
+    assert {a["arm"]: a["collapsed"] for a in summary["arms"]} == dict.fromkeys(ARMS)
+    text = (tmp_path / "report" / "summary.md").read_text()
+    assert "No reference arm in this study" in text and "x arm ``" not in text
 
 
 def test_collapse_and_per_arm_numbers(report):

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from sparrow.config.study import load_study
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "study_seed.sh"
 
@@ -102,6 +104,18 @@ def test_a_seed_split_over_holds_runs_and_calibrates_its_arms_only(tmp_path):
         "centroid-0.86",
         "rule-0.86",
     ]
+
+
+def test_a_hold_without_the_dense_arm_writes_a_study_the_cli_loads(tmp_path):
+    _run(tmp_path, "v2", 1, ARMS="centroid-0.75,notis-0.75,rule-0.86")
+    study = load_study(str(tmp_path / "out" / "v2-s0" / "study.yaml"))
+    assert [a.name for a in study.arms] == ["centroid-0.75", "rule-0.86", "notis-0.75"]
+    assert study.reference_arm == ""  # no collapse labels in this hold's report
+
+
+def test_a_hold_with_the_dense_arm_keeps_it_as_the_reference(tmp_path):
+    _run(tmp_path, "v2", 1, ARMS="dense,fixed")
+    assert load_study(str(tmp_path / "out" / "v2-s0" / "study.yaml")).reference_arm == "dense"
 
 
 def test_the_notis_arm_calibrates_the_schedule_it_shares(tmp_path):
