@@ -102,5 +102,18 @@ def test_a_folder_without_parts_is_one_error(tmp_path):
     (tmp_path / "empty").mkdir()
     result = _split(str(tmp_path / "empty"))
     assert result.returncode == 2
-    assert "no part-*/part.* files" in result.stderr
+    assert "no part-*/part.* or chunk-*/piece.* files" in result.stderr
     assert result.stderr.count("\n") == 1
+
+
+def test_chunks_are_cut_again_to_a_new_size_with_the_same_bytes(tmp_path):
+    packed = _pack(tmp_path / "wheels", 200_000)
+    assert _split(str(tmp_path / "wheels"), "--mib", "0.2").returncode == 0
+    result = _split(str(tmp_path / "wheels"), "--mib", "0.07")  # the tree grew: smaller chunks
+    assert result.returncode == 0, result.stderr
+    chunks = sorted((tmp_path / "wheels").iterdir())
+    assert len(chunks) == -(-len(packed) // int(0.07 * (1 << 20)))
+    pieces = sorted(p for c in chunks for p in c.glob("piece.*"))
+    assert b"".join(p.read_bytes() for p in pieces) == packed
+    assert [p.parent for p in (tmp_path / "wheels").glob("chunk-*/install.sh")] == [chunks[-1]]
+    assert f"-eq {len(chunks)} ]" in (chunks[-1] / "install.sh").read_text()
