@@ -106,6 +106,21 @@ def test_merge_joins_modes_measured_apart(tmp_path):
 
 
 @pytest.mark.slow
+def test_each_mode_is_written_as_it_finishes_so_a_cut_call_keeps_it(tmp_path, monkeypatch):
+    def row(args, mode, path):
+        if mode == "async":
+            raise SystemExit("cut by the call's time limit")
+        return {"mode": mode, "overrides": [], "arms": {"dense": {"steps_per_hour": 100.0}}}
+
+    monkeypatch.setattr(async_pipeline, "mode_row", row)
+    monkeypatch.setattr(async_pipeline.rl_step, "model_path", lambda args: "unused")
+    out = tmp_path / "a.json"
+    with pytest.raises(SystemExit, match="cut"):
+        async_pipeline.main(["--gpus", "1", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert list(report["modes"]) == ["sync"] and report["speedup"] == {}
+
+
 def test_smoke_run_measures_both_modes_and_their_staleness(run_flow_smoke):
     report = json.loads(run_flow_smoke("async_pipeline.py", 900).read_text())
     assert report["batch"] == 4 and report["gpus"] == 1
