@@ -3,6 +3,9 @@ hand-over to the rollout, a trainer rank after its update, the trainer's out-of-
 allocations that come back at their addresses.
 
     return_cached_blocks()
+    with frozen_heap():                    # a run's body: the collections above skip the imports
+        ...
+    freeze_actor_heap()                    # a Ray actor's start: the same for its whole life
     anchor = segment_anchor(device)        # held while the allocations below come and go
     with expandable_segments(device):      # the KV cache: same addresses at every wake
         k = torch.zeros(shape, device=device)
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -25,6 +29,35 @@ def return_cached_blocks() -> None:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         gc.collect()
         torch.cuda.empty_cache()
+
+
+@contextmanager
+def frozen_heap() -> Iterator[None]:
+    """Inside, the objects alive at entry (a process's imports: torch, transformers, Ray,
+    Prefect, MLflow, about 600K objects) are out of the collector's sight, so the full
+    collection of return_cached_blocks and Python's own oldest-generation passes look only
+    at what was made since (0.27 s per full collection on a 2-core CPU with them in sight, ~0
+    without). Garbage made inside is collected as before; a cycle among the objects frozen at
+    entry waits until exit. Enter before the run builds any trainer or engine, so none of
+    their CUDA tensors can be among the frozen."""
+    gc.collect()  # what is already garbage goes now, not frozen
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def freeze_actor_heap() -> bool:
+    """In a Ray actor's process (which lives for the actor and holds only it), freeze its
+    heap as it stands, as frozen_heap does for a run; elsewhere (an actor's class run
+    in-process, the driver) nothing. True when it froze."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
+        return False
+    gc.collect()
+    gc.freeze()
+    return True
 
 
 def _process_expandable() -> bool:

@@ -29,6 +29,7 @@ from prefect import flow  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from sparrow.config import load_config  # noqa: E402
+from sparrow.cuda_memory import frozen_heap  # noqa: E402
 from sparrow.flows.live_table import LiveTable  # noqa: E402
 from sparrow.flows.train_setup import (
     close_run_runtime,
@@ -126,44 +127,48 @@ def train_flow(overrides: list[str], show_table: bool = True) -> dict:
     console = Console(quiet=not show_table, width=None if sys.stdout.isatty() else 200)
     table = LiveTable(console)
     table.header()  # at once: opening the run and starting the actors takes a while
-    runtime, resumed, started_ray = open_run_runtime(cfg)
-    workdir, run_id, steps = cfg.pipeline.workdir, runtime.run_id, cfg.pipeline.steps
-    status, skipped = "failed", {}
-    try:
-        for step in range(1, steps + 1):
-            with _no_heartbeat():
-                skipped[step] = rl_step(
-                    workdir,
-                    run_id,
-                    step,
-                    checkpoint=_due(step, cfg.pipeline.checkpoint_every, steps, at_end=True),
-                    evaluate=bool(cfg.data.eval)
-                    and _due(step, cfg.pipeline.eval_every, steps, False),
-                    distill=cfg.algo.distill.enabled,
-                    one_step_off=cfg.pipeline.max_staleness > 0,
+    # the run's collections (return_cached_blocks at each hand-over) skip the imports
+    with frozen_heap():
+        runtime, resumed, started_ray = open_run_runtime(cfg)
+        workdir, run_id, steps = cfg.pipeline.workdir, runtime.run_id, cfg.pipeline.steps
+        status, skipped = "failed", {}
+        try:
+            for step in range(1, steps + 1):
+                with _no_heartbeat():
+                    skipped[step] = rl_step(
+                        workdir,
+                        run_id,
+                        step,
+                        checkpoint=_due(step, cfg.pipeline.checkpoint_every, steps, at_end=True),
+                        evaluate=bool(cfg.data.eval)
+                        and _due(step, cfg.pipeline.eval_every, steps, False),
+                        distill=cfg.algo.distill.enabled,
+                        one_step_off=cfg.pipeline.max_staleness > 0,
+                    )
+                table.row(
+                    step, step_metrics(runtime.store, run_id, step), all(skipped[step].values())
                 )
-            table.row(step, step_metrics(runtime.store, run_id, step), all(skipped[step].values()))
-        status = "finished"
-        final = step_metrics(runtime.store, run_id, steps) if steps else {}
-        if steps and cfg.pipeline.report:
-            _log_report(runtime, workdir, run_id)
-        recorded = len(stage_records(runtime.store, run_id))
-    except KeyboardInterrupt:
-        status = "interrupted"  # Ctrl-C: resumable like a failure, and shown as what it was
-        raise
-    except Exception as err:
-        if not interrupt.requested():
+            status = "finished"
+            final = step_metrics(runtime.store, run_id, steps) if steps else {}
+            if steps and cfg.pipeline.report:
+                _log_report(runtime, workdir, run_id)
+            recorded = len(stage_records(runtime.store, run_id))
+        except KeyboardInterrupt:
+            status = "interrupted"  # Ctrl-C: resumable like a failure, and shown as what it was
             raise
-        # a Ctrl-C that a library turned into an error of its own (DuckDB's "Query
-        # interrupted", a task's failure): still the user's Ctrl-C
-        status = "interrupted"
-        raise KeyboardInterrupt from err
-    finally:
-        close_run_runtime(runtime, status)
-        if started_ray:
-            import ray
+        except Exception as err:
+            if not interrupt.requested():
+                raise
+            # a Ctrl-C that a library turned into an error of its own (DuckDB's "Query
+            # interrupted", a task's failure): still the user's Ctrl-C
+            status = "interrupted"
+            raise KeyboardInterrupt from err
+        finally:
+            close_run_runtime(runtime, status)
+            if started_ray:
+                import ray
 
-            ray.shutdown()
+                ray.shutdown()
     for line in where_to_look(runtime):
         console.print(line, highlight=False, soft_wrap=True)
     return {

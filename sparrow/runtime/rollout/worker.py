@@ -70,6 +70,9 @@ class RolloutWorker(SyncedWorker):
     its weight-sync methods come from SyncedWorker (sparrow/runtime/rollout/actor_sync.py)."""
 
     def __init__(self, spec: WorkerSpec):
+        from sparrow.cuda_memory import freeze_actor_heap
+
+        freeze_actor_heap()  # before the engine: the sleep's collection skips the imports
         self.engine = build_engine(spec)
         self.weights_path = spec.weights_path
         self.counts: dict[str, float] = {}  # rollout_stats()

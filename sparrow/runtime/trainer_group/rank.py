@@ -40,6 +40,9 @@ class TrainerRank(DistillRank):
     DistillSparse's methods come from DistillRank (sparrow/runtime/trainer_group/distill.py)."""
 
     def __init__(self, rank: int, world_size: int):
+        from sparrow.cuda_memory import freeze_actor_heap
+
+        freeze_actor_heap()  # before the trainer: its updates' collections skip the imports
         self.rank, self.world_size = rank, world_size
         self.trainer = None
         self._packed = None  # rank 0: the weights packed for the engines during a sync
