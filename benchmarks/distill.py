@@ -18,7 +18,12 @@ Evaluation ("before" / "after"): fresh trajectories of held-out prompts sampled 
 actor under the cheaper schedule with fixed seeds, replayed teacher-forced for the exact
 acceptance with and without the LoRA on the same tokens (p5 over all tokens, lowest per-bin p5,
 mean); "calibrated" is the same for the calibrated schedule without the LoRA (the target the
-cheaper schedule plus LoRA should reach). Rollout speedup: generation wall time of the eval
+cheaper schedule plus LoRA should reach). The fixed set (`fixed_set`): the held-out prompts'
+trajectories (--fixed-samples each) drawn once by the sparse actor under the cheaper schedule
+before the first step, replayed teacher-forced before and after on the same tokens: p5 and
+the rest with and without the LoRA, and the paired differences with 95% cluster-bootstrap
+intervals over prompts (sparrow/mismatch/bootstrap.py, --resamples), so trajectory noise
+cancels (docs/distill.md, "A fair test"). Rollout speedup: generation wall time of the eval
 prompts under each schedule with the same weights and seeds (generated tokens per second,
 best of 3 after a warm-up, the schedules interleaved).
 """
@@ -31,6 +36,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -39,6 +45,7 @@ from sparrow.data.datasets import load_prompts  # noqa: E402
 from sparrow.data.rewards import REWARD_FUNCTIONS  # noqa: E402
 from sparrow.data.rollouts import RolloutRecord  # noqa: E402
 from sparrow.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
+from sparrow.mismatch.bootstrap import paired_difference_intervals  # noqa: E402
 from sparrow.model import load_model, load_tokenizer  # noqa: E402
 from sparrow.model.builtin import resolve_model_path  # noqa: E402
 from sparrow.sparse import resolve_schedule  # noqa: E402
@@ -79,6 +86,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=8, help="prompts per step")
     p.add_argument("--samples", type=int, default=4, help="samples per prompt")
     p.add_argument("--eval-prompts", type=int, default=16)
+    p.add_argument(
+        "--fixed-samples", type=int, default=4, help="per held-out prompt, in the fixed set"
+    )
+    p.add_argument("--resamples", type=int, default=1000, help="bootstrap replicates (fixed set)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--lr", type=float, default=1e-6, help="actor lr (algo.lr)")
@@ -106,7 +117,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.smoke:
         args.steps, args.prompts, args.samples, args.eval_prompts = 2, 2, 2, 2
         args.max_new_tokens, args.lr_scale, args.device = 32, 1000.0, "cpu"
-        args.speed_repeats = 1
+        args.speed_repeats, args.fixed_samples, args.resamples = 1, 2, 200
     return args
 
 
@@ -265,6 +276,9 @@ def main(argv=None) -> dict:
         engine, tokenizer, distiller, eval_rows, calibrated, args, device
     )
     report["before"] = evaluate(engine, tokenizer, distiller, eval_rows, cheaper, args, device)
+    engine.set_schedule(cheaper)
+    fixed, _, _ = sample(engine, tokenizer, eval_rows, args.fixed_samples, args, 10**6 + 1, device)
+    fixed_before = distiller.token_acceptance(fixed, cheaper)
     steps = []
     for step in range(args.steps):
         engine.set_schedule(cheaper)
@@ -304,6 +318,9 @@ def main(argv=None) -> dict:
         print(json.dumps(row), file=sys.stderr, flush=True)
     report["steps"] = steps
     report["after"] = evaluate(engine, tokenizer, distiller, eval_rows, cheaper, args, device)
+    report["fixed_set"] = fixed_set_report(
+        fixed, fixed_before, distiller.token_acceptance(fixed, cheaper), args
+    )
     report["tokens_per_s"] = rollout_speed(
         engine, tokenizer, eval_rows, (calibrated, cheaper), args, device, args.speed_repeats
     )
@@ -354,6 +371,46 @@ def plot(report: dict, path: str) -> None:
     plt.close(fig)
 
 
+def _levels(alpha) -> dict:
+    return {
+        "mean": float(np.mean(alpha)),
+        "p1": float(np.percentile(alpha, 1)),
+        "p5": float(np.percentile(alpha, 5)),
+        "share_below_half": float(np.mean(alpha < 0.5)),
+    }
+
+
+def fixed_set_report(records, before: dict, after: dict, args) -> dict:
+    """The fixed set (the sparse actor's trajectories of the held-out prompts under the cheaper
+    schedule, sampled once before any step) replayed before and after: the levels, and two
+    paired differences on the same tokens with cluster-bootstrap intervals over prompts
+    (every sample of a prompt resampled together): lora_after_minus_before (the LoRA's and the
+    policy's moves together; with --no-update the LoRA's alone) and lora_minus_base_after
+    (the LoRA alone, against the same final dense policy)."""
+    prompts = np.array([records[i].prompt_index for i in after["record"]])
+
+    def intervals(first, second) -> dict:
+        paired = paired_difference_intervals(
+            first, second, prompts, resamples=args.resamples, seed=args.seed
+        )
+        return {
+            name: dict(zip(("delta", "low", "high"), paired[name]))
+            for name in ("mean", "p1", "p5", "share_below_half")
+        }
+
+    return {
+        "trajectories": len(records),
+        "prompts": int(len(set(prompts.tolist()))),
+        "tokens": int(len(prompts)),
+        "level": 0.95,
+        "before_lora": _levels(before["lora"]),
+        "after_lora": _levels(after["lora"]),
+        "after_base": _levels(after["base"]),
+        "lora_after_minus_before": intervals(before["lora"], after["lora"]),
+        "lora_minus_base_after": intervals(after["base"], after["lora"]),
+    }
+
+
 def summarize(report: dict, steps: list[dict]) -> dict:
     """The figures docs/distill.md quotes."""
     timed = steps[1:] or steps  # the first step compiles and warms up
@@ -370,6 +427,10 @@ def summarize(report: dict, steps: list[dict]) -> dict:
             report["tokens_per_s"][report["after"]["schedule"]]
             / report["tokens_per_s"][report["calibrated"]["schedule"]]
         ),
+        "fixed_set_p5": {
+            "lora_after_minus_before": report["fixed_set"]["lora_after_minus_before"]["p5"],
+            "lora_minus_base_after": report["fixed_set"]["lora_minus_base_after"]["p5"],
+        },
         "distill_s_per_step": mean("distill_s"),
         "update_s_per_step": update,
         "distill_over_update": mean("distill_s") / update if update else None,

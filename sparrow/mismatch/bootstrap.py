@@ -3,6 +3,7 @@
     from sparrow.mismatch.bootstrap import bootstrap_intervals
     intervals = bootstrap_intervals(acceptance, trajectory_ids, seed=0)   # one bin's tokens
     low, high = intervals["p5"]                                           # 95% percentile interval
+    delta, low, high = paired_difference_intervals(before, after, trajectory_ids)["p5"]
 
 Tokens of one trajectory are correlated (one hard prefix lowers many of them), so the
 resampling unit is the whole trajectory: each replicate draws as many trajectories as the bin
@@ -119,3 +120,50 @@ def bootstrap_intervals(
         name: tuple(float(v) for v in np.percentile(replicates[name], [tail, 100.0 - tail]))
         for name in STATISTICS
     }
+
+
+def paired_difference_intervals(
+    before,
+    after,
+    clusters,
+    resamples: int = RESAMPLES,
+    level: float = LEVEL,
+    seed: int | tuple[int, ...] = 0,
+) -> dict[str, tuple[float, float, float]]:
+    """{statistic: (after's minus before's, low, high)} for two measurements of the same tokens
+    (the same trajectories replayed twice: before and after a change, or with and without a
+    LoRA). Each replicate draws clusters once and takes the statistic of both measurements on
+    that draw, so the interval is of the paired difference: what the two share (which
+    trajectories are hard) cancels. NaN bounds with fewer than 2 clusters."""
+    before = np.asarray(before, dtype=np.float64).reshape(-1)
+    after = np.asarray(after, dtype=np.float64).reshape(-1)
+    _, codes = np.unique(np.asarray(clusters).reshape(-1), return_inverse=True)
+    if not before.size == after.size == codes.size:
+        raise ValueError(
+            f"before, after and clusters must be the same tokens: {before.size}, "
+            f"{after.size}, {codes.size} entries"
+        )
+    if not codes.size:
+        raise ValueError("no tokens to compare")
+    if not 0.0 < level < 1.0 or resamples < 2:
+        raise ValueError(f"need 0 < level < 1 and resamples >= 2, got {level}, {resamples}")
+    whole = np.arange(int(codes.max()) + 1)[None, :]  # the sample itself: every cluster once
+    point = {
+        name: float(a[0] - b[0]) for name, (a, b) in _both(before, after, codes, whole).items()
+    }
+    if whole.shape[1] < 2:
+        return {name: (point[name], math.nan, math.nan) for name in STATISTICS}
+    draws = draw_clusters(whole.shape[1], resamples, seed)
+    tail = 100.0 * (1.0 - level) / 2.0
+    out = {}
+    for name, (a, b) in _both(before, after, codes, draws).items():
+        low, high = np.percentile(a - b, [tail, 100.0 - tail])
+        out[name] = (point[name], float(low), float(high))
+    return out
+
+
+def _both(before, after, codes, draws) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """{statistic: (after's replicates, before's)} on the same draws."""
+    first = replicate_statistics(before, codes, draws)
+    second = replicate_statistics(after, codes, draws)
+    return {name: (second[name], first[name]) for name in STATISTICS}

@@ -188,6 +188,39 @@ class SparseDistiller:
         metrics.update(acceptance_metrics)
         return metrics
 
+    @torch.no_grad()
+    def token_acceptance(
+        self, records: Sequence[RolloutRecord], schedule: Schedule
+    ) -> dict[str, np.ndarray]:
+        """The exact acceptance of every generated token of `records`, in their order, against
+        the dense policy: with the LoRA ("lora") and without ("base"); "record" and "position"
+        say whose token it is and where. No gradient, no update, every record in this process
+        (a group's ranks are not asked): for a fixed trajectory set measured before and after
+        distillation (benchmarks/distill.py)."""
+        weight, chunk_tokens = (
+            self.model.output_embedding(),
+            self.trainer_config.logits_chunk_tokens,
+        )
+        out: dict[str, list] = {"lora": [], "base": [], "record": [], "position": []}
+        keep = [i for i, r in enumerate(records) if r.output_ids]
+        for batch in micro_batches(
+            [records[i] for i in keep], self.trainer_config.micro_batch_tokens
+        ):
+            chunk = [records[keep[j]] for j in batch]
+            sequences = [list(r.prompt_ids) + list(r.output_ids) for r in chunk]
+            prompt_lens = [len(r.prompt_ids) for r in chunk]
+            with adapters_disabled(self.model):
+                dense = self._hidden(sequences, prompt_lens, None, chunk)
+                base = self._hidden(sequences, prompt_lens, schedule, chunk)
+            sparse = self._hidden(sequences, prompt_lens, schedule, chunk)
+            for name, hidden in (("lora", sparse), ("base", base)):
+                alpha = acceptance(hidden, dense, weight, self.temperature, chunk_tokens)
+                out[name].append(alpha.double().cpu().numpy())
+            for j, r, p in zip(batch, chunk, prompt_lens):
+                out["record"].append(np.full(len(r.output_ids), keep[j]))
+                out["position"].append(np.arange(p, p + len(r.output_ids)))
+        return {k: np.concatenate(v) if v else np.zeros(0) for k, v in out.items()}
+
     # where a group of ranks differs (rl/sharded_distill.py): one process takes every record
 
     def _share(self, records: Sequence[RolloutRecord]) -> list[int]:

@@ -29,4 +29,14 @@ def test_smoke_reports_p5_before_after_and_timings(tmp_path):
         assert 0 <= figures["min_bin_p5_base"] <= 1 and figures["tokens"] > 0
     summary = report["summary"]
     assert summary["distill_s_per_step"] > 0 and summary["update_s_per_step"] > 0
+    # the fixed set: the same tokens before and after, paired intervals around each difference
+    fixed = report["fixed_set"]
+    assert fixed["trajectories"] == 2 * fixed["prompts"] and fixed["tokens"] > 0
+    for pair in ("lora_after_minus_before", "lora_minus_base_after"):
+        for name, d in fixed[pair].items():
+            assert d["low"] <= d["delta"] <= d["high"], (pair, name)
+    assert fixed["lora_minus_base_after"]["mean"]["delta"] == pytest.approx(
+        fixed["after_lora"]["mean"] - fixed["after_base"]["mean"]
+    )
+    assert summary["fixed_set_p5"]["lora_minus_base_after"] == fixed["lora_minus_base_after"]["p5"]
     assert summary["rollout_speedup_cheaper_over_calibrated"] > 0

@@ -14,6 +14,7 @@ from sparrow.mismatch.bootstrap import (
     STATISTICS,
     bootstrap_intervals,
     draw_clusters,
+    paired_difference_intervals,
     replicate_statistics,
 )
 
@@ -83,3 +84,44 @@ def test_bad_input_is_refused():
         bootstrap_intervals([0.5, 0.9], [1])
     with pytest.raises(ValueError, match="level"):
         bootstrap_intervals([0.5, 0.9], [1, 2], level=1.5)
+
+
+def test_paired_differences_equal_a_plain_loop_on_the_same_draws():
+    before, clusters = _bin(num_clusters=15, seed=4)
+    rng = np.random.default_rng(5)
+    after = np.clip(before + 0.05 * rng.standard_normal(before.size), 0.0, 1.0)
+    out = paired_difference_intervals(before, after, clusters, resamples=100, seed=7)
+    draws = draw_clusters(15, 100, seed=7)
+    first, second = _loop(before, clusters, draws), _loop(after, clusters, draws)
+    whole = _loop(before, clusters, [np.arange(15)]), _loop(after, clusters, [np.arange(15)])
+    for name in STATISTICS:
+        delta, low, high = out[name]
+        assert delta == pytest.approx(whole[1][name][0] - whole[0][name][0], abs=1e-12)
+        expect = np.percentile(second[name] - first[name], [2.5, 97.5])
+        assert (low, high) == pytest.approx(tuple(expect), abs=1e-12), name
+
+
+def test_a_shift_of_every_token_is_that_shift_with_no_width():
+    before, clusters = _bin(num_clusters=10, seed=6)
+    before = 0.1 + 0.7 * before  # in [0.1, 0.8]: the shift stays inside [0, 1]
+    same = paired_difference_intervals(before, before, clusters, resamples=50)
+    assert all(v == (0.0, 0.0, 0.0) for v in same.values())
+    shifted = paired_difference_intervals(before, before + 0.1, clusters, resamples=50)
+    for name in ("mean", "p1", "p5", "p10", "p50", "min"):
+        assert shifted[name] == pytest.approx((0.1, 0.1, 0.1), abs=1e-12), name
+
+
+def test_pairing_cancels_what_the_two_measurements_share():
+    before, clusters = _bin(num_clusters=40, seed=8)  # trajectories of very different levels
+    rng = np.random.default_rng(9)
+    after = np.clip(before + 0.02 + 0.01 * rng.standard_normal(before.size), 0.0, 1.0)
+    _, low, high = paired_difference_intervals(before, after, clusters, resamples=300)["mean"]
+    alone = bootstrap_intervals(before, clusters, resamples=300)["mean"]
+    assert 0.0 < low < high and high - low < (alone[1] - alone[0]) / 5
+
+
+def test_paired_inputs_of_other_lengths_are_one_error():
+    with pytest.raises(ValueError, match="same tokens: 3, 2, 3"):
+        paired_difference_intervals([0.5, 0.6, 0.7], [0.5, 0.6], [0, 1, 1])
+    single = paired_difference_intervals([0.5, 0.6], [0.6, 0.7], [0, 0])
+    assert single["mean"][0] == pytest.approx(0.1) and math.isnan(single["mean"][1])

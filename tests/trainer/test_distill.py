@@ -5,6 +5,7 @@ saved state resumes to the same adapter, the PPO term and the metrics."""
 import dataclasses
 from collections import defaultdict
 
+import numpy as np
 import pytest
 import torch
 
@@ -177,3 +178,32 @@ def test_cheaper_schedule_is_measured_with_the_lora(path, records):
     assert metrics["distill/acceptance_mean_lora"] == same["distill/acceptance_mean_lora"]
     assert [s.bin for s in d.bin_stats["cheaper"]] == [s.bin for s in d.bin_stats["lora"]]
     assert min(s.p5 for s in d.bin_stats["cheaper"]) == metrics["distill/min_bin_p5_cheaper"]
+
+
+def test_token_acceptance_is_the_distill_steps_own_measure_per_token(path, records):
+    d = distiller(path, loss="full_kl", measure=True)
+    fresh = d.token_acceptance(records, SCHEDULE)
+    total = sum(len(r.output_ids) for r in records)
+    assert all(len(v) == total for v in fresh.values())
+    np.testing.assert_allclose(fresh["lora"], fresh["base"], atol=1e-6)  # a fresh LoRA: the base
+    for _ in range(4):
+        d.distill(records, SCHEDULE)
+    metrics = d.distill(records, SCHEDULE, update=False)
+    after = d.token_acceptance(records, SCHEDULE)
+    for which in ("lora", "base"):
+        assert after[which].mean() == pytest.approx(
+            metrics[f"distill/acceptance_mean_{which}"], abs=1e-6
+        )
+        assert np.percentile(after[which], 5) == pytest.approx(
+            metrics[f"distill/p5_{which}"], abs=1e-6
+        )
+    np.testing.assert_allclose(after["base"], fresh["base"], atol=1e-6)  # the base is frozen
+    assert after["lora"].mean() > fresh["lora"].mean()
+    # whose token and where: record i's tokens in order, at the positions after its prompt
+    first = records[0]
+    mine = after["record"] == 0
+    assert mine.sum() == len(first.output_ids)
+    assert after["position"][mine].tolist() == list(
+        range(len(first.prompt_ids), len(first.prompt_ids) + len(first.output_ids))
+    )
+    assert all(p.grad is None for p in d.model.parameters())  # measured without gradients

@@ -1,0 +1,89 @@
+"""scripts/distill_fair.sh with stand-ins for `sparrow` (writes the calibrated schedules) and
+for the benchmark (records its arguments, writes a report with a fixed set): what it asks
+for, in the plan's order, and the summary it leaves; no GPU, no run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "distill_fair.sh"
+
+FAKE_SPARROW = """#!/usr/bin/env bash
+echo "sparrow $*" >> "$CALLS"
+for a in "$@"; do case $a in calibrate.name=*) name=${a#*=};; pipeline.workdir=*) w=${a#*=};; esac; done
+[ -n "${NO_SCHEDULE:-}" ] && exit 0
+mkdir -p "$w/schedules" && echo "name: $name" > "$w/schedules/$name-v1.yaml"
+"""
+FAKE_PYTHON = """#!/usr/bin/env bash
+if [ "$1" = benchmarks/distill.py ]; then
+  echo "distill $*" >> "$CALLS"
+  while [ $# -gt 0 ]; do case $1 in --seed) seed=$2;; --out) out=$2;; esac; shift; done
+  p=0.8$((5 + seed))
+  cat > "$out" <<JSON
+{"args": {"seed": $seed}, "steps": [{}, {}],
+ "fixed_set": {"prompts": 16, "tokens": 100, "after_lora": {"p5": $p}, "after_base": {"p5": 0.79},
+   "lora_minus_base_after": {"p5": {"delta": 0.02, "low": 0.01, "high": 0.03}}}}
+JSON
+else
+  exec "$REAL_PYTHON" "$@"
+fi
+"""
+
+
+def _run(tmp_path: Path, **extra: str) -> subprocess.CompletedProcess:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("sparrow", FAKE_SPARROW), ("fake-python", FAKE_PYTHON)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    (tmp_path / "model").mkdir()
+    env = os.environ | {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "PYTHON": str(bin_dir / "fake-python"),
+        "REAL_PYTHON": sys.executable,
+        "CALLS": str(tmp_path / "calls.txt"),
+        "MODEL": str(tmp_path / "model"),
+        "OUT": str(tmp_path / "out"),
+        "WORK": str(tmp_path / "work"),
+        **extra,
+    }
+    return subprocess.run(
+        ["bash", str(SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_calibrates_both_targets_then_runs_each_seed_on_those_schedules(tmp_path):
+    done = _run(tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    calibrations = sorted(c for c in calls if c.startswith("sparrow calibrate"))
+    assert [c.split("schedule.target=")[1].split()[0] for c in calibrations] == ["0.75", "0.86"]
+    runs = [c for c in calls if c.startswith("distill")]
+    assert [r.split("--seed ")[1].split()[0] for r in runs] == ["0", "1", "2"]
+    work = tmp_path / "work" / "schedules"
+    for r in runs:
+        assert f"--calibrated {work}/v2-centroid-0.86-v1.yaml" in r
+        assert f"--cheaper {work}/v2-centroid-0.75-v1.yaml" in r
+        assert "--no-update" in r and "--steps 40" in r and "--fixed-samples 4" in r
+    summary = json.loads((tmp_path / "out" / "distill-fair" / "summary.json").read_text())
+    assert summary["verdict"]["lora_helps"] == "helps"
+    assert summary["verdict"]["reached_target"] == [1, 2]  # p5 0.85, 0.86, 0.87 against 0.86
+
+
+def test_a_calibration_without_a_schedule_is_one_error_before_any_run(tmp_path):
+    done = _run(tmp_path, NO_SCHEDULE="1")
+    assert done.returncode != 0
+    assert "calibration at 0.86 wrote no schedule" in done.stderr
+    assert not any(
+        c.startswith("distill") for c in (tmp_path / "calls.txt").read_text().split("\n")
+    )
+
+
+def test_a_missing_model_folder_is_one_error(tmp_path):
+    done = _run(tmp_path, MODEL=str(tmp_path / "nowhere"))
+    assert done.returncode == 2 and "no model folder" in done.stderr
