@@ -37,6 +37,17 @@ def test_inside_the_heap_at_entry_is_frozen_and_new_cycles_are_still_collected()
     assert kept() is None
 
 
+def test_a_heap_frozen_already_is_left_frozen_for_its_owner_to_thaw():
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with frozen_heap(), frozen_heap():  # the caller's freeze, then a nested run
+            assert gc.get_freeze_count() == frozen
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
+
+
 def test_the_heap_thaws_when_the_body_raises():
     before = gc.get_freeze_count()
     with pytest.raises(RuntimeError), frozen_heap():
