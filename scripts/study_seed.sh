@@ -86,6 +86,16 @@ print(len(data["arms"]))
 PY
 )
 STUDY=$DEST/study.yaml
+# the hold's study file as `sparrow study run` will read it, checked before any GPU time is spent
+python - "$STUDY" <<'PY' || exit 2
+import sys
+from sparrow.config import ConfigError
+from sparrow.config.study import load_study
+try:
+    load_study(sys.argv[1])
+except ConfigError as err:
+    sys.exit(f"the hold's study file does not load: {err}")
+PY
 # the schedules those arms name, once each: NAME TARGET SELECTION
 CALIBRATIONS=$(python - "$STUDY" <<'PY'
 import sys

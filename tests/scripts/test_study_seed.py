@@ -145,6 +145,15 @@ def test_a_missing_study_file_is_one_error_before_any_run(tmp_path):
     assert not (tmp_path / "calls.txt").exists()
 
 
+def test_a_study_file_the_cli_would_refuse_stops_before_any_calibration(tmp_path):
+    bad = OmegaConf.load(ROOT / "sparrow" / "conf" / "study" / "study_v2.yaml")
+    bad.collapse_ratio = 1.5
+    OmegaConf.save(bad, tmp_path / "bad.yaml")
+    with pytest.raises(AssertionError, match="does not load: .*collapse_ratio must be in"):
+        _run(tmp_path, "v2", 1, STUDY_FILE=str(tmp_path / "bad.yaml"), ARMS="dense")
+    assert not (tmp_path / "calls.txt").exists()
+
+
 def test_an_unknown_arm_is_one_error_that_names_it(tmp_path):
     with pytest.raises(AssertionError, match="centroid-0.5"):
         _run(tmp_path, "v2", 2, ARMS="dense,centroid-0.5")
