@@ -197,10 +197,8 @@ class SparseDistiller:
         say whose token it is and where. No gradient, no update, every record in this process
         (a group's ranks are not asked): for a fixed trajectory set measured before and after
         distillation (benchmarks/distill.py)."""
-        weight, chunk_tokens = (
-            self.model.output_embedding(),
-            self.trainer_config.logits_chunk_tokens,
-        )
+        weight = self.model.output_embedding()
+        chunk_tokens = self.trainer_config.logits_chunk_tokens
         out: dict[str, list] = {"lora": [], "base": [], "record": [], "position": []}
         keep = [i for i, r in enumerate(records) if r.output_ids]
         for batch in micro_batches(
