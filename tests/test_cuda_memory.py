@@ -78,9 +78,12 @@ def test_only_a_ray_actors_own_process_freezes(flow_environment):
     import ray
 
     @ray.remote(num_cpus=0)
-    class Probe:
+    class Probe:  # as RolloutWorker and TrainerRank: the freeze in the constructor
+        def __init__(self):
+            self.froze = freeze_actor_heap()
+
         def freeze(self) -> tuple[bool, int]:
-            return freeze_actor_heap(), gc.get_freeze_count()
+            return self.froze, gc.get_freeze_count()
 
     probe = Probe.remote()
     froze, count = ray.get(probe.freeze.remote())
