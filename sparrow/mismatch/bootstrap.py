@@ -12,8 +12,9 @@ those of bin_statistics (numpy's linear percentiles, the mean, the minimum, the 
 0.5) on the repeated tokens; the interval is the percentile interval of the replicates (the
 plain percentile bootstrap; a bin with fewer than 2 trajectories gets NaN: one trajectory says
 nothing about the spread between them). The replicates are computed without building them:
-the bin is sorted once and each replicate is a vector of per-token repeat counts, so the
-k-th value of a replicate is a search in its cumulative counts (tests hold it to a plain loop).
+the bin is sorted once and each replicate is a vector of per-cluster repeat counts; the k-th
+value of a replicate is found from its counts summed per block of sorted tokens, then inside
+one block (tests hold it to a plain loop).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ STATISTICS = ("mean", "p1", "p5", "p10", "p50", "min", "share_below_half")
 PERCENTILE_OF = {"p1": 1.0, "p5": 5.0, "p10": 10.0, "p50": 50.0}
 RESAMPLES = 200
 LEVEL = 0.95
-# tokens x replicates held at once (int64 cumulative counts): about 32 MB
-CHUNK_ELEMENTS = 1 << 22
+# sorted tokens per block of the percentile search (_replicate_percentiles)
+BLOCK_TOKENS = 512
 # strictly below this counts in share_below_half (stats.LOW_ACCEPTANCE)
 LOW_ACCEPTANCE = 0.5
 
@@ -70,30 +71,47 @@ def replicate_statistics(
 def _replicate_percentiles(
     values: np.ndarray, clusters: np.ndarray, counts: np.ndarray
 ) -> dict[str, np.ndarray]:
-    """numpy's linear percentile of each replicate, the replicate given as repeat counts."""
+    """numpy's linear percentile of each replicate, the replicate given as repeat counts.
+
+    The k-th (0-based) value of a replicate is the first token, in sorted order, whose
+    cumulative repeat count exceeds k. The sorted tokens are cut into blocks of BLOCK_TOKENS;
+    each block's per-cluster token counts, cumulated, give every replicate's count at every
+    block end in one matrix product, which finds the block that holds the k-th value; only
+    inside that block are the repeat counts cumulated token by token. Exact: the counts are
+    integers far below 2**53."""
     order = np.argsort(values, kind="stable")
     ordered, codes = values[order], clusters[order]
-    out = {name: np.empty(counts.shape[0]) for name in PERCENTILE_OF}
-    step = max(1, CHUNK_ELEMENTS // max(1, values.size))
-    for start in range(0, counts.shape[0], step):
-        rows = counts[start : start + step].astype(np.int64)
-        cumulative = np.cumsum(rows[:, codes], axis=1)  # [chunk, tokens]
-        totals = cumulative[:, -1]
-        # rows laid end to end: row r's counts shifted by r * span stay sorted as one array
-        span = int(totals.max()) + 1
-        shift = np.arange(rows.shape[0]) * span
-        flat = (cumulative + shift[:, None]).ravel()
-        row_start = np.arange(rows.shape[0]) * values.size
-        for name, q in PERCENTILE_OF.items():
-            h = (totals - 1) * (q / 100.0)
-            below = np.floor(h)
-            above = np.minimum(below + 1, totals - 1)
-            # the k-th (0-based) repeated value: the first token whose cumulative count > k
-            first = np.searchsorted(flat, below + shift, side="right") - row_start
-            second = np.searchsorted(flat, above + shift, side="right") - row_start
-            a, b = ordered[first], ordered[second]
-            out[name][start : start + step] = a + (h - below) * (b - a)
+    num_clusters, resamples = counts.shape[1], counts.shape[0]
+    size = max(1, BLOCK_TOKENS)
+    blocks = -(-values.size // size)
+    pad = blocks * size - values.size  # the last block filled with a cluster counted 0 times
+    codes = np.concatenate([codes, np.full(pad, num_clusters, dtype=codes.dtype)])
+    weights = np.concatenate([counts, np.zeros((resamples, 1), dtype=counts.dtype)], axis=1)
+    cells = (np.arange(codes.size) // size) * (num_clusters + 1) + codes
+    per_block = np.bincount(cells, minlength=blocks * (num_clusters + 1)).astype(np.float64)
+    per_block = per_block.reshape(blocks, num_clusters + 1)
+    # replicate r's repeated tokens up to the end of block b: [resamples, blocks]
+    at_ends = np.rint(weights.astype(np.float64) @ np.cumsum(per_block, axis=0).T).astype(np.int64)
+    totals = at_ends[:, -1]
+    rows = np.arange(resamples)
+    out = {}
+    for name, q in PERCENTILE_OF.items():
+        h = (totals - 1) * (q / 100.0)
+        below = np.floor(h).astype(np.int64)
+        above = np.minimum(below + 1, totals - 1)
+        a, b = (_kth(ordered, codes, weights, at_ends, rows, k, size) for k in (below, above))
+        out[name] = a + (h - below) * (b - a)
     return out
+
+
+def _kth(ordered, codes, weights, at_ends, rows, k, size) -> np.ndarray:
+    """Each replicate's k[r]-th repeated value (module doc of _replicate_percentiles)."""
+    block = (at_ends <= k[:, None]).sum(axis=1)  # the first block whose end count exceeds k
+    before = np.where(block > 0, at_ends[rows, np.maximum(block - 1, 0)], 0)
+    spots = block[:, None] * size + np.arange(size)[None, :]  # [resamples, size]
+    running = before[:, None] + np.cumsum(weights[rows[:, None], codes[spots]], axis=1)
+    first = (running <= k[:, None]).sum(axis=1)  # the first token whose count exceeds k
+    return ordered[np.minimum(block * size + first, ordered.size - 1)]
 
 
 def bootstrap_intervals(

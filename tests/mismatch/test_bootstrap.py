@@ -43,9 +43,9 @@ def _loop(values, clusters, draws):
     return {k: np.array(v) for k, v in out.items()}
 
 
-@pytest.mark.parametrize("chunk", [1 << 22, 50])  # one chunk, and many small ones
-def test_vectorised_replicates_equal_a_plain_loop(monkeypatch, chunk):
-    monkeypatch.setattr(bootstrap, "CHUNK_ELEMENTS", chunk)
+@pytest.mark.parametrize("block", [512, 7, 1])  # one block, many with a short last one, tokens
+def test_vectorised_replicates_equal_a_plain_loop(monkeypatch, block):
+    monkeypatch.setattr(bootstrap, "BLOCK_TOKENS", block)
     values, clusters = _bin()
     draws = draw_clusters(12, 64, seed=3)
     fast = replicate_statistics(values, clusters, draws)
