@@ -124,20 +124,14 @@ def bootstrap_intervals(
     """{statistic: (low, high)}: the percentile interval at `level` of `resamples` cluster
     bootstrap replicates; NaN bounds when the bin holds fewer than 2 clusters."""
     values = np.asarray(values, dtype=np.float64).reshape(-1)
-    _, codes = np.unique(np.asarray(clusters).reshape(-1), return_inverse=True)
+    codes, num_clusters = _codes(clusters)
     if codes.size != values.size:
         raise ValueError(f"clusters has {codes.size} entries but values has {values.size}")
-    if not 0.0 < level < 1.0 or resamples < 2:
-        raise ValueError(f"need 0 < level < 1 and resamples >= 2, got {level}, {resamples}")
-    num_clusters = int(codes.max()) + 1 if codes.size else 0
+    _check_level(level, resamples)
     if num_clusters < 2:
         return {name: (math.nan, math.nan) for name in STATISTICS}
     replicates = replicate_statistics(values, codes, draw_clusters(num_clusters, resamples, seed))
-    tail = 100.0 * (1.0 - level) / 2.0
-    return {
-        name: tuple(float(v) for v in np.percentile(replicates[name], [tail, 100.0 - tail]))
-        for name in STATISTICS
-    }
+    return {name: _interval(replicates[name], level) for name in STATISTICS}
 
 
 def paired_difference_intervals(
@@ -155,7 +149,7 @@ def paired_difference_intervals(
     trajectories are hard) cancels. NaN bounds with fewer than 2 clusters."""
     before = np.asarray(before, dtype=np.float64).reshape(-1)
     after = np.asarray(after, dtype=np.float64).reshape(-1)
-    _, codes = np.unique(np.asarray(clusters).reshape(-1), return_inverse=True)
+    codes, num_clusters = _codes(clusters)
     if not before.size == after.size == codes.size:
         raise ValueError(
             f"before, after and clusters must be the same tokens: {before.size}, "
@@ -163,25 +157,38 @@ def paired_difference_intervals(
         )
     if not codes.size:
         raise ValueError("no tokens to compare")
+    _check_level(level, resamples)
+    whole = np.arange(num_clusters)[None, :]  # the sample itself: every cluster once
+    point = {name: float(a[0] - b[0]) for name, (a, b) in _both(before, after, codes, whole)}
+    if num_clusters < 2:
+        return {name: (point[name], math.nan, math.nan) for name in STATISTICS}
+    draws = draw_clusters(num_clusters, resamples, seed)
+    return {
+        name: (point[name], *_interval(a - b, level))
+        for name, (a, b) in _both(before, after, codes, draws)
+    }
+
+
+def _codes(clusters) -> tuple[np.ndarray, int]:
+    """Each token's cluster as a code in [0, K), and K."""
+    _, codes = np.unique(np.asarray(clusters).reshape(-1), return_inverse=True)
+    return codes, int(codes.max()) + 1 if codes.size else 0
+
+
+def _check_level(level: float, resamples: int) -> None:
     if not 0.0 < level < 1.0 or resamples < 2:
         raise ValueError(f"need 0 < level < 1 and resamples >= 2, got {level}, {resamples}")
-    whole = np.arange(int(codes.max()) + 1)[None, :]  # the sample itself: every cluster once
-    point = {
-        name: float(a[0] - b[0]) for name, (a, b) in _both(before, after, codes, whole).items()
-    }
-    if whole.shape[1] < 2:
-        return {name: (point[name], math.nan, math.nan) for name in STATISTICS}
-    draws = draw_clusters(whole.shape[1], resamples, seed)
+
+
+def _interval(replicates: np.ndarray, level: float) -> tuple[float, float]:
+    """The percentile interval at `level` of the replicates."""
     tail = 100.0 * (1.0 - level) / 2.0
-    out = {}
-    for name, (a, b) in _both(before, after, codes, draws).items():
-        low, high = np.percentile(a - b, [tail, 100.0 - tail])
-        out[name] = (point[name], float(low), float(high))
-    return out
+    low, high = np.percentile(replicates, [tail, 100.0 - tail])
+    return float(low), float(high)
 
 
-def _both(before, after, codes, draws) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """{statistic: (after's replicates, before's)} on the same draws."""
+def _both(before, after, codes, draws) -> list[tuple[str, tuple[np.ndarray, np.ndarray]]]:
+    """[(statistic, (after's replicates, before's))] on the same draws."""
     first = replicate_statistics(before, codes, draws)
     second = replicate_statistics(after, codes, draws)
-    return {name: (second[name], first[name]) for name in STATISTICS}
+    return [(name, (second[name], first[name])) for name in STATISTICS]
