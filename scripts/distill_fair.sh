@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # DistillSparse's fair test as docs/distill.md writes it down ("A fair test, written before it
 # runs"), on one GPU: the kept V2 testbed model; the schedules calibrated at 0.86 and at the
-# cheaper target 0.75 on the sparse actor's own samples (as scripts/study_seed.sh calibrates
-# them); then per seed benchmarks/distill.py with the base fixed, the fixed set replayed
+# cheaper target 0.75 by scripts/study_seed.sh itself (CALIBRATE_ONLY=1: the study's settings,
+# task and length); then per seed benchmarks/distill.py with the base fixed, the fixed set replayed
 # before and after; a JSON per seed and summary.json (the verdicts) under $OUT/distill-fair/.
 #
 #   bash scripts/distill_fair.sh                        # seeds 0 1 2, 40 steps
@@ -17,23 +17,25 @@ WORK=${WORK:-/tmp/sw-distill-fair}
 SEEDS=${SEEDS:-0 1 2}
 STEPS=${STEPS:-40}
 PYTHON=${PYTHON:-python}
-TASK=builtin:multi_chase:num_defs=256,num_hops=63,chains=4,tags=0  # study_v2.yaml's
-TOKENS=2304
 [ -d "$MODEL" ] || { echo "no model folder $MODEL (MODEL)" >&2; exit 2; }
 MODEL=$(cd "$MODEL" && pwd)
 mkdir -p "$OUT" "$WORK"
-COMMON=(model=testbed "model.path=$MODEL" data=testbed rollout=testbed "data.train=$TASK"
-  "rollout.max_new_tokens=$TOKENS" "pipeline.workdir=$WORK" pipeline.seed=0
-  schedule.name=qwen3-1.7b-0.86 "calibrate.topk_pages=[2,4,8,12,16,24,32,48,64,96,128,192]")
-for target in 0.86 0.75; do
-  sparrow calibrate "${COMMON[@]}" schedule.target=$target calibrate.name=v2-centroid-$target \
-    >"$OUT/calibrate-$target.log" 2>&1 &
-done
-wait
+# the two schedules, calibrated exactly as the study's seed 0 calibrates its arms of them
+OUT="$OUT" WORK="$WORK" GPUS=1 ARMS=centroid-0.86,centroid-0.75 CALIBRATE_ONLY=1 \
+  bash scripts/study_seed.sh v2 0 "$MODEL" >"$OUT/calibrate.log" 2>&1 ||
+  { echo "calibration failed (see $OUT/calibrate.log)" >&2; exit 3; }
+# the task and length of the study's file, as the arms train on them
+read -r TASK TOKENS < <(python - "$OUT/v2-s0/study.yaml" <<'PY'
+import sys
+from omegaconf import OmegaConf
+common = dict(o.split("=", 1) for o in OmegaConf.load(sys.argv[1]).common if "=" in o)
+print(common["data.train"], common["rollout.max_new_tokens"])
+PY
+)
 schedule() {  # the newest version calibration wrote for target $1
   local found
   found=$(ls "$WORK"/schedules/v2-centroid-"$1"-v*.yaml 2>/dev/null | sort -V | tail -n 1)
-  [ -n "$found" ] || { echo "calibration at $1 wrote no schedule (see $OUT/calibrate-$1.log)" >&2; exit 3; }
+  [ -n "$found" ] || { echo "calibration at $1 wrote no schedule (see $OUT/v2-s0/calibrate-v2-centroid-$1.log)" >&2; exit 3; }
   echo "$found"
 }
 CALIBRATED=$(schedule 0.86)
@@ -41,7 +43,7 @@ CHEAPER=$(schedule 0.75)
 for seed in $SEEDS; do
   "$PYTHON" benchmarks/distill.py --model "$MODEL" --data "$TASK" --reward share_match \
     --calibrated "$CALIBRATED" --cheaper "$CHEAPER" --no-update --steps "$STEPS" \
-    --prompts 8 --samples 4 --eval-prompts 16 --fixed-samples 4 --max-new-tokens $TOKENS \
+    --prompts 8 --samples 4 --eval-prompts 16 --fixed-samples 4 --max-new-tokens "$TOKENS" \
     --loss full_kl --rank 8 --alpha 16 --lr 1e-5 --lr-scale 20 --device cuda \
     --kv-cache-mib 4096 --speed-repeats 1 --resamples 1000 --seed "$seed" \
     --workdir "$WORK/distill-$seed" --out "$OUT/seed-$seed.json" >"$OUT/seed-$seed.log" 2>&1

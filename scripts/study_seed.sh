@@ -15,7 +15,8 @@
 # by then is stopped (Ctrl-C: resumable, but its state does not outlive the machine) and
 # reported with the steps it did. ARMS=a,b,... runs those arms of the YAML only (a seed split
 # over holds, docs/study.md's third addendum), with only the schedules they need calibrated;
-# SKIP_RULE_ARMS=1 drops the two selection-rule arms (for a tree without schedule.selection).
+# SKIP_RULE_ARMS=1 drops the two selection-rule arms (for a tree without schedule.selection);
+# CALIBRATE_ONLY=1 stops after the calibrations (scripts/distill_fair.sh takes its schedules).
 # STUDY_FILE=path runs another study's YAML on the variant's data and model (docs/async.md's
 # one-step-off check: sparrow/conf/study/study_v2_async.yaml), its folder <name>-s<seed>.
 set -euo pipefail
@@ -133,6 +134,7 @@ done <<< "$CALIBRATIONS"
 wait
 log "calibrated"
 sparrow query --workdir "$WORK" --csv "SELECT * FROM calibration ORDER BY ALL" >"$DEST/calibration.csv" || true
+if [ "${CALIBRATE_ONLY:-0}" = 1 ]; then log "calibrate only: the schedules are under $WORK/schedules"; exit 0; fi
 
 # the arms: one slot each, round-robin over the GPUs (nine on 4: 3 on GPU 0, 2 on each other), all at once
 SLOTS=$(for ((i = 0; i < NARMS; i++)); do gpu $i; done | paste -sd,)

@@ -1,6 +1,7 @@
 """scripts/distill_fair.sh with stand-ins for `sparrow` (writes the calibrated schedules) and
-for the benchmark (records its arguments, writes a report with a fixed set): what it asks
-for, in the plan's order, and the summary it leaves; no GPU, no run."""
+for the benchmark (records its arguments, writes a report with a fixed set): the calibrations
+through scripts/study_seed.sh, the runs on the study's task and length, and the summary it
+leaves; no GPU, no run."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def _run(tmp_path: Path, **extra: str) -> subprocess.CompletedProcess:
         (bin_dir / name).chmod(0o755)
     (tmp_path / "model").mkdir()
     env = os.environ | {
-        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "PATH": f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}",
         "PYTHON": str(bin_dir / "fake-python"),
         "REAL_PYTHON": sys.executable,
         "CALLS": str(tmp_path / "calls.txt"),
@@ -63,8 +64,12 @@ def test_calibrates_both_targets_then_runs_each_seed_on_those_schedules(tmp_path
     calls = (tmp_path / "calls.txt").read_text().splitlines()
     calibrations = sorted(c for c in calls if c.startswith("sparrow calibrate"))
     assert [c.split("schedule.target=")[1].split()[0] for c in calibrations] == ["0.75", "0.86"]
+    assert all("model=testbed" in c and "data=testbed" in c for c in calibrations)
+    assert not any(" study run " in c for c in calls)  # CALIBRATE_ONLY: no arm runs
     runs = [c for c in calls if c.startswith("distill")]
     assert [r.split("--seed ")[1].split()[0] for r in runs] == ["0", "1", "2"]
+    task = "builtin:multi_chase:num_defs=256,num_hops=63,chains=4,tags=0"  # study_v2.yaml's
+    assert all(f"--data {task} " in r and "--max-new-tokens 2304 " in r for r in runs)
     work = tmp_path / "work" / "schedules"
     for r in runs:
         assert f"--calibrated {work}/v2-centroid-0.86-v1.yaml" in r
