@@ -84,6 +84,7 @@ def main(argv=None) -> dict:
     if device == "cuda":
         cached_blocks(device)  # CUDA's own start, not timed
     in_sight = time_calls(device, args.calls)
+    frozen_before = gc.get_freeze_count()  # what a library may have frozen of its own
     with frozen_heap():
         frozen_objects = gc.get_freeze_count()
         frozen = time_calls(device, args.calls)
@@ -92,6 +93,7 @@ def main(argv=None) -> dict:
         "device": device,
         "facts": device_facts(),
         "objects_after_imports": objects,
+        "objects_frozen_before": frozen_before,
         "objects_frozen": frozen_objects,
         "calls": args.calls,
         "in_sight_s": statistics.median(in_sight),

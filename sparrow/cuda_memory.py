@@ -39,17 +39,17 @@ def frozen_heap() -> Iterator[None]:
     at what was made since (0.27 s per full collection on a 2-core CPU with them in sight, ~0
     without). Garbage made inside is collected as before; a cycle among the objects frozen at
     entry waits until exit. Enter before the run builds any trainer or engine, so none of
-    their CUDA tensors can be among the frozen. A heap someone froze already (the caller, or
-    an outer frozen_heap) is left as it is, and left frozen at exit: the thaw is theirs."""
-    if gc.get_freeze_count():
-        yield
-        return
+    their CUDA tensors can be among the frozen. A heap someone froze already (a library, the
+    caller, an outer frozen_heap: even a few hundred objects) is frozen further, to all that
+    is alive at entry, and left frozen at exit: the thaw is theirs."""
+    thaw = gc.get_freeze_count() == 0
     gc.collect()  # what is already garbage goes now, not frozen
     gc.freeze()
     try:
         yield
     finally:
-        gc.unfreeze()
+        if thaw:
+            gc.unfreeze()
 
 
 def freeze_actor_heap() -> bool:

@@ -42,8 +42,8 @@ def sync(
         return write
     colocated = trainer is not None and runtime.pool_on_gpu and trainer.device.type == "cuda"
     # GPU to GPU needs no file: the state may still be being written (a replacement actor
-    # reads it later); a folder sync waits for it
-    policy_dir = str(runtime.policy_state(policy_dir, wait=not colocated))
+    # reads it later); a folder sync, or an engine on another GPU of the host, waits for it
+    policy_dir = str(runtime.policy_state(policy_dir, wait=folder_needed(runtime, trainer)))
     if not colocated and not (Path(policy_dir) / "config.json").is_file():
         raise StageInputError(f"policy folder {policy_dir} holds no checkpoint (config.json)")
     if colocated:
@@ -79,6 +79,18 @@ def sync(
             "sync/ipc_actors": float(modes.count("ipc")),
         }
     )
+
+
+def folder_needed(runtime: RunRuntime, trainer) -> bool:
+    """Whether some engine reads this step's policy folder: every engine does without a
+    colocated CUDA trainer; with one, each engine on another GPU of the host (one trainer
+    process on cuda:0, an actor per GPU) reads it while the trainer's GPU gets CUDA IPC."""
+    if trainer is None or not runtime.pool_on_gpu or trainer.device.type != "cuda":
+        return True
+    from sparrow.engine.weight_share import device_uuid
+
+    mine = device_uuid(trainer.device.index)
+    return any(uuid != mine for uuid in runtime.pool.device_uuids())
 
 
 def _sync_group(

@@ -219,6 +219,11 @@ class ActorPool:
         self.spec = replace(self.spec, weights_path=str(path), adapter_path=str(adapter_path))
         return self._call_each("load_shared", message, str(path), str(adapter_path))
 
+    def device_uuids(self) -> list[str]:
+        """Each actor's CUDA device uuid ("" on CPU), in actor order; a dead actor is
+        replaced first."""
+        return self._call_each("device_uuid")
+
     def sleep(self) -> None:
         self._call_each("sleep")
 

@@ -57,7 +57,7 @@ def sync_group_to_pool(
     backend = "nccl" if group.spec.device == "cuda" else "gloo"
     group.wait_for_save()
     trainer_uuid = ray.get(group.actors[0].device_uuid.remote())
-    engine_uuids = pool._call_each("device_uuid")  # a dead actor is replaced here
+    engine_uuids = pool.device_uuids()  # a dead actor is replaced here
     shared = [i for i, uuid in enumerate(engine_uuids) if uuid and uuid == trainer_uuid]
     members = [i for i in range(len(pool.actors)) if i not in shared]
     key = tuple(actor._actor_id.hex() for actor in pool.actors)
