@@ -13,7 +13,9 @@ report/summary.json with every hold's arms (the predicted costs). Calibration de
 the seed, the model and the rule, and the holds calibrate the same rules (centroid and the
 rule arms'), so each measured table of a hold (top-k, bin, tokens, p1, p5, p10, mean) must
 equal one of the other holds': summary.json says per hold whether every one did
-(`calibration_reproduced`), and the script prints it. The
+(`calibration_reproduced`) and how many did (`calibration_tables_shared`, of
+`calibration_tables`), and the script prints both: a hold that alone ran a rule (its table has
+no counterpart) shows as not reproduced with its other tables counted. The
 output folder must not exist yet: nothing already written is replaced.
 """
 
@@ -84,6 +86,9 @@ def merge(holds: list[Path], out: Path) -> dict:
                 "arms": sorted(summary["arms"]),
                 "start": summary.get("start"),
                 "calibration_tables": len(tables[i]),
+                # this hold's tables that another hold measured identically; a table of a
+                # rule no other hold calibrated has nothing to be compared with
+                "calibration_tables_shared": len(tables[i] & others),
                 # every table of this hold measured identically by another hold
                 "calibration_reproduced": bool(tables[i]) and tables[i] <= others,
             }
@@ -116,7 +121,9 @@ def main() -> None:
     for hold in merged["holds"]:
         print(
             f"{hold['folder']}: arms {', '.join(hold['arms'])}; calibration "
-            f"{'reproduced' if hold['calibration_reproduced'] else 'NOT reproduced'}"
+            f"{'reproduced' if hold['calibration_reproduced'] else 'NOT reproduced'} "
+            f"({hold['calibration_tables_shared']} of {hold['calibration_tables']} distinct "
+            "tables equal to another hold's)"
         )
     print(f"{args.out}: {len(merged['arms'])} arms", file=sys.stderr)
 

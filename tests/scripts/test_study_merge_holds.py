@@ -94,6 +94,21 @@ def test_a_calibration_that_differs_between_holds_is_said(tmp_path):
     assert [h["calibration_reproduced"] for h in merged["holds"]] == [False, False]
 
 
+def test_a_rule_only_one_hold_calibrated_is_counted_apart(tmp_path):
+    """Seed 0 of 2026-11-29: hold 1 calibrated centroid only, hold 2 centroid and quest."""
+    a = _hold(tmp_path, "holdA", {"dense": 0.6}, {"c1": SAME["centroid"]})
+    b = _hold(
+        tmp_path, "holdB", {"rule-0.86": 0.5}, {"c2": SAME["centroid"], "q3": SAME["quest"]}
+    )
+    done = _merge(a, b, "--out", tmp_path / "v2-s0")
+    assert done.returncode == 0, done.stderr
+    assert "calibration reproduced (1 of 1 distinct tables" in done.stdout
+    assert "calibration NOT reproduced (1 of 2 distinct tables" in done.stdout
+    merged = json.loads((tmp_path / "v2-s0" / "summary.json").read_text())
+    shared = [(h["calibration_tables_shared"], h["calibration_tables"]) for h in merged["holds"]]
+    assert shared == [(1, 1), (1, 2)]
+
+
 def test_an_arm_in_two_holds_is_one_error_and_nothing_is_written(tmp_path):
     a = _hold(tmp_path, "holdA", {"dense": 0.6, "fixed": 0.2}, {"c1": SAME["centroid"]})
     b = _hold(tmp_path, "holdB", {"fixed": 0.3}, {"c2": SAME["centroid"]})
