@@ -36,6 +36,13 @@ from sparrow.experiments.study_analysis import (
     rule_sufficient,
     transfer,
 )
+from sparrow.experiments.study_secondary import (
+    divergence,
+    divergence_question,
+    raise_question,
+    raised_early,
+    tis_question,
+)
 from sparrow.sparse.target import get_statistic
 
 BIN_STATISTICS = ("p1", "p5", "p10", "mean", "min", "share_below_half")
@@ -145,6 +152,7 @@ def load_units(folders: list[Path]) -> tuple[list[Unit], dict[tuple[str, int], d
                     peak_step=peak_step,
                     steps=int(entry.get("steps_done") or 0),
                     stats=unit_statistics(folder, arm),
+                    extra={"divergence": divergence(steps), "raised_early": raised_early(steps)},
                 )
             )
         costs[(variant, seed)] = _cost_ratios(folder / "report" / "summary.json")
@@ -184,6 +192,8 @@ def analyse(units: list[Unit], costs: dict, resamples: int = RESAMPLES) -> dict:
                     "peak_step": u.peak_step,
                     "label": label(u),
                     "flag": "under 100 steps" if u.steps < 100 else None,
+                    "divergence": u.extra.get("divergence"),
+                    "raised_early": u.extra.get("raised_early"),
                 }
                 for u in sorted(mine, key=lambda u: (u.seed, u.arm))
             ],
@@ -196,6 +206,12 @@ def analyse(units: list[Unit], costs: dict, resamples: int = RESAMPLES) -> dict:
             "b_non_inferior": [non_inferior(mine, arm, ratio[arm]) for arm in arms],
             "c_rule": rule_sufficient(mine),
             "inconclusive": inconclusive(mine),
+            # docs/study.md's twelfth addendum: read on seeds 1 and 2 only
+            "secondary": {
+                "tis": tis_question(mine),
+                "raise": raise_question(mine),
+                "divergence": divergence_question(mine),
+            },
         }
     if {"v2", "v3"} <= set(variants):
         v2 = [u for u in units if u.variant == "v2"]
@@ -235,10 +251,11 @@ def markdown(result: dict) -> str:
     for variant, data in result["variants"].items():
         lines += ["", f"## {variant}", ""]
         lines += _table(
-            ["seed", "arm", "steps", "outcome", "gap", "label"],
+            ["seed", "arm", "steps", "outcome", "gap", "label", "divergence", "raised by 5"],
             (
                 [u["seed"], u["arm"], u["steps"], _fmt(u["outcome"]), _fmt(u["gap"]),
-                 f"{u['label'] or 'missing'}{' (flagged)' if u['flag'] else ''}"]
+                 f"{u['label'] or 'missing'}{' (flagged)' if u['flag'] else ''}",
+                 _fmt(u["divergence"]), _fmt(u["raised_early"])]
                 for u in data["units"]
             ),
         )  # fmt: skip
@@ -269,6 +286,7 @@ def markdown(result: dict) -> str:
         lines.append(
             f"Inconclusive: {'; '.join(reasons) if reasons else 'no pre-registered reason'}"
         )
+        lines += _secondary(data["secondary"], data["units"])
     if "a_transfer_v2_to_v3" in result:
         lines += ["", "## Transfer of Youden's threshold, V2 to V3", ""]
         lines += _table(
@@ -279,6 +297,22 @@ def markdown(result: dict) -> str:
             ),
         )
     return "\n".join(lines) + "\n"
+
+
+def _secondary(sec: dict, units: list[dict]) -> list[str]:
+    """The twelfth addendum's three questions (seeds 1 and 2 count; seed 0 is shown)."""
+    tis, raise_, div = sec["tis"], sec["raise"], sec["divergence"]
+    diffs = ", ".join(f"s{s}: {_fmt(d)}" for s, d in sorted(tis["differences"].items()))
+    return [
+        "",
+        "### Secondary (twelfth addendum; seeds 1 and 2 count)",
+        "",
+        f"- TIS off at 0.75, notis - centroid outcome ({diffs or 'none'}): {tis['answer']}",
+        f"- centroid arms stable exactly when raised by step 5 ({raise_['units']} units; "
+        f"breaks: {', '.join(raise_['breaks']) or 'none'}): {raise_['answer']}",
+        f"- divergence above 0.3 ({div['above_bar']} of {div['units']} units; AUC "
+        f"{_fmt(div['auc'])}): {div['answer']}",
+    ]
 
 
 def main() -> None:
