@@ -97,9 +97,7 @@ def test_a_calibration_that_differs_between_holds_is_said(tmp_path):
 def test_a_rule_only_one_hold_calibrated_is_counted_apart(tmp_path):
     """Seed 0 of 2026-11-29: hold 1 calibrated centroid only, hold 2 centroid and quest."""
     a = _hold(tmp_path, "holdA", {"dense": 0.6}, {"c1": SAME["centroid"]})
-    b = _hold(
-        tmp_path, "holdB", {"rule-0.86": 0.5}, {"c2": SAME["centroid"], "q3": SAME["quest"]}
-    )
+    b = _hold(tmp_path, "holdB", {"rule-0.86": 0.5}, {"c2": SAME["centroid"], "q3": SAME["quest"]})
     done = _merge(a, b, "--out", tmp_path / "v2-s0")
     assert done.returncode == 0, done.stderr
     assert "calibration reproduced (1 of 1 distinct tables" in done.stdout
