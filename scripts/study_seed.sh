@@ -16,7 +16,8 @@
 # reported with the steps it did. ARMS=a,b,... runs those arms of the YAML only (a seed split
 # over holds, docs/study.md's third addendum), with only the schedules they need calibrated;
 # SKIP_RULE_ARMS=1 drops the two selection-rule arms (for a tree without schedule.selection);
-# CALIBRATE_ONLY=1 stops after the calibrations (scripts/distill_fair.sh takes its schedules).
+# CALIBRATE_ONLY=1 stops after the calibrations (scripts/distill_fair.sh takes its schedules);
+# TOPK_GRID=[..] calibrates on another top-k grid, EXTRA_TARGETS="0.70 .." centroid at more targets.
 # STUDY_FILE=path runs another study's YAML on the variant's data and model (docs/async.md's
 # one-step-off check: sparrow/conf/study/study_v2_async.yaml), its folder <name>-s<seed>.
 set -euo pipefail
@@ -110,13 +111,17 @@ for name, (target, selection) in seen.items():
     print(name, target, selection or "-")
 PY
 )
+# EXTRA_TARGETS="0.70 0.60": centroid schedules at more targets (scripts/distill_fair.sh)
+for target in ${EXTRA_TARGETS:-}; do
+  CALIBRATIONS+=$'\n'"$VARIANT-centroid-$target $target -"
+done
 START=$(date +%s)
 log() { echo "[$(( $(date +%s) - START ))s] $*" | tee -a "$DEST/timeline.txt"; }
 
 # calibration: one schedule per target (and per rule), on the sparse actor's own samples
 COMMON=(model=testbed "model.path=$MODEL" data=testbed rollout=testbed "data.train=$SPEC"
   "rollout.max_new_tokens=$TOKENS" "pipeline.workdir=$WORK" "pipeline.seed=$SEED"
-  schedule.name=qwen3-1.7b-0.86 "calibrate.topk_pages=[2,4,8,12,16,24,32,48,64,96,128,192]")
+  schedule.name=qwen3-1.7b-0.86 "calibrate.topk_pages=${TOPK_GRID:-[2,4,8,12,16,24,32,48,64,96,128,192]}")
 calibrate() {  # GPU NAME TARGET [extra overrides]
   local gpu=$1 name=$2 target=$3; shift 3
   CUDA_VISIBLE_DEVICES=$gpu sparrow calibrate "${COMMON[@]}" schedule.target=$target \

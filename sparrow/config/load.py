@@ -327,6 +327,8 @@ _RANGES = [
     ("algo.distill.lr_scale", lambda v: v > 0, "> 0"),
     ("algo.distill.every", lambda v: v >= 1, ">= 1"),
     ("algo.distill.switch_patience", lambda v: v >= 1, ">= 1"),
+    ("algo.distill.selector_coef", lambda v: v >= 0, ">= 0 (0 turns the selector term off)"),
+    ("algo.distill.selector_positions", lambda v: v >= 1, ">= 1"),
     ("algo.distill.switch_margin", lambda v: 0 <= v < 1, "in [0, 1)"),
     (
         "algo.distill.targets",

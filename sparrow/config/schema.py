@@ -155,6 +155,12 @@ class DistillConfig:
     release_during_rollout: bool = True
     """free the distiller's base weights (the policy in the compute dtype) while the engines
     roll out; the next distill step rebuilds them from the trainer's weights, as it would"""
+    selector_coef: float = 0.0
+    """weight of the selector term: KL from the dense attention mass per page to the softmax of
+    the schedule's page scores, on the LoRA forward (gives the LoRA a gradient toward picking
+    the pages dense attention reads); 0 off"""
+    selector_positions: int = 32
+    """generated positions per sequence the selector term probes (evenly spaced)"""
 
 
 @dataclass(frozen=True)

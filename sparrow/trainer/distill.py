@@ -16,7 +16,9 @@ dense with the LoRA off (the target p_dense, no gradient), sparse with the LoRA 
 the "without LoRA" acceptance, algo.distill.measure), sparse with the LoRA (q_sparse, with
 gradient). Loss = kl_coef * token mean of the divergence (distill_loss.py: k3 | full_kl)
 + ppo_coef * algo.loss on the sparse logprobs against the actor's (the rollout's policy is the
-old policy there). One AdamW step (lr = algo.lr * lr_scale, no weight decay) after gradients
+old policy there) + selector_coef * the selector term (trainer/selector_distill.py: page scores
+toward the dense attention mass per page; distill/selector_loss, distill/selector_recall).
+One AdamW step (lr = algo.lr * lr_scale, no weight decay) after gradients
 are clipped to algo.grad_clip. Metrics: the loss, the divergences, and the exact acceptance
 with and without the LoRA on the same tokens (mean, p5, and the lowest per-bin p5), all as
 they were before this step's update. Departure from the reference: the dense target is the
@@ -60,6 +62,7 @@ from sparrow.trainer.policy_trainer import (
     trainer_config_or_default,
 )
 from sparrow.trainer.scoring import effective_temperature, micro_batches
+from sparrow.trainer.selector_distill import SelectorProbe
 
 if TYPE_CHECKING:
     from sparrow.config.schema import AlgoConfig, TrainerConfig
@@ -237,8 +240,12 @@ class SparseDistiller:
         sequences = [list(r.prompt_ids) + list(r.output_ids) for r in chunk]
         prompt_lens = [len(r.prompt_ids) for r in chunk]
         weight = self.model.output_embedding()
+        probe = None  # the selector term's (trainer/selector_distill.py)
+        if settings.selector_coef > 0:
+            lens = [len(s) for s in sequences]
+            probe = SelectorProbe(schedule, lens, prompt_lens, settings.selector_positions)
         with torch.no_grad(), adapters_disabled(self.model):
-            dense = self._hidden(sequences, prompt_lens, None, chunk)
+            dense = self._hidden(sequences, prompt_lens, None, chunk, probe and probe.target)
             base = (
                 self._hidden(sequences, prompt_lens, schedule, chunk) if settings.measure else None
             )
@@ -255,7 +262,7 @@ class SparseDistiller:
                 ).cpu()
             )
             del lora_cheaper
-        sparse = self._hidden(sequences, prompt_lens, schedule, chunk)
+        sparse = self._hidden(sequences, prompt_lens, schedule, chunk, probe and probe.student)
         targets = torch.tensor([t for r in chunk for t in r.output_ids], device=self.device)
         chunk_tokens = self.trainer_config.logits_chunk_tokens
         terms = token_terms(sparse, dense, weight, targets, self.temperature, chunk_tokens)
@@ -268,6 +275,12 @@ class SparseDistiller:
             ppo = self._ppo(chunk, terms.sparse_logprobs, advantages)
             sums["ppo_loss"] += float(ppo.detach()) * normalizer
             loss = loss + settings.ppo_coef * ppo
+        selector = probe.loss() if probe is not None else None
+        if selector is not None:  # a micro-batch's mean, weighted by its share of the tokens
+            share = len(targets) / normalizer
+            loss = loss + settings.selector_coef * selector * share
+            sums["selector_loss"] += float(selector.detach()) * len(targets)
+            sums["selector_recall"] += probe.recall() * len(targets)
         sums["loss"] += float(loss.detach()) * normalizer
         tokens["lora"].append(
             acceptance(sparse.detach(), dense, weight, self.temperature, chunk_tokens).cpu()
@@ -281,10 +294,15 @@ class SparseDistiller:
         ]
         return loss
 
-    def _hidden(self, sequences, prompt_lens, schedule, chunk) -> torch.Tensor:
+    def _hidden(self, sequences, prompt_lens, schedule, chunk, on_qk=None) -> torch.Tensor:
         """Final hidden states [N, H] at the positions that predict each generated token."""
         hidden = teacher_forced_hidden(
-            self.model, sequences, prompt_lens, schedule, centroid_dtype=self.centroid_dtype
+            self.model,
+            sequences,
+            prompt_lens,
+            schedule,
+            centroid_dtype=self.centroid_dtype,
+            on_qk=on_qk,
         )
         return torch.cat(
             [h[p - 1 : p - 1 + len(r.output_ids)] for h, p, r in zip(hidden, prompt_lens, chunk)]

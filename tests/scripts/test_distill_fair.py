@@ -14,11 +14,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "distill_fair.sh"
 
+# top-k per bin by target, as seed 0's grid gave them: 0.75 no cheaper than 0.86 (CHEAP_AT: the
+# first target whose schedule is cheaper)
 FAKE_SPARROW = """#!/usr/bin/env bash
 echo "sparrow $*" >> "$CALLS"
-for a in "$@"; do case $a in calibrate.name=*) name=${a#*=};; pipeline.workdir=*) w=${a#*=};; esac; done
+for a in "$@"; do case $a in calibrate.name=*) name=${a#*=};; pipeline.workdir=*) w=${a#*=};;
+  schedule.target=*) t=${a#*=};; esac; done
 [ -n "${NO_SCHEDULE:-}" ] && exit 0
-mkdir -p "$w/schedules" && echo "name: $name" > "$w/schedules/$name-v1.yaml"
+top="[128, 128]"
+awk -v t="$t" -v c="${CHEAP_AT:-0.70}" 'BEGIN { exit !(t <= c) }' && top="[112, 128]"
+mkdir -p "$w/schedules" && printf "name: %s\ntopk_pages: %s\n" "$name" "$top" > "$w/schedules/$name-v1.yaml"
 """
 FAKE_PYTHON = """#!/usr/bin/env bash
 if [ "$1" = benchmarks/distill.py ]; then
@@ -62,9 +67,12 @@ def test_calibrates_both_targets_then_runs_each_seed_on_those_schedules(tmp_path
     done = _run(tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     calls = (tmp_path / "calls.txt").read_text().splitlines()
-    calibrations = sorted(c for c in calls if c.startswith("sparrow calibrate"))
-    assert [c.split("schedule.target=")[1].split()[0] for c in calibrations] == ["0.75", "0.86"]
+    calibrations = [c for c in calls if c.startswith("sparrow calibrate")]
+    targets = sorted(c.split("schedule.target=")[1].split()[0] for c in calibrations)
+    assert targets == ["0.50", "0.60", "0.70", "0.75", "0.86"]
     assert all("model=testbed" in c and "data=testbed" in c for c in calibrations)
+    grid = "calibrate.topk_pages=[2,4,8,12,16,24,32,48,64,80,96,104,112,120,128,192]"
+    assert all(grid in c for c in calibrations)
     assert not any(" study run " in c for c in calls)  # CALIBRATE_ONLY: no arm runs
     runs = [c for c in calls if c.startswith("distill")]
     assert [r.split("--seed ")[1].split()[0] for r in runs] == ["0", "1", "2"]
@@ -73,11 +81,27 @@ def test_calibrates_both_targets_then_runs_each_seed_on_those_schedules(tmp_path
     work = tmp_path / "work" / "schedules"
     for r in runs:
         assert f"--calibrated {work}/v2-centroid-0.86-v1.yaml" in r
-        assert f"--cheaper {work}/v2-centroid-0.75-v1.yaml" in r
+        # 0.75 gave 0.86's schedule: the first cheaper fallback is the test's
+        assert f"--cheaper {work}/v2-centroid-0.70-v1.yaml" in r
         assert "--no-update" in r and "--steps 40" in r and "--fixed-samples 4" in r
     summary = json.loads((tmp_path / "out" / "distill-fair" / "summary.json").read_text())
     assert summary["verdict"]["lora_helps"] == "helps"
     assert summary["verdict"]["reached_target"] == [1, 2]  # p5 0.85, 0.86, 0.87 against 0.86
+
+
+def test_the_cheaper_target_is_0_75_when_its_schedule_is_cheaper(tmp_path):
+    done = _run(tmp_path, CHEAP_AT="0.75", SEEDS="0")
+    assert done.returncode == 0, done.stderr[-3000:]
+    chosen = json.loads((tmp_path / "out" / "distill-fair" / "cheaper.json").read_text())
+    assert chosen["target"] == 0.75 and chosen["cheaper"].endswith("v2-centroid-0.75-v1.yaml")
+
+
+def test_no_cheaper_schedule_stops_before_any_run(tmp_path):
+    done = _run(tmp_path, CHEAP_AT="0.10")
+    assert done.returncode == 3
+    assert "no target of 0.75 0.70 0.60 0.50 calibrated to a schedule cheaper" in done.stderr
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    assert not any(c.startswith("distill") for c in calls)
 
 
 def test_a_calibration_without_a_schedule_is_one_error_before_any_run(tmp_path):

@@ -46,6 +46,9 @@ from sparrow.sparse.selection import token_mask
 
 # called with (layer, sequence index, page_mask [T, Hkv, P]) for each sparse layer (tests)
 TeacherSelectionHook = Callable[[int, int, torch.Tensor], None]
+# called with (layer, q [N, Hq, D], k [N, Hkv, D]) of every layer, after RoPE, before attention
+# (N: the packed sequences' tokens; DistillSparse's selector term, trainer/selector_distill.py)
+QueryKeyHook = Callable[[int, torch.Tensor, torch.Tensor], None]
 BACKENDS = ("auto", "triton", "flex", "reference")
 
 
@@ -77,8 +80,10 @@ def teacher_forced_hidden(
     on_selection: TeacherSelectionHook | None = None,
     centroid_dtype: str = "cache",
     backend: str = "auto",
+    on_qk: QueryKeyHook | None = None,
 ) -> list[torch.Tensor]:
-    """Final hidden states [T_i, hidden] per sequence (see teacher_forced_logits)."""
+    """Final hidden states [T_i, hidden] per sequence (see teacher_forced_logits); on_qk sees
+    every layer's queries and keys."""
     device = next(model.parameters()).device
     ids = [torch.as_tensor(s, dtype=torch.long, device=device).flatten() for s in sequences]
     lens = [int(t.shape[0]) for t in ids]
@@ -93,7 +98,7 @@ def teacher_forced_hidden(
             f"sequences of lengths {lens}"
         )
     attention = TeacherForcedAttention(
-        lens, prompt_lens, schedule, query_chunk, on_selection, centroid_dtype, backend
+        lens, prompt_lens, schedule, query_chunk, on_selection, centroid_dtype, backend, on_qk
     )
     positions = torch.cat([torch.arange(n, device=device) for n in lens])
     hidden = model(torch.cat(ids), positions, attention)
@@ -117,6 +122,7 @@ class TeacherForcedAttention:
         on_selection: TeacherSelectionHook | None = None,
         centroid_dtype: str = "cache",
         backend: str = "auto",
+        on_qk: QueryKeyHook | None = None,
     ):
         if query_chunk < 1:
             raise ValueError(f"query_chunk must be positive, got {query_chunk}")
@@ -130,11 +136,14 @@ class TeacherForcedAttention:
         self.query_chunk = query_chunk
         self.on_selection = on_selection
         self.backend = backend
+        self.on_qk = on_qk
         self._index: PackedIndex | None = None  # the kernels' device tensors, made once
 
     def __call__(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
+        if self.on_qk is not None:
+            self.on_qk(layer, q, k)
         sparse = self.schedule is not None and self.schedule.is_sparse_layer(layer)
         if sparse and self._use_kernels(q, k, v):
             hook = None
