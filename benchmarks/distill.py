@@ -97,6 +97,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--alpha", type=int, default=32)
     p.add_argument("--loss", default="k3", choices=("k3", "full_kl"))
+    p.add_argument("--kl-coef", type=float, default=1.0, help="algo.distill.kl_coef")
+    p.add_argument(
+        "--selector-coef", type=float, default=0.0, help="algo.distill.selector_coef (0: off)"
+    )
     p.add_argument("--micro-batch-tokens", type=int, default=8192)
     p.add_argument("--no-update", action="store_true", help="keep the base fixed")
     p.add_argument("--device", default="auto")
@@ -234,6 +238,8 @@ def main(argv=None) -> dict:
             lora_alpha=args.alpha,
             loss=args.loss,
             lr_scale=args.lr_scale,
+            kl_coef=args.kl_coef,
+            selector_coef=args.selector_coef,
         ),
     )
     config = EngineConfig(
@@ -310,7 +316,16 @@ def main(argv=None) -> dict:
                 k.split("/", 1)[1]: v
                 for k, v in metrics.items()
                 if k.split("/", 1)[1]
-                in ("loss", "p5_lora", "p5_base", "min_bin_p5_lora", "min_bin_p5_base", "full_kl")
+                in (
+                    "loss",
+                    "p5_lora",
+                    "p5_base",
+                    "min_bin_p5_lora",
+                    "min_bin_p5_base",
+                    "full_kl",
+                    "selector_loss",
+                    "selector_recall",
+                )
             }
         )
         engine.update_weights(merge_weights(base, distiller.adapter()))

@@ -8,12 +8,14 @@
 #
 #   bash scripts/distill_fair.sh                        # seeds 0 1 2, 40 steps
 #   SEEDS=0 STEPS=5 bash scripts/distill_fair.sh        # a quick look (not the test)
+#   SELECTOR=1.0 bash scripts/distill_fair.sh           # the selector run (docs/distill.md)
 #
 # About 2 minutes of calibration, then each seed's steps (MODEL, OUT, WORK, SEEDS, STEPS set
 # the rest).
 set -euo pipefail
 MODEL=${MODEL:-models/testbed-v2-small}
-OUT=${OUT:-/tmp/distill-out}/distill-fair
+SELECTOR=${SELECTOR:-0}  # algo.distill.selector_coef: 0 the fair test, 1.0 its selector run
+OUT=${OUT:-/tmp/distill-out}/distill-fair$([ "$SELECTOR" = 0 ] || echo "-selector")
 WORK=${WORK:-/tmp/sw-distill-fair}
 SEEDS=${SEEDS:-0 1 2}
 STEPS=${STEPS:-40}
@@ -64,7 +66,7 @@ for seed in $SEEDS; do
   "$PYTHON" benchmarks/distill.py --model "$MODEL" --data "$TASK" --reward share_match \
     --calibrated "$CALIBRATED" --cheaper "$CHEAPER" --no-update --steps "$STEPS" \
     --prompts 8 --samples 4 --eval-prompts 16 --fixed-samples 4 --max-new-tokens "$TOKENS" \
-    --loss full_kl --rank 8 --alpha 16 --lr 1e-5 --lr-scale 20 --device cuda \
+    --loss full_kl --rank 8 --alpha 16 --lr 1e-5 --lr-scale 20 --selector-coef "$SELECTOR" --device cuda \
     --kv-cache-mib 4096 --speed-repeats 1 --resamples 1000 --seed "$seed" \
     --workdir "$WORK/distill-$seed" --out "$OUT/seed-$seed.json" >"$OUT/seed-$seed.log" 2>&1
 done

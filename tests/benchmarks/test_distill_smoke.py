@@ -40,3 +40,12 @@ def test_smoke_reports_p5_before_after_and_timings(tmp_path):
     )
     assert summary["fixed_set_p5"]["lora_minus_base_after"] == fixed["lora_minus_base_after"]["p5"]
     assert summary["rollout_speedup_cheaper_over_calibrated"] > 0
+
+
+def test_smoke_with_the_selector_term_records_it_every_step(tmp_path):
+    out = tmp_path / "distill.json"
+    done = run_benchmark("distill.py", "--smoke", "--selector-coef", "1.0", "--out", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = json.loads(out.read_text())["steps"]
+    assert steps and all(s["selector_loss"] > 0 and 0 < s["selector_recall"] <= 1 for s in steps)
+    assert json.loads(out.read_text())["args"]["selector_coef"] == 1.0

@@ -84,6 +84,7 @@ def test_calibrates_both_targets_then_runs_each_seed_on_those_schedules(tmp_path
         # 0.75 gave 0.86's schedule: the first cheaper fallback is the test's
         assert f"--cheaper {work}/v2-centroid-0.70-v1.yaml" in r
         assert "--no-update" in r and "--steps 40" in r and "--fixed-samples 4" in r
+        assert "--selector-coef 0 " in r  # the fair test: the LoRA's token loss alone
     summary = json.loads((tmp_path / "out" / "distill-fair" / "summary.json").read_text())
     assert summary["verdict"]["lora_helps"] == "helps"
     assert summary["verdict"]["reached_target"] == [1, 2]  # p5 0.85, 0.86, 0.87 against 0.86
@@ -94,6 +95,15 @@ def test_the_cheaper_target_is_0_75_when_its_schedule_is_cheaper(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     chosen = json.loads((tmp_path / "out" / "distill-fair" / "cheaper.json").read_text())
     assert chosen["target"] == 0.75 and chosen["cheaper"].endswith("v2-centroid-0.75-v1.yaml")
+
+
+def test_the_selector_run_passes_its_coefficient_and_writes_apart(tmp_path):
+    done = _run(tmp_path, SELECTOR="1.0", SEEDS="0")
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = [c for c in (tmp_path / "calls.txt").read_text().splitlines() if c.startswith("distill")]
+    assert len(runs) == 1 and "--selector-coef 1.0 " in runs[0]
+    assert (tmp_path / "out" / "distill-fair-selector" / "summary.json").is_file()
+    assert not (tmp_path / "out" / "distill-fair").exists()
 
 
 def test_no_cheaper_schedule_stops_before_any_run(tmp_path):
