@@ -40,7 +40,7 @@ def sync(
         write = _sync_group(runtime, trainer, policy_dir, out, clock, adapter_dir)
         runtime.engine_version = step
         return write
-    colocated = trainer is not None and runtime.pool_on_gpu and trainer.device.type == "cuda"
+    colocated = _colocated(runtime, trainer)
     # GPU to GPU needs no file: the state may still be being written (a replacement actor
     # reads it later); a folder sync, or an engine on another GPU of the host, waits for it
     policy_dir = str(runtime.policy_state(policy_dir, wait=folder_needed(runtime, trainer)))
@@ -81,11 +81,16 @@ def sync(
     )
 
 
+def _colocated(runtime: RunRuntime, trainer) -> bool:
+    """A CUDA trainer in this process beside GPU engines: CUDA IPC for those on its GPU."""
+    return trainer is not None and runtime.pool_on_gpu and trainer.device.type == "cuda"
+
+
 def folder_needed(runtime: RunRuntime, trainer) -> bool:
     """Whether some engine reads this step's policy folder: every engine does without a
     colocated CUDA trainer; with one, each engine on another GPU of the host (one trainer
     process on cuda:0, an actor per GPU) reads it while the trainer's GPU gets CUDA IPC."""
-    if trainer is None or not runtime.pool_on_gpu or trainer.device.type != "cuda":
+    if not _colocated(runtime, trainer):
         return True
     from sparrow.engine.weight_share import device_uuid
 

@@ -243,9 +243,13 @@ class SparseDistiller:
         probe = None  # the selector term's (trainer/selector_distill.py)
         if settings.selector_coef > 0:
             lens = [len(s) for s in sequences]
-            probe = SelectorProbe(schedule, lens, prompt_lens, settings.selector_positions)
+            probe = SelectorProbe(
+                schedule, lens, prompt_lens, settings.selector_positions, self.centroid_dtype
+            )
         with torch.no_grad(), adapters_disabled(self.model):
-            dense = self._hidden(sequences, prompt_lens, None, chunk, probe and probe.target)
+            dense = self._hidden(
+                sequences, prompt_lens, None, chunk, probe.target if probe else None
+            )
             base = (
                 self._hidden(sequences, prompt_lens, schedule, chunk) if settings.measure else None
             )
@@ -262,7 +266,9 @@ class SparseDistiller:
                 ).cpu()
             )
             del lora_cheaper
-        sparse = self._hidden(sequences, prompt_lens, schedule, chunk, probe and probe.student)
+        sparse = self._hidden(
+            sequences, prompt_lens, schedule, chunk, probe.student if probe else None
+        )
         targets = torch.tensor([t for r in chunk for t in r.output_ids], device=self.device)
         chunk_tokens = self.trainer_config.logits_chunk_tokens
         terms = token_terms(sparse, dense, weight, targets, self.temperature, chunk_tokens)

@@ -1,7 +1,7 @@
 """Selector distillation: DistillSparse's optional term that pulls the sparse actor's page
 scores toward the dense policy's attention mass per page (algo.distill.selector_coef).
 
-    probe = SelectorProbe(schedule, seq_lens, prompt_lens, per_sequence=32)
+    probe = SelectorProbe(schedule, seq_lens, prompt_lens, per_sequence=32, centroid_dtype="cache")
     teacher_forced_hidden(model, seqs, prompt_lens, None, on_qk=probe.target)      # no grad
     teacher_forced_hidden(model, seqs, prompt_lens, schedule, on_qk=probe.student)  # LoRA on
     probe.loss()      # mean KL(dense mass || softmax(scores)) over rows, heads and layers
@@ -13,9 +13,10 @@ positions of every sequence (`per_sequence`, evenly spaced, the same each step),
 sparse layer and KV head: the target is the dense forward's attention mass per page (mean
 over the group's query heads: the `oracle` rule), renormalised over the pages the decode step
 could choose (full pages outside the reserved ones); the student is the schedule's rule scored
-on the LoRA forward's queries and its keys' page summaries (centroids or key bounds, not
-rounded to the cache's dtype: gradients pass), divided by sqrt(head_dim), softmaxed over the
-same pages. Rows with no choosable page are left out. Tests:
+on the LoRA forward's queries and its keys' page summaries as the decode's cache holds them
+(engine/teacher/selection.sequence_pages: centroids in the engine's centroid dtype, or key
+bounds; gradients pass through both), divided by sqrt(head_dim), softmaxed over the same
+pages. Rows with no choosable page are left out. Tests:
 tests/trainer/test_selector_distill.py.
 """
 
@@ -26,8 +27,9 @@ from collections.abc import Sequence
 
 import torch
 
+from sparrow.engine.teacher.selection import sequence_pages
 from sparrow.sparse.schedule import Schedule
-from sparrow.sparse.scoring import PageSummary, get_rule, page_bounds
+from sparrow.sparse.scoring import PageSummary, get_rule
 from sparrow.sparse.selection import select_from_scores
 
 
@@ -39,19 +41,6 @@ def probe_positions(prompt_len: int, length: int, count: int) -> list[int]:
     return [int(p) for p in steps]
 
 
-def page_summary(keys: torch.Tensor, page_size: int, bounds: bool) -> PageSummary:
-    """What a rule reads of one sequence's keys [T, Hkv, D], with gradients: the full pages'
-    centroids (or per-channel key bounds), zeros for the partial page (never chosen)."""
-    length, kv_heads, dim = keys.shape
-    full, width = length // page_size, -(-length // page_size)
-    paged = keys[: full * page_size].float().view(full, page_size, kv_heads, dim)
-    if bounds:
-        tail = keys.new_zeros(width - full, 2, kv_heads, dim, dtype=torch.float32)
-        return PageSummary(bounds=torch.cat([page_bounds(paged), tail]))
-    tail = keys.new_zeros(width - full, kv_heads, dim, dtype=torch.float32)
-    return PageSummary(centroids=torch.cat([paged.mean(1), tail]))
-
-
 class SelectorProbe:
     """The two passes' hooks and what they leave (module doc)."""
 
@@ -61,8 +50,10 @@ class SelectorProbe:
         seq_lens: Sequence[int],
         prompt_lens: Sequence[int],
         per_sequence: int,
+        centroid_dtype: str = "cache",
     ):
         self.schedule = schedule
+        self.centroid_dtype = centroid_dtype
         self.rule = get_rule(schedule.selection)
         self.spans, start = [], 0
         for length, prompt_len in zip(seq_lens, prompt_lens):
@@ -107,7 +98,7 @@ class SelectorProbe:
             if target is None:
                 raise RuntimeError(f"selector probe: no dense target for layer {layer}")
             rows = torch.tensor(positions, device=q.device)
-            summary = page_summary(k[span], size, self.rule.bounds)
+            summary = sequence_pages(k[span], size, self.centroid_dtype, self.rule)
             scores = self.rule.score(q[span][rows], summary) / math.sqrt(dim)  # [R, Hkv, P]
             choosable = self._choosable(rows, scores.shape[-1])
             # finite, so a row with nothing to choose (left out below) gives no NaN gradient

@@ -47,3 +47,12 @@ def sparse_rollouts(model_path, schedule, prompts=2, samples=2, new_tokens=40, s
         for p, group in enumerate(results)
         for s in group
     ]
+
+
+def measured_around_steps(distiller, records, schedule, steps: int = 8) -> tuple[dict, dict]:
+    """The distiller's metrics on `records` before and after `steps` LoRA steps on them
+    (the measurements themselves update nothing)."""
+    first = distiller.distill(records, schedule, update=False)
+    for _ in range(steps):
+        distiller.distill(records, schedule)
+    return first, distiller.distill(records, schedule, update=False)

@@ -15,7 +15,7 @@ from sparrow.model.loader import SafetensorsCheckpoint
 from sparrow.sparse import get_preset
 from sparrow.trainer.distill import SparseDistiller, record_advantages
 from sparrow.trainer.lora import lora_parameters
-from tests.trainer.distill_fixtures import sparse_rollouts
+from tests.trainer.distill_fixtures import measured_around_steps, sparse_rollouts
 
 SCHEDULE = get_preset("tiny-0.80")
 
@@ -77,10 +77,7 @@ def test_only_the_lora_moves_by_adams_first_step(path, records):
 
 def test_distillation_lowers_kl_on_a_fixed_batch(path, records):
     d = distiller(path, loss="full_kl", measure=True)
-    first = d.distill(records, SCHEDULE, update=False)
-    for _ in range(8):
-        d.distill(records, SCHEDULE)
-    last = d.distill(records, SCHEDULE, update=False)
+    first, last = measured_around_steps(d, records, SCHEDULE)
     assert first["distill/full_kl"] > 0.01
     assert last["distill/full_kl"] < 0.5 * first["distill/full_kl"]
     assert last["distill/acceptance_mean_lora"] > first["distill/acceptance_mean_lora"]

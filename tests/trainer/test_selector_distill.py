@@ -8,6 +8,7 @@ Run: `python -m pytest tests/trainer/test_selector_distill.py -q`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -15,8 +16,8 @@ import torch
 
 from sparrow.model.builtin import resolve_model_path
 from sparrow.sparse.schedule import Schedule
-from sparrow.trainer.selector_distill import SelectorProbe, page_summary, probe_positions
-from tests.trainer.distill_fixtures import sparse_rollouts
+from sparrow.trainer.selector_distill import SelectorProbe, probe_positions
+from tests.trainer.distill_fixtures import measured_around_steps, sparse_rollouts
 from tests.trainer.test_distill import SCHEDULE, distiller
 
 PAGE = 4
@@ -42,15 +43,17 @@ def test_positions_are_evenly_spaced_generated_ones():
     assert probe_positions(10, 10, 4) == [] and probe_positions(0, 5, 0) == []
 
 
-def test_centroids_are_page_means_with_gradients_and_bounds_have_their_shape():
-    _, k = qk()
-    summary = page_summary(k[:10], PAGE, bounds=False)
-    assert summary.centroids.shape == (3, 2, 8)  # two full pages and the partial one
-    torch.testing.assert_close(summary.centroids[1], k[4:8].mean(0))
-    assert torch.equal(summary.centroids[2], torch.zeros(2, 8))
-    summary.centroids.sum().backward()
-    assert k.grad[:8].abs().sum() > 0 and torch.equal(k.grad[8:], torch.zeros(32, 2, 8))
-    assert page_summary(k[:10].detach(), PAGE, bounds=True).bounds.shape == (3, 2, 2, 8)
+def test_the_key_bounds_rule_is_scored_too_and_passes_gradients_to_the_keys():
+    """The student reads the page summaries the decode's cache holds (sequence_pages): the
+    quest rule's key bounds as well as centroids."""
+    q, k = qk()
+    probe = SelectorProbe(dataclasses.replace(schedule(), selection="quest"), [40], [10], 4)
+    probe.target(0, q, k)
+    probe.student(0, q, k)
+    loss = probe.loss()
+    assert loss.item() > 0 and 0 < probe.recall() < 1
+    loss.backward()
+    assert k.grad[:36].abs().sum() > 0  # the full pages' keys, through their bounds
 
 
 def test_the_target_is_the_dense_mass_per_choosable_page():
@@ -100,10 +103,7 @@ def test_lora_steps_lower_the_selector_term_on_a_fixed_batch():
     plain = distiller(path).distill(records, SCHEDULE, update=False)
     assert "distill/selector_loss" not in plain  # off by default
     d = distiller(path, kl_coef=0.0, selector_coef=1.0, selector_positions=8)
-    first = d.distill(records, SCHEDULE, update=False)
-    for _ in range(8):
-        d.distill(records, SCHEDULE)
-    last = d.distill(records, SCHEDULE, update=False)
+    first, last = measured_around_steps(d, records, SCHEDULE)
     # the tiny model on 2026-11-29: 0.089 -> 0.071, recall 0.745 -> 0.753
     assert first["distill/selector_loss"] > 0
     assert last["distill/selector_loss"] < 0.9 * first["distill/selector_loss"]
@@ -124,12 +124,9 @@ def test_on_the_gpu_the_term_matches_the_cpu_and_falls():
     cpu = distiller(path, **settings).distill(records, SCHEDULE, update=False)
     gpu = SparseDistiller(path, algo(**settings), "cuda", "float32", seed=0)
     gpu.set_base(SafetensorsCheckpoint(path))
-    first = gpu.distill(records, SCHEDULE, update=False)
+    first, last = measured_around_steps(gpu, records, SCHEDULE)
     assert first["distill/selector_loss"] == pytest.approx(cpu["distill/selector_loss"], rel=1e-3)
     assert first["distill/selector_recall"] == pytest.approx(
         cpu["distill/selector_recall"], abs=1e-3
     )
-    for _ in range(8):
-        gpu.distill(records, SCHEDULE)
-    last = gpu.distill(records, SCHEDULE, update=False)
     assert last["distill/selector_loss"] < 0.9 * first["distill/selector_loss"]
