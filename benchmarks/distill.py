@@ -23,7 +23,9 @@ trajectories (--fixed-samples each) drawn once by the sparse actor under the che
 before the first step, replayed teacher-forced before and after on the same tokens: p5 and
 the rest with and without the LoRA, and the paired differences with 95% cluster-bootstrap
 intervals over prompts (sparrow/mismatch/bootstrap.py, --resamples), so trajectory noise
-cancels (docs/distill.md, "A fair test"). Rollout speedup: generation wall time of the eval
+cancels (docs/distill.md, "A fair test"). Every step, "before", "after" and the fixed set also
+report `reward_mean` (--reward) of their trajectories: the LoRA can move which trajectories the
+actor samples, and the acceptance on them does not say what they earn. Rollout speedup: generation wall time of the eval
 prompts under each schedule with the same weights and seeds (generated tokens per second,
 best of 3 after a warm-up, the schedules interleaved).
 """
@@ -184,8 +186,16 @@ def sample(engine, tokenizer, rows, samples, args, seed, device) -> tuple[list, 
     return records, seconds, sum(len(r.output_ids) for r in records)
 
 
+def reward_mean(records, args) -> float:
+    """The mean `args.reward` of the sampled records: what the sparse actor's trajectories
+    earn (the LoRA moves which trajectories it samples, so this is read beside acceptance)."""
+    reward = REWARD_FUNCTIONS.get(args.reward)
+    return sum(reward(r.text, r.answer) for r in records) / max(len(records), 1)
+
+
 def evaluate(engine, tokenizer, distiller, rows, schedule, args, device) -> dict:
-    """Acceptance with and without the LoRA on fresh sparse-actor trajectories, and speed."""
+    """Acceptance with and without the LoRA on fresh sparse-actor trajectories, their reward,
+    and their token count."""
     engine.set_schedule(schedule)
     records, seconds, tokens = sample(engine, tokenizer, rows, 1, args, 10**6, device)
     metrics = distiller.distill(records, schedule, update=False)
@@ -200,7 +210,7 @@ def evaluate(engine, tokenizer, distiller, rows, schedule, args, device) -> dict
         "k3",
     )
     out = {k: metrics.get(f"distill/{k}") for k in keep}
-    out.update(schedule=schedule.name, tokens=tokens)
+    out.update(schedule=schedule.name, tokens=tokens, reward_mean=reward_mean(records, args))
     return out
 
 
@@ -291,7 +301,12 @@ def main(argv=None) -> dict:
         records, rollout_s, tokens = sample(
             engine, tokenizer, train.batch(step, args.prompts), args.samples, args, step + 1, device
         )
-        row = {"step": step + 1, "tokens": tokens, "rollout_s": rollout_s}
+        row = {
+            "step": step + 1,
+            "tokens": tokens,
+            "rollout_s": rollout_s,
+            "reward_mean": reward_mean(records, args),
+        }
         if trainer is not None:
             reward = REWARD_FUNCTIONS.get(args.reward)
             rewards = [reward(r.text, r.answer) for r in records]
@@ -303,7 +318,6 @@ def main(argv=None) -> dict:
             trainer.update(records, rewards, old, args.samples)
             _sync(device)
             row["update_s"] = time.perf_counter() - clock
-            row["reward_mean"] = sum(rewards) / len(rewards)
             base = trainer.state_dict_for_sync()
             distiller.set_base(base)
         _sync(device)
@@ -417,6 +431,7 @@ def fixed_set_report(records, before: dict, after: dict, args) -> dict:
         "trajectories": len(records),
         "prompts": int(len(set(prompts.tolist()))),
         "tokens": int(len(prompts)),
+        "reward_mean": reward_mean(records, args),
         "level": 0.95,
         "before_lora": _levels(before["lora"]),
         "after_lora": _levels(after["lora"]),
