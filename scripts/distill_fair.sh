@@ -4,7 +4,8 @@
 # 0.86 and at the cheaper target (0.75, else the first of 0.70, 0.60, 0.50 that is cheaper) by
 # scripts/study_seed.sh itself (CALIBRATE_ONLY=1: the study's settings, task and length, a
 # finer top-k grid); then per seed benchmarks/distill.py with the base fixed, the fixed set replayed
-# before and after; a JSON per seed and summary.json (the verdicts) under $OUT/distill-fair/.
+# before and after; a JSON per seed, summary.json (the verdicts) and distill_fair.png (+ .csv) under
+# $OUT/distill-fair/.
 #
 #   bash scripts/distill_fair.sh                        # seeds 0 1 2, 40 steps
 #   SEEDS=0 STEPS=5 bash scripts/distill_fair.sh        # a quick look (not the test)
@@ -70,4 +71,5 @@ for seed in $SEEDS; do
     --kv-cache-mib 4096 --speed-repeats 1 --resamples 1000 --seed "$seed" \
     --workdir "$WORK/distill-$seed" --out "$OUT/seed-$seed.json" >"$OUT/seed-$seed.log" 2>&1
 done
-"$PYTHON" scripts/distill_fair_summary.py "$OUT"/seed-*.json --out "$OUT/summary.json"
+"$PYTHON" scripts/distill_fair_summary.py "$OUT"/seed-*.json --out "$OUT/summary.json" \
+  --plot "$OUT/distill_fair.png"

@@ -31,7 +31,7 @@ if [ "$1" = benchmarks/distill.py ]; then
   while [ $# -gt 0 ]; do case $1 in --seed) seed=$2;; --out) out=$2;; esac; shift; done
   p=0.8$((5 + seed))
   cat > "$out" <<JSON
-{"args": {"seed": $seed}, "steps": [{}, {}],
+{"args": {"seed": $seed}, "steps": [{"step": 1, "p5_lora": 0.8, "p5_base": 0.8}],
  "fixed_set": {"prompts": 16, "tokens": 100, "after_lora": {"p5": $p}, "after_base": {"p5": 0.79},
    "lora_minus_base_after": {"p5": {"delta": 0.02, "low": 0.01, "high": 0.03}}}}
 JSON
@@ -87,6 +87,7 @@ def test_calibrates_both_targets_then_runs_each_seed_on_those_schedules(tmp_path
         assert "--selector-coef 0 " in r  # the fair test: the LoRA's token loss alone
     summary = json.loads((tmp_path / "out" / "distill-fair" / "summary.json").read_text())
     assert summary["verdict"]["lora_helps"] == "helps"
+    assert (tmp_path / "out" / "distill-fair" / "distill_fair.png.csv").read_text().count("\n") == 4
     assert summary["verdict"]["reached_target"] == [1, 2]  # p5 0.85, 0.86, 0.87 against 0.86
 
 
