@@ -25,9 +25,9 @@ the rest with and without the LoRA, and the paired differences with 95% cluster-
 intervals over prompts (sparrow/mismatch/bootstrap.py, --resamples), so trajectory noise
 cancels (docs/distill.md, "A fair test"). Every step, "before", "after" and the fixed set also
 report `reward_mean` (--reward) of their trajectories: the LoRA can move which trajectories the
-actor samples, and the acceptance on them does not say what they earn. Rollout speedup: generation wall time of the eval
-prompts under each schedule with the same weights and seeds (generated tokens per second,
-best of 3 after a warm-up, the schedules interleaved).
+actor samples, and the acceptance on them does not say what they earn. Rollout speedup:
+generation wall time of the eval prompts under each schedule with the same weights and seeds
+(generated tokens per second, best of 3 after a warm-up, the schedules interleaved).
 """
 
 from __future__ import annotations
