@@ -186,11 +186,16 @@ def sample(engine, tokenizer, rows, samples, args, seed, device) -> tuple[list, 
     return records, seconds, sum(len(r.output_ids) for r in records)
 
 
-def reward_mean(records, args) -> float:
-    """The mean `args.reward` of the sampled records: what the sparse actor's trajectories
-    earn (the LoRA moves which trajectories it samples, so this is read beside acceptance)."""
+def rewards_of(records, args) -> list[float]:
+    """`args.reward` of each sampled record."""
     reward = REWARD_FUNCTIONS.get(args.reward)
-    return sum(reward(r.text, r.answer) for r in records) / max(len(records), 1)
+    return [reward(r.text, r.answer) for r in records]
+
+
+def reward_mean(records, args) -> float:
+    """The mean reward of the sampled records: what the sparse actor's trajectories earn (the
+    LoRA moves which trajectories it samples, so this is read beside acceptance)."""
+    return sum(rewards_of(records, args)) / max(len(records), 1)
 
 
 def evaluate(engine, tokenizer, distiller, rows, schedule, args, device) -> dict:
@@ -301,15 +306,14 @@ def main(argv=None) -> dict:
         records, rollout_s, tokens = sample(
             engine, tokenizer, train.batch(step, args.prompts), args.samples, args, step + 1, device
         )
+        rewards = rewards_of(records, args)
         row = {
             "step": step + 1,
             "tokens": tokens,
             "rollout_s": rollout_s,
-            "reward_mean": reward_mean(records, args),
+            "reward_mean": sum(rewards) / max(len(rewards), 1),
         }
         if trainer is not None:
-            reward = REWARD_FUNCTIONS.get(args.reward)
-            rewards = [reward(r.text, r.answer) for r in records]
             _sync(device)
             clock = time.perf_counter()
             old = [s.dense_logprobs for s in trainer.score(records)]

@@ -24,6 +24,7 @@ from sparrow import schedule_math
 from sparrow.sparse.scoring import group_query_mean
 
 __all__ = [
+    "eligible_pages",
     "group_query_mean",
     "pages_read",
     "read_every_page",
@@ -53,6 +54,16 @@ def select_pages(
     )
 
 
+def eligible_pages(
+    num_pages: torch.Tensor, width: int, reserved_bos: int, reserved_eos: int
+) -> torch.Tensor:
+    """[B, 1, width]: the pages a decode step may choose by score, of a cache holding
+    num_pages [B] pages (the reserved first and last ones are read anyway, not chosen)."""
+    page = torch.arange(width, device=num_pages.device).view(1, 1, width)
+    count = num_pages.view(-1, 1, 1)
+    return (page >= reserved_bos) & (page < count - reserved_eos)
+
+
 def select_from_scores(
     scores: torch.Tensor,
     num_pages: torch.Tensor,
@@ -70,7 +81,7 @@ def select_from_scores(
     page = torch.arange(width, device=device).view(1, 1, width)
     count = num_pages.to(device).view(batch, 1, 1)
     present = page < count
-    eligible = (page >= reserved_bos) & (page < count - reserved_eos)
+    eligible = eligible_pages(count, width, reserved_bos, reserved_eos)
     masked = scores.float().masked_fill(~eligible, float("-inf"))
     # rank of every page by descending score; the stable sort hands ties to the lower index
     order = torch.sort(masked, dim=-1, descending=True, stable=True).indices

@@ -30,7 +30,7 @@ import torch
 from sparrow.engine.teacher.selection import sequence_pages
 from sparrow.sparse.schedule import Schedule
 from sparrow.sparse.scoring import PageSummary, get_rule
-from sparrow.sparse.selection import select_from_scores
+from sparrow.sparse.selection import eligible_pages, select_from_scores
 
 
 def probe_positions(prompt_len: int, length: int, count: int) -> list[int]:
@@ -55,36 +55,43 @@ class SelectorProbe:
         self.schedule = schedule
         self.centroid_dtype = centroid_dtype
         self.rule = get_rule(schedule.selection)
+        self.oracle = get_rule("oracle")  # the dense attention mass per page
         self.spans, start = [], 0
         for length, prompt_len in zip(seq_lens, prompt_lens):
             self.spans.append((start, length, probe_positions(prompt_len, length, per_sequence)))
             start += length
+        self._on_device: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.targets: dict[tuple[int, int], torch.Tensor] = {}
         self.terms: list[torch.Tensor] = []
         self.recalls: list[torch.Tensor] = []
 
-    def _rows(self, layer: int):
-        """(sequence index, its keys span, positions tensor) of a sparse layer's probed rows."""
+    def _rows(self, layer: int, device: torch.device):
+        """(sequence index, its keys span, positions [R], top-k [R]) of a sparse layer's probed
+        rows; the two tensors are made once per sequence, on the first layer's device."""
         if not self.schedule.is_sparse_layer(layer):
             return
         for index, (start, length, positions) in enumerate(self.spans):
-            if positions:
-                yield index, slice(start, start + length), positions
+            if not positions:
+                continue
+            if index not in self._on_device:
+                topk = [self.schedule.topk_for_position(p) for p in positions]
+                self._on_device[index] = (
+                    torch.tensor(positions, device=device),
+                    torch.tensor(topk, device=device),
+                )
+            yield index, slice(start, start + length), *self._on_device[index]
 
-    def _choosable(self, positions: torch.Tensor, width: int) -> torch.Tensor:
-        """[R, 1, P] pages the decode step at each position could choose by score."""
+    def _choosable(self, rows: torch.Tensor, width: int) -> torch.Tensor:
+        """[R, 1, P] pages the decode step at each row's position could choose by score."""
         s = self.schedule
-        count = (positions // s.page_size + 1).view(-1, 1, 1)
-        page = torch.arange(width, device=positions.device).view(1, 1, -1)
-        return (page >= s.reserved_bos) & (page < count - s.reserved_eos)
+        return eligible_pages(rows // s.page_size + 1, width, s.reserved_bos, s.reserved_eos)
 
     def target(self, layer: int, q: torch.Tensor, k: torch.Tensor) -> None:
         """Dense pass hook: each probed row's attention mass per choosable page, normalised."""
-        for index, span, positions in self._rows(layer):
-            rows = torch.tensor(positions, device=q.device)
+        for index, span, rows, _ in self._rows(layer, q.device):
             keys = k[span].detach()
             summary = PageSummary(keys=keys, positions=rows, page_size=self.schedule.page_size)
-            mass = get_rule("oracle").score(q[span][rows].detach(), summary)  # [R, Hkv, P]
+            mass = self.oracle.score(q[span][rows].detach(), summary)  # [R, Hkv, P]
             mass = mass * self._choosable(rows, mass.shape[-1])
             total = mass.sum(-1, keepdim=True)
             self.targets[(layer, index)] = torch.where(total > 0, mass / total, 0.0)
@@ -93,11 +100,10 @@ class SelectorProbe:
         """LoRA pass hook: the KL of each probed row against its target, and the mass recall
         of the pages the rule would pick."""
         size, dim = self.schedule.page_size, q.shape[-1]
-        for index, span, positions in self._rows(layer):
+        for index, span, rows, topk in self._rows(layer, q.device):
             target = self.targets.get((layer, index))
             if target is None:
                 raise RuntimeError(f"selector probe: no dense target for layer {layer}")
-            rows = torch.tensor(positions, device=q.device)
             summary = sequence_pages(k[span], size, self.centroid_dtype, self.rule)
             scores = self.rule.score(q[span][rows], summary) / math.sqrt(dim)  # [R, Hkv, P]
             choosable = self._choosable(rows, scores.shape[-1])
@@ -109,9 +115,6 @@ class SelectorProbe:
             safe = torch.where(choosable & (target > 0), target, 1.0)
             kl = (target * (safe.log() - logp.masked_fill(~choosable, 0.0))).sum(-1)
             self.terms.append(kl[kept].mean())
-            topk = torch.tensor(
-                [self.schedule.topk_for_position(p) for p in positions], device=q.device
-            )
             picked = select_from_scores(
                 scores.detach(),
                 rows // size + 1,

@@ -26,7 +26,7 @@ from sparrow.engine.kv_cache import centroid_torch_dtype
 from sparrow.kernels.kv_write import round_centroids
 from sparrow.sparse.schedule import Schedule
 from sparrow.sparse.scoring import PageSummary, ScoringRule, get_rule, page_bounds
-from sparrow.sparse.selection import read_every_page
+from sparrow.sparse.selection import eligible_pages, read_every_page
 
 
 def page_centroids(k: torch.Tensor, page_size: int, centroid_dtype: str) -> torch.Tensor:
@@ -99,7 +99,7 @@ def select_by_threshold(
     device = scores.device
     page = torch.arange(width, device=device).view(1, 1, width)
     count = num_pages.to(device).view(rows, 1, 1)
-    eligible = (page >= reserved_bos) & (page < count - reserved_eos)
+    eligible = eligible_pages(count, width, reserved_bos, reserved_eos)
     reserved = (page < count) & ~eligible
     topk = topk.to(device).view(rows, 1, 1)
     widest = min(int(topk.max()) if widest is None else widest, width)
