@@ -5,7 +5,7 @@
     study = load_study("my_study.yaml")                         # or a file of the same form
     [(arm.name, arm.overrides) for arm in study.arms]
 
-A study (sparrow/flows/study.py, docs/study.md) runs one train run per arm, `<study_id>-<arm>`,
+A study (sparrow/flows/study.py, docs/study-tool.md) runs one train run per arm, `<study_id>-<arm>`,
 from the same model, data and seeds; each arm differs only by its overrides (and, with
 `fixed_budget: true`, by a flat schedule of `fixed_topk_pages` pages in every bin). The
 YAML holds the fields below, each with a comment line above it; `key=value` overrides set

@@ -8,7 +8,7 @@ from stable ones, and the cost model's price of one step's rollout. Pure: no sto
     step_rollout_cost(schedule, model=shape, hardware=hw, prompt_len=40, gen_len=200,
                       samples_per_prompt=8, prompts=4)               # (eFLOPs, dense eFLOPs)
 
-Collapse (docs/study.md): an arm collapsed when the mean of its last `window` rewards is below
+Collapse (docs/study-tool.md): an arm collapsed when the mean of its last `window` rewards is below
 `ratio` x the reference (dense) arm's; the reference is stable by definition, and no arm gets
 a label (None) when the reference has no reward or a mean <= 0 (the rule assumes rewards >= 0).
 

@@ -20,7 +20,7 @@ CUDA_VISIBLE_DEVICES set to its GPU, its own local Ray and (without PREFECT_API_
 temporary Prefect API; more arms than GPUs wait for the next free GPU. The arms need their own
 workdirs (`study.own_workdirs=true`), since a workdir has one writer. Each process's output
 goes to `<workdir>/studies/<study_id>/arms/<arm>.log`; the report is written when all are done.
-docs/study.md describes the arms, the report and how to read it.
+docs/study-tool.md describes the arms, the report and how to read it.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ run id <study_id>-<arm>, and the report is written into <workdir>/studies/<study
 once, one process per GPU (sparrow/flows/study.py, study_at_once), each arm in its own workdir.
 `report` reads the workdir's DuckDB file read-only and writes plots, summary.json and
 summary.md into --out (default the same folder); --collapse-window and --collapse-ratio
-replace the study's collapse rule for this report. docs/study.md explains both.
+replace the study's collapse rule for this report. docs/study-tool.md explains both.
 """
 
 from __future__ import annotations
