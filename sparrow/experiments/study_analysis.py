@@ -72,6 +72,26 @@ def set_gaps_to_dense(arms: Mapping[str, dict]) -> None:
         entry["gap_to_dense"] = None if None in (dense, accuracy) else accuracy - dense
 
 
+def mismatch_per_step_from_roles(
+    roles: Sequence[Mapping], trajectories: Mapping[int, int], role: str | None = None
+) -> dict[int, float]:
+    """Per step, the mean over its trajectories of S (sum of 1 - acceptance) over the tokens of
+    `role` (every role: None), from the per-step, per-role table (rows with step, role, tokens
+    and mean acceptance): tokens x (1 - mean), summed over the rows, is the step's total, and
+    `trajectories[step]` divides it. This is "S over lookups" for seeds whose sample_stats did
+    not record it. A step with rows but none of `role` gives 0 (its trajectories have no such
+    token); a step missing from `trajectories` or from the table is left out."""
+    totals: dict[int, float] = {}
+    for row in roles:
+        step = int(row["step"])
+        if step not in trajectories:
+            continue
+        totals.setdefault(step, 0.0)
+        if role is None or row.get("role") == role:
+            totals[step] += row["tokens"] * (1.0 - row["mean"])
+    return {step: total / trajectories[step] for step, total in totals.items()}
+
+
 def label(unit: Unit) -> str | None:
     """The unit's label (module doc); None when it is missing (under 50 steps, no outcome)."""
     if unit.steps < MIN_STEPS or unit.outcome is None:

@@ -28,8 +28,8 @@ Writes, for the step:
   column holds the bin's p5, its estimator column the estimator.
 - sample_stats rows: per trajectory S = sum (1 - acceptance), the lowest acceptance, the
   log importance weight (sparrow/mismatch/sequence.py), its policy version and S over
-  sparse_acceptance (sparse_mismatch_sum); S over lookup tokens stays NULL
-  until the rollouts carry token roles.
+  sparse_acceptance (sparse_mismatch_sum); S over the tokens whose role is lookup, and their
+  count, where the rollouts carry token roles (chase tasks), else NULL.
 - step metrics: mismatch/min_p5 (counted bins; left out when none counts), mismatch/p5_bin_<b>,
   mismatch/acceptance_mean, mismatch/sparse_acceptance_mean, mismatch/stale_frac (share of
   samples generated before the step's policy), mismatch/leftover_mass_mean, mismatch/bins_below,
@@ -50,7 +50,7 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NONE
 
-from sparrow.data.token_roles import role_names
+from sparrow.data.token_roles import ROLE_CODE, role_names
 from sparrow.mismatch.acceptance import (
     BinFloor,
     BinStats,
@@ -207,11 +207,14 @@ class StepBins:
 
 
 def sample_rows(records, scores, estimator: str, step: int) -> list[dict]:
-    """sample_stats rows, one per trajectory (lookup_* None: the rollouts carry no roles)."""
+    """sample_stats rows, one per trajectory (lookup_* None where a record carries no roles)."""
     rows = []
     for i, record in enumerate(records):
+        lookup = None
+        if len(record.token_roles):
+            lookup = np.asarray(record.token_roles) == ROLE_CODE["lookup"]
         stats = sequence_statistics(
-            scores["acceptance"][i], scores["dense_logprobs"][i], record.actor_logprobs
+            scores["acceptance"][i], scores["dense_logprobs"][i], record.actor_logprobs, lookup
         )
         rows.append(
             {

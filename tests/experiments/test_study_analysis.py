@@ -176,3 +176,51 @@ def test_the_script_reads_seed_folders_and_writes_the_analysis(tmp_path):
     assert fixed["cost_ratio"] == pytest.approx(0.2) and not fixed["non_inferior"]
     assert "every sparse unit is stalled: no AUC" in result["inconclusive"]
     assert "| 1 | fixed | 100 | 0.300 | -0.500 | stalled |" in (out / "analysis.md").read_text()
+
+
+def test_mismatch_per_step_from_roles_by_hand():
+    from sparrow.experiments.study_analysis import mismatch_per_step_from_roles
+
+    roles = [
+        {"step": 1, "role": "lookup", "tokens": 10, "mean": 0.9},  # 1.0
+        {"step": 1, "role": "local", "tokens": 100, "mean": 0.99},  # 1.0
+        {"step": 2, "role": "lookup", "tokens": 4, "mean": 0.5},  # 2.0
+        {"step": 3, "role": "lookup", "tokens": 4, "mean": 0.0},  # no trajectory count: left out
+    ]
+    trajectories = {1: 2, 2: 4}
+    assert mismatch_per_step_from_roles(roles, trajectories, "lookup") == pytest.approx(
+        {1: 0.5, 2: 0.5}
+    )
+    assert mismatch_per_step_from_roles(roles, trajectories) == pytest.approx({1: 1.0, 2: 0.5})
+    assert mismatch_per_step_from_roles(roles, trajectories, "benign") == {1: 0.0, 2: 0.0}
+    assert mismatch_per_step_from_roles(roles, {4: 1}, "lookup") == {}
+
+
+def test_the_role_table_gives_each_steps_mean_s_of_a_real_seed():
+    """Over every role, the derivation from a kept seed's role table equals the mean of
+    sample_stats' S per step (the same tokens, the same trajectories): what makes the lookup
+    rows' sum "S over lookups" for seeds whose sample_stats did not record it."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from study_analysis import read_csv
+
+    from sparrow.experiments.study_analysis import mismatch_per_step_from_roles
+
+    folder = ROOT / "benchmarks/results/h200-2026-11-29/v2-s1/v2-s1"
+    for arm in ("centroid-0.86", "fixed"):
+        samples = read_csv(folder / f"{arm}_samples.csv")
+        by_step: dict[int, list[float]] = {}
+        for row in samples:
+            by_step.setdefault(int(row["step"]), []).append(row["mismatch_sum"])
+        derived = mismatch_per_step_from_roles(
+            read_csv(folder / f"{arm}_roles.csv"), {s: len(v) for s, v in by_step.items()}
+        )
+        assert len(derived) == len(by_step) == 100
+        for step, sums in by_step.items():
+            assert derived[step] == pytest.approx(sum(sums) / len(sums), rel=1e-9)
+        lookup = mismatch_per_step_from_roles(
+            read_csv(folder / f"{arm}_roles.csv"),
+            {s: len(v) for s, v in by_step.items()},
+            "lookup",
+        )
+        assert all(0 <= lookup[s] <= derived[s] for s in by_step)
+        assert sum(lookup[s] > 0 for s in by_step) > 50

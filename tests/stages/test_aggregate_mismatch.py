@@ -208,6 +208,29 @@ def test_sample_rows_and_the_batch_ess():
     assert metrics["mismatch/sequence_mismatch_max"] == pytest.approx(0.6)
 
 
+def test_sample_rows_sum_the_mismatch_of_lookup_tokens_where_roles_are_known():
+    import dataclasses
+
+    from sparrow.data.token_roles import ROLE_CODE
+
+    lookup, local = ROLE_CODE["lookup"], ROLE_CODE["local"]
+    records = [
+        dataclasses.replace(record(0, 0, 5, 4), token_roles=(local, lookup, local, lookup)),
+        dataclasses.replace(record(0, 1, 5, 2), token_roles=(local, local)),
+        record(0, 2, 5, 2),  # no roles (another task): NULL, not 0
+    ]
+    scores = {
+        "acceptance": [[0.9, 0.25, 0.5, 0.75], [0.1, 0.2], [0.5, 0.5]],
+        "dense_logprobs": [[0.0] * 4, [0.0] * 2, [0.0] * 2],
+    }
+    rows = sample_rows(records, scores, "exact", step=1)
+    assert rows[0]["lookup_tokens"] == 2
+    assert rows[0]["lookup_mismatch_sum"] == pytest.approx(0.75 + 0.25)
+    assert rows[0]["mismatch_sum"] == pytest.approx(0.1 + 0.75 + 0.5 + 0.25)
+    assert (rows[1]["lookup_tokens"], rows[1]["lookup_mismatch_sum"]) == (0, 0.0)
+    assert (rows[2]["lookup_tokens"], rows[2]["lookup_mismatch_sum"]) == (None, None)
+
+
 def test_stale_samples_give_the_controller_their_sparse_acceptance(tmp_path):
     """bin_stats (the controller's statistic) come from the acceptance against each sample's
     own version; the token rows keep both; sample_stats sum both; a plain loop checks each."""
