@@ -31,6 +31,7 @@ from sparrow.experiments.study_analysis import (
     auc_difference,
     inconclusive,
     label,
+    mismatch_per_step_from_roles,
     non_inferior,
     predictor,
     rule_sufficient,
@@ -114,6 +115,13 @@ def unit_statistics(folder: Path, arm: str) -> dict[str, float]:
         for s, rows in by_step.items()
         if all(r.get("lookup_mismatch_sum") is not None for r in rows)
     }
+    if not per_stat["S_lookup"]:
+        # seeds aggregated before sample_stats recorded it: the same mean, from the role table
+        per_stat["S_lookup"] = mismatch_per_step_from_roles(
+            read_csv(folder / f"{arm}_roles.csv"),
+            {s: len(rows) for s, rows in by_step.items()},
+            role="lookup",
+        )
     out = {}
     for name, values in per_stat.items():
         for suffix, mean in _means(values).items():
