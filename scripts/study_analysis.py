@@ -36,6 +36,7 @@ from sparrow.experiments.study_analysis import (
     predictor,
     rule_sufficient,
     transfer,
+    worst_tail_per_step,
 )
 from sparrow.experiments.study_secondary import (
     divergence,
@@ -48,7 +49,7 @@ from sparrow.sparse.target import get_statistic
 
 BIN_STATISTICS = ("p1", "p5", "p10", "mean", "min", "share_below_half")
 FIRST = 20  # "a predictor must warn early": the mean over steps 1-20
-NOT_STORED = ("p0.1",)  # pre-registered, but no stored table holds it
+PARTLY_STORED = ("p0.1",)  # pre-registered; kept (`<arm>_tail.csv`) only from seed 2 of V2 on
 
 
 def read_csv(path: Path) -> list[dict]:
@@ -98,6 +99,9 @@ def unit_statistics(folder: Path, arm: str) -> dict[str, float]:
         if row.get("ks") is not None and row.get("counted") is not False:
             ks[int(row["step"])].append(row["ks"])
     per_stat["ks"] = {s: max(v) for s, v in ks.items()}
+    tail = read_csv(folder / f"{arm}_tail.csv")  # seeds run before it was kept have none
+    if tail:
+        per_stat["p0.1"] = worst_tail_per_step(tail, bins)
     for key, column in (("S", "mismatch/sequence_mismatch_mean"), ("ess", "mismatch/ess")):
         per_stat[key] = {
             int(r["step"]): r[column] for r in steps if r.get(column) is not None and r["step"]
@@ -179,7 +183,17 @@ def _cost_ratios(path: Path) -> dict[str, float]:
 def analyse(units: list[Unit], costs: dict, resamples: int = RESAMPLES) -> dict:
     variants = sorted({u.variant for u in units})
     names = sorted({k for u in units for k in u.stats})
-    out: dict = {"variants": {}, "not_stored": list(NOT_STORED), "resamples": resamples}
+    stored = {n: sum(f"{n}_all" in u.stats for u in units if u.sparse) for n in PARTLY_STORED}
+    out: dict = {
+        "variants": {},
+        "not_stored": [n for n, count in stored.items() if not count],
+        "partly_stored": {
+            n: f"{count} of {sum(u.sparse for u in units)} sparse units"
+            for n, count in stored.items()
+            if 0 < count < sum(u.sparse for u in units)
+        },
+        "resamples": resamples,
+    }
     for variant in variants:
         mine = [u for u in units if u.variant == variant]
         arms = sorted({u.arm for u in mine if u.arm != DENSE})
@@ -254,8 +268,11 @@ def _table(header: list[str], rows) -> list[str]:
 
 def markdown(result: dict) -> str:
     lines = ["# Study analysis (pre-registered, docs/study.md)", ""]
-    lines.append(f"Bootstrap: {result['resamples']} resamples of seeds. Not stored, so not")
-    lines.append(f"computed: {', '.join(result['not_stored'])}.")
+    lines.append(f"Bootstrap: {result['resamples']} resamples of seeds.")
+    if result["not_stored"]:
+        lines.append(f"Not stored, so not computed: {', '.join(result['not_stored'])}.")
+    for name, where in result.get("partly_stored", {}).items():
+        lines.append(f"{name}: stored for {where} only; its rows cover those units alone.")
     for variant, data in result["variants"].items():
         lines += ["", f"## {variant}", ""]
         lines += _table(

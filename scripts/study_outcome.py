@@ -7,6 +7,8 @@ arm's per-step CSVs, its outcome on the fixed held-out set, and one summary JSON
 Per arm, from its own DuckDB file (read-only): `<arm>_steps.csv` (every step_metrics name as
 a column), `<arm>_bins.csv` (bin_stats rows), `<arm>_roles.csv` (per step and token role:
 tokens, p5, p1, mean acceptance, share below 0.5; from the token Parquet files),
+`<arm>_tail.csv` (per step and length bin: tokens and p0.1, the 0.1th percentile of
+acceptance, which bin_stats does not hold),
 `<arm>_stages.csv` (each stage's start, end and seconds per step: stage_runs),
 `<arm>_samples.csv` (sample_stats: one row per trajectory and step). The outcome
 (the pre-registered one): the arm's last checkpoint (trainer weights; no LoRA in this study),
@@ -35,6 +37,11 @@ ROLE_SQL = """
 SELECT step, role, count(*) AS tokens,
        quantile_cont(acceptance, 0.05) AS p5, quantile_cont(acceptance, 0.01) AS p1,
        avg(acceptance) AS mean, avg(CAST(acceptance < 0.5 AS DOUBLE)) AS share_below_half
+FROM token_mismatch GROUP BY ALL ORDER BY ALL"""
+# per step and length bin: p0.1 of the acceptance bin_stats reads (pre-registered; bin_stats
+# stops at p1); the analysis takes the worst of the bins that bin_stats counts
+TAIL_SQL = """
+SELECT step, bin, count(*) AS tokens, quantile_cont(sparse_acceptance, 0.001) AS p0_1
 FROM token_mismatch GROUP BY ALL ORDER BY ALL"""
 # per trajectory: S, S over lookups, the sequence minimum, the log weight (sample_stats)
 SAMPLE_SQL = "SELECT * FROM sample_stats ORDER BY step, prompt, sample"
@@ -129,6 +136,7 @@ def main() -> None:
         write_csv(args.out / f"{arm}_steps.csv", steps)
         write_csv(args.out / f"{arm}_bins.csv", rows_of(arm_dir, "SELECT * FROM bin_stats"))
         write_csv(args.out / f"{arm}_roles.csv", rows_of(arm_dir, ROLE_SQL))
+        write_csv(args.out / f"{arm}_tail.csv", rows_of(arm_dir, TAIL_SQL))
         write_csv(args.out / f"{arm}_stages.csv", rows_of(arm_dir, STAGE_SQL))
         write_csv(args.out / f"{arm}_samples.csv", rows_of(arm_dir, SAMPLE_SQL))
         entry["steps_done"] = max((row["step"] for row in steps), default=0)

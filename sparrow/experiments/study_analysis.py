@@ -92,6 +92,19 @@ def mismatch_per_step_from_roles(
     return {step: total / trajectories[step] for step, total in totals.items()}
 
 
+def worst_tail_per_step(tail: Sequence[Mapping], bins: Sequence[Mapping]) -> dict[int, float]:
+    """step -> the lowest p0.1 (`p0_1`) over the step's length bins that bin_stats counted
+    (rows of both with step and bin; a bin bin_stats has no row for, or did not count, is
+    left out, as worst_per_step leaves it out for the other statistics)."""
+    counted = {(int(r["step"]), int(r["bin"])) for r in bins if r.get("counted") is not False}
+    worst: dict[int, float] = {}
+    for row in tail:
+        key, value = (int(row["step"]), int(row["bin"])), row.get("p0_1")
+        if key in counted and value is not None and math.isfinite(value):
+            worst[key[0]] = min(value, worst.get(key[0], math.inf))
+    return dict(sorted(worst.items()))
+
+
 def label(unit: Unit) -> str | None:
     """The unit's label (module doc); None when it is missing (under 50 steps, no outcome)."""
     if unit.steps < MIN_STEPS or unit.outcome is None:

@@ -161,6 +161,11 @@ def test_the_script_reads_seed_folders_and_writes_the_analysis(tmp_path):
                  "min": p5, "share_below_half": 1 - p5, "ks": 0.1, "counted": True}
                 for s in range(1, 101) for b in (0, 1)
             ])  # fmt: skip
+        if seed == 1:  # p0.1 kept for the later seed only (`<arm>_tail.csv`)
+            _write(folder / "fixed_tail.csv", [
+                {"step": s, "bin": b, "tokens": 500, "p0_1": 0.01 * b} for s in range(1, 101)
+                for b in (0, 1)
+            ])  # fmt: skip
     out = tmp_path / "analysis"
     done = subprocess.run(
         [sys.executable, "scripts/study_analysis.py", str(tmp_path / "v2-s0"),
@@ -175,7 +180,11 @@ def test_the_script_reads_seed_folders_and_writes_the_analysis(tmp_path):
     (fixed,) = result["b_non_inferior"]
     assert fixed["cost_ratio"] == pytest.approx(0.2) and not fixed["non_inferior"]
     assert "every sparse unit is stalled: no AUC" in result["inconclusive"]
-    assert "| 1 | fixed | 100 | 0.300 | -0.500 | stalled |" in (out / "analysis.md").read_text()
+    text = (out / "analysis.md").read_text()
+    assert "| 1 | fixed | 100 | 0.300 | -0.500 | stalled |" in text
+    tail = next(p for p in result["a_predictors"] if p["statistic"] == "p0.1_all")
+    assert tail["units"] == 1
+    assert "p0.1: stored for 1 of 2 sparse units only" in text and "Not stored" not in text
 
 
 def test_mismatch_per_step_from_roles_by_hand():
@@ -224,3 +233,23 @@ def test_the_role_table_gives_each_steps_mean_s_of_a_real_seed():
         )
         assert all(0 <= lookup[s] <= derived[s] for s in by_step)
         assert sum(lookup[s] > 0 for s in by_step) > 50
+
+
+def test_worst_tail_per_step_reads_only_the_bins_bin_stats_counted():
+    from sparrow.experiments.study_analysis import worst_tail_per_step
+
+    bins = [
+        {"step": 1, "bin": 0, "counted": True},
+        {"step": 1, "bin": 1, "counted": False},  # below the floor: left out
+        {"step": 2, "bin": 0, "counted": True},
+        {"step": 2, "bin": 1, "counted": True},
+    ]
+    tail = [
+        {"step": 1, "bin": 0, "p0_1": 0.4},
+        {"step": 1, "bin": 1, "p0_1": 0.01},
+        {"step": 2, "bin": 0, "p0_1": 0.3},
+        {"step": 2, "bin": 1, "p0_1": 0.2},
+        {"step": 2, "bin": 2, "p0_1": 0.0},  # no bin_stats row: left out
+        {"step": 3, "bin": 0, "p0_1": 0.1},
+    ]
+    assert worst_tail_per_step(tail, bins) == {1: 0.4, 2: 0.2}
