@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sparrow.data.multi_chase import ROLES
 from sparrow.experiments.study import worst_per_step
 from sparrow.experiments.study_analysis import (
     DENSE,
@@ -49,6 +50,10 @@ from sparrow.sparse.target import get_statistic
 
 BIN_STATISTICS = ("p1", "p5", "p10", "mean", "min", "share_below_half")
 FIRST = 20  # "a predictor must warn early": the mean over steps 1-20
+ROLE_COLUMNS = ("p5", "share_below_half")  # per role, reported beside the predictors
+# the table's order: the roles that decide the reward first, then the harmless, then the rest
+ROLE_ORDER = ("lookup", "answer", "benign", "local", "unknown")
+assert set(ROLE_ORDER) == set(ROLES), "a role of multi_chase.ROLES is missing from ROLE_ORDER"
 PARTLY_STORED = ("p0.1",)  # pre-registered; kept (`<arm>_tail.csv`) only from seed 2 of V2 on
 
 
@@ -133,6 +138,25 @@ def unit_statistics(folder: Path, arm: str) -> dict[str, float]:
     return out
 
 
+def role_statistics(folder: Path, arm: str) -> dict[str, dict[str, float]]:
+    """Per token role, the pre-registered per-role p5 and share below 0.5 of one unit: the mean
+    over steps 1-20 and over all steps of the step's value (`<arm>_roles.csv`, tokens pooled
+    over length bins; rows without a role, from other tasks, left out)."""
+    per_role: dict[str, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
+    for row in read_csv(folder / f"{arm}_roles.csv"):
+        for column in ROLE_COLUMNS:
+            if row.get("role") is not None and row.get(column) is not None:
+                per_role[row["role"]][column][int(row["step"])] = row[column]
+    return {
+        role: {
+            column + suffix: mean
+            for column, values in columns.items()
+            for suffix, mean in _means(values).items()
+        }
+        for role, columns in per_role.items()
+    }
+
+
 def load_units(folders: list[Path]) -> tuple[list[Unit], dict[tuple[str, int], dict]]:
     """Every arm of every seed folder; and per (variant, seed) the arms' predicted cost
     ratios to dense (report/summary.json)."""
@@ -164,7 +188,11 @@ def load_units(folders: list[Path]) -> tuple[list[Unit], dict[tuple[str, int], d
                     peak_step=peak_step,
                     steps=int(entry.get("steps_done") or 0),
                     stats=unit_statistics(folder, arm),
-                    extra={"divergence": divergence(steps), "raised_early": raised_early(steps)},
+                    extra={
+                        "divergence": divergence(steps),
+                        "raised_early": raised_early(steps),
+                        "roles": role_statistics(folder, arm),
+                    },
                 )
             )
         costs[(variant, seed)] = _cost_ratios(folder / "report" / "summary.json")
@@ -216,6 +244,7 @@ def analyse(units: list[Unit], costs: dict, resamples: int = RESAMPLES) -> dict:
                     "flag": "under 100 steps" if u.steps < 100 else None,
                     "divergence": u.extra.get("divergence"),
                     "raised_early": u.extra.get("raised_early"),
+                    "roles": u.extra.get("roles", {}),
                 }
                 for u in sorted(mine, key=lambda u: (u.seed, u.arm))
             ],
@@ -284,6 +313,7 @@ def markdown(result: dict) -> str:
                 for u in data["units"]
             ),
         )  # fmt: skip
+        lines += _roles(data["units"])
         lines += ["", '### (a) statistics for "not stable"', ""]
         lines += _table(
             ["statistic", "units (not stable)", "AUC [95% CI]", "Spearman with gap [CI]"],
@@ -322,6 +352,26 @@ def markdown(result: dict) -> str:
             ),
         )
     return "\n".join(lines) + "\n"
+
+
+def _roles(units: list[dict]) -> list[str]:
+    """The per-role p5 and share below 0.5 of every unit (mean over all its steps)."""
+    present = {role for u in units for role in u["roles"]}
+    roles = [role for role in ROLE_ORDER if role in present]
+    if not roles:
+        return []
+    header = ["seed", "arm", "label"] + [f"{r} p5" for r in roles] + [f"{r} <0.5" for r in roles]
+    rows = (
+        [u["seed"], u["arm"], u["label"] or "missing"]
+        + [_fmt(u["roles"].get(r, {}).get(f"{c}_all")) for c in ROLE_COLUMNS for r in roles]
+        for u in units
+    )
+    return [
+        "",
+        "### Per token role: p5 and share below 0.5 (mean over all steps; steps 1-20 in the JSON)",
+        "",
+        *_table(header, rows),
+    ]
 
 
 def _secondary(sec: dict, units: list[dict]) -> list[str]:

@@ -55,8 +55,9 @@ class Unit:
     peak_step: int | None
     steps: int
     stats: Mapping[str, float] = field(default_factory=dict)
-    # the secondary questions' per-unit values (sparrow/experiments/study_secondary.py)
-    extra: Mapping[str, float | bool | None] = field(default_factory=dict)
+    # the secondary questions' per-unit values (sparrow/experiments/study_secondary.py) and
+    # the per-role statistics reported beside the predictors ("roles": {role: {name: value}})
+    extra: Mapping[str, object] = field(default_factory=dict)
 
     @property
     def sparse(self) -> bool:

@@ -161,6 +161,11 @@ def test_the_script_reads_seed_folders_and_writes_the_analysis(tmp_path):
                  "min": p5, "share_below_half": 1 - p5, "ks": 0.1, "counted": True}
                 for s in range(1, 101) for b in (0, 1)
             ])  # fmt: skip
+        _write(folder / "fixed_roles.csv", [
+            {"step": s, "role": role, "tokens": 10, "p5": p5 if s <= 20 else p5 / 2,
+             "p1": 0.0, "mean": 0.9, "share_below_half": 0.1}
+            for s in range(1, 101) for role, p5 in (("lookup", 0.4), ("local", 0.8))
+        ])  # fmt: skip
         if seed == 1:  # p0.1 kept for the later seed only (`<arm>_tail.csv`)
             _write(folder / "fixed_tail.csv", [
                 {"step": s, "bin": b, "tokens": 500, "p0_1": 0.01 * b} for s in range(1, 101)
@@ -182,6 +187,13 @@ def test_the_script_reads_seed_folders_and_writes_the_analysis(tmp_path):
     assert "every sparse unit is stalled: no AUC" in result["inconclusive"]
     text = (out / "analysis.md").read_text()
     assert "| 1 | fixed | 100 | 0.300 | -0.500 | stalled |" in text
+    roles = result["units"][1]["roles"]  # seed 0's fixed arm
+    assert roles["lookup"]["p5_first20"] == pytest.approx(0.4)
+    assert roles["lookup"]["p5_all"] == pytest.approx((20 * 0.4 + 80 * 0.2) / 100)
+    assert roles["local"]["share_below_half_all"] == pytest.approx(0.1)
+    assert result["units"][0]["roles"] == {}  # dense kept no role table here
+    assert "| seed | arm | label | lookup p5 | local p5 | lookup <0.5 | local <0.5 |" in text
+    assert "| 0 | fixed | stalled | 0.240 | 0.480 | 0.100 | 0.100 |" in text
     tail = next(p for p in result["a_predictors"] if p["statistic"] == "p0.1_all")
     assert tail["units"] == 1
     assert "p0.1: stored for 1 of 2 sparse units only" in text and "Not stored" not in text
