@@ -315,12 +315,17 @@ def markdown(result: dict) -> str:
         )  # fmt: skip
         lines += _roles(data["units"])
         lines += ["", '### (a) statistics for "not stable"', ""]
+        against = {d["other"]: d for d in data["a_against_p5"]}
         lines += _table(
-            ["statistic", "units (not stable)", "AUC [95% CI]", "Spearman with gap [CI]"],
+            ["statistic", "units (not stable)", "AUC [95% CI]", "Spearman with gap [CI]",
+             "AUC - p5_first20's [paired CI]"],
             (
                 [p["statistic"], f"{p['units']} ({p['not_stable']})",
                  f"{_fmt(p['auc'])} {_fmt(p['auc_ci'])}",
-                 f"{_fmt(p['spearman'])} {_fmt(p['spearman_ci'])}"]
+                 f"{_fmt(p['spearman'])} {_fmt(p['spearman_ci'])}",
+                 "(the base)" if p["statistic"] == "p5_first20" else
+                 f"{_fmt(against.get(p['statistic'], {}).get('difference'))} "
+                 f"{_fmt(against.get(p['statistic'], {}).get('ci'))}"]
                 for p in data["a_predictors"]
             ),
         )  # fmt: skip

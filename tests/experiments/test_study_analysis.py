@@ -187,6 +187,8 @@ def test_the_script_reads_seed_folders_and_writes_the_analysis(tmp_path):
     assert "every sparse unit is stalled: no AUC" in result["inconclusive"]
     text = (out / "analysis.md").read_text()
     assert "| 1 | fixed | 100 | 0.300 | -0.500 | stalled |" in text
+    assert "| AUC - p5_first20's [paired CI] |" in text
+    assert "| (the base) |" in text
     roles = result["units"][1]["roles"]  # seed 0's fixed arm
     assert roles["lookup"]["p5_first20"] == pytest.approx(0.4)
     assert roles["lookup"]["p5_all"] == pytest.approx((20 * 0.4 + 80 * 0.2) / 100)
