@@ -6,7 +6,8 @@ scripts/study_seed.sh brings back: labels, question (a) per statistic with seed-
         results/v3-s0 results/v3-s1 results/v3-s2 --out analysis [--resamples 10000]
 
 Each folder is `<variant>-s<seed>` with summary.json (outcomes), `<arm>_steps.csv`,
-`<arm>_bins.csv`, `<arm>_samples.csv` (when kept) and report/summary.json (predicted costs).
+`<arm>_bins.csv`, `<arm>_samples.csv` (when kept; either may be `.csv.gz`) and
+report/summary.json (predicted costs).
 Writes analysis.json and analysis.md into --out. The numbers are
 sparrow/experiments/study_analysis.py's.
 """
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gzip
+import io
 import json
 import math
 import re
@@ -58,14 +61,18 @@ PARTLY_STORED = ("p0.1",)  # pre-registered; kept (`<arm>_tail.csv`) only from s
 
 
 def read_csv(path: Path) -> list[dict]:
-    """Rows with numbers as floats, empty cells as None; none when the file is missing."""
-    if not path.exists() or not path.stat().st_size:
+    """Rows with numbers as floats, empty cells as None; none when the file is missing. A
+    `name.csv` kept as `name.csv.gz` (scripts/study_outcome.py compresses the large tables) is
+    read from there."""
+    packed = path.with_name(path.name + ".gz")
+    if not path.exists() and packed.exists():
+        handle = io.TextIOWrapper(gzip.open(packed), newline="")
+    elif path.exists():
+        handle = open(path, newline="")
+    else:
         return []
-    rows = []
-    with open(path, newline="") as handle:
-        for row in csv.DictReader(handle):
-            rows.append({k: _value(v) for k, v in row.items()})
-    return rows
+    with handle:
+        return [{k: _value(v) for k, v in row.items()} for row in csv.DictReader(handle)]
 
 
 def _value(text: str):

@@ -95,7 +95,7 @@ def merge(holds: list[Path], out: Path) -> dict:
         )
         merged["arms"].update(summary["arms"])
         for arm in summary["arms"]:
-            for csv_path in sorted(hold.glob(f"{arm}_*.csv")):
+            for csv_path in sorted(hold.glob(f"{arm}_*.csv*")):  # .csv and .csv.gz
                 shutil.copy2(csv_path, out / csv_path.name)
         if DENSE in summary["arms"] and "start" in summary:
             merged["start"] = summary["start"]

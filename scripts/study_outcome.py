@@ -5,12 +5,12 @@ arm's per-step CSVs, its outcome on the fixed held-out set, and one summary JSON
         --model /tmp/tb-v2 --out $OUT/v2-s0 [--prompts 128 --samples 4] [--skip-eval]
 
 Per arm, from its own DuckDB file (read-only): `<arm>_steps.csv` (every step_metrics name as
-a column), `<arm>_bins.csv` (bin_stats rows), `<arm>_roles.csv` (per step and token role:
+a column), `<arm>_bins.csv.gz` (bin_stats rows; the three large tables are gzip-compressed), `<arm>_roles.csv` (per step and token role:
 tokens, p5, p1, mean acceptance, share below 0.5; from the token Parquet files),
 `<arm>_tail.csv` (per step and length bin: tokens and p0.1, the 0.1th percentile of
 acceptance, which bin_stats does not hold),
-`<arm>_stages.csv` (each stage's start, end and seconds per step: stage_runs),
-`<arm>_samples.csv` (sample_stats: one row per trajectory and step). The outcome
+`<arm>_stages.csv.gz` (each stage's start, end and seconds per step: stage_runs),
+`<arm>_samples.csv.gz` (sample_stats: one row per trajectory and step). The outcome
 (the pre-registered one): the arm's last checkpoint (trainer weights; no LoRA in this study),
 decoded densely at temperature 1 by the project's engine on the same `--prompts` held-out
 prompts for every arm and seed (stream "study-outcome", seed 0), `--samples` each, mean
@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gzip
+import io
 import json
 import shutil
 import tempfile
@@ -51,14 +53,21 @@ SELECT step, stage, started_at, finished_at, duration_s FROM stage_runs ORDER BY
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
-    if not rows:
-        path.write_text("")
-        return
+    """The rows as CSV (an empty file for none); gzip-compressed, without a timestamp, when
+    the name ends in .gz (the large tables: a seed's folder is kept in the repository)."""
     names = sorted({key for row in rows for key in row}, key=lambda k: (k != "step", k))
-    with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=names)
-        writer.writeheader()
-        writer.writerows(rows)
+    with _open_for_writing(path) as handle:
+        if rows:
+            writer = csv.DictWriter(handle, fieldnames=names)
+            writer.writeheader()
+            writer.writerows(rows)
+
+
+def _open_for_writing(path: Path):
+    if path.suffix != ".gz":
+        return path.open("w", newline="")
+    raw = gzip.GzipFile(path, "wb", mtime=0)
+    return io.TextIOWrapper(raw, newline="")
 
 
 def step_rows(arm_dir: Path) -> list[dict]:
@@ -134,11 +143,11 @@ def main() -> None:
         arm, entry = arm_dir.name, {}
         steps = step_rows(arm_dir)
         write_csv(args.out / f"{arm}_steps.csv", steps)
-        write_csv(args.out / f"{arm}_bins.csv", rows_of(arm_dir, "SELECT * FROM bin_stats"))
+        write_csv(args.out / f"{arm}_bins.csv.gz", rows_of(arm_dir, "SELECT * FROM bin_stats"))
         write_csv(args.out / f"{arm}_roles.csv", rows_of(arm_dir, ROLE_SQL))
         write_csv(args.out / f"{arm}_tail.csv", rows_of(arm_dir, TAIL_SQL))
-        write_csv(args.out / f"{arm}_stages.csv", rows_of(arm_dir, STAGE_SQL))
-        write_csv(args.out / f"{arm}_samples.csv", rows_of(arm_dir, SAMPLE_SQL))
+        write_csv(args.out / f"{arm}_stages.csv.gz", rows_of(arm_dir, STAGE_SQL))
+        write_csv(args.out / f"{arm}_samples.csv.gz", rows_of(arm_dir, SAMPLE_SQL))
         entry["steps_done"] = max((row["step"] for row in steps), default=0)
         checkpoint = last_checkpoint(arm_dir)
         entry["checkpoint"] = None if checkpoint is None else str(checkpoint)

@@ -6,6 +6,7 @@ error and write nothing."""
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import subprocess
 import sys
@@ -38,6 +39,7 @@ def _hold(root: Path, name: str, arms: dict[str, float | None], tables: dict, st
         summary["arms"][arm] = entry
         (hold / f"{arm}_steps.csv").write_text(f"step,arm\n1,{arm}\n")
         (hold / f"{arm}_bins.csv").write_text("step,bin\n1,0\n")
+        (hold / f"{arm}_samples.csv.gz").write_bytes(gzip.compress(f"step,arm\n1,{arm}\n".encode()))
     (hold / "summary.json").write_text(json.dumps(summary))
     report = {"arms": [{"arm": a, "predicted_eflops_per_step": 1.0} for a in arms]}
     (hold / "report" / "summary.json").write_text(json.dumps(report))
@@ -80,6 +82,10 @@ def test_two_holds_merge_into_one_seed_with_gaps_to_the_other_holds_dense(tmp_pa
     assert merged["start"] == {"accuracy": 0.31}  # the dense arm's hold
     assert [h["start"]["accuracy"] for h in merged["holds"]] == [0.31, 0.29]
     assert (out / "notis-0.75_steps.csv").read_text() == "step,arm\n1,notis-0.75\n"
+    # the gzip-compressed tables travel with the plain ones
+    assert gzip.decompress((out / "notis-0.75_samples.csv.gz").read_bytes()) == (
+        b"step,arm\n1,notis-0.75\n"
+    )
     report = json.loads((out / "report" / "summary.json").read_text())
     assert sorted(a["arm"] for a in report["arms"]) == sorted(merged["arms"])
 
