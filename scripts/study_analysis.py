@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import csv
 import gzip
-import io
 import json
 import math
 import re
@@ -66,7 +65,7 @@ def read_csv(path: Path) -> list[dict]:
     read from there."""
     packed = path.with_name(path.name + ".gz")
     if not path.exists() and packed.exists():
-        handle = io.TextIOWrapper(gzip.open(packed), newline="")
+        handle = gzip.open(packed, "rt", newline="")
     elif path.exists():
         handle = open(path, newline="")
     else:
@@ -98,8 +97,8 @@ def _means(per_step: dict[int, float]) -> dict[str, float]:
     return out
 
 
-def unit_statistics(folder: Path, arm: str) -> dict[str, float]:
-    """The pre-registered statistics of one arm of one seed."""
+def unit_statistics(folder: Path, arm: str, roles: list[dict]) -> dict[str, float]:
+    """The pre-registered statistics of one arm of one seed (roles: its `<arm>_roles.csv`)."""
     bins = read_csv(folder / f"{arm}_bins.csv")
     steps = read_csv(folder / f"{arm}_steps.csv")
     samples = read_csv(folder / f"{arm}_samples.csv")
@@ -134,9 +133,7 @@ def unit_statistics(folder: Path, arm: str) -> dict[str, float]:
     if not per_stat["S_lookup"]:
         # seeds aggregated before sample_stats recorded it: the same mean, from the role table
         per_stat["S_lookup"] = mismatch_per_step_from_roles(
-            read_csv(folder / f"{arm}_roles.csv"),
-            {s: len(rows) for s, rows in by_step.items()},
-            role="lookup",
+            roles, {s: len(rows) for s, rows in by_step.items()}, role="lookup"
         )
     out = {}
     for name, values in per_stat.items():
@@ -145,12 +142,12 @@ def unit_statistics(folder: Path, arm: str) -> dict[str, float]:
     return out
 
 
-def role_statistics(folder: Path, arm: str) -> dict[str, dict[str, float]]:
+def role_statistics(roles: list[dict]) -> dict[str, dict[str, float]]:
     """Per token role, the pre-registered per-role p5 and share below 0.5 of one unit: the mean
-    over steps 1-20 and over all steps of the step's value (`<arm>_roles.csv`, tokens pooled
-    over length bins; rows without a role, from other tasks, left out)."""
+    over steps 1-20 and over all steps of the step's value (roles: `<arm>_roles.csv`, tokens
+    pooled over length bins; rows without a role, from other tasks, left out)."""
     per_role: dict[str, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
-    for row in read_csv(folder / f"{arm}_roles.csv"):
+    for row in roles:
         for column in ROLE_COLUMNS:
             if row.get("role") is not None and row.get(column) is not None:
                 per_role[row["role"]][column][int(row["step"])] = row[column]
@@ -177,6 +174,7 @@ def load_units(folders: list[Path]) -> tuple[list[Unit], dict[tuple[str, int], d
         start = summary.get("start", {}).get("accuracy")
         for arm, entry in summary["arms"].items():
             steps = read_csv(folder / f"{arm}_steps.csv")
+            roles = read_csv(folder / f"{arm}_roles.csv")
             evals = [
                 (int(r["step"]), r["eval/accuracy"])
                 for r in steps
@@ -194,11 +192,11 @@ def load_units(folders: list[Path]) -> tuple[list[Unit], dict[tuple[str, int], d
                     peak=peak,
                     peak_step=peak_step,
                     steps=int(entry.get("steps_done") or 0),
-                    stats=unit_statistics(folder, arm),
+                    stats=unit_statistics(folder, arm, roles),
                     extra={
                         "divergence": divergence(steps),
                         "raised_early": raised_early(steps),
-                        "roles": role_statistics(folder, arm),
+                        "roles": role_statistics(roles),
                     },
                 )
             )
@@ -218,14 +216,15 @@ def _cost_ratios(path: Path) -> dict[str, float]:
 def analyse(units: list[Unit], costs: dict, resamples: int = RESAMPLES) -> dict:
     variants = sorted({u.variant for u in units})
     names = sorted({k for u in units for k in u.stats})
+    sparse = sum(u.sparse for u in units)
     stored = {n: sum(f"{n}_all" in u.stats for u in units if u.sparse) for n in PARTLY_STORED}
     out: dict = {
         "variants": {},
         "not_stored": [n for n, count in stored.items() if not count],
         "partly_stored": {
-            n: f"{count} of {sum(u.sparse for u in units)} sparse units"
+            n: f"{count} of {sparse} sparse units"
             for n, count in stored.items()
-            if 0 < count < sum(u.sparse for u in units)
+            if 0 < count < sparse
         },
         "resamples": resamples,
     }

@@ -5,8 +5,9 @@ arm's per-step CSVs, its outcome on the fixed held-out set, and one summary JSON
         --model /tmp/tb-v2 --out $OUT/v2-s0 [--prompts 128 --samples 4] [--skip-eval]
 
 Per arm, from its own DuckDB file (read-only): `<arm>_steps.csv` (every step_metrics name as
-a column), `<arm>_bins.csv.gz` (bin_stats rows; the three large tables are gzip-compressed), `<arm>_roles.csv` (per step and token role:
-tokens, p5, p1, mean acceptance, share below 0.5; from the token Parquet files),
+a column), `<arm>_bins.csv.gz` (bin_stats rows; the three large tables are gzip-compressed),
+`<arm>_roles.csv` (per step and token role: tokens, p5, p1, mean acceptance, share below 0.5;
+from the token Parquet files),
 `<arm>_tail.csv` (per step and length bin: tokens and p0.1, the 0.1th percentile of
 acceptance, which bin_stats does not hold),
 `<arm>_stages.csv.gz` (each stage's start, end and seconds per step: stage_runs),
