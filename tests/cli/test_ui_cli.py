@@ -1,7 +1,8 @@
 """`sparrow ui`: MLflow's UI over a workdir, and nothing of it left once stopped (MLflow's own
-`mlflow ui` leaves workers behind after a SIGTERM).
+`mlflow ui` leaves workers behind after a SIGTERM); by default a lean server (one worker, no
+job runner), MLflow's full layout when asked.
 
-Run: `python -m pytest tests/cli/test_ui_cli.py -q` (slow: MLflow's server takes ~20 s).
+Run: `python -m pytest tests/cli/test_ui_cli.py -q` (slow: MLflow's server takes 8-20 s).
 """
 
 from __future__ import annotations
@@ -37,11 +38,53 @@ def _session(sid: int) -> list[int]:
     return found
 
 
+def _args(*argv: str):
+    import argparse
+
+    from sparrow.cli.commands import ui
+
+    parser = argparse.ArgumentParser()
+    ui.add_parser(parser.add_subparsers())
+    return parser.parse_args(["ui", *argv])
+
+
+def test_the_default_server_is_one_worker_without_mlflows_job_runner(tmp_path, monkeypatch):
+    from sparrow.cli.commands.ui import mlflow_command
+
+    monkeypatch.delenv("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", raising=False)
+    command, env = mlflow_command(_args("--workdir", str(tmp_path), "--port", "5123"))
+    assert command[command.index("--workers") + 1] == "1"
+    assert command[command.index("--port") + 1] == "5123"
+    assert command[command.index("--backend-store-uri") + 1] == f"sqlite:///{tmp_path}/mlflow.db"
+    assert env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false"
+    # what the user asked for stands: MLflow's own layout
+    monkeypatch.setenv("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "true")
+    command, env = mlflow_command(_args("--workers", "4"))
+    assert command[command.index("--workers") + 1] == "4"
+    assert env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "true"
+
+
+@pytest.mark.parametrize("workers", ["0", "-2", "two", ""])
+def test_workers_below_one_is_one_error_naming_the_option(workers, capsys):
+    with pytest.raises(SystemExit) as exit:
+        _args("--workers", workers)
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert "--workers" in err and f"got {workers!r}" in err
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])
-def test_ui_serves_and_leaves_nothing_once_stopped(tmp_path, stop):
+@pytest.mark.parametrize(
+    "stop, full",
+    [("ctrl-c", False), ("sigterm", True)],
+    ids=["ctrl-c-lean", "sigterm-mlflows-full-layout"],
+)
+def test_ui_serves_and_leaves_nothing_once_stopped(tmp_path, stop, full):
+    """The lean default (2 processes) and MLflow's own layout (4 workers and its job runner:
+    the ~15 processes a SIGTERM to `mlflow ui` alone leaves behind)."""
     port = _free_port()
+    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="true" if full else "false")
     # started as a shell starts a foreground job: Python's own SIGINT handler, whatever this test
     # process inherited (a process started with SIGINT ignored keeps ignoring it, Ctrl-C too)
     foreground = (
@@ -50,7 +93,9 @@ def test_ui_serves_and_leaves_nothing_once_stopped(tmp_path, stop):
     )
     proc = subprocess.Popen(
         [sys.executable, "-c", foreground, "ui", "--workdir", str(tmp_path)]
-        + ["--port", str(port)],
+        + ["--port", str(port)]
+        + (["--workers", "4"] if full else []),
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -66,7 +111,8 @@ def test_ui_serves_and_leaves_nothing_once_stopped(tmp_path, stop):
         else:
             pytest.fail("MLflow's UI never listened")
         [mlflow] = _mlflow_session(proc.pid)
-        assert len(_session(mlflow)) >= 3  # uvicorn's workers, the job runner, ...
+        # lean: `mlflow ui` and its uvicorn; full: 4 workers, the job runner, its consumers
+        assert len(_session(mlflow)) >= (10 if full else 2), _where(proc.pid, mlflow)
         if stop == "ctrl-c":
             os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends
         else:
