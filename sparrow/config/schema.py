@@ -354,6 +354,10 @@ class ControlConfig:
     remeasure_samples: int = 4
     """trajectories replayed per re-measurement, the longest of the step's (every bin they
     reach keeps tokens); 0 replays all"""
+    confirm_raise: bool = True
+    """before a raise, re-measure the bin exactly at its current budget and raise only if it
+    misses the target there: the trigger reads the top-k lower bound of acceptance, which a
+    broad next-token distribution holds low at any budget; false raises on the trigger alone"""
 
 
 @dataclass(frozen=True)

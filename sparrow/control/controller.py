@@ -4,6 +4,7 @@ build the new schedule from a re-measurement. Pure logic: no storage, no orchest
     control = ControlSettings(target=0.86, tolerance=0.01, patience=2, margin=0.05)
     decision = decide(history, step=7, schedule=s, settings=control, lowering_due=False)
     decision.raise_bins, decision.lower_bins
+    decision = confirm_raises(decision, s, exact_at_current_topk, control.target)  # optional
     new, changes = apply_measurement(s, decision, topk_pages, p5_table, control)
 
 `history` maps step -> {bin: p5} (bin_stats of a run); bins past the schedule's last count as
@@ -11,7 +12,9 @@ the last (the lowest p5 of them). A bin crosses below when its p5 is
 under target - tolerance at each of the last `patience` steps with statistics for it, the
 current one included. When lowering is due (the caller's timer), a bin whose p5 at this step
 is at least target + margin is a candidate to lower. The caller then re-measures those bins
-exactly, teacher-forced on the step's own trajectories, at the budgets of the grid above
+exactly, teacher-forced on the step's own trajectories (a raise first at the bin's current
+budget, when confirming: `confirm_raises` drops a raise the exact value there does not need),
+at the budgets of the grid above
 (raise) or below (lower) the bin's current top-k (only those grid_search.py needs), and
 `apply_measurement` takes per bin the smallest measured budget meeting the target: for a raise
 the smallest larger one (the largest measured when none does), for a lower the smallest
@@ -128,6 +131,29 @@ def decide(
                     f"{settings.target + settings.margin:.4f}; try fewer pages"
                 )
     return Decision(step, tuple(raise_bins), tuple(lower_bins), tuple(reasons))
+
+
+def confirm_raises(
+    decision: Decision, schedule: Schedule, current: Mapping[int, float], target: float
+) -> Decision:
+    """The decision less the raises that an exact re-measurement at each bin's current budget
+    does not confirm. current: bin -> the statistic (oriented) measured at the bin's current
+    top-k; a bin at or above `target` there, or with no token measured (NaN, or missing), keeps
+    its budget, and the reasons say so. The trigger reads the top-k lower bound of
+    acceptance, which a broad next-token distribution holds low at any budget."""
+    kept, reasons = [], list(decision.reasons)
+    for b in decision.raise_bins:
+        value = float(current.get(b, math.nan))
+        topk = schedule.topk_pages[min(b, schedule.num_bins - 1)]
+        if math.isnan(value):
+            reasons.append(f"bin {b}: no token re-measured at {topk} pages; no raise")
+        elif value >= target:
+            reasons.append(
+                f"bin {b}: exact {value:.4f} >= {target:.4f} at its {topk} pages; no raise"
+            )
+        else:
+            kept.append(b)
+    return replace(decision, raise_bins=tuple(kept), reasons=tuple(reasons))
 
 
 def _clamped(bins: Mapping[int, float], num_bins: int) -> dict[int, float]:

@@ -26,7 +26,7 @@ keeps the bin), so it errs on the side of more pages.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -67,16 +67,22 @@ class _Search:
 
 
 def search_topk_pages(
-    schedule: Schedule, decision: Decision, grid: Sequence[int], measure: Measure, target: float
+    schedule: Schedule,
+    decision: Decision,
+    grid: Sequence[int],
+    measure: Measure,
+    target: float,
+    known: Mapping[int, np.ndarray] | None = None,
 ) -> tuple[list[int], np.ndarray]:
     """(the top-k pages measured, sorted; statistic[topk index, bin]) for apply_measurement
-    (module doc)."""
+    (module doc). known: rows already measured this step (top-k -> statistic per bin, e.g. a
+    raise's confirmation at the current budgets), used as probes and returned with the rest."""
     searches = [
         _Search(b, candidate_topk_pages(schedule, b, grid, kind), kind == "lower")
         for kind, bins in (("raise", decision.raise_bins), ("lower", decision.lower_bins))
         for b in bins
     ]
-    rows: dict[int, np.ndarray] = {}
+    rows = {int(b): np.asarray(row, dtype=np.float64) for b, row in (known or {}).items()}
     while True:
         wanted = set()
         for search in searches:

@@ -9,7 +9,11 @@ schedule.target: a bin below target - control.tolerance for control.patience ste
 in a row is raised; every pipeline.reoptimize_every steps (0: never) bins whose p5 is at least
 target + control.margin try fewer pages. The bins concerned are re-measured exactly on this
 step's own trajectories (rollouts.parquet; the control.remeasure_samples longest, 0: all),
-teacher-forced under the policy that sampled them, at the grid budgets above (raise) or below
+teacher-forced under the policy that sampled them. With control.confirm_raise (the default) a
+raise is first measured at the bin's current top-k and dropped when the exact value there
+meets the target: the history is the top-k lower bound of acceptance, which a broad
+next-token distribution holds low at any budget (reoptimize/raises_unconfirmed counts the
+dropped ones, decision.json's reasons name them). Then at the grid budgets above (raise) or below
 (lower) their current top-k (the grid is calibrate.topk_pages, else the one `sparrow calibrate`
 would use), measuring only those sparrow/control/grid_search.py needs to find the
 smallest one meeting the target (the exhaustive pick when p5 is monotone in the budget). A
@@ -31,6 +35,7 @@ schedule.sparse=false the stage only records that nothing is to be done.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict
 from pathlib import Path
 
@@ -45,6 +50,7 @@ from sparrow.control.controller import (
     Decision,
     apply_measurement,
     candidate_topk_pages,
+    confirm_raises,
     decide,
 )
 from sparrow.control.grid_search import search_topk_pages
@@ -110,11 +116,13 @@ def longest(trajectories: list[Trajectory], count: int) -> list[Trajectory]:
 
 def remeasure(
     runtime: RunRuntime, step: int, schedule: Schedule, decision: Decision
-) -> tuple[list[int], np.ndarray, list[int], int, list[int]]:
-    """(topk_pages, p5[topk index, bin], tokens per bin, trajectories replayed, the grid): the
-    decision's bins, exact, on the longest control.remeasure_samples of this step's
-    trajectories, at the top-k values grid_search needs; "p5" is schedule.target_statistic,
-    oriented."""
+) -> tuple[Decision, list[int], np.ndarray, list[int], int, list[int]]:
+    """(the decision, its raises confirmed; topk_pages, p5[topk index, bin], tokens per bin,
+    trajectories replayed, the grid): the decision's bins, exact, on the longest
+    control.remeasure_samples of this step's trajectories, at the top-k values grid_search
+    needs; "p5" is schedule.target_statistic, oriented. With control.confirm_raise a raise
+    is first re-measured at the bin's current top-k and dropped when it meets the target
+    there (controller.confirm_raises)."""
     import torch
 
     from sparrow.model import load_model
@@ -147,10 +155,19 @@ def remeasure(
         tokens[:] = [int(n) for n in table.tokens]
         return statistic.oriented(table.statistic(statistic.name))[:, : schedule.num_bins]
 
-    topk_pages, measured = search_topk_pages(
-        schedule, decision, grid, measure, settings_of(cfg).target
-    )
-    return topk_pages, measured, tokens, len(trajectories) if topk_pages else 0, grid
+    target = settings_of(cfg).target
+    known: dict[int, np.ndarray] = {}
+    if cfg.control.confirm_raise and decision.raise_bins:
+        current = sorted({schedule.topk_pages[b] for b in decision.raise_bins})
+        known = dict(zip(current, measure(current)))
+        at_current = {
+            b: float(row[b]) if b < row.size else math.nan
+            for b in decision.raise_bins
+            for row in [known[schedule.topk_pages[b]]]
+        }
+        decision = confirm_raises(decision, schedule, at_current, target)
+    topk_pages, measured = search_topk_pages(schedule, decision, grid, measure, target, known)
+    return decision, topk_pages, measured, tokens, len(trajectories) if topk_pages else 0, grid
 
 
 def reoptimize(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
@@ -171,13 +188,18 @@ def reoptimize(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
         if not decision.raise_bins:  # a bin below target comes first
             switch = switch_for(runtime, step, schedule, settings_of(cfg))
     topk_pages, p5, changes, new, replayed, grid = [], np.zeros((0, 0)), [], schedule, 0, []
+    unconfirmed = 0
     if switch is not None:
         new, changes = switch
         decision = Decision(
             step, reasons=("distill: the LoRA held the target on the cheaper schedule",)
         )
     elif decision.any:
-        topk_pages, p5, tokens, replayed, grid = remeasure(runtime, step, schedule, decision)
+        triggered = decision.raise_bins
+        decision, topk_pages, p5, tokens, replayed, grid = remeasure(
+            runtime, step, schedule, decision
+        )
+        unconfirmed = len(triggered) - len(decision.raise_bins)
         new, changes = apply_measurement(
             schedule, decision, topk_pages, p5, settings_of(cfg), tokens
         )
@@ -206,6 +228,7 @@ def reoptimize(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
         "reoptimize/trajectories_replayed": float(replayed),
         "reoptimize/distill_switch": float(switch is not None),
         "reoptimize/bins_at_grid_top": float(len(at_grid_top)),
+        "reoptimize/raises_unconfirmed": float(unconfirmed),
     }
     if not changes:
         contract.write_json(contract.DECISION.under(out), record)

@@ -14,6 +14,7 @@ from sparrow.control.controller import (
     Decision,
     apply_measurement,
     candidate_topk_pages,
+    confirm_raises,
     decide,
 )
 from sparrow.sparse.schedule import Schedule
@@ -126,3 +127,19 @@ def test_bins_without_tokens_follow_a_lowered_bin_down():
         schedule, decision, [2, 4], p5, ControlSettings(), tokens=[0, 30, 80, 40]
     )
     assert blocked.topk_pages == (8, 8, 8, 8)
+
+
+def test_a_raise_the_exact_value_at_the_current_budget_meets_is_dropped_with_its_reason():
+    decision = Decision(3, raise_bins=(0, 1, 2, 3), reasons=("trigger",))
+    # bin 0 meets at its 4 pages, bin 1 misses at its 6, bin 2 had no token, bin 3 absent
+    out = confirm_raises(decision, SCHEDULE, {0: 0.95, 1: 0.5, 2: math.nan}, target=0.86)
+    assert out.raise_bins == (1,) and out.step == 3 and out.lower_bins == ()
+    assert out.reasons[0] == "trigger"
+    assert "bin 0: exact 0.9500 >= 0.8600 at its 4 pages; no raise" in out.reasons
+    assert any(r.startswith("bin 2: no token") for r in out.reasons)
+    assert any(r.startswith("bin 3: no token") for r in out.reasons)
+    # exactly at the target meets it, as apply_measurement counts meeting
+    assert confirm_raises(Decision(3, raise_bins=(1,)), SCHEDULE, {1: 0.86}, 0.86).raise_bins == ()
+    # lowers are left alone
+    both = Decision(3, raise_bins=(1,), lower_bins=(0,))
+    assert confirm_raises(both, SCHEDULE, {1: 0.99}, 0.86).lower_bins == (0,)

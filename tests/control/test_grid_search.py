@@ -108,3 +108,17 @@ def test_a_lower_probes_from_the_notch_below_and_an_empty_bin_stays():
     assert new.topk_pages == (125, 253) and measure.topk_pages[0] == 221
     assert [c.bin for c in changes] == [0]
     assert len(measure.topk_pages) < len(candidate_topk_pages(schedule, 0, GRID, "lower"))
+
+
+def test_rows_measured_before_the_search_are_probes_it_does_not_measure_again():
+    schedule = Schedule("s", (29, 29), page_size=16, bin_tokens=1024)
+    table = np.full((len(GRID), 2), 0.9)
+    table[: GRID.index(77), :] = 0.5  # 77 is the smallest meeting budget of both bins
+    decision = Decision(1, raise_bins=(0, 1))
+    known = {29: table[GRID.index(29)], 77: table[GRID.index(77)]}  # e.g. a confirmation
+    measure = FakeMeasure(table)
+    topk_pages, rows = search_topk_pages(schedule, decision, GRID, measure, 0.86, known)
+    assert 77 not in measure.topk_pages and 29 not in measure.topk_pages
+    assert topk_pages == sorted(set(measure.topk_pages) | set(known))
+    new, _ = apply_measurement(schedule, decision, topk_pages, rows, SETTINGS)
+    assert new.topk_pages == exhaustive(schedule, decision, table)[0].topk_pages == (77, 77)

@@ -207,9 +207,10 @@ def test_a_raise_replays_the_capped_trajectories_at_the_budgets_the_search_needs
     kept = sorted(records, key=lambda r: -len(r.output_ids) - len(r.prompt_ids))[:2]
     want = expected_topk(model, kept, schedule, 3, GRID) or GRID[-1]
     assert decision["trajectories_replayed"] == 2 and decision["topk_pages"][3] == want
-    # galloping from the next notch: 4 alone when it meets, else 28 and perhaps 12
+    # the current 2 pages first (the raise confirmed there), then galloping from the next
+    # notch: 4 alone when it meets, else 28 and perhaps 12
     measured = decision["topk_measured"]
-    assert measured == (
+    assert measured == [2] + (
         [4]
         if want == 4
         else [4, 12, 28]
@@ -223,8 +224,11 @@ def test_a_raise_replays_the_capped_trajectories_at_the_budgets_the_search_needs
 
 def test_a_bin_below_target_at_the_grids_largest_budget_is_an_event_once(tmp_path, sampled):
     """Nothing above 28 pages in the grid: the bin cannot be raised; the first such step
-    records a grid_top event and an MLflow tag, every such step counts it."""
-    runtime, schedule = make_runtime(tmp_path, sampled, (2, 2, 2, 28, 28, 28, 28, 28))
+    records a grid_top event and an MLflow tag, every such step counts it. (On the trigger
+    alone: at 28 pages this model meets the target exactly, so a confirmed raise drops it.)"""
+    runtime, schedule = make_runtime(
+        tmp_path, sampled, (2, 2, 2, 28, 28, 28, 28, 28), "control.confirm_raise=false"
+    )
     set_p5(runtime, 1, {2: 0.99, 3: 0.10})
     set_p5(runtime, 2, {2: 0.99, 3: 0.12})
     try:
@@ -249,3 +253,31 @@ def test_a_bin_below_target_at_the_grids_largest_budget_is_an_event_once(tmp_pat
     assert counted == [(1, 1.0), (2, 1.0)]
     assert "28 pages" in runtime.tracker.tags["schedule.grid_top.bin3"]
     assert "schedule.grid_top.bin2" not in runtime.tracker.tags
+
+
+def test_a_trigger_the_exact_value_at_the_current_budget_does_not_confirm_raises_nothing(
+    tmp_path, sampled
+):
+    """The history reads p5 0.10 (as the top-k lower bound reads a broad distribution) where
+    the exact p5 at the bin's current 28 pages meets the target: the raise is dropped, one
+    replay at 28 pages says why, and no grid_top event; with confirm_raise=false the same step
+    raises (the test above)."""
+    model, _, records = sampled
+    runtime, schedule = make_runtime(tmp_path, sampled, (2, 2, 2, 28, 28, 28, 28, 28))
+    set_p5(runtime, 1, {2: 0.99, 3: 0.10})
+    try:
+        decision = json.loads(Path(run(runtime, 1).output_dir, DECISION.name).read_text())
+        _, version = schedule_in_force(runtime.store, RUN, "tiny-ctl", 1, step=2)
+        with duckdb.connect(str(tmp_path / "sparrow.duckdb"), read_only=True) as conn:
+            events = conn.execute("SELECT count(*) FROM threshold_events").fetchone()[0]
+    finally:
+        runtime.store.close()
+    exact = expected_topk(model, records, schedule, 3, [28])
+    assert exact == 28  # the premise: 28 pages meet the target exactly in bin 3
+    assert decision["decision"]["raise_bins"] == [] and decision["changes"] == []
+    assert decision["topk_measured"] == [28] and decision["at_grid_top"] == []
+    assert any("bin 3: exact" in r and "no raise" in r for r in decision["decision"]["reasons"])
+    assert version == 1 and events == 0
+    [metrics] = [m for s, m in runtime.tracker.steps if s == 1]
+    assert metrics["reoptimize/raises_unconfirmed"] == 1.0
+    assert metrics["reoptimize/raised"] == 0.0
