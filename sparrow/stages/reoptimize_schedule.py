@@ -203,6 +203,17 @@ def reoptimize(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
         new, changes = apply_measurement(
             schedule, decision, topk_pages, p5, settings_of(cfg), tokens
         )
+        if triggered and not decision.raise_bins:  # no raise confirmed: as if none was due
+            switch = switch_for(runtime, step, schedule, settings_of(cfg))
+            if switch is not None:
+                new, changes = switch
+                decision = Decision(
+                    step,
+                    reasons=(
+                        *decision.reasons,
+                        "distill: the LoRA held the target on the cheaper schedule",
+                    ),
+                )
     at_grid_top = [
         b
         for b in decision.raise_bins
