@@ -18,6 +18,8 @@
 # SKIP_RULE_ARMS=1 drops the two selection-rule arms (for a tree without schedule.selection);
 # CALIBRATE_ONLY=1 stops after the calibrations (scripts/distill_fair.sh takes its schedules);
 # TOPK_GRID=[..] calibrates on another top-k grid, EXTRA_TARGETS="0.70 .." centroid at more targets.
+# GPU_IDS=1,2,3 spreads over those GPUs instead of 0..GPUS-1, so that two seeds (their WORK and
+# $OUT/<variant>-s<seed> differ) can run on disjoint GPUs of one machine.
 # STUDY_FILE=path runs another study's YAML on the variant's data and model (docs/async.md's
 # one-step-off check: sparrow/conf/study/study_v2_async.yaml), its folder <name>-s<seed>.
 set -euo pipefail
@@ -65,9 +67,15 @@ assert len(rules) <= 1, f"one selection rule for the rule arms, found {sorted(ru
 print(common["data.train"], common["rollout.max_new_tokens"], rules.pop() if rules else "centroid")
 PY
 )
-GPUS=${GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l)}
-[ "$GPUS" -ge 1 ] || { echo "no GPU visible (set GPUS=N)" >&2; exit 2; }
-gpu() { echo $(( $1 % GPUS )); }   # the i-th run's GPU, round-robin
+if [ -n "${GPU_IDS:-}" ]; then  # these GPUs only: two seeds can share a machine on disjoint ones
+  [[ "$GPU_IDS" =~ ^[0-9]+(,[0-9]+)*$ ]] || { echo "GPU_IDS must be GPU numbers like 1,2,3, got '$GPU_IDS'" >&2; exit 2; }
+  IFS=, read -r -a IDS <<< "$GPU_IDS"
+else
+  GPUS=${GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l)}
+  [ "$GPUS" -ge 1 ] || { echo "no GPU visible (set GPUS=N)" >&2; exit 2; }
+  IDS=($(seq 0 $((GPUS - 1))))
+fi
+gpu() { echo "${IDS[$(( $1 % ${#IDS[@]} ))]}"; }   # the i-th run's GPU, round-robin
 # the arms this hold runs: every arm of the YAML, or ARMS's, less the rule arms if SKIP_RULE_ARMS=1
 NARMS=$(python - "$STUDY" "$DEST/study.yaml" "${ARMS:-}" "${SKIP_RULE_ARMS:-0}" <<'PY'
 import sys

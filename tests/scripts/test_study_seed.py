@@ -179,3 +179,30 @@ def test_weights_other_than_training_infos_stop_the_seed_before_any_run(tmp_path
     with pytest.raises(AssertionError, match="training_info.json names"):
         _run(tmp_path, "v2", 1, model=str(model))
     assert not (tmp_path / "calls.txt").exists()
+
+
+def test_gpu_ids_spread_the_calibrations_and_the_arms_over_those_gpus_only(tmp_path):
+    calls = _run(tmp_path, "v3", 4, GPU_IDS="1,2,3")
+    calibrations = [c for c in calls if " calibrate " in f" {c} "]
+    assert {c.split()[0] for c in calibrations} == {"GPU=1", "GPU=2", "GPU=3"}
+    (run,) = [c for c in calls if " study run " in c]
+    assert "--gpus 1,2,3,1,2,3,1,2,3" in run
+
+
+@pytest.mark.parametrize("ids", ["1,,2", "a", "1;2", "-1"])
+def test_gpu_ids_other_than_gpu_numbers_are_one_error_before_any_run(tmp_path, ids):
+    model = tmp_path / "model"
+    model.mkdir()
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "v2", "0", str(model)],
+        cwd=ROOT,
+        env=os.environ
+        | {"GPU_IDS": ids, "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "w")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (
+        done.returncode == 2
+        and f"GPU_IDS must be GPU numbers like 1,2,3, got '{ids}'" in done.stderr
+    )
