@@ -68,6 +68,7 @@ from sparrow.storage.mismatch_rows import add_threshold_events, event_bins, stat
 from sparrow.storage.schedule_rows import newest_version
 
 GRID_TOP_KIND = "grid_top"
+SWITCH_REASON = "distill: the LoRA held the target on the cheaper schedule"
 STAGE = contract.DECISION.stage
 
 
@@ -191,9 +192,7 @@ def reoptimize(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
     unconfirmed = 0
     if switch is not None:
         new, changes = switch
-        decision = Decision(
-            step, reasons=("distill: the LoRA held the target on the cheaper schedule",)
-        )
+        decision = Decision(step, reasons=(SWITCH_REASON,))
     elif decision.any:
         triggered = decision.raise_bins
         decision, topk_pages, p5, tokens, replayed, grid = remeasure(
@@ -207,13 +206,7 @@ def reoptimize(runtime: RunRuntime, step: int, out: Path) -> StageWrite:
             switch = switch_for(runtime, step, schedule, settings_of(cfg))
             if switch is not None:
                 new, changes = switch
-                decision = Decision(
-                    step,
-                    reasons=(
-                        *decision.reasons,
-                        "distill: the LoRA held the target on the cheaper schedule",
-                    ),
-                )
+                decision = Decision(step, reasons=(*decision.reasons, SWITCH_REASON))
     at_grid_top = [
         b
         for b in decision.raise_bins
