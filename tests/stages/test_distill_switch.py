@@ -159,16 +159,9 @@ def test_no_switch(tmp_path, case):
         assert conn.execute("SELECT count(*) FROM threshold_events").fetchone() == (0,)
 
 
-def bound_reads(runtime, step, p5_by_bin):
-    with runtime.store.connect() as conn:
-        for b, p5 in p5_by_bin.items():
-            conn.execute(
-                "INSERT INTO bin_stats (run_id, step, bin, n, p5) VALUES (?, ?, ?, 50, ?)",
-                [RUN, step, b, p5],
-            )
-
-
-def test_a_raise_the_exact_replay_does_not_confirm_leaves_the_switch_free(tmp_path, monkeypatch):
+def test_a_raise_the_exact_replay_does_not_confirm_leaves_the_switch_free(
+    tmp_path, monkeypatch, set_p5
+):
     """The step's bound reads bin 2 below target (a trigger), the exact re-measurement at its
     current budget meets it (stood in for here: the replay itself is tests/stages/
     test_reoptimize.py's): no bin is to be raised, so the LoRA's measurements switch as
@@ -183,7 +176,7 @@ def test_a_raise_the_exact_replay_does_not_confirm_leaves_the_switch_free(tmp_pa
     runtime, schedule = runtime_for(tmp_path)
     measure(runtime, schedule, 1, {0: 0.95, 1: 0.9, 2: 0.87})
     measure(runtime, schedule, 2, {0: 0.96, 1: 0.88, 2: 0.9})
-    bound_reads(runtime, 3, {0: 0.97, 1: 0.97, 2: 0.10})  # step 3's bound: bin 2 below target
+    set_p5(runtime, 3, {0: 0.97, 1: 0.97, 2: 0.10})  # step 3's bound: bin 2 below target
     monkeypatch.setattr(stage, "remeasure", unconfirmed)
     reoptimize_at(runtime, 3)
     new, version = schedule_in_force(runtime.store, RUN, "tiny-ctl", 1, 4)
@@ -195,7 +188,7 @@ def test_a_raise_the_exact_replay_does_not_confirm_leaves_the_switch_free(tmp_pa
     assert {c["kind"] for c in decision["changes"]} == {"distill"}
 
 
-def test_a_confirmed_raise_still_comes_before_the_switch(tmp_path, monkeypatch):
+def test_a_confirmed_raise_still_comes_before_the_switch(tmp_path, monkeypatch, set_p5):
     from sparrow.stages import reoptimize_schedule as stage
 
     def confirmed(runtime, step, schedule, decision):
@@ -204,7 +197,7 @@ def test_a_confirmed_raise_still_comes_before_the_switch(tmp_path, monkeypatch):
     runtime, schedule = runtime_for(tmp_path)
     measure(runtime, schedule, 1, {0: 0.95, 1: 0.9, 2: 0.87})
     measure(runtime, schedule, 2, {0: 0.96, 1: 0.88, 2: 0.9})
-    bound_reads(runtime, 3, {0: 0.97, 1: 0.10, 2: 0.97})
+    set_p5(runtime, 3, {0: 0.97, 1: 0.10, 2: 0.97})
     monkeypatch.setattr(stage, "remeasure", confirmed)
     reoptimize_at(runtime, 3)
     decision = json.loads(

@@ -117,15 +117,6 @@ def make_runtime(tmp_path: Path, sampled, topk, *overrides):
     return runtime, schedule
 
 
-def set_p5(runtime, step, p5_by_bin):
-    with runtime.store.connect() as conn:
-        for b, p5 in p5_by_bin.items():
-            conn.execute(
-                "INSERT INTO bin_stats (run_id, step, bin, n, p5) VALUES (?, ?, ?, 50, ?)",
-                [RUN, step, b, p5],
-            )
-
-
 def expected_topk(model, records, schedule, bin_, topk_pages, target=0.86):
     """Smallest budget whose exact p5 in the bin meets the target, computed bin by bin here."""
     trajectories = [Trajectory(r.prompt_ids + r.output_ids, len(r.prompt_ids)) for r in records]
@@ -143,7 +134,7 @@ def run(runtime, step):
     )
 
 
-def test_a_crossing_raises_the_bin_as_a_new_version(tmp_path, sampled):
+def test_a_crossing_raises_the_bin_as_a_new_version(tmp_path, sampled, set_p5):
     runtime, schedule = make_runtime(tmp_path, sampled, (2, 2, 2, 2, 2, 2, 2, 2))
     set_p5(runtime, 1, {2: 0.99, 3: 0.10})
     try:
@@ -164,7 +155,7 @@ def test_a_crossing_raises_the_bin_as_a_new_version(tmp_path, sampled):
     assert row[0] == 1 and "raise" in row[1] and Path(row[2]).is_file()
 
 
-def test_margin_on_the_timer_lowers_and_nothing_happens_off_the_timer(tmp_path, sampled):
+def test_margin_on_the_timer_lowers_and_nothing_happens_off_the_timer(tmp_path, sampled, set_p5):
     runtime, schedule = make_runtime(tmp_path, sampled, (28,) * 8, "pipeline.reoptimize_every=2")
     set_p5(runtime, 1, {2: 1.0, 3: 1.0})
     set_p5(runtime, 2, {2: 1.0, 3: 1.0})
@@ -195,7 +186,9 @@ def test_remeasure_samples_keeps_the_longest_in_rollout_order():
         longest(trajectories, -1)
 
 
-def test_a_raise_replays_the_capped_trajectories_at_the_budgets_the_search_needs(tmp_path, sampled):
+def test_a_raise_replays_the_capped_trajectories_at_the_budgets_the_search_needs(
+    tmp_path, sampled, set_p5
+):
     runtime, schedule = make_runtime(tmp_path, sampled, (2,) * 8, "control.remeasure_samples=2")
     set_p5(runtime, 1, {3: 0.10})
     try:
@@ -222,7 +215,7 @@ def test_a_raise_replays_the_capped_trajectories_at_the_budgets_the_search_needs
     assert metrics["reoptimize/topk_measured"] == len(measured)
 
 
-def test_a_bin_below_target_at_the_grids_largest_budget_is_an_event_once(tmp_path, sampled):
+def test_a_bin_below_target_at_the_grids_largest_budget_is_an_event_once(tmp_path, sampled, set_p5):
     """Nothing above 28 pages in the grid: the bin cannot be raised; the first such step
     records a grid_top event and an MLflow tag, every such step counts it. (On the trigger
     alone: at 28 pages this model meets the target exactly, so a confirmed raise drops it.)"""
@@ -256,7 +249,7 @@ def test_a_bin_below_target_at_the_grids_largest_budget_is_an_event_once(tmp_pat
 
 
 def test_a_trigger_the_exact_value_at_the_current_budget_does_not_confirm_raises_nothing(
-    tmp_path, sampled
+    tmp_path, sampled, set_p5
 ):
     """The history reads p5 0.10 (as the top-k lower bound reads a broad distribution) where
     the exact p5 at the bin's current 28 pages meets the target: the raise is dropped, one
