@@ -161,11 +161,10 @@ def remeasure(
     if cfg.control.confirm_raise and decision.raise_bins:
         current = sorted({schedule.topk_pages[b] for b in decision.raise_bins})
         known = dict(zip(current, measure(current)))
-        at_current = {
-            b: float(row[b]) if b < row.size else math.nan
-            for b in decision.raise_bins
-            for row in [known[schedule.topk_pages[b]]]
-        }
+        at_current = {}
+        for b in decision.raise_bins:
+            row = known[schedule.topk_pages[b]]
+            at_current[b] = float(row[b]) if b < row.size else math.nan
         decision = confirm_raises(decision, schedule, at_current, target)
     topk_pages, measured = search_topk_pages(schedule, decision, grid, measure, target, known)
     return decision, topk_pages, measured, tokens, len(trajectories) if topk_pages else 0, grid

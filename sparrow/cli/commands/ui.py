@@ -55,9 +55,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def backend_uri(args: argparse.Namespace) -> str:
+    return args.backend_store_uri or f"sqlite:///{Path(args.workdir).resolve()}/mlflow.db"
+
+
 def mlflow_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     """The `mlflow ui` command line and its environment for these arguments."""
-    uri = args.backend_store_uri or f"sqlite:///{Path(args.workdir).resolve()}/mlflow.db"
+    uri = backend_uri(args)
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri]
     command += ["--host", args.host, "--port", str(args.port), "--workers", str(args.workers)]
     env = dict(os.environ)
@@ -90,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     from sparrow.flows.server_guard import guard_local_server
 
     command, env = mlflow_command(args)
-    uri = command[command.index("--backend-store-uri") + 1]
+    uri = backend_uri(args)
     guard_local_server()  # a kill -9 of this command takes MLflow's processes with it
     proc = subprocess.Popen(command, env=env, start_new_session=True)
     print(f"MLflow UI: http://{args.host}:{args.port} ({uri}); Ctrl-C stops it", flush=True)
