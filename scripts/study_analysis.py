@@ -303,6 +303,9 @@ def _table(header: list[str], rows) -> list[str]:
 
 def markdown(result: dict) -> str:
     lines = ["# Study analysis (pre-registered, docs/study.md)", ""]
+    if result.get("excluded_arms"):
+        lines[0] = "# Study analysis: exploratory, NOT the pre-registered reading"
+        lines.append(f"Arms left out of every table: {', '.join(result['excluded_arms'])}.")
     lines.append(f"Bootstrap: {result['resamples']} resamples of seeds.")
     if result["not_stored"]:
         lines.append(f"Not stored, so not computed: {', '.join(result['not_stored'])}.")
@@ -406,9 +409,24 @@ def main() -> None:
     p.add_argument("folders", type=Path, nargs="+")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--resamples", type=int, default=RESAMPLES)
+    p.add_argument(
+        "--exclude-arms",
+        default="",
+        help="comma-separated arms left out of every table (an exploratory reading, not the "
+        "pre-registered one; the output says which arms were left out)",
+    )
     args = p.parse_args()
     units, costs = load_units(args.folders)
+    excluded = sorted({a.strip() for a in args.exclude_arms.split(",") if a.strip()})
+    unknown = sorted(set(excluded) - {u.arm for u in units})
+    if unknown:
+        p.error(f"--exclude-arms names {unknown}, not arms of these folders")
+    if DENSE in excluded:
+        p.error(f"--exclude-arms cannot leave out {DENSE}: every gap is measured against it")
+    units = [u for u in units if u.arm not in excluded]
     result = analyse(units, costs, args.resamples)
+    if excluded:
+        result["excluded_arms"] = excluded
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "analysis.json").write_text(json.dumps(result, indent=2) + "\n")
     (args.out / "analysis.md").write_text(markdown(result))

@@ -135,7 +135,7 @@ def _write(path: Path, rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
-def test_the_script_reads_seed_folders_and_writes_the_analysis(tmp_path):
+def _two_seeds(tmp_path: Path) -> None:
     """Two seeds of one variant, two arms, files as scripts/study_outcome.py writes them."""
     for seed in (0, 1):
         folder = tmp_path / f"v2-s{seed}"
@@ -171,12 +171,21 @@ def test_the_script_reads_seed_folders_and_writes_the_analysis(tmp_path):
                 {"step": s, "bin": b, "tokens": 500, "p0_1": 0.01 * b} for s in range(1, 101)
                 for b in (0, 1)
             ])  # fmt: skip
-    out = tmp_path / "analysis"
-    done = subprocess.run(
+
+
+def _analyse(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
         [sys.executable, "scripts/study_analysis.py", str(tmp_path / "v2-s0"),
-         str(tmp_path / "v2-s1"), "--out", str(out), "--resamples", "50"],
+         str(tmp_path / "v2-s1"), "--out", str(tmp_path / "analysis"), "--resamples", "50",
+         *extra],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
+
+
+def test_the_script_reads_seed_folders_and_writes_the_analysis(tmp_path):
+    _two_seeds(tmp_path)
+    out = tmp_path / "analysis"
+    done = _analyse(tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads((out / "analysis.json").read_text())["variants"]["v2"]
     assert [u["label"] for u in result["units"]] == ["stable", "stalled"] * 2
@@ -199,6 +208,24 @@ def test_the_script_reads_seed_folders_and_writes_the_analysis(tmp_path):
     tail = next(p for p in result["a_predictors"] if p["statistic"] == "p0.1_all")
     assert tail["units"] == 1
     assert "p0.1: stored for 1 of 2 sparse units only" in text and "Not stored" not in text
+
+
+def test_arms_left_out_are_said_to_be_an_exploratory_reading(tmp_path):
+    _two_seeds(tmp_path)
+    done = _analyse(tmp_path, "--exclude-arms", "fixed")
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads((tmp_path / "analysis" / "analysis.json").read_text())
+    assert result["excluded_arms"] == ["fixed"]
+    assert [u["arm"] for u in result["variants"]["v2"]["units"]] == ["dense", "dense"]
+    text = (tmp_path / "analysis" / "analysis.md").read_text()
+    assert text.startswith("# Study analysis: exploratory, NOT the pre-registered reading")
+    assert "Arms left out of every table: fixed." in text
+    # an arm no folder has, or the reference arm, is one error and writes nothing
+    for arms, says in (("fixed,nosuch", "['nosuch'], not arms"), ("dense", "cannot leave out")):
+        (tmp_path / "analysis" / "analysis.json").unlink(missing_ok=True)
+        done = _analyse(tmp_path, "--exclude-arms", arms)
+        assert done.returncode == 2 and says in done.stderr
+        assert not (tmp_path / "analysis" / "analysis.json").exists()
 
 
 def test_mismatch_per_step_from_roles_by_hand():
