@@ -12,7 +12,8 @@
 # (setsid), so it survives the command that started it, with its seed folder under
 # $STUDY_BG (default /tmp/study-bg), its process group in $STUDY_BG/<n>.pid and its exit
 # status in $STUDY_BG/<n>.done once it ends.
-# Two holds of one seed and variant at once are refused (they would share a workdir).
+# Two holds that would share a workdir or a seed folder are refused: two holds of one seed at
+# once each name their own WORK=/tmp/... and OUT=$STUDY_BG/... (a folder under $STUDY_BG).
 # collect: waits until every started hold has its .done or SECONDS pass, prints each seed
 # folder's timeline and each arm's last log line, writes a host-load snapshot, and packs
 # $STUDY_BG (what there is: a hold still running comes back partial) into DEST/seed.tgz.
@@ -32,12 +33,17 @@ case $verb in
       read -r variant seed _ <<< "$job"
       [[ "$variant" =~ ^v[0-9]+$ && "$seed" =~ ^[0-9]+$ ]] || {
         echo "a hold is \"VARIANT SEED [NAME=VALUE ...]\", got '$job'" >&2; exit 2; }
-      [[ "$seen" != *" $variant-s$seed "* ]] || {
-        echo "two holds of $variant seed $seed at once would share one workdir" >&2; exit 2; }
-      seen+="$variant-s$seed "
+      work=/tmp/sw-$variant-s$seed out=$BG  # study_seed.sh's workdir, and where its folder goes
       for setting in $job; do
         [[ "$setting" == "$variant" || "$setting" == "$seed" || "$setting" =~ ^[A-Z_]+=.+$ ]] || {
           echo "'$setting' in hold '$job' is not NAME=VALUE" >&2; exit 2; }
+        case $setting in WORK=*) work=${setting#WORK=} ;; OUT=*) out=${setting#OUT=} ;; esac
+      done
+      for place in "work:$work" "folder:$out/$variant-s$seed"; do
+        [[ "$seen" != *" $place "* ]] || {
+          echo "two holds at once would share one ${place%%:*} (${place#*:}): give one its own WORK= and OUT=" >&2
+          exit 2; }
+        seen+="$place "
       done
     done
     mkdir -p "$BG"
@@ -65,9 +71,8 @@ case $verb in
     mkdir -p "$dest"
     { date; uptime; top -bn1 | head -40; nvidia-smi 2>/dev/null || true; } \
       >"$dest/load-$(date +%H%M%S).txt" 2>&1
-    for folder in "$BG"/*/; do
-      [ -f "$folder/timeline.txt" ] || continue
-      echo "== $(basename "$folder")"; tail -5 "$folder/timeline.txt"
+    find "$BG" -mindepth 2 -maxdepth 3 -name timeline.txt | sort | while read -r timeline; do
+      echo "== ${timeline#"$BG"/}"; tail -5 "$timeline"
     done
     for log in /tmp/sw-*/studies/*/arms/*.log; do
       [ -f "$log" ] && echo "-- $log: $(tail -c 300 "$log" | tail -1)"

@@ -45,7 +45,7 @@ def test_two_holds_run_with_their_settings_and_come_back_in_one_archive(tmp_path
     done = _run(tmp_path, "collect", "30", str(tmp_path / "back"))
     assert done.returncode == 0, done.stderr
     assert "2 of 2 holds ended" in done.stdout and "ALL DONE" in done.stdout
-    assert "== v2-s2\n[0s] calibrating\n[1s] all done" in done.stdout
+    assert "== v2-s2/timeline.txt\n[0s] calibrating\n[1s] all done" in done.stdout
     with tarfile.open(tmp_path / "back" / "seed.tgz") as archive:
         names = set(archive.getnames())
         assert {"./v2-s2/settings.txt", "./v3-s0/timeline.txt", "./1.done", "./2.done"} <= names
@@ -53,6 +53,18 @@ def test_two_holds_run_with_their_settings_and_come_back_in_one_archive(tmp_path
         assert settings == "gpus=0 arms=dense,fixed minutes=\n"
         assert archive.extractfile("./2.done").read().decode().strip() == "0"
     assert list((tmp_path / "back").glob("load-*.txt"))
+
+
+def test_two_holds_of_one_seed_run_at_once_in_their_own_folders(tmp_path):
+    bg = tmp_path / "bg"
+    started = _run(tmp_path, "start", f"v3 0 ARMS=a WORK=/tmp/w-h2 OUT={bg}/h2",
+                   f"v3 0 ARMS=b WORK=/tmp/w-h3 OUT={bg}/h3")  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    done = _run(tmp_path, "collect", "30", str(tmp_path / "back"))
+    assert "ALL DONE" in done.stdout and "== h3/v3-s0/timeline.txt" in done.stdout
+    with tarfile.open(tmp_path / "back" / "seed.tgz") as archive:
+        hold3 = archive.extractfile("./h3/v3-s0/settings.txt").read().decode()
+    assert hold3 == "gpus= arms=b minutes=\n"
 
 
 def test_a_hold_still_running_comes_back_partial(tmp_path):
@@ -68,7 +80,8 @@ def test_a_hold_still_running_comes_back_partial(tmp_path):
 
 def test_bad_holds_are_refused_before_any_starts(tmp_path):
     for holds, says in (
-        (["v2 0", "v2 0 GPU_IDS=1"], "two holds of v2 seed 0 at once"),
+        (["v2 0", "v2 0 GPU_IDS=1"], "would share one work (/tmp/sw-v2-s0)"),
+        (["v2 0", "v2 0 WORK=/tmp/w2"], "would share one folder"),
         (["v2 1", "v2 x"], 'is "VARIANT SEED'),
         (["v2 1", "v2 2 gpu=1"], "'gpu=1' in hold 'v2 2 gpu=1' is not NAME=VALUE"),
     ):
