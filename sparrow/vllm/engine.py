@@ -15,9 +15,7 @@ does. The KV cache is sized once, at start: by EngineConfig.memory_utilization w
 share of the device's total that its used memory may reach, as for the native engine; vLLM's
 gpu_memory_utilization is this instance's own share, so the engine passes the target less what
 other processes, a colocated trainer, hold at that moment), else kv_cache_mib
-(kv_cache_memory_bytes, less the page summaries' share when sparse: centroids, or key bounds
-for a bounds rule such as `quest`, two rows a block; an engine started for centroids refuses a
-bounds schedule later). Unlike the native engine,
+(kv_cache_memory_bytes, less the page centroids' share when sparse). Unlike the native engine,
 vLLM does not resize its cache at wake: memory a colocated trainer takes after the start must be
 given back during the rollout (trainer.offload_during_rollout; wake() says so when it is not).
 Attention is FLASH_ATTN, or, when the engine starts with a schedule that makes a layer sparse,
@@ -43,7 +41,6 @@ from sparrow.model import read_arch
 from sparrow.sparse import Schedule
 from sparrow.vllm import VllmBackendError, require_vllm
 from sparrow.vllm.outputs import sampling_kwargs, to_sample_result
-from sparrow.vllm.sparse_decode import uses_bounds
 
 ATTENTION_BACKEND = "FLASH_ATTN"
 SPARSE_ATTENTION_BACKEND = "CUSTOM"  # registered by plugin.py
@@ -94,16 +91,7 @@ class VllmEngine:
                 f"the sparse vLLM backend needs page_size "
                 f"{SPARSE_BLOCK_SIZE} (vLLM's block), got {config.page_size}"
             )
-        # the page summaries' rows a block, outside vLLM's budget: fixed at start too
-        self.summary_rows = 2 if uses_bounds(schedule) else 1
-        self.llm = _start_llm(
-            str(model_path),
-            config,
-            dtype,
-            self.max_context,
-            self.sparse_backend,
-            self.summary_rows,
-        )
+        self.llm = _start_llm(str(model_path), config, dtype, self.max_context, self.sparse_backend)
         self._calls = 0
         self._weights_awake = self._kv_awake = True
         self._released = 0  # device bytes vLLM gave back asleep and takes again at wake
@@ -148,12 +136,6 @@ class VllmEngine:
             raise VllmBackendError(
                 f"schedule {schedule.name!r} has page_size "
                 f"{schedule.page_size}; vLLM's blocks hold {SPARSE_BLOCK_SIZE}"
-            )
-        if sparse and uses_bounds(schedule) and self.summary_rows < 2:
-            raise VllmBackendError(
-                f"schedule {schedule.name!r} scores key bounds (selection "
-                f"{schedule.selection!r}), twice the room this engine kept beside its KV cache "
-                f"for centroids: start it with a schedule of that rule"
             )
         if self.sparse_backend:
             layers = self.llm.collective_rpc(
@@ -330,20 +312,15 @@ def _free_fraction(default: float) -> float:
     return max(0.01, min(default, 0.5 * free / total))
 
 
-def kv_bytes_beside_summaries(total_bytes: int, block_size: int, rows: int = 1) -> int:
-    """vLLM's kv_cache_memory_bytes when the page summaries (`rows` key-sized rows per block:
-    1 for a centroid, 2 for key bounds; outside vLLM's budget) must fit in `total_bytes` too:
-    K and V take 2 * block_size rows per block and layer, the summary `rows` more."""
-    return total_bytes * 2 * block_size // (2 * block_size + rows)
+def kv_bytes_beside_centroids(total_bytes: int, block_size: int) -> int:
+    """vLLM's kv_cache_memory_bytes when the page centroids (one key-sized row per block,
+    outside vLLM's budget) must fit in `total_bytes` too: K and V take 2 * block_size rows
+    per block and layer, the centroid 1 more."""
+    return total_bytes * 2 * block_size // (2 * block_size + 1)
 
 
 def _start_llm(
-    model_path: str,
-    config: EngineConfig,
-    dtype: str,
-    max_context: int,
-    sparse: bool = False,
-    summary_rows: int = 1,
+    model_path: str, config: EngineConfig, dtype: str, max_context: int, sparse: bool = False
 ):
     # engine core and worker in this process: weights reach the model as tensors
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -366,7 +343,7 @@ def _start_llm(
     else:
         total = int(config.kv_cache_mib * 2**20)
         if sparse:
-            total = kv_bytes_beside_summaries(total, SPARSE_BLOCK_SIZE, summary_rows)
+            total = kv_bytes_beside_centroids(total, SPARSE_BLOCK_SIZE)
         # vLLM still checks gpu_memory_utilization x the device against free memory at start
         # (a colocated trainer or another engine may hold some): ask only for what is free
         memory = dict(

@@ -9,9 +9,8 @@ its decode replaced: the metadata builder asks vLLM to put decode requests first
 (reorder_batch_threshold 1), splits the batch (sparse_decode.split_batch), lists the pages
 this step fills (filled_pages, once per step for every layer) and builds FLASH_ATTN metadata
 for the prefill rows only. The impl, per layer: after vLLM's own KV write
-(do_kv_cache_update, unchanged), the summaries of the filled pages that the schedule's rule
-scores (kept beside vLLM's blocks in the cache dtype: centroids [num_blocks, Hkv, D], or key
-bounds [num_blocks, 2, Hkv, D] for a bounds rule; sparse_decode.summary_shape), then
+(do_kv_cache_update, unchanged), the centroids of the filled pages (kept beside vLLM's blocks
+in a [num_blocks, Hkv, D] tensor of the cache dtype, the native engine's default), then
 FlashAttention over the prefill rows and the project's Triton decode kernels over the decode
 rows: block-sparse in the schedule's sparse layers, dense (the native dense kernel) in
 skip_layers or with no schedule. sparse_decode.py holds every step of this that does not need
@@ -21,11 +20,8 @@ What is refused or left out: attention other than plain causal decoder attention
 1/sqrt(head_dim) (no ALiBi, sliding window, soft cap, sinks), quantized KV caches, block sizes
 other than the schedule's page size, speculative decoding, decode context parallelism; full
 CUDA graphs (the builder reports AttentionCGSupport.NEVER: vLLM keeps its piecewise graphs
-and runs attention eagerly). The summaries are not in vLLM's KV memory budget (1/(2 *
-block_size) of it for centroids, twice that for bounds; engine.py leaves room) and stay
-allocated through vLLM's sleep mode. A schedule of the other summary kind makes every block's
-summary again from the cache (blocks kept for prefix caching are read without being filled
-again).
+and runs attention eagerly). The centroids are not in vLLM's KV memory budget (1/(2 *
+block_size) of it; engine.py leaves room) and stay allocated through vLLM's sleep mode.
 vLLM's V2 model runner (its default for Qwen3 and Llama) passes no is_prefilling: a one-token
 prompt chunk then decodes sparsely, so engine.py runs the V1 runner (VLLM_USE_V2_MODEL_RUNNER=0).
 """
@@ -49,10 +45,8 @@ from sparrow.vllm.sparse_decode import (
     decode_attention,
     filled_pages,
     layer_sparsity,
-    refresh_summaries,
     split_batch,
-    summary_shape,
-    update_summaries,
+    update_centroids,
 )
 
 BACKEND = "sparrow.vllm.sparse_backend.SparseAttentionBackend"
@@ -92,7 +86,7 @@ class SparseMetadata:
     """One step's attention metadata: FLASH_ATTN's for the whole batch when it holds no
     decode row (`full`), else its decode rows [0, num_decodes) as page tables and token
     counts and FLASH_ATTN's for the prefill rows after them (`prefill`, None without any);
-    filled_pages: physical blocks this step completes (their summaries are due)."""
+    filled_pages: physical blocks this step completes (their centroids are due)."""
 
     num_decodes: int
     num_prefill_tokens: int
@@ -202,13 +196,13 @@ class SparseAttentionImpl(FlashAttentionImpl):
         self.schedule: Schedule | None = None
         self.layer_index = -1
         self.sparsity = None
-        self.summaries: torch.Tensor | None = None
+        self.centroids: torch.Tensor | None = None
 
     def set_schedule(
         self, schedule: Schedule | None, layer_index: int, device: torch.device
     ) -> None:
         """This layer's decode from now on: sparse under `schedule` unless among its
-        skip_layers; None decodes densely (page summaries are kept up to date either way)."""
+        skip_layers; None decodes densely (centroids are kept up to date either way)."""
         if schedule is not None and schedule.page_size != BLOCK_SIZE:
             raise ValueError(
                 f"schedule {schedule.name!r} has page_size {schedule.page_size}; "
@@ -217,17 +211,18 @@ class SparseAttentionImpl(FlashAttentionImpl):
         self.schedule, self.layer_index = schedule, layer_index
         self.sparsity = layer_sparsity(schedule, layer_index, device)
 
-    def _summaries(self, kv_cache: torch.Tensor, key_cache: torch.Tensor) -> torch.Tensor:
+    def _centroids(self, kv_cache: torch.Tensor) -> torch.Tensor:
         blocks, _, _, kv_heads, dim = kv_cache.shape
-        shape = summary_shape(self.schedule, blocks, kv_heads, dim)
-        held = self.summaries
-        if held is None or tuple(held.shape) != shape or held.device != kv_cache.device:
-            self.summaries = torch.zeros(shape, dtype=kv_cache.dtype, device=kv_cache.device)
-            if held is not None and held.shape[0] == blocks and held.device == kv_cache.device:
-                # the same cache, the other kind of summary: its blocks hold keys already
-                refresh_summaries(key_cache, self.summaries)
-            # else a (re)allocated cache: no page holds keys of an earlier one
-        return self.summaries
+        if (
+            self.centroids is None
+            or self.centroids.shape[0] != blocks
+            or self.centroids.device != kv_cache.device
+        ):
+            # a (re)allocated cache: no page holds keys of an earlier one
+            self.centroids = torch.zeros(
+                blocks, kv_heads, dim, dtype=kv_cache.dtype, device=kv_cache.device
+            )
+        return self.centroids
 
     def forward(
         self,
@@ -246,8 +241,8 @@ class SparseAttentionImpl(FlashAttentionImpl):
         if attn_metadata is None or kv_cache.numel() == 0:  # profiling run
             return output.fill_(0)
         key_cache, value_cache = kv_cache.unbind(1)
-        summaries = self._summaries(kv_cache, key_cache)
-        update_summaries(key_cache, summaries, attn_metadata.filled_pages)
+        centroids = self._centroids(kv_cache)
+        update_centroids(key_cache, centroids, attn_metadata.filled_pages)
         meta: SparseMetadata = attn_metadata
         if meta.full is not None:  # no decode row: FLASH_ATTN as it is
             return super().forward(layer, query, key, value, kv_cache, meta.full, output)
@@ -267,7 +262,7 @@ class SparseAttentionImpl(FlashAttentionImpl):
             query[:decodes],
             key_cache,
             value_cache,
-            summaries,
+            centroids,
             meta.decode_block_table,
             meta.decode_seq_lens,
             self.sparsity,

@@ -2,10 +2,9 @@
 
     split = split_batch(query_start_loc, is_prefilling)        # host: decode rows come first
     rows, pages = filled_pages(query_start_loc, seq_lens, 16)  # host: pages this step fills
-    summaries = torch.zeros(summary_shape(schedule, num_blocks, Hkv, D), dtype=key_cache.dtype)
-    update_summaries(key_cache, summaries, block_table[rows, pages])
+    update_centroids(key_cache, centroids, block_table[rows, pages])
     sparsity = layer_sparsity(schedule, layer, device)         # None: the layer decodes densely
-    out = decode_attention(q, key_cache, value_cache, summaries, block_table, seq_lens, sparsity)
+    out = decode_attention(q, key_cache, value_cache, centroids, block_table, seq_lens, sparsity)
 
 vLLM 0.23.0's FLASH_ATTN cache (the layout sparse_backend.py keeps) holds one layer as
 kv_cache [num_blocks, 2, block_size, Hkv, D]; key_cache, value_cache = kv_cache.unbind(1) are
@@ -17,14 +16,10 @@ page table, and its seq_len (the current token included) the native num_tokens.
 
 The selection is the native engine's (engine/step_attention.py, sparse/selection.py): the
 decode query at position seq_len - 1 takes the top-k of its length bin, reserved_bos first
-and reserved_eos last pages always read, dense layers (skip_layers) read every page. A page's
-summary is what the schedule's rule scores (docs/selection.md): for `centroid` the float32 mean
-of the page's keys as stored, rounded once to the centroids' dtype (kernels/kv_write.py
-round_centroids), [num_blocks, Hkv, D]; for a bounds rule (`quest`, `quest_maxhead`) the
-per-channel min and max of its keys (sparse/scoring.py page_bounds), [num_blocks, 2, Hkv, D];
-`centroid_maxhead` scores centroids. A summary is set when its page fills: every page a step's
-tokens complete (prefill chunks and decode alike), read back from the cache after vLLM wrote
-them. Dense heads and replay-only rules (`oracle`) are refused.
+and reserved_eos last pages always read, dense layers (skip_layers) read every page. Centroids
+are the float32 mean of a full page's keys as stored, rounded once to the centroids' dtype
+(kernels/kv_write.py round_centroids), set when the page fills: every page a step's tokens
+complete (prefill chunks and decode alike), read back from the cache after vLLM wrote them.
 Nothing here imports vllm: tests hold it to the native engine on CPU
 (tests/vllm/test_sparse_decode.py).
 """
@@ -39,7 +34,6 @@ from sparrow.kernels.kv_write import round_centroids
 from sparrow.kernels.page_topk import select_page_lists
 from sparrow.kernels.paged_decode import paged_decode_attention, sparse_paged_decode_attention
 from sparrow.sparse.schedule import Schedule
-from sparrow.sparse.scoring import get_rule, page_bounds
 
 
 @dataclass(frozen=True)
@@ -92,41 +86,13 @@ def filled_pages(
     return rows, lo[rows] + offsets
 
 
-def uses_bounds(schedule: Schedule | None) -> bool:
-    """Whether `schedule`'s rule scores key bounds rather than centroids (None: centroids)."""
-    return schedule is not None and get_rule(schedule.selection).bounds
-
-
-def summary_shape(
-    schedule: Schedule | None, num_blocks: int, kv_heads: int, dim: int
-) -> tuple[int, ...]:
-    """The page summaries' shape for `schedule`'s rule: bounds [num_blocks, 2, Hkv, D], else
-    centroids [num_blocks, Hkv, D] (no schedule: centroids)."""
-    if uses_bounds(schedule):
-        return (num_blocks, 2, kv_heads, dim)
-    return (num_blocks, kv_heads, dim)
-
-
-def update_summaries(key_cache: torch.Tensor, summaries: torch.Tensor, pages: torch.Tensor) -> None:
-    """Summaries of the listed full pages: key_cache one layer [num_blocks, block_size, Hkv,
-    D] (vLLM's token-major keys); summaries centroids [num_blocks, Hkv, D] or key bounds
-    [num_blocks, 2, Hkv, D] (summary_shape); pages [F] physical ids."""
+def update_centroids(key_cache: torch.Tensor, centroids: torch.Tensor, pages: torch.Tensor) -> None:
+    """Centroids of the listed full pages: key_cache one layer [num_blocks, block_size, Hkv,
+    D] (vLLM's token-major keys), centroids [num_blocks, Hkv, D]; pages [F] physical ids."""
     if pages.numel():
         pages = pages.to(key_cache.device).long()
-        keys = key_cache[pages]  # [F, block_size, Hkv, D]: tokens at dim -3
-        if summaries.dim() == 4:
-            summaries[pages] = page_bounds(keys).to(summaries.dtype)
-        else:
-            summaries[pages] = round_centroids(keys.float().mean(dim=1), summaries.dtype)
-
-
-def refresh_summaries(key_cache: torch.Tensor, summaries: torch.Tensor, chunk: int = 1024) -> None:
-    """Every block's summary from the cache as it stands, `chunk` blocks at a time (a cache
-    whose summaries changed kind: a block kept for prefix caching is read again without being
-    filled again)."""
-    for start in range(0, key_cache.shape[0], chunk):
-        blocks = torch.arange(start, min(start + chunk, key_cache.shape[0]))
-        update_summaries(key_cache, summaries, blocks)
+        mean = key_cache[pages].float().mean(dim=1)  # [F, Hkv, D]
+        centroids[pages] = round_centroids(mean, centroids.dtype)
 
 
 @dataclass(frozen=True)
@@ -139,7 +105,6 @@ class LayerSparsity:
     page_size: int
     reserved_bos: int
     reserved_eos: int
-    selection: str = "centroid"
 
     def topk(self, seq_lens: torch.Tensor) -> torch.Tensor:
         """Top-k of each decode row, from the bin of its position seq_len - 1 (no host sync)."""
@@ -154,21 +119,16 @@ def layer_sparsity(
     the layer is among skip_layers)."""
     if schedule is None or not schedule.is_sparse_layer(layer):
         return None
-    if not get_rule(schedule.selection).decodes or schedule.dense_heads:
-        # refuse rather than decode otherwise than the schedule was calibrated for
+    if schedule.selection != "centroid" or schedule.dense_heads:
+        # the plugin scores centroids only (docs/selection.md): refuse rather than decode
+        # with another rule than the schedule was calibrated for
         raise ValueError(
-            f"schedule {schedule.name!r}: the vLLM plugin decodes every rule that decodes and "
-            f"no dense_heads, got selection {schedule.selection!r}, dense_heads "
-            f"{list(schedule.dense_heads)}"
+            f"schedule {schedule.name!r}: the vLLM plugin decodes with selection 'centroid' "
+            f"and no dense_heads only, got {schedule.selection!r}, {list(schedule.dense_heads)}"
         )
     table = torch.tensor(schedule.topk_pages, dtype=torch.int32, device=device)
     return LayerSparsity(
-        table,
-        schedule.bin_tokens,
-        schedule.page_size,
-        schedule.reserved_bos,
-        schedule.reserved_eos,
-        schedule.selection,
+        table, schedule.bin_tokens, schedule.page_size, schedule.reserved_bos, schedule.reserved_eos
     )
 
 
@@ -181,16 +141,15 @@ def decode_attention(
     q: torch.Tensor,
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
-    summaries: torch.Tensor,
+    centroids: torch.Tensor,
     block_table: torch.Tensor,
     seq_lens: torch.Tensor,
     sparsity: LayerSparsity | None,
     selection: list | None = None,
 ) -> torch.Tensor:
     """One decode token per row: q [B, Hq, D] over each row's cached tokens (seq_lens [B],
-    block_table [B, W]); dense without sparsity, else block-sparse over the pages the
-    schedule's rule selects from the page summaries (summary_shape). With `selection` (a
-    list), the [B, Hkv, W] page mask is appended to it (tests)."""
+    block_table [B, W]); dense without sparsity, else block-sparse over the selected pages.
+    With `selection` (a list), the [B, Hkv, W] page mask is appended to it (tests)."""
     k_pages, v_pages = head_major(key_cache), head_major(value_cache)
     if sparsity is None:
         return paged_decode_attention(q, k_pages, v_pages, block_table, seq_lens)
@@ -201,7 +160,7 @@ def decode_attention(
         )
     lists, counts, mask = select_page_lists(
         q,
-        summaries,
+        centroids,
         block_table,
         seq_lens,
         sparsity.topk(seq_lens),
@@ -209,7 +168,6 @@ def decode_attention(
         sparsity.reserved_bos,
         sparsity.reserved_eos,
         want_mask=selection is not None,
-        selection=sparsity.selection,
     )
     if selection is not None:
         selection.append(mask)

@@ -1,10 +1,7 @@
 """The sparse vLLM backend's pure parts against the native engine, on CPU: the same keys in
 vLLM's cache layout (blocks [num_blocks, 2, block_size, Hkv, D], other block ids) give the
-same page summaries (centroids, or key bounds for the quest rules), the same selected pages per
-KV head and the same decode output as the native engine's PagedAttention with the same
-schedule, for every rule that decodes."""
-
-from dataclasses import replace
+same centroids, the same selected pages per KV head and the same decode output as the native
+engine's PagedAttention with the same schedule."""
 
 import pytest
 import torch
@@ -16,10 +13,8 @@ from sparrow.vllm.sparse_decode import (
     decode_attention,
     filled_pages,
     layer_sparsity,
-    refresh_summaries,
     split_batch,
-    summary_shape,
-    update_summaries,
+    update_centroids,
 )
 
 PAGE, HKV, HQ, DIM, LAYERS = 16, 2, 4, 8, 2
@@ -70,19 +65,15 @@ def test_layer_sparsity_follows_the_schedule_bins_and_dense_layers():
 class Caches:
     """One set of keys and values held both ways: the native cache and vLLM's blocks."""
 
-    def __init__(self, lengths, seed=0, schedule=SCHEDULE):
+    def __init__(self, lengths, seed=0):
         gen = torch.Generator().manual_seed(seed)
         pages = sum(-(-n // PAGE) for n in lengths)
         shape = (LAYERS, pages + 1, HKV, PAGE, DIM)
-        bounds = len(summary_shape(schedule, 1, HKV, DIM)) == 4  # [P, 2, Hkv, D]
         self.native = KVCache(
-            torch.zeros(shape),
-            torch.zeros(shape),
-            torch.zeros(LAYERS, pages + 1, HKV, DIM),
-            bounds=torch.zeros(LAYERS, pages + 1, 2, HKV, DIM) if bounds else None,
+            torch.zeros(shape), torch.zeros(shape), torch.zeros(LAYERS, pages + 1, HKV, DIM)
         )
         self.blocks = torch.zeros(LAYERS, pages + 3, 2, PAGE, HKV, DIM)  # vLLM's layout
-        self.summaries = torch.zeros(LAYERS, *summary_shape(schedule, pages + 3, HKV, DIM))
+        self.centroids = torch.zeros(LAYERS, pages + 3, HKV, DIM)
         order = torch.randperm(pages, generator=gen)
         self.tables, self.block_tables, start = [], [], 0
         for n in lengths:
@@ -101,7 +92,7 @@ class Caches:
         )
 
     def write(self, layer, row, positions, k, v):
-        """Both caches take k, v at these positions of a row; vLLM's summaries follow the
+        """Both caches take k, v at these positions of a row; vLLM's centroids follow the
         filled pages of that step (as the backend computes them)."""
         native_slots = torch.tensor(
             [self.tables[row][p // PAGE] * PAGE + p % PAGE for p in positions]
@@ -117,7 +108,7 @@ class Caches:
         rows, pages = filled_pages(loc(len(positions)), torch.tensor([end]), PAGE)
         block_table = torch.tensor([self.block_tables[row]])
         key_cache = self.blocks[layer].unbind(1)[0]
-        update_summaries(key_cache, self.summaries[layer], block_table[rows, pages])
+        update_centroids(key_cache, self.centroids[layer], block_table[rows, pages])
 
     def padded(self, tables):
         width = max(len(t) for t in tables)
@@ -133,19 +124,9 @@ def fill(caches, chunk=37):
                 caches.write(layer, row, positions, *caches.kv(len(positions)))
 
 
-@pytest.mark.parametrize(
-    "lengths, selection",
-    [
-        ((200, 33, 160), "centroid"),
-        ((240, 17, 96, 47), "centroid"),
-        ((200, 33, 160), "quest"),
-        ((240, 17, 96, 47), "quest_maxhead"),
-        ((200, 33, 160), "centroid_maxhead"),
-    ],
-)
-def test_decode_step_matches_the_native_engine(lengths, selection):
-    schedule = replace(SCHEDULE, selection=selection)
-    caches = Caches(lengths, schedule=schedule)
+@pytest.mark.parametrize("lengths", [(200, 33, 160), (240, 17, 96, 47)])
+def test_decode_step_matches_the_native_engine(lengths):
+    caches = Caches(lengths)
     fill(caches)
     batch = len(lengths)
     q = torch.randn(batch, HQ, DIM, generator=caches.gen)
@@ -170,14 +151,14 @@ def test_decode_step_matches_the_native_engine(lengths, selection):
     attention = PagedAttention(
         caches.native,
         meta,
-        schedule,
+        SCHEDULE,
         on_selection=lambda layer, mask: native_masks.update({layer: mask}),
     )
     block_table = caches.padded(caches.block_tables)
     for layer in range(LAYERS):
         k, v = caches.kv(batch)
         want = attention(layer, q, k, v)
-        for b in range(batch):  # vLLM writes the decode token, then the backend's summaries
+        for b in range(batch):  # vLLM writes the decode token, then the backend's centroids
             caches.write(layer, b, [int(positions[b])], k[b : b + 1], v[b : b + 1])
         key_cache, value_cache = caches.blocks[layer].unbind(1)
         masks = []
@@ -185,10 +166,10 @@ def test_decode_step_matches_the_native_engine(lengths, selection):
             q,
             key_cache,
             value_cache,
-            caches.summaries[layer],
+            caches.centroids[layer],
             block_table,
             num_tokens,
-            layer_sparsity(schedule, layer, "cpu"),
+            layer_sparsity(SCHEDULE, layer, "cpu"),
             masks,
         )
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
@@ -202,33 +183,10 @@ def test_decode_step_matches_the_native_engine(lengths, selection):
             [SCHEDULE.pages_read(int(p), int(n))] * HKV for p, n in zip(positions, pages)
         ]
         assert (read < pages.view(-1, 1)).any()  # some row really is sparse
-        native = (
-            caches.native.bounds if caches.native.bounds is not None else caches.native.centroids
-        )
-        for b in range(batch):  # every full page's summary equals the native one
+        for b in range(batch):  # every full page's centroid equals the native one
             full = int(num_tokens[b]) // PAGE
             native_pages = torch.tensor(caches.tables[b][:full])
             blocks = torch.tensor(caches.block_tables[b][:full])
-            torch.testing.assert_close(caches.summaries[layer][blocks], native[layer][native_pages])
-
-
-def test_summaries_made_again_from_the_cache_equal_those_kept_as_pages_filled():
-    """A schedule of the other summary kind: every block's summary from the cache as it stands
-    (sparse_backend.py does this once), equal to the kind kept page by page from the start."""
-    lengths = (200, 33, 160)
-    quest = replace(SCHEDULE, selection="quest")
-    kept = Caches(lengths, schedule=quest)
-    fill(kept)
-    again = torch.zeros(summary_shape(quest, kept.blocks.shape[1], HKV, DIM))
-    refresh_summaries(kept.blocks[1].unbind(1)[0], again, chunk=5)
-    for row, n in enumerate(lengths):
-        full = torch.tensor(kept.block_tables[row][: (n - 1) // PAGE])
-        assert torch.equal(again[full], kept.summaries[1][full])
-
-
-def test_rules_that_cannot_decode_or_dense_heads_are_refused():
-    with pytest.raises(ValueError, match="selection 'oracle'"):
-        layer_sparsity(replace(SCHEDULE, selection="oracle"), 1, "cpu")
-    with pytest.raises(ValueError, match=r"dense_heads \[\(1, 0\)\]"):
-        layer_sparsity(replace(SCHEDULE, dense_heads=((1, 0),)), 1, "cpu")
-    assert layer_sparsity(replace(SCHEDULE, selection="quest"), 1, "cpu").selection == "quest"
+            torch.testing.assert_close(
+                caches.centroids[layer][blocks], caches.native.centroids[layer][native_pages]
+            )

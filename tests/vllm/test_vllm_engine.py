@@ -139,7 +139,7 @@ def test_sleep_update_and_wake_follow_vllm_sleep_mode(fake_vllm):
 
 def test_dense_started_engine_refuses_a_sparse_schedule(fake_vllm):
     engine = make_engine()
-    assert fake_vllm[-1][4] is False  # FLASH_ATTN (_start_llm's `sparse`)
+    assert fake_vllm[-1][-1] is False  # FLASH_ATTN
     engine.set_schedule(None)
     with pytest.raises(VllmBackendError, match="started with dense attention"):
         engine.set_schedule(get_preset("tiny-0.86"))
@@ -161,7 +161,7 @@ def test_dense_started_engine_refuses_a_sparse_schedule(fake_vllm):
 def test_sparse_started_engine_hands_schedules_to_the_worker(fake_vllm):
     sparse = Schedule("s16", topk_pages=(2, 3), page_size=16, skip_layers=(0,))
     engine = engine_module.VllmEngine(TINY, EngineConfig(page_size=16), Tokenizer(), sparse)
-    assert fake_vllm[-1][4:] == (True, 1)  # the sparse backend, a centroid row a block
+    assert fake_vllm[-1][-1] is True  # the sparse backend
     assert engine.schedule == sparse
     engine.set_schedule(None)
     assert engine.schedule is None
@@ -175,11 +175,9 @@ def test_sparse_started_engine_hands_schedules_to_the_worker(fake_vllm):
     assert result.pages_read[:3] == (3, 3, 3) and result.pages_read[-1] == 4
 
 
-def test_kv_bytes_leave_room_for_the_page_summaries():
-    kv = engine_module.kv_bytes_beside_summaries(33 * 2**20, 16)
+def test_kv_bytes_leave_room_for_the_centroids():
+    kv = engine_module.kv_bytes_beside_centroids(33 * 2**20, 16)
     assert kv == 32 * 2**20  # K and V: 32 rows per block and layer, the centroid one more
-    bounds = engine_module.kv_bytes_beside_summaries(34 * 2**20, 16, rows=2)
-    assert bounds == 32 * 2**20  # key bounds: a min and a max row
 
 
 def test_memory_shares_leave_what_others_hold(monkeypatch):
@@ -249,18 +247,3 @@ def test_wake_says_when_a_colocated_trainer_kept_the_memory(fake_vllm, monkeypat
     free[0] += 30 * gib  # offloaded: the wake goes ahead
     engine.wake()
     assert llm.calls[-2] == ("wake_up", (), {"tags": ["kv_cache"]})
-
-
-def test_a_bounds_rule_is_given_room_at_start_and_refused_later(fake_vllm):
-    """quest's key bounds take two rows a block beside vLLM's cache: an engine started with a
-    quest schedule keeps that room; one started for centroids refuses a quest schedule."""
-    quest = Schedule("q16", topk_pages=(2, 3), page_size=16, skip_layers=(0,), selection="quest")
-    engine = engine_module.VllmEngine(TINY, EngineConfig(page_size=16), Tokenizer(), quest)
-    assert fake_vllm[-1][4:] == (True, 2) and engine.schedule == quest
-    centroid = Schedule("c16", topk_pages=(2, 3), page_size=16, skip_layers=(0,))
-    engine.set_schedule(centroid)  # fewer rows than kept: taken
-    assert engine.schedule == centroid
-    engine = engine_module.VllmEngine(TINY, EngineConfig(page_size=16), Tokenizer(), centroid)
-    with pytest.raises(VllmBackendError, match="scores key bounds \\(selection 'quest'\\)"):
-        engine.set_schedule(quest)
-    assert engine.schedule == centroid
