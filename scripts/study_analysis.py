@@ -161,15 +161,20 @@ def role_statistics(roles: list[dict]) -> dict[str, dict[str, float]]:
     }
 
 
+def seed_of(folder: Path) -> tuple[str, int]:
+    """(variant, seed) of a seed folder named <variant>-s<seed>; any other name is one error."""
+    found = re.fullmatch(r"(v\d+[a-z-]*)-s(\d+)", folder.name)
+    if not found:
+        raise SystemExit(f"{folder}: expected a folder named <variant>-s<seed>")
+    return found.group(1), int(found.group(2))
+
+
 def load_units(folders: list[Path]) -> tuple[list[Unit], dict[tuple[str, int], dict]]:
     """Every arm of every seed folder; and per (variant, seed) the arms' predicted cost
     ratios to dense (report/summary.json)."""
     units, costs = [], {}
     for folder in folders:
-        found = re.fullmatch(r"(v\d+[a-z-]*)-s(\d+)", folder.name)
-        if not found:
-            raise SystemExit(f"{folder}: expected a folder named <variant>-s<seed>")
-        variant, seed = found.group(1), int(found.group(2))
+        variant, seed = seed_of(folder)
         summary = json.loads((folder / "summary.json").read_text())
         start = summary.get("start", {}).get("accuracy")
         for arm, entry in summary["arms"].items():

@@ -4,8 +4,8 @@ row per seed and arm (descriptive; not part of the pre-registered analysis).
 
     python scripts/study_early_steps.py v2-s0 v2-s1 v2-s2 --steps 1-5 --out early.csv
 
-Reads each seed folder's `<arm>_steps.csv` (scripts/study_outcome.py's, or the merge of a
-seed's holds); a folder not named <variant>-s<seed>, or a range with no step in it, is one error.
+Reads each seed folder's `<arm>_steps.csv` as scripts/study_analysis.py does (its read_csv and
+seed_of); a folder not named <variant>-s<seed>, or a range with no step in it, is one error.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import re
 import sys
 from pathlib import Path
 
+from study_analysis import read_csv, seed_of
+
 COLUMNS = {
     "reward": "reward/mean",
     "pages_read": "schedule/pages_read_mean",
@@ -25,19 +27,16 @@ COLUMNS = {
 
 def early_rows(folder: Path, first: int, last: int) -> list[dict]:
     """One row per arm of a seed folder: the means of COLUMNS over steps first..last."""
-    match = re.fullmatch(r"(v\d+\w*)-s(\d+)", folder.name)
-    if not match:
-        raise SystemExit(f"{folder}: not a seed folder (named <variant>-s<seed>)")
+    variant, seed = seed_of(folder)
     rows = []
     for steps_csv in sorted(folder.glob("*_steps.csv")):
         arm = steps_csv.name.removesuffix("_steps.csv")
-        with open(steps_csv, newline="") as handle:
-            kept = [r for r in csv.DictReader(handle) if first <= int(float(r["step"])) <= last]
+        kept = [r for r in read_csv(steps_csv) if first <= r["step"] <= last]
         if not kept:
             raise SystemExit(f"{steps_csv}: no step in {first}-{last}")
-        row = {"variant": match[1], "seed": int(match[2]), "arm": arm, "steps": len(kept)}
+        row = {"variant": variant, "seed": seed, "arm": arm, "steps": len(kept)}
         for name, column in COLUMNS.items():
-            values = [float(r[column]) for r in kept if r.get(column) not in (None, "")]
+            values = [r[column] for r in kept if r.get(column) is not None]
             row[name] = round(sum(values) / len(values), 4) if values else None
         rows.append(row)
     if not rows:

@@ -54,5 +54,5 @@ def test_a_bad_folder_or_range_is_one_error(tmp_path):
     assert backwards.returncode == 2 and "FIRST <= LAST" in backwards.stderr
     (tmp_path / "hold2").mkdir()
     named = _run(tmp_path / "hold2", "--out", tmp_path / "x.csv")
-    assert named.returncode == 1 and "not a seed folder" in named.stderr
+    assert named.returncode == 1 and "expected a folder named <variant>-s<seed>" in named.stderr
     assert not (tmp_path / "x.csv").exists()
