@@ -1,0 +1,138 @@
+"""Which step statistic rose before the sparse actor's reward collapsed (docs/study.md,
+twentieth addendum; sparrow/experiments/early_warning.py holds the definitions).
+
+    python scripts/study_early_warning.py v3-s0 --out DIR                 # every signal's AUC
+    python scripts/study_early_warning.py v3-s1 v3-s2 --out DIR \\
+        --fixed approx_kl=3e-05                                          # a threshold fixed before
+
+FOLDERs are seed folders or hold folders (scripts/study_seed.sh's; read through
+scripts/study_analysis.py's read_csv and seed_of); each `<arm>_steps.csv` but dense's is one
+unit. Writes DIR/early_warning.json and DIR/early_warning.md: per unit its collapses, per
+signal the pooled step-level AUC with a 95% unit-bootstrap interval, each signal's Youden
+threshold on these units, and for --fixed the collapses warned of and the false alarms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from study_analysis import read_csv, seed_of
+
+from sparrow.experiments import early_warning as ew
+from sparrow.experiments.study_analysis import DENSE
+
+
+def load(folders: list[Path]) -> list[dict]:
+    """One unit per sparse arm's steps CSV; an arm met twice (two holds of a seed both ran
+    it) or a folder without one is an error that names it."""
+    units: dict[str, dict] = {}
+    for folder in folders:
+        variant, seed = seed_of(folder)
+        found = sorted(folder.glob("*_steps.csv"))
+        if not found:
+            raise SystemExit(f"{folder}: no <arm>_steps.csv")
+        for path in found:
+            arm = path.name.removesuffix("_steps.csv")
+            if arm == DENSE:
+                continue
+            name = f"{variant}-s{seed}/{arm}"
+            if name in units:
+                raise SystemExit(f"{path}: {name} is already read from another folder")
+            units[name] = {"name": name, "rows": read_csv(path)}
+    return list(units.values())
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def markdown(result: dict) -> str:
+    lines = ["# Early warning of a collapse (docs/study.md, twentieth addendum)", ""]
+    lines += [
+        f"Collapse: reward below {ew.DROP} x its mean over the {ew.WINDOW} steps before, from"
+        f" at least {ew.HEALTHY}; a step is positive when one follows within {ew.HORIZON} steps.",
+        "",
+        "| unit | collapses at |",
+        "|---|---|",
+    ]
+    lines += [
+        f"| {u['unit']} | {', '.join(map(str, u['collapses'])) or '-'} |" for u in result["units"]
+    ]
+    lines += [
+        "",
+        "| signal | steps (before a collapse) | AUC [95% CI, units] | AUC - reward's [paired CI]"
+        " | Youden threshold |",
+        "|---|---|---|---|---|",
+    ]
+    for row in result["signals"]:
+        low, high = row["auc_ci"]
+        d_low, d_high = row["minus_reward_ci"]
+        threshold = "-" if row["youden"] is None else f"{row['youden']:.4g}"
+        lines.append(
+            f"| {row['signal']} | {row['steps']} ({row['before_collapse']}) | "
+            f"{_fmt(row['auc'])} [{_fmt(low)}, {_fmt(high)}] | "
+            f"{_fmt(row['minus_reward'])} [{_fmt(d_low)}, {_fmt(d_high)}] | {threshold} |"
+        )
+    for fixed in result["fixed"]:
+        lines += [
+            "",
+            f"Fixed threshold {fixed['signal']} >= {fixed['threshold']:g}: "
+            f"{fixed['warned']} of {fixed['collapses']} collapses warned of; "
+            f"{fixed['false_alarms']} of {fixed['quiet_steps']} steps without one ahead alarmed "
+            f"({_fmt(fixed['false_alarm_share'])}).",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folders", nargs="+", type=Path, help="seed or hold folders")
+    parser.add_argument("--out", type=Path, required=True, help="folder for the JSON and table")
+    parser.add_argument(
+        "--fixed", action="append", default=[], help="SIGNAL=THRESHOLD fixed beforehand"
+    )
+    parser.add_argument("--resamples", type=int, default=2000)
+    args = parser.parse_args()
+    fixed = []
+    for text in args.fixed:
+        signal, _, value = text.partition("=")
+        if signal not in ew.SIGNALS:
+            parser.error(f"--fixed {text}: no signal {signal!r} (one of {', '.join(ew.SIGNALS)})")
+        try:
+            fixed.append((signal, float(value)))
+        except ValueError:
+            parser.error(f"--fixed {text}: the threshold must be a number")
+    units = load(args.folders)
+    signals = ew.report(units, args.resamples)
+    for row in signals:
+        row["youden"] = ew.youden(units, row["signal"])
+    result = {
+        "folders": [str(f) for f in args.folders],
+        "definitions": {
+            "window": ew.WINDOW,
+            "healthy": ew.HEALTHY,
+            "drop": ew.DROP,
+            "after": ew.AFTER,
+            "horizon": ew.HORIZON,
+            "trail": ew.TRAIL,
+            "resamples": args.resamples,
+        },
+        "units": [
+            {"unit": u["name"], "collapses": ew.onsets(ew.rewards(u["rows"]))} for u in units
+        ],
+        "signals": signals,
+        "fixed": [{"signal": s, "threshold": t, **ew.alarm_rates(units, s, t)} for s, t in fixed],
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "early_warning.json").write_text(json.dumps(result, indent=1) + "\n")
+    (args.out / "early_warning.md").write_text(markdown(result))
+    print(
+        f"{args.out}/early_warning.md: {len(units)} units, "
+        f"{sum(len(u['collapses']) for u in result['units'])} collapses"
+    )
+
+
+if __name__ == "__main__":
+    main()
