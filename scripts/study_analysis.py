@@ -364,12 +364,30 @@ def markdown(result: dict) -> str:
     if "a_transfer_v2_to_v3" in result:
         lines += ["", "## Transfer of Youden's threshold, V2 to V3", ""]
         lines += _table(
-            ["statistic", "share of V3 units labelled right", "transfers"],
+            [
+                "statistic",
+                "share of V3 units labelled right",
+                "transfers",
+                "V3's sparse units all one label",
+                "V3's dense units called stable",
+            ],
             (
-                [t["statistic"], _fmt(t["share_right"]), t.get("transfers", "-")]
+                [
+                    t["statistic"],
+                    _fmt(t["share_right"]),
+                    t.get("transfers", "-"),
+                    t.get("one_label", "-"),
+                    _fmt(t.get("dense_stable")),
+                ]
                 for t in result["a_transfer_v2_to_v3"]
             ),
         )
+        if any(t.get("one_label") for t in result["a_transfer_v2_to_v3"]):
+            lines += [
+                "",
+                "Every sparse V3 unit has one label: a share labelled right says nothing apart"
+                " from it; read the dense column (twentieth addendum).",
+            ]
     return "\n".join(lines) + "\n"
 
 

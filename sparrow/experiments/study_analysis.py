@@ -237,18 +237,30 @@ def youden_threshold(units: Sequence[Unit], name: str) -> float | None:
 
 
 def transfer(train: Sequence[Unit], test: Sequence[Unit], name: str) -> dict:
-    """Youden's threshold on `train` (V2) applied to `test` (V3): share labelled right."""
+    """Youden's threshold on `train` (V2) applied to `test` (V3): share of the sparse units
+    labelled right. Beside it (docs/study.md, twentieth addendum), two readings of a
+    degenerate test: `one_label` when every sparse unit of `test` has the same label (a
+    threshold that puts every value on one side is then "right" without telling anything
+    apart), and `dense_stable`, the share of `test`'s dense units (stable by definition) the
+    threshold calls stable."""
     cut = youden_threshold(train, name)
     rows = _labelled(test, name)
     if cut is None or not rows:
         return {"statistic": name, "threshold": cut, "share_right": None, "units": len(rows)}
     right = np.mean([(v < cut) == bad for _, bad, v in rows])
+    dense = [
+        oriented(name, u.stats[name])
+        for u in test
+        if not u.sparse and u.stats.get(name) is not None and math.isfinite(u.stats[name])
+    ]
     return {
         "statistic": name,
         "threshold": cut,
         "share_right": float(right),
         "units": len(rows),
         "transfers": bool(right >= 0.8),
+        "one_label": len({bad for _, bad, _ in rows}) == 1,
+        "dense_stable": float(np.mean([v >= cut for v in dense])) if dense else None,
     }
 
 

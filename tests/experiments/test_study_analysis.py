@@ -126,6 +126,19 @@ def test_youdens_threshold_from_one_variant_labels_the_other():
     assert found["threshold"] == pytest.approx(0.65)  # halfway between V2's two classes
     # V3: the stable units (0.8) and one not-stable unit (0.5) right, 0.7 and 0.9 wrong
     assert found["share_right"] == pytest.approx(4 / 6) and not found["transfers"]
+    assert not found["one_label"] and found["dense_stable"] is None  # no dense unit in v3
+
+
+def test_a_transfer_to_units_of_one_label_is_flagged_and_the_dense_units_read():
+    v2 = [unit(seed=s, p5_all=0.9) for s in range(3)] + [
+        unit(seed=s, arm="fixed", gap=-0.3, p5_all=0.4) for s in range(3)
+    ]
+    # V3: every sparse unit not stable and low; dense as low: "right" for all, telling nothing
+    v3 = [unit(seed=s, variant="v3", arm="fixed", gap=-0.3, p5_all=0.1) for s in range(3)]
+    v3 += [unit(seed=s, variant="v3", arm="dense", gap=0.0, p5_all=0.1 + s) for s in range(3)]
+    found = transfer(v2, v3, "p5_all")
+    assert found["share_right"] == 1.0 and found["transfers"] and found["one_label"]
+    assert found["dense_stable"] == pytest.approx(2 / 3)  # 1.1 and 2.1 above 0.65, 0.1 not
 
 
 def _write(path: Path, rows: list[dict]) -> None:
