@@ -3,7 +3,9 @@
 A device call carries the working tree (tracked and untracked-not-ignored files) and the paths
 it names in `carry`, 64 MiB in all. The tree holds the kept testbed models (about 37 MB with
 them), so the 50 MiB parts that `device-wheels` and scripts/pack_vllm.sh write no longer fit
-in one call. This joins DIR's parts and cuts them again into DIR/chunk-01 ... chunk-NN:
+in one call (and `bash scripts/device_tree.sh light` first leaves the kept results out of the
+tree, for larger chunks). This joins DIR's parts and cuts them again into DIR/chunk-01 ...
+chunk-NN:
 
     python3 scripts/split_device_parts.py .vllmwheels           # chunks sized to fit this tree
     python3 scripts/split_device_parts.py .devwheels --mib 20   # or a size of your own
