@@ -10,11 +10,14 @@ scripts/study_analysis.py's read_csv and seed_of); each `<arm>_steps.csv` but de
 unit. Writes DIR/early_warning.json and DIR/early_warning.md: per unit its collapses, per
 signal the pooled step-level AUC with a 95% unit-bootstrap interval, each signal's Youden
 threshold on these units, and for --fixed the collapses warned of and the false alarms.
+--figure PATH.png draws, per unit, the sparse reward and the update's KL by step with its
+collapses marked (the numbers as PATH.csv beside it).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 from pathlib import Path
 
@@ -86,6 +89,50 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+FIGURE_SIGNAL = "approx_kl"  # the primary signal of question (g)
+
+
+def figure(units: list[dict], path: Path) -> None:
+    """Per unit: the sparse reward (left axis) and FIGURE_SIGNAL (right, log) by step, the
+    collapses as dashed lines; PATH.csv holds the plotted numbers."""
+    from matplotlib.figure import Figure
+
+    column = ew.SIGNALS[FIGURE_SIGNAL][0]
+    table = []
+    for unit in units:
+        starts = set(ew.onsets(ew.rewards(unit["rows"])))
+        for row in unit["rows"]:
+            if row.get(ew.REWARD) is not None and row["step"] >= 1:
+                table.append([unit["name"], int(row["step"]), row[ew.REWARD], row.get(column),
+                              int(row["step"] in starts)])  # fmt: skip
+    with open(path.with_suffix(".csv"), "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["unit", "step", ew.REWARD, column, "collapse"])
+        writer.writerows(table)
+    columns = 4
+    rows = -(-len(units) // columns)
+    fig = Figure(figsize=(4.2 * columns, 2.6 * rows), layout="constrained")
+    for index, unit in enumerate(units):
+        ax = fig.add_subplot(rows, columns, index + 1)
+        mine = [r for r in table if r[0] == unit["name"]]
+        ax.plot([r[1] for r in mine], [r[2] for r in mine], color="tab:blue", lw=1)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title(unit["name"], fontsize=9)
+        kl = ax.twinx()
+        kept = [r for r in mine if r[3] is not None and r[3] > 0]
+        kl.plot([r[1] for r in kept], [r[3] for r in kept], color="tab:red", lw=0.8)
+        kl.set_yscale("log")
+        for r in mine:
+            if r[4]:
+                ax.axvline(r[1], color="black", ls="--", lw=0.8)
+        if index % columns == 0:
+            ax.set_ylabel("sparse reward", color="tab:blue")
+        if index % columns == columns - 1 or index == len(units) - 1:
+            kl.set_ylabel(FIGURE_SIGNAL, color="tab:red")
+    fig.suptitle(f"reward, {FIGURE_SIGNAL} and collapses (dashed)")
+    fig.savefig(path, dpi=110)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folders", nargs="+", type=Path, help="seed or hold folders")
@@ -94,6 +141,7 @@ def main() -> None:
         "--fixed", action="append", default=[], help="SIGNAL=THRESHOLD fixed beforehand"
     )
     parser.add_argument("--resamples", type=int, default=2000)
+    parser.add_argument("--figure", type=Path, help="a PNG of reward and approx_kl per unit")
     args = parser.parse_args()
     fixed = []
     for text in args.fixed:
@@ -128,6 +176,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "early_warning.json").write_text(json.dumps(result, indent=1) + "\n")
     (args.out / "early_warning.md").write_text(markdown(result))
+    if args.figure:
+        figure(units, args.figure)
     print(
         f"{args.out}/early_warning.md: {len(units)} units, "
         f"{sum(len(u['collapses']) for u in result['units'])} collapses"

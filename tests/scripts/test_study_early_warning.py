@@ -7,6 +7,7 @@ Run: `python -m pytest tests/scripts/test_study_early_warning.py -q`.
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
@@ -73,3 +74,15 @@ def test_bad_inputs_are_one_error_each(tmp_path):
     missing = _run(empty, "--out", tmp_path / "o")
     assert missing.returncode != 0 and "no <arm>_steps.csv" in missing.stderr
     assert not (tmp_path / "o").exists()  # nothing written on an error
+
+
+def test_the_figure_and_its_numbers(tmp_path):
+    png = tmp_path / "warning.png"
+    done = _run(_seed(tmp_path), "--out", tmp_path / "out", "--figure", png, "--resamples", "10")
+    assert done.returncode == 0, done.stderr
+    assert png.stat().st_size > 0
+    with open(png.with_suffix(".csv"), newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 2 * 60  # two sparse units, steps 1-60; dense is not one
+    flagged = [(r["unit"], r["step"]) for r in rows if r["collapse"] == "1"]
+    assert flagged == [("v3-s1/centroid-0.86", "30")]
