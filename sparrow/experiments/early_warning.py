@@ -1,4 +1,4 @@
-"""Does a step's mismatch warn that the sparse actor's reward is about to collapse?
+"""Does a step's statistic warn that the sparse actor's reward is about to collapse?
 
 On V3's seed 0 every controlled arm's reward fell to near 0 at least once, in a step or two,
 while the controller's worst-bin p5 stayed flat (docs/study.md, twentieth addendum). This
@@ -7,6 +7,7 @@ steps t+1..t+HORIZON. Seed 0 of V3 made the question; the addendum fixes the sig
 threshold before V3's seeds 1-2 run, and V2's three seeds (which did not make it) are read as
 a check. Pure: per-step rows in, answers out.
 
+    rewards(rows)                         # step -> the sparse actor's mean reward
     onsets(rewards)                       # the steps where the reward collapsed
     step_labels(rewards)                  # step -> True (a collapse within HORIZON) / False
     SIGNALS                               # the statistics read, each with its orientation
@@ -58,40 +59,41 @@ SIGNALS["reward_rel"] = (REWARD, -1, True)
 
 
 def rewards(rows: Sequence[Mapping]) -> dict[int, float]:
+    """step -> the sparse actor's mean reward, over the rows that have one."""
     return {int(r["step"]): float(r[REWARD]) for r in rows if r.get(REWARD) is not None}
 
 
-def _baseline(rewards: Mapping[int, float], step: int) -> float | None:
+def _baseline(per_step: Mapping[int, float], step: int) -> float | None:
     """Mean reward over the WINDOW steps before step; None unless all are there."""
-    before = [rewards.get(s) for s in range(step - WINDOW, step)]
+    before = [per_step.get(s) for s in range(step - WINDOW, step)]
     return None if any(v is None for v in before) else float(np.mean(before))
 
 
-def onsets(rewards: Mapping[int, float]) -> list[int]:
+def onsets(per_step: Mapping[int, float]) -> list[int]:
     """Steps whose reward fell below DROP x its baseline from a baseline of at least HEALTHY,
     none within AFTER steps of the one before."""
     found: list[int] = []
-    for step in sorted(rewards):
-        base = _baseline(rewards, step)
+    for step in sorted(per_step):
+        base = _baseline(per_step, step)
         if found and step <= found[-1] + AFTER:
             continue
-        if base is not None and base >= HEALTHY and rewards[step] < DROP * base:
+        if base is not None and base >= HEALTHY and per_step[step] < DROP * base:
             found.append(step)
     return found
 
 
-def step_labels(rewards: Mapping[int, float]) -> dict[int, bool]:
+def step_labels(per_step: Mapping[int, float]) -> dict[int, bool]:
     """step -> whether a collapse begins within steps+1..step+HORIZON, for the steps where the
     actor was earning (the mean over WINDOW steps up to and including it at least HEALTHY),
     that are not a collapse or within AFTER steps after one, and whose HORIZON is inside the
     run."""
-    starts = onsets(rewards)
-    last = max(rewards, default=0)
+    starts = onsets(per_step)
+    last = max(per_step, default=0)
     labels = {}
-    for step in sorted(rewards):
+    for step in sorted(per_step):
         if step + HORIZON > last or any(s <= step <= s + AFTER for s in starts):
             continue
-        earning = _baseline(rewards, step + 1)  # steps step-WINDOW+1 .. step
+        earning = _baseline(per_step, step + 1)  # steps step-WINDOW+1 .. step
         if earning is None or earning < HEALTHY:
             continue
         labels[step] = any(step < s <= step + HORIZON for s in starts)
