@@ -19,9 +19,9 @@ MARK="# device_tree.sh light: from here"
 END="# device_tree.sh light: to here"
 root=$(git rev-parse --show-toplevel)
 cd "$root"
-git_dir=$(git rev-parse --git-dir)
-exclude=$git_dir/info/exclude
-hook=$git_dir/hooks/pre-commit
+# --git-path: right in a linked worktree too (hooks and info/exclude are the repository's)
+exclude=$(git rev-parse --git-path info/exclude)
+hook=$(git rev-parse --git-path hooks/pre-commit)
 
 tree_bytes() {  # what a call carries of the tree: tracked and untracked-not-ignored files
   git ls-files -z -co --exclude-standard | xargs -0 -r stat -c %s 2>/dev/null |

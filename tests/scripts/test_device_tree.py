@@ -72,3 +72,17 @@ def test_light_refuses_while_something_is_staged(repo):
     done = _tool(repo, "light")
     assert done.returncode == 2 and "staged" in done.stderr
     assert "benchmarks/results/day/a.csv" in _git(repo, "ls-files").stdout
+
+
+def test_light_in_a_linked_worktree_uses_the_repositorys_hooks_and_excludes(repo, tmp_path):
+    tree = tmp_path / "tree"
+    _git(repo, "worktree", "add", "-q", str(tree), "HEAD")
+    done = _tool(tree, "light")
+    assert done.returncode == 0, done.stderr
+    listed = _git(tree, "ls-files", "-co", "--exclude-standard").stdout.split()
+    assert "benchmarks/results/day/a.csv" not in listed  # excluded, not untracked
+    refused = _git(tree, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "no",
+                   "--allow-empty", check=False)  # fmt: skip
+    assert refused.returncode != 0 and "restore first" in refused.stderr
+    assert _tool(tree, "restore").returncode == 0
+    assert _git(tree, "status", "--porcelain").stdout == ""
