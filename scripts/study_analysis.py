@@ -287,17 +287,17 @@ def _mean(values) -> float | None:
     return float(np.mean(found)) if found else None
 
 
-def _fmt(value) -> str:
+def fmt(value) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
         return f"{value:.3f}"
     if isinstance(value, (tuple, list)) and len(value) == 2:
-        return f"[{_fmt(value[0])}, {_fmt(value[1])}]"
+        return f"[{fmt(value[0])}, {fmt(value[1])}]"
     return str(value)
 
 
-def _table(header: list[str], rows) -> list[str]:
+def markdown_table(header: list[str], rows) -> list[str]:
     """A markdown table's lines: the header, its rule, one line per row of cells."""
     return [
         f"| {' | '.join(header)} |",
@@ -318,37 +318,37 @@ def markdown(result: dict) -> str:
         lines.append(f"{name}: stored for {where} only; its rows cover those units alone.")
     for variant, data in result["variants"].items():
         lines += ["", f"## {variant}", ""]
-        lines += _table(
+        lines += markdown_table(
             ["seed", "arm", "steps", "outcome", "gap", "label", "divergence", "raised by 5"],
             (
-                [u["seed"], u["arm"], u["steps"], _fmt(u["outcome"]), _fmt(u["gap"]),
+                [u["seed"], u["arm"], u["steps"], fmt(u["outcome"]), fmt(u["gap"]),
                  f"{u['label'] or 'missing'}{' (flagged)' if u['flag'] else ''}",
-                 _fmt(u["divergence"]), _fmt(u["raised_early"])]
+                 fmt(u["divergence"]), fmt(u["raised_early"])]
                 for u in data["units"]
             ),
         )  # fmt: skip
         lines += _roles(data["units"])
         lines += ["", '### (a) statistics for "not stable"', ""]
         against = {d["other"]: d for d in data["a_against_p5"]}
-        lines += _table(
+        lines += markdown_table(
             ["statistic", "units (not stable)", "AUC [95% CI]", "Spearman with gap [CI]",
              "AUC - p5_first20's [paired CI]"],
             (
                 [p["statistic"], f"{p['units']} ({p['not_stable']})",
-                 f"{_fmt(p['auc'])} {_fmt(p['auc_ci'])}",
-                 f"{_fmt(p['spearman'])} {_fmt(p['spearman_ci'])}",
+                 f"{fmt(p['auc'])} {fmt(p['auc_ci'])}",
+                 f"{fmt(p['spearman'])} {fmt(p['spearman_ci'])}",
                  "(the base)" if p["statistic"] == "p5_first20" else
-                 f"{_fmt(against.get(p['statistic'], {}).get('difference'))} "
-                 f"{_fmt(against.get(p['statistic'], {}).get('ci'))}"]
+                 f"{fmt(against.get(p['statistic'], {}).get('difference'))} "
+                 f"{fmt(against.get(p['statistic'], {}).get('ci'))}"]
                 for p in data["a_predictors"]
             ),
         )  # fmt: skip
         lines += ["", "### (b) non-inferiority", ""]
-        lines += _table(
+        lines += markdown_table(
             ["arm", "gaps", "one-sided 95% lower", "cost / dense", "non-inferior"],
             (
-                [b["arm"], ", ".join(_fmt(g) for g in b["gaps"]), _fmt(b["gap_lower_95"]),
-                 _fmt(b["cost_ratio"]), b["non_inferior"]]
+                [b["arm"], ", ".join(fmt(g) for g in b["gaps"]), fmt(b["gap_lower_95"]),
+                 fmt(b["cost_ratio"]), b["non_inferior"]]
                 for b in data["b_non_inferior"]
             ),
         )  # fmt: skip
@@ -363,7 +363,7 @@ def markdown(result: dict) -> str:
         lines += _secondary(data["secondary"], data["units"])
     if "a_transfer_v2_to_v3" in result:
         lines += ["", "## Transfer of Youden's threshold, V2 to V3", ""]
-        lines += _table(
+        lines += markdown_table(
             [
                 "statistic",
                 "share of V3 units labelled right",
@@ -374,10 +374,10 @@ def markdown(result: dict) -> str:
             (
                 [
                     t["statistic"],
-                    _fmt(t["share_right"]),
+                    fmt(t["share_right"]),
                     t.get("transfers", "-"),
                     t.get("one_label", "-"),
-                    _fmt(t.get("dense_stable")),
+                    fmt(t.get("dense_stable")),
                 ]
                 for t in result["a_transfer_v2_to_v3"]
             ),
@@ -400,21 +400,21 @@ def _roles(units: list[dict]) -> list[str]:
     header = ["seed", "arm", "label"] + [f"{r} p5" for r in roles] + [f"{r} <0.5" for r in roles]
     rows = (
         [u["seed"], u["arm"], u["label"] or "missing"]
-        + [_fmt(u["roles"].get(r, {}).get(f"{c}_all")) for c in ROLE_COLUMNS for r in roles]
+        + [fmt(u["roles"].get(r, {}).get(f"{c}_all")) for c in ROLE_COLUMNS for r in roles]
         for u in units
     )
     return [
         "",
         "### Per token role: p5 and share below 0.5 (mean over all steps; steps 1-20 in the JSON)",
         "",
-        *_table(header, rows),
+        *markdown_table(header, rows),
     ]
 
 
 def _secondary(sec: dict, units: list[dict]) -> list[str]:
     """The twelfth addendum's three questions (seeds 1 and 2 count; seed 0 is shown)."""
     tis, raise_, div = sec["tis"], sec["raise"], sec["divergence"]
-    diffs = ", ".join(f"s{s}: {_fmt(d)}" for s, d in sorted(tis["differences"].items()))
+    diffs = ", ".join(f"s{s}: {fmt(d)}" for s, d in sorted(tis["differences"].items()))
     return [
         "",
         "### Secondary (twelfth addendum; seeds 1 and 2 count)",
@@ -423,7 +423,7 @@ def _secondary(sec: dict, units: list[dict]) -> list[str]:
         f"- centroid arms stable exactly when raised by step 5 ({raise_['units']} units; "
         f"breaks: {', '.join(raise_['breaks']) or 'none'}): {raise_['answer']}",
         f"- divergence above 0.3 ({div['above_bar']} of {div['units']} units; AUC "
-        f"{_fmt(div['auc'])}): {div['answer']}",
+        f"{fmt(div['auc'])}): {div['answer']}",
     ]
 
 

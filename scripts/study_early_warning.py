@@ -21,7 +21,7 @@ import csv
 import json
 from pathlib import Path
 
-from study_analysis import read_csv, seed_of
+from study_analysis import fmt, markdown_table, read_csv, seed_of
 
 from sparrow.experiments import early_warning as ew
 from sparrow.experiments.study_analysis import DENSE
@@ -47,44 +47,44 @@ def load(folders: list[Path]) -> list[dict]:
     return list(units.values())
 
 
-def _fmt(value) -> str:
-    return "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
-
-
 def markdown(result: dict) -> str:
     lines = ["# Early warning of a collapse (docs/study.md, twentieth addendum)", ""]
     lines += [
         f"Collapse: reward below {ew.DROP} x its mean over the {ew.WINDOW} steps before, from"
         f" at least {ew.HEALTHY}; a step is positive when one follows within {ew.HORIZON} steps.",
         "",
-        "| unit | collapses at |",
-        "|---|---|",
     ]
-    lines += [
-        f"| {u['unit']} | {', '.join(map(str, u['collapses'])) or '-'} |" for u in result["units"]
-    ]
-    lines += [
-        "",
-        "| signal | steps (before a collapse) | AUC [95% CI, units] | AUC - reward's [paired CI]"
-        " | Youden threshold |",
-        "|---|---|---|---|---|",
-    ]
-    for row in result["signals"]:
-        low, high = row["auc_ci"]
-        d_low, d_high = row["minus_reward_ci"]
-        threshold = "-" if row["youden"] is None else f"{row['youden']:.4g}"
-        lines.append(
-            f"| {row['signal']} | {row['steps']} ({row['before_collapse']}) | "
-            f"{_fmt(row['auc'])} [{_fmt(low)}, {_fmt(high)}] | "
-            f"{_fmt(row['minus_reward'])} [{_fmt(d_low)}, {_fmt(d_high)}] | {threshold} |"
-        )
+    lines += markdown_table(
+        ["unit", "collapses at"],
+        ([u["unit"], ", ".join(map(str, u["collapses"])) or "-"] for u in result["units"]),
+    )
+    lines.append("")
+    lines += markdown_table(
+        [
+            "signal",
+            "steps (before a collapse)",
+            "AUC [95% CI, units]",
+            "AUC - reward's [paired CI]",
+            "Youden threshold",
+        ],
+        (
+            [
+                row["signal"],
+                f"{row['steps']} ({row['before_collapse']})",
+                f"{fmt(row['auc'])} {fmt(row['auc_ci'])}",
+                f"{fmt(row['minus_reward'])} {fmt(row['minus_reward_ci'])}",
+                "-" if row["youden"] is None else f"{row['youden']:.4g}",
+            ]
+            for row in result["signals"]
+        ),
+    )
     for fixed in result["fixed"]:
         lines += [
             "",
             f"Fixed threshold {fixed['signal']} >= {fixed['threshold']:g}: "
             f"{fixed['warned']} of {fixed['collapses']} collapses warned of; "
             f"{fixed['false_alarms']} of {fixed['quiet_steps']} steps without one ahead alarmed "
-            f"({_fmt(fixed['false_alarm_share'])}).",
+            f"({fmt(fixed['false_alarm_share'])}).",
         ]
     return "\n".join(lines) + "\n"
 

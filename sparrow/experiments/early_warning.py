@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from sparrow.experiments.study import auc
+from sparrow.experiments.study import auc, interval95
 
 REWARD = "reward/mean"
 WINDOW = 5  # the steps before t whose mean reward is t's baseline
@@ -122,10 +122,14 @@ def warning_values(rows: Sequence[Mapping], signal: str) -> dict[int, float]:
     return out
 
 
-def unit_pairs(unit: Mapping, signal: str) -> list[tuple[bool, float]]:
-    """(collapse follows, warning value) over one unit's labelled steps with a value."""
+def unit_pairs(
+    unit: Mapping, signal: str, labels: Mapping[int, bool] | None = None
+) -> list[tuple[bool, float]]:
+    """(collapse follows, warning value) over one unit's labelled steps with a value (labels:
+    the unit's step_labels, when already at hand)."""
     values = warning_values(unit["rows"], signal)
-    labels = step_labels(rewards(unit["rows"]))
+    if labels is None:
+        labels = step_labels(rewards(unit["rows"]))
     return [(positive, values[step]) for step, positive in labels.items() if step in values]
 
 
@@ -164,10 +168,7 @@ def unit_bootstrap(
             one = None if other is None else one - other
         if one is not None:
             found.append(one)
-    if not found:
-        return None, None
-    low, high = np.percentile(found, [2.5, 97.5])
-    return float(low), float(high)
+    return interval95(found)
 
 
 def youden(units: Sequence[Mapping], signal: str) -> float | None:
@@ -211,13 +212,14 @@ def alarm_rates(units: Sequence[Mapping], signal: str, threshold: float) -> dict
 def report(units: Sequence[Mapping], resamples: int = 2000, null: str = "reward") -> list[dict]:
     """Every signal's pooled AUC with its unit-bootstrap interval, and its AUC minus the null's
     (a reward already falling) with the paired interval; best first."""
-    base = [unit_pairs(unit, null) for unit in units]
+    labels = [step_labels(rewards(unit["rows"])) for unit in units]
+    base = [unit_pairs(unit, null, steps) for unit, steps in zip(units, labels)]
+    null_auc = _auc([pair for one in base for pair in one])
     rows = []
     for signal in SIGNALS:
-        per_unit = [unit_pairs(unit, signal) for unit in units]
+        per_unit = [unit_pairs(unit, signal, steps) for unit, steps in zip(units, labels)]
         pairs = [pair for one in per_unit for pair in one]
         found = _auc(pairs)
-        null_auc = _auc([pair for one in base for pair in one])
         rows.append(
             {
                 "signal": signal,

@@ -68,6 +68,14 @@ def auc(stable: Sequence[float], collapsed: Sequence[float]) -> float | None:
     return float((greater + 0.5 * ties) / (good.size * bad.size))
 
 
+def interval95(draws: Sequence[float]) -> tuple[float | None, float | None]:
+    """The 95% percentile interval of bootstrap draws; (None, None) when there are none."""
+    if not len(draws):
+        return None, None
+    low, high = np.percentile(draws, [2.5, 97.5])
+    return float(low), float(high)
+
+
 def worst_per_step(rows: Sequence[Mapping], statistic: TargetStatistic) -> dict[int, float]:
     """step -> the statistic's worst bin (rows: bin_stats rows; NULL values and bins below
     the floor, counted false, left out)."""

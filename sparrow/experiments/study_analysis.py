@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sparrow.experiments.study import auc
+from sparrow.experiments.study import auc, interval95
 
 DENSE = "dense"
 STEPS = 100
@@ -181,10 +181,7 @@ def seed_bootstrap(
         found = value(sample)
         if found is not None:
             values.append(found)
-    if not values:
-        return None, None
-    low, high = np.percentile(values, [2.5, 97.5])
-    return float(low), float(high)
+    return interval95(values)
 
 
 def predictor(units: Sequence[Unit], name: str, resamples: int = RESAMPLES) -> dict:
