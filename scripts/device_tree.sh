@@ -23,9 +23,9 @@ cd "$root"
 exclude=$(git rev-parse --git-path info/exclude)
 hook=$(git rev-parse --git-path hooks/pre-commit)
 
-tree_bytes() {  # what a call carries of the tree: tracked and untracked-not-ignored files
-  git ls-files -z -co --exclude-standard | xargs -0 -r stat -c %s 2>/dev/null |
-    awk '{s += $1} END {printf "%d", s}'
+tree_bytes() {  # what a call carries of the tree: split_device_parts.py's count, one definition
+  python3 -c 'import sys; from pathlib import Path; sys.path.insert(0, "scripts")
+from split_device_parts import tree_bytes; print(tree_bytes(Path(".")))'
 }
 is_light() { [ -f "$exclude" ] && grep -qF "$MARK" "$exclude"; }
 

@@ -36,7 +36,8 @@ def repo(tmp_path) -> Path:
         (repo / name).parent.mkdir(parents=True, exist_ok=True)
         (repo / name).write_bytes(b"x" * size)
     (repo / "scripts").mkdir()
-    shutil.copy(ROOT / "scripts" / "device_tree.sh", repo / "scripts" / "device_tree.sh")
+    for script in ("device_tree.sh", "split_device_parts.py"):  # the second counts the bytes
+        shutil.copy(ROOT / "scripts" / script, repo / "scripts" / script)
     _git(repo.parent, "init", "-q", str(repo))
     _git(repo, "add", "-A")
     _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
